@@ -1,0 +1,73 @@
+"""llm-dispatch's Prefect-free core: settings, inputs, the HTTP client and its limits, the simulator."""
+
+from __future__ import annotations
+
+from ._exceptions import (
+    APIConnectionError,
+    APIError,
+    APIResponseValidationError,
+    APIStatusError,
+    APITimeoutError,
+    AuthenticationError,
+    BadRequestError,
+    ConfigError,
+    ConflictError,
+    InputError,
+    InternalServerError,
+    LLMDispatchError,
+    NotFoundError,
+    PermissionDeniedError,
+    RateLimitError,
+    UnprocessableEntityError,
+)
+from ._client import (
+    DEFAULT_CONCURRENCY,
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_MAX_RETRIES,
+    DEFAULT_MAX_RETRY_AFTER,
+    DEFAULT_TIMEOUT,
+    LLMClient,
+    default_transport,
+)
+from ._limits import AdaptiveLimiter, RateLimiter, SharedPause
+from ._settings import Settings
+from ._simulator import Simulator, SimulatorConfig, serve as serve_simulator
+from ._tokens import estimate_prompt_tokens, estimate_request_tokens
+from ._types import ChatRequest, ChatResult
+
+__all__ = [
+    "DEFAULT_CONCURRENCY",
+    "DEFAULT_CONNECT_TIMEOUT",
+    "DEFAULT_MAX_RETRIES",
+    "DEFAULT_MAX_RETRY_AFTER",
+    "DEFAULT_TIMEOUT",
+    "AdaptiveLimiter",
+    "LLMClient",
+    "RateLimiter",
+    "SharedPause",
+    "default_transport",
+    "estimate_prompt_tokens",
+    "estimate_request_tokens",
+    "serve_simulator",
+    "APIConnectionError",
+    "APIError",
+    "APIResponseValidationError",
+    "APIStatusError",
+    "APITimeoutError",
+    "AuthenticationError",
+    "BadRequestError",
+    "ChatRequest",
+    "ChatResult",
+    "ConfigError",
+    "ConflictError",
+    "InputError",
+    "InternalServerError",
+    "LLMDispatchError",
+    "NotFoundError",
+    "PermissionDeniedError",
+    "RateLimitError",
+    "Settings",
+    "Simulator",
+    "SimulatorConfig",
+    "UnprocessableEntityError",
+]

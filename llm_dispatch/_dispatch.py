@@ -1,0 +1,139 @@
+"""Sends a set of chat requests concurrently and hands each outcome to a sink the moment it arrives.
+
+Plain asyncio over one shared client; it knows nothing of Prefect or SQL. A ``WorkItem`` may stand
+for several prompts that make the identical request: it is sent once and answers them all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from ._exceptions import APIError
+from ._types import ChatRequest, ChatResult
+
+__all__ = [
+    "ChatSender",
+    "DispatchOutcome",
+    "Progress",
+    "ResultSink",
+    "WorkItem",
+    "current_progress",
+    "send_all",
+]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkItem:
+    """One request to send, and the prompt rows its answer belongs to."""
+
+    prompt_ids: tuple[int, ...]
+    request: ChatRequest
+
+
+class ChatSender(Protocol):
+    async def chat(self, request: ChatRequest) -> ChatResult: ...
+
+
+class ResultSink(Protocol):
+    async def success(self, *, prompt_ids: Sequence[int], result: ChatResult, route: str = "realtime") -> None: ...
+
+    async def failure(self, *, prompt_ids: Sequence[int], error: BaseException, final: bool = True) -> None: ...
+
+
+@dataclass(slots=True)
+class Progress:
+    """Live counters for a display; requests, not prompts."""
+
+    total: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    in_flight: int = 0
+    started_at: float = field(default_factory=time.monotonic)
+
+    @property
+    def done(self) -> int:
+        return self.succeeded + self.failed
+
+    def rate(self) -> float:
+        elapsed = time.monotonic() - self.started_at
+        return self.done / elapsed if elapsed > 0 else 0.0
+
+
+# An observer, not configuration: the CLI sets it to draw a progress bar; flows run without it.
+current_progress: ContextVar[Progress | None] = ContextVar("llm_dispatch_progress", default=None)
+
+
+@dataclass(slots=True)
+class DispatchOutcome:
+    """What one ``send_all`` call did, counted in prompts."""
+
+    succeeded: int = 0
+    failed: int = 0
+    failed_by_class: Counter[str] = field(default_factory=Counter)
+
+    def add(self, other: DispatchOutcome) -> None:
+        self.succeeded += other.succeeded
+        self.failed += other.failed
+        self.failed_by_class.update(other.failed_by_class)
+
+    def as_dict(self) -> dict[str, object]:
+        return {"succeeded": self.succeeded, "failed": self.failed, "failed_by_class": dict(self.failed_by_class)}
+
+
+async def send_all(
+    *,
+    client: ChatSender,
+    items: Iterable[WorkItem],
+    sink: ResultSink,
+    concurrency: int,
+    progress: Progress | None = None,
+) -> DispatchOutcome:
+    """Send every item with at most ``concurrency`` requests in flight; persist each as it completes.
+
+    Provider errors are recorded as failures and do not stop the others; an error of the sink
+    (the database) does stop everything, since results could no longer be kept.
+    """
+    if concurrency < 1:
+        raise ValueError("concurrency must be at least 1")
+    outcome = DispatchOutcome()
+    pending = iter(items)
+
+    async def worker() -> None:
+        for item in pending:
+            if progress is not None:
+                progress.in_flight += 1
+            try:
+                result = await client.chat(item.request)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - every failure is recorded, none is lost
+                if not isinstance(exc, APIError):
+                    logger.exception("unexpected error sending prompt ids %s", item.prompt_ids[:3])
+                await sink.failure(prompt_ids=item.prompt_ids, error=exc, final=True)
+                outcome.failed += len(item.prompt_ids)
+                outcome.failed_by_class[type(exc).__name__] += len(item.prompt_ids)
+                if progress is not None:
+                    progress.failed += 1
+            else:
+                await sink.success(prompt_ids=item.prompt_ids, result=result)
+                outcome.succeeded += len(item.prompt_ids)
+                if progress is not None:
+                    progress.succeeded += 1
+            finally:
+                if progress is not None:
+                    progress.in_flight -= 1
+
+    # A fixed pool of workers pulling from one iterator: memory stays flat however many items.
+    async with asyncio.TaskGroup() as group:
+        for _ in range(concurrency):
+            group.create_task(worker())
+    return outcome

@@ -1,0 +1,125 @@
+"""The one exception hierarchy of llm-dispatch; every message says what to do next.
+
+    LLMDispatchError
+    ├── ConfigError                 bad settings (unknown model, missing key, bad URL)
+    ├── InputError                  a prompt file that cannot be used; names file, line, field
+    └── APIError                    a provider call that failed after its retries
+        ├── APIConnectionError      no HTTP answer: refused, dropped, reset
+        │   └── APITimeoutError     no answer within the request timeout
+        ├── APIResponseValidationError  HTTP 200 with a body that is not a chat completion
+        └── APIStatusError          an HTTP error status
+            ├── BadRequestError             400
+            ├── AuthenticationError         401
+            ├── PermissionDeniedError       403
+            ├── NotFoundError               404
+            ├── ConflictError               409
+            ├── UnprocessableEntityError    422
+            ├── RateLimitError              429
+            └── InternalServerError         >= 500
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "APIConnectionError",
+    "APIError",
+    "APIResponseValidationError",
+    "APIStatusError",
+    "APITimeoutError",
+    "AuthenticationError",
+    "BadRequestError",
+    "ConfigError",
+    "ConflictError",
+    "InputError",
+    "InternalServerError",
+    "LLMDispatchError",
+    "NotFoundError",
+    "PermissionDeniedError",
+    "RateLimitError",
+    "UnprocessableEntityError",
+    "status_error_class",
+]
+
+
+class LLMDispatchError(Exception):
+    """Base of every error llm-dispatch raises on purpose."""
+
+
+class ConfigError(LLMDispatchError):
+    """Settings that cannot work; the message names the setting and its environment variable."""
+
+
+class InputError(LLMDispatchError):
+    """A prompt file that cannot be used. Raised before anything is sent or written."""
+
+    def __init__(self, message: str, *, path: str | None = None, line: int | None = None, field: str | None = None) -> None:
+        self.path = path
+        self.line = line
+        self.field = field
+        where = ":".join(str(p) for p in (path, line) if p is not None)
+        prefix = f"{where}: " if where else ""
+        suffix = f" (field '{field}')" if field else ""
+        super().__init__(f"{prefix}{message}{suffix}")
+
+
+class APIError(LLMDispatchError):
+    """A provider call that failed; ``attempts`` counts the HTTP attempts made, retries included."""
+
+    retryable: bool = False
+
+    def __init__(self, message: str, *, attempts: int = 1) -> None:
+        super().__init__(message)
+        self.message = message
+        self.attempts = attempts
+
+
+class APIConnectionError(APIError):
+    retryable = True
+
+
+class APITimeoutError(APIConnectionError):
+    retryable = True
+
+
+class APIResponseValidationError(APIError):
+    # A garbled body is usually a proxy or a provider hiccup, so it is retried like a 5xx.
+    retryable = True
+
+
+class APIStatusError(APIError):
+    def __init__(self, message: str, *, status_code: int, request_id: str | None = None, attempts: int = 1) -> None:
+        super().__init__(message, attempts=attempts)
+        self.status_code = status_code
+        self.request_id = request_id
+
+    @property
+    def retryable(self) -> bool:  # type: ignore[override]
+        return self.status_code in (408, 409, 429) or self.status_code >= 500
+
+
+class BadRequestError(APIStatusError): ...
+class AuthenticationError(APIStatusError): ...
+class PermissionDeniedError(APIStatusError): ...
+class NotFoundError(APIStatusError): ...
+class ConflictError(APIStatusError): ...
+class UnprocessableEntityError(APIStatusError): ...
+class RateLimitError(APIStatusError): ...
+class InternalServerError(APIStatusError): ...
+
+
+_BY_STATUS: dict[int, type[APIStatusError]] = {
+    400: BadRequestError,
+    401: AuthenticationError,
+    403: PermissionDeniedError,
+    404: NotFoundError,
+    409: ConflictError,
+    422: UnprocessableEntityError,
+    429: RateLimitError,
+}
+
+
+def status_error_class(status_code: int) -> type[APIStatusError]:
+    """The exception class for an HTTP error status."""
+    if status_code >= 500:
+        return InternalServerError
+    return _BY_STATUS.get(status_code, APIStatusError)

@@ -1,0 +1,216 @@
+"""Reads prompt files (JSONL, CSV) or lists of dicts into validated prompt specs.
+
+The whole input is validated before anything is sent or written; the first problem raises an
+``InputError`` that names the file, the line and the field.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ._exceptions import InputError
+from ._types import dedupe_key
+
+__all__ = ["PromptSpec", "fingerprint", "read_prompts", "parse_prompt_dicts"]
+
+JSONL_FIELDS = frozenset({"id", "prompt", "messages", "model", "params", "metadata"})
+CSV_RESERVED = frozenset({"id", "prompt", "model"})
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+# Keys the dispatcher sets itself; a prompt may not override them through params.
+FORBIDDEN_PARAMS = frozenset({"model", "messages", "stream", "n"})
+
+
+@dataclass(frozen=True, slots=True)
+class PromptSpec:
+    """One validated prompt, as it will be recorded."""
+
+    custom_id: str
+    position: int
+    model: str
+    messages: list[dict[str, Any]]
+    params: dict[str, Any] = field(default_factory=dict)
+    metadata: dict[str, Any] | None = None
+
+    @property
+    def dedupe_key(self) -> str:
+        return dedupe_key(model=self.model, messages=self.messages, params=self.params)
+
+
+def fingerprint(specs: Sequence[PromptSpec]) -> str:
+    """A hash of the whole prompt set, so that running the same input again finds its job."""
+    digest = hashlib.sha256()
+    for spec in specs:
+        digest.update(spec.custom_id.encode())
+        digest.update(b"\x00")
+        digest.update(spec.dedupe_key.encode())
+        digest.update(b"\n")
+    return digest.hexdigest()
+
+
+def read_prompts(path: str | Path, *, default_model: str, default_params: Mapping[str, Any] | None = None) -> list[PromptSpec]:
+    """Read and validate a ``.jsonl`` or ``.csv`` prompt file."""
+    path = Path(path)
+    where = str(path)
+    if not path.is_file():
+        raise InputError("no such file; give the path of a .jsonl or .csv prompt file", path=where)
+    suffix = path.suffix.lower()
+    try:
+        with path.open(encoding="utf-8", newline="") as handle:
+            if suffix in (".jsonl", ".ndjson", ".json"):
+                records = _jsonl_records(handle, where=where)
+                specs = _specs(records, where=where, default_model=default_model, default_params=default_params)
+            elif suffix == ".csv":
+                records = _csv_records(handle, where=where)
+                specs = _specs(records, where=where, default_model=default_model, default_params=default_params)
+            else:
+                raise InputError(f"unsupported file type {suffix or '(none)'!r}; use .jsonl or .csv", path=where)
+    except UnicodeDecodeError as exc:
+        raise InputError(f"not UTF-8 text ({exc.reason} at byte {exc.start})", path=where) from exc
+    return specs
+
+
+def parse_prompt_dicts(
+    items: Iterable[Mapping[str, Any]], *, default_model: str, default_params: Mapping[str, Any] | None = None
+) -> list[PromptSpec]:
+    """Validate prompts given as dicts (programmatic use); errors name the item number (1-based)."""
+    records = ((number, item) for number, item in enumerate(items, start=1))
+    return _specs(records, where="prompts", default_model=default_model, default_params=default_params)
+
+
+def _jsonl_records(lines: Iterable[str], *, where: str) -> Iterable[tuple[int, Any]]:
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            yield number, json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"invalid JSON ({exc.msg} at column {exc.colno})", path=where, line=number) from exc
+
+
+def _csv_records(handle: Iterable[str], *, where: str) -> Iterable[tuple[int, Any]]:
+    reader = csv.DictReader(handle)
+    header = reader.fieldnames or []
+    if "prompt" not in header:
+        raise InputError(f"CSV header has no 'prompt' column (columns: {', '.join(header) or 'none'})", path=where, line=1)
+    for row in reader:
+        number = reader.line_num
+        if None in row:
+            raise InputError("more cells than header columns", path=where, line=number)
+        record: dict[str, Any] = {"prompt": row["prompt"]}
+        if row.get("id"):
+            record["id"] = row["id"]
+        if row.get("model"):
+            record["model"] = row["model"]
+        extra = {key: value for key, value in row.items() if key not in CSV_RESERVED}
+        if extra:
+            record["metadata"] = extra
+        yield number, record
+
+
+def _specs(
+    records: Iterable[tuple[int, Any]],
+    *,
+    where: str,
+    default_model: str,
+    default_params: Mapping[str, Any] | None,
+) -> list[PromptSpec]:
+    specs: list[PromptSpec] = []
+    seen: dict[str, int] = {}
+    for number, record in records:
+        spec = _spec(record, where=where, line=number, position=len(specs), default_model=default_model,
+                     default_params=default_params)
+        if spec.custom_id in seen:
+            raise InputError(
+                f"duplicate id {spec.custom_id!r} (first on line {seen[spec.custom_id]}); ids must be unique",
+                path=where, line=number, field="id",
+            )
+        seen[spec.custom_id] = number
+        specs.append(spec)
+    if not specs:
+        raise InputError("no prompts found; each line needs a 'prompt' or 'messages'", path=where)
+    return specs
+
+
+def _spec(
+    record: Any,
+    *,
+    where: str,
+    line: int,
+    position: int,
+    default_model: str,
+    default_params: Mapping[str, Any] | None,
+) -> PromptSpec:
+    def fail(message: str, field_name: str | None = None) -> InputError:
+        return InputError(message, path=where, line=line, field=field_name)
+
+    if not isinstance(record, Mapping):
+        raise fail(f"expected an object, got {type(record).__name__}")
+    unknown = sorted(set(record) - JSONL_FIELDS)
+    if unknown:
+        raise fail(f"unknown field; allowed: {', '.join(sorted(JSONL_FIELDS))}", unknown[0])
+
+    has_prompt, has_messages = "prompt" in record, "messages" in record
+    if has_prompt == has_messages:
+        raise fail("give exactly one of 'prompt' or 'messages'", "prompt" if not has_prompt else "messages")
+    if has_prompt:
+        prompt = record["prompt"]
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise fail("must be a non-empty string", "prompt")
+        messages: list[dict[str, Any]] = [{"role": "user", "content": prompt}]
+    else:
+        messages = _messages(record["messages"], fail=fail)
+
+    raw_id = record.get("id", f"line-{line}")
+    if isinstance(raw_id, bool) or not isinstance(raw_id, (str, int)) or str(raw_id).strip() == "":
+        raise fail("must be a non-empty string or integer", "id")
+
+    model = record.get("model", default_model)
+    if not isinstance(model, str) or not model.strip():
+        raise fail("must be a non-empty string", "model")
+
+    params = dict(default_params or {})
+    if "params" in record:
+        given = record["params"]
+        if not isinstance(given, Mapping):
+            raise fail("must be an object of request parameters", "params")
+        bad = sorted(FORBIDDEN_PARAMS & set(given))
+        if bad:
+            raise fail(f"'{bad[0]}' cannot be set per prompt (llm-dispatch sets it)", "params")
+        params.update(given)
+
+    metadata = record.get("metadata")
+    if metadata is not None and not isinstance(metadata, Mapping):
+        raise fail("must be an object", "metadata")
+
+    return PromptSpec(
+        custom_id=str(raw_id),
+        position=position,
+        model=model.strip(),
+        messages=messages,
+        params=params,
+        metadata=dict(metadata) if metadata is not None else None,
+    )
+
+
+def _messages(value: Any, *, fail: Any) -> list[dict[str, Any]]:
+    if not isinstance(value, list) or not value:
+        raise fail("must be a non-empty list of {role, content} objects", "messages")
+    messages = []
+    for index, message in enumerate(value):
+        name = f"messages[{index}]"
+        if not isinstance(message, Mapping):
+            raise fail("must be an object with 'role' and 'content'", name)
+        role = message.get("role")
+        if role not in ROLES:
+            raise fail(f"role must be one of {', '.join(sorted(ROLES))}", f"{name}.role")
+        content = message.get("content")
+        if not (isinstance(content, str) or (isinstance(content, list) and content)):
+            raise fail("content must be a string or a list of content parts", f"{name}.content")
+        messages.append(dict(message))
+    return messages

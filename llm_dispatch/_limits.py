@@ -1,0 +1,262 @@
+"""Limits shared by every caller of one client: an adaptive concurrency cap, a shared pause, RPM/TPM buckets.
+
+A 429 is a signal about the account, not about one request, so it slows everyone down: the
+concurrency cap halves and, when the provider says how long to wait, every new attempt waits that long.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from types import TracebackType
+
+__all__ = [
+    "AdaptiveLimiter",
+    "Permit",
+    "RateLimiter",
+    "SharedPause",
+]
+
+Clock = Callable[[], float]
+Sleep = Callable[[float], Awaitable[object]]
+
+# One extra slot per window of successes (``limit`` of them), as in TCP congestion avoidance: slow enough
+# not to walk straight back into the 429. Recovering from a halving of 400 takes ~60,000 successes,
+# minutes at hundreds of requests a second.
+DEFAULT_ADDITIVE_INCREASE = 1.0
+DEFAULT_DECREASE_FACTOR = 0.5
+_EPSILON = 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class Permit:
+    """One slot of an :class:`AdaptiveLimiter`; remembers the limit's generation when it was granted."""
+
+    generation: int
+
+
+class AdaptiveLimiter:
+    """AIMD concurrency limit: halve on a 429 (floor 1), grow by about one slot per window of successes.
+
+    ``async with limiter as permit:`` holds one slot. Report outcomes with :meth:`record_success` and
+    :meth:`record_rate_limit`, passing the permit so that a burst of 429s from requests that were all
+    in flight together halves the limit once, not once per request.
+    """
+
+    def __init__(
+        self,
+        *,
+        ceiling: int,
+        initial: int | None = None,
+        floor: int = 1,
+        increase: float = DEFAULT_ADDITIVE_INCREASE,
+        decrease_factor: float = DEFAULT_DECREASE_FACTOR,
+    ) -> None:
+        if ceiling < 1 or floor < 1 or floor > ceiling:
+            raise ValueError(f"need 1 <= floor <= ceiling, got floor={floor}, ceiling={ceiling}")
+        if not 0 < decrease_factor < 1:
+            raise ValueError(f"decrease_factor must be between 0 and 1, got {decrease_factor}")
+        self._ceiling = ceiling
+        self._floor = floor
+        self._increase = increase
+        self._decrease_factor = decrease_factor
+        # A float so that fractional additive increases accumulate; callers see its integer part.
+        self._limit = float(min(max(initial if initial is not None else ceiling, floor), ceiling))
+        self._in_flight = 0
+        self._generation = 0
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    def __repr__(self) -> str:
+        return f"AdaptiveLimiter(limit={self.limit}, ceiling={self._ceiling}, in_flight={self._in_flight})"
+
+    @property
+    def limit(self) -> int:
+        """How many requests may be in flight right now."""
+        return int(self._limit + _EPSILON)
+
+    @property
+    def ceiling(self) -> int:
+        return self._ceiling
+
+    @property
+    def in_flight(self) -> int:
+        """How many slots are held right now."""
+        return self._in_flight
+
+    @property
+    def waiting(self) -> int:
+        return sum(1 for waiter in self._waiters if not waiter.done())
+
+    async def acquire(self) -> Permit:
+        # First come, first served: a newcomer never overtakes a caller already waiting.
+        if not self._waiters and self._in_flight < self.limit:
+            self._in_flight += 1
+            return Permit(self._generation)
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                # The slot was handed over just as we were cancelled: give it to the next in line.
+                self.release()
+            else:
+                self._waiters.remove(waiter)
+            raise
+        return Permit(self._generation)
+
+    def release(self) -> None:
+        if self._in_flight <= 0:
+            raise RuntimeError("AdaptiveLimiter.release() called more often than acquire()")
+        self._in_flight -= 1
+        self._wake()
+
+    async def __aenter__(self) -> Permit:
+        return await self.acquire()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.release()
+
+    def record_success(self, permit: Permit | None = None) -> None:
+        """Additive increase: about one more slot after ``limit`` successes."""
+        if self._limit < self._ceiling:
+            # Divided by the whole-slot limit, so exactly ``limit`` successes buy the next slot.
+            self._limit = min(float(self._ceiling), self._limit + self._increase / self.limit)
+            self._wake()
+
+    def record_rate_limit(self, permit: Permit | None = None) -> bool:
+        """Multiplicative decrease on a 429. Returns whether the limit was lowered.
+
+        A permit granted before the last decrease does not lower it again: its 429 belongs to the
+        same overload the last decrease already answered.
+        """
+        if permit is not None and permit.generation != self._generation:
+            return False
+        self._generation += 1
+        before = self.limit
+        self._limit = max(float(self._floor), float(int(self._limit * self._decrease_factor)))
+        return self.limit < before
+
+    def _wake(self) -> None:
+        # Hand slots over directly (counting them as taken) so no newcomer can slip in between.
+        while self._waiters and self._in_flight < self.limit:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                self._in_flight += 1
+                waiter.set_result(None)
+
+
+class SharedPause:
+    """A moment before which no new attempt starts; a 429's Retry-After moves it, for every caller."""
+
+    def __init__(self, *, clock: Clock = time.monotonic, sleep: Sleep = asyncio.sleep) -> None:
+        self._clock = clock
+        self._sleep = sleep
+        self._until = float("-inf")
+
+    def __repr__(self) -> str:
+        return f"SharedPause(remaining={self.remaining:.3f})"
+
+    def pause_for(self, seconds: float) -> None:
+        """Hold new attempts for ``seconds`` from now; never shortens a pause already in force."""
+        self._until = max(self._until, self._clock() + seconds)
+
+    @property
+    def deadline(self) -> float:
+        """The clock reading at which the pause ends (``-inf`` if there never was one)."""
+        return self._until
+
+    @property
+    def remaining(self) -> float:
+        return max(0.0, self._until - self._clock())
+
+    async def wait(self) -> float:
+        """Sleep until the pause is over; returns the seconds slept."""
+        slept = 0.0
+        while True:
+            until = self._until
+            remaining = until - self._clock()
+            if remaining <= 0:
+                return slept
+            await self._sleep(remaining)
+            slept += remaining
+            # Sleep again only if someone extended the pause meanwhile: a fake sleep that does not move
+            # the clock must not turn this into a busy loop.
+            if self._until <= until:
+                return slept
+
+
+class RateLimiter:
+    """A token bucket for requests or tokens per minute: refills continuously, holds one minute's worth.
+
+    The full-minute bucket matches how providers count (and the OpenAI cookbook's parallel processor):
+    a fresh client may spend a minute's budget at once, then proceeds at the steady rate. An amount
+    larger than the bucket waits for a full bucket and leaves it in debt rather than waiting forever.
+    """
+
+    def __init__(
+        self,
+        *,
+        per_minute: float,
+        burst: float | None = None,
+        clock: Clock = time.monotonic,
+        sleep: Sleep = asyncio.sleep,
+    ) -> None:
+        if per_minute <= 0:
+            raise ValueError(f"per_minute must be positive, got {per_minute}")
+        self._rate = per_minute / 60.0
+        self._capacity = float(burst if burst is not None else per_minute)
+        self._clock = clock
+        self._sleep = sleep
+        self._level = self._capacity
+        self._updated = clock()
+        # FIFO: a large request cannot be starved by a stream of small ones.
+        self._lock = asyncio.Lock()
+
+    def __repr__(self) -> str:
+        return f"RateLimiter(per_minute={self._rate * 60:g}, available={self.available:.1f})"
+
+    @property
+    def per_minute(self) -> float:
+        return self._rate * 60
+
+    @property
+    def available(self) -> float:
+        """What could be spent right now without waiting (negative while in debt)."""
+        self._refill()
+        return self._level
+
+    async def acquire(self, amount: float = 1) -> float:
+        """Wait until ``amount`` can be spent, then spend it. Returns the seconds waited."""
+        waited = 0.0
+        if amount <= 0:
+            return waited
+        async with self._lock:
+            needed = min(amount, self._capacity)
+            while True:
+                self._refill()
+                # The tolerance stops float rounding from asking for a sleep too short to move the clock.
+                if self._level >= needed - _EPSILON:
+                    break
+                delay = (needed - self._level) / self._rate
+                await self._sleep(delay)
+                waited += delay
+            self._level -= amount
+        return waited
+
+    def adjust(self, amount: float) -> None:
+        """Charge ``amount`` more (or refund it, if negative) once the real cost is known."""
+        self._refill()
+        self._level = min(self._capacity, self._level - amount)
+
+    def _refill(self) -> None:
+        now = self._clock()
+        elapsed = now - self._updated
+        if elapsed > 0:
+            self._level = min(self._capacity, self._level + elapsed * self._rate)
+        self._updated = now

@@ -1,0 +1,83 @@
+"""The one settings class: read from ``LLM_DISPATCH_*`` (and ``OPENAI_*``) at the edge, passed down."""
+
+from __future__ import annotations
+
+from typing import Literal
+from urllib.parse import urlsplit, urlunsplit
+
+from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["DEFAULT_BASE_URL", "DEFAULT_DATABASE_URL", "Settings"]
+
+DEFAULT_BASE_URL = "https://api.openai.com/v1"
+DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///llm_dispatch.db"
+
+
+class Settings(BaseSettings):
+    """Everything llm-dispatch can be told. Environment: ``LLM_DISPATCH_<FIELD>``."""
+
+    model_config = SettingsConfigDict(env_prefix="LLM_DISPATCH_", extra="ignore", populate_by_name=True)
+
+    api_key: SecretStr | None = Field(
+        default=None, validation_alias=AliasChoices("api_key", "LLM_DISPATCH_API_KEY", "OPENAI_API_KEY")
+    )
+    base_url: str = Field(
+        default=DEFAULT_BASE_URL, validation_alias=AliasChoices("base_url", "LLM_DISPATCH_BASE_URL", "OPENAI_BASE_URL")
+    )
+    # Azure OpenAI takes the key in an ``api-key`` header instead of ``Authorization: Bearer``.
+    auth_header: Literal["authorization", "api-key"] = "authorization"
+    # May carry a password (Postgres): kept out of reprs; recorded only through public_dict().
+    database_url: str = Field(default=DEFAULT_DATABASE_URL, repr=False)
+    model: str = "gpt-4o-mini"
+
+    concurrency: int = Field(default=64, ge=1, le=10_000, description="requests in flight per flow run")
+    chunk_size: int = Field(default=500, ge=1, description="prompts per Prefect chunk task")
+    chunk_concurrency: int | None = Field(
+        default=None, ge=1, description="requests in flight per chunk task (default: concurrency)"
+    )
+    concurrency_tag: str = "llm-realtime"
+
+    request_timeout: float = Field(default=120.0, gt=0, description="seconds for one HTTP attempt")
+    connect_timeout: float = Field(default=10.0, gt=0)
+    max_retries: int = Field(default=5, ge=0)
+    max_retry_after: float = Field(default=120.0, ge=0, description="longest Retry-After honoured, seconds")
+    rpm: int | None = Field(default=None, ge=1, description="requests per minute, client side")
+    tpm: int | None = Field(default=None, ge=1, description="tokens per minute, client side (estimated, then corrected)")
+
+    dedupe: bool = Field(default=True, description="reuse a stored success for an identical request")
+
+    @field_validator("base_url")
+    @classmethod
+    def _check_url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError(f"base_url must start with http:// or https://, got {value!r}; set LLM_DISPATCH_BASE_URL")
+        return value.rstrip("/")
+
+    @model_validator(mode="after")
+    def _default_chunk_concurrency(self) -> Settings:
+        if self.chunk_concurrency is None:
+            self.chunk_concurrency = self.concurrency
+        return self
+
+    @property
+    def per_chunk_concurrency(self) -> int:
+        assert self.chunk_concurrency is not None
+        return self.chunk_concurrency
+
+    def public_dict(self) -> dict[str, object]:
+        """The settings as recorded in the database and artifacts: no key, no credentials in URLs."""
+        data = self.model_dump(exclude={"api_key"})
+        data["database_url"] = _redact_url(self.database_url)
+        data["base_url"] = _redact_url(self.base_url)
+        data["api_key_set"] = self.api_key is not None
+        return data
+
+
+def _redact_url(url: str) -> str:
+    """Drop any password from a URL (``scheme://user:secret@host`` -> ``scheme://user:***@host``)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))

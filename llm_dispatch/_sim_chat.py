@@ -1,0 +1,349 @@
+"""The simulator's ``/v1`` chat routes: chat completions with faults and quotas, and the model list.
+
+A chat request goes through, in order: a fault queued with ``POST /_sim/faults``; auth; body
+validation; the model list; a ``[[sim:FAULT]]`` / ``[[sim:FAULTxN]]`` marker in a message; the
+RPM/TPM quotas; a random fault at the configured rates; then the answer. Injected 4xx and 429s
+answer at once; 5xx, drop, malformed and successes wait the sampled latency first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import math
+import re
+import time
+from typing import Any
+
+from aiohttp import web
+
+from ._sim_checks import check_auth, invalid_request, model_not_found, validate_chat_body
+from ._sim_config import FAULTS
+from ._sim_http import (
+    completion_body,
+    error_response,
+    format_reset,
+    json_response,
+    rate_limited_response,
+    server_error_response,
+)
+from ._sim_state import SimState
+from ._sim_tokens import REPLY_PRIMING_TOKENS, completion_text, message_token_counts, natural_length
+
+__all__ = ["DEFAULT_MODELS", "MARKER", "register"]
+
+# What GET /v1/models lists when the simulator accepts any model.
+DEFAULT_MODELS = ("gpt-4o-mini", "gpt-4o", "gpt-4.1", "gpt-4.1-mini", "gpt-4.1-nano", "o4-mini")
+
+MARKER = re.compile(r"\[\[sim:([^\]\s]*)\]\]")
+_MARKER_BODY = re.compile(rf"({'|'.join(sorted(FAULTS))})(?:x([1-9][0-9]*))?")
+_MARKER_BYTES = b"[[sim:"
+
+_CACHE_MIN_TOKENS = 1024  # OpenAI caches prompts from 1024 tokens on...
+_CACHE_INCREMENT = 128  # ...and reports cache hits in steps of 128 tokens
+_SYSTEM_FINGERPRINT = "fp_llmdsim01"
+_MASK64 = (1 << 64) - 1
+
+_sorted_dumps = json.JSONEncoder(sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode
+
+
+def register(app: web.Application, state: SimState) -> None:
+    """Add the chat-completions and models routes, bound to ``state``."""
+    routes = _ChatRoutes(state)
+    app.router.add_post("/v1/chat/completions", routes.chat_completions)
+    app.router.add_get("/v1/models", routes.list_models)
+    app.router.add_get("/v1/models/{model}", routes.get_model)
+
+
+def _text_parts(content: Any) -> list[str]:
+    if isinstance(content, str):
+        return [content]
+    if isinstance(content, list):
+        return [p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)]
+    return []
+
+
+def _choice_digest(digest: int, index: int) -> int:
+    # splitmix64-style scramble so each extra choice gets its own length and text.
+    x = (digest + index * 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    return ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+
+
+def _plan_choices(digest: int, *, cap: int | None, n: int) -> list[tuple[int, int, str]]:
+    """(text digest, completion tokens, finish_reason) of each choice, all fixed by the body's digest."""
+    planned = []
+    for index in range(n):
+        choice_digest = digest if index == 0 else _choice_digest(digest, index)
+        tokens = natural_length(choice_digest)
+        if cap is not None and tokens > cap:
+            planned.append((choice_digest, cap, "length"))
+        else:
+            planned.append((choice_digest, tokens, "stop"))
+    return planned
+
+
+class _ChatRoutes:
+    def __init__(self, state: SimState) -> None:
+        self._state = state
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        state = self._state
+        stats = state.stats
+        stats.requests_total += 1
+        stats.in_flight += 1
+        if stats.in_flight > stats.peak_in_flight:
+            stats.peak_in_flight = stats.in_flight
+        try:
+            response = await self._answer(request)
+        finally:
+            # Before the response is written, so a client that sees the answer sees the gauge down.
+            stats.in_flight -= 1
+        response.headers["x-request-id"] = f"req_sim{state.boot_id}{next(state.request_ids):x}"
+        return response
+
+    async def _answer(self, request: web.Request) -> web.StreamResponse:
+        state = self._state
+        raw = await request.read()
+        if state.forced_faults:
+            return await self._fault(request, state.forced_faults.popleft(), model=None)
+        denied = check_auth(request, state)
+        if denied is not None:
+            return self._counted(denied)
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            return self._counted(invalid_request(
+                "We could not parse the JSON body of your request. (HINT: This likely means you aren't using "
+                "your HTTP library correctly. The OpenAI API expects a JSON payload, but what was sent was not "
+                "valid JSON.)", param=None, code=None))
+        invalid = validate_chat_body(body)
+        if invalid is not None:
+            return self._counted(invalid)
+        model: str = body["model"]
+        if state.allowed_models is not None and model not in state.allowed_models:
+            return self._counted(model_not_found(model))
+        messages: list[dict[str, Any]] = body["messages"]
+
+        digest_bytes = hashlib.blake2b(raw, digest_size=8, key=state.seed_key).digest()
+        if _MARKER_BYTES in raw:
+            forced = self._marker_fault(messages, digest_bytes)
+            if isinstance(forced, web.Response):
+                return self._counted(forced)
+            if forced is not None:
+                return await self._fault(request, forced, model=model)
+
+        counts = message_token_counts(messages)
+        prompt_tokens = sum(counts) + REPLY_PRIMING_TOKENS
+        cap = body.get("max_completion_tokens") or body.get("max_tokens")
+        choices_n = body.get("n") or 1
+        choices = _plan_choices(int.from_bytes(digest_bytes, "little"), cap=cap, n=choices_n)
+        completion_tokens = sum(tokens for _, tokens, _ in choices)
+
+        limit_headers: dict[str, str] | None = None
+        if state.requests_window is not None or state.tokens_window is not None:
+            # Admission is charged like OpenAI does: the prompt plus max_tokens when it is given.
+            charge = prompt_tokens + (cap * choices_n if cap is not None else completion_tokens)
+            refused, limit_headers = self._admit(model=model, charge=charge)
+            if refused is not None:
+                return self._counted(refused)
+
+        fault = state.random_fault()
+        if fault is not None:
+            return await self._fault(request, fault, model=model)
+
+        cached = self._cached_tokens(model=model, messages=messages, counts=counts)
+        body_bytes = completion_body(
+            response_id=state.next_response_id(),
+            created=int(time.time()),
+            model=model,
+            choices=[
+                (completion_text(digest=choice_digest, tokens=tokens, stop=reason == "stop"), reason)
+                for choice_digest, tokens, reason in choices
+            ],
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            cached_tokens=cached,
+            system_fingerprint=_SYSTEM_FINGERPRINT,
+        )
+        delay = self._latency(completion_tokens)
+        if delay > 0:
+            await asyncio.sleep(delay)
+        stats = state.stats
+        stats.completions += 1
+        stats.prompt_tokens += prompt_tokens
+        stats.completion_tokens += completion_tokens
+        stats.cached_tokens += cached
+        return self._counted(
+            web.Response(body=body_bytes, headers=limit_headers, content_type="application/json")
+        )
+
+    def _counted(self, response: web.Response) -> web.Response:
+        self._state.stats.count(str(response.status))
+        return response
+
+    def _marker_fault(self, messages: list[dict[str, Any]], digest: bytes) -> str | web.Response | None:
+        for message in messages:
+            for text in _text_parts(message.get("content")):
+                found = MARKER.search(text)
+                if found is None:
+                    continue
+                parsed = _MARKER_BODY.fullmatch(found.group(1))
+                if parsed is None:
+                    return invalid_request(
+                        f"Unknown simulator marker {found.group(0)!r}; write [[sim:FAULT]] or [[sim:FAULTxN]] "
+                        f"with FAULT one of {', '.join(sorted(FAULTS))}.",
+                        param="messages", code="invalid_value")
+                fault, times = parsed.group(1), parsed.group(2)
+                if times is None:
+                    return fault
+                seen = self._state.marker_hits.get(digest, 0) + 1
+                self._state.marker_hits[digest] = seen
+                return fault if seen <= int(times) else None
+        return None
+
+    def _admit(self, *, model: str, charge: int) -> tuple[web.Response | None, dict[str, str]]:
+        state = self._state
+        now = time.monotonic()
+        requests, tokens = state.requests_window, state.tokens_window
+        wait_requests = requests.wait_for(1, now=now) if requests is not None else 0.0
+        wait_tokens = tokens.wait_for(charge, now=now) if tokens is not None else 0.0
+        if wait_requests == 0.0 and wait_tokens == 0.0:
+            if requests is not None:
+                requests.add(1, now=now)
+            if tokens is not None:
+                tokens.add(charge, now=now)
+            return None, self._limit_headers(now)
+        state.stats.quota_rejections += 1
+        wait = max(wait_requests, wait_tokens)
+        if wait_tokens >= wait_requests and tokens is not None:
+            if charge > tokens.limit:
+                message = (f"Request too large for {model} in organization org-simulator on tokens per min (TPM): "
+                           f"Limit {tokens.limit}, Requested {charge}. The input or output tokens must be "
+                           "reduced in order to run successfully.")
+            else:
+                used = tokens.limit - tokens.remaining(now=now)
+                message = (f"Rate limit reached for {model} in organization org-simulator on tokens per min (TPM): "
+                           f"Limit {tokens.limit}, Used {used}, Requested {charge}. "
+                           f"Please try again in {format_reset(wait)}.")
+            limit_type = "tokens"
+        else:
+            assert requests is not None
+            message = (f"Rate limit reached for {model} in organization org-simulator on requests per min (RPM): "
+                       f"Limit {requests.limit}, Used {requests.limit - requests.remaining(now=now)}, Requested 1. "
+                       f"Please try again in {format_reset(wait)}.")
+            limit_type = "requests"
+        refused = rate_limited_response(
+            message=message, limit_type=limit_type, retry_after=wait, headers=self._limit_headers(now)
+        )
+        return refused, {}
+
+    def _limit_headers(self, now: float) -> dict[str, str]:
+        headers: dict[str, str] = {}
+        for suffix, window in (("requests", self._state.requests_window), ("tokens", self._state.tokens_window)):
+            if window is not None:
+                headers[f"x-ratelimit-limit-{suffix}"] = str(window.limit)
+                headers[f"x-ratelimit-remaining-{suffix}"] = str(window.remaining(now=now))
+                headers[f"x-ratelimit-reset-{suffix}"] = format_reset(window.reset_in(now=now))
+        return headers
+
+    def _cached_tokens(self, *, model: str, messages: list[dict[str, Any]], counts: list[int]) -> int:
+        if sum(counts) < _CACHE_MIN_TOKENS:
+            return 0
+        # Prefixes are whole messages: close enough to OpenAI's 128-token blocks for a simulator.
+        chain = hashlib.blake2b(model.encode(), digest_size=16)
+        prefixes: list[tuple[bytes, int]] = []
+        total = 0
+        for message, tokens in zip(messages, counts):
+            chain.update(_sorted_dumps(message).encode())
+            total += tokens
+            if total >= _CACHE_MIN_TOKENS:
+                prefixes.append((chain.copy().digest(), total))
+        cache = self._state.prompt_cache
+        cached = 0
+        for prefix, tokens in reversed(prefixes):
+            if prefix in cache:
+                cached = tokens // _CACHE_INCREMENT * _CACHE_INCREMENT
+                break
+        self._state.remember_prefixes([prefix for prefix, _ in prefixes])
+        return cached
+
+    def _latency(self, completion_tokens: int) -> float:
+        config = self._state.config
+        delay = config.latency
+        if config.latency_spread > 0 and delay > 0:
+            if config.latency_dist == "uniform":
+                delay = self._state.rng.uniform(max(0.0, delay - config.latency_spread), delay + config.latency_spread)
+            elif config.latency_dist == "lognormal":
+                delay *= math.exp(self._state.rng.gauss(0.0, config.latency_spread))
+        return delay + config.latency_per_token * completion_tokens
+
+    async def _fault(self, request: web.Request, fault: str, *, model: str | None) -> web.StreamResponse:
+        state = self._state
+        config = state.config
+        if fault == "400":
+            return self._counted(invalid_request("Simulated bad request (simulator fault 400).", param=None, code=None))
+        if fault == "401":
+            return self._counted(error_response(
+                status=401, message="Incorrect API key provided: sim...ault (simulator fault 401).",
+                code="invalid_api_key"))
+        if fault == "404":
+            return self._counted(model_not_found(model or "unknown"))
+        if fault == "429":
+            message = (f"Rate limit reached for {model or 'the model'} in organization org-simulator on requests "
+                       f"per min (RPM) (simulator fault 429). Please try again in {format_reset(config.retry_after)}.")
+            return self._counted(rate_limited_response(
+                message=message, limit_type="requests", retry_after=config.retry_after))
+        if fault == "hang":
+            state.stats.count("hang")
+            # Other requests keep flowing: this only parks this handler. aiohttp cancels it when the
+            # client gives up, which is what ends its share of in_flight.
+            await asyncio.sleep(config.hang_seconds)
+            return _dropped(request)
+        delay = self._latency(0)
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if fault == "drop":
+            state.stats.count("drop")
+            return _dropped(request)
+        if fault == "malformed":
+            state.stats.count("malformed")
+            body = completion_body(
+                response_id=state.next_response_id(), created=int(time.time()), model=model or "unknown",
+                choices=[("This answer never arrives whole.", "stop")], prompt_tokens=0, completion_tokens=0,
+                cached_tokens=0, system_fingerprint=_SYSTEM_FINGERPRINT,
+            )
+            return web.Response(body=body[: len(body) // 2], content_type="application/json")
+        return self._counted(server_error_response(int(fault)))
+
+    async def list_models(self, request: web.Request) -> web.Response:
+        denied = check_auth(request, self._state)
+        if denied is not None:
+            return denied
+        models = self._state.config.models or list(DEFAULT_MODELS)
+        return json_response({"object": "list", "data": [_model_card(m) for m in models]})
+
+    async def get_model(self, request: web.Request) -> web.Response:
+        denied = check_auth(request, self._state)
+        if denied is not None:
+            return denied
+        model = request.match_info["model"]
+        allowed = self._state.allowed_models
+        if allowed is not None and model not in allowed:
+            return model_not_found(model)
+        return json_response(_model_card(model))
+
+
+def _model_card(model: str) -> dict[str, Any]:
+    return {"id": model, "object": "model", "created": 1_700_000_000, "owned_by": "llm-dispatch-simulator"}
+
+
+def _dropped(request: web.Request) -> web.Response:
+    transport = request.transport
+    if transport is not None:
+        transport.close()
+    # aiohttp's write to the closed transport fails with a ConnectionError, which it treats as a
+    # client that went away: the peer sees the connection close without a single response byte.
+    return web.Response(status=204)
+

@@ -1,0 +1,124 @@
+"""What a simulated chat request must satisfy, and the 400/401/404 bodies OpenAI answers when it does not."""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any
+
+from aiohttp import web
+
+from ._sim_http import error_response
+from ._sim_state import SimState
+
+__all__ = ["check_auth", "invalid_request", "model_not_found", "validate_chat_body"]
+
+_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+_MAX_CHOICES = 128
+
+
+def check_auth(request: web.Request, state: SimState) -> web.Response | None:
+    """A 401 unless the request carries the configured key (Bearer, or Azure's ``api-key``)."""
+    expected = state.config.api_key
+    if expected is None:
+        return None
+    header = request.headers.get("Authorization")
+    if header is not None:
+        given = header[7:].strip() if header[:7].lower() == "bearer " else ""
+    else:
+        given = request.headers.get("api-key", "")
+    if given and hmac.compare_digest(given.encode(), expected.encode()):
+        return None
+    if not given:
+        message = (
+            "You didn't provide an API key. You need to provide your API key in an Authorization "
+            "header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY)."
+        )
+        return error_response(status=401, message=message)
+    shown = f"{given[:3]}...{given[-4:]}" if len(given) > 8 else "***"
+    return error_response(status=401, message=f"Incorrect API key provided: {shown}.", code="invalid_api_key")
+
+
+def model_not_found(model: str) -> web.Response:
+    return error_response(
+        status=404,
+        message=f"The model `{model}` does not exist or you do not have access to it.",
+        code="model_not_found",
+    )
+
+
+def invalid_request(message: str, *, param: str | None, code: str | None) -> web.Response:
+    return error_response(status=400, message=message, param=param, code=code)
+
+
+def _type_name(value: Any) -> str:
+    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(value), "a number"
+    )
+
+
+def validate_chat_body(body: Any) -> web.Response | None:
+    """The 400 OpenAI would answer for this body, or None if it is a usable chat request."""
+    problem = _problem(body)
+    if problem is None:
+        return None
+    message, param, code = problem
+    return invalid_request(message, param=param, code=code)
+
+
+def _problem(body: Any) -> tuple[str, str | None, str] | None:
+    """(message, param, code) of the first thing wrong with a chat body, in OpenAI's words."""
+    if not isinstance(body, dict):
+        return f"Invalid type for body: expected an object, but got {_type_name(body)} instead.", None, "invalid_type"
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        return "you must provide a model parameter", "model", "missing_required_parameter"
+    messages = body.get("messages")
+    if messages is None:
+        return "Missing required parameter: 'messages'.", "messages", "missing_required_parameter"
+    if not isinstance(messages, list):
+        got = _type_name(messages)
+        return f"Invalid type for 'messages': expected an array, but got {got} instead.", "messages", "invalid_type"
+    if not messages:
+        message = "Invalid 'messages': empty array. Expected an array with minimum length 1, but got an empty array."
+        return message, "messages", "empty_array"
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            got = _type_name(message)
+            return f"Invalid type for '{where}': expected an object, but got {got} instead.", where, "invalid_type"
+        role = message.get("role")
+        if role is None:
+            return f"Missing required parameter: '{where}.role'.", f"{where}.role", "missing_required_parameter"
+        if role not in _ROLES:
+            supported = ", ".join(sorted(_ROLES))
+            return f"Invalid value: '{role}'. Supported values are: {supported}.", f"{where}.role", "invalid_value"
+        content = message.get("content")
+        if content is None:
+            # An assistant turn that only calls tools legitimately has no content.
+            if role == "assistant" and (message.get("tool_calls") or message.get("function_call")):
+                continue
+            return f"Missing required parameter: '{where}.content'.", f"{where}.content", "missing_required_parameter"
+        if not isinstance(content, str | list):
+            got = _type_name(content)
+            return (
+                f"Invalid type for '{where}.content': expected a string or an array, but got {got} instead.",
+                f"{where}.content",
+                "invalid_type",
+            )
+    for name in ("max_completion_tokens", "max_tokens"):
+        value = body.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            got = _type_name(value)
+            return f"Invalid type for '{name}': expected an integer, but got {got} instead.", name, "invalid_type"
+        if value < 1:
+            return f"Invalid '{name}': expected a value >= 1, but got {value} instead.", name, "integer_below_min_value"
+    n = body.get("n")
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= _MAX_CHOICES):
+        message = f"Invalid 'n': expected an integer from 1 to {_MAX_CHOICES}, but got {n!r} instead."
+        return message, "n", "invalid_value"
+    if body.get("stream"):
+        message = "The llm-dispatch simulator does not stream; send the request with stream=false."
+        return message, "stream", "unsupported_value"
+    return None

@@ -1,0 +1,138 @@
+"""Settings of the bundled OpenAI-compatible simulator: latency, injected faults, quotas and auth."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any, Literal, get_args
+
+from ._exceptions import ConfigError
+
+__all__ = [
+    "DEFAULT_HANG_SECONDS",
+    "DEFAULT_RETRY_AFTER",
+    "FAULTS",
+    "Fault",
+    "LatencyDist",
+    "RANDOM_FAULT_FIELDS",
+    "SimulatorConfig",
+]
+
+# What a marker or the admin queue can force. The HTTP statuses answer with OpenAI's error body;
+# "hang" never answers, "drop" closes the connection, "malformed" is a 200 with truncated JSON.
+Fault = Literal["400", "401", "404", "429", "500", "503", "hang", "drop", "malformed"]
+FAULTS: frozenset[str] = frozenset(get_args(Fault))
+
+LatencyDist = Literal["fixed", "uniform", "lognormal"]
+_LATENCY_DISTS: frozenset[str] = frozenset(get_args(LatencyDist))
+
+# Config field -> the fault it injects at random; order is the order the draw is split in.
+RANDOM_FAULT_FIELDS: tuple[tuple[str, str], ...] = (
+    ("rate_429", "429"),
+    ("rate_500", "500"),
+    ("rate_503", "503"),
+    ("rate_hang", "hang"),
+    ("rate_drop", "drop"),
+    ("rate_malformed", "malformed"),
+)
+
+DEFAULT_RETRY_AFTER = 1.0
+DEFAULT_HANG_SECONDS = 600.0
+
+_FLOAT_FIELDS = frozenset(
+    {"latency", "latency_spread", "latency_per_token", "retry_after", "hang_seconds"}
+    | {name for name, _ in RANDOM_FAULT_FIELDS}
+)
+_OPTIONAL_INT_FIELDS = frozenset({"rpm", "tpm"})
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SimulatorConfig:
+    """How the simulator behaves. Every field can be patched at runtime through ``POST /_sim/config``.
+
+    Latency of an answer is ``latency`` seconds drawn from ``latency_dist`` (``uniform``: within
+    ``latency ± latency_spread``; ``lognormal``: median ``latency``, sigma ``latency_spread``), plus
+    ``latency_per_token`` for each completion token. Quotas count over a sliding 60 s window.
+    """
+
+    latency: float = 0.0
+    latency_dist: LatencyDist = "fixed"
+    latency_spread: float = 0.0
+    latency_per_token: float = 0.0
+    rate_429: float = 0.0
+    rate_500: float = 0.0
+    rate_503: float = 0.0
+    rate_hang: float = 0.0
+    rate_drop: float = 0.0
+    rate_malformed: float = 0.0
+    retry_after: float = DEFAULT_RETRY_AFTER  # seconds, sent with injected 429s
+    hang_seconds: float = DEFAULT_HANG_SECONDS  # then the connection is closed without an answer
+    rpm: int | None = None
+    tpm: int | None = None
+    models: list[str] | None = None  # None accepts any model name
+    api_key: str | None = None  # None accepts any or no credentials
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("latency", "latency_spread", "latency_per_token", "retry_after", "hang_seconds"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0:
+                raise ConfigError(f"simulator {name} must be a finite number >= 0, got {value!r}")
+        if self.latency_dist not in _LATENCY_DISTS:
+            raise ConfigError(
+                f"simulator latency_dist must be one of {sorted(_LATENCY_DISTS)}, got {self.latency_dist!r}"
+            )
+        total = 0.0
+        for name, _ in RANDOM_FAULT_FIELDS:
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise ConfigError(f"simulator {name} must be between 0 and 1, got {value!r}")
+            total += value
+        # One uniform draw is split between the faults, so together they cannot exceed certainty.
+        if total > 1.0 + 1e-9:
+            raise ConfigError(f"simulator fault rates add up to {total:g}; lower them so the sum is at most 1")
+        for name in ("rpm", "tpm"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"simulator {name} must be >= 1 or None (no quota), got {value!r}")
+        if self.models is not None and (
+            not self.models or not all(isinstance(m, str) and m for m in self.models)
+        ):
+            raise ConfigError("simulator models must be a non-empty list of model names, or None to accept any")
+
+    def updated(self, changes: Mapping[str, Any]) -> SimulatorConfig:
+        """A copy with ``changes`` applied, e.g. from JSON; unknown fields and wrong types raise ConfigError."""
+        known = {f.name for f in fields(self)}
+        unknown = sorted(set(changes) - known)
+        if unknown:
+            raise ConfigError(f"unknown simulator config field(s) {unknown}; known fields are {sorted(known)}")
+        return replace(self, **{name: _coerce(name, value) for name, value in changes.items()})
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _coerce(name: str, value: Any) -> Any:
+    # JSON has one number type and bool is an int in Python, so check by hand rather than trust it.
+    if name in _FLOAT_FIELDS:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"simulator {name} must be a number, got {value!r}")
+        return float(value)
+    if name in _OPTIONAL_INT_FIELDS or name == "seed":
+        if value is None and name != "seed":
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"simulator {name} must be an integer, got {value!r}")
+        return value
+    if name == "models":
+        if value is None:
+            return None
+        if not isinstance(value, list):
+            raise ConfigError(f"simulator models must be a list of names or null, got {value!r}")
+        return list(value)
+    if name in ("api_key", "latency_dist"):
+        if value is not None and not isinstance(value, str):
+            raise ConfigError(f"simulator {name} must be a string, got {value!r}")
+        return value
+    return value

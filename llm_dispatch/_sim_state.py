@@ -1,0 +1,185 @@
+"""Everything one running simulator remembers: config, counters, quota windows and forced faults.
+
+One ``SimState`` per app, handed to each route group, so a simulator never shares anything with
+another one in the same process (tests run several side by side).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import random
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._sim_config import RANDOM_FAULT_FIELDS, SimulatorConfig
+
+__all__ = ["QUOTA_WINDOW_S", "QuotaWindow", "SimState", "SimStats"]
+
+QUOTA_WINDOW_S = 60.0
+_PROMPT_CACHE_ENTRIES = 50_000  # prefixes remembered for cached_tokens, least recently used dropped
+
+
+@dataclass(slots=True)
+class SimStats:
+    """Counters behind ``GET /_sim/stats``; ``in_flight`` is a live gauge that a reset keeps."""
+
+    requests_total: int = 0
+    in_flight: int = 0
+    peak_in_flight: int = 0
+    completions: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    quota_rejections: int = 0
+    by_status: dict[str, int] = field(default_factory=dict)
+
+    def count(self, outcome: str) -> None:
+        self.by_status[outcome] = self.by_status.get(outcome, 0) + 1
+
+    def reset(self) -> None:
+        in_flight = self.in_flight
+        for name, default in SimStats().to_dict().items():
+            setattr(self, name, default)
+        # Requests still being served will decrement the gauge when they finish.
+        self.in_flight = in_flight
+        self.peak_in_flight = in_flight
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "requests_total": self.requests_total,
+            "in_flight": self.in_flight,
+            "peak_in_flight": self.peak_in_flight,
+            "completions": self.completions,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "cached_tokens": self.cached_tokens,
+            "quota_rejections": self.quota_rejections,
+            "by_status": dict(self.by_status),
+        }
+
+
+class QuotaWindow:
+    """Amounts admitted over the last 60 s, for one quota (requests or tokens)."""
+
+    __slots__ = ("limit", "_events", "_used")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._events: deque[tuple[float, int]] = deque()
+        self._used = 0
+
+    def _expire(self, now: float) -> None:
+        cutoff = now - QUOTA_WINDOW_S
+        events = self._events
+        while events and events[0][0] <= cutoff:
+            self._used -= events.popleft()[1]
+
+    def wait_for(self, amount: int, *, now: float) -> float:
+        """Seconds until ``amount`` fits (0 if it fits now, ``QUOTA_WINDOW_S`` if it never can)."""
+        self._expire(now)
+        excess = self._used + amount - self.limit
+        if excess <= 0:
+            return 0.0
+        if amount > self.limit:
+            return QUOTA_WINDOW_S
+        for at, size in self._events:
+            excess -= size
+            if excess <= 0:
+                return at + QUOTA_WINDOW_S - now
+        return QUOTA_WINDOW_S  # unreachable while the window's sum is consistent
+
+    def add(self, amount: int, *, now: float) -> None:
+        self._events.append((now, amount))
+        self._used += amount
+
+    def remaining(self, *, now: float) -> int:
+        self._expire(now)
+        return max(0, self.limit - self._used)
+
+    def reset_in(self, *, now: float) -> float:
+        """Seconds until the oldest admitted amount leaves the window and frees its share."""
+        self._expire(now)
+        return self._events[0][0] + QUOTA_WINDOW_S - now if self._events else 0.0
+
+    def clear(self) -> None:
+        self._events.clear()
+        self._used = 0
+
+
+class SimState:
+    """Shared, mutable state of one simulator; route groups read and update it in place."""
+
+    def __init__(self, *, config: SimulatorConfig) -> None:
+        self.stats = SimStats()
+        self.forced_faults: deque[str] = deque()  # queued through POST /_sim/faults
+        self.marker_hits: dict[bytes, int] = {}  # body digest -> requests seen, for [[sim:FAULTxN]]
+        self.prompt_cache: OrderedDict[bytes, None] = OrderedDict()
+        self.requests_window: QuotaWindow | None = None
+        self.tokens_window: QuotaWindow | None = None
+        self.started_at = time.time()
+        self.boot_id = os.urandom(3).hex()  # keeps response ids unique across simulator runs
+        self.response_serial = 0
+        self.request_ids = itertools.count(1)
+        self.config = config
+        self.rng = random.Random(config.seed)
+        self.apply_config(config)
+
+    def apply_config(self, config: SimulatorConfig) -> None:
+        if config.seed != self.config.seed:
+            self.rng.seed(config.seed)
+        self.config = config
+        self.allowed_models = frozenset(config.models) if config.models is not None else None
+        self.seed_key = str(config.seed).encode()
+        self.fault_thresholds: list[tuple[float, str]] = []
+        total = 0.0
+        for name, fault in RANDOM_FAULT_FIELDS:
+            rate = getattr(config, name)
+            if rate > 0:
+                total += rate
+                self.fault_thresholds.append((total, fault))
+        self.requests_window = _resized(self.requests_window, config.rpm)
+        self.tokens_window = _resized(self.tokens_window, config.tpm)
+
+    def reset(self) -> None:
+        """Back to a fresh start: counters, queues, quota windows, prompt cache and the RNG."""
+        self.stats.reset()
+        self.forced_faults.clear()
+        self.marker_hits.clear()
+        self.prompt_cache.clear()
+        for window in (self.requests_window, self.tokens_window):
+            if window is not None:
+                window.clear()
+        self.rng.seed(self.config.seed)
+
+    def random_fault(self) -> str | None:
+        if not self.fault_thresholds:
+            return None
+        draw = self.rng.random()
+        for threshold, fault in self.fault_thresholds:
+            if draw < threshold:
+                return fault
+        return None
+
+    def remember_prefixes(self, digests: list[bytes]) -> None:
+        cache = self.prompt_cache
+        for digest in digests:
+            cache[digest] = None
+            cache.move_to_end(digest)
+        while len(cache) > _PROMPT_CACHE_ENTRIES:
+            cache.popitem(last=False)
+
+    def next_response_id(self) -> str:
+        self.response_serial += 1
+        return f"chatcmpl-sim{self.boot_id}{self.response_serial:010x}"
+
+
+def _resized(window: QuotaWindow | None, limit: int | None) -> QuotaWindow | None:
+    if limit is None:
+        return None
+    if window is None:
+        return QuotaWindow(limit)
+    window.limit = limit  # keep what was admitted: lowering a quota mid-run bites at once
+    return window

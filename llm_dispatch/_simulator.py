@@ -1,0 +1,314 @@
+"""A local OpenAI-compatible server for running without an API key: latency, faults and quotas on demand.
+
+Run it in the current loop (``async with Simulator(...)``), in a background thread
+(``Simulator.in_thread``), in its own process (``Simulator.in_process``, or
+``python -m llm_dispatch._simulator --port 8000``, which prints the base URL once it listens), or
+blocking with ``serve``. Routes come in groups registered by ``create_app``; see ``_sim_chat``
+for what a chat request can meet and ``_sim_admin`` for the ``/_sim`` control routes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from aiohttp import web
+
+from . import _sim_admin, _sim_chat
+from ._exceptions import LLMDispatchError
+from ._sim_config import SimulatorConfig
+from ._sim_http import error_response
+from ._sim_state import SimState
+from ._sim_tokens import count_message_tokens, count_tokens
+
+__all__ = [
+    "DEFAULT_SIMULATOR_CONFIG",
+    "RouteGroup",
+    "SIM_STATE",
+    "Simulator",
+    "SimulatorConfig",
+    "count_message_tokens",
+    "count_tokens",
+    "create_app",
+    "serve",
+]
+
+DEFAULT_SIMULATOR_CONFIG = SimulatorConfig()
+
+# A route group adds its routes to the app, bound to the shared state; the Batch API's
+# /v1/files and /v1/batches will be one more group (and may keep its own state next to SimState).
+RouteGroup = Callable[[web.Application, SimState], None]
+_ROUTE_GROUPS: tuple[RouteGroup, ...] = (_sim_admin.register, _sim_chat.register)
+
+SIM_STATE = web.AppKey("sim_state", SimState)
+
+# Bodies up to this size are accepted; large prompts with images, and batch files later, need room.
+_CLIENT_MAX_SIZE = 256 * 1024 * 1024
+# Stopping waits this long for requests in progress (a hang would otherwise hold it for minutes).
+_SHUTDOWN_TIMEOUT = 1.0
+_PROCESS_START_TIMEOUT = 60.0
+
+
+def create_app(*, config: SimulatorConfig, route_groups: Sequence[RouteGroup] = _ROUTE_GROUPS) -> web.Application:
+    """The simulator's aiohttp app: one ``SimState`` (also at ``app[SIM_STATE]``) shared by every route group."""
+    state = SimState(config=config)
+    app = web.Application(client_max_size=_CLIENT_MAX_SIZE)
+    app[SIM_STATE] = state
+    for register in route_groups:
+        register(app, state)
+    # Last, so every group's routes match first: unknown /v1 paths get OpenAI's JSON 404.
+    app.router.add_route("*", "/v1/{tail:.*}", _unknown_url)
+    return app
+
+
+async def _unknown_url(request: web.Request) -> web.Response:
+    return error_response(status=404, message=f"Invalid URL ({request.method} {request.path})")
+
+
+def _base_url(host: str, port: int) -> str:
+    if host in ("", "0.0.0.0", "::"):
+        host = "127.0.0.1"  # listening everywhere; the loopback address is the one that surely connects
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{port}/v1"
+
+
+class Simulator:
+    """One simulator server in the current event loop.
+
+        async with Simulator(config=SimulatorConfig(latency=0.1)) as sim:
+            client = ...(base_url=sim.base_url)
+    """
+
+    def __init__(self, config: SimulatorConfig = DEFAULT_SIMULATOR_CONFIG) -> None:
+        self._app = create_app(config=config)
+        self._state = self._app[SIM_STATE]
+        self._runner: web.AppRunner | None = None
+        self._base_url: str | None = None
+
+    @property
+    def config(self) -> SimulatorConfig:
+        return self._state.config
+
+    @property
+    def base_url(self) -> str:
+        if self._base_url is None:
+            raise LLMDispatchError("The simulator is not running; call `await simulator.start()` first.")
+        return self._base_url
+
+    def stats(self) -> dict[str, Any]:
+        """The same counters as ``GET /_sim/stats``, without a request."""
+        return _sim_admin.stats_snapshot(self._state)
+
+    async def start(self, *, host: str = "127.0.0.1", port: int = 0) -> str:
+        """Listen on ``host:port`` (0 picks a free port) and return the base URL, ending in ``/v1``."""
+        if self._runner is not None:
+            raise LLMDispatchError("The simulator is already running; stop it before starting it again.")
+        # handler_cancellation: a request whose client went away (a timed-out hang) stops counting as in flight.
+        runner = web.AppRunner(
+            self._app, access_log=None, handle_signals=False, handler_cancellation=True,
+            shutdown_timeout=_SHUTDOWN_TIMEOUT,
+        )
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, host, port)
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        bound_port = runner.addresses[0][1]
+        self._base_url = _base_url(host, bound_port)
+        return self._base_url
+
+    async def stop(self) -> None:
+        runner, self._runner, self._base_url = self._runner, None, None
+        if runner is not None:
+            await runner.cleanup()
+
+    async def __aenter__(self) -> Simulator:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+    @classmethod
+    @contextlib.contextmanager
+    def in_thread(
+        cls, config: SimulatorConfig = DEFAULT_SIMULATOR_CONFIG, *, host: str = "127.0.0.1", port: int = 0
+    ) -> Iterator[str]:
+        """Run a simulator on its own event loop in a background thread; yields the base URL."""
+        ready: Future[tuple[asyncio.AbstractEventLoop, asyncio.Event, str]] = Future()
+
+        async def run() -> None:
+            simulator = cls(config=config)
+            try:
+                url = await simulator.start(host=host, port=port)
+            except BaseException as exc:
+                ready.set_exception(exc)
+                return
+            stopping = asyncio.Event()
+            ready.set_result((asyncio.get_running_loop(), stopping, url))
+            try:
+                await stopping.wait()
+            finally:
+                await simulator.stop()
+
+        thread = threading.Thread(target=asyncio.run, args=(run(),), name="llm-dispatch-simulator", daemon=True)
+        thread.start()
+        try:
+            loop, stopping, url = ready.result()
+        except BaseException:
+            thread.join()
+            raise
+        try:
+            yield url
+        finally:
+            loop.call_soon_threadsafe(stopping.set)
+            thread.join()
+
+    @staticmethod
+    @contextlib.contextmanager
+    def in_process(
+        config: SimulatorConfig = DEFAULT_SIMULATOR_CONFIG,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        startup_timeout: float = _PROCESS_START_TIMEOUT,
+    ) -> Iterator[str]:
+        """Run a simulator in a child Python process (off the caller's CPU core); yields the base URL."""
+        command = [
+            sys.executable, "-m", "llm_dispatch._simulator",
+            "--host", host, "--port", str(port), "--config-json", json.dumps(config.to_dict()),
+        ]
+        # The child must import this very package, installed or not.
+        package_root = str(Path(__file__).resolve().parent.parent)
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
+        try:
+            url = _read_ready_line(process, timeout=startup_timeout)
+            yield url
+        finally:
+            _terminate(process)
+
+
+def _read_ready_line(process: subprocess.Popen[str], *, timeout: float) -> str:
+    stdout = process.stdout
+    assert stdout is not None
+    lines: queue.Queue[str] = queue.Queue()
+    # A thread, because a pipe read cannot time out portably.
+    threading.Thread(target=lambda: lines.put(stdout.readline()), daemon=True).start()
+    try:
+        line = lines.get(timeout=timeout).strip()
+    except queue.Empty:
+        raise LLMDispatchError(
+            f"The simulator process did not report ready within {timeout:g} s; see its stderr above."
+        ) from None
+    if not line.startswith("http"):
+        code = process.wait()
+        raise LLMDispatchError(
+            f"The simulator process exited with code {code} before it was ready; see its stderr above."
+        )
+    return line
+
+
+def _terminate(process: subprocess.Popen[str]) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    if process.stdout is not None:
+        process.stdout.close()
+
+
+async def _serve_until_stopped(
+    *, host: str, port: int, config: SimulatorConfig, on_ready: Callable[[str], None]
+) -> None:
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+        # SIGTERM (e.g. from in_process) stops cleanly; not available off the main thread or on Windows.
+        loop.add_signal_handler(signal.SIGTERM, stopping.set)
+    simulator = Simulator(config)
+    on_ready(await simulator.start(host=host, port=port))
+    try:
+        await stopping.wait()
+    finally:
+        await simulator.stop()
+
+
+def _print_url(url: str) -> None:
+    print(url, flush=True)
+
+
+def serve(*, host: str, port: int, config: SimulatorConfig, on_ready: Callable[[str], None] = _print_url) -> None:
+    """Serve until Ctrl-C or SIGTERM. ``on_ready`` gets the base URL once listening (default: print it)."""
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_serve_until_stopped(host=host, port=port, config=config, on_ready=on_ready))
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m llm_dispatch._simulator",
+        description="OpenAI-compatible simulator. Prints the base URL on one line when it is ready.",
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    parser.add_argument("--config-json", help="a whole SimulatorConfig as JSON; the options below override it")
+    parser.add_argument("--latency", type=float)
+    parser.add_argument("--latency-dist", choices=["fixed", "uniform", "lognormal"])
+    parser.add_argument("--latency-spread", type=float)
+    parser.add_argument("--latency-per-token", type=float)
+    for fault in ("429", "500", "503", "hang", "drop", "malformed"):
+        parser.add_argument(f"--rate-{fault}", type=float, dest=f"rate_{fault}")
+    parser.add_argument("--retry-after", type=float)
+    parser.add_argument("--hang-seconds", type=float)
+    parser.add_argument("--rpm", type=int)
+    parser.add_argument("--tpm", type=int)
+    parser.add_argument("--models", help="comma-separated model names to accept (default: any)")
+    parser.add_argument("--api-key", help="require `Authorization: Bearer KEY` (default: accept any)")
+    parser.add_argument("--seed", type=int)
+    return parser
+
+
+def _config_from_args(args: argparse.Namespace) -> SimulatorConfig:
+    changes: dict[str, Any] = json.loads(args.config_json) if args.config_json else {}
+    options = vars(args)
+    for name in SimulatorConfig.__dataclass_fields__:
+        value = options.get(name)
+        if value is not None:
+            changes[name] = [m.strip() for m in value.split(",") if m.strip()] if name == "models" else value
+    return DEFAULT_SIMULATOR_CONFIG.updated(changes)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    try:
+        config = _config_from_args(args)
+    except LLMDispatchError as exc:
+        raise SystemExit(f"error: {exc}") from exc
+    serve(host=args.host, port=args.port, config=config)
+
+
+if __name__ == "__main__":
+    main()

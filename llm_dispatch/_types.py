@@ -1,0 +1,50 @@
+"""Plain value types shared by the client, the dispatcher and storage: a request and its outcome."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["ChatRequest", "ChatResult", "dedupe_key"]
+
+
+def _canonical(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def dedupe_key(*, model: str, messages: list[dict[str, Any]], params: dict[str, Any]) -> str:
+    """A stable hash of everything that decides what a provider answers (not ids or metadata)."""
+    return hashlib.sha256(_canonical({"model": model, "messages": messages, "params": params}).encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class ChatRequest:
+    """One chat-completion request: the body is ``{"model", "messages", **params}``."""
+
+    model: str
+    messages: list[dict[str, Any]]
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def body(self) -> dict[str, Any]:
+        return {**self.params, "model": self.model, "messages": self.messages}
+
+    @property
+    def key(self) -> str:
+        return dedupe_key(model=self.model, messages=self.messages, params=self.params)
+
+
+@dataclass(frozen=True, slots=True)
+class ChatResult:
+    """A successful chat completion, as stored: text, usage and how long it took."""
+
+    text: str | None
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    model: str | None
+    response_id: str | None
+    latency_s: float  # wall time of the whole call, retries and waits included
+    attempts: int = 1

@@ -1,0 +1,641 @@
+"""LLMClient against respx routes (through httpx.MockTransport, no patching) and a tiny real aiohttp server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import httpx
+import pytest
+import respx
+from aiohttp import web
+from pydantic import SecretStr
+
+from llm_dispatch._client import LLMClient, default_transport
+from llm_dispatch._exceptions import (
+    APIConnectionError,
+    APIResponseValidationError,
+    APIStatusError,
+    APITimeoutError,
+    AuthenticationError,
+    BadRequestError,
+    InternalServerError,
+    NotFoundError,
+    PermissionDeniedError,
+    RateLimitError,
+    UnprocessableEntityError,
+)
+from llm_dispatch._settings import Settings
+from llm_dispatch._types import ChatRequest
+
+BASE_URL = "https://llm.test/v1"
+API_KEY = "sk-test-0123456789abcdef-SECRET"
+REQUEST = ChatRequest(model="gpt-4o-mini", messages=[{"role": "user", "content": "Say hi"}], params={"max_tokens": 5})
+
+
+def completion(**overrides: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "model": "gpt-4o-mini-2024-07-18",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hi!"}, "finish_reason": "stop"}],
+        "usage": {
+            "prompt_tokens": 12,
+            "completion_tokens": 3,
+            "total_tokens": 15,
+            "prompt_tokens_details": {"cached_tokens": 8},
+        },
+    }
+    body.update(overrides)
+    return body
+
+
+class FakeTime:
+    """A clock that only moves when someone sleeps on it; records every sleep."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+        self.sleeps: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += max(seconds, 0.0)
+        await asyncio.sleep(0)
+
+
+@pytest.fixture
+def router() -> Iterator[respx.Router]:
+    # Strict: an unmocked request fails the test, and so does a route that was never called.
+    router = respx.Router(base_url=BASE_URL, assert_all_called=True, assert_all_mocked=True)
+    yield router
+    router.assert_all_called()
+
+
+@pytest.fixture
+def fake_time() -> FakeTime:
+    return FakeTime()
+
+
+def make_client(router: respx.Router, fake_time: FakeTime, **options: Any) -> LLMClient:
+    settings: dict[str, Any] = {
+        "base_url": BASE_URL,
+        "api_key": API_KEY,
+        "transport": httpx.MockTransport(router.async_handler),
+        "sleep": fake_time.sleep,
+        "clock": fake_time.monotonic,
+        "random": lambda: 0.0,  # no jitter: backoff is exactly 0.5, 1, 2, ...
+    }
+    settings.update(options)
+    return LLMClient(**settings)
+
+
+# --- success ----------------------------------------------------------------------------------
+
+
+async def test_success_is_parsed_into_a_chat_result(router: respx.Router, fake_time: FakeTime) -> None:
+    route = router.post("/chat/completions", name="chat").respond(200, json=completion())
+    async with make_client(router, fake_time) as client:
+        result = await client.chat(REQUEST)
+    assert route.call_count == 1
+    sent = route.calls.last.request
+    assert sent.url == f"{BASE_URL}/chat/completions"
+    assert json.loads(sent.content) == REQUEST.body()
+    assert result.text == "Hi!"
+    assert result.finish_reason == "stop"
+    assert (result.prompt_tokens, result.completion_tokens, result.cached_tokens) == (12, 3, 8)
+    assert result.model == "gpt-4o-mini-2024-07-18"
+    assert result.response_id == "chatcmpl-1"
+    assert result.attempts == 1
+    assert result.latency_s == 0.0  # nothing slept on the fake clock
+    assert fake_time.sleeps == []
+
+
+async def test_usage_without_details_counts_no_cached_tokens(router: respx.Router, fake_time: FakeTime) -> None:
+    router.post("/chat/completions", name="chat").respond(
+        200, json=completion(usage={"prompt_tokens": 5, "completion_tokens": 2})
+    )
+    async with make_client(router, fake_time) as client:
+        result = await client.chat(REQUEST)
+    assert (result.prompt_tokens, result.completion_tokens, result.cached_tokens) == (5, 2, 0)
+
+
+async def test_real_latency_covers_the_whole_call(router: respx.Router) -> None:
+    async def slow(request: httpx.Request) -> httpx.Response:
+        await asyncio.sleep(0.05)
+        return httpx.Response(200, json=completion())
+
+    router.post("/chat/completions", name="chat").mock(side_effect=slow)
+    async with LLMClient(base_url=BASE_URL, transport=httpx.MockTransport(router.async_handler)) as client:
+        result = await client.chat(REQUEST)
+    assert 0.05 <= result.latency_s < 1.0
+
+
+# --- retries ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("status", [408, 409, 429, 500, 502, 503, 504])
+async def test_retryable_status_then_success(router: respx.Router, fake_time: FakeTime, status: int) -> None:
+    route = router.post("/chat/completions", name="chat").mock(
+        side_effect=[
+            httpx.Response(status, json={"error": {"message": "try again"}}),
+            httpx.Response(200, json=completion()),
+        ]
+    )
+    async with make_client(router, fake_time) as client:
+        result = await client.chat(REQUEST)
+    assert route.call_count == 2
+    assert fake_time.sleeps == [0.5]
+    assert result.attempts == 2
+    assert result.latency_s == 0.5
+
+
+@pytest.mark.parametrize(
+    ("headers", "delay"),
+    [({"retry-after": "1"}, 1.0), ({"retry-after-ms": "250"}, 0.25), ({"retry-after": "500"}, 0.5)],
+)
+async def test_retry_after_is_passed_to_sleep(
+    router: respx.Router, fake_time: FakeTime, headers: dict[str, str], delay: float
+) -> None:
+    route = router.post("/chat/completions", name="chat").mock(
+        side_effect=[httpx.Response(429, headers=headers), httpx.Response(200, json=completion())]
+    )
+    async with make_client(router, fake_time) as client:
+        await client.chat(REQUEST)
+    assert route.call_count == 2
+    assert fake_time.sleeps == [delay]
+
+
+@pytest.mark.parametrize(
+    ("status", "error_class"),
+    [
+        (400, BadRequestError),
+        (401, AuthenticationError),
+        (403, PermissionDeniedError),
+        (404, NotFoundError),
+        (422, UnprocessableEntityError),
+    ],
+)
+async def test_non_retryable_status_raises_its_class_after_one_call(
+    router: respx.Router, fake_time: FakeTime, status: int, error_class: type[APIStatusError]
+) -> None:
+    route = router.post("/chat/completions", name="chat").respond(
+        status, json={"error": {"message": "The model `nope` does not exist"}}, headers={"x-request-id": "req_123"}
+    )
+    async with make_client(router, fake_time) as client:
+        with pytest.raises(error_class) as caught:
+            await client.chat(REQUEST)
+    assert route.call_count == 1
+    assert fake_time.sleeps == []
+    error = caught.value
+    assert error.status_code == status
+    assert error.attempts == 1
+    assert error.request_id == "req_123"
+    assert "The model `nope` does not exist" in str(error)
+    assert "req_123" in str(error)
+
+
+async def test_x_should_retry_true_retries_a_400(router: respx.Router, fake_time: FakeTime) -> None:
+    route = router.post("/chat/completions", name="chat").mock(
+        side_effect=[httpx.Response(400, headers={"x-should-retry": "true"}), httpx.Response(200, json=completion())]
+    )
+    async with make_client(router, fake_time) as client:
+        await client.chat(REQUEST)
+    assert route.call_count == 2
+
+
+async def test_x_should_retry_false_stops_a_500(router: respx.Router, fake_time: FakeTime) -> None:
+    route = router.post("/chat/completions", name="chat").respond(500, headers={"x-should-retry": "false"})
+    async with make_client(router, fake_time) as client:
+        with pytest.raises(InternalServerError):
+            await client.chat(REQUEST)
+    assert route.call_count == 1
+
+
+async def test_retries_exhausted_raises_with_every_attempt_counted(router: respx.Router, fake_time: FakeTime) -> None:
+    route = router.post("/chat/completions", name="chat").respond(503, text="upstream overloaded")
+    async with make_client(router, fake_time, max_retries=3) as client:
+        with pytest.raises(InternalServerError) as caught:
+            await client.chat(REQUEST)
+    assert route.call_count == 4
+    assert caught.value.attempts == 4
+    assert fake_time.sleeps == [0.5, 1.0, 2.0]
+    assert "upstream overloaded" in str(caught.value)
+
+
+async def test_max_retries_zero_sends_once(router: respx.Router, fake_time: FakeTime) -> None:
+    route = router.post("/chat/completions", name="chat").respond(429)
+    async with make_client(router, fake_time, max_retries=0) as client:
+        with pytest.raises(RateLimitError) as caught:
+            await client.chat(REQUEST)
+    assert route.call_count == 1
+    assert caught.value.attempts == 1
+
+
+# --- timeouts and dropped connections (mocked) ------------------------------------------------
+
+
+async def test_read_timeout_is_retried_then_raised_as_timeout(router: respx.Router, fake_time: FakeTime) -> None:
+    route = router.post("/chat/completions", name="chat").mock(side_effect=httpx.ReadTimeout)
+    async with make_client(router, fake_time, max_retries=2) as client:
+        with pytest.raises(APITimeoutError) as caught:
+            await client.chat(REQUEST)
+    assert route.call_count == 3
+    assert caught.value.attempts == 3
+    assert isinstance(caught.value.__cause__, httpx.ReadTimeout)
+
+
+async def test_timeout_then_success(router: respx.Router, fake_time: FakeTime) -> None:
+    route = router.post("/chat/completions", name="chat").mock(
+        side_effect=[httpx.ReadTimeout("slow"), httpx.Response(200, json=completion())]
+    )
+    async with make_client(router, fake_time) as client:
+        result = await client.chat(REQUEST)
+    assert route.call_count == 2
+    assert result.attempts == 2
+
+
+async def test_remote_protocol_error_is_a_connection_error_not_a_timeout(
+    router: respx.Router, fake_time: FakeTime
+) -> None:
+    route = router.post("/chat/completions", name="chat").mock(side_effect=httpx.RemoteProtocolError)
+    async with make_client(router, fake_time, max_retries=1) as client:
+        with pytest.raises(APIConnectionError) as caught:
+            await client.chat(REQUEST)
+    assert not isinstance(caught.value, APITimeoutError)
+    assert route.call_count == 2
+
+
+@pytest.mark.parametrize(
+    ("cause", "expected"),
+    [
+        (aiohttp.ServerDisconnectedError(), APIConnectionError),
+        (ConnectionResetError(104, "Connection reset by peer"), APIConnectionError),
+        (aiohttp.SocketTimeoutError("Timeout on reading data from socket"), APITimeoutError),
+    ],
+    ids=["disconnect", "reset", "socket-timeout"],
+)
+async def test_transport_errors_are_classified_by_their_cause(
+    fake_time: FakeTime, cause: Exception, expected: type[APIConnectionError]
+) -> None:
+    # httpx-aiohttp raises httpx.ConnectTimeout for every aiohttp ClientConnectionError, a dropped
+    # connection included. A plain MockTransport, since respx re-chains the exceptions it raises.
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectTimeout(str(cause)) from cause
+
+    async with make_client(respx.Router(), fake_time, max_retries=0, transport=httpx.MockTransport(handler)) as client:
+        with pytest.raises(APIConnectionError) as caught:
+            await client.chat(REQUEST)
+    assert type(caught.value) is expected
+    assert type(cause).__name__ in str(caught.value)
+
+
+async def test_aiohttp_disconnect_mapped_to_connect_timeout_is_still_a_connection_error(fake_time: FakeTime) -> None:
+    def dropped(request: httpx.Request) -> httpx.Response:
+        try:
+            raise aiohttp.ServerDisconnectedError()
+        except aiohttp.ServerDisconnectedError as exc:
+            raise httpx.ConnectTimeout("Server disconnected") from exc
+
+    async with make_client(respx.Router(), fake_time, max_retries=0, transport=httpx.MockTransport(dropped)) as client:
+        with pytest.raises(APIConnectionError) as caught:
+            await client.chat(REQUEST)
+    assert not isinstance(caught.value, APITimeoutError)
+    assert "ServerDisconnectedError" in str(caught.value)
+
+
+# --- bodies that are not chat completions -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "response",
+    [
+        httpx.Response(200, text="<html>Bad gateway</html>"),
+        httpx.Response(200, json={"object": "list", "data": []}),
+        httpx.Response(200, json={"choices": []}),
+        httpx.Response(200, json=[1, 2, 3]),
+    ],
+    ids=["not-json", "no-choices", "empty-choices", "not-an-object"],
+)
+async def test_malformed_body_is_retried_then_raised(
+    router: respx.Router, fake_time: FakeTime, response: httpx.Response
+) -> None:
+    route = router.post("/chat/completions", name="chat").mock(return_value=response)
+    async with make_client(router, fake_time, max_retries=1) as client:
+        with pytest.raises(APIResponseValidationError) as caught:
+            await client.chat(REQUEST)
+    assert route.call_count == 2
+    assert caught.value.attempts == 2
+
+
+async def test_malformed_body_then_success(router: respx.Router, fake_time: FakeTime) -> None:
+    route = router.post("/chat/completions", name="chat").mock(
+        side_effect=[httpx.Response(200, text="{not json"), httpx.Response(200, json=completion())]
+    )
+    async with make_client(router, fake_time) as client:
+        result = await client.chat(REQUEST)
+    assert route.call_count == 2
+    assert result.text == "Hi!"
+
+
+# --- secrets and auth headers -----------------------------------------------------------------
+
+
+async def test_api_key_never_shows_in_errors_logs_or_repr(
+    router: respx.Router, fake_time: FakeTime, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    echo = {"error": {"message": f"Incorrect API key provided: {API_KEY}."}}
+    route = router.post("/chat/completions", name="chat").mock(
+        side_effect=[httpx.Response(500, json=echo), httpx.Response(401, json=echo)]
+    )
+    client = make_client(router, fake_time, api_key=SecretStr(API_KEY))
+    async with client:
+        with pytest.raises(AuthenticationError) as caught:
+            await client.chat(REQUEST)
+    assert route.call_count == 2
+    assert route.calls.last.request.headers["authorization"] == f"Bearer {API_KEY}"
+    assert "Incorrect API key provided" in str(caught.value)
+    for text in (str(caught.value), repr(caught.value), caught.value.message, caplog.text, repr(client)):
+        assert API_KEY not in text
+    assert "retrying" in caplog.text  # the retry itself was logged
+
+
+@pytest.mark.parametrize(
+    ("auth_header", "expected", "absent"),
+    [
+        ("authorization", ("authorization", f"Bearer {API_KEY}"), "api-key"),
+        ("api-key", ("api-key", API_KEY), "authorization"),
+    ],
+)
+async def test_auth_header_style(
+    router: respx.Router, fake_time: FakeTime, auth_header: str, expected: tuple[str, str], absent: str
+) -> None:
+    route = router.post("/chat/completions", name="chat").respond(200, json=completion())
+    async with make_client(router, fake_time, auth_header=auth_header) as client:
+        await client.chat(REQUEST)
+    headers = route.calls.last.request.headers
+    assert headers[expected[0]] == expected[1]
+    assert absent not in headers
+
+
+async def test_no_key_sends_no_auth_header(router: respx.Router, fake_time: FakeTime) -> None:
+    route = router.post("/chat/completions", name="chat").respond(200, json=completion())
+    async with make_client(router, fake_time, api_key=None) as client:
+        await client.chat(REQUEST)
+    assert "authorization" not in route.calls.last.request.headers
+
+
+async def test_from_settings(router: respx.Router) -> None:
+    settings = Settings(
+        api_key=API_KEY, base_url=BASE_URL + "/", auth_header="api-key", concurrency=7, max_retries=1, tpm=10_000
+    )
+    # A 1 ms Retry-After keeps the one real retry sleep out of the test's time.
+    route = router.post("/chat/completions", name="chat").respond(429, headers={"retry-after-ms": "1"})
+    async with LLMClient.from_settings(settings, transport=httpx.MockTransport(router.async_handler)) as client:
+        assert client.limiter.ceiling == 7
+        with pytest.raises(RateLimitError) as caught:
+            await client.chat(REQUEST)
+    assert route.call_count == 2 and caught.value.attempts == 2
+    assert route.calls.last.request.headers["api-key"] == API_KEY
+
+
+async def _no_sleep(seconds: float) -> None:
+    return None
+
+
+# --- shared limits through the client ---------------------------------------------------------
+
+
+async def test_a_429_halves_the_clients_concurrency(router: respx.Router, fake_time: FakeTime) -> None:
+    router.post("/chat/completions", name="chat").mock(
+        side_effect=[httpx.Response(429), httpx.Response(200, json=completion())]
+    )
+    async with make_client(router, fake_time, concurrency=8) as client:
+        await client.chat(REQUEST)
+        assert client.limiter.limit == 4
+        assert client.limiter.in_flight == 0
+
+
+async def test_a_429_retry_after_pauses_other_callers(router: respx.Router) -> None:
+    sent_at: list[tuple[float, str]] = []
+
+    def respond(request: httpx.Request) -> httpx.Response:
+        sent_at.append((time.monotonic(), json.loads(request.content)["model"]))
+        if len(sent_at) == 1:
+            return httpx.Response(429, headers={"retry-after-ms": "200"})
+        return httpx.Response(200, json=completion())
+
+    router.post("/chat/completions", name="chat").mock(side_effect=respond)
+    async with LLMClient(base_url=BASE_URL, transport=httpx.MockTransport(router.async_handler)) as client:
+        first = asyncio.create_task(client.chat(ChatRequest(model="first", messages=[])))
+        while not sent_at:
+            await asyncio.sleep(0)
+        # Sent after the 429: must wait out the pause although its own request never saw a 429.
+        await client.chat(ChatRequest(model="second", messages=[]))
+        await first
+    t429 = sent_at[0][0]
+    second = next(t for t, model in sent_at if model == "second")
+    assert second - t429 >= 0.19
+
+
+async def test_concurrency_cap_holds_across_callers() -> None:
+    inside = 0
+    peak = 0
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        nonlocal inside, peak
+        inside += 1
+        peak = max(peak, inside)
+        await asyncio.sleep(0.001)
+        inside -= 1
+        return httpx.Response(200, json=completion())
+
+    async with LLMClient(base_url=BASE_URL, concurrency=4, transport=httpx.MockTransport(handler)) as client:
+        results = await asyncio.gather(*(client.chat(REQUEST) for _ in range(50)))
+        assert client.limiter.in_flight == 0
+    assert len(results) == 50
+    assert peak == 4
+
+
+@pytest.mark.parametrize(("used", "expected_sleeps"), [(20, 0), (600, 1)])
+async def test_tpm_is_corrected_by_actual_usage(
+    router: respx.Router, fake_time: FakeTime, used: int, expected_sleeps: int
+) -> None:
+    router.post("/chat/completions", name="chat").respond(
+        200, json=completion(usage={"prompt_tokens": used - 1, "completion_tokens": 1, "total_tokens": used})
+    )
+    big = ChatRequest(model="m", messages=[{"role": "user", "content": "hi"}], params={"max_tokens": 500})
+    async with make_client(router, fake_time, tpm=600) as client:
+        await client.chat(big)  # estimated ~510, within the first minute's budget
+        await client.chat(big)  # fits again only if the first call's real usage was refunded
+    assert len(fake_time.sleeps) == expected_sleeps
+
+
+async def test_rpm_paces_requests(router: respx.Router, fake_time: FakeTime) -> None:
+    route = router.post("/chat/completions", name="chat").respond(200, json=completion())
+    async with make_client(router, fake_time, rpm=2) as client:
+        results = [await client.chat(REQUEST) for _ in range(3)]
+    assert route.call_count == 3
+    assert [r.latency_s for r in results] == [0.0, 0.0, 30.0]
+
+
+# --- later endpoints on the same retry loop ---------------------------------------------------
+
+
+async def test_multipart_upload_is_resent_whole_on_retry(
+    router: respx.Router, fake_time: FakeTime, tmp_path: Path
+) -> None:
+    source = tmp_path / "batch.jsonl"
+    source.write_bytes(b'{"custom_id": "1"}\n')
+    route = router.post("/files", name="upload").mock(
+        side_effect=[httpx.Response(500), httpx.Response(200, json={"id": "file-1"})]
+    )
+    async with make_client(router, fake_time) as client:
+        with source.open("rb") as handle:
+            sent = await client._request(
+                "POST", "/files", files={"file": ("batch.jsonl", handle)}, data={"purpose": "batch"}
+            )
+    assert sent.value == {"id": "file-1"} and sent.attempts == 2
+    bodies = []
+    for call in route.calls:
+        boundary = call.request.headers["content-type"].split("boundary=")[1].encode()
+        bodies.append(call.request.content.replace(boundary, b"BOUNDARY"))
+    # The file was read again from its start, not from where the first attempt left it.
+    assert bodies[0] == bodies[1]
+    assert b'{"custom_id": "1"}' in bodies[1]
+
+
+async def test_download_streams_to_disk_and_retries(router: respx.Router, fake_time: FakeTime, tmp_path: Path) -> None:
+    target = tmp_path / "out.jsonl"
+    route = router.get("/files/file-1/content", name="download").mock(
+        side_effect=[httpx.Response(503), httpx.Response(200, content=b"line1\nline2\n")]
+    )
+    async with make_client(router, fake_time) as client:
+        sent = await client._request("GET", "/files/file-1/content", stream_to=target)
+    assert route.call_count == 2
+    assert sent.value == target
+    assert target.read_bytes() == b"line1\nline2\n"
+    assert not (tmp_path / "out.jsonl.part").exists()
+
+
+def test_default_transport_raises_aiohttp_connection_cap() -> None:
+    transport = default_transport(concurrency=400)
+    assert transport.limits.max_connections == 400
+
+
+# --- a real server, through the real aiohttp transport ----------------------------------------
+
+
+class _Server:
+    """A tiny aiohttp app in its own thread and loop: answers, hangs, trickles, or drops the connection."""
+
+    def __init__(self) -> None:
+        self.url = ""
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.seen_headers: list[dict[str, str]] = []
+        self.release = asyncio.Event()
+
+    async def _ok(self, request: web.Request) -> web.Response:
+        self.seen_headers.append(dict(request.headers))
+        return web.json_response(completion())
+
+    async def _hang(self, request: web.Request) -> web.Response:
+        await self.release.wait()
+        return web.json_response(completion())
+
+    async def _trickle(self, request: web.Request) -> web.StreamResponse:
+        # A byte every 50 ms: no single socket read ever times out, yet the answer never completes.
+        response = web.StreamResponse(headers={"content-type": "application/json"})
+        await response.prepare(request)
+        for _ in range(100):
+            if self.release.is_set():
+                break
+            await response.write(b" ")
+            await asyncio.sleep(0.05)
+        return response
+
+    async def _drop(self, request: web.Request) -> web.Response:
+        assert request.transport is not None
+        request.transport.close()
+        await asyncio.sleep(0.05)
+        return web.json_response(completion())
+
+    async def _start(self) -> str:
+        app = web.Application()
+        app.router.add_post("/ok/chat/completions", self._ok)
+        app.router.add_post("/hang/chat/completions", self._hang)
+        app.router.add_post("/drop/chat/completions", self._drop)
+        app.router.add_post("/trickle/chat/completions", self._trickle)
+        self.runner = web.AppRunner(app, shutdown_timeout=0.5, access_log=None)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        return f"http://127.0.0.1:{port}"
+
+    def __enter__(self) -> _Server:
+        self.thread.start()
+        self.url = asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(timeout=5)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.loop.call_soon_threadsafe(self.release.set)
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(timeout=5)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=5)
+        self.loop.close()
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[_Server]:
+    with _Server() as running:
+        yield running
+
+
+async def test_real_server_success_through_aiohttp(server: _Server) -> None:
+    async with LLMClient(base_url=f"{server.url}/ok", api_key=API_KEY) as client:
+        result = await client.chat(REQUEST)
+    assert result.text == "Hi!" and result.attempts == 1
+    assert server.seen_headers[-1]["Authorization"] == f"Bearer {API_KEY}"
+
+
+async def test_real_hang_hits_the_hard_deadline(server: _Server) -> None:
+    started = time.monotonic()
+    async with LLMClient(
+        base_url=f"{server.url}/hang", request_timeout=0.2, max_retries=1, sleep=_no_sleep
+    ) as client:
+        with pytest.raises(APITimeoutError) as caught:
+            await client.chat(REQUEST)
+    assert caught.value.attempts == 2
+    assert time.monotonic() - started < 2.0
+
+
+async def test_real_trickling_body_hits_the_hard_deadline(server: _Server) -> None:
+    started = time.monotonic()
+    async with LLMClient(
+        base_url=f"{server.url}/trickle", request_timeout=0.3, max_retries=0, sleep=_no_sleep
+    ) as client:
+        with pytest.raises(APITimeoutError) as caught:
+            await client.chat(REQUEST)
+    assert caught.value.attempts == 1
+    assert time.monotonic() - started < 1.5
+
+
+async def test_real_dropped_connection_is_a_connection_error(server: _Server) -> None:
+    async with LLMClient(base_url=f"{server.url}/drop", max_retries=1, sleep=_no_sleep) as client:
+        with pytest.raises(APIConnectionError) as caught:
+            await client.chat(REQUEST)
+    assert not isinstance(caught.value, APITimeoutError)
+    assert caught.value.attempts == 2
+    assert "disconnected" in str(caught.value).lower()

@@ -20,6 +20,17 @@ from ._exceptions import (
     RateLimitError,
     UnprocessableEntityError,
 )
+from ._batch_files import BatchFile, BatchLine, read_batch_output, write_batch_files
+from ._batch_types import (
+    DEFAULT_BATCH_LIMITS,
+    OPENAI_BATCH_LIMITS,
+    BatchInfo,
+    BatchLimits,
+    BatchStatus,
+    FileInfo,
+    RequestCounts,
+    batch_status_from_api,
+)
 from ._client import (
     DEFAULT_CONCURRENCY,
     DEFAULT_CONNECT_TIMEOUT,
@@ -36,6 +47,18 @@ from ._tokens import estimate_prompt_tokens, estimate_request_tokens
 from ._types import ChatRequest, ChatResult
 
 __all__ = [
+    "DEFAULT_BATCH_LIMITS",
+    "OPENAI_BATCH_LIMITS",
+    "BatchFile",
+    "BatchInfo",
+    "BatchLimits",
+    "BatchLine",
+    "BatchStatus",
+    "FileInfo",
+    "RequestCounts",
+    "batch_status_from_api",
+    "read_batch_output",
+    "write_batch_files",
     "DEFAULT_CONCURRENCY",
     "DEFAULT_CONNECT_TIMEOUT",
     "DEFAULT_MAX_RETRIES",

@@ -11,22 +11,25 @@ import json as _json
 import logging
 import random as _random
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Generic, Literal, NamedTuple, TypeVar
+from urllib.parse import quote
 
 import aiohttp
 import httpx
 from httpx_aiohttp import AiohttpTransport
 from pydantic import SecretStr
 
+from ._batch_types import BATCH_CHAT_ENDPOINT, DEFAULT_COMPLETION_WINDOW, BatchInfo, FileInfo
 from ._exceptions import (
     APIConnectionError,
     APIError,
     APIResponseValidationError,
     APITimeoutError,
+    NotFoundError,
     status_error_class,
 )
 from ._limits import AdaptiveLimiter, Permit, RateLimiter, SharedPause
@@ -38,10 +41,13 @@ from ._types import ChatRequest, ChatResult
 __all__ = [
     "DEFAULT_CONCURRENCY",
     "DEFAULT_CONNECT_TIMEOUT",
+    "DEFAULT_FILE_TIMEOUT",
+    "DEFAULT_LIST_LIMIT",
     "DEFAULT_MAX_RETRIES",
     "DEFAULT_MAX_RETRY_AFTER",
     "DEFAULT_TIMEOUT",
     "LLMClient",
+    "chat_result_from_body",
     "default_transport",
 ]
 
@@ -54,6 +60,11 @@ DEFAULT_CONCURRENCY = 64
 # aiohttp's own default; an idle connection the server has already closed costs one retried attempt.
 DEFAULT_KEEPALIVE_EXPIRY = 15.0
 CHAT_COMPLETIONS_PATH = "/chat/completions"
+FILES_PATH = "/files"
+BATCHES_PATH = "/batches"
+# Per attempt, for uploads and downloads: a 200 MB batch file over a slow link needs minutes, not seconds.
+DEFAULT_FILE_TIMEOUT = 900.0
+DEFAULT_LIST_LIMIT = 100  # OpenAI's largest page of batches
 USER_AGENT = "llm-dispatch"
 # How much of an unexpected body goes into an error message.
 _SNIPPET_CHARS = 300
@@ -275,6 +286,108 @@ class LLMClient:
             attempts=sent.attempts,
         )
 
+    # --- files and batches (the Batch API) -------------------------------------------------------
+    # Same loop, same rules as chat: a 5xx or timeout on create_batch is retried, so a create that did
+    # reach the provider may be sent twice; callers that care tag batches through ``metadata``.
+
+    async def upload_file(self, path: Path, *, purpose: str = "batch", timeout: float | None = None) -> FileInfo:
+        """Upload ``path`` as multipart form data, streamed from disk; a retry sends the whole file again.
+
+        ``timeout`` bounds one attempt (default: the larger of ``DEFAULT_FILE_TIMEOUT`` and the request timeout).
+        """
+        path = Path(path)
+        with path.open("rb") as handle:
+            sent = await self._request(
+                "POST",
+                FILES_PATH,
+                files={"file": (path.name, handle, "application/jsonl")},
+                data={"purpose": purpose},
+                parse=_parse_file_info,
+                timeout=self._transfer_timeout(timeout),
+            )
+        return sent.value
+
+    async def retrieve_file(self, file_id: str) -> FileInfo:
+        sent = await self._request("GET", f"{FILES_PATH}/{_segment(file_id)}", parse=_parse_file_info)
+        return sent.value
+
+    async def download_file(self, file_id: str, *, to: Path, timeout: float | None = None) -> Path:
+        """Stream a file's content to ``to`` (written beside it and renamed, so never half a file); returns ``to``."""
+        to = Path(to)
+        # Made up front: a missing directory would otherwise look like a network error and be retried.
+        to.parent.mkdir(parents=True, exist_ok=True)
+        sent = await self._request(
+            "GET", f"{FILES_PATH}/{_segment(file_id)}/content", stream_to=to, timeout=self._transfer_timeout(timeout)
+        )
+        return sent.value
+
+    async def delete_file(self, file_id: str, *, missing_ok: bool = False) -> None:
+        """Delete a file; with ``missing_ok`` a file that is already gone (say, a retried delete) is no error."""
+        try:
+            await self._request("DELETE", f"{FILES_PATH}/{_segment(file_id)}")
+        except NotFoundError:
+            if not missing_ok:
+                raise
+
+    async def create_batch(
+        self,
+        *,
+        input_file_id: str,
+        endpoint: str = BATCH_CHAT_ENDPOINT,
+        completion_window: str = DEFAULT_COMPLETION_WINDOW,
+        metadata: Mapping[str, str] | None = None,
+    ) -> BatchInfo:
+        body: dict[str, Any] = {
+            "input_file_id": input_file_id,
+            "endpoint": endpoint,
+            "completion_window": completion_window,
+        }
+        if metadata is not None:
+            body["metadata"] = dict(metadata)
+        sent = await self._request("POST", BATCHES_PATH, json=body, parse=_parse_batch_info)
+        return sent.value
+
+    async def retrieve_batch(self, batch_id: str) -> BatchInfo:
+        sent = await self._request("GET", f"{BATCHES_PATH}/{_segment(batch_id)}", parse=_parse_batch_info)
+        return sent.value
+
+    async def cancel_batch(self, batch_id: str) -> BatchInfo:
+        """Ask the provider to stop a batch; it answers ``cancelling`` and reaches ``cancelled`` later."""
+        sent = await self._request("POST", f"{BATCHES_PATH}/{_segment(batch_id)}/cancel", parse=_parse_batch_info)
+        return sent.value
+
+    async def list_batches(self, *, limit: int = DEFAULT_LIST_LIMIT, after: str | None = None) -> list[BatchInfo]:
+        """One page of batches, newest first; ``after`` is the id of the last batch of the previous page."""
+        page = await self._batch_page(limit=limit, after=after)
+        return page.batches
+
+    async def iter_batches(self, *, page_size: int = DEFAULT_LIST_LIMIT) -> AsyncIterator[BatchInfo]:
+        """Every batch, newest first, fetched a page at a time."""
+        after: str | None = None
+        while True:
+            page = await self._batch_page(limit=page_size, after=after)
+            for batch in page.batches:
+                yield batch
+            if not page.has_more or not page.batches:
+                return
+            after = page.batches[-1].id
+
+    async def _batch_page(self, *, limit: int, after: str | None) -> _BatchPage:
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, got {limit}")
+        params = {"limit": str(limit)}
+        if after is not None:
+            params["after"] = after
+        sent = await self._request("GET", BATCHES_PATH, params=params, parse=_parse_batch_page)
+        return sent.value
+
+    def _transfer_timeout(self, timeout: float | None) -> float:
+        if timeout is not None:
+            if timeout <= 0:
+                raise ValueError(f"timeout must be positive, got {timeout}")
+            return timeout
+        return max(self._request_timeout, DEFAULT_FILE_TIMEOUT)
+
     async def _request(
         self,
         method: str,
@@ -287,13 +400,15 @@ class LLMClient:
         parse: Callable[[httpx.Response], Any] | None = None,
         tokens: int = 0,
         timeout: float | None = None,
+        params: Mapping[str, str] | None = None,
     ) -> _Sent[Any]:
         """Send one API call, retrying by the house rules, and return what ``parse`` makes of the answer.
 
         ``parse`` raises ``APIResponseValidationError`` for a 2xx body it cannot use (that is retried);
         by default it returns the JSON body, or ``stream_to`` once the body has been saved there.
         ``tokens`` is the call's estimated cost against the TPM limit; ``timeout`` overrides the
-        per-attempt deadline (a large download may need longer than a completion).
+        per-attempt deadline (a large download may need longer than a completion). ``params`` is the
+        query, merged with the base URL's own (a query written into ``path`` would be lost to it).
         """
         deadline = self._request_timeout if timeout is None else timeout
         if parse is None:
@@ -304,7 +419,8 @@ class LLMClient:
             permit = await self._admit(tokens)
             try:
                 outcome = await self._send_once(
-                    method, path, json=json, files=files, data=data, stream_to=stream_to, timeout=deadline
+                    method, path, json=json, files=files, data=data, stream_to=stream_to, timeout=deadline,
+                    params=params,
                 )
                 if isinstance(outcome, _Failure):
                     failure = outcome
@@ -374,10 +490,11 @@ class LLMClient:
         data: Mapping[str, Any] | None,
         stream_to: Path | None,
         timeout: float,
+        params: Mapping[str, str] | None = None,
     ) -> httpx.Response | _Failure:
         """One HTTP attempt with a hard deadline over connect, send and the whole body."""
         # Built afresh each attempt: a multipart body is a stream that one attempt consumes.
-        request = self._http.build_request(method, path, json=json, files=files, data=data)
+        request = self._http.build_request(method, path, json=json, files=files, data=data, params=params)
         try:
             # The transport only bounds each socket read; a server that trickles bytes, or a pool that
             # never frees a connection, must not stretch an attempt past its deadline.
@@ -455,6 +572,34 @@ class LLMClient:
         return text
 
 
+class _BatchPage(NamedTuple):
+    batches: list[BatchInfo]
+    has_more: bool
+
+
+def _segment(resource_id: str) -> str:
+    # An id goes into the path as one segment; a stray "/" or "?" must not reach another endpoint.
+    if not resource_id:
+        raise ValueError("an empty id cannot name a file or a batch")
+    return quote(resource_id, safe="")
+
+
+def _parse_file_info(response: httpx.Response) -> FileInfo:
+    return FileInfo.from_api(_parse_json(response))
+
+
+def _parse_batch_info(response: httpx.Response) -> BatchInfo:
+    return BatchInfo.from_api(_parse_json(response))
+
+
+def _parse_batch_page(response: httpx.Response) -> _BatchPage:
+    body = _parse_json(response)
+    data = body.get("data") if isinstance(body, dict) else None
+    if not isinstance(data, list):
+        raise APIResponseValidationError(f"the body is not a list of batches: {_snippet(response)}")
+    return _BatchPage([BatchInfo.from_api(item) for item in data], bool(body.get("has_more")))
+
+
 def _transport_reason(exc: BaseException) -> BaseException | None:
     """The socket-level error behind a transport exception, if the chain holds one.
 
@@ -523,12 +668,38 @@ def _count(value: Any) -> int:
 
 def _parse_chat(response: httpx.Response) -> _Completion:
     body = _parse_json(response)
+    completion = _completion_from_body(body)
+    if completion is None:
+        detail = _error_detail(response) if isinstance(body, dict) and body.get("error") else _snippet(response)
+        raise APIResponseValidationError(f"the body has no choices[0].message: {detail}")
+    return completion
+
+
+def chat_result_from_body(body: Any, *, latency_s: float = 0.0, attempts: int = 1) -> ChatResult:
+    """A ``ChatResult`` from a chat.completion body read elsewhere (a batch output line), parsed as ``chat`` does."""
+    completion = _completion_from_body(body)
+    if completion is None:
+        raise APIResponseValidationError(f"the body has no choices[0].message: {str(body)[:_SNIPPET_CHARS]!r}")
+    return ChatResult(
+        text=completion.text,
+        finish_reason=completion.finish_reason,
+        prompt_tokens=completion.prompt_tokens,
+        completion_tokens=completion.completion_tokens,
+        cached_tokens=completion.cached_tokens,
+        model=completion.model,
+        response_id=completion.response_id,
+        latency_s=latency_s,
+        attempts=attempts,
+    )
+
+
+def _completion_from_body(body: Any) -> _Completion | None:
+    """The parts of a chat.completion body we keep, or None when it has no ``choices[0].message``."""
     choices = body.get("choices") if isinstance(body, dict) else None
     first = choices[0] if isinstance(choices, list) and choices else None
     message = first.get("message") if isinstance(first, dict) else None
     if not isinstance(message, dict):
-        detail = _error_detail(response) if isinstance(body, dict) and body.get("error") else _snippet(response)
-        raise APIResponseValidationError(f"the body has no choices[0].message: {detail}")
+        return None
     assert isinstance(body, dict) and isinstance(first, dict)
     usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
     details = usage.get("prompt_tokens_details")

@@ -10,6 +10,7 @@ from typing import Any, Literal, get_args
 from ._exceptions import ConfigError
 
 __all__ = [
+    "DEFAULT_BATCH_PROCESSING_SECONDS",
     "DEFAULT_HANG_SECONDS",
     "DEFAULT_RETRY_AFTER",
     "FAULTS",
@@ -39,9 +40,11 @@ RANDOM_FAULT_FIELDS: tuple[tuple[str, str], ...] = (
 
 DEFAULT_RETRY_AFTER = 1.0
 DEFAULT_HANG_SECONDS = 600.0
+# A whole batch (validating, in_progress, finalizing) takes this long: seconds, not OpenAI's hours.
+DEFAULT_BATCH_PROCESSING_SECONDS = 2.0
 
 _FLOAT_FIELDS = frozenset(
-    {"latency", "latency_spread", "latency_per_token", "retry_after", "hang_seconds"}
+    {"latency", "latency_spread", "latency_per_token", "retry_after", "hang_seconds", "batch_processing_seconds"}
     | {name for name, _ in RANDOM_FAULT_FIELDS}
 )
 _OPTIONAL_INT_FIELDS = frozenset({"rpm", "tpm"})
@@ -54,6 +57,7 @@ class SimulatorConfig:
     Latency of an answer is ``latency`` seconds drawn from ``latency_dist`` (``uniform``: within
     ``latency ± latency_spread``; ``lognormal``: median ``latency``, sigma ``latency_spread``), plus
     ``latency_per_token`` for each completion token. Quotas count over a sliding 60 s window.
+    A batch runs through its statuses in about ``batch_processing_seconds`` (see ``_sim_batch``).
     """
 
     latency: float = 0.0
@@ -73,9 +77,12 @@ class SimulatorConfig:
     models: list[str] | None = None  # None accepts any model name
     api_key: str | None = None  # None accepts any or no credentials
     seed: int = 0
+    batch_processing_seconds: float = DEFAULT_BATCH_PROCESSING_SECONDS
 
     def __post_init__(self) -> None:
-        for name in ("latency", "latency_spread", "latency_per_token", "retry_after", "hang_seconds"):
+        for name in (
+            "latency", "latency_spread", "latency_per_token", "retry_after", "hang_seconds", "batch_processing_seconds"
+        ):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
                 raise ConfigError(f"simulator {name} must be a finite number >= 0, got {value!r}")

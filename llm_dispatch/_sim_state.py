@@ -11,6 +11,7 @@ import os
 import random
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +36,9 @@ class SimStats:
     cached_tokens: int = 0
     quota_rejections: int = 0
     by_status: dict[str, int] = field(default_factory=dict)
+    batches: int = 0  # created through POST /v1/batches
+    batch_lines: int = 0  # input lines answered, successes and errors alike
+    batch_outcomes: dict[str, int] = field(default_factory=dict)  # final status -> batches
 
     def count(self, outcome: str) -> None:
         self.by_status[outcome] = self.by_status.get(outcome, 0) + 1
@@ -58,6 +62,9 @@ class SimStats:
             "cached_tokens": self.cached_tokens,
             "quota_rejections": self.quota_rejections,
             "by_status": dict(self.by_status),
+            "batches": self.batches,
+            "batch_lines": self.batch_lines,
+            "batch_outcomes": dict(self.batch_outcomes),
         }
 
 
@@ -125,6 +132,8 @@ class SimState:
         self.request_ids = itertools.count(1)
         self.config = config
         self.rng = random.Random(config.seed)
+        # Route groups with state of their own (the batch store) clear it here on POST /_sim/reset.
+        self.reset_hooks: list[Callable[[], None]] = []
         self.apply_config(config)
 
     def apply_config(self, config: SimulatorConfig) -> None:
@@ -144,7 +153,7 @@ class SimState:
         self.tokens_window = _resized(self.tokens_window, config.tpm)
 
     def reset(self) -> None:
-        """Back to a fresh start: counters, queues, quota windows, prompt cache and the RNG."""
+        """Back to a fresh start: counters, queues, quota windows, prompt cache, the RNG and what the hooks hold."""
         self.stats.reset()
         self.forced_faults.clear()
         self.marker_hits.clear()
@@ -153,6 +162,8 @@ class SimState:
             if window is not None:
                 window.clear()
         self.rng.seed(self.config.seed)
+        for hook in self.reset_hooks:
+            hook()
 
     def random_fault(self) -> str | None:
         if not self.fault_thresholds:

@@ -4,7 +4,8 @@ Run it in the current loop (``async with Simulator(...)``), in a background thre
 (``Simulator.in_thread``), in its own process (``Simulator.in_process``, or
 ``python -m llm_dispatch._simulator --port 8000``, which prints the base URL once it listens), or
 blocking with ``serve``. Routes come in groups registered by ``create_app``; see ``_sim_chat``
-for what a chat request can meet and ``_sim_admin`` for the ``/_sim`` control routes.
+for what a chat request can meet, ``_sim_batch`` for files and batches, and ``_sim_admin`` for the
+``/_sim`` control routes.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any
 
 from aiohttp import web
 
-from . import _sim_admin, _sim_chat
+from . import _sim_admin, _sim_batch, _sim_chat
 from ._exceptions import LLMDispatchError
 from ._sim_config import SimulatorConfig
 from ._sim_http import error_response
@@ -48,10 +49,10 @@ __all__ = [
 
 DEFAULT_SIMULATOR_CONFIG = SimulatorConfig()
 
-# A route group adds its routes to the app, bound to the shared state; the Batch API's
-# /v1/files and /v1/batches will be one more group (and may keep its own state next to SimState).
+# A route group adds its routes to the app, bound to the shared state; the Batch API's group keeps
+# its files and batches in a store of its own, cleared through SimState.reset_hooks.
 RouteGroup = Callable[[web.Application, SimState], None]
-_ROUTE_GROUPS: tuple[RouteGroup, ...] = (_sim_admin.register, _sim_chat.register)
+_ROUTE_GROUPS: tuple[RouteGroup, ...] = (_sim_admin.register, _sim_chat.register, _sim_batch.register)
 
 SIM_STATE = web.AppKey("sim_state", SimState)
 
@@ -288,6 +289,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--models", help="comma-separated model names to accept (default: any)")
     parser.add_argument("--api-key", help="require `Authorization: Bearer KEY` (default: accept any)")
     parser.add_argument("--seed", type=int)
+    parser.add_argument("--batch-processing-seconds", type=float, help="how long one batch takes (default 2)")
     return parser
 
 

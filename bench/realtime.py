@@ -1,0 +1,153 @@
+"""Benchmark: the realtime-dispatch flow end to end vs a plain aiohttp + Semaphore baseline.
+
+10,000 prompts against the simulator (its own process) at 200 ms latency, concurrency 100 and 400.
+Each variant runs in a fresh child process, alternating, repeated; medians are reported.
+
+    python bench/realtime.py [--prompts 10000] [--latency 0.2] [--concurrency 100 400] [--repeat 3]
+
+The flow's time covers the whole flow call (validating and recording the prompts, planning, sending,
+persisting every result, the summary); Prefect's API start-up (an ephemeral server, ~10 s) is
+warmed up before the clock starts, as a user with a running Prefect server would have it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def make_prompts(path: Path, count: int) -> None:
+    with path.open("w", encoding="utf-8") as handle:
+        for i in range(count):
+            handle.write(json.dumps({"id": i, "prompt": f"Benchmark question number {i}: what is {i} squared?",
+                                     "params": {"max_tokens": 64}}) + "\n")
+
+
+async def baseline(*, base_url: str, prompts: Path, concurrency: int) -> dict[str, float]:
+    import aiohttp
+
+    bodies = [{"model": "gpt-4o-mini", "messages": [{"role": "user", "content": json.loads(line)["prompt"]}], "max_tokens": 64}
+              for line in prompts.read_text().splitlines()]
+    sem = asyncio.Semaphore(concurrency)
+    ok = 0
+
+    async def one(session: aiohttp.ClientSession, body: dict) -> None:
+        nonlocal ok
+        async with sem, session.post(f"{base_url}/chat/completions", json=body) as response:
+            data = await response.json()
+            ok += bool(data["choices"][0]["message"]["content"])
+
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        started = time.perf_counter()
+        await asyncio.gather(*(one(session, body) for body in bodies))
+        elapsed = time.perf_counter() - started
+    assert ok == len(bodies), f"baseline: only {ok} of {len(bodies)} succeeded"
+    return {"seconds": elapsed, "count": len(bodies)}
+
+
+async def flow(*, base_url: str, prompts: Path, concurrency: int, db: str) -> dict[str, float]:
+    import logging
+
+    from prefect import flow as prefect_flow
+
+    from flows.realtime import realtime_dispatch
+
+    logging.getLogger("prefect").setLevel(logging.WARNING)
+
+    @prefect_flow(name="bench-warm-up")
+    async def warm_up() -> None:
+        return None
+
+    await warm_up()  # starts Prefect's API before the clock
+    started = time.perf_counter()
+    summary = await realtime_dispatch(prompts=str(prompts), base_url=base_url, database_url=db,
+                                      concurrency=concurrency, dedupe=False)
+    elapsed = time.perf_counter() - started
+    count = summary["counts"].get("succeeded", 0)
+    assert count == summary["prompts"], f"flow: {summary['counts']}"
+    return {"seconds": elapsed, "count": count, "send_seconds": summary["send_s"]}
+
+
+def child(args: argparse.Namespace) -> None:
+    prompts = Path(args.prompts_file)
+    if args.child == "baseline":
+        result = asyncio.run(baseline(base_url=args.base_url, prompts=prompts, concurrency=args.c))
+    else:
+        result = asyncio.run(flow(base_url=args.base_url, prompts=prompts, concurrency=args.c, db=args.db))
+    result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def run_child(kind: str, *, base_url: str, prompts: Path, concurrency: int, workdir: Path, run: int) -> dict[str, float]:
+    db = f"sqlite+aiosqlite:///{workdir / f'bench-{kind}-{concurrency}-{run}.db'}"
+    env = {**os.environ, "PREFECT_LOGGING_LEVEL": "WARNING", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, __file__, "--child", kind, "--base-url", base_url, "--prompts-file", str(prompts),
+         "--c", str(concurrency), "--db", db],
+        env=env, capture_output=True, text=True, cwd=workdir, timeout=900,
+    )
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    if proc.returncode != 0 or line is None:
+        raise SystemExit(f"{kind} run failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    return json.loads(line.removeprefix("RESULT "))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=10_000)
+    parser.add_argument("--latency", type=float, default=0.2)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[100, 400])
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--child", choices=["baseline", "flow"])
+    parser.add_argument("--base-url")
+    parser.add_argument("--prompts-file")
+    parser.add_argument("--c", type=int)
+    parser.add_argument("--db")
+    args = parser.parse_args()
+    if args.child:
+        child(args)
+        return
+
+    sys.path.insert(0, str(ROOT))
+    from llm_dispatch import Simulator, SimulatorConfig  # noqa: E402
+
+    with tempfile.TemporaryDirectory(prefix="bench-realtime-") as tmp:
+        workdir = Path(tmp)
+        prompts = workdir / "prompts.jsonl"
+        make_prompts(prompts, args.prompts)
+        with Simulator.in_process(SimulatorConfig(latency=args.latency)) as base_url:
+            print(f"{args.prompts} prompts, simulator latency {args.latency * 1000:.0f} ms, {args.repeat} runs each, "
+                  f"{os.cpu_count()} cores")
+            for concurrency in args.concurrency:
+                ideal = concurrency / args.latency
+                results: dict[str, list[dict[str, float]]] = {"baseline": [], "flow": []}
+                for run in range(args.repeat):
+                    for kind in ("baseline", "flow"):
+                        results[kind].append(run_child(kind, base_url=base_url, prompts=prompts,
+                                                       concurrency=concurrency, workdir=workdir, run=run))
+                rate = {k: statistics.median(r["count"] / r["seconds"] for r in v) for k, v in results.items()}
+                ratios = [f["count"] / f["seconds"] / (b["count"] / b["seconds"]) for f, b in zip(results["flow"], results["baseline"])]
+                rss = max(r["peak_rss_mb"] for r in results["flow"])
+                print(f"\nconcurrency {concurrency} (ideal {ideal:.0f} req/s)")
+                print(f"  baseline aiohttp+Semaphore  {rate['baseline']:7.1f} req/s  ({rate['baseline'] / ideal:.2f}x ideal)")
+                print(f"  realtime-dispatch flow      {rate['flow']:7.1f} req/s  ({rate['flow'] / ideal:.2f}x ideal)")
+                print(f"  flow / baseline             median {statistics.median(ratios):.3f}x  "
+                      f"(runs: {', '.join(f'{r:.3f}' for r in ratios)})")
+                print(f"  flow peak RSS               {rss:.0f} MB (max of runs); baseline "
+                      f"{max(r['peak_rss_mb'] for r in results['baseline']):.0f} MB")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""The llm-dispatch command line (the top layer: it may import flows, tasks, storage and the core)."""

@@ -1,0 +1,119 @@
+"""Flow ``realtime-dispatch``: a file or list of prompts out as concurrent chat completions, into SQL."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from prefect import flow, get_run_logger
+from pydantic import SecretStr
+
+import storage
+from llm_dispatch import LLMClient, Settings
+from llm_dispatch._dispatch import DispatchOutcome, current_progress
+from tasks import plan_realtime, record_prompts, send_chunk
+
+
+def build_settings(**overrides: Any) -> Settings:
+    """Settings from the environment, with the flow's explicit parameters on top (``None`` = not given)."""
+    return Settings(**{key: value for key, value in overrides.items() if value is not None})
+
+
+@flow(name="realtime-dispatch", log_prints=False)
+async def realtime_dispatch(
+    prompts: str | list[dict[str, Any]] | None = None,
+    job_id: str | None = None,
+    model: str | None = None,
+    concurrency: int | None = None,
+    chunk_size: int | None = None,
+    chunk_concurrency: int | None = None,
+    concurrency_tag: str | None = None,
+    dedupe: bool | None = None,
+    retry_failed: Literal["retryable", "all", "none"] = "retryable",
+    base_url: str | None = None,
+    database_url: SecretStr | None = None,
+) -> dict[str, Any]:
+    """Send every unfinished prompt of the input (or of job ``job_id``) as real-time calls.
+
+    Re-running the same input, or passing ``job_id``, resumes: a prompt that succeeded is never
+    sent again, and an identical request already answered is reused unless ``dedupe`` is False.
+    """
+    settings = build_settings(
+        model=model, concurrency=concurrency, chunk_size=chunk_size, chunk_concurrency=chunk_concurrency,
+        concurrency_tag=concurrency_tag, dedupe=dedupe, base_url=base_url,
+        # A SecretStr parameter reaches the Prefect API as '**********', so a password in the URL stays here.
+        database_url=database_url.get_secret_value() if database_url is not None else None,
+    )
+    return await dispatch_realtime(source=prompts, job_id=job_id, settings=settings, retry_failed=retry_failed)
+
+
+async def dispatch_realtime(
+    *,
+    source: str | Sequence[Mapping[str, Any]] | None,
+    job_id: str | None,
+    settings: Settings,
+    retry_failed: Literal["retryable", "all", "none"] = "retryable",
+) -> dict[str, Any]:
+    """The recipe behind ``realtime-dispatch``; callable from other flows with ready settings."""
+    logger = get_run_logger()
+    started = time.monotonic()
+    engine = storage.create_engine(settings.database_url)
+    try:
+        await storage.migrate(engine)
+        sessions = storage.session_factory(engine)
+        job = await record_prompts(source=source, job_id=job_id, settings=settings, sessions=sessions)
+        await storage.set_job_status(sessions, job_id=job.job_id, status="running")
+        outcome = DispatchOutcome()
+        async with storage.ResultWriter(sessions, job_id=job.job_id) as writer, LLMClient.from_settings(settings) as client:
+            plan = await plan_realtime(
+                job_id=job.job_id, sessions=sessions, sink=writer, chunk_size=settings.chunk_size,
+                dedupe=settings.dedupe, retry_failed=retry_failed,
+            )
+            logger.info(
+                "job %s: %d unfinished prompts, %d answered from storage, %d requests in %d chunks",
+                job.job_id, plan.open_prompts, plan.reused, plan.requests, len(plan.chunks),
+            )
+            per_chunk = settings.per_chunk_concurrency
+            # Enough chunks at once to keep the run's limit busy, plus one so a chunk's tail never idles it.
+            gate = asyncio.Semaphore(math.ceil(settings.concurrency / per_chunk) + 1)
+            tagged = send_chunk.with_options(tags=[settings.concurrency_tag])
+
+            async def run_chunk(number: int, groups: list[tuple[int, ...]]) -> None:
+                async with gate:
+                    chunk_outcome = await tagged(
+                        number=number, of=len(plan.chunks), size=sum(len(g) for g in groups), groups=groups,
+                        client=client, sink=writer, sessions=sessions, concurrency=per_chunk,
+                    )
+                outcome.add(chunk_outcome)
+
+            progress = current_progress.get()
+            if progress is not None:
+                progress.total, progress.started_at = plan.requests, time.monotonic()
+            send_started = time.monotonic()
+            async with asyncio.TaskGroup() as group:
+                for number, groups in enumerate(plan.chunks, start=1):
+                    group.create_task(run_chunk(number, groups))
+            send_s = time.monotonic() - send_started
+        counts = await storage.job_counts(sessions, job_id=job.job_id)
+        finished = counts.get("pending", 0) + counts.get("in_flight", 0) == 0
+        await storage.set_job_status(sessions, job_id=job.job_id, status="finished" if finished else "running")
+        stats = await storage.result_stats(sessions, job_id=job.job_id)
+        summary = {
+            "job_id": job.job_id,
+            "resumed": job.resumed,
+            "prompts": job.total,
+            "sent_prompts": outcome.succeeded + outcome.failed,
+            "reused": plan.reused,
+            "counts": counts,
+            "failed_by_class": dict(outcome.failed_by_class),
+            "wall_s": round(time.monotonic() - started, 3),
+            "send_s": round(send_s, 3),
+            "stats": stats.as_dict() if hasattr(stats, "as_dict") else stats,
+        }
+        logger.info("job %s done: %s", job.job_id, counts)
+        return summary
+    finally:
+        await engine.dispose()

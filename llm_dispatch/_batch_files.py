@@ -1,0 +1,245 @@
+"""Batch API files on disk: JSONL input files written a line at a time, and output/error files read a line at a time.
+
+Neither side ever holds a whole file in memory: a 50,000-request input is streamed to disk as it is
+built, and a provider's output is parsed line by line into ``BatchLine`` values.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from ._batch_types import BATCH_CHAT_ENDPOINT, DEFAULT_BATCH_LIMITS, BatchLimits
+from ._client import chat_result_from_body
+from ._exceptions import APIResponseValidationError
+from ._types import ChatRequest, ChatResult
+
+__all__ = [
+    "INVALID_OUTPUT_LINE",
+    "RETRYABLE_LINE_ERRORS",
+    "BatchFile",
+    "BatchLine",
+    "read_batch_output",
+    "write_batch_files",
+]
+
+# The code a BatchLine carries when the provider's line could not be read at all.
+INVALID_OUTPUT_LINE = "invalid_output_line"
+# Line-level error codes (no HTTP status) worth sending again: the request itself was never tried.
+RETRYABLE_LINE_ERRORS = frozenset({"batch_expired"})
+
+_WRITE_BUFFER = 1024 * 1024
+_FILE_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+_encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+
+
+@dataclass(frozen=True, slots=True)
+class BatchFile:
+    """One input file ready to upload: a single model, within the provider's limits."""
+
+    path: Path
+    model: str
+    custom_ids: list[str]
+    requests: int
+    bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class BatchLine:
+    """One line of a batch output or error file: a result, or why there is none.
+
+    ``line`` is the 1-based line number in the file read, so a garbled line can still be found.
+    """
+
+    custom_id: str | None
+    result: ChatResult | None
+    error_code: str | None
+    error_message: str | None
+    status_code: int | None
+    retryable: bool
+    line: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.result is not None
+
+
+@dataclass(slots=True)
+class _Writer:
+    """The file being filled for one model."""
+
+    index: int
+    model: str
+    path: Path
+    handle: IO[bytes]
+    custom_ids: list[str] = field(default_factory=list)
+    size: int = 0
+
+    def fits(self, line_bytes: int, limits: BatchLimits) -> bool:
+        return len(self.custom_ids) < limits.max_requests and self.size + line_bytes <= limits.max_bytes
+
+    def write(self, custom_id: str, line: bytes) -> None:
+        self.handle.write(line)
+        self.custom_ids.append(custom_id)
+        self.size += len(line)
+
+    def finish(self) -> tuple[int, BatchFile]:
+        self.handle.close()
+        file = BatchFile(
+            path=self.path, model=self.model, custom_ids=self.custom_ids, requests=len(self.custom_ids), bytes=self.size
+        )
+        return self.index, file
+
+
+def write_batch_files(
+    requests: Iterable[tuple[str, ChatRequest]],
+    *,
+    directory: Path,
+    limits: BatchLimits = DEFAULT_BATCH_LIMITS,
+    endpoint: str = BATCH_CHAT_ENDPOINT,
+    prefix: str = "batch",
+) -> list[BatchFile]:
+    """Write ``(custom_id, request)`` pairs as Batch API input files under ``directory``, in creation order.
+
+    Requests are grouped by model (a batch may hold one model only), with one file open per model;
+    a file is closed and the next one started when the next line would pass ``limits.max_requests``
+    or ``limits.max_bytes``. A duplicate or empty ``custom_id``, or a request too large for any file,
+    raises ``ValueError`` and removes every file this call wrote. Files are named
+    ``{prefix}-{n:05d}-{model}.jsonl``; an existing file of that name is replaced.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    serial = itertools.count(1)
+    seen: set[str] = set()
+    open_writers: dict[str, _Writer] = {}
+    finished: list[tuple[int, BatchFile]] = []
+    try:
+        for custom_id, request in requests:
+            if not isinstance(custom_id, str) or not custom_id:
+                raise ValueError(f"custom_id must be a non-empty string, got {custom_id!r}")
+            if custom_id in seen:
+                raise ValueError(
+                    f"duplicate custom_id {custom_id!r}: each request in a batch needs its own id to match its answer"
+                )
+            seen.add(custom_id)
+            line = _input_line(custom_id, request, endpoint=endpoint)
+            if len(line) > limits.max_bytes:
+                raise ValueError(
+                    f"request {custom_id!r} is {len(line)} bytes as a batch line, more than the {limits.max_bytes} "
+                    "bytes a batch file may hold; send it in real time instead"
+                )
+            writer = open_writers.get(request.model)
+            if writer is not None and not writer.fits(len(line), limits):
+                finished.append(writer.finish())
+                writer = None
+            if writer is None:
+                index = next(serial)
+                path = directory / f"{prefix}-{index:05d}-{_FILE_NAME_UNSAFE.sub('_', request.model)}.jsonl"
+                writer = _Writer(index=index, model=request.model, path=path, handle=path.open("wb", _WRITE_BUFFER))
+                open_writers[request.model] = writer
+            writer.write(custom_id, line)
+        while open_writers:
+            finished.append(open_writers.popitem()[1].finish())
+    except BaseException:
+        # Half a set of files is worse than none: a caller might upload what is there and lose the rest.
+        for writer in open_writers.values():
+            writer.handle.close()
+            writer.path.unlink(missing_ok=True)
+        for _, file in finished:
+            file.path.unlink(missing_ok=True)
+        raise
+    return [file for _, file in sorted(finished, key=lambda item: item[0])]
+
+
+def _input_line(custom_id: str, request: ChatRequest, *, endpoint: str) -> bytes:
+    record = {"custom_id": custom_id, "method": "POST", "url": endpoint, "body": request.body()}
+    try:
+        # Encoded as httpx encodes a chat body, so a batch line and a real-time call send the same bytes.
+        return _encode(record).encode("utf-8") + b"\n"
+    except (ValueError, TypeError) as exc:  # NaN, a lone surrogate, an object JSON cannot hold
+        raise ValueError(f"request {custom_id!r} cannot be written as JSON: {exc}") from exc
+
+
+def read_batch_output(path: Path) -> Iterator[BatchLine]:
+    """Every record of a batch output or error file, in file order; blank lines are skipped.
+
+    A line that cannot be read becomes a ``BatchLine`` with ``error_code == INVALID_OUTPUT_LINE``
+    (and its custom_id when that much could be read), so one bad line never costs the others.
+    """
+    with Path(path).open("rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            if raw.strip():
+                yield _read_line(raw, number=number)
+
+
+def _read_line(raw: bytes, *, number: int) -> BatchLine:
+    try:
+        record = json.loads(raw)
+    except ValueError as exc:  # also UnicodeDecodeError
+        return _garbled(None, number, f"not JSON ({exc})")
+    if not isinstance(record, dict):
+        return _garbled(None, number, "not a JSON object")
+    custom_id = record.get("custom_id")
+    if not isinstance(custom_id, str) or not custom_id:
+        return _garbled(None, number, "no custom_id")
+    error = record.get("error")
+    response = record.get("response")
+    if error is not None:
+        if not isinstance(error, dict):
+            return _garbled(custom_id, number, f"error is not an object: {error!r}")
+        code = str(error.get("code") or "unknown_error")
+        return BatchLine(
+            custom_id=custom_id, result=None, error_code=code, error_message=_text(error.get("message")),
+            status_code=None, retryable=code in RETRYABLE_LINE_ERRORS, line=number,
+        )
+    if not isinstance(response, dict):
+        return _garbled(custom_id, number, "neither a response nor an error")
+    status = response.get("status_code")
+    if isinstance(status, bool) or not isinstance(status, int):
+        return _garbled(custom_id, number, f"response.status_code is not an integer: {status!r}")
+    body = response.get("body")
+    if 200 <= status < 300:
+        try:
+            result = chat_result_from_body(body)
+        except APIResponseValidationError as exc:
+            return _garbled(custom_id, number, exc.message)
+        return BatchLine(
+            custom_id=custom_id, result=result, error_code=None, error_message=None, status_code=status,
+            retryable=False, line=number,
+        )
+    code, message = _body_error(body, status)
+    return BatchLine(
+        custom_id=custom_id, result=None, error_code=code, error_message=message, status_code=status,
+        # The client's own rule for an HTTP status (see APIStatusError.retryable).
+        retryable=status in (408, 409, 429) or status >= 500, line=number,
+    )
+
+
+def _body_error(body: Any, status: int) -> tuple[str, str]:
+    error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(error, dict):
+        code = error.get("code") or error.get("type") or f"http_{status}"
+        return str(code), _text(error.get("message")) or f"HTTP {status}"
+    return f"http_{status}", f"HTTP {status}: {str(body)[:300]}"
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else "" if value is None else str(value)
+
+
+def _garbled(custom_id: str | None, number: int, reason: str) -> BatchLine:
+    return BatchLine(
+        custom_id=custom_id,
+        result=None,
+        error_code=INVALID_OUTPUT_LINE,
+        error_message=f"line {number} is not a usable batch output record: {reason}",
+        status_code=None,
+        # The answer is lost, not refused: the request can be sent again if its id is known.
+        retryable=custom_id is not None,
+        line=number,
+    )

@@ -1,0 +1,130 @@
+"""The async engine for a database URL (SQLite file in WAL mode, or PostgreSQL via asyncpg)."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+
+try:
+    from sqlalchemy.util import await_
+except ImportError:  # SQLAlchemy 2.0
+    from sqlalchemy.util import await_only as await_
+
+from llm_dispatch._exceptions import ConfigError
+
+__all__ = ["DATABASE_URL_ENV", "SQLITE_BUSY_TIMEOUT_MS", "create_engine", "session_factory"]
+
+DATABASE_URL_ENV = "LLM_DISPATCH_DATABASE_URL"
+# Several flow runs (processes) may write one SQLite file; a writer waits this long for
+# another's transaction instead of failing with "database is locked".
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+_SQLITE_PRAGMAS = (
+    "PRAGMA foreign_keys=ON",
+    # NORMAL is durable across process crashes in WAL mode; only a power cut can lose the
+    # last commits, and a lost result is simply sent again.
+    "PRAGMA synchronous=NORMAL",
+)
+_WAL_RETRY_SECONDS = 0.02
+_WAL_RETRIES = int(SQLITE_BUSY_TIMEOUT_MS / 1000 / _WAL_RETRY_SECONDS)
+
+_ASYNC_DRIVERS = {"sqlite": "aiosqlite", "postgresql": "asyncpg"}
+_EXAMPLES = "sqlite+aiosqlite:///path/to/llm_dispatch.db or postgresql+asyncpg://user:password@host:5432/dbname"
+
+# Prompts are often not English; escaped \uXXXX JSON would double their stored size.
+_json_serializer = functools.partial(json.dumps, ensure_ascii=False)
+
+
+def create_engine(url: str, *, echo: bool = False) -> AsyncEngine:
+    """An async engine for ``url``; the caller disposes of it (``await engine.dispose()``)."""
+    parsed = _async_url(url)
+    kwargs: dict[str, Any] = {"echo": echo, "json_serializer": _json_serializer}
+    if parsed.get_backend_name() == "sqlite":
+        _make_parent_dir(parsed)
+    try:
+        engine = create_async_engine(parsed, **kwargs)
+    except ImportError as exc:
+        raise ConfigError(
+            f"The database driver for {parsed.drivername!r} is not installed; "
+            "for PostgreSQL install the extra: pip install 'llm-dispatch[postgres]'"
+        ) from exc
+    if parsed.get_backend_name() == "sqlite":
+        event.listen(engine.sync_engine, "connect", _set_sqlite_pragmas)
+    return engine
+
+
+def session_factory(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
+    """Sessions that keep loaded values after commit, so results can be used outside them."""
+    return async_sessionmaker(engine, expire_on_commit=False)
+
+
+def _async_url(url: str) -> URL:
+    try:
+        parsed = make_url(url)
+    except ArgumentError as exc:
+        raise ConfigError(f"Cannot parse the database URL {url!r}; set {DATABASE_URL_ENV} to e.g. {_EXAMPLES}") from exc
+    backend = "postgresql" if parsed.get_backend_name() == "postgres" else parsed.get_backend_name()
+    driver = parsed.get_driver_name() if "+" in parsed.drivername else ""
+    wanted = _ASYNC_DRIVERS.get(backend)
+    if wanted is None:
+        raise ConfigError(
+            f"Unsupported database {backend!r} in {DATABASE_URL_ENV}; use SQLite or PostgreSQL, e.g. {_EXAMPLES}"
+        )
+    if driver and driver != wanted:
+        # Not swapped silently: query options differ between drivers (sslmode vs ssl).
+        raise ConfigError(
+            f"The database driver {driver!r} is synchronous; set {DATABASE_URL_ENV} to a "
+            f"{backend}+{wanted}:// URL instead of {parsed.drivername}://"
+        )
+    return parsed.set(drivername=f"{backend}+{wanted}")
+
+
+def _make_parent_dir(url: URL) -> None:
+    database = url.database or ""
+    if database in ("", ":memory:") or database.startswith("file:") or url.query.get("uri") == "true":
+        return
+    try:
+        Path(database).parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(
+            f"Cannot create the directory for the SQLite database {database!r} ({exc}); "
+            f"check {DATABASE_URL_ENV} and the directory's permissions"
+        ) from exc
+
+
+def _set_sqlite_pragmas(dbapi_connection: Any, _connection_record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    try:
+        # busy_timeout first: everything after it may wait on another process's lock.
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        _enable_wal(cursor)
+        for pragma in _SQLITE_PRAGMAS:
+            cursor.execute(pragma)
+    finally:
+        cursor.close()
+
+
+def _enable_wal(cursor: Any) -> None:
+    # WAL is remembered in the file, so this only changes a new database. When two processes
+    # switch a new file at the same moment, SQLite answers one "database is locked" at once
+    # instead of calling the busy handler (waiting could deadlock), so retry here.
+    for _ in range(_WAL_RETRIES):
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.fetchall()
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc):
+                raise
+        # We run inside SQLAlchemy's greenlet bridge: sleep without blocking the event loop.
+        await_(asyncio.sleep(_WAL_RETRY_SECONDS))
+    cursor.execute("PRAGMA journal_mode=WAL")

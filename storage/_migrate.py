@@ -1,0 +1,52 @@
+"""Bring a database's schema to the newest migration; cheap enough to call at every flow start."""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import text
+from sqlalchemy.engine import Connection
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+__all__ = ["migrate"]
+
+logger = logging.getLogger(__name__)
+
+_HERE = Path(__file__).resolve().parent
+# Any fixed 64-bit number works; it only has to be the same in every process.
+_PG_LOCK_KEY = zlib.crc32(b"llm_dispatch.storage.migrate")
+
+
+async def migrate(engine: AsyncEngine) -> None:
+    """Upgrade the schema to head; a no-op when it is already there.
+
+    The whole upgrade is one transaction under a database-wide lock, so processes that
+    start together take turns: the first migrates, the others wait and find nothing to do.
+    """
+    async with engine.connect() as connection:
+        await _lock(connection)
+        await connection.run_sync(_upgrade)
+        await connection.commit()
+
+
+async def _lock(connection: AsyncConnection) -> None:
+    dialect = connection.dialect.name
+    if dialect == "sqlite":
+        # IMMEDIATE takes the write lock now, before alembic reads the version table, so a
+        # second process waits (busy_timeout) instead of creating the same tables. SQLite
+        # DDL is transactional, so a crash mid-migration leaves the file as it was.
+        await connection.exec_driver_sql("BEGIN IMMEDIATE")
+    elif dialect == "postgresql":
+        await connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_LOCK_KEY})
+
+
+def _upgrade(connection: Connection) -> None:
+    config = Config(str(_HERE / "alembic.ini"))
+    # Found through the package, not the working directory. "%" is configparser syntax.
+    config.set_main_option("script_location", str(_HERE / "migrations").replace("%", "%%"))
+    config.attributes["connection"] = connection
+    command.upgrade(config, "head")

@@ -1,0 +1,125 @@
+"""The schema: jobs, their prompts, and one result row per answer or failure.
+
+Migrations in ``storage/migrations/versions`` must describe exactly these tables; a test
+compares them, so change both together (new tables and columns go in a new migration).
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+    text as sql_text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+__all__ = ["Base", "Job", "Prompt", "Result", "new_job_id", "utcnow"]
+
+# Stable constraint names, so a later migration can drop or alter them by name on both
+# databases (and SQLite batch mode can recreate tables).
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+# SQLite only autoincrements an "INTEGER PRIMARY KEY" (the rowid); BIGINT there would need
+# explicit ids. PostgreSQL gets BIGSERIAL, since a long-lived database passes 2**31 rows.
+BigInt = BigInteger().with_variant(Integer(), "sqlite")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def new_job_id() -> str:
+    return str(uuid.uuid4())
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map = {
+        datetime: DateTime(timezone=True),
+        dict[str, Any]: JSON(),
+        list[dict[str, Any]]: JSON(),
+    }
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_job_id)
+    name: Mapped[str] = mapped_column(String())
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+    input_path: Mapped[str | None] = mapped_column(String())
+    # sha256 of the whole prompt set: running the same input again finds this job.
+    fingerprint: Mapped[str] = mapped_column(String(64), index=True)
+    model: Mapped[str] = mapped_column(String())
+    settings: Mapped[dict[str, Any]] = mapped_column()  # public settings only, never secrets
+    status: Mapped[str] = mapped_column(String(16))
+
+
+class Prompt(Base):
+    __tablename__ = "prompts"
+    # job_id has no index of its own: both composite indexes below lead with it.
+    __table_args__ = (
+        UniqueConstraint("job_id", "custom_id"),
+        Index("ix_prompts_job_id_status", "job_id", "status"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInt, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"))
+    custom_id: Mapped[str] = mapped_column(String())
+    position: Mapped[int] = mapped_column(Integer())
+    model: Mapped[str] = mapped_column(String())
+    messages: Mapped[list[dict[str, Any]]] = mapped_column()
+    params: Mapped[dict[str, Any]] = mapped_column()
+    metadata_: Mapped[dict[str, Any] | None] = mapped_column("metadata")
+    dedupe_key: Mapped[str] = mapped_column(String(64), index=True)
+    status: Mapped[str] = mapped_column(String(16), default="pending", server_default="pending")
+    attempts: Mapped[int] = mapped_column(Integer(), default=0, server_default=sql_text("0"))
+    last_error_class: Mapped[str | None] = mapped_column(String())
+    # Set when the prompt is failed: whether sending it again could succeed (429, 5xx, timeouts).
+    failed_retryable: Mapped[bool | None] = mapped_column(Boolean())
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+class Result(Base):
+    __tablename__ = "results"
+
+    id: Mapped[int] = mapped_column(BigInt, primary_key=True, autoincrement=True)
+    prompt_id: Mapped[int] = mapped_column(BigInt, ForeignKey("prompts.id"), index=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    route: Mapped[str] = mapped_column(String(16))
+    status: Mapped[str] = mapped_column(String(16))
+    text: Mapped[str | None] = mapped_column(Text())
+    finish_reason: Mapped[str | None] = mapped_column(String())
+    prompt_tokens: Mapped[int | None] = mapped_column(Integer())
+    completion_tokens: Mapped[int | None] = mapped_column(Integer())
+    cached_tokens: Mapped[int | None] = mapped_column(Integer())
+    latency_ms: Mapped[float | None] = mapped_column(Float())
+    attempts: Mapped[int] = mapped_column(Integer())
+    response_model: Mapped[str | None] = mapped_column(String())
+    response_id: Mapped[str | None] = mapped_column(String())
+    http_status: Mapped[int | None] = mapped_column(Integer())
+    error_class: Mapped[str | None] = mapped_column(String())
+    error_message: Mapped[str | None] = mapped_column(Text())

@@ -1,0 +1,74 @@
+"""Task: decide what a real-time run must still send: reuse stored answers, group identical requests, chunk."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+import storage
+from llm_dispatch._dispatch import ResultSink
+
+# Prefect task runs cost tens of milliseconds and a server round-trip each: keep a run to a few hundred.
+MAX_CHUNKS_PER_RUN = 200
+
+
+@dataclass(frozen=True, slots=True)
+class RealtimePlan:
+    """Groups of prompt ids (one request each), split into chunks; and what was answered from storage."""
+
+    chunks: list[list[tuple[int, ...]]] = field(default_factory=list)
+    open_prompts: int = 0
+    reused: int = 0
+
+    @property
+    def requests(self) -> int:
+        return sum(len(chunk) for chunk in self.chunks)
+
+
+def chunk_groups(groups: Sequence[tuple[int, ...]], *, chunk_size: int, max_chunks: int = MAX_CHUNKS_PER_RUN) -> list[list[tuple[int, ...]]]:
+    """Split request groups into chunks of ``chunk_size`` requests, growing the size to stay under ``max_chunks``."""
+    if not groups:
+        return []
+    size = max(chunk_size, math.ceil(len(groups) / max_chunks))
+    return [list(groups[start : start + size]) for start in range(0, len(groups), size)]
+
+
+@task(name="plan-realtime", cache_policy=NO_CACHE)
+async def plan_realtime(
+    *,
+    job_id: str,
+    sessions: async_sessionmaker[AsyncSession],
+    sink: ResultSink,
+    chunk_size: int,
+    dedupe: bool,
+    retry_failed: Literal["retryable", "all", "none"] = "retryable",
+) -> RealtimePlan:
+    """Find the job's unfinished prompts; answer what storage already has; group and chunk the rest."""
+    logger = get_run_logger()
+    open_ids = await storage.open_prompt_ids(sessions, job_id=job_id, retry_failed=retry_failed)
+    if not open_ids:
+        return RealtimePlan()
+    if not dedupe:
+        return RealtimePlan(chunks=chunk_groups([(pid,) for pid in open_ids], chunk_size=chunk_size), open_prompts=len(open_ids))
+
+    rows = await storage.load_work(sessions, prompt_ids=open_ids)
+    by_key: dict[str, list[int]] = {}
+    for row in rows:  # load_work keeps position order, so a group's first id is its earliest prompt
+        by_key.setdefault(row.dedupe_key, []).append(row.id)
+
+    stored = await storage.find_reusable(sessions, dedupe_keys=list(by_key))
+    reused = 0
+    for key, result in stored.items():
+        ids = by_key.pop(key)
+        await sink.success(prompt_ids=ids, result=result, route="reused")
+        reused += len(ids)
+    if reused:
+        logger.info("%d prompts answered from stored identical requests (no new cost); --no-dedupe turns this off", reused)
+    groups = [tuple(ids) for ids in by_key.values()]
+    return RealtimePlan(chunks=chunk_groups(groups, chunk_size=chunk_size), open_prompts=len(open_ids), reused=reused)

@@ -1,0 +1,47 @@
+"""Task: send one chunk of prompts as concurrent real-time calls, persisting each result as it lands."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+import storage
+from llm_dispatch._dispatch import ChatSender, DispatchOutcome, ResultSink, WorkItem, current_progress, send_all
+from llm_dispatch._types import ChatRequest
+
+
+@task(
+    name="send-chunk",
+    task_run_name="realtime chunk {number}/{of} ({size} prompts)",
+    cache_policy=NO_CACHE,
+)
+async def send_chunk(
+    *,
+    number: int,
+    of: int,
+    size: int,
+    groups: Sequence[tuple[int, ...]],
+    client: ChatSender,
+    sink: ResultSink,
+    sessions: async_sessionmaker[AsyncSession],
+    concurrency: int,
+) -> DispatchOutcome:
+    """Send one request per group of identical prompts, at most ``concurrency`` at once.
+
+    Holds one slot of the run's concurrency-limit tag while it runs (Prefect acquires it from the
+    task's tags), so across all flow runs: requests in flight <= tag limit x ``concurrency``.
+    """
+    ids = [pid for group in groups for pid in group]
+    rows = {row.id: row for row in await storage.load_work(sessions, prompt_ids=ids)}
+    await storage.mark_in_flight(sessions, prompt_ids=ids)
+    items = [
+        WorkItem(
+            prompt_ids=group,
+            request=ChatRequest(model=rows[group[0]].model, messages=rows[group[0]].messages, params=rows[group[0]].params),
+        )
+        for group in groups
+    ]
+    return await send_all(client=client, items=items, sink=sink, concurrency=concurrency, progress=current_progress.get())

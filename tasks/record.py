@@ -1,0 +1,90 @@
+"""Task: validate the input and record it as a job with one row per prompt (or find the job again)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+import storage
+from llm_dispatch import ConfigError, Settings
+from llm_dispatch._inputs import PromptSpec, fingerprint, parse_prompt_dicts, read_prompts
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedJob:
+    job_id: str
+    total: int
+    resumed: bool
+
+
+def load_specs(source: str | Path | Sequence[Mapping[str, Any]], *, settings: Settings) -> list[PromptSpec]:
+    """Parse and validate prompts from a path or a list of dicts; raises ``InputError``."""
+    if isinstance(source, (str, Path)):
+        return read_prompts(source, default_model=settings.model)
+    return parse_prompt_dicts(source, default_model=settings.model)
+
+
+@task(name="record-prompts", cache_policy=NO_CACHE)
+async def record_prompts(
+    *,
+    source: str | Sequence[Mapping[str, Any]] | None,
+    job_id: str | None,
+    settings: Settings,
+    sessions: async_sessionmaker[AsyncSession],
+    name: str | None = None,
+) -> RecordedJob:
+    """Record the prompts of ``source`` as a job; the same input again resumes its existing job."""
+    logger = get_run_logger()
+    if source is None:
+        if job_id is None:
+            raise ConfigError("give prompts (a .jsonl/.csv path or a list of dicts) or the job id to resume")
+        job = await storage.get_job(sessions, job_id=job_id)
+        if job is None:
+            raise ConfigError(f"no job {job_id!r} in {settings.public_dict()['database_url']}; see `llm-dispatch status`")
+        total = sum(job.counts.values())
+        logger.info("resuming job %s (%d prompts)", job_id, total)
+        return RecordedJob(job_id=job_id, total=total, resumed=True)
+
+    specs = load_specs(source, settings=settings)
+    print_ = fingerprint(specs)
+    existing = job_id or await storage.find_job(sessions, fingerprint=print_)
+    if existing is not None:
+        job = await storage.get_job(sessions, job_id=existing)
+        if job is None:
+            raise ConfigError(f"no job {existing!r} to resume in {settings.public_dict()['database_url']}")
+        logger.info("input already recorded as job %s: resuming it (only unfinished prompts are sent)", existing)
+        return RecordedJob(job_id=existing, total=sum(job.counts.values()), resumed=True)
+
+    input_path = str(Path(source).resolve()) if isinstance(source, (str, Path)) else None
+    new_id = await storage.create_job(
+        sessions,
+        name=name or (Path(source).name if isinstance(source, (str, Path)) else "prompts"),
+        fingerprint=print_,
+        input_path=input_path,
+        model=settings.model,
+        settings=settings.public_dict(),
+    )
+    await storage.add_prompts(
+        sessions,
+        job_id=new_id,
+        prompts=(
+            storage.NewPrompt(
+                custom_id=spec.custom_id,
+                position=spec.position,
+                model=spec.model,
+                messages=spec.messages,
+                params=spec.params,
+                metadata=spec.metadata,
+                dedupe_key=spec.dedupe_key,
+            )
+            for spec in specs
+        ),
+    )
+    logger.info("recorded job %s: %d prompts", new_id, len(specs))
+    return RecordedJob(job_id=new_id, total=len(specs), resumed=False)

@@ -1,0 +1,75 @@
+"""Shared fixtures: one Prefect test server per session, the simulator over real sockets, a SQLite file per test."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+
+@dataclass(frozen=True)
+class Sim:
+    """A running simulator: its OpenAI base URL and its admin endpoints."""
+
+    base_url: str
+
+    @property
+    def root(self) -> str:
+        return self.base_url.removesuffix("/v1")
+
+    def stats(self) -> dict:
+        return httpx.get(f"{self.root}/_sim/stats", timeout=5).raise_for_status().json()
+
+    def reset(self) -> None:
+        httpx.post(f"{self.root}/_sim/reset", timeout=5).raise_for_status()
+
+    def configure(self, **fields: object) -> None:
+        httpx.post(f"{self.root}/_sim/config", json=fields, timeout=5).raise_for_status()
+
+
+@pytest.fixture(scope="session")
+def prefect_api() -> Iterator[str]:
+    """A real Prefect API (temporary SQLite-backed server), started once: it takes ~9 s."""
+    from prefect.settings import PREFECT_API_URL
+    from prefect.testing.utilities import prefect_test_harness
+
+    logging.getLogger("prefect.task_runs").setLevel(logging.WARNING)
+    # The test server's telemetry heartbeat races its own SQLite writes and logs "database is locked".
+    previous = os.environ.get("PREFECT_SERVER_ANALYTICS_ENABLED")
+    os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+    try:
+        with prefect_test_harness(server_startup_timeout=60):
+            yield str(PREFECT_API_URL.value())
+    finally:
+        if previous is None:
+            os.environ.pop("PREFECT_SERVER_ANALYTICS_ENABLED", None)
+        else:
+            os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = previous
+
+
+@pytest.fixture(scope="session")
+def sim_server() -> Iterator[Sim]:
+    from llm_dispatch import Simulator, SimulatorConfig
+
+    with Simulator.in_thread(SimulatorConfig(latency=0.01, seed=1)) as base_url:
+        yield Sim(base_url=base_url)
+
+
+@pytest.fixture
+def sim(sim_server: Sim) -> Iterator[Sim]:
+    """The session's simulator with zeroed stats and default behaviour for this test."""
+    sim_server.reset()
+    sim_server.configure(latency=0.01, rate_429=0.0, rate_500=0.0, rate_503=0.0, rate_hang=0.0, rate_drop=0.0,
+                         rate_malformed=0.0, rpm=None, tpm=None)
+    yield sim_server
+    sim_server.reset()
+
+
+@pytest.fixture
+def db_url(tmp_path: Path) -> str:
+    return f"sqlite+aiosqlite:///{tmp_path / 'test.db'}"

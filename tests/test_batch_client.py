@@ -1,0 +1,270 @@
+"""LLMClient's Batch API methods against respx routes, and the batch value types they return."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import respx
+
+from llm_dispatch._batch_types import (
+    BatchInfo,
+    BatchLimits,
+    BatchStatus,
+    FileInfo,
+    batch_status_from_api,
+)
+from llm_dispatch._client import LLMClient
+from llm_dispatch._exceptions import APIResponseValidationError, BadRequestError, NotFoundError
+
+BASE_URL = "https://llm.test/v1"
+CREATED = 1_711_471_533
+
+
+def file_object(**overrides: Any) -> dict[str, Any]:
+    body = {"id": "file-abc", "object": "file", "bytes": 120, "created_at": CREATED, "filename": "batch.jsonl",
+            "purpose": "batch", "status": "processed"}
+    body.update(overrides)
+    return body
+
+
+def batch_object(**overrides: Any) -> dict[str, Any]:
+    body = {
+        "id": "batch_abc", "object": "batch", "endpoint": "/v1/chat/completions", "errors": None,
+        "input_file_id": "file-abc", "completion_window": "24h", "status": "validating",
+        "output_file_id": None, "error_file_id": None, "created_at": CREATED, "in_progress_at": None,
+        "expires_at": CREATED + 86400, "finalizing_at": None, "completed_at": None, "failed_at": None,
+        "expired_at": None, "cancelling_at": None, "cancelled_at": None,
+        "request_counts": {"total": 0, "completed": 0, "failed": 0}, "metadata": {"run": "r1"},
+    }
+    body.update(overrides)
+    return body
+
+
+class FakeTime:
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.sleeps: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += max(seconds, 0.0)
+        await asyncio.sleep(0)
+
+
+@pytest.fixture
+def router() -> Iterator[respx.Router]:
+    router = respx.Router(base_url=BASE_URL, assert_all_called=True, assert_all_mocked=True)
+    yield router
+    router.assert_all_called()
+
+
+@pytest.fixture
+def fake_time() -> FakeTime:
+    return FakeTime()
+
+
+def make_client(router: respx.Router, fake_time: FakeTime, **options: Any) -> LLMClient:
+    settings: dict[str, Any] = {
+        "base_url": BASE_URL, "api_key": "sk-test", "transport": httpx.MockTransport(router.async_handler),
+        "sleep": fake_time.sleep, "clock": fake_time.monotonic, "random": lambda: 0.0,
+    }
+    settings.update(options)
+    return LLMClient(**settings)
+
+
+def multipart_without_boundary(request: httpx.Request) -> bytes:
+    boundary = request.headers["content-type"].split("boundary=")[1].encode()
+    return request.content.replace(boundary, b"BOUNDARY")
+
+
+# --- files ------------------------------------------------------------------------------------
+
+
+async def test_upload_sends_multipart_and_retries_like_chat(
+    router: respx.Router, fake_time: FakeTime, tmp_path: Path
+) -> None:
+    source = tmp_path / "batch-00001.jsonl"
+    source.write_bytes(b'{"custom_id":"a"}\n{"custom_id":"b"}\n')
+    route = router.post("/files", name="upload").mock(side_effect=[
+        httpx.Response(503), httpx.Response(429, headers={"retry-after": "1"}), httpx.Response(200, json=file_object()),
+    ])
+    async with make_client(router, fake_time) as client:
+        info = await client.upload_file(source)
+
+    assert route.call_count == 3 and fake_time.sleeps == [0.5, 1.0]
+    assert info == FileInfo(id="file-abc", bytes=120, filename="batch.jsonl", purpose="batch",
+                            created_at=datetime.fromtimestamp(CREATED, tz=UTC))
+    bodies = [multipart_without_boundary(call.request) for call in route.calls]
+    assert bodies[0] == bodies[2]  # the whole file again on every attempt
+    assert b'name="purpose"\r\n\r\nbatch\r\n' in bodies[2]
+    assert b'name="file"; filename="batch-00001.jsonl"' in bodies[2]
+    assert b'{"custom_id":"a"}\n{"custom_id":"b"}\n' in bodies[2]
+    assert route.calls.last.request.headers["authorization"] == "Bearer sk-test"
+
+
+async def test_download_streams_to_disk_with_retries(
+    router: respx.Router, fake_time: FakeTime, tmp_path: Path
+) -> None:
+    async def chunks() -> Any:
+        for i in range(50):
+            yield f'{{"custom_id":"r{i}"}}\n'.encode()
+
+    route = router.get("/files/file-out/content", name="content").mock(
+        side_effect=[httpx.Response(500), httpx.Response(200, content=chunks())]
+    )
+    target = tmp_path / "nested" / "out.jsonl"  # the directory is made on the way
+    async with make_client(router, fake_time) as client:
+        saved = await client.download_file("file-out", to=target)
+    assert saved == target and route.call_count == 2
+    assert target.read_text().count("\n") == 50
+    assert list(target.parent.iterdir()) == [target]  # no .part file left behind
+
+
+async def test_delete_file_and_missing_ok(router: respx.Router, fake_time: FakeTime) -> None:
+    route = router.delete("/files/file-abc", name="delete").mock(side_effect=[
+        httpx.Response(200, json={"id": "file-abc", "object": "file", "deleted": True}),
+        httpx.Response(404, json={"error": {"message": "No such File object: file-abc"}}),
+        httpx.Response(404, json={"error": {"message": "No such File object: file-abc"}}),
+    ])
+    async with make_client(router, fake_time) as client:
+        await client.delete_file("file-abc")
+        await client.delete_file("file-abc", missing_ok=True)
+        with pytest.raises(NotFoundError):
+            await client.delete_file("file-abc")
+    assert route.call_count == 3
+
+
+async def test_ids_are_one_path_segment(router: respx.Router, fake_time: FakeTime) -> None:
+    route = router.get("/files/file%2F..%2Fx", name="odd").respond(200, json=file_object(id="file/../x"))
+    async with make_client(router, fake_time) as client:
+        assert (await client.retrieve_file("file/../x")).id == "file/../x"
+        with pytest.raises(ValueError):
+            await client.retrieve_batch("")
+    assert route.call_count == 1
+
+
+# --- batches ----------------------------------------------------------------------------------
+
+
+async def test_create_batch_sends_openai_body_and_retries(router: respx.Router, fake_time: FakeTime) -> None:
+    route = router.post("/batches", name="create").mock(side_effect=[
+        httpx.Response(500, json={"error": {"message": "oops"}}), httpx.Response(200, json=batch_object()),
+    ])
+    async with make_client(router, fake_time) as client:
+        batch = await client.create_batch(input_file_id="file-abc", metadata={"run": "r1"})
+    assert route.call_count == 2
+    assert json.loads(route.calls.last.request.content) == {
+        "input_file_id": "file-abc", "endpoint": "/v1/chat/completions", "completion_window": "24h",
+        "metadata": {"run": "r1"},
+    }
+    assert batch.id == "batch_abc" and batch.status is BatchStatus.VALIDATING
+    assert batch.created_at == datetime.fromtimestamp(CREATED, tz=UTC)
+    assert batch.metadata == {"run": "r1"} and batch.in_progress_at is None
+
+
+async def test_create_batch_without_metadata_and_a_400_is_final(router: respx.Router, fake_time: FakeTime) -> None:
+    route = router.post("/batches", name="create").respond(400, json={"error": {"message": "bad window"}})
+    async with make_client(router, fake_time) as client:
+        with pytest.raises(BadRequestError, match="bad window"):
+            await client.create_batch(input_file_id="file-abc", completion_window="1h")
+    assert route.call_count == 1 and fake_time.sleeps == []
+    assert "metadata" not in json.loads(route.calls.last.request.content)
+
+
+async def test_retrieve_and_cancel(router: respx.Router, fake_time: FakeTime) -> None:
+    done = batch_object(
+        status="completed", output_file_id="file-out", error_file_id="file-err", in_progress_at=CREATED + 5,
+        finalizing_at=CREATED + 60, completed_at=CREATED + 61,
+        request_counts={"total": 100, "completed": 95, "failed": 5},
+    )
+    router.get("/batches/batch_abc", name="retrieve").respond(200, json=done)
+    cancel = router.post("/batches/batch_abc/cancel", name="cancel").respond(
+        200, json=batch_object(status="cancelling", cancelling_at=CREATED + 9)
+    )
+    async with make_client(router, fake_time) as client:
+        batch = await client.retrieve_batch("batch_abc")
+        cancelling = await client.cancel_batch("batch_abc")
+    assert batch.status.is_terminal and (batch.output_file_id, batch.error_file_id) == ("file-out", "file-err")
+    assert (batch.request_counts.total, batch.request_counts.completed, batch.request_counts.failed) == (100, 95, 5)
+    assert batch.completed_at == datetime.fromtimestamp(CREATED + 61, tz=UTC)
+    assert cancelling.status is BatchStatus.CANCELLING and not cancelling.status.is_terminal
+    assert cancel.call_count == 1
+
+
+async def test_unknown_status_is_a_validation_error_after_retries(router: respx.Router, fake_time: FakeTime) -> None:
+    route = router.get("/batches/batch_abc", name="retrieve").respond(200, json=batch_object(status="paused"))
+    async with make_client(router, fake_time, max_retries=1) as client:
+        with pytest.raises(APIResponseValidationError, match="'paused'"):
+            await client.retrieve_batch("batch_abc")
+    assert route.call_count == 2
+
+
+async def test_list_batches_pages_and_keeps_the_base_query(router: respx.Router, fake_time: FakeTime) -> None:
+    def page(ids: list[str], has_more: bool) -> httpx.Response:
+        data = [batch_object(id=i) for i in ids]
+        return httpx.Response(200, json={"object": "list", "data": data, "first_id": ids[0], "last_id": ids[-1],
+                                         "has_more": has_more})
+
+    route = router.get("/batches", name="list").mock(
+        side_effect=[page(["b3", "b2"], True), page(["b3", "b2"], True), page(["b1"], False)]
+    )
+    async with make_client(router, fake_time, base_url=f"{BASE_URL}?api-version=2024-10-21") as client:
+        first = await client.list_batches(limit=2)
+        every = [batch.id async for batch in client.iter_batches(page_size=2)]
+    assert [batch.id for batch in first] == ["b3", "b2"]
+    assert every == ["b3", "b2", "b1"]
+    params = [dict(call.request.url.params) for call in route.calls]
+    assert params == [
+        {"api-version": "2024-10-21", "limit": "2"},
+        {"api-version": "2024-10-21", "limit": "2"},
+        {"api-version": "2024-10-21", "limit": "2", "after": "b2"},
+    ]
+
+
+# --- the value types --------------------------------------------------------------------------
+
+
+def test_status_mapping_and_terminal_states() -> None:
+    assert {s for s in BatchStatus if s.is_terminal} == {
+        BatchStatus.COMPLETED, BatchStatus.FAILED, BatchStatus.EXPIRED, BatchStatus.CANCELLED}
+    assert batch_status_from_api("in_progress") is BatchStatus.IN_PROGRESS
+    ended = {"ended": BatchStatus.COMPLETED}  # another provider's words, through its own table
+    assert batch_status_from_api("ended", statuses=ended) is BatchStatus.COMPLETED
+    for bad in ("paused", None, 3):
+        with pytest.raises(APIResponseValidationError, match="status"):
+            batch_status_from_api(bad)
+
+
+def test_batch_info_reads_validation_errors() -> None:
+    errors = {"object": "list", "data": [
+        {"code": "duplicate_custom_id", "message": "dup", "param": "custom_id", "line": 4},
+        {"code": "empty_file", "message": "empty", "param": None, "line": None},
+    ]}
+    info = BatchInfo.from_api(batch_object(status="failed", errors=errors, metadata=None))
+    assert [(e.code, e.line, e.param) for e in info.errors] == [
+        ("duplicate_custom_id", 4, "custom_id"), ("empty_file", None, None)]
+    assert info.metadata == {}
+
+
+@pytest.mark.parametrize("broken", [
+    {"id": None}, {"created_at": "yesterday"}, {"request_counts": [1, 2]}, {"errors": {"data": "x"}},
+])
+def test_batch_info_rejects_unusable_bodies(broken: dict[str, Any]) -> None:
+    with pytest.raises(APIResponseValidationError):
+        BatchInfo.from_api(batch_object(**broken))
+
+
+def test_batch_limits_default_to_openai_and_must_be_positive() -> None:
+    assert (BatchLimits().max_requests, BatchLimits().max_bytes) == (50_000, 200 * 1024 * 1024)
+    with pytest.raises(ValueError):
+        BatchLimits(max_requests=0)

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
@@ -102,7 +103,11 @@ def run(
 async def _run_with_progress(
     *, source: str | None, job_id: str | None, settings: Settings, retry_failed: Literal["retryable", "all", "none"], show: bool
 ) -> dict[str, Any]:
-    from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, temporary_settings
+    from prefect.settings import (
+        PREFECT_SERVER_ANALYTICS_ENABLED,
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
+        temporary_settings,
+    )
 
     from flows.realtime import realtime_dispatch
 
@@ -113,9 +118,16 @@ async def _run_with_progress(
     display: asyncio.Task[None] | None = asyncio.create_task(_show(progress)) if show and err.is_terminal else None
     # With no Prefect server configured, Prefect starts a temporary one: 10-17 s on a fresh home,
     # more on a busy machine, past its default wait of 20 s. A user's own setting still wins.
-    startup = max(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value(), EPHEMERAL_STARTUP_TIMEOUT)
+    updates: dict[Any, Any] = {
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: max(
+            PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value(), EPHEMERAL_STARTUP_TIMEOUT
+        ),
+    }
+    if "PREFECT_SERVER_ANALYTICS_ENABLED" not in os.environ:
+        # A temporary server's telemetry only logs an error on an offline machine.
+        updates[PREFECT_SERVER_ANALYTICS_ENABLED] = False
     try:
-        with temporary_settings(updates={PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: startup}):
+        with temporary_settings(updates=updates):
             return await realtime_dispatch(
                 prompts=source, job_id=job_id, model=settings.model, concurrency=settings.concurrency,
                 chunk_size=settings.chunk_size, chunk_concurrency=settings.chunk_concurrency, dedupe=settings.dedupe,

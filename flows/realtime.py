@@ -65,6 +65,7 @@ async def dispatch_realtime(
         await storage.migrate(engine)
         sessions = storage.session_factory(engine)
         job = await record_prompts(source=source, job_id=job_id, settings=settings, sessions=sessions)
+        recorded_s = time.monotonic() - started
         await storage.set_job_status(sessions, job_id=job.job_id, status="running")
         outcome = DispatchOutcome()
         async with storage.ResultWriter(sessions, job_id=job.job_id) as writer, LLMClient.from_settings(settings) as client:
@@ -72,21 +73,35 @@ async def dispatch_realtime(
                 job_id=job.job_id, sessions=sessions, sink=writer, chunk_size=settings.chunk_size,
                 dedupe=settings.dedupe, retry_failed=retry_failed,
             )
+            planned_s = time.monotonic() - started
             logger.info(
                 "job %s: %d unfinished prompts, %d answered from storage, %d requests in %d chunks",
                 job.job_id, plan.open_prompts, plan.reused, plan.requests, len(plan.chunks),
             )
             per_chunk = settings.per_chunk_concurrency
-            # Enough chunks at once to keep the run's limit busy, plus one so a chunk's tail never idles it.
-            gate = asyncio.Semaphore(math.ceil(settings.concurrency / per_chunk) + 1)
+            # Chunks still handing out requests, enough to fill the run's limit. A chunk leaves this
+            # gate when its last round is on the way, so the next one starts up (task run, rows)
+            # while it drains, and the limit never idles between chunks.
+            gate = asyncio.Semaphore(math.ceil(settings.concurrency / per_chunk))
             tagged = send_chunk.with_options(tags=[settings.concurrency_tag])
 
             async def run_chunk(number: int, groups: list[tuple[int, ...]]) -> None:
-                async with gate:
+                await gate.acquire()
+                released = False
+
+                def release() -> None:
+                    nonlocal released
+                    if not released:
+                        released = True
+                        gate.release()
+
+                try:
                     chunk_outcome = await tagged(
                         number=number, of=len(plan.chunks), size=sum(len(g) for g in groups), groups=groups,
-                        client=client, sink=writer, sessions=sessions, concurrency=per_chunk,
+                        client=client, sink=writer, sessions=sessions, concurrency=per_chunk, on_dispatched=release,
                     )
+                finally:
+                    release()
                 outcome.add(chunk_outcome)
 
             progress = current_progress.get()
@@ -111,6 +126,7 @@ async def dispatch_realtime(
             "failed_by_class": dict(outcome.failed_by_class),
             "wall_s": round(time.monotonic() - started, 3),
             "send_s": round(send_s, 3),
+            "phases_s": {"record": round(recorded_s, 3), "plan": round(planned_s - recorded_s, 3), "send": round(send_s, 3)},
             "stats": stats.as_dict() if hasattr(stats, "as_dict") else stats,
         }
         logger.info("job %s done: %s", job.job_id, counts)

@@ -21,6 +21,7 @@ from urllib.parse import quote
 import aiohttp
 import httpx
 from httpx_aiohttp import AiohttpTransport
+from httpx_aiohttp.transport import map_aiohttp_exceptions
 from pydantic import SecretStr
 
 from ._batch_types import BATCH_CHAT_ENDPOINT, DEFAULT_COMPLETION_WINDOW, BatchInfo, FileInfo
@@ -59,6 +60,8 @@ DEFAULT_MAX_RETRIES = 5
 DEFAULT_CONCURRENCY = 64
 # aiohttp's own default; an idle connection the server has already closed costs one retried attempt.
 DEFAULT_KEEPALIVE_EXPIRY = 15.0
+# Bodies up to this size (with a Content-Length) are read in one call; larger ones stream.
+_BUFFER_LIMIT = 8 * 1024 * 1024
 CHAT_COMPLETIONS_PATH = "/chat/completions"
 FILES_PATH = "/files"
 BATCHES_PATH = "/batches"
@@ -90,13 +93,46 @@ def default_transport(*, concurrency: int = DEFAULT_CONCURRENCY) -> httpx.AsyncB
     httpx's own pool stalls well below 100 connections (encode/httpx#3215); this one does not. Its
     default cap of 100 connections would silently bound a higher concurrency, hence the explicit limit.
     """
-    return AiohttpTransport(
+    return _BufferedAiohttpTransport(
         limits=httpx.Limits(
             max_connections=concurrency,
             max_keepalive_connections=concurrency,
             keepalive_expiry=DEFAULT_KEEPALIVE_EXPIRY,
         )
     )
+
+
+class _BufferedAiohttpStream(httpx.AsyncByteStream):
+    """The whole body in one aiohttp read, instead of 16 KB chunks through two stream wrappers."""
+
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self._response = response
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        with map_aiohttp_exceptions():
+            body = await self._response.read()
+        if body:
+            yield body
+
+    async def aclose(self) -> None:
+        self._response.release()
+
+
+class _BufferedAiohttpTransport(AiohttpTransport):
+    """httpx-aiohttp's transport, answering with a body read in one go.
+
+    Chat completions are small; reading each through ``iter_chunked`` costs more CPU than the
+    exchange at hundreds of requests a second. Larger or unsized bodies (downloads) still stream.
+    """
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await super().handle_async_request(request)
+        stream = response.stream
+        raw = getattr(stream, "_aiohttp_response", None)
+        length = raw.content_length if raw is not None else None
+        if raw is not None and length is not None and length <= _BUFFER_LIMIT:
+            response.stream = _BufferedAiohttpStream(raw)
+        return response
 
 
 class _Sent(NamedTuple, Generic[_T]):
@@ -200,14 +236,23 @@ class LLMClient:
         url = httpx.URL(base_url.rstrip("/"))
         # Kept apart so a base URL with a query (Azure's ?api-version=...) keeps it on every path.
         self._display_url = str(url.copy_with(userinfo=b"", query=None))
+        self._transport = transport if transport is not None else default_transport(concurrency=concurrency)
+        timeouts = httpx.Timeout(self._request_timeout, connect=connect_timeout)
         self._http = httpx.AsyncClient(
             base_url=url.copy_with(query=None),
             params=url.params,
             headers=self._auth_headers(),
-            timeout=httpx.Timeout(self._request_timeout, connect=connect_timeout),
-            transport=transport if transport is not None else default_transport(concurrency=concurrency),
+            timeout=timeouts,
+            transport=self._transport,
             follow_redirects=False,
         )
+        # The JSON fast path (every chat call) builds its request from these, parsed once: at
+        # hundreds of requests a second, httpx's per-request URL merge, header merge and cookie
+        # handling cost more CPU than the HTTP exchange itself.
+        self._json_headers = httpx.Headers({**self._http.headers, "Content-Type": "application/json"})
+        self._timeout_extension = timeouts.as_dict()
+        self._json_urls: dict[str, httpx.URL] = {}
+        self._json_raw_headers: list[tuple[bytes, bytes]] | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings, *, transport: httpx.AsyncBaseTransport | None = None) -> LLMClient:
@@ -493,13 +538,20 @@ class LLMClient:
         params: Mapping[str, str] | None = None,
     ) -> httpx.Response | _Failure:
         """One HTTP attempt with a hard deadline over connect, send and the whole body."""
-        # Built afresh each attempt: a multipart body is a stream that one attempt consumes.
-        request = self._http.build_request(method, path, json=json, files=files, data=data, params=params)
+        fast = json is not None and files is None and data is None and params is None and stream_to is None
+        if fast:
+            request = self._json_request(method, path, json)
+        else:
+            # Built afresh each attempt: a multipart body is a stream that one attempt consumes.
+            request = self._http.build_request(method, path, json=json, files=files, data=data, params=params)
         try:
             # The transport only bounds each socket read; a server that trickles bytes, or a pool that
             # never frees a connection, must not stretch an attempt past its deadline.
             async with asyncio.timeout(timeout):
-                response = await self._http.send(request, stream=True)
+                if fast:
+                    response = await self._transport.handle_async_request(request)
+                else:
+                    response = await self._http.send(request, stream=True)
                 try:
                     if stream_to is not None and response.is_success:
                         await _save_body(response, stream_to)
@@ -521,6 +573,20 @@ class LLMClient:
             detail = f"{type(reason).__name__}: {reason}".rstrip(": ")
             return _Failure("timeout" if timed_out else "connection", detail, cause=exc)
         return response
+
+    def _json_request(self, method: str, path: str, body: Any) -> httpx.Request:
+        url = self._json_urls.get(path)
+        if url is None:
+            url = self._json_urls[path] = self._http.build_request(method, path).url
+        if self._json_raw_headers is None:
+            self._json_raw_headers = [(b"Host", url.netloc), *self._json_headers.raw]
+        content = _json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+        # Headers complete up front and a ready stream: httpx then skips its per-request _prepare().
+        headers = httpx.Headers([*self._json_raw_headers, (b"Content-Length", str(len(content)).encode())])
+        request = httpx.Request(method, url, headers=headers, stream=httpx.ByteStream(content),
+                                extensions={"timeout": self._timeout_extension})
+        request.read()
+        return request
 
     def _final_error(self, failure: _Failure, *, method: str, path: str, attempts: int) -> APIError:
         where = f"{method} {path}"

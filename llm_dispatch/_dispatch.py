@@ -10,7 +10,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -96,19 +96,37 @@ async def send_all(
     sink: ResultSink,
     concurrency: int,
     progress: Progress | None = None,
+    on_dispatched: Callable[[], None] | None = None,
 ) -> DispatchOutcome:
     """Send every item with at most ``concurrency`` requests in flight; persist each as it completes.
 
     Provider errors are recorded as failures and do not stop the others; an error of the sink
     (the database) does stop everything, since results could no longer be kept.
+    ``on_dispatched`` is called once, when at most one round (``concurrency`` items) is left to
+    send: at full speed that is one latency period before this call runs dry, time for a caller
+    to start the next batch of work so the limit never idles between batches.
     """
     if concurrency < 1:
         raise ValueError("concurrency must be at least 1")
     outcome = DispatchOutcome()
-    pending = iter(items)
+    work = list(items)
+    low_water = len(work) - concurrency
+    pending = iter(work)
+    taken = 0
+    signalled = False
+
+    def dispatched() -> None:
+        nonlocal signalled
+        if not signalled and on_dispatched is not None:
+            signalled = True
+            on_dispatched()
 
     async def worker() -> None:
+        nonlocal taken
         for item in pending:
+            taken += 1
+            if taken >= low_water:
+                dispatched()
             if progress is not None:
                 progress.in_flight += 1
             try:
@@ -131,9 +149,13 @@ async def send_all(
             finally:
                 if progress is not None:
                     progress.in_flight -= 1
+        dispatched()  # this worker found the iterator empty: every item has been sent off
 
-    # A fixed pool of workers pulling from one iterator: memory stays flat however many items.
-    async with asyncio.TaskGroup() as group:
-        for _ in range(concurrency):
-            group.create_task(worker())
+    # A fixed pool of workers pulling from one iterator: no task per item.
+    try:
+        async with asyncio.TaskGroup() as group:
+            for _ in range(concurrency):
+                group.create_task(worker())
+    finally:
+        dispatched()  # also when the run fails: the caller must not wait forever
     return outcome

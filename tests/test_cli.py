@@ -1,0 +1,60 @@
+"""The command line as a user meets it: bad input or settings get one line and exit 2, nothing written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from cli.main import app
+
+
+@pytest.fixture
+def runner() -> CliRunner:
+    return CliRunner()
+
+
+@pytest.fixture
+def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    for name in ("OPENAI_API_KEY", "LLM_DISPATCH_API_KEY", "OPENAI_BASE_URL", "LLM_DISPATCH_BASE_URL", "LLM_DISPATCH_DATABASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    return tmp_path
+
+
+def test_malformed_file_exits_2_with_one_line_and_no_database(runner: CliRunner, in_tmp: Path) -> None:
+    bad = in_tmp / "bad.jsonl"
+    bad.write_text('{"prompt": "fine"}\n{"prompt": "also fine"}\n{"promt": "typo"}\n', encoding="utf-8")
+
+    result = runner.invoke(app, ["run", str(bad), "--simulate"])
+
+    assert result.exit_code == 2
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1
+    assert "bad.jsonl:3: unknown field" in lines[0] and "promt" in lines[0]
+    assert not (in_tmp / "llm_dispatch.db").exists()
+
+
+def test_no_key_for_openai_says_what_to_do(runner: CliRunner, in_tmp: Path) -> None:
+    prompts = in_tmp / "p.jsonl"
+    prompts.write_text('{"prompt": "hi"}\n', encoding="utf-8")
+    result = runner.invoke(app, ["run", str(prompts)])
+    assert result.exit_code == 2
+    assert "set OPENAI_API_KEY" in result.output and "--simulate" in result.output
+    assert not (in_tmp / "llm_dispatch.db").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["run"], "give a prompt FILE"),
+        (["run", "missing.jsonl"], "missing.jsonl: no such file"),
+        (["run", "x.jsonl", "--concurrency", "0"], "setting concurrency"),
+        (["run", "x.jsonl", "--retry-failed", "some"], "--retry-failed must be"),
+    ],
+)
+def test_bad_arguments(runner: CliRunner, in_tmp: Path, args: list[str], expected: str) -> None:
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2
+    assert expected in result.output

@@ -149,7 +149,7 @@ async def _show(progress: Progress) -> None:
         TextColumn("{task.fields[detail]}"),
         TimeElapsedColumn(),
     )
-    with RichProgress(*columns, console=err, transient=True) as bar:
+    with RichProgress(*columns, console=err, transient=True) as bar, _quiet_prefect_info():
         task = bar.add_task("requests", total=None, detail="")
         while True:
             bar.update(
@@ -159,6 +159,23 @@ async def _show(progress: Progress) -> None:
                 detail=f"failed {progress.failed}  in flight {progress.in_flight}  {progress.rate():.0f} req/s",
             )
             await asyncio.sleep(0.25)
+
+
+@contextlib.contextmanager
+def _quiet_prefect_info() -> Any:
+    """While the live bar is drawn, Prefect's INFO lines (which write past rich) are held back.
+
+    The bar and the closing table say the same; without a terminal every log line is kept.
+    """
+    loggers = [logging.getLogger(name) for name in ("prefect", "prefect.flow_runs", "prefect.task_runs")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(max(logger.getEffectiveLevel(), logging.WARNING))
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
 
 
 def _print_summary(summary: dict[str, Any]) -> None:

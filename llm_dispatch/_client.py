@@ -138,6 +138,8 @@ class _BufferedAiohttpTransport(AiohttpTransport):
 class _Sent(NamedTuple, Generic[_T]):
     value: _T
     attempts: int
+    # When the first attempt passed the client's gates: latency excludes the wait for a slot.
+    admitted_at: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,7 +313,6 @@ class LLMClient:
 
     async def chat(self, request: ChatRequest) -> ChatResult:
         """One chat completion, retried by the house rules; raises an ``APIError`` subclass when it gives up."""
-        started = self._clock()
         estimate = estimate_request_tokens(request) if self._tpm is not None else 0
         sent = await self._request(
             "POST", CHAT_COMPLETIONS_PATH, json=request.body(), parse=_parse_chat, tokens=estimate
@@ -327,7 +328,7 @@ class LLMClient:
             cached_tokens=completion.cached_tokens,
             model=completion.model,
             response_id=completion.response_id,
-            latency_s=self._clock() - started,
+            latency_s=self._clock() - sent.admitted_at,
             attempts=sent.attempts,
         )
 
@@ -462,6 +463,8 @@ class LLMClient:
         while True:
             attempt += 1
             permit = await self._admit(tokens)
+            if attempt == 1:
+                admitted_at = self._clock()
             try:
                 outcome = await self._send_once(
                     method, path, json=json, files=files, data=data, stream_to=stream_to, timeout=deadline,
@@ -476,7 +479,7 @@ class LLMClient:
                         failure = _Failure("invalid", exc.message, response=outcome, cause=exc)
                     else:
                         self._limiter.record_success(permit)
-                        return _Sent(value, attempt)
+                        return _Sent(value, attempt, admitted_at)
                 else:
                     failure = _Failure("status", _error_detail(outcome), response=outcome)
                     if outcome.status_code == 429:

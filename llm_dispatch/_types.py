@@ -46,5 +46,5 @@ class ChatResult:
     cached_tokens: int
     model: str | None
     response_id: str | None
-    latency_s: float  # wall time of the whole call, retries and waits included
+    latency_s: float  # from the first attempt's send to the answer: retries and their waits included, queueing for a slot not
     attempts: int = 1

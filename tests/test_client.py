@@ -484,9 +484,14 @@ async def test_tpm_is_corrected_by_actual_usage(
 async def test_rpm_paces_requests(router: respx.Router, fake_time: FakeTime) -> None:
     route = router.post("/chat/completions", name="chat").respond(200, json=completion())
     async with make_client(router, fake_time, rpm=2) as client:
-        results = [await client.chat(REQUEST) for _ in range(3)]
+        sent_at = []
+        for _ in range(3):
+            result = await client.chat(REQUEST)
+            sent_at.append(fake_time.now)
     assert route.call_count == 3
-    assert [r.latency_s for r in results] == [0.0, 0.0, 30.0]
+    assert [t - 1000.0 for t in sent_at] == [0.0, 0.0, 30.0]
+    # Waiting at the gate is pacing, not the provider's latency.
+    assert result.latency_s == 0.0
 
 
 # --- later endpoints on the same retry loop ---------------------------------------------------

@@ -1,15 +1,15 @@
-"""Storage: the schema (under Alembic migrations), the engine, and every query llm-dispatch runs."""
+"""Storage: the schema (under Alembic migrations), the engine, and every query llm-dispatch runs.
+
+Everything takes an ``async_sessionmaker`` from ``session_factory(engine)``; nothing here
+holds a global engine or session.
+"""
 
 from __future__ import annotations
 
-from ._engine import create_engine, session_factory
+from ._engine import DATABASE_URL_ENV, create_engine, session_factory
 from ._migrate import migrate
 from ._models import Base, Job, Prompt, Result
 from ._queries import (
-    JobInfo,
-    NewPrompt,
-    ResultStats,
-    WorkRow,
     add_prompts,
     create_job,
     find_job,
@@ -22,10 +22,26 @@ from ._queries import (
     result_stats,
     set_job_status,
 )
-from ._status import JobStatus, PromptStatus, ResultStatus, RetryFailed, Route
+from ._records import JobInfo, NewPrompt, ResultStats, WorkRow
+from ._status import (
+    JOB_STATUSES,
+    PROMPT_STATUSES,
+    RESULT_STATUSES,
+    ROUTES,
+    JobStatus,
+    PromptStatus,
+    ResultStatus,
+    RetryFailed,
+    Route,
+)
 from ._writer import ResultWriter
 
 __all__ = [
+    "DATABASE_URL_ENV",
+    "JOB_STATUSES",
+    "PROMPT_STATUSES",
+    "RESULT_STATUSES",
+    "ROUTES",
     "Base",
     "Job",
     "JobInfo",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import sqlite3
 from pathlib import Path
@@ -40,8 +39,9 @@ _WAL_RETRIES = int(SQLITE_BUSY_TIMEOUT_MS / 1000 / _WAL_RETRY_SECONDS)
 _ASYNC_DRIVERS = {"sqlite": "aiosqlite", "postgresql": "asyncpg"}
 _EXAMPLES = "sqlite+aiosqlite:///path/to/llm_dispatch.db or postgresql+asyncpg://user:password@host:5432/dbname"
 
-# Prompts are often not English; escaped \uXXXX JSON would double their stored size.
-_json_serializer = functools.partial(json.dumps, ensure_ascii=False)
+# Prompts are often not English; escaped \uXXXX JSON would double their stored size. One
+# encoder built once: json.dumps(..., ensure_ascii=False) builds a new one per value.
+_json_serializer = json.JSONEncoder(ensure_ascii=False).encode
 
 
 def create_engine(url: str, *, echo: bool = False) -> AsyncEngine:
@@ -71,7 +71,8 @@ def _async_url(url: str) -> URL:
     try:
         parsed = make_url(url)
     except ArgumentError as exc:
-        raise ConfigError(f"Cannot parse the database URL {url!r}; set {DATABASE_URL_ENV} to e.g. {_EXAMPLES}") from exc
+        # The URL itself is not repeated: it may hold a password.
+        raise ConfigError(f"Cannot parse the database URL; set {DATABASE_URL_ENV} to e.g. {_EXAMPLES}") from exc
     backend = "postgresql" if parsed.get_backend_name() == "postgres" else parsed.get_backend_name()
     driver = parsed.get_driver_name() if "+" in parsed.drivername else ""
     wanted = _ASYNC_DRIVERS.get(backend)
@@ -82,8 +83,8 @@ def _async_url(url: str) -> URL:
     if driver and driver != wanted:
         # Not swapped silently: query options differ between drivers (sslmode vs ssl).
         raise ConfigError(
-            f"The database driver {driver!r} is synchronous; set {DATABASE_URL_ENV} to a "
-            f"{backend}+{wanted}:// URL instead of {parsed.drivername}://"
+            f"The database driver {driver!r} is not supported (llm-dispatch talks to {backend} through "
+            f"{wanted}); set {DATABASE_URL_ENV} to a {backend}+{wanted}:// URL instead of {parsed.drivername}://"
         )
     return parsed.set(drivername=f"{backend}+{wanted}")
 

@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import logging
 import zlib
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
+from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 __all__ = ["migrate"]
-
-logger = logging.getLogger(__name__)
 
 _HERE = Path(__file__).resolve().parent
 # Any fixed 64-bit number works; it only has to be the same in every process.
@@ -24,13 +23,30 @@ _PG_LOCK_KEY = zlib.crc32(b"llm_dispatch.storage.migrate")
 async def migrate(engine: AsyncEngine) -> None:
     """Upgrade the schema to head; a no-op when it is already there.
 
-    The whole upgrade is one transaction under a database-wide lock, so processes that
-    start together take turns: the first migrates, the others wait and find nothing to do.
+    The upgrade is one transaction under a database-wide lock, so processes that start
+    together take turns: the first migrates, the others wait and find nothing to do.
     """
     async with engine.connect() as connection:
+        # The usual case, checked without the lock: on SQLite the lock is the write lock,
+        # and waiting for another run's long insert here would only delay this one.
+        if await connection.run_sync(_at_head):
+            return
+        await connection.rollback()
         await _lock(connection)
         await connection.run_sync(_upgrade)
         await connection.commit()
+
+
+def _config() -> Config:
+    config = Config(str(_HERE / "alembic.ini"))
+    # Found through the package, not the working directory. "%" is configparser syntax.
+    config.set_main_option("script_location", str(_HERE / "migrations").replace("%", "%%"))
+    return config
+
+
+def _at_head(connection: Connection) -> bool:
+    current = set(MigrationContext.configure(connection).get_current_heads())
+    return current == set(ScriptDirectory.from_config(_config()).get_heads())
 
 
 async def _lock(connection: AsyncConnection) -> None:
@@ -45,8 +61,6 @@ async def _lock(connection: AsyncConnection) -> None:
 
 
 def _upgrade(connection: Connection) -> None:
-    config = Config(str(_HERE / "alembic.ini"))
-    # Found through the package, not the working directory. "%" is configparser syntax.
-    config.set_main_option("script_location", str(_HERE / "migrations").replace("%", "%%"))
+    config = _config()
     config.attributes["connection"] = connection
     command.upgrade(config, "head")

@@ -1,27 +1,23 @@
-"""Every query llm-dispatch runs: jobs, prompts, reuse of stored answers, and the numbers for reports."""
+"""Every read and write of jobs and prompts (results are written by ``ResultWriter``)."""
 
 from __future__ import annotations
 
-import statistics
-from collections import Counter
-from collections.abc import Collection, Iterable, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any
+import math
+from collections.abc import Collection, Iterable, Iterator, Sequence
+from datetime import UTC, datetime
+from itertools import islice
+from typing import Any, TypeVar, get_args
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import and_, func, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from llm_dispatch._types import ChatResult
 
-from ._models import Job, Prompt, Result, utcnow
-from ._status import JobStatus, RetryFailed
+from ._models import Job, Prompt, Result, new_job_id, utcnow
+from ._records import JobInfo, NewPrompt, ResultStats, WorkRow
+from ._status import JOB_STATUSES, JobStatus, RetryFailed
 
 __all__ = [
-    "JobInfo",
-    "NewPrompt",
-    "ResultStats",
-    "WorkRow",
     "add_prompts",
     "create_job",
     "find_job",
@@ -36,92 +32,63 @@ __all__ = [
 ]
 
 Sessions = async_sessionmaker[AsyncSession]
-# SQLite allows 32,766 bound parameters per statement; stay far below it, and keep IN lists short.
-IN_CHUNK = 900
-INSERT_CHUNK = 1_000
+T = TypeVar("T")
+
+# Rows per executemany: large enough to amortise round trips, small enough that one
+# multi-VALUES statement stays under PostgreSQL's 32,767 bind parameters.
+INSERT_BATCH = 1_000
+# Ids per IN list: old SQLite builds allow only 999 bound variables per statement.
+IN_CHUNK = 500
 
 
-@dataclass(frozen=True, slots=True)
-class NewPrompt:
-    custom_id: str
-    position: int
-    model: str
-    messages: list[dict[str, Any]]
-    params: dict[str, Any]
-    metadata: dict[str, Any] | None
-    dedupe_key: str
+def _chunks(items: Iterable[T], size: int) -> Iterator[list[T]]:
+    iterator = iter(items)
+    while chunk := list(islice(iterator, size)):
+        yield chunk
 
 
-@dataclass(frozen=True, slots=True)
-class WorkRow:
-    """What it takes to send one prompt."""
-
-    id: int
-    custom_id: str
-    model: str
-    messages: list[dict[str, Any]]
-    params: dict[str, Any]
-    dedupe_key: str
+def _aware(value: datetime) -> datetime:
+    # SQLite keeps no time zone; everything is written in UTC, so say so on the way out.
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
-@dataclass(frozen=True, slots=True)
-class JobInfo:
-    id: str
-    name: str
-    created_at: datetime
-    status: str
-    model: str
-    input_path: str | None
-    counts: dict[str, int] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class ResultStats:
-    """Figures over a job's results (latency over real-time successes only)."""
-
-    succeeded: int = 0
-    failed: int = 0
-    failed_by_class: dict[str, int] = field(default_factory=dict)
-    p50_latency_ms: float | None = None
-    p95_latency_ms: float | None = None
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int = 0
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "succeeded": self.succeeded,
-            "failed": self.failed,
-            "failed_by_class": dict(self.failed_by_class),
-            "p50_latency_ms": self.p50_latency_ms,
-            "p95_latency_ms": self.p95_latency_ms,
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "cached_tokens": self.cached_tokens,
-        }
-
-
-def _chunks(items: Sequence[Any], size: int = IN_CHUNK) -> Iterable[Sequence[Any]]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
+# --- jobs ---------------------------------------------------------------------------
 
 
 async def create_job(
-    sessions: Sessions, *, name: str, fingerprint: str, input_path: str | None, model: str, settings: dict[str, Any]
+    sessions: Sessions,
+    *,
+    name: str,
+    fingerprint: str,
+    input_path: str | None,
+    model: str,
+    settings: dict[str, Any],
 ) -> str:
+    """Store a new job (status ``created``) and return its id."""
+    now = utcnow()
+    job_id = new_job_id()
     async with sessions.begin() as session:
-        job = Job(name=name, fingerprint=fingerprint, input_path=input_path, model=model, settings=settings, status="created")
-        session.add(job)
-        await session.flush()
-        return job.id
+        session.add(
+            Job(
+                id=job_id,
+                name=name,
+                fingerprint=fingerprint,
+                input_path=input_path,
+                model=model,
+                settings=settings,
+                status="created",
+                created_at=now,
+                updated_at=now,
+            )
+        )
+    return job_id
 
 
 async def find_job(sessions: Sessions, *, fingerprint: str) -> str | None:
-    """The newest job recorded from exactly this prompt set."""
+    """The newest job made from the same prompt set, if any."""
     async with sessions() as session:
-        return await session.scalar(
-            select(Job.id).where(Job.fingerprint == fingerprint).order_by(Job.created_at.desc()).limit(1)
-        )
+        stmt = select(Job.id).where(Job.fingerprint == fingerprint).order_by(Job.created_at.desc()).limit(1)
+        return (await session.execute(stmt)).scalar_one_or_none()
 
 
 async def get_job(sessions: Sessions, *, job_id: str) -> JobInfo | None:
@@ -129,138 +96,233 @@ async def get_job(sessions: Sessions, *, job_id: str) -> JobInfo | None:
         job = await session.get(Job, job_id)
         if job is None:
             return None
-        counts = await _counts(session, job_id)
-        return JobInfo(id=job.id, name=job.name, created_at=job.created_at, status=job.status, model=job.model,
-                       input_path=job.input_path, counts=counts)
-
-
-async def set_job_status(sessions: Sessions, *, job_id: str, status: JobStatus) -> None:
-    async with sessions.begin() as session:
-        await session.execute(update(Job).where(Job.id == job_id).values(status=status, updated_at=utcnow()))
-
-
-async def add_prompts(sessions: Sessions, *, job_id: str, prompts: Iterable[NewPrompt]) -> int:
-    """Insert the prompts of a job in one transaction, a thousand rows per statement."""
-    total = 0
-    now = utcnow()
-    async with sessions.begin() as session:
-        batch: list[dict[str, Any]] = []
-        for prompt in prompts:
-            batch.append({
-                "job_id": job_id, "custom_id": prompt.custom_id, "position": prompt.position, "model": prompt.model,
-                "messages": prompt.messages, "params": prompt.params, "metadata_": prompt.metadata,
-                "dedupe_key": prompt.dedupe_key, "status": "pending", "attempts": 0,
-                "created_at": now, "updated_at": now,
-            })
-            if len(batch) >= INSERT_CHUNK:
-                await session.execute(insert(Prompt), batch)
-                total += len(batch)
-                batch = []
-        if batch:
-            await session.execute(insert(Prompt), batch)
-            total += len(batch)
-    return total
-
-
-async def open_prompt_ids(sessions: Sessions, *, job_id: str, retry_failed: RetryFailed = "retryable") -> list[int]:
-    """Prompts without a final result, in input order: pending, in flight when a process died, and
-    failed ones as ``retry_failed`` says. A succeeded prompt is never among them."""
-    condition = Prompt.status.in_(("pending", "in_flight"))
-    if retry_failed == "all":
-        condition = condition | (Prompt.status == "failed")
-    elif retry_failed == "retryable":
-        condition = condition | ((Prompt.status == "failed") & Prompt.failed_retryable.is_(True))
-    async with sessions() as session:
-        rows = await session.scalars(select(Prompt.id).where(Prompt.job_id == job_id, condition).order_by(Prompt.position))
-        return list(rows)
-
-
-async def load_work(sessions: Sessions, *, prompt_ids: Sequence[int]) -> list[WorkRow]:
-    """The prompts to send, in input order."""
-    found: list[tuple[int, WorkRow]] = []
-    async with sessions() as session:
-        for part in _chunks(prompt_ids):
-            result = await session.execute(
-                select(Prompt.id, Prompt.custom_id, Prompt.model, Prompt.messages, Prompt.params, Prompt.dedupe_key,
-                       Prompt.position).where(Prompt.id.in_(part))
-            )
-            found.extend((row.position, WorkRow(id=row.id, custom_id=row.custom_id, model=row.model,
-                                                messages=row.messages, params=row.params, dedupe_key=row.dedupe_key))
-                         for row in result)
-    found.sort(key=lambda pair: pair[0])
-    return [row for _, row in found]
-
-
-async def mark_in_flight(sessions: Sessions, *, prompt_ids: Sequence[int]) -> None:
-    async with sessions.begin() as session:
-        now = utcnow()
-        for part in _chunks(prompt_ids):
-            await session.execute(
-                update(Prompt).where(Prompt.id.in_(part), Prompt.status != "succeeded").values(status="in_flight", updated_at=now)
-            )
-
-
-async def find_reusable(sessions: Sessions, *, dedupe_keys: Collection[str]) -> dict[str, ChatResult]:
-    """For each key, a stored success of an identical request (any job) that can answer it for free."""
-    keys = list(dedupe_keys)
-    found: dict[str, ChatResult] = {}
-    async with sessions() as session:
-        for part in _chunks(keys):
-            result = await session.execute(
-                select(Prompt.dedupe_key, Result)
-                .join(Result, Result.prompt_id == Prompt.id)
-                .where(Prompt.dedupe_key.in_(part), Result.status == "succeeded", Result.route.in_(("realtime", "batch")))
-                .order_by(Result.id)
-            )
-            for key, row in result:
-                found.setdefault(key, ChatResult(
-                    text=row.text, finish_reason=row.finish_reason, prompt_tokens=row.prompt_tokens or 0,
-                    completion_tokens=row.completion_tokens or 0, cached_tokens=row.cached_tokens or 0,
-                    model=row.response_model, response_id=row.response_id, latency_s=0.0, attempts=0,
-                ))
-    return found
-
-
-async def _counts(session: AsyncSession, job_id: str) -> dict[str, int]:
-    rows = await session.execute(select(Prompt.status, func.count()).where(Prompt.job_id == job_id).group_by(Prompt.status))
-    return {status: count for status, count in rows}
-
-
-async def job_counts(sessions: Sessions, *, job_id: str) -> dict[str, int]:
-    """Prompts of a job by status."""
-    async with sessions() as session:
-        return await _counts(session, job_id)
-
-
-async def result_stats(sessions: Sessions, *, job_id: str) -> ResultStats:
-    """Final outcomes of a job's prompts: the success of a prompt, or its latest failure if it has none."""
-    async with sessions() as session:
-        succeeded = (await session.execute(
-            select(Result.route, Result.latency_ms, Result.prompt_tokens, Result.completion_tokens, Result.cached_tokens)
-            .where(Result.job_id == job_id, Result.status == "succeeded")
-        )).all()
-        failed_classes = (await session.execute(
-            select(Prompt.last_error_class, func.count()).where(Prompt.job_id == job_id, Prompt.status == "failed")
-            .group_by(Prompt.last_error_class)
-        )).all()
-    latencies = sorted(row.latency_ms for row in succeeded if row.route == "realtime" and row.latency_ms is not None)
-    paid = [row for row in succeeded if row.route != "reused"]
-    by_class = Counter({name or "unknown": count for name, count in failed_classes})
-    return ResultStats(
-        succeeded=len(succeeded),
-        failed=sum(by_class.values()),
-        failed_by_class=dict(by_class),
-        p50_latency_ms=_percentile(latencies, 50),
-        p95_latency_ms=_percentile(latencies, 95),
-        prompt_tokens=sum(row.prompt_tokens or 0 for row in paid),
-        completion_tokens=sum(row.completion_tokens or 0 for row in paid),
-        cached_tokens=sum(row.cached_tokens or 0 for row in paid),
+        counts = await _prompt_counts(session, job_id=job_id)
+    return JobInfo(
+        id=job.id,
+        name=job.name,
+        created_at=_aware(job.created_at),
+        updated_at=_aware(job.updated_at),
+        status=job.status,
+        model=job.model,
+        input_path=job.input_path,
+        fingerprint=job.fingerprint,
+        settings=job.settings,
+        counts=counts,
     )
 
 
-def _percentile(values: Sequence[float], pct: int) -> float | None:
-    if not values:
-        return None
-    if len(values) == 1:
-        return values[0]
-    return statistics.quantiles(values, n=100, method="inclusive")[pct - 1]
+async def set_job_status(sessions: Sessions, *, job_id: str, status: JobStatus) -> None:
+    if status not in JOB_STATUSES:
+        raise ValueError(f"unknown job status {status!r}; expected one of {JOB_STATUSES}")
+    async with sessions.begin() as session:
+        done = await session.execute(update(Job).where(Job.id == job_id).values(status=status, updated_at=utcnow()))
+        if done.rowcount == 0:
+            raise LookupError(f"no job with id {job_id!r}")
+
+
+async def job_counts(sessions: Sessions, *, job_id: str) -> dict[str, int]:
+    """Prompts of a job by status; statuses no prompt has are left out (use ``.get(s, 0)``)."""
+    async with sessions() as session:
+        return await _prompt_counts(session, job_id=job_id)
+
+
+async def _prompt_counts(session: AsyncSession, *, job_id: str) -> dict[str, int]:
+    stmt = select(Prompt.status, func.count()).where(Prompt.job_id == job_id).group_by(Prompt.status)
+    return {status: count for status, count in await session.execute(stmt)}
+
+
+# --- prompts ------------------------------------------------------------------------
+
+
+async def add_prompts(sessions: Sessions, *, job_id: str, prompts: Iterable[NewPrompt]) -> int:
+    """Store a job's prompts (status ``pending``) in one transaction; returns how many.
+
+    ``prompts`` may be a generator: it is consumed in batches, never held whole.
+    A ``custom_id`` seen twice in one job raises ``IntegrityError`` and stores nothing.
+    """
+    now = utcnow()
+    # Core insert of plain dicts: the ORM unit of work would cost ~10x for 100,000 rows.
+    stmt = insert(Prompt.__table__)
+    total = 0
+    async with sessions.begin() as session:
+        for batch in _chunks(prompts, INSERT_BATCH):
+            rows = [
+                {
+                    "job_id": job_id,
+                    "custom_id": p.custom_id,
+                    "position": p.position,
+                    "model": p.model,
+                    "messages": p.messages,
+                    "params": p.params,
+                    "metadata": p.metadata,
+                    "dedupe_key": p.dedupe_key,
+                    "status": "pending",
+                    "attempts": 0,
+                    "created_at": now,
+                    "updated_at": now,
+                }
+                for p in batch
+            ]
+            await session.execute(stmt, rows)
+            total += len(rows)
+    return total
+
+
+async def open_prompt_ids(
+    sessions: Sessions, *, job_id: str, retry_failed: RetryFailed = "retryable"
+) -> list[int]:
+    """Ids of the prompts still to send, in input order.
+
+    Pending and in-flight prompts (a process died holding them) are always open; failed
+    ones if ``retry_failed`` is ``"all"``, or ``"retryable"`` and their error was one that
+    may pass on another try. Succeeded prompts never are.
+    """
+    open_when = [Prompt.status.in_(("pending", "in_flight"))]
+    if retry_failed == "all":
+        open_when.append(Prompt.status == "failed")
+    elif retry_failed == "retryable":
+        open_when.append(and_(Prompt.status == "failed", Prompt.failed_retryable.is_(True)))
+    elif retry_failed != "none":
+        raise ValueError(f"retry_failed must be one of {get_args(RetryFailed)}, got {retry_failed!r}")
+    stmt = select(Prompt.id).where(Prompt.job_id == job_id, or_(*open_when)).order_by(Prompt.position, Prompt.id)
+    async with sessions() as session:
+        return list((await session.execute(stmt)).scalars())
+
+
+async def load_work(sessions: Sessions, *, prompt_ids: Sequence[int]) -> list[WorkRow]:
+    """The prompts with these ids in input (position) order, whatever order the ids came in.
+
+    Unknown ids are left out.
+    """
+    found: list[tuple[int, int, WorkRow]] = []
+    columns = (Prompt.id, Prompt.custom_id, Prompt.model, Prompt.messages, Prompt.params, Prompt.dedupe_key)
+    async with sessions() as session:
+        for chunk in _chunks(dict.fromkeys(prompt_ids), IN_CHUNK):
+            for row in await session.execute(select(*columns, Prompt.position).where(Prompt.id.in_(chunk))):
+                work = WorkRow(
+                    id=row.id,
+                    custom_id=row.custom_id,
+                    model=row.model,
+                    messages=row.messages,
+                    params=row.params,
+                    dedupe_key=row.dedupe_key,
+                )
+                found.append((row.position, row.id, work))
+    found.sort(key=lambda item: item[:2])
+    return [work for _, _, work in found]
+
+
+async def mark_in_flight(sessions: Sessions, *, prompt_ids: Sequence[int]) -> int:
+    """Mark prompts as being sent; returns how many changed. A succeeded prompt stays succeeded."""
+    changed = 0
+    now = utcnow()
+    async with sessions.begin() as session:
+        for chunk in _chunks(prompt_ids, IN_CHUNK):
+            stmt = (
+                update(Prompt)
+                .where(Prompt.id.in_(chunk), Prompt.status != "succeeded")
+                .values(status="in_flight", updated_at=now)
+                .execution_options(synchronize_session=False)
+            )
+            changed += (await session.execute(stmt)).rowcount
+    return changed
+
+
+# --- results ------------------------------------------------------------------------
+
+
+async def find_reusable(sessions: Sessions, *, dedupe_keys: Collection[str]) -> dict[str, ChatResult]:
+    """For each key with a stored success (any job, sent real-time or by batch), the newest one.
+
+    Rows with route ``reused`` are copies of one of those and are not looked at.
+    """
+    found: dict[str, ChatResult] = {}
+    async with sessions() as session:
+        for chunk in _chunks(set(dedupe_keys), IN_CHUNK):
+            newest = (
+                select(func.max(Result.id))
+                .join(Prompt, Prompt.id == Result.prompt_id)
+                .where(
+                    Prompt.dedupe_key.in_(chunk),
+                    Result.status == "succeeded",
+                    Result.route.in_(("realtime", "batch")),
+                )
+                .group_by(Prompt.dedupe_key)
+            )
+            stmt = (
+                select(Prompt.dedupe_key, Result)
+                .join(Prompt, Prompt.id == Result.prompt_id)
+                .where(Result.id.in_(newest))
+            )
+            for key, result in await session.execute(stmt):
+                found[key] = ChatResult(
+                    text=result.text,
+                    finish_reason=result.finish_reason,
+                    prompt_tokens=result.prompt_tokens or 0,
+                    completion_tokens=result.completion_tokens or 0,
+                    cached_tokens=result.cached_tokens or 0,
+                    model=result.response_model,
+                    response_id=result.response_id,
+                    latency_s=(result.latency_ms or 0.0) / 1000,
+                    attempts=result.attempts,
+                )
+    return found
+
+
+async def result_stats(sessions: Sessions, *, job_id: str) -> ResultStats:
+    """Outcome of a job for the CLI summary; see ``ResultStats`` for what is counted."""
+    async with sessions() as session:
+        counts = await _prompt_counts(session, job_id=job_id)
+        by_class = {
+            error_class or "unknown": count
+            for error_class, count in await session.execute(
+                select(Prompt.last_error_class, func.count())
+                .where(Prompt.job_id == job_id, Prompt.status == "failed")
+                .group_by(Prompt.last_error_class)
+            )
+        }
+        succeeded = Result.status == "succeeded"
+        paid = and_(Result.job_id == job_id, succeeded, Result.route != "reused")
+        tokens = (
+            await session.execute(
+                select(
+                    func.coalesce(func.sum(Result.prompt_tokens), 0),
+                    func.coalesce(func.sum(Result.completion_tokens), 0),
+                    func.coalesce(func.sum(Result.cached_tokens), 0),
+                ).where(paid)
+            )
+        ).one()
+        reused = (
+            await session.execute(
+                select(func.count())
+                .select_from(Result)
+                .where(Result.job_id == job_id, succeeded, Result.route == "reused")
+            )
+        ).scalar_one()
+        timed = and_(Result.job_id == job_id, succeeded, Result.route == "realtime", Result.latency_ms.is_not(None))
+        p50, p95 = await _percentiles(session, where=timed, fractions=(0.50, 0.95))
+    return ResultStats(
+        succeeded=counts.get("succeeded", 0),
+        failed=counts.get("failed", 0),
+        reused=reused,
+        failed_by_class=dict(sorted(by_class.items(), key=lambda item: -item[1])),
+        p50_latency_ms=p50,
+        p95_latency_ms=p95,
+        prompt_tokens=int(tokens[0]),
+        completion_tokens=int(tokens[1]),
+        cached_tokens=int(tokens[2]),
+    )
+
+
+async def _percentiles(session: AsyncSession, *, where: Any, fractions: Sequence[float]) -> list[float | None]:
+    # Nearest-rank percentiles, each picked by the database with ORDER BY/OFFSET, so a
+    # million-row job is not shipped to Python and both SQLite and PostgreSQL can do it.
+    n = (await session.execute(select(func.count()).select_from(Result).where(where))).scalar_one()
+    if n == 0:
+        return [None for _ in fractions]
+    values: list[float | None] = []
+    for fraction in fractions:
+        rank = max(1, math.ceil(fraction * n))
+        stmt = select(Result.latency_ms).where(where).order_by(Result.latency_ms).offset(rank - 1).limit(1)
+        values.append((await session.execute(stmt)).scalar_one())
+    return values

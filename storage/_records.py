@@ -45,7 +45,7 @@ class JobInfo:
     input_path: str | None
     fingerprint: str
     settings: dict[str, Any]
-    counts: dict[str, int]  # prompts by status, every status present
+    counts: dict[str, int]  # prompts by status; statuses no prompt has are left out
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,16 +53,31 @@ class ResultStats:
     """A job's outcome for the summary.
 
     ``succeeded``/``failed`` count prompts as they stand now: a prompt that failed once and
-    succeeded on a later run is only a success. Token sums cover the calls paid for, so
-    results with route ``reused`` are left out of them.
+    succeeded on a later run is only a success. ``failed_by_class`` groups the failed ones by
+    their last error. Latency percentiles are over real-time successes. Token sums cover
+    the calls paid for, so results with route ``reused`` are left out of them.
     """
 
-    succeeded: int
-    failed: int
-    reused: int
-    failed_by_error_class: dict[str, int] = field(default_factory=dict)
-    latency_p50_ms: float | None = None
-    latency_p95_ms: float | None = None
+    succeeded: int = 0
+    failed: int = 0
+    reused: int = 0
+    failed_by_class: dict[str, int] = field(default_factory=dict)
+    p50_latency_ms: float | None = None
+    p95_latency_ms: float | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready values, for flow results and artifacts."""
+        return {
+            "succeeded": self.succeeded,
+            "failed": self.failed,
+            "reused": self.reused,
+            "failed_by_class": dict(self.failed_by_class),
+            "p50_latency_ms": self.p50_latency_ms,
+            "p95_latency_ms": self.p95_latency_ms,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "cached_tokens": self.cached_tokens,
+        }

@@ -102,15 +102,15 @@ async def send_all(
 
     Provider errors are recorded as failures and do not stop the others; an error of the sink
     (the database) does stop everything, since results could no longer be kept.
-    ``on_dispatched`` is called once, when at most one round (``concurrency`` items) is left to
-    send: at full speed that is one latency period before this call runs dry, time for a caller
-    to start the next batch of work so the limit never idles between batches.
+    ``on_dispatched`` is called once, when at most two rounds (2 x ``concurrency`` items) are left
+    to send: at full speed, two latency periods before this call runs dry, time for a caller to
+    start the next batch of work so the limit never idles between batches.
     """
     if concurrency < 1:
         raise ValueError("concurrency must be at least 1")
     outcome = DispatchOutcome()
     work = list(items)
-    low_water = len(work) - concurrency
+    low_water = len(work) - 2 * concurrency
     pending = iter(work)
     taken = 0
     signalled = False

@@ -32,7 +32,9 @@ class Settings(BaseSettings):
     model: str = "gpt-4o-mini"
 
     concurrency: int = Field(default=64, ge=1, le=10_000, description="requests in flight per flow run")
-    chunk_size: int = Field(default=500, ge=1, description="prompts per Prefect chunk task")
+    # Each chunk is a Prefect task run and costs ~60 ms of idle limit at its start; 1,000 keeps
+    # that near 1% at 200 ms latency while the UI still shows progress chunk by chunk.
+    chunk_size: int = Field(default=1000, ge=1, description="prompts per Prefect chunk task")
     chunk_concurrency: int | None = Field(
         default=None, ge=1, description="requests in flight per chunk task (default: concurrency)"
     )

@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from llm_dispatch._types import ChatResult
 
 from ._models import Prompt, Result, utcnow
+from ._queries import mark_in_flight
 from ._status import ROUTES, Route
 
 __all__ = ["DEFAULT_FLUSH_INTERVAL", "DEFAULT_FLUSH_ROWS", "MAX_ERROR_MESSAGE", "RETRY_DELAY", "ResultWriter"]
@@ -198,6 +199,15 @@ class ResultWriter:
             )
             rows.append((prompt_id, row, status, attempts, error_class, retryable))
         await self._add(rows)
+
+    async def mark_in_flight(self, *, prompt_ids: Sequence[int]) -> int:
+        """Mark prompts as being sent, taking turns with result writes.
+
+        Two connections of one process contending for SQLite's write lock do not queue: the
+        loser sleeps in the busy handler (in steps of up to 100 ms), stalling the chunk that waits.
+        """
+        async with self._lock:
+            return await mark_in_flight(self._sessions, prompt_ids=prompt_ids)
 
     async def flush(self) -> None:
         """Return once everything received so far is committed."""

@@ -9,7 +9,7 @@ from prefect.cache_policies import NO_CACHE
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 import storage
-from llm_dispatch._dispatch import ChatSender, DispatchOutcome, ResultSink, WorkItem, current_progress, send_all
+from llm_dispatch._dispatch import ChatSender, DispatchOutcome, WorkItem, current_progress, send_all
 from llm_dispatch._types import ChatRequest
 
 
@@ -25,7 +25,7 @@ async def send_chunk(
     size: int,
     groups: Sequence[tuple[int, ...]],
     client: ChatSender,
-    sink: ResultSink,
+    sink: storage.ResultWriter,
     sessions: async_sessionmaker[AsyncSession],
     concurrency: int,
     on_dispatched: Callable[[], None] | None = None,
@@ -38,7 +38,7 @@ async def send_chunk(
     """
     ids = [pid for group in groups for pid in group]
     rows = {row.id: row for row in await storage.load_work(sessions, prompt_ids=ids)}
-    await storage.mark_in_flight(sessions, prompt_ids=ids)
+    await sink.mark_in_flight(prompt_ids=ids)
     items = [
         WorkItem(
             prompt_ids=group,

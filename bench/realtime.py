@@ -139,12 +139,17 @@ def main() -> None:
                                                        concurrency=concurrency, workdir=workdir, run=run))
                 rate = {k: statistics.median(r["count"] / r["seconds"] for r in v) for k, v in results.items()}
                 ratios = [f["count"] / f["seconds"] / (b["count"] / b["seconds"]) for f, b in zip(results["flow"], results["baseline"])]
+                send_ratios = [f["count"] / f["send_seconds"] / (b["count"] / b["seconds"])
+                               for f, b in zip(results["flow"], results["baseline"])]
                 rss = max(r["peak_rss_mb"] for r in results["flow"])
                 print(f"\nconcurrency {concurrency} (ideal {ideal:.0f} req/s)")
                 print(f"  baseline aiohttp+Semaphore  {rate['baseline']:7.1f} req/s  ({rate['baseline'] / ideal:.2f}x ideal)")
                 print(f"  realtime-dispatch flow      {rate['flow']:7.1f} req/s  ({rate['flow'] / ideal:.2f}x ideal)")
-                print(f"  flow / baseline             median {statistics.median(ratios):.3f}x  "
+                print(f"  flow / baseline (end to end) median {statistics.median(ratios):.3f}x  "
                       f"(runs: {', '.join(f'{r:.3f}' for r in ratios)})")
+                print(f"  send phase / baseline       median {statistics.median(send_ratios):.3f}x  "
+                      f"(runs: {', '.join(f'{r:.3f}' for r in send_ratios)}; the flow's time without "
+                      "validating, recording and planning the prompts)")
                 print(f"  flow peak RSS               {rss:.0f} MB (max of runs); baseline "
                       f"{max(r['peak_rss_mb'] for r in results['baseline']):.0f} MB")
 

@@ -36,10 +36,12 @@ class PromptSpec:
     messages: list[dict[str, Any]]
     params: dict[str, Any] = field(default_factory=dict)
     metadata: dict[str, Any] | None = None
+    # Hashed once here: the fingerprint, the stored row and the planner all read it.
+    dedupe_key: str = ""
 
-    @property
-    def dedupe_key(self) -> str:
-        return dedupe_key(model=self.model, messages=self.messages, params=self.params)
+    def __post_init__(self) -> None:
+        if not self.dedupe_key:
+            object.__setattr__(self, "dedupe_key", dedupe_key(model=self.model, messages=self.messages, params=self.params))
 
 
 def fingerprint(specs: Sequence[PromptSpec]) -> str:

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from llm_dispatch import ConfigError, InputError, LLMDispatchError, Settings
+from llm_dispatch import InputError, LLMDispatchError, Settings
 from llm_dispatch._dispatch import Progress, current_progress
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Send many prompts to LLM APIs through Prefect flows.")

@@ -52,8 +52,8 @@ async def record_prompts(
         return RecordedJob(job_id=job_id, total=total, resumed=True)
 
     specs = load_specs(source, settings=settings)
-    print_ = fingerprint(specs)
-    existing = job_id or await storage.find_job(sessions, fingerprint=print_)
+    digest = fingerprint(specs)
+    existing = job_id or await storage.find_job(sessions, fingerprint=digest)
     if existing is not None:
         job = await storage.get_job(sessions, job_id=existing)
         if job is None:
@@ -65,7 +65,7 @@ async def record_prompts(
     new_id = await storage.create_job(
         sessions,
         name=name or (Path(source).name if isinstance(source, (str, Path)) else "prompts"),
-        fingerprint=print_,
+        fingerprint=digest,
         input_path=input_path,
         model=settings.model,
         settings=settings.public_dict(),

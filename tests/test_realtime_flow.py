@@ -160,3 +160,27 @@ def test_killed_run_resumes_without_loss_or_double_pay(prefect_api: str, sim: Si
     assert summary["counts"] == {"succeeded": 400}
     assert set(successes_per_prompt(db_url).values()) == {1}  # none lost, none paid twice
     assert sim.stats()["requests_total"] - sent_before == 400 - kept  # only what had no stored result
+
+
+@pytest.mark.skipif(not os.environ.get("LLM_DISPATCH_TEST_PG_URL"), reason="set LLM_DISPATCH_TEST_PG_URL to run on PostgreSQL")
+async def test_flow_on_postgres(prefect_api: str, sim: Sim, tmp_path: Path) -> None:
+    import uuid
+
+    import storage
+
+    url = os.environ["LLM_DISPATCH_TEST_PG_URL"]
+    marker = uuid.uuid4().hex  # the database outlives the test: make this input new
+    path = write_prompts(tmp_path / "p.jsonl", [{"id": i, "prompt": f"{marker} {i}"} for i in range(50)]
+                         + [{"id": "bad", "prompt": f"{marker} [[sim:400]]"}])
+
+    summary = await realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=url)
+    again = await realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=url)
+
+    assert summary["counts"] == {"succeeded": 50, "failed": 1}
+    assert again["job_id"] == summary["job_id"] and sim.stats()["requests_total"] == 51
+    engine = storage.create_engine(url)
+    try:
+        stats = await storage.result_stats(storage.session_factory(engine), job_id=summary["job_id"])
+    finally:
+        await engine.dispose()
+    assert stats.succeeded == 50 and stats.failed_by_class == {"BadRequestError": 1}

@@ -113,7 +113,8 @@ async def dispatch_realtime(
                     group.create_task(run_chunk(number, groups))
             send_s = time.monotonic() - send_started
         counts = await storage.job_counts(sessions, job_id=job.job_id)
-        finished = counts.get("pending", 0) + counts.get("in_flight", 0) == 0
+        # Prompts waiting in a provider batch are unfinished too.
+        finished = not any(counts.get(status, 0) for status in ("pending", "in_flight", "batched"))
         await storage.set_job_status(sessions, job_id=job.job_id, status="finished" if finished else "running")
         stats = await storage.result_stats(sessions, job_id=job.job_id)
         summary = {

@@ -1,4 +1,4 @@
-"""The schema: jobs, their prompts, and one result row per answer or failure.
+"""The schema: jobs, their prompts, one result row per answer or failure, and Batch API batches.
 
 Migrations in ``storage/migrations/versions`` must describe exactly these tables; a test
 compares them, so change both together (new tables and columns go in a new migration).
@@ -27,7 +27,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-__all__ = ["Base", "Job", "Prompt", "Result", "new_job_id", "utcnow"]
+__all__ = ["Base", "Batch", "BatchMember", "Job", "Prompt", "Result", "new_job_id", "utcnow"]
 
 # Stable constraint names, so a later migration can drop or alter them by name on both
 # databases (and SQLite batch mode can recreate tables).
@@ -123,3 +123,45 @@ class Result(Base):
     http_status: Mapped[int | None] = mapped_column(Integer())
     error_class: Mapped[str | None] = mapped_column(String())
     error_message: Mapped[str | None] = mapped_column(Text())
+
+
+class Batch(Base):
+    """One file of prompts sent to a provider's Batch API; ``id`` is ours, assigned before upload."""
+
+    __tablename__ = "batches"
+
+    id: Mapped[int] = mapped_column(BigInt, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+    model: Mapped[str] = mapped_column(String())
+    status: Mapped[str] = mapped_column(String(20), index=True)  # a storage.BatchStatus
+    # NULL until the provider creates the batch; unique, so one provider batch is never ingested twice.
+    provider_batch_id: Mapped[str | None] = mapped_column(String(), unique=True)
+    input_file_id: Mapped[str | None] = mapped_column(String())
+    output_file_id: Mapped[str | None] = mapped_column(String())
+    error_file_id: Mapped[str | None] = mapped_column(String())
+    file_path: Mapped[str | None] = mapped_column(String())
+    request_total: Mapped[int] = mapped_column(Integer(), default=0, server_default=sql_text("0"))
+    request_completed: Mapped[int] = mapped_column(Integer(), default=0, server_default=sql_text("0"))
+    request_failed: Mapped[int] = mapped_column(Integer(), default=0, server_default=sql_text("0"))
+    submitted_at: Mapped[datetime | None] = mapped_column()
+    expires_at: Mapped[datetime | None] = mapped_column()
+    finished_at: Mapped[datetime | None] = mapped_column()
+    last_polled_at: Mapped[datetime | None] = mapped_column()
+    # Batch-level errors as the provider reported them (say, a file that failed validation).
+    errors: Mapped[list[dict[str, Any]] | None] = mapped_column()
+    # The batch whose unanswered prompts this one sends again (after it expired, failed...).
+    resubmission_of: Mapped[int | None] = mapped_column(BigInt, ForeignKey("batches.id"))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+class BatchMember(Base):
+    """Which prompt each line (``custom_id``) of a batch file stands for."""
+
+    __tablename__ = "batch_members"
+    __table_args__ = (UniqueConstraint("batch_id", "custom_id"),)
+
+    batch_id: Mapped[int] = mapped_column(BigInt, ForeignKey("batches.id"), primary_key=True)
+    prompt_id: Mapped[int] = mapped_column(BigInt, ForeignKey("prompts.id"), primary_key=True, index=True)
+    # The line's custom_id; usually the prompt's, but unique only within this batch.
+    custom_id: Mapped[str] = mapped_column(String())

@@ -173,9 +173,10 @@ async def open_prompt_ids(
 ) -> list[int]:
     """Ids of the prompts still to send, in input order.
 
-    Pending and in-flight prompts (a process died holding them) are always open; failed
+    Pending and in-flight prompts (a process died holding them) are always open; batched
+    ones (waiting in an open batch) never are, nor succeeded ones; failed
     ones if ``retry_failed`` is ``"all"``, or ``"retryable"`` and their error was one that
-    may pass on another try. Succeeded prompts never are.
+    may pass on another try.
     """
     open_when = [Prompt.status.in_(("pending", "in_flight"))]
     if retry_failed == "all":
@@ -213,14 +214,18 @@ async def load_work(sessions: Sessions, *, prompt_ids: Sequence[int]) -> list[Wo
 
 
 async def mark_in_flight(sessions: Sessions, *, prompt_ids: Sequence[int]) -> int:
-    """Mark prompts as being sent; returns how many changed. A succeeded prompt stays succeeded."""
+    """Mark prompts as being sent; returns how many changed.
+
+    A succeeded prompt stays succeeded, and a batched one stays batched: its batch holds it
+    until the batch's result is written or the prompt is released.
+    """
     changed = 0
     now = utcnow()
     async with sessions.begin() as session:
         for chunk in _chunks(prompt_ids, IN_CHUNK):
             stmt = (
                 update(Prompt)
-                .where(Prompt.id.in_(chunk), Prompt.status != "succeeded")
+                .where(Prompt.id.in_(chunk), Prompt.status.not_in(("succeeded", "batched")))
                 .values(status="in_flight", updated_at=now)
                 .execution_options(synchronize_session=False)
             )

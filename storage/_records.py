@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-__all__ = ["JobInfo", "NewPrompt", "ResultStats", "WorkRow"]
+__all__ = ["BatchRecord", "JobInfo", "NewPrompt", "ResultStats", "WorkRow"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,3 +81,29 @@ class ResultStats:
             "completion_tokens": self.completion_tokens,
             "cached_tokens": self.cached_tokens,
         }
+
+
+@dataclass(frozen=True, slots=True)
+class BatchRecord:
+    """One stored batch, column for column; its lifecycle is ``storage.BatchStatus``."""
+
+    id: int
+    job_id: str
+    model: str
+    status: str
+    provider_batch_id: str | None
+    input_file_id: str | None
+    output_file_id: str | None
+    error_file_id: str | None
+    file_path: str | None
+    request_total: int
+    request_completed: int
+    request_failed: int
+    submitted_at: datetime | None
+    expires_at: datetime | None
+    finished_at: datetime | None
+    last_polled_at: datetime | None
+    errors: list[dict[str, Any]] | None
+    resubmission_of: int | None
+    created_at: datetime
+    updated_at: datetime

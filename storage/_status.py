@@ -5,10 +5,14 @@ from __future__ import annotations
 from typing import Final, Literal, get_args
 
 __all__ = [
+    "BATCH_STATUSES",
     "JOB_STATUSES",
+    "OPEN_PROVIDER_BATCH_STATUSES",
     "PROMPT_STATUSES",
     "RESULT_STATUSES",
     "ROUTES",
+    "TERMINAL_PROVIDER_BATCH_STATUSES",
+    "BatchStatus",
     "JobStatus",
     "PromptStatus",
     "ResultStatus",
@@ -17,7 +21,8 @@ __all__ = [
 ]
 
 JobStatus = Literal["created", "running", "finished", "failed"]
-PromptStatus = Literal["pending", "in_flight", "succeeded", "failed"]
+# "batched": a member of an open batch (see storage._batches); the real-time path leaves it alone.
+PromptStatus = Literal["pending", "in_flight", "batched", "succeeded", "failed"]
 ResultStatus = Literal["succeeded", "failed"]
 # "reused": the row shares the outcome of one HTTP call (or an earlier stored success)
 # recorded elsewhere, so its tokens were not paid for again.
@@ -25,9 +30,31 @@ Route = Literal["realtime", "batch", "reused"]
 # Which failed prompts a new run sends again.
 RetryFailed = Literal["retryable", "all", "none"]
 
+# A batch's life: ``preparing`` (row made, file being written or uploaded) -> ``uploaded``
+# (input file id known, batch not yet created) -> the provider-neutral states, mapped from
+# each provider's own -> ``ingested`` (its output is in results; the only state that is not open).
+BatchStatus = Literal[
+    "preparing",
+    "uploaded",
+    "validating",
+    "in_progress",
+    "finalizing",
+    "completed",
+    "failed",
+    "expired",
+    "cancelling",
+    "cancelled",
+    "ingested",
+]
+
 # No CHECK constraints enforce these in the database: the Batch API will add states, and
 # on SQLite changing a CHECK means copying the whole prompts table in a migration.
 JOB_STATUSES: Final[tuple[JobStatus, ...]] = get_args(JobStatus)
 PROMPT_STATUSES: Final[tuple[PromptStatus, ...]] = get_args(PromptStatus)
 RESULT_STATUSES: Final[tuple[ResultStatus, ...]] = get_args(ResultStatus)
 ROUTES: Final[tuple[Route, ...]] = get_args(Route)
+BATCH_STATUSES: Final[tuple[BatchStatus, ...]] = get_args(BatchStatus)
+# The provider may still change these; poll them.
+OPEN_PROVIDER_BATCH_STATUSES: Final[tuple[BatchStatus, ...]] = ("validating", "in_progress", "finalizing", "cancelling")
+# The provider is done with these: fetch whatever output and error files there are, then ingest.
+TERMINAL_PROVIDER_BATCH_STATUSES: Final[tuple[BatchStatus, ...]] = ("completed", "failed", "expired", "cancelled")

@@ -20,7 +20,9 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from alembic.autogenerate import compare_metadata
+from alembic.config import Config
 from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import Column, Integer, MetaData, event, select, text
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
@@ -29,6 +31,18 @@ import storage
 from llm_dispatch._exceptions import BadRequestError, ConfigError, RateLimitError
 from llm_dispatch._types import ChatResult, dedupe_key
 from storage import NewPrompt, Prompt, Result, ResultWriter
+
+
+def _head_revision() -> str:
+    config = Config()
+    config.set_main_option("script_location", str(Path(storage.__file__).parent / "migrations"))
+    head = ScriptDirectory.from_config(config).get_current_head()
+    assert head is not None
+    return head
+
+
+# The newest migration: these tests follow it, so adding a migration does not break them.
+HEAD = _head_revision()
 
 PG_URL_ENV = "LLM_DISPATCH_TEST_PG_URL"
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -276,7 +290,7 @@ async def test_migrate_again_is_a_no_op_and_keeps_data(db: Db) -> None:
     await storage.migrate(engine)
     await storage.migrate(db.engine())
     async with engine.connect() as conn:
-        assert (await conn.execute(text("SELECT version_num FROM alembic_version"))).scalars().all() == ["0001"]
+        assert (await conn.execute(text("SELECT version_num FROM alembic_version"))).scalars().all() == [HEAD]
     assert (await storage.job_counts(sessions, job_id=job_id))["pending"] == 3
 
 
@@ -349,7 +363,7 @@ def test_two_processes_migrate_a_fresh_sqlite_file(tmp_path: Path) -> None:
         assert proc.returncode == 0, err
     with sqlite3.connect(path) as con:
         assert con.execute("PRAGMA integrity_check").fetchone() == ("ok",)
-        assert con.execute("SELECT version_num FROM alembic_version").fetchall() == [("0001",)]
+        assert con.execute("SELECT version_num FROM alembic_version").fetchall() == [(HEAD,)]
         tables = {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     assert {"jobs", "prompts", "results", "alembic_version"} <= tables
 
@@ -364,7 +378,7 @@ def test_alembic_command_line_from_another_directory(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     with sqlite3.connect(tmp_path / "cli.db") as con:
-        assert con.execute("SELECT version_num FROM alembic_version").fetchall() == [("0001",)]
+        assert con.execute("SELECT version_num FROM alembic_version").fetchall() == [(HEAD,)]
 
 
 # --- jobs and prompts ---------------------------------------------------------------

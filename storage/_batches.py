@@ -1,0 +1,285 @@
+"""Every read and write of Batch API batches and their members.
+
+A prompt in an open batch has status ``batched``: the real-time path does not pick it
+(``open_prompt_ids``), and no second batch may take it, until its result is written or it
+is released back to ``pending``. Results themselves go through ``ResultWriter`` with
+``route="batch"``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from datetime import datetime
+from typing import Any, Final
+
+from sqlalchemy import insert, select, update
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from llm_dispatch._exceptions import LLMDispatchError
+
+from ._models import Batch, BatchMember, Prompt, utcnow
+from ._queries import IN_CHUNK, INSERT_BATCH, _aware, _chunks
+from ._records import BatchRecord
+from ._status import BATCH_STATUSES
+
+__all__ = [
+    "BATCH_FIELDS",
+    "BatchConflictError",
+    "batch_members",
+    "create_batch_record",
+    "find_batch_by_provider_id",
+    "get_batch",
+    "mark_batch_ingested",
+    "open_batches",
+    "release_members",
+    "update_batch",
+]
+
+Sessions = async_sessionmaker[AsyncSession]
+
+# What update_batch may change; the rest (id, job, model, members, timestamps of the row
+# itself) is fixed when the batch is made.
+BATCH_FIELDS: Final[frozenset[str]] = frozenset(
+    {
+        "status",
+        "provider_batch_id",
+        "input_file_id",
+        "output_file_id",
+        "error_file_id",
+        "file_path",
+        "request_total",
+        "request_completed",
+        "request_failed",
+        "submitted_at",
+        "expires_at",
+        "finished_at",
+        "last_polled_at",
+        "errors",
+    }
+)
+
+
+class BatchConflictError(LLMDispatchError, ValueError):
+    """Some prompts of a new batch already wait in another open batch; nothing was stored."""
+
+    def __init__(self, message: str, *, prompt_ids: Sequence[int], batch_ids: Sequence[int]) -> None:
+        super().__init__(message)
+        self.prompt_ids = list(prompt_ids)
+        self.batch_ids = list(batch_ids)
+
+
+async def create_batch_record(
+    sessions: Sessions,
+    *,
+    job_id: str,
+    model: str,
+    members: Sequence[tuple[int, str]],
+    file_path: str | None,
+    resubmission_of: int | None = None,
+) -> int:
+    """Store a batch (status ``preparing``) with its members, one ``(prompt_id, custom_id)``
+    per line of its file, and mark those prompts ``batched``; returns our batch id.
+
+    One transaction: the batch exists before anything is uploaded, so a process that dies
+    mid-upload leaves a record to find. Succeeded prompts stay succeeded. A prompt that is
+    already ``batched`` raises ``BatchConflictError`` and nothing is stored.
+    """
+    if not members:
+        raise ValueError("a batch needs at least one member")
+    prompt_ids = [prompt_id for prompt_id, _ in members]
+    if len(set(prompt_ids)) != len(prompt_ids):
+        raise ValueError("a prompt can be only once in a batch; send identical prompts as one line")
+    if len({custom_id for _, custom_id in members}) != len(members):
+        raise ValueError("custom_id must be unique within a batch")
+    now = utcnow()
+    async with sessions.begin() as session:
+        await _check_members(session, job_id=job_id, prompt_ids=prompt_ids)
+        batch = Batch(
+            job_id=job_id,
+            model=model,
+            status="preparing",
+            file_path=file_path,
+            request_total=len(members),
+            request_completed=0,
+            request_failed=0,
+            resubmission_of=resubmission_of,
+            created_at=now,
+            updated_at=now,
+        )
+        session.add(batch)
+        await session.flush()
+        batch_id = batch.id
+        for chunk in _chunks(members, INSERT_BATCH):
+            rows = [{"batch_id": batch_id, "prompt_id": pid, "custom_id": cid} for pid, cid in chunk]
+            await session.execute(insert(BatchMember.__table__), rows)
+        for chunk in _chunks(prompt_ids, IN_CHUNK):
+            await session.execute(
+                update(Prompt)
+                .where(Prompt.id.in_(chunk), Prompt.status != "succeeded")
+                .values(status="batched", updated_at=now)
+                .execution_options(synchronize_session=False)
+            )
+    return batch_id
+
+
+async def _check_members(session: AsyncSession, *, job_id: str, prompt_ids: Sequence[int]) -> None:
+    # FOR UPDATE (PostgreSQL; SQLite locks the whole file on write): a second process
+    # batching the same prompts waits here, then sees them batched and stops.
+    found: dict[int, tuple[str, str]] = {}
+    for chunk in _chunks(prompt_ids, IN_CHUNK):
+        stmt = select(Prompt.id, Prompt.job_id, Prompt.status).where(Prompt.id.in_(chunk)).with_for_update()
+        found.update((pid, (job, status)) for pid, job, status in await session.execute(stmt))
+    missing = [pid for pid in prompt_ids if pid not in found]
+    if missing:
+        raise LookupError(f"batch members that are not in the database: prompt ids {missing[:10]}")
+    foreign = [pid for pid, (job, _) in found.items() if job != job_id]
+    if foreign:
+        raise ValueError(f"prompt ids {sorted(foreign)[:10]} belong to another job than {job_id!r}")
+    held = sorted(pid for pid, (_, status) in found.items() if status == "batched")
+    if not held:
+        return
+    holders: set[int] = set()
+    for chunk in _chunks(held, IN_CHUNK):
+        stmt = (
+            select(BatchMember.batch_id)
+            .join(Batch, Batch.id == BatchMember.batch_id)
+            .where(BatchMember.prompt_id.in_(chunk), Batch.status != "ingested")
+        )
+        holders.update((await session.execute(stmt)).scalars())
+    raise BatchConflictError(
+        f"{len(held)} of these prompts already wait in open batch(es) {sorted(holders)} "
+        f"(prompt ids {held[:10]}); leave them out, or ingest those batches or release_members() first",
+        prompt_ids=held,
+        batch_ids=sorted(holders),
+    )
+
+
+async def update_batch(sessions: Sessions, *, batch_id: int, **fields: Any) -> None:
+    """Change some of a batch's ``BATCH_FIELDS`` (status, provider ids, counts, timestamps, errors).
+
+    An unknown field raises ``TypeError``. ``status="ingested"`` is refused: use
+    ``mark_batch_ingested``, which also frees the prompts the batch did not answer.
+    """
+    unknown = set(fields) - BATCH_FIELDS
+    if unknown:
+        raise TypeError(f"update_batch() got unknown fields {sorted(unknown)}; allowed: {sorted(BATCH_FIELDS)}")
+    if "status" in fields:
+        status = fields["status"]
+        if status not in BATCH_STATUSES:
+            raise ValueError(f"unknown batch status {status!r}; expected one of {BATCH_STATUSES}")
+        if status == "ingested":
+            raise ValueError("use mark_batch_ingested() to mark a batch ingested")
+    async with sessions.begin() as session:
+        stmt = update(Batch).where(Batch.id == batch_id).values(**fields, updated_at=utcnow())
+        done = await session.execute(stmt.execution_options(synchronize_session=False))
+        if done.rowcount == 0:
+            raise LookupError(f"no batch with id {batch_id!r}")
+
+
+async def get_batch(sessions: Sessions, *, batch_id: int) -> BatchRecord | None:
+    async with sessions() as session:
+        batch = await session.get(Batch, batch_id)
+    return None if batch is None else _record(batch)
+
+
+async def find_batch_by_provider_id(sessions: Sessions, *, provider_batch_id: str) -> BatchRecord | None:
+    async with sessions() as session:
+        batch = (
+            await session.execute(select(Batch).where(Batch.provider_batch_id == provider_batch_id))
+        ).scalar_one_or_none()
+    return None if batch is None else _record(batch)
+
+
+async def open_batches(sessions: Sessions, *, job_id: str | None = None) -> list[BatchRecord]:
+    """Every batch not yet ``ingested``, oldest first, of one job or of all.
+
+    That is the ones still being made or uploaded, the ones the provider is working on, and
+    the finished ones (completed, failed, expired, cancelled) whose output is not stored yet:
+    what a resumed run has to carry on with.
+    """
+    stmt = select(Batch).where(Batch.status != "ingested").order_by(Batch.id)
+    if job_id is not None:
+        stmt = stmt.where(Batch.job_id == job_id)
+    async with sessions() as session:
+        return [_record(batch) for batch in (await session.execute(stmt)).scalars()]
+
+
+async def batch_members(sessions: Sessions, *, batch_id: int) -> dict[str, int]:
+    """custom_id -> prompt_id for every line of the batch's file."""
+    stmt = select(BatchMember.custom_id, BatchMember.prompt_id).where(BatchMember.batch_id == batch_id)
+    async with sessions() as session:
+        return {custom_id: prompt_id for custom_id, prompt_id in await session.execute(stmt)}
+
+
+async def release_members(sessions: Sessions, *, batch_id: int, prompt_ids: Collection[int]) -> int:
+    """Put members of this batch that got no result back to ``pending``; returns how many.
+
+    Only prompts still ``batched`` change: one with a result written keeps it. Released
+    prompts may go into another batch or be sent real-time.
+    """
+    async with sessions.begin() as session:
+        return await _release(session, batch_id=batch_id, prompt_ids=list(prompt_ids))
+
+
+async def mark_batch_ingested(sessions: Sessions, *, batch_id: int) -> int:
+    """Mark a batch's output as stored, and release its members still ``batched``; returns
+    how many were released.
+
+    Flush the ``ResultWriter`` first. Releasing here means a member the output missed (and
+    nobody released) is sent again rather than left waiting for a batch that is over.
+    """
+    now = utcnow()
+    async with sessions.begin() as session:
+        done = await session.execute(
+            update(Batch)
+            .where(Batch.id == batch_id)
+            .values(status="ingested", updated_at=now)
+            .execution_options(synchronize_session=False)
+        )
+        if done.rowcount == 0:
+            raise LookupError(f"no batch with id {batch_id!r}")
+        return await _release(session, batch_id=batch_id, prompt_ids=None)
+
+
+async def _release(session: AsyncSession, *, batch_id: int, prompt_ids: list[int] | None) -> int:
+    members = select(BatchMember.prompt_id).where(BatchMember.batch_id == batch_id)
+    now = utcnow()
+    # None: every member of the batch, as one statement with the member list as a subquery.
+    chunks: list[list[int] | None] = [None] if prompt_ids is None else list(_chunks(prompt_ids, IN_CHUNK))
+    released = 0
+    for chunk in chunks:
+        stmt = update(Prompt).where(Prompt.status == "batched", Prompt.id.in_(members))
+        if chunk is not None:
+            stmt = stmt.where(Prompt.id.in_(chunk))
+        stmt = stmt.values(status="pending", updated_at=now).execution_options(synchronize_session=False)
+        released += (await session.execute(stmt)).rowcount
+    return released
+
+
+def _record(batch: Batch) -> BatchRecord:
+    return BatchRecord(
+        id=batch.id,
+        job_id=batch.job_id,
+        model=batch.model,
+        status=batch.status,
+        provider_batch_id=batch.provider_batch_id,
+        input_file_id=batch.input_file_id,
+        output_file_id=batch.output_file_id,
+        error_file_id=batch.error_file_id,
+        file_path=batch.file_path,
+        request_total=batch.request_total,
+        request_completed=batch.request_completed,
+        request_failed=batch.request_failed,
+        submitted_at=_maybe_aware(batch.submitted_at),
+        expires_at=_maybe_aware(batch.expires_at),
+        finished_at=_maybe_aware(batch.finished_at),
+        last_polled_at=_maybe_aware(batch.last_polled_at),
+        errors=batch.errors,
+        resubmission_of=batch.resubmission_of,
+        created_at=_aware(batch.created_at),
+        updated_at=_aware(batch.updated_at),
+    )
+
+
+def _maybe_aware(value: datetime | None) -> datetime | None:
+    return None if value is None else _aware(value)

@@ -1,0 +1,320 @@
+"""Storage for the Batch API path: the 0002 migration, batches and their members, and how a
+batched prompt is kept away from the real-time path. A temporary SQLite file per test, and
+PostgreSQL when ``LLM_DISPATCH_TEST_PG_URL`` is set (each test in a schema of its own)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from alembic import command
+from sqlalchemy import func, select, text
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+# The SQLite / PostgreSQL fixtures are test_storage's own (imported names are what pytest finds).
+from test_storage import (  # noqa: F401
+    db,
+    engine,
+    sessions,
+    PG_URL_ENV,
+    Db,
+    answer,
+    make_job,
+    new_prompts,
+    prompt_ids,
+    prompt_row,
+    results_of,
+)
+
+import storage
+from llm_dispatch._exceptions import BadRequestError, RateLimitError
+from storage import Batch, BatchConflictError, ResultWriter
+from storage._migrate import _config
+
+Sessions = async_sessionmaker[AsyncSession]
+
+
+# --- fixtures -------------------------------------------------------------------------
+
+
+# --- helpers ------------------------------------------------------------------------
+
+
+async def alembic_to(engine: AsyncEngine, revision: str, *, down: bool = False) -> None:
+    def run(sync_conn: Any) -> None:
+        config = _config()
+        config.attributes["connection"] = sync_conn
+        (command.downgrade if down else command.upgrade)(config, revision)
+
+    async with engine.begin() as conn:
+        await conn.run_sync(run)
+
+
+async def version(engine: AsyncEngine) -> list[str]:
+    async with engine.connect() as conn:
+        return list((await conn.execute(text("SELECT version_num FROM alembic_version"))).scalars())
+
+
+async def tables(engine: AsyncEngine) -> set[str]:
+    async with engine.connect() as conn:
+        return await conn.run_sync(lambda c: set(c.dialect.get_table_names(c)))
+
+
+async def statuses(sessions: Sessions, ids: dict[str, int]) -> dict[str, str]:
+    return {custom_id: (await prompt_row(sessions, pid)).status for custom_id, pid in ids.items()}
+
+
+async def batch_count(sessions: Sessions) -> int:
+    async with sessions() as session:
+        return (await session.execute(select(func.count()).select_from(Batch))).scalar_one()
+
+
+async def job_with_prompts(sessions: Sessions, n: int, *, fingerprint: str = "f" * 64) -> tuple[str, dict[str, int]]:
+    job_id = await make_job(sessions, new_prompts(n), fingerprint=fingerprint)
+    return job_id, await prompt_ids(sessions, job_id)
+
+
+async def new_batch(sessions: Sessions, job_id: str, ids: dict[str, int], names: list[str], **kwargs: Any) -> int:
+    members = [(ids[name], f"line-{name}") for name in names]
+    return await storage.create_batch_record(
+        sessions, job_id=job_id, model="gpt-4o-mini", members=members, file_path="/tmp/b.jsonl", **kwargs
+    )
+
+
+# --- migration ----------------------------------------------------------------------
+
+
+async def test_upgrade_from_0001_keeps_the_data(db: Db) -> None:
+    engine = db.engine()
+    await alembic_to(engine, "0001")
+    assert await version(engine) == ["0001"]
+    assert "batches" not in await tables(engine)
+    sessions = storage.session_factory(engine)
+    # Only 0001's tables are touched here, so today's queries can fill the old schema.
+    job_id, ids = await job_with_prompts(sessions, 3)
+    async with ResultWriter(sessions, job_id=job_id) as writer:
+        await writer.success(prompt_ids=[ids["p-0"]], result=answer("kept"))
+        await writer.failure(prompt_ids=[ids["p-1"]], error=BadRequestError("bad", status_code=400))
+
+    await storage.migrate(engine)
+
+    assert await version(engine) == ["0002"]
+    assert {"batches", "batch_members"} <= await tables(engine)
+    assert await storage.job_counts(sessions, job_id=job_id) == {"succeeded": 1, "failed": 1, "pending": 1}
+    assert [r.text for r in await results_of(sessions, ids["p-0"])] == ["kept"]
+    assert [r.error_class for r in await results_of(sessions, ids["p-1"])] == ["BadRequestError"]
+    # The old prompts can be batched at once.
+    batch_id = await new_batch(sessions, job_id, ids, ["p-2"])
+    assert (await prompt_row(sessions, ids["p-2"])).status == "batched"
+    assert await storage.batch_members(sessions, batch_id=batch_id) == {"line-p-2": ids["p-2"]}
+
+
+async def test_downgrade_to_0001_sends_batched_prompts_again(sessions: Sessions, engine: AsyncEngine) -> None:
+    job_id, ids = await job_with_prompts(sessions, 2)
+    await new_batch(sessions, job_id, ids, ["p-0"])
+    await alembic_to(engine, "0001", down=True)
+    assert await version(engine) == ["0001"]
+    assert not {"batches", "batch_members"} & await tables(engine)
+    assert await statuses(sessions, ids) == {"p-0": "pending", "p-1": "pending"}
+
+
+# --- batches ------------------------------------------------------------------------
+
+
+async def test_create_get_update_and_find_a_batch(sessions: Sessions) -> None:
+    job_id, ids = await job_with_prompts(sessions, 3)
+    before = datetime.now(UTC)
+    batch_id = await new_batch(sessions, job_id, ids, ["p-0", "p-2"])
+
+    batch = await storage.get_batch(sessions, batch_id=batch_id)
+    assert batch is not None
+    assert (batch.id, batch.job_id, batch.model, batch.status, batch.file_path) == (
+        batch_id, job_id, "gpt-4o-mini", "preparing", "/tmp/b.jsonl")
+    assert (batch.request_total, batch.request_completed, batch.request_failed) == (2, 0, 0)
+    assert batch.provider_batch_id is None and batch.resubmission_of is None and batch.errors is None
+    assert batch.created_at >= before and batch.created_at.tzinfo is not None
+    assert await storage.batch_members(sessions, batch_id=batch_id) == {"line-p-0": ids["p-0"], "line-p-2": ids["p-2"]}
+    assert await statuses(sessions, ids) == {"p-0": "batched", "p-1": "pending", "p-2": "batched"}
+    assert await storage.job_counts(sessions, job_id=job_id) == {"batched": 2, "pending": 1}
+
+    await storage.update_batch(sessions, batch_id=batch_id, status="uploaded", input_file_id="file-in")
+    submitted = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)
+    await storage.update_batch(
+        sessions,
+        batch_id=batch_id,
+        status="in_progress",
+        provider_batch_id="batch_abc",
+        submitted_at=submitted,
+        expires_at=submitted + timedelta(hours=24),
+        last_polled_at=submitted + timedelta(minutes=1),
+        request_completed=1,
+        request_failed=1,
+        errors=[{"code": "invalid_request", "message": "line 2", "line": 2}],
+    )
+    found = await storage.find_batch_by_provider_id(sessions, provider_batch_id="batch_abc")
+    assert found is not None and found.id == batch_id
+    assert (found.status, found.input_file_id, found.request_completed, found.request_failed) == (
+        "in_progress", "file-in", 1, 1)
+    assert found.submitted_at == submitted
+    assert found.expires_at == submitted + timedelta(hours=24)
+    assert found.errors == [{"code": "invalid_request", "message": "line 2", "line": 2}]
+    assert found.updated_at >= batch.updated_at
+    assert found.finished_at is None and found.output_file_id is None
+    assert await storage.find_batch_by_provider_id(sessions, provider_batch_id="batch_other") is None
+    assert await storage.get_batch(sessions, batch_id=batch_id + 100) is None
+
+
+async def test_update_batch_refuses_what_it_cannot_store(sessions: Sessions) -> None:
+    job_id, ids = await job_with_prompts(sessions, 1)
+    batch_id = await new_batch(sessions, job_id, ids, ["p-0"])
+    with pytest.raises(TypeError, match="output_file"):
+        await storage.update_batch(sessions, batch_id=batch_id, output_file="typo")
+    with pytest.raises(TypeError):
+        await storage.update_batch(sessions, batch_id=batch_id, job_id="another")
+    with pytest.raises(ValueError, match="unknown batch status"):
+        await storage.update_batch(sessions, batch_id=batch_id, status="done")
+    with pytest.raises(ValueError, match="mark_batch_ingested"):
+        await storage.update_batch(sessions, batch_id=batch_id, status="ingested")
+    with pytest.raises(LookupError):
+        await storage.update_batch(sessions, batch_id=batch_id + 1, status="failed")
+    with pytest.raises(LookupError):
+        await storage.mark_batch_ingested(sessions, batch_id=batch_id + 1)
+    assert (await storage.get_batch(sessions, batch_id=batch_id)).status == "preparing"  # type: ignore[union-attr]
+
+
+async def test_provider_batch_id_is_unique(sessions: Sessions) -> None:
+    job_id, ids = await job_with_prompts(sessions, 2)
+    first = await new_batch(sessions, job_id, ids, ["p-0"])
+    second = await new_batch(sessions, job_id, ids, ["p-1"])
+    await storage.update_batch(sessions, batch_id=first, provider_batch_id="batch_1")
+    with pytest.raises(IntegrityError):
+        await storage.update_batch(sessions, batch_id=second, provider_batch_id="batch_1")
+
+
+async def test_bad_member_lists_store_nothing(sessions: Sessions) -> None:
+    job_id, ids = await job_with_prompts(sessions, 2)
+    _, other = await job_with_prompts(sessions, 1, fingerprint="o" * 64)
+    create = storage.create_batch_record
+    with pytest.raises(ValueError, match="at least one"):
+        await create(sessions, job_id=job_id, model="m", members=[], file_path=None)
+    with pytest.raises(ValueError, match="custom_id"):
+        await create(sessions, job_id=job_id, model="m", members=[(ids["p-0"], "x"), (ids["p-1"], "x")], file_path=None)
+    with pytest.raises(ValueError, match="only once"):
+        await create(sessions, job_id=job_id, model="m", members=[(ids["p-0"], "a"), (ids["p-0"], "b")], file_path=None)
+    with pytest.raises(LookupError, match="not in the database"):
+        await create(sessions, job_id=job_id, model="m", members=[(ids["p-0"], "a"), (10**9, "b")], file_path=None)
+    with pytest.raises(ValueError, match="another job"):
+        await create(sessions, job_id=job_id, model="m", members=[(ids["p-0"], "a"), (other["p-0"], "b")], file_path=None)
+    assert await batch_count(sessions) == 0
+    assert await statuses(sessions, ids) == {"p-0": "pending", "p-1": "pending"}
+    assert await statuses(sessions, other) == {"p-0": "pending"}
+
+
+async def test_batched_prompts_are_never_sent_real_time(sessions: Sessions) -> None:
+    job_id, ids = await job_with_prompts(sessions, 5)
+    # p-3 failed retryably and p-4 for good: a retry run would pick them, unless they are batched.
+    async with ResultWriter(sessions, job_id=job_id) as writer:
+        await writer.failure(prompt_ids=[ids["p-3"]], error=RateLimitError("slow", status_code=429))
+        await writer.failure(prompt_ids=[ids["p-4"]], error=BadRequestError("bad", status_code=400))
+    await storage.mark_in_flight(sessions, prompt_ids=[ids["p-2"]])  # its process died
+    await new_batch(sessions, job_id, ids, ["p-0", "p-2", "p-3", "p-4"])
+
+    by_id = {v: k for k, v in ids.items()}
+    for retry_failed in ("retryable", "all", "none"):
+        open_ids = await storage.open_prompt_ids(sessions, job_id=job_id, retry_failed=retry_failed)  # type: ignore[arg-type]
+        assert [by_id[i] for i in open_ids] == ["p-1"]
+    # A real-time sender that got the ids anyway does not take them from the batch.
+    assert await storage.mark_in_flight(sessions, prompt_ids=list(ids.values())) == 1
+    assert await statuses(sessions, ids) == {
+        "p-0": "batched", "p-1": "in_flight", "p-2": "batched", "p-3": "batched", "p-4": "batched"}
+
+
+async def test_a_prompt_in_an_open_batch_cannot_join_another(sessions: Sessions) -> None:
+    job_id, ids = await job_with_prompts(sessions, 3)
+    first = await new_batch(sessions, job_id, ids, ["p-0", "p-1"])
+
+    with pytest.raises(BatchConflictError, match=rf"open batch\(es\) \[{first}\]") as caught:
+        await new_batch(sessions, job_id, ids, ["p-1", "p-2"])
+    assert caught.value.prompt_ids == [ids["p-1"]] and caught.value.batch_ids == [first]
+    assert await batch_count(sessions) == 1  # nothing of the refused batch was stored
+    assert await statuses(sessions, ids) == {"p-0": "batched", "p-1": "batched", "p-2": "pending"}
+
+    # Released (the provider never answered it), p-1 may go into a resubmission.
+    assert await storage.release_members(sessions, batch_id=first, prompt_ids=[ids["p-1"]]) == 1
+    second = await new_batch(sessions, job_id, ids, ["p-1", "p-2"], resubmission_of=first)
+    assert (await storage.get_batch(sessions, batch_id=second)).resubmission_of == first  # type: ignore[union-attr]
+    assert await statuses(sessions, ids) == {"p-0": "batched", "p-1": "batched", "p-2": "batched"}
+
+
+async def test_succeeded_prompts_stay_succeeded_in_a_batch(sessions: Sessions) -> None:
+    job_id, ids = await job_with_prompts(sessions, 2)
+    async with ResultWriter(sessions, job_id=job_id) as writer:
+        await writer.success(prompt_ids=[ids["p-0"]], result=answer())
+    batch_id = await new_batch(sessions, job_id, ids, ["p-0", "p-1"])
+    assert (await storage.get_batch(sessions, batch_id=batch_id)).request_total == 2  # type: ignore[union-attr]
+    assert await statuses(sessions, ids) == {"p-0": "succeeded", "p-1": "batched"}
+
+
+async def test_open_batches_are_all_but_the_ingested(sessions: Sessions) -> None:
+    job_id, ids = await job_with_prompts(sessions, 12)
+    other_job, other = await job_with_prompts(sessions, 1, fingerprint="o" * 64)
+    by_status: dict[str, int] = {}
+    for index, status in enumerate(storage.BATCH_STATUSES):
+        batch_id = await new_batch(sessions, job_id, ids, [f"p-{index}"])
+        if status == "ingested":
+            await storage.mark_batch_ingested(sessions, batch_id=batch_id)
+        elif status != "preparing":
+            await storage.update_batch(sessions, batch_id=batch_id, status=status)
+        by_status[status] = batch_id
+    other_batch = await new_batch(sessions, other_job, other, ["p-0"])
+
+    mine = await storage.open_batches(sessions, job_id=job_id)
+    assert [b.status for b in mine] == [s for s in storage.BATCH_STATUSES if s != "ingested"]
+    assert [b.id for b in mine] == sorted(b.id for b in mine)
+    everyone = await storage.open_batches(sessions)
+    assert {b.id for b in everyone} == {b.id for b in mine} | {other_batch}
+    assert by_status["ingested"] not in {b.id for b in everyone}
+    assert set(storage.OPEN_PROVIDER_BATCH_STATUSES) | set(storage.TERMINAL_PROVIDER_BATCH_STATUSES) == (
+        set(storage.BATCH_STATUSES) - {"preparing", "uploaded", "ingested"})
+
+
+async def test_ingesting_a_batch_through_the_writer(sessions: Sessions) -> None:
+    job_id, ids = await job_with_prompts(sessions, 5)
+    batch_id = await new_batch(sessions, job_id, ids, ["p-0", "p-1", "p-2", "p-3", "p-4"])
+    await storage.update_batch(sessions, batch_id=batch_id, status="expired", output_file_id="file-out")
+    members = await storage.batch_members(sessions, batch_id=batch_id)
+
+    async with ResultWriter(sessions, job_id=job_id) as writer:
+        await writer.success(prompt_ids=[members["line-p-0"]], result=answer("from batch", tokens=20), route="batch")
+        await writer.failure(prompt_ids=[members["line-p-1"]], error=BadRequestError("bad line", status_code=400),
+                             route="batch")
+        await writer.failure(prompt_ids=[members["line-p-2"]], error=RateLimitError("expired", status_code=429),
+                             final=False, route="batch")
+    assert await statuses(sessions, ids) == {
+        "p-0": "succeeded", "p-1": "failed", "p-2": "pending", "p-3": "batched", "p-4": "batched"}
+    row = (await results_of(sessions, ids["p-0"]))[0]
+    assert (row.route, row.status, row.text, row.prompt_tokens) == ("batch", "succeeded", "from batch", 20)
+    assert (await results_of(sessions, ids["p-1"]))[0].route == "batch"
+    stats = await storage.result_stats(sessions, job_id=job_id)
+    assert (stats.succeeded, stats.failed, stats.prompt_tokens) == (1, 1, 20)
+
+    # Releasing only moves prompts still waiting on this batch: p-0 keeps its answer.
+    assert await storage.release_members(sessions, batch_id=batch_id, prompt_ids=[ids["p-0"], ids["p-3"]]) == 1
+    # Members nobody released (p-4) are freed when the batch is marked ingested, not lost.
+    assert await storage.mark_batch_ingested(sessions, batch_id=batch_id) == 1
+    assert await statuses(sessions, ids) == {
+        "p-0": "succeeded", "p-1": "failed", "p-2": "pending", "p-3": "pending", "p-4": "pending"}
+    assert (await storage.get_batch(sessions, batch_id=batch_id)).status == "ingested"  # type: ignore[union-attr]
+    assert await storage.open_batches(sessions, job_id=job_id) == []
+    assert await storage.mark_batch_ingested(sessions, batch_id=batch_id) == 0  # again: nothing changes
+    open_ids = await storage.open_prompt_ids(sessions, job_id=job_id, retry_failed="none")
+    assert open_ids == [ids["p-2"], ids["p-3"], ids["p-4"]]
+
+
+async def test_release_leaves_other_batches_alone(sessions: Sessions) -> None:
+    job_id, ids = await job_with_prompts(sessions, 2)
+    first = await new_batch(sessions, job_id, ids, ["p-0"])
+    await new_batch(sessions, job_id, ids, ["p-1"])
+    assert await storage.release_members(sessions, batch_id=first, prompt_ids=[ids["p-0"], ids["p-1"]]) == 1
+    assert await statuses(sessions, ids) == {"p-0": "pending", "p-1": "batched"}

@@ -7,6 +7,7 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
@@ -86,11 +87,28 @@ def run(
             base_url = stack.enter_context(Simulator.in_thread(SimulatorConfig(latency=sim_latency)))
             settings = settings.model_copy(update={"base_url": base_url})
             err.print(f"simulator at {base_url} ({sim_latency * 1000:.0f} ms per request)", highlight=False)
+        from prefect.exceptions import TerminationSignal
+
         try:
             summary = asyncio.run(_run_with_progress(source=str(file) if file else None, job_id=resume, settings=settings,
                                                      retry_failed=retry_failed, show=not as_json))  # type: ignore[arg-type]
         except LLMDispatchError as exc:
             raise _fail(str(exc)) from None
+        except TerminationSignal as exc:
+            # Prefect's own SIGTERM handler (installed while a flow runs) raises this out of the event
+            # loop; asyncio.run has already cancelled the run, so the writer saved what had arrived.
+            stop = _Interrupted(exc.signal)
+            again = "the same command" if file is not None else f"llm-dispatch run --resume {resume}"
+            raise _fail(
+                f"stopped by {stop.name}: every answer received is saved; run {again} to send the rest",
+                code=128 + stop.signum,
+            ) from None
+        except _Interrupted as stop:
+            again = "the same command" if file is not None else f"llm-dispatch run --resume {resume}"
+            raise _fail(
+                f"stopped by {stop.name}: every answer received is saved; run {again} to send the rest",
+                code=128 + stop.signum,
+            ) from None
 
     if as_json:
         out.print_json(json.dumps(summary, default=str))
@@ -98,6 +116,15 @@ def run(
         _print_summary(summary)
     failed = summary["counts"].get("failed", 0)
     raise typer.Exit(1 if failed else 0)
+
+
+class _Interrupted(Exception):
+    """The run was cancelled by SIGINT or SIGTERM, after saving what had arrived."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+        self.name = signal.Signals(signum).name
 
 
 async def _run_with_progress(
@@ -115,6 +142,19 @@ async def _run_with_progress(
     logging.getLogger("prefect.task_runs").setLevel(logging.WARNING)
     progress = Progress()
     token = current_progress.set(progress)
+    # Ctrl-C cancels the run instead of killing it: the result writer then saves every answer
+    # already received before we exit. (SIGTERM is Prefect's while a flow runs: it raises
+    # TerminationSignal, and asyncio.run cancels the run on the way out, to the same effect.)
+    loop = asyncio.get_running_loop()
+    main_task = asyncio.current_task()
+    received: list[int] = []
+
+    def stop(signum: int) -> None:
+        if not received and main_task is not None:
+            received.append(signum)
+            main_task.cancel()
+
+    loop.add_signal_handler(signal.SIGINT, stop, signal.SIGINT)
     display: asyncio.Task[None] | None = asyncio.create_task(_show(progress)) if show and err.is_terminal else None
     # With no Prefect server configured, Prefect starts a temporary one: 10-17 s on a fresh home,
     # more on a busy machine, past its default wait of 20 s. A user's own setting still wins.
@@ -133,7 +173,12 @@ async def _run_with_progress(
                 chunk_size=settings.chunk_size, chunk_concurrency=settings.chunk_concurrency, dedupe=settings.dedupe,
                 retry_failed=retry_failed, base_url=settings.base_url, database_url=settings.database_url,
             )
+    except asyncio.CancelledError:
+        if received:
+            raise _Interrupted(received[0]) from None
+        raise
     finally:
+        loop.remove_signal_handler(signal.SIGINT)
         current_progress.reset(token)
         if display is not None:
             display.cancel()

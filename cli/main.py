@@ -94,10 +94,13 @@ def run(
                                                      retry_failed=retry_failed, show=not as_json))  # type: ignore[arg-type]
         except LLMDispatchError as exc:
             raise _fail(str(exc)) from None
-        except TerminationSignal as exc:
-            # Prefect's own SIGTERM handler (installed while a flow runs) raises this out of the event
-            # loop; asyncio.run has already cancelled the run, so the writer saved what had arrived.
-            stop = _Interrupted(exc.signal)
+        except (TerminationSignal, BaseExceptionGroup) as exc:
+            # Prefect's own SIGTERM handler (installed while a flow runs) raises this wherever the run
+            # is, sometimes inside a task group; asyncio.run has cancelled the run on the way out.
+            terminations = exc.subgroup(TerminationSignal) if isinstance(exc, BaseExceptionGroup) else exc
+            if terminations is None:
+                raise
+            stop = _Interrupted(signal.SIGTERM)
             again = "the same command" if file is not None else f"llm-dispatch run --resume {resume}"
             raise _fail(
                 f"stopped by {stop.name}: every answer received is saved; run {again} to send the rest",

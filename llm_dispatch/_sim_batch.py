@@ -51,11 +51,31 @@ from typing import IO, Any, NamedTuple
 
 from aiohttp import BodyPartReader, web
 
-from ._batch_types import BATCH_CHAT_ENDPOINT, DEFAULT_COMPLETION_WINDOW, OPENAI_BATCH_LIMITS, BatchLimits
-from ._sim_chat import _SYSTEM_FINGERPRINT, MARKER, _ChatRoutes, _plan_choices, _text_parts
-from ._sim_checks import check_auth, invalid_request, model_not_found, validate_chat_body
+from ._batch_types import (
+    BATCH_CHAT_ENDPOINT,
+    DEFAULT_COMPLETION_WINDOW,
+    OPENAI_BATCH_LIMITS,
+    BatchLimits,
+)
+from ._sim_chat import (
+    _SYSTEM_FINGERPRINT,
+    _ChatRoutes,
+    _plan_choices,
+    marker_fault,
+)
+from ._sim_checks import (
+    check_auth,
+    invalid_request,
+    model_not_found,
+    validate_chat_body,
+)
 from ._sim_config import FAULTS
-from ._sim_http import completion_body, error_response, json_response, server_error_response
+from ._sim_http import (
+    completion_body,
+    error_response,
+    json_response,
+    server_error_response,
+)
 from ._sim_state import SimState
 from ._sim_tokens import REPLY_PRIMING_TOKENS, completion_text, message_token_counts
 
@@ -764,27 +784,8 @@ class _BatchRun:
         )
 
     def _marker_fault(self, body: dict[str, Any], digest: bytes) -> str | web.Response | None:
-        messages = body.get("messages")
-        for message in messages if isinstance(messages, list) else ():
-            if not isinstance(message, dict):
-                continue
-            for text in _text_parts(message.get("content")):
-                found = MARKER.search(text)
-                if found is None:
-                    continue
-                parsed = _LINE_MARKER.fullmatch(found.group(1))
-                if parsed is None:
-                    return invalid_request(
-                        f"Unknown simulator marker {found.group(0)!r}; in a batch write [[sim:FAULT]] or "
-                        f"[[sim:FAULTxN]] with FAULT one of {', '.join(sorted(FAULTS | {LINE_ERROR_MARKER}))}.",
-                        param="messages", code="invalid_value")
-                fault, times = parsed.group(1), parsed.group(2)
-                if times is None:
-                    return fault
-                seen = self._state.marker_hits.get(digest, 0) + 1
-                self._state.marker_hits[digest] = seen
-                return fault if seen <= int(times) else None
-        return None
+        return marker_fault(body.get("messages"), digest=digest, hits=self._state.marker_hits, pattern=_LINE_MARKER,
+                            allowed=FAULTS | {LINE_ERROR_MARKER}, where="in a batch ")
 
     def _response_line(self, custom_id: str, status: int, body: Any) -> bytes:
         state = self._state

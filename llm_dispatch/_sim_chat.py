@@ -14,11 +14,17 @@ import json
 import math
 import re
 import time
+from collections.abc import Collection
 from typing import Any
 
 from aiohttp import web
 
-from ._sim_checks import check_auth, invalid_request, model_not_found, validate_chat_body
+from ._sim_checks import (
+    check_auth,
+    invalid_request,
+    model_not_found,
+    validate_chat_body,
+)
 from ._sim_config import FAULTS
 from ._sim_http import (
     completion_body,
@@ -29,7 +35,12 @@ from ._sim_http import (
     server_error_response,
 )
 from ._sim_state import SimState
-from ._sim_tokens import REPLY_PRIMING_TOKENS, completion_text, message_token_counts, natural_length
+from ._sim_tokens import (
+    REPLY_PRIMING_TOKENS,
+    completion_text,
+    message_token_counts,
+    natural_length,
+)
 
 __all__ = ["DEFAULT_MODELS", "MARKER", "register"]
 
@@ -184,24 +195,8 @@ class _ChatRoutes:
         return response
 
     def _marker_fault(self, messages: list[dict[str, Any]], digest: bytes) -> str | web.Response | None:
-        for message in messages:
-            for text in _text_parts(message.get("content")):
-                found = MARKER.search(text)
-                if found is None:
-                    continue
-                parsed = _MARKER_BODY.fullmatch(found.group(1))
-                if parsed is None:
-                    return invalid_request(
-                        f"Unknown simulator marker {found.group(0)!r}; write [[sim:FAULT]] or [[sim:FAULTxN]] "
-                        f"with FAULT one of {', '.join(sorted(FAULTS))}.",
-                        param="messages", code="invalid_value")
-                fault, times = parsed.group(1), parsed.group(2)
-                if times is None:
-                    return fault
-                seen = self._state.marker_hits.get(digest, 0) + 1
-                self._state.marker_hits[digest] = seen
-                return fault if seen <= int(times) else None
-        return None
+        return marker_fault(messages, digest=digest, hits=self._state.marker_hits, pattern=_MARKER_BODY,
+                            allowed=FAULTS, where="")
 
     def _admit(self, *, model: str, charge: int) -> tuple[web.Response | None, dict[str, str]]:
         state = self._state
@@ -347,3 +342,38 @@ def _dropped(request: web.Request) -> web.Response:
     # client that went away: the peer sees the connection close without a single response byte.
     return web.Response(status=204)
 
+
+def marker_fault(
+    messages: Any,
+    *,
+    digest: bytes,
+    hits: dict[bytes, int],
+    pattern: re.Pattern[str],
+    allowed: Collection[str],
+    where: str,
+) -> str | web.Response | None:
+    """The fault a ``[[sim:FAULT]]`` / ``[[sim:FAULTxN]]`` marker asks of this body, if any.
+
+    ``FAULTxN`` faults the first N bodies with this ``digest`` (counted in ``hits``); an unknown
+    marker is answered with a 400 that explains the format. Shared by chat and batch lines.
+    """
+    for message in messages if isinstance(messages, list) else ():
+        if not isinstance(message, dict):
+            continue
+        for text in _text_parts(message.get("content")):
+            found = MARKER.search(text)
+            if found is None:
+                continue
+            parsed = pattern.fullmatch(found.group(1))
+            if parsed is None:
+                return invalid_request(
+                    f"Unknown simulator marker {found.group(0)!r}; {where}write [[sim:FAULT]] or [[sim:FAULTxN]] "
+                    f"with FAULT one of {', '.join(sorted(allowed))}.",
+                    param="messages", code="invalid_value")
+            fault, times = parsed.group(1), parsed.group(2)
+            if times is None:
+                return fault
+            seen = hits.get(digest, 0) + 1
+            hits[digest] = seen
+            return fault if seen <= int(times) else None
+    return None

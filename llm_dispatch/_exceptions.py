@@ -28,6 +28,9 @@ __all__ = [
     "APITimeoutError",
     "AuthenticationError",
     "BadRequestError",
+    "BatchCancelledError",
+    "BatchFailedError",
+    "BatchLineError",
     "ConfigError",
     "ConflictError",
     "InputError",
@@ -105,6 +108,23 @@ class ConflictError(APIStatusError): ...
 class UnprocessableEntityError(APIStatusError): ...
 class RateLimitError(APIStatusError): ...
 class InternalServerError(APIStatusError): ...
+
+
+class BatchLineError(APIError):
+    """One line of a Batch API output that carried no answer: the provider's ``code`` and message."""
+
+    def __init__(self, message: str, *, code: str | None, retryable: bool, attempts: int = 1) -> None:
+        super().__init__(message, attempts=attempts)
+        self.code = code
+        self.retryable = retryable  # type: ignore[misc]
+
+
+class BatchFailedError(APIError):
+    """The provider refused a whole batch (its input failed validation); nothing in it was answered or billed."""
+
+
+class BatchCancelledError(APIError):
+    """The batch was cancelled with ``llm-dispatch cancel`` before it answered this prompt."""
 
 
 _BY_STATUS: dict[int, type[APIStatusError]] = {

@@ -11,16 +11,20 @@ import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from ._exceptions import InputError
+from ._routing import URGENCIES, parse_deadline
 from ._types import dedupe_key
 
 __all__ = ["PromptSpec", "fingerprint", "read_prompts", "parse_prompt_dicts"]
 
-JSONL_FIELDS = frozenset({"id", "prompt", "messages", "model", "params", "metadata"})
-CSV_RESERVED = frozenset({"id", "prompt", "model"})
+JSONL_FIELDS = frozenset({"id", "prompt", "messages", "model", "params", "metadata", "urgency", "deadline"})
+CSV_RESERVED = frozenset({"id", "prompt", "model", "urgency", "deadline"})
+# Relative deadlines are resolved when the prompt is recorded; validation only needs some instant.
+_ANY_NOW = datetime(2000, 1, 1, tzinfo=timezone.utc)
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 # Keys the dispatcher sets itself; a prompt may not override them through params.
 FORBIDDEN_PARAMS = frozenset({"model", "messages", "stream", "n"})
@@ -38,6 +42,11 @@ class PromptSpec:
     metadata: dict[str, Any] | None = None
     # Hashed once here: the fingerprint, the stored row and the planner all read it.
     dedupe_key: str = ""
+    # "urgent" or "bulk"; None leaves the choice to the deadline or the job's policy.
+    urgency: str | None = None
+    # The deadline as given (stripped): a relative one ("2h") would otherwise make the
+    # fingerprint depend on the clock. Resolve it with ``_routing.parse_deadline`` when recording.
+    deadline: str | None = None
 
     def __post_init__(self) -> None:
         if not self.dedupe_key:
@@ -51,6 +60,11 @@ def fingerprint(specs: Sequence[PromptSpec]) -> str:
         digest.update(spec.custom_id.encode())
         digest.update(b"\x00")
         digest.update(spec.dedupe_key.encode())
+        # Only when set, so fingerprints of inputs without them stay what they were.
+        if spec.urgency is not None:
+            digest.update(b"\x00urgency=" + spec.urgency.encode())
+        if spec.deadline is not None:
+            digest.update(b"\x00deadline=" + spec.deadline.encode())
         digest.update(b"\n")
     return digest.hexdigest()
 
@@ -107,8 +121,10 @@ def _csv_records(handle: Iterable[str], *, where: str) -> Iterable[tuple[int, An
         record: dict[str, Any] = {"prompt": row["prompt"]}
         if row.get("id"):
             record["id"] = row["id"]
-        if row.get("model"):
-            record["model"] = row["model"]
+        # An empty cell means "not given", like a missing column.
+        for name in ("model", "urgency", "deadline"):
+            if row.get(name):
+                record[name] = row[name]
         extra = {key: value for key, value in row.items() if key not in CSV_RESERVED}
         if extra:
             record["metadata"] = extra
@@ -197,7 +213,30 @@ def _spec(
         messages=messages,
         params=params,
         metadata=dict(metadata) if metadata is not None else None,
+        urgency=_urgency(record.get("urgency"), fail=fail),
+        deadline=_deadline(record.get("deadline"), fail=fail),
     )
+
+
+def _urgency(value: Any, *, fail: Any) -> str | None:
+    if value is None:
+        return None
+    urgency = value.strip().lower() if isinstance(value, str) else None
+    if urgency not in URGENCIES:
+        raise fail(f"{value!r} is not an urgency; use 'urgent' (real-time) or 'bulk' (Batch API)", "urgency")
+    return urgency
+
+
+def _deadline(value: Any, *, fail: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise fail(f"{value!r} is not a timestamp or a duration like 2h, 30m, 1d; give it as a string", "deadline")
+    try:
+        parse_deadline(value, now=_ANY_NOW)
+    except ValueError as exc:
+        raise fail(str(exc), "deadline") from exc
+    return value.strip()
 
 
 def _messages(value: Any, *, fail: Any) -> list[dict[str, Any]]:

@@ -49,6 +49,34 @@ class Settings(BaseSettings):
 
     dedupe: bool = Field(default=True, description="reuse a stored success for an identical request")
 
+    # Routing: which prompts go real-time and which to the Batch API (see llm_dispatch._routing).
+    route_policy: Literal["length", "all-realtime", "all-batch"] = Field(
+        default="length", description="rule for prompts with no urgency or deadline"
+    )
+    urgent_below_chars: int = Field(default=1000, ge=0, description="length policy: shorter prompts are urgent")
+    deadline_margin: float = Field(
+        default=3600.0, ge=0, description="seconds a deadline must leave beyond the 24 h batch window"
+    )
+
+    # The Batch API.
+    batch_dir: str = Field(default="llm_dispatch_batches", description="where batch input/output files are kept")
+    batch_max_requests: int = Field(default=50_000, ge=1, description="lines per batch file (provider limit)")
+    batch_max_bytes: int = Field(default=200 * 1024 * 1024, ge=1, description="bytes per batch file (provider limit)")
+    batch_poll_interval: float = Field(default=60.0, gt=0, description="first wait between polls, seconds")
+    batch_poll_max_interval: float = Field(default=600.0, gt=0, description="longest wait between polls, seconds")
+    batch_grace: float = Field(
+        default=3600.0, ge=0, description="seconds past a batch's expiry before a waiting flow gives up on it"
+    )
+    batch_max_submissions: int = Field(
+        default=3, ge=1, description="batches a prompt may go through before it is sent real-time or failed"
+    )
+
+    # Cost.
+    prices_file: str | None = Field(default=None, description="your own price table, merged over the bundled one")
+    typical_completion_tokens: int = Field(
+        default=256, ge=1, description="reply length assumed by the cost estimate when a prompt sets no max_tokens"
+    )
+
     @field_validator("base_url")
     @classmethod
     def _check_url(cls, value: str) -> str:

@@ -21,7 +21,9 @@ output file, everything else to the error file.
 Batch faults, from the batch's ``metadata["sim_fault"]`` or else the ``/_sim/batch_faults`` queue:
 ``expire[:FRACTION]`` answers the first FRACTION of lines (default 0.5), then ends ``expired`` with
 the rest in the error file as ``batch_expired``; ``fail_validation`` fails validation;
-``slow_finalizing[:SECONDS]`` stays ``finalizing`` that long (default ``batch_processing_seconds``).
+``slow_finalizing[:SECONDS]`` stays ``finalizing`` that long (default ``batch_processing_seconds``);
+``hang_create[:SECONDS]`` holds ``POST /v1/batches`` that long (default an hour), then answers 503
+without creating the batch: a client that gives up or dies there has uploaded its file and has no batch.
 Line faults, from a chat marker in the line's messages: ``[[sim:400]]``, ``[[sim:401]]``,
 ``[[sim:404]]``, ``[[sim:429]]``, ``[[sim:500]]``, ``[[sim:503]]`` answer that status with OpenAI's
 error body (``hang``, ``drop`` and ``malformed`` become a 500, a batch having no connection to
@@ -83,7 +85,7 @@ __all__ = ["BATCH_FAULTS", "LINE_ERROR_MARKER", "SIM_FAULT_KEY", "BatchFault", "
 
 logger = logging.getLogger(__name__)
 
-BATCH_FAULTS = frozenset({"expire", "fail_validation", "slow_finalizing"})
+BATCH_FAULTS = frozenset({"expire", "fail_validation", "slow_finalizing", "hang_create"})
 LINE_ERROR_MARKER = "line_error"
 SIM_FAULT_KEY = "sim_fault"
 
@@ -91,6 +93,7 @@ _FAULT_TEXT = re.compile(r"(?P<name>[a-z_]+)(?::(?P<arg>[0-9]*\.?[0-9]+))?")
 _LINE_MARKER = re.compile(rf"({'|'.join(sorted(FAULTS | {LINE_ERROR_MARKER}))})(?:x([1-9][0-9]*))?")
 _MARKER_BYTES = b"[[sim:"
 _DEFAULT_EXPIRE_FRACTION = 0.5
+_HANG_CREATE_SECONDS = 3600.0
 
 # Shares of batch_processing_seconds spent validating and finalizing; in_progress gets the rest.
 _VALIDATING_SHARE = 0.1
@@ -117,12 +120,14 @@ class BatchFault(NamedTuple):
 
 
 def parse_batch_fault(text: str) -> BatchFault:
-    """``expire[:FRACTION]``, ``fail_validation`` or ``slow_finalizing[:SECONDS]``; anything else is a ValueError."""
+    """``expire[:FRACTION]``, ``fail_validation``, ``slow_finalizing[:SECONDS]`` or ``hang_create[:SECONDS]``;
+    anything else is a ValueError."""
     found = _FAULT_TEXT.fullmatch(text.strip())
     name = found.group("name") if found else None
     if found is None or name not in BATCH_FAULTS:
         raise ValueError(
-            f"Unknown batch fault {text!r}; use expire[:FRACTION], fail_validation or slow_finalizing[:SECONDS]."
+            f"Unknown batch fault {text!r}; use expire[:FRACTION], fail_validation, slow_finalizing[:SECONDS] "
+            "or hang_create[:SECONDS]."
         )
     arg = found.group("arg")
     if arg is None:
@@ -421,6 +426,10 @@ class _BatchRoutes:
                 return invalid_request(str(exc), param=f"metadata.{SIM_FAULT_KEY}", code="invalid_value")
         elif self._store.queued_faults:
             fault = self._store.queued_faults.popleft()
+        if fault is not None and fault.name == "hang_create":
+            # The create never happens: the caller times out (or dies) with its file uploaded and no batch.
+            await asyncio.sleep(_HANG_CREATE_SECONDS if fault.argument is None else fault.argument)
+            return server_error_response(503)
 
         batch = _Batch(
             id=f"batch_{secrets.token_hex(16)}", input_file_id=input_file_id, input_path=stored.path,

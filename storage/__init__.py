@@ -11,6 +11,7 @@ from ._batches import (
     BATCH_FIELDS,
     BatchConflictError,
     batch_members,
+    batch_submissions,
     create_batch_record,
     find_batch_by_provider_id,
     get_batch,
@@ -34,6 +35,7 @@ from ._queries import (
     open_prompt_ids,
     result_stats,
     set_job_status,
+    set_planned_route,
 )
 from ._records import BatchRecord, JobInfo, NewPrompt, ResultStats, WorkRow
 from ._status import (
@@ -84,6 +86,7 @@ __all__ = [
     "WorkRow",
     "add_prompts",
     "batch_members",
+    "batch_submissions",
     "create_batch_record",
     "create_engine",
     "create_job",
@@ -103,5 +106,6 @@ __all__ = [
     "result_stats",
     "session_factory",
     "set_job_status",
+    "set_planned_route",
     "update_batch",
 ]

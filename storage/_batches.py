@@ -12,7 +12,7 @@ from collections.abc import Collection, Sequence
 from datetime import datetime
 from typing import Any, Final
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from llm_dispatch._exceptions import LLMDispatchError
@@ -26,6 +26,7 @@ __all__ = [
     "BATCH_FIELDS",
     "BatchConflictError",
     "batch_members",
+    "batch_submissions",
     "create_batch_record",
     "find_batch_by_provider_id",
     "get_batch",
@@ -55,6 +56,7 @@ BATCH_FIELDS: Final[frozenset[str]] = frozenset(
         "finished_at",
         "last_polled_at",
         "errors",
+        "cancel_requested",
     }
 )
 
@@ -78,7 +80,8 @@ async def create_batch_record(
     resubmission_of: int | None = None,
 ) -> int:
     """Store a batch (status ``preparing``) with its members, one ``(prompt_id, custom_id)``
-    per line of its file, and mark those prompts ``batched``; returns our batch id.
+    per prompt, and mark those prompts ``batched``; returns our batch id. Identical prompts
+    may share one line: give them the same ``custom_id``, and one answer serves them all.
 
     One transaction: the batch exists before anything is uploaded, so a process that dies
     mid-upload leaves a record to find. Succeeded prompts stay succeeded. A prompt that is
@@ -88,9 +91,8 @@ async def create_batch_record(
         raise ValueError("a batch needs at least one member")
     prompt_ids = [prompt_id for prompt_id, _ in members]
     if len(set(prompt_ids)) != len(prompt_ids):
-        raise ValueError("a prompt can be only once in a batch; send identical prompts as one line")
-    if len({custom_id for _, custom_id in members}) != len(members):
-        raise ValueError("custom_id must be unique within a batch")
+        raise ValueError("a prompt can be only once in a batch; give identical prompts one custom_id instead")
+    lines = len({custom_id for _, custom_id in members})
     now = utcnow()
     async with sessions.begin() as session:
         await _check_members(session, job_id=job_id, prompt_ids=prompt_ids)
@@ -99,7 +101,7 @@ async def create_batch_record(
             model=model,
             status="preparing",
             file_path=file_path,
-            request_total=len(members),
+            request_total=lines,
             request_completed=0,
             request_failed=0,
             resubmission_of=resubmission_of,
@@ -204,11 +206,34 @@ async def open_batches(sessions: Sessions, *, job_id: str | None = None) -> list
         return [_record(batch) for batch in (await session.execute(stmt)).scalars()]
 
 
-async def batch_members(sessions: Sessions, *, batch_id: int) -> dict[str, int]:
-    """custom_id -> prompt_id for every line of the batch's file."""
+async def batch_members(sessions: Sessions, *, batch_id: int, waiting_only: bool = False) -> dict[str, list[int]]:
+    """custom_id -> prompt ids (in id order) for every line of the batch's file.
+
+    ``waiting_only`` keeps the prompts still ``batched`` (no result written yet), so an ingest
+    that was cut short and runs again writes each answer once.
+    """
     stmt = select(BatchMember.custom_id, BatchMember.prompt_id).where(BatchMember.batch_id == batch_id)
+    if waiting_only:
+        stmt = stmt.join(Prompt, Prompt.id == BatchMember.prompt_id).where(Prompt.status == "batched")
+    members: dict[str, list[int]] = {}
     async with sessions() as session:
-        return {custom_id: prompt_id for custom_id, prompt_id in await session.execute(stmt)}
+        for custom_id, prompt_id in await session.execute(stmt.order_by(BatchMember.prompt_id)):
+            members.setdefault(custom_id, []).append(prompt_id)
+    return members
+
+
+async def batch_submissions(sessions: Sessions, *, prompt_ids: Collection[int]) -> dict[int, int]:
+    """How many batches each of these prompts has been sent in (prompts never batched are left out)."""
+    counts: dict[int, int] = {}
+    async with sessions() as session:
+        for chunk in _chunks(list(prompt_ids), IN_CHUNK):
+            stmt = (
+                select(BatchMember.prompt_id, func.count())
+                .where(BatchMember.prompt_id.in_(chunk))
+                .group_by(BatchMember.prompt_id)
+            )
+            counts.update((pid, n) for pid, n in await session.execute(stmt))
+    return counts
 
 
 async def release_members(sessions: Sessions, *, batch_id: int, prompt_ids: Collection[int]) -> int:
@@ -278,6 +303,7 @@ def _record(batch: Batch) -> BatchRecord:
         resubmission_of=batch.resubmission_of,
         created_at=_aware(batch.created_at),
         updated_at=_aware(batch.updated_at),
+        cancel_requested=bool(batch.cancel_requested),
     )
 
 

@@ -23,6 +23,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false as sql_false,
     text as sql_text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -98,6 +99,10 @@ class Prompt(Base):
     last_error_class: Mapped[str | None] = mapped_column(String())
     # Set when the prompt is failed: whether sending it again could succeed (429, 5xx, timeouts).
     failed_retryable: Mapped[bool | None] = mapped_column(Boolean())
+    # Where the router sent the prompt (realtime or batch), why, and by when it must be answered.
+    planned_route: Mapped[str | None] = mapped_column(String(16))
+    route_reason: Mapped[str | None] = mapped_column(String())
+    deadline: Mapped[datetime | None] = mapped_column()
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
 
@@ -151,6 +156,8 @@ class Batch(Base):
     errors: Mapped[list[dict[str, Any]] | None] = mapped_column()
     # The batch whose unanswered prompts this one sends again (after it expired, failed...).
     resubmission_of: Mapped[int | None] = mapped_column(BigInt, ForeignKey("batches.id"))
+    # Set by `llm-dispatch cancel`: what the batch did not answer is not sent again.
+    cancel_requested: Mapped[bool] = mapped_column(Boolean(), default=False, server_default=sql_false())
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
 
@@ -159,9 +166,7 @@ class BatchMember(Base):
     """Which prompt each line (``custom_id``) of a batch file stands for."""
 
     __tablename__ = "batch_members"
-    __table_args__ = (UniqueConstraint("batch_id", "custom_id"),)
-
     batch_id: Mapped[int] = mapped_column(BigInt, ForeignKey("batches.id"), primary_key=True)
     prompt_id: Mapped[int] = mapped_column(BigInt, ForeignKey("prompts.id"), primary_key=True, index=True)
-    # The line's custom_id; usually the prompt's, but unique only within this batch.
+    # The line's custom_id, unique to one line of this batch; identical prompts share one line.
     custom_id: Mapped[str] = mapped_column(String())

@@ -156,6 +156,9 @@ async def add_prompts(sessions: Sessions, *, job_id: str, prompts: Iterable[NewP
                     "params": p.params,
                     "metadata": p.metadata,
                     "dedupe_key": p.dedupe_key,
+                    "planned_route": p.planned_route,
+                    "route_reason": p.route_reason,
+                    "deadline": p.deadline,
                     "status": "pending",
                     "attempts": 0,
                     "created_at": now,
@@ -169,14 +172,19 @@ async def add_prompts(sessions: Sessions, *, job_id: str, prompts: Iterable[NewP
 
 
 async def open_prompt_ids(
-    sessions: Sessions, *, job_id: str, retry_failed: RetryFailed = "retryable"
+    sessions: Sessions,
+    *,
+    job_id: str,
+    retry_failed: RetryFailed = "retryable",
+    planned_route: str | None = None,
 ) -> list[int]:
     """Ids of the prompts still to send, in input order.
 
     Pending and in-flight prompts (a process died holding them) are always open; batched
     ones (waiting in an open batch) never are, nor succeeded ones; failed
     ones if ``retry_failed`` is ``"all"``, or ``"retryable"`` and their error was one that
-    may pass on another try.
+    may pass on another try. ``planned_route`` keeps only prompts routed there (a prompt
+    with no route recorded counts as real-time).
     """
     open_when = [Prompt.status.in_(("pending", "in_flight"))]
     if retry_failed == "all":
@@ -186,8 +194,27 @@ async def open_prompt_ids(
     elif retry_failed != "none":
         raise ValueError(f"retry_failed must be one of {get_args(RetryFailed)}, got {retry_failed!r}")
     stmt = select(Prompt.id).where(Prompt.job_id == job_id, or_(*open_when)).order_by(Prompt.position, Prompt.id)
+    if planned_route == "realtime":
+        stmt = stmt.where(or_(Prompt.planned_route.is_(None), Prompt.planned_route == "realtime"))
+    elif planned_route is not None:
+        stmt = stmt.where(Prompt.planned_route == planned_route)
     async with sessions() as session:
         return list((await session.execute(stmt)).scalars())
+
+
+async def set_planned_route(sessions: Sessions, *, prompt_ids: Sequence[int], route: str, reason: str) -> int:
+    """Re-route prompts (say, from batch to real-time when a deadline no longer allows a batch); returns how many."""
+    changed = 0
+    async with sessions.begin() as session:
+        for chunk in _chunks(list(prompt_ids), IN_CHUNK):
+            stmt = (
+                update(Prompt)
+                .where(Prompt.id.in_(chunk))
+                .values(planned_route=route, route_reason=reason, updated_at=utcnow())
+                .execution_options(synchronize_session=False)
+            )
+            changed += (await session.execute(stmt)).rowcount
+    return changed
 
 
 async def load_work(sessions: Sessions, *, prompt_ids: Sequence[int]) -> list[WorkRow]:
@@ -196,7 +223,7 @@ async def load_work(sessions: Sessions, *, prompt_ids: Sequence[int]) -> list[Wo
     Unknown ids are left out.
     """
     found: list[tuple[int, int, WorkRow]] = []
-    columns = (Prompt.id, Prompt.custom_id, Prompt.model, Prompt.messages, Prompt.params, Prompt.dedupe_key)
+    columns = (Prompt.id, Prompt.custom_id, Prompt.model, Prompt.messages, Prompt.params, Prompt.dedupe_key, Prompt.deadline)
     async with sessions() as session:
         for chunk in _chunks(dict.fromkeys(prompt_ids), IN_CHUNK):
             for row in await session.execute(select(*columns, Prompt.position).where(Prompt.id.in_(chunk))):
@@ -207,6 +234,7 @@ async def load_work(sessions: Sessions, *, prompt_ids: Sequence[int]) -> list[Wo
                     messages=row.messages,
                     params=row.params,
                     dedupe_key=row.dedupe_key,
+                    deadline=None if row.deadline is None else _aware(row.deadline),
                 )
                 found.append((row.position, row.id, work))
     found.sort(key=lambda item: item[:2])

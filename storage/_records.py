@@ -20,6 +20,10 @@ class NewPrompt:
     params: dict[str, Any]
     dedupe_key: str
     metadata: dict[str, Any] | None = None
+    # The router's decision ("realtime" or "batch") and why; the prompt's deadline, if any.
+    planned_route: str | None = None
+    route_reason: str | None = None
+    deadline: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +36,7 @@ class WorkRow:
     messages: list[dict[str, Any]]
     params: dict[str, Any]
     dedupe_key: str
+    deadline: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,3 +112,4 @@ class BatchRecord:
     resubmission_of: int | None
     created_at: datetime
     updated_at: datetime
+    cancel_requested: bool = False

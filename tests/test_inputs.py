@@ -100,3 +100,65 @@ def test_fingerprint_follows_content_not_metadata() -> None:
 def test_examples_file_is_valid() -> None:
     specs = read_prompts(Path(__file__).parent.parent / "examples" / "prompts.jsonl", default_model="gpt-4o-mini")
     assert len(specs) >= 50
+
+
+def test_urgency_and_deadline_in_jsonl_and_csv(tmp_path: Path) -> None:
+    path = write(tmp_path, "p.jsonl", jsonl(
+        {"id": "a", "prompt": "x", "urgency": " Urgent "},
+        {"id": "b", "prompt": "x", "urgency": "bulk", "deadline": "2026-11-21T20:00Z"},
+        {"id": "c", "prompt": "x", "deadline": " 1h30m ", "urgency": None},
+        {"id": "d", "prompt": "x"},
+    ))
+    specs = read_prompts(path, default_model="m")
+    assert [(s.urgency, s.deadline) for s in specs] == [
+        ("urgent", None), ("bulk", "2026-11-21T20:00Z"), (None, "1h30m"), (None, None),
+    ]
+    path = write(tmp_path, "p.csv", "id,prompt,urgency,deadline,lang\n1,hi,urgent,,en\n2,yo,,PT2H,fr\n3,ok,,,de\n")
+    specs = read_prompts(path, default_model="m")
+    assert [(s.urgency, s.deadline, s.metadata) for s in specs] == [
+        ("urgent", None, {"lang": "en"}), (None, "PT2H", {"lang": "fr"}), (None, None, {"lang": "de"}),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("record", "expected"),
+    [
+        ({"prompt": "x", "deadline": "3 weeks-ish"},
+         "p.jsonl:1: '3 weeks-ish' is not a timestamp or a duration like 2h, 30m, 1d (field 'deadline')"),
+        ({"prompt": "x", "deadline": 7200}, "p.jsonl:1: 7200 is not a timestamp or a duration like 2h, 30m, 1d; "
+                                            "give it as a string (field 'deadline')"),
+        ({"prompt": "x", "deadline": ""}, "(field 'deadline')"),
+        ({"prompt": "x", "urgency": "asap"},
+         "p.jsonl:1: 'asap' is not an urgency; use 'urgent' (real-time) or 'bulk' (Batch API) (field 'urgency')"),
+        ({"prompt": "x", "urgency": ["urgent"]}, "(field 'urgency')"),
+    ],
+)
+def test_bad_urgency_or_deadline_names_line_and_field(tmp_path: Path, record: dict[str, object], expected: str) -> None:
+    path = write(tmp_path, "p.jsonl", jsonl(record))
+    with pytest.raises(InputError) as info:
+        read_prompts(path, default_model="m")
+    assert expected in str(info.value)
+
+
+def test_bad_deadline_in_csv_names_the_line(tmp_path: Path) -> None:
+    path = write(tmp_path, "p.csv", "prompt,deadline\nok,2h\nok,soonish\n")
+    with pytest.raises(InputError, match=r"p.csv:3: 'soonish' is not a timestamp .* \(field 'deadline'\)"):
+        read_prompts(path, default_model="m")
+
+
+def test_urgency_and_deadline_change_fingerprint_but_not_dedupe_key() -> None:
+    plain = parse_prompt_dicts([{"id": 1, "prompt": "a"}], default_model="m")
+    urgent = parse_prompt_dicts([{"id": 1, "prompt": "a", "urgency": "urgent"}], default_model="m")
+    due = parse_prompt_dicts([{"id": 1, "prompt": "a", "deadline": "2h"}], default_model="m")
+    due_later = parse_prompt_dicts([{"id": 1, "prompt": "a", "deadline": "3h"}], default_model="m")
+    assert plain[0].dedupe_key == urgent[0].dedupe_key == due[0].dedupe_key
+    assert len({fingerprint(plain), fingerprint(urgent), fingerprint(due), fingerprint(due_later)}) == 4
+    # A relative deadline is kept as text, so the same input fingerprints the same at any time.
+    assert fingerprint(due) == fingerprint(parse_prompt_dicts([{"id": 1, "prompt": "a", "deadline": "2h"}],
+                                                              default_model="m"))
+
+
+def test_fingerprint_without_urgency_or_deadline_is_unchanged() -> None:
+    # Pinned (computed before urgency/deadline existed) so that old jobs are still found on a re-run.
+    specs = parse_prompt_dicts([{"id": "a", "prompt": "hi"}, {"id": "b", "prompt": "yo"}], default_model="m")
+    assert fingerprint(specs) == "01d2d1b032acefeb5ea0f0c69f1e72b7351b921b2fc03649950be654fc5fcdbc"

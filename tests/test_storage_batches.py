@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from alembic import command
-from sqlalchemy import func, select, text
+from sqlalchemy import func, insert, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 # The SQLite / PostgreSQL fixtures are test_storage's own (imported names are what pytest finds).
@@ -19,6 +19,7 @@ from test_storage import (  # noqa: F401
     sessions,
     PG_URL_ENV,
     Db,
+    HEAD,
     answer,
     make_job,
     new_prompts,
@@ -29,7 +30,7 @@ from test_storage import (  # noqa: F401
 
 import storage
 from llm_dispatch._exceptions import BadRequestError, RateLimitError
-from storage import Batch, BatchConflictError, ResultWriter
+from storage import Batch, BatchConflictError, Prompt, ResultWriter
 from storage._migrate import _config
 
 Sessions = async_sessionmaker[AsyncSession]
@@ -62,7 +63,10 @@ async def tables(engine: AsyncEngine) -> set[str]:
 
 
 async def statuses(sessions: Sessions, ids: dict[str, int]) -> dict[str, str]:
-    return {custom_id: (await prompt_row(sessions, pid)).status for custom_id, pid in ids.items()}
+    # Only the status column, so it reads older schemas too.
+    async with sessions() as session:
+        found = dict((await session.execute(select(Prompt.id, Prompt.status).where(Prompt.id.in_(ids.values())))).all())
+    return {custom_id: found[pid] for custom_id, pid in ids.items()}
 
 
 async def batch_count(sessions: Sessions) -> int:
@@ -91,15 +95,22 @@ async def test_upgrade_from_0001_keeps_the_data(db: Db) -> None:
     assert await version(engine) == ["0001"]
     assert "batches" not in await tables(engine)
     sessions = storage.session_factory(engine)
-    # Only 0001's tables are touched here, so today's queries can fill the old schema.
-    job_id, ids = await job_with_prompts(sessions, 3)
+    # Prompts as 0001 stored them (its columns only); the writer touches only 0001's columns.
+    job_id = await storage.create_job(
+        sessions, name="old", fingerprint="f" * 64, input_path=None, model="gpt-4o-mini", settings={})
+    async with engine.begin() as conn:
+        await conn.execute(insert(Prompt.__table__), [
+            {"job_id": job_id, "custom_id": p.custom_id, "position": p.position, "model": p.model,
+             "messages": p.messages, "params": p.params, "metadata": p.metadata, "dedupe_key": p.dedupe_key}
+            for p in new_prompts(3)])
+    ids = await prompt_ids(sessions, job_id)
     async with ResultWriter(sessions, job_id=job_id) as writer:
         await writer.success(prompt_ids=[ids["p-0"]], result=answer("kept"))
         await writer.failure(prompt_ids=[ids["p-1"]], error=BadRequestError("bad", status_code=400))
 
     await storage.migrate(engine)
 
-    assert await version(engine) == ["0002"]
+    assert await version(engine) == [HEAD]
     assert {"batches", "batch_members"} <= await tables(engine)
     assert await storage.job_counts(sessions, job_id=job_id) == {"succeeded": 1, "failed": 1, "pending": 1}
     assert [r.text for r in await results_of(sessions, ids["p-0"])] == ["kept"]
@@ -107,7 +118,7 @@ async def test_upgrade_from_0001_keeps_the_data(db: Db) -> None:
     # The old prompts can be batched at once.
     batch_id = await new_batch(sessions, job_id, ids, ["p-2"])
     assert (await prompt_row(sessions, ids["p-2"])).status == "batched"
-    assert await storage.batch_members(sessions, batch_id=batch_id) == {"line-p-2": ids["p-2"]}
+    assert await storage.batch_members(sessions, batch_id=batch_id) == {"line-p-2": [ids["p-2"]]}
 
 
 async def test_downgrade_to_0001_sends_batched_prompts_again(sessions: Sessions, engine: AsyncEngine) -> None:
@@ -134,7 +145,7 @@ async def test_create_get_update_and_find_a_batch(sessions: Sessions) -> None:
     assert (batch.request_total, batch.request_completed, batch.request_failed) == (2, 0, 0)
     assert batch.provider_batch_id is None and batch.resubmission_of is None and batch.errors is None
     assert batch.created_at >= before and batch.created_at.tzinfo is not None
-    assert await storage.batch_members(sessions, batch_id=batch_id) == {"line-p-0": ids["p-0"], "line-p-2": ids["p-2"]}
+    assert await storage.batch_members(sessions, batch_id=batch_id) == {"line-p-0": [ids["p-0"]], "line-p-2": [ids["p-2"]]}
     assert await statuses(sessions, ids) == {"p-0": "batched", "p-1": "pending", "p-2": "batched"}
     assert await storage.job_counts(sessions, job_id=job_id) == {"batched": 2, "pending": 1}
 
@@ -198,8 +209,6 @@ async def test_bad_member_lists_store_nothing(sessions: Sessions) -> None:
     create = storage.create_batch_record
     with pytest.raises(ValueError, match="at least one"):
         await create(sessions, job_id=job_id, model="m", members=[], file_path=None)
-    with pytest.raises(ValueError, match="custom_id"):
-        await create(sessions, job_id=job_id, model="m", members=[(ids["p-0"], "x"), (ids["p-1"], "x")], file_path=None)
     with pytest.raises(ValueError, match="only once"):
         await create(sessions, job_id=job_id, model="m", members=[(ids["p-0"], "a"), (ids["p-0"], "b")], file_path=None)
     with pytest.raises(LookupError, match="not in the database"):
@@ -286,10 +295,10 @@ async def test_ingesting_a_batch_through_the_writer(sessions: Sessions) -> None:
     members = await storage.batch_members(sessions, batch_id=batch_id)
 
     async with ResultWriter(sessions, job_id=job_id) as writer:
-        await writer.success(prompt_ids=[members["line-p-0"]], result=answer("from batch", tokens=20), route="batch")
-        await writer.failure(prompt_ids=[members["line-p-1"]], error=BadRequestError("bad line", status_code=400),
+        await writer.success(prompt_ids=members["line-p-0"], result=answer("from batch", tokens=20), route="batch")
+        await writer.failure(prompt_ids=members["line-p-1"], error=BadRequestError("bad line", status_code=400),
                              route="batch")
-        await writer.failure(prompt_ids=[members["line-p-2"]], error=RateLimitError("expired", status_code=429),
+        await writer.failure(prompt_ids=members["line-p-2"], error=RateLimitError("expired", status_code=429),
                              final=False, route="batch")
     assert await statuses(sessions, ids) == {
         "p-0": "succeeded", "p-1": "failed", "p-2": "pending", "p-3": "batched", "p-4": "batched"}
@@ -318,3 +327,22 @@ async def test_release_leaves_other_batches_alone(sessions: Sessions) -> None:
     await new_batch(sessions, job_id, ids, ["p-1"])
     assert await storage.release_members(sessions, batch_id=first, prompt_ids=[ids["p-0"], ids["p-1"]]) == 1
     assert await statuses(sessions, ids) == {"p-0": "pending", "p-1": "batched"}
+
+
+async def test_identical_prompts_share_one_line_and_one_answer(sessions: Sessions) -> None:
+    job_id, ids = await job_with_prompts(sessions, 3)
+    batch_id = await storage.create_batch_record(
+        sessions, job_id=job_id, model="gpt-4o-mini", file_path=None,
+        members=[(ids["p-0"], "line-a"), (ids["p-1"], "line-a"), (ids["p-2"], "line-b")],
+    )
+    batch = await storage.get_batch(sessions, batch_id=batch_id)
+    assert batch is not None and batch.request_total == 2  # lines, not prompts
+    assert await storage.batch_members(sessions, batch_id=batch_id) == {
+        "line-a": sorted([ids["p-0"], ids["p-1"]]), "line-b": [ids["p-2"]]}
+    async with ResultWriter(sessions, job_id=job_id) as writer:
+        await writer.success(prompt_ids=[ids["p-0"], ids["p-1"]], result=answer("one answer"), route="batch")
+    # A second ingest of the same output finds only what still waits.
+    assert await storage.batch_members(sessions, batch_id=batch_id, waiting_only=True) == {"line-b": [ids["p-2"]]}
+    assert [r.route for r in await results_of(sessions, ids["p-1"])] == ["reused"]
+    assert await storage.batch_submissions(sessions, prompt_ids=list(ids.values())) == {
+        ids["p-0"]: 1, ids["p-1"]: 1, ids["p-2"]: 1}

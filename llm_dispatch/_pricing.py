@@ -1,0 +1,338 @@
+"""Model prices and exact cost arithmetic: a bundled price table, the user's overrides, totals.
+
+Prices are Decimals per 1M tokens, so sums over millions of prompts stay exact. A model missing
+from the table has no price (``None``), never a price of zero.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import date
+from decimal import Decimal
+from importlib import resources
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from ._exceptions import ConfigError
+from ._routing import Route
+from ._tokens import estimate_request_tokens
+from ._types import ChatRequest
+
+__all__ = [
+    "CostEstimate",
+    "CostTotals",
+    "ModelPrice",
+    "PriceTable",
+    "RouteTotals",
+    "estimate_request_cost",
+]
+
+PER_TOKENS = Decimal(1_000_000)
+_ROUTES = ("realtime", "batch")
+_TOP_FIELDS = frozenset({"prices_as_of", "source", "currency", "unit", "batch_discount", "models"})
+_MODEL_FIELDS = frozenset({"input", "cached_input", "output", "batch_discount"})
+# Snapshot names: "gpt-4o-mini-2024-07-18" and the older "gpt-3.5-turbo-0125".
+_SNAPSHOT = re.compile(r"-(?:\d{4}-\d{2}-\d{2}|\d{4})$")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelPrice:
+    """One model's standard-tier prices in the table's currency per 1M tokens."""
+
+    input: Decimal
+    cached_input: Decimal
+    output: Decimal
+    # Fraction taken off on the Batch API: 0.5 means half price.
+    batch_discount: Decimal
+
+
+@dataclass(frozen=True, kw_only=True)
+class PriceTable:
+    """Prices by model name; build it with ``PriceTable.load()``."""
+
+    prices_as_of: str
+    source: str
+    currency: str
+    models: Mapping[str, ModelPrice]
+
+    @classmethod
+    def load(cls, *, path: Path | None = None) -> PriceTable:
+        """The bundled table, with the user's file at ``path`` (same format, any subset) on top.
+
+        The user's models replace bundled models of the same name; its ``batch_discount``,
+        ``prices_as_of`` and ``source`` replace the bundled ones. Raises ``ConfigError``.
+        """
+        bundled_text = resources.files("llm_dispatch").joinpath("prices.json").read_text(encoding="utf-8")
+        merged = _parse(bundled_text, where="bundled prices.json", complete=True)
+        if path is not None:
+            where = str(path)
+            try:
+                text = Path(path).read_text(encoding="utf-8")
+            except FileNotFoundError as exc:
+                raise ConfigError(f"price file {where}: no such file; give the path of a JSON price table") from exc
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ConfigError(f"price file {where}: cannot be read ({exc})") from exc
+            user = _parse(text, where=where, complete=False)
+            for name in ("currency", "unit"):
+                if name in user and user[name] != merged[name]:
+                    raise ConfigError(
+                        f"price file {where}: field '{name}' is {user[name]!r} but prices must be "
+                        f"{merged[name]!r}; convert them or remove the field"
+                    )
+            models = {**merged["models"], **user.pop("models", {})}
+            merged.update(user)
+            merged["models"] = models
+        default_discount = merged["batch_discount"]
+        prices = {
+            name: ModelPrice(
+                input=entry["input"],
+                cached_input=entry.get("cached_input", entry["input"]),
+                output=entry["output"],
+                batch_discount=entry.get("batch_discount", default_discount),
+            )
+            for name, entry in merged["models"].items()
+        }
+        return cls(
+            prices_as_of=merged["prices_as_of"],
+            source=merged["source"],
+            currency=merged["currency"],
+            models=MappingProxyType(prices),
+        )
+
+    def price_for(self, model: str) -> ModelPrice | None:
+        """The price of ``model``, or of the model a dated snapshot name belongs to; else None."""
+        price = self.models.get(model)
+        if price is None:
+            base = _SNAPSHOT.sub("", model)
+            if base != model:
+                price = self.models.get(base)
+        return price
+
+    def cost(
+        self,
+        *,
+        model: str,
+        route: Route,
+        prompt_tokens: int,
+        completion_tokens: int,
+        cached_tokens: int = 0,
+    ) -> Decimal | None:
+        """What a request cost, in ``currency``; None when the model has no price."""
+        if route not in _ROUTES:
+            raise ValueError(f"route {route!r} is unknown; use 'realtime' or 'batch'")
+        for name, count in (("prompt_tokens", prompt_tokens), ("completion_tokens", completion_tokens),
+                            ("cached_tokens", cached_tokens)):
+            if count < 0:
+                raise ValueError(f"{name} must be >= 0, got {count}")
+        if cached_tokens > prompt_tokens:
+            raise ValueError(
+                f"cached_tokens ({cached_tokens}) cannot exceed prompt_tokens ({prompt_tokens}); "
+                "cached tokens are part of the prompt"
+            )
+        price = self.price_for(model)
+        if price is None:
+            return None
+        total = (
+            (prompt_tokens - cached_tokens) * price.input
+            + cached_tokens * price.cached_input
+            + completion_tokens * price.output
+        ) / PER_TOKENS
+        if route == "batch":
+            total *= 1 - price.batch_discount
+        return total
+
+
+@dataclass(frozen=True, slots=True)
+class CostEstimate:
+    """A request's expected tokens and cost before it is sent."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cost: Decimal | None
+
+
+def estimate_request_cost(
+    *, request: ChatRequest, route: Route, table: PriceTable, typical_completion_tokens: int
+) -> CostEstimate:
+    """Estimate a request's cost: heuristic prompt tokens, and the reply's cap or a typical length.
+
+    The reply is priced at ``max_completion_tokens`` (or ``max_tokens``) when set, an upper bound,
+    else at ``typical_completion_tokens``.
+    """
+    params = request.params
+    # With no reply allowance this is the prompt alone, tools and response_format included
+    # (they are billed as input), counted the same way as the rate limiter counts them.
+    prompt_only = ChatRequest(
+        model=request.model,
+        messages=request.messages,
+        params={k: v for k, v in params.items() if k not in ("max_completion_tokens", "max_tokens")},
+    )
+    prompt_tokens = estimate_request_tokens(prompt_only, default_completion_tokens=0)
+    limit = params.get("max_completion_tokens") or params.get("max_tokens")
+    per_choice = int(limit) if limit else typical_completion_tokens
+    completion_tokens = per_choice * max(int(params.get("n") or 1), 1)
+    cost = table.cost(model=request.model, route=route, prompt_tokens=prompt_tokens,
+                      completion_tokens=completion_tokens)
+    return CostEstimate(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, cost=cost)
+
+
+@dataclass(slots=True)
+class RouteTotals:
+    """Usage and known cost of the prompts sent one way."""
+
+    prompts: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    cost: Decimal = Decimal(0)
+    # Prompts whose model has no price; their cost is in neither ``cost`` nor any saving.
+    unpriced: int = 0
+
+
+@dataclass(kw_only=True)
+class CostTotals:
+    """Running totals over many requests, per route, with what the Batch API saved.
+
+    ``add`` one request at a time; costs of models without a price are counted, not guessed.
+    """
+
+    table: PriceTable
+    realtime: RouteTotals = field(default_factory=RouteTotals)
+    batch: RouteTotals = field(default_factory=RouteTotals)
+    # Model name -> prompts sent to it without a known price.
+    unpriced_models: dict[str, int] = field(default_factory=dict)
+    # What the priced batch-routed requests would have cost real-time.
+    batch_at_realtime: Decimal = Decimal(0)
+
+    def add(
+        self,
+        *,
+        model: str,
+        route: Route,
+        prompt_tokens: int,
+        completion_tokens: int,
+        cached_tokens: int = 0,
+    ) -> Decimal | None:
+        """Count one request; returns its cost (None when its model has no price)."""
+        usage = {"model": model, "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                 "cached_tokens": cached_tokens}
+        cost = self.table.cost(route=route, **usage)
+        totals = self.realtime if route == "realtime" else self.batch
+        totals.prompts += 1
+        totals.prompt_tokens += prompt_tokens
+        totals.completion_tokens += completion_tokens
+        totals.cached_tokens += cached_tokens
+        if cost is None:
+            totals.unpriced += 1
+            self.unpriced_models[model] = self.unpriced_models.get(model, 0) + 1
+            return None
+        totals.cost += cost
+        if route == "batch":
+            realtime_cost = self.table.cost(route="realtime", **usage)
+            assert realtime_cost is not None  # same model, so it has a price
+            self.batch_at_realtime += realtime_cost
+        return cost
+
+    @property
+    def cost(self) -> Decimal:
+        """Known cost over both routes."""
+        return self.realtime.cost + self.batch.cost
+
+    @property
+    def unpriced(self) -> int:
+        """Prompts whose model has no price, over both routes."""
+        return self.realtime.unpriced + self.batch.unpriced
+
+    @property
+    def savings(self) -> Decimal:
+        """What the batch-routed requests would have cost real-time, minus what they cost."""
+        return self.batch_at_realtime - self.batch.cost
+
+
+def _parse(text: str, *, where: str, complete: bool) -> dict[str, Any]:
+    """Validate a price file into plain values; ``complete`` requires every top-level field."""
+
+    def bad(field_name: str, problem: str) -> ConfigError:
+        return ConfigError(f"price file {where}: field '{field_name}' {problem}; fix or remove it")
+
+    try:
+        # Decimal straight from the text: 0.075 stays 0.075, not 0.07499999...
+        data = json.loads(text, parse_float=Decimal)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            f"price file {where}: invalid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})"
+        ) from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"price file {where}: expected a JSON object with a 'models' object, got {type(data).__name__}")
+    unknown = sorted(set(data) - _TOP_FIELDS)
+    if unknown:
+        raise bad(unknown[0], f"is unknown (allowed: {', '.join(sorted(_TOP_FIELDS))})")
+    if complete:
+        missing = sorted(_TOP_FIELDS - set(data))
+        if missing:
+            raise bad(missing[0], "is missing")
+
+    parsed: dict[str, Any] = {}
+    for name in ("source", "currency", "unit"):
+        if name in data:
+            if not isinstance(data[name], str) or not data[name].strip():
+                raise bad(name, "must be a non-empty string")
+            parsed[name] = data[name]
+    if "prices_as_of" in data:
+        value = data["prices_as_of"]
+        try:
+            date.fromisoformat(value if isinstance(value, str) else "")
+        except ValueError:
+            raise bad("prices_as_of", f"must be a date like 2025-08-07, got {_shown(value)}") from None
+        parsed["prices_as_of"] = value
+    if "batch_discount" in data:
+        parsed["batch_discount"] = _discount(data["batch_discount"], field_name="batch_discount", bad=bad)
+    if "models" in data:
+        models = data["models"]
+        if not isinstance(models, dict):
+            raise bad("models", "must be an object of model name -> {input, cached_input, output}")
+        parsed["models"] = {name: _model(name, entry, bad=bad) for name, entry in models.items()}
+    return parsed
+
+
+def _model(name: str, entry: Any, *, bad: Any) -> dict[str, Decimal]:
+    prefix = f"models.{name}"
+    if not name.strip():
+        raise bad(prefix, "needs a non-empty model name")
+    if not isinstance(entry, dict):
+        raise bad(prefix, "must be an object with 'input' and 'output' prices (and optionally 'cached_input')")
+    unknown = sorted(set(entry) - _MODEL_FIELDS)
+    if unknown:
+        raise bad(f"{prefix}.{unknown[0]}", f"is unknown (allowed: {', '.join(sorted(_MODEL_FIELDS))})")
+    parsed: dict[str, Decimal] = {}
+    for key in ("input", "cached_input", "output"):
+        if key not in entry:
+            if key == "cached_input":
+                continue  # no cache discount: cached tokens cost what input does
+            raise bad(f"{prefix}.{key}", "is missing (a price per 1M tokens)")
+        value = entry[key]
+        if not _is_number(value) or value < 0:
+            raise bad(f"{prefix}.{key}", f"must be a number >= 0 (price per 1M tokens), got {_shown(value)}")
+        parsed[key] = Decimal(value)
+    if "batch_discount" in entry:
+        parsed["batch_discount"] = _discount(entry["batch_discount"], field_name=f"{prefix}.batch_discount", bad=bad)
+    return parsed
+
+
+def _discount(value: Any, *, field_name: str, bad: Any) -> Decimal:
+    if not _is_number(value) or not 0 <= value <= 1:
+        raise bad(field_name, f"must be a fraction from 0 to 1 (0.5 = half price), got {_shown(value)}")
+    return Decimal(value)
+
+
+def _is_number(value: Any) -> bool:
+    # JSON floats arrive as Decimal (parse_float); NaN and Infinity arrive as float and are refused.
+    return isinstance(value, (int, Decimal)) and not isinstance(value, bool)
+
+
+def _shown(value: Any) -> str:
+    return str(value) if _is_number(value) else json.dumps(value, default=str)

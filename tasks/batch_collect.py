@@ -1,0 +1,268 @@
+"""Following provider batches to the end: poll, ingest the output, and decide what happens to every
+prompt a batch did not answer. Plain async code over the client and storage (no Prefect).
+
+After ``ingest_batch`` each member of the batch is exactly one of:
+
+* succeeded (route ``batch``; identical prompts sharing the line get ``reused``);
+* failed, with the provider's reason: a line refused for good (a 400, say), a batch that failed
+  validation, a batch the user cancelled, or a retryable line error after ``max_submissions`` batches;
+* pending again, to be sent once more: a retryable line error (429, 5xx, ``batch_expired``) or a line
+  an expired or cancelled batch never reached. Its route stays ``batch`` while its deadline leaves
+  room for another 24-hour window and it has been in fewer than ``max_submissions`` batches;
+  otherwise it is re-routed to real-time, with the reason stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, Final
+
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+import storage
+from llm_dispatch import BatchInfo, LLMClient, read_batch_output
+from llm_dispatch._batch_files import BatchLine
+from llm_dispatch._exceptions import (
+    BatchCancelledError,
+    BatchFailedError,
+    BatchLineError,
+    status_error_class,
+)
+
+__all__ = ["IngestOutcome", "ingest_batch", "poll_batch", "reroute_for_deadlines"]
+
+logger = logging.getLogger(__name__)
+
+Sessions = async_sessionmaker[AsyncSession]
+
+BATCH_WINDOW: Final = timedelta(hours=24)
+# Provider errors quoted in a failed batch's message.
+QUOTED_ERRORS: Final = 3
+READ_SLICE: Final = 5000
+
+
+@dataclass(slots=True)
+class IngestOutcome:
+    batch_id: int
+    status: str  # the provider's final status
+    succeeded: int = 0
+    failed: int = 0
+    resend: int = 0  # members back to pending, to go in another batch or real-time
+    to_realtime: int = 0  # of those, re-routed to real-time
+    unknown_lines: int = 0  # output lines with a custom_id that is not a waiting member
+    failed_by_code: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "batch_id": self.batch_id, "status": self.status, "succeeded": self.succeeded, "failed": self.failed,
+            "resend": self.resend, "to_realtime": self.to_realtime, "unknown_lines": self.unknown_lines,
+            "failed_by_code": dict(self.failed_by_code),
+        }
+
+
+async def poll_batch(*, sessions: Sessions, client: LLMClient, record: storage.BatchRecord) -> storage.BatchRecord:
+    """Ask the provider how the batch stands and store it (status, counts, file ids, errors)."""
+    if record.provider_batch_id is None:
+        raise ValueError(f"batch {record.id} has not been created at the provider yet (status {record.status})")
+    info = await client.retrieve_batch(record.provider_batch_id)
+    await storage.update_batch(sessions, batch_id=record.id, **_fields(info))
+    updated = await storage.get_batch(sessions, batch_id=record.id)
+    assert updated is not None
+    return updated
+
+
+def _fields(info: BatchInfo) -> dict[str, Any]:
+    fields: dict[str, Any] = {
+        "status": info.status.value,
+        "request_completed": info.request_counts.completed,
+        "request_failed": info.request_counts.failed,
+        "output_file_id": info.output_file_id,
+        "error_file_id": info.error_file_id,
+        "last_polled_at": datetime.now(UTC),
+    }
+    if info.request_counts.total:
+        fields["request_total"] = info.request_counts.total
+    if info.expires_at is not None:
+        fields["expires_at"] = info.expires_at
+    finished = info.completed_at or info.failed_at or info.expired_at or info.cancelled_at
+    if info.status.is_terminal:
+        fields["finished_at"] = finished or datetime.now(UTC)
+    if info.errors:
+        fields["errors"] = [
+            {"code": e.code, "message": e.message, "line": e.line, "param": e.param} for e in info.errors
+        ]
+    return fields
+
+
+async def ingest_batch(
+    *,
+    sessions: Sessions,
+    client: LLMClient,
+    writer: storage.ResultWriter,
+    record: storage.BatchRecord,
+    directory: Path,
+    max_submissions: int,
+    deadline_margin: timedelta = timedelta(hours=1),
+    now: datetime | None = None,
+) -> IngestOutcome:
+    """Store what a finished batch answered and settle every member (see the module notes).
+
+    Idempotent: only members still ``batched`` are written, so an ingest cut short by a crash and
+    run again writes each answer once. Marks the batch ``ingested`` last.
+    """
+    if record.status not in storage.TERMINAL_PROVIDER_BATCH_STATUSES:
+        raise ValueError(f"batch {record.id} is {record.status!r}, not finished; poll it until it is")
+    outcome = IngestOutcome(batch_id=record.id, status=record.status)
+    waiting = await storage.batch_members(sessions, batch_id=record.id, waiting_only=True)
+    submissions = await storage.batch_submissions(
+        sessions, prompt_ids=[pid for ids in waiting.values() for pid in ids]
+    )
+    latency_s = _answer_time(record)
+    directory = Path(directory) / record.job_id
+
+    for file_id, kind in ((record.output_file_id, "output"), (record.error_file_id, "errors")):
+        if file_id is None or not waiting:
+            continue
+        path = await client.download_file(file_id, to=directory / f"batch-{record.id}-{kind}.jsonl")
+        reader = read_batch_output(path)
+        while True:
+            # Parsing is CPU work: a thread keeps the event loop (and the writer's flushes) going,
+            # and a slice at a time keeps memory flat whatever the file's size.
+            lines = await asyncio.to_thread(lambda: list(itertools.islice(reader, READ_SLICE)))
+            if not lines:
+                break
+            for line in lines:
+                ids = waiting.pop(line.custom_id, None) if line.custom_id is not None else None
+                if ids is None:
+                    outcome.unknown_lines += 1
+                    continue
+                await _settle_line(writer, line, ids, latency_s=latency_s, submissions=submissions,
+                                   max_submissions=max_submissions, outcome=outcome)
+
+    # Members no line answered.
+    unanswered = [pid for ids in waiting.values() for pid in ids]
+    if unanswered and record.status == "failed":
+        error = BatchFailedError(_failed_message(record))
+        await writer.failure(prompt_ids=unanswered, error=error, route="batch")
+        outcome.failed += len(unanswered)
+        _count(outcome, "batch_failed", len(unanswered))
+        unanswered = []
+    elif unanswered and record.cancel_requested:
+        error = BatchCancelledError(
+            f"batch {record.id} was cancelled with `llm-dispatch cancel` before answering this prompt; "
+            "run the job again with --retry-failed all to send it"
+        )
+        # One row per prompt: these were not answered, so nothing is "reused".
+        for pid in unanswered:
+            await writer.failure(prompt_ids=[pid], error=error, route="batch")
+        outcome.failed += len(unanswered)
+        _count(outcome, "cancelled", len(unanswered))
+        unanswered = []
+    await writer.flush()
+    # Unanswered members (an expired or provider-cancelled batch) go back to pending here.
+    released = await storage.mark_batch_ingested(sessions, batch_id=record.id)
+    outcome.resend += released
+    to_realtime = await _over_the_limit(
+        sessions, prompt_ids=unanswered, submissions=submissions, max_submissions=max_submissions
+    )
+    # Whatever is pending again: real-time if its deadline no longer allows a batch.
+    resend_ids = await storage.open_prompt_ids(sessions, job_id=record.job_id, retry_failed="none",
+                                               planned_route="batch")
+    to_realtime += await reroute_for_deadlines(
+        sessions, prompt_ids=resend_ids, now=now or datetime.now(UTC), margin=deadline_margin
+    )
+    outcome.to_realtime = to_realtime
+    logger.info("batch %d (%s) ingested: %s", record.id, record.status, outcome.as_dict())
+    return outcome
+
+
+async def _settle_line(
+    writer: storage.ResultWriter,
+    line: BatchLine,
+    ids: list[int],
+    *,
+    latency_s: float,
+    submissions: dict[int, int],
+    max_submissions: int,
+    outcome: IngestOutcome,
+) -> None:
+    if line.result is not None:
+        # Latency of a batch answer: from submission to the batch's end.
+        result = dataclasses.replace(line.result, latency_s=latency_s) if latency_s else line.result
+        await writer.success(prompt_ids=ids, result=result, route="batch")
+        outcome.succeeded += len(ids)
+        return
+    code = line.error_code or "unknown_error"
+    message = f"batch line {line.custom_id}: {line.error_message or code}"
+    retry = line.retryable and max(submissions.get(pid, 1) for pid in ids) < max_submissions
+    error: BaseException
+    if line.status_code is not None:
+        error = status_error_class(line.status_code)(message, status_code=line.status_code)
+    else:
+        error = BatchLineError(message, code=code, retryable=line.retryable)
+    # Not final: the prompts go back to pending (history kept) and are sent again.
+    await writer.failure(prompt_ids=ids, error=error, final=not retry, route="batch")
+    if retry:
+        outcome.resend += len(ids)
+    else:
+        outcome.failed += len(ids)
+        _count(outcome, code, len(ids))
+
+
+async def _over_the_limit(
+    sessions: Sessions, *, prompt_ids: Sequence[int], submissions: dict[int, int], max_submissions: int
+) -> int:
+    spent = [pid for pid in prompt_ids if submissions.get(pid, 1) >= max_submissions]
+    if not spent:
+        return 0
+    return await storage.set_planned_route(
+        sessions, prompt_ids=spent, route="realtime",
+        reason=f"unanswered in {max_submissions} batches; sent real-time",
+    )
+
+
+async def reroute_for_deadlines(
+    sessions: Sessions, *, prompt_ids: Sequence[int], now: datetime, margin: timedelta
+) -> int:
+    """Re-route to real-time the prompts whose deadline falls before another batch window could end."""
+    if not prompt_ids:
+        return 0
+    cutoff = now + BATCH_WINDOW + margin
+    rows = await storage.load_work(sessions, prompt_ids=prompt_ids)
+    late = [row.id for row in rows if row.deadline is not None and row.deadline < cutoff]
+    if not late:
+        return 0
+    return await storage.set_planned_route(
+        sessions, prompt_ids=late, route="realtime",
+        reason="deadline no longer leaves room for another batch window; sent real-time",
+    )
+
+
+def _answer_time(record: storage.BatchRecord) -> float:
+    if record.submitted_at is None or record.finished_at is None:
+        return 0.0
+    return max(0.0, (record.finished_at - record.submitted_at).total_seconds())
+
+
+def _failed_message(record: storage.BatchRecord) -> str:
+    errors = record.errors or []
+    quoted = "; ".join(
+        (f"line {e.get('line')}: " if e.get("line") else "") + f"{e.get('code') or 'error'}: {e.get('message')}"
+        for e in errors[:QUOTED_ERRORS]
+    )
+    more = f" (and {len(errors) - QUOTED_ERRORS} more)" if len(errors) > QUOTED_ERRORS else ""
+    return (
+        f"batch {record.id} failed validation at the provider: {quoted or 'no reason given'}{more}; "
+        "nothing in it was billed. Fix the input and run again with --retry-failed all"
+    )
+
+
+def _count(outcome: IngestOutcome, code: str, n: int) -> None:
+    outcome.failed_by_code[code] = outcome.failed_by_code.get(code, 0) + n

@@ -1,0 +1,234 @@
+"""Putting prompts into provider batches: write the files, record, upload, create; and finish what a
+crash left half done. Plain async code over the client and storage (no Prefect); ``tasks.batch`` wraps it.
+
+Each step is recorded before and after its provider call, so the database always says how far a
+batch got:
+
+    preparing  row and members stored, prompts ``batched``; file written, maybe uploaded (id unknown)
+    uploaded   input file id stored; the batch may or may not exist at the provider
+    validating / in_progress / ...   provider batch id stored
+
+``advance_submission`` takes a batch from wherever it stands to created. For ``uploaded`` it first
+looks for a provider batch carrying our batch id in its metadata (a create that reached the
+provider before the process died) and adopts it, so a crash never makes a second batch for the
+same prompts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Final
+
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+import storage
+from llm_dispatch import BatchInfo, BatchLimits, LLMClient, NotFoundError, write_batch_files
+from llm_dispatch._types import ChatRequest
+
+__all__ = [
+    "BATCH_ID_KEY",
+    "JOB_ID_KEY",
+    "SubmitOutcome",
+    "advance_submission",
+    "find_provider_batch",
+    "submit_prompts",
+]
+
+logger = logging.getLogger(__name__)
+
+Sessions = async_sessionmaker[AsyncSession]
+
+# Keys of the provider batch's metadata: how a batch is found again after a crash.
+JOB_ID_KEY: Final = "llm_dispatch_job"
+BATCH_ID_KEY: Final = "llm_dispatch_batch"
+# Uploads and creates in flight at once.
+SUBMIT_CONCURRENCY: Final = 4
+# How far before our record's creation a provider batch may claim to be created (clock skew).
+CLOCK_SLACK: Final = timedelta(minutes=10)
+
+
+@dataclass(slots=True)
+class SubmitOutcome:
+    batch_ids: list[int] = field(default_factory=list)
+    lines: int = 0
+    prompts: int = 0
+    reused: int = 0  # answered from stored identical requests, never sent
+
+
+async def submit_prompts(
+    *,
+    sessions: Sessions,
+    client: LLMClient,
+    writer: storage.ResultWriter,
+    job_id: str,
+    prompt_ids: Sequence[int],
+    directory: Path,
+    limits: BatchLimits,
+    dedupe: bool = True,
+    resubmission_of: int | None = None,
+    metadata: Mapping[str, str] | None = None,
+) -> SubmitOutcome:
+    """Send these prompts of ``job_id`` as provider batches: one line per distinct request, files
+    split per model and at the provider's limits. Returns our ids of the batches created.
+
+    With ``dedupe``, a request already answered in storage is reused and never sent, and identical
+    prompts share one line (one paid request).
+    """
+    outcome = SubmitOutcome()
+    rows = await storage.load_work(sessions, prompt_ids=prompt_ids)
+    if not rows:
+        return outcome
+    groups: dict[str, list[storage.WorkRow]] = {}
+    for row in rows:
+        groups.setdefault(row.dedupe_key if dedupe else f"id:{row.id}", []).append(row)
+    if dedupe:
+        stored = await storage.find_reusable(sessions, dedupe_keys=list(groups))
+        for key, result in stored.items():
+            ids = [row.id for row in groups.pop(key)]
+            await writer.success(prompt_ids=ids, result=result, route="reused")
+            outcome.reused += len(ids)
+        if outcome.reused:
+            await writer.flush()
+    if not groups:
+        return outcome
+
+    # The line's custom_id names the group's first prompt row: traceable, and unique in the file.
+    by_line = {f"p{group[0].id}": group for group in groups.values()}
+    directory = Path(directory) / job_id
+    files = await asyncio.to_thread(
+        write_batch_files,
+        ((custom_id, _request(group[0])) for custom_id, group in by_line.items()),
+        directory=directory,
+        limits=limits,
+        prefix=f"in-{time.time_ns()}",
+    )
+    gate = asyncio.Semaphore(SUBMIT_CONCURRENCY)
+
+    async def submit(batch_id: int) -> None:
+        async with gate:
+            record = await storage.get_batch(sessions, batch_id=batch_id)
+            assert record is not None
+            await advance_submission(sessions=sessions, client=client, record=record, metadata=metadata)
+
+    batch_ids: list[int] = []
+    for file in files:
+        members = [(row.id, custom_id) for custom_id in file.custom_ids for row in by_line[custom_id]]
+        try:
+            batch_id = await storage.create_batch_record(
+                sessions, job_id=job_id, model=file.model, members=members, file_path=str(file.path),
+                resubmission_of=resubmission_of,
+            )
+        except storage.BatchConflictError as exc:
+            # Another run batched some of these meanwhile: they are in good hands; leave this file out.
+            logger.warning("batch file %s not sent: %s", file.path.name, exc)
+            file.path.unlink(missing_ok=True)
+            continue
+        batch_ids.append(batch_id)
+        outcome.lines += file.requests
+        outcome.prompts += len(members)
+    async with asyncio.TaskGroup() as tasks:
+        for batch_id in batch_ids:
+            tasks.create_task(submit(batch_id))
+    outcome.batch_ids = batch_ids
+    return outcome
+
+
+async def advance_submission(
+    *,
+    sessions: Sessions,
+    client: LLMClient,
+    record: storage.BatchRecord,
+    metadata: Mapping[str, str] | None = None,
+) -> storage.BatchRecord:
+    """Take a batch in ``preparing`` or ``uploaded`` to created at the provider; return it as stored.
+
+    Safe to call again after a crash at any point: an upload whose file id was never stored is made
+    again (the orphan costs only storage), and a create that reached the provider is adopted.
+    A batch already created is returned as it is.
+    """
+    if record.status == "preparing":
+        path = await _input_file(sessions=sessions, record=record)
+        uploaded = await client.upload_file(path, purpose="batch")
+        await storage.update_batch(sessions, batch_id=record.id, status="uploaded", input_file_id=uploaded.id)
+        record = await _reload(sessions, record.id)
+    if record.status != "uploaded":
+        return record
+    info = await find_provider_batch(client=client, record=record)
+    if info is not None:
+        logger.info("batch %d: adopting provider batch %s, created before this process lost track of it",
+                    record.id, info.id)
+    else:
+        assert record.input_file_id is not None
+        tags = {**(metadata or {}), JOB_ID_KEY: record.job_id, BATCH_ID_KEY: str(record.id)}
+        try:
+            info = await client.create_batch(input_file_id=record.input_file_id, metadata=tags)
+        except NotFoundError:
+            # The uploaded file is gone (deleted, or expired at the provider): upload it again.
+            path = await _input_file(sessions=sessions, record=record)
+            uploaded = await client.upload_file(path, purpose="batch")
+            await storage.update_batch(sessions, batch_id=record.id, input_file_id=uploaded.id)
+            info = await client.create_batch(input_file_id=uploaded.id, metadata=tags)
+    await storage.update_batch(
+        sessions,
+        batch_id=record.id,
+        status=info.status.value,
+        provider_batch_id=info.id,
+        input_file_id=info.input_file_id or record.input_file_id,
+        submitted_at=info.created_at or datetime.now(UTC),
+        expires_at=info.expires_at,
+        request_total=info.request_counts.total or record.request_total,
+    )
+    logger.info("batch %d: created %s (%d lines, %s)", record.id, info.id, record.request_total, record.model)
+    return await _reload(sessions, record.id)
+
+
+async def find_provider_batch(*, client: LLMClient, record: storage.BatchRecord) -> BatchInfo | None:
+    """The provider batch created for our batch ``record`` (by the ids in its metadata), if any.
+
+    Lists newest first and stops at batches older than the record, so it reads a page or two.
+    """
+    since = record.created_at - CLOCK_SLACK
+    async for info in client.iter_batches():
+        if info.metadata.get(BATCH_ID_KEY) == str(record.id) and info.metadata.get(JOB_ID_KEY) == record.job_id:
+            return info
+        if info.created_at is not None and info.created_at < since:
+            return None
+    return None
+
+
+async def _input_file(*, sessions: Sessions, record: storage.BatchRecord) -> Path:
+    """The batch's input file on disk, written again from its members when it is missing."""
+    path = Path(record.file_path) if record.file_path else None
+    if path is not None and path.is_file():
+        return path
+    members = await storage.batch_members(sessions, batch_id=record.id)
+    first = {custom_id: ids[0] for custom_id, ids in members.items()}
+    rows = {row.id: row for row in await storage.load_work(sessions, prompt_ids=list(first.values()))}
+    directory = path.parent if path is not None else Path(".")
+    [file] = await asyncio.to_thread(
+        write_batch_files,
+        ((custom_id, _request(rows[pid])) for custom_id, pid in first.items()),
+        directory=directory,
+        # One file whatever the limits: these lines were one batch already.
+        limits=BatchLimits(max_requests=len(first), max_bytes=2**62),
+        prefix=f"in-{time.time_ns()}-rewritten",
+    )
+    await storage.update_batch(sessions, batch_id=record.id, file_path=str(file.path))
+    return file.path
+
+
+def _request(row: storage.WorkRow) -> ChatRequest:
+    return ChatRequest(model=row.model, messages=row.messages, params=row.params)
+
+
+async def _reload(sessions: Sessions, batch_id: int) -> storage.BatchRecord:
+    record = await storage.get_batch(sessions, batch_id=batch_id)
+    if record is None:
+        raise LookupError(f"batch {batch_id} vanished from the database")
+    return record

@@ -1,0 +1,288 @@
+"""The Batch API path without Prefect: submit, poll, ingest and settle, against the simulator over real sockets."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+import storage
+from conftest import Sim
+from llm_dispatch import LLMClient
+from llm_dispatch._types import dedupe_key
+from storage import Prompt, Result
+from tasks.batch_collect import ingest_batch, poll_batch
+from tasks.batch_submit import BATCH_ID_KEY, JOB_ID_KEY, advance_submission, submit_prompts
+
+Sessions = async_sessionmaker[AsyncSession]
+
+
+@dataclass
+class Env:
+    sessions: Sessions
+    client: LLMClient
+    directory: Path
+    sim: Sim
+
+    async def job(self, contents: list[str], *, deadline: datetime | None = None) -> tuple[str, list[int]]:
+        job_id = await storage.create_job(
+            self.sessions, name="t", fingerprint=str(len(contents)) * 64, input_path=None, model="gpt-4o-mini",
+            settings={})
+        prompts = []
+        for i, content in enumerate(contents):
+            messages = [{"role": "user", "content": content}]
+            prompts.append(storage.NewPrompt(
+                custom_id=f"c-{i}", position=i, model="gpt-4o-mini", messages=messages, params={"max_tokens": 20},
+                dedupe_key=dedupe_key(model="gpt-4o-mini", messages=messages, params={"max_tokens": 20}),
+                planned_route="batch", route_reason="test", deadline=deadline))
+        await storage.add_prompts(self.sessions, job_id=job_id, prompts=prompts)
+        ids = await storage.open_prompt_ids(self.sessions, job_id=job_id)
+        return job_id, ids
+
+    async def submit(self, job_id: str, ids: list[int], **kwargs: object) -> list[int]:
+        async with storage.ResultWriter(self.sessions, job_id=job_id) as writer:
+            outcome = await submit_prompts(
+                sessions=self.sessions, client=self.client, writer=writer, job_id=job_id, prompt_ids=ids,
+                directory=self.directory, limits=kwargs.pop("limits", storage_limits()), **kwargs)  # type: ignore[arg-type]
+        return outcome.batch_ids
+
+    async def finish(self, batch_id: int, *, max_submissions: int = 3, now: datetime | None = None):
+        record = await storage.get_batch(self.sessions, batch_id=batch_id)
+        assert record is not None
+        for _ in range(200):
+            record = await poll_batch(sessions=self.sessions, client=self.client, record=record)
+            if record.status in storage.TERMINAL_PROVIDER_BATCH_STATUSES:
+                break
+            await asyncio.sleep(0.05)
+        async with storage.ResultWriter(self.sessions, job_id=record.job_id) as writer:
+            return await ingest_batch(sessions=self.sessions, client=self.client, writer=writer, record=record,
+                                      directory=self.directory, max_submissions=max_submissions, now=now)
+
+    async def statuses(self, job_id: str) -> dict[str, int]:
+        return await storage.job_counts(self.sessions, job_id=job_id)
+
+    async def results(self, job_id: str) -> list[Result]:
+        async with self.sessions() as session:
+            return list((await session.scalars(select(Result).where(Result.job_id == job_id).order_by(Result.id))).all())
+
+    async def prompts(self, job_id: str) -> list[Prompt]:
+        async with self.sessions() as session:
+            return list((await session.scalars(select(Prompt).where(Prompt.job_id == job_id).order_by(Prompt.position))).all())
+
+
+def storage_limits():
+    from llm_dispatch import BatchLimits
+
+    return BatchLimits()
+
+
+@pytest.fixture
+async def env(sim: Sim, db_url: str, tmp_path: Path) -> AsyncIterator[Env]:
+    sim.configure(batch_processing_seconds=0.3)
+    engine = storage.create_engine(db_url)
+    await storage.migrate(engine)
+    async with LLMClient(base_url=sim.base_url, api_key=None, max_retries=2) as client:
+        yield Env(storage.session_factory(engine), client, tmp_path / "batches", sim)
+    await engine.dispose()
+
+
+def queue_fault(sim: Sim, *faults: str) -> None:
+    httpx.post(f"{sim.root}/_sim/batch_faults", json={"faults": list(faults)}, timeout=5).raise_for_status()
+
+
+def provider_batches(sim: Sim) -> list[dict]:
+    return httpx.get(f"{sim.base_url}/batches", params={"limit": 100}, timeout=5).raise_for_status().json()["data"]
+
+
+async def test_happy_path_one_line_per_distinct_request_every_answer_stored(env: Env) -> None:
+    contents = [f"question {i}" for i in range(30)] + ["question 3"]  # the last repeats one
+    job_id, ids = await env.job(contents)
+    [batch_id] = await env.submit(job_id, ids)
+
+    record = await storage.get_batch(env.sessions, batch_id=batch_id)
+    assert record is not None and record.provider_batch_id and record.request_total == 30
+    assert await env.statuses(job_id) == {"batched": 31}
+    [provider] = provider_batches(env.sim)
+    assert provider["metadata"] == {JOB_ID_KEY: job_id, BATCH_ID_KEY: str(batch_id)}
+
+    outcome = await env.finish(batch_id)
+    assert (outcome.status, outcome.succeeded, outcome.failed, outcome.resend) == ("completed", 31, 0, 0)
+    assert await env.statuses(job_id) == {"succeeded": 31}
+    results = await env.results(job_id)
+    assert sorted(r.route for r in results).count("batch") == 30
+    assert [r.route for r in results].count("reused") == 1
+    assert all(r.text and r.prompt_tokens and r.completion_tokens for r in results if r.route == "batch")
+    record = await storage.get_batch(env.sessions, batch_id=batch_id)
+    assert record is not None and record.status == "ingested" and record.request_completed == 30
+
+
+async def test_files_split_at_the_providers_limit(env: Env) -> None:
+    from llm_dispatch import BatchLimits
+
+    job_id, ids = await env.job([f"q {i}" for i in range(25)])
+    batch_ids = await env.submit(job_id, ids, limits=BatchLimits(max_requests=10))
+    assert len(batch_ids) == 3
+    totals = [(await storage.get_batch(env.sessions, batch_id=b)).request_total for b in batch_ids]  # type: ignore[union-attr]
+    assert totals == [10, 10, 5]
+    for batch_id in batch_ids:
+        await env.finish(batch_id)
+    assert await env.statuses(job_id) == {"succeeded": 25}
+
+
+async def test_expired_batch_keeps_every_answer_and_resends_only_the_rest(env: Env) -> None:
+    job_id, ids = await env.job([f"question {i}" for i in range(20)])
+    queue_fault(env.sim, "expire:0.5")
+    [first] = await env.submit(job_id, ids)
+    outcome = await env.finish(first)
+    assert (outcome.status, outcome.succeeded, outcome.failed) == ("expired", 10, 0)
+    assert outcome.resend == 10
+    assert await env.statuses(job_id) == {"succeeded": 10, "pending": 10}
+
+    rest = await storage.open_prompt_ids(env.sessions, job_id=job_id, planned_route="batch")
+    assert len(rest) == 10
+    [second] = await env.submit(job_id, rest, resubmission_of=first)
+    record = await storage.get_batch(env.sessions, batch_id=second)
+    assert record is not None and record.request_total == 10 and record.resubmission_of == first
+    await env.finish(second)
+    assert await env.statuses(job_id) == {"succeeded": 20}
+    # Every prompt has exactly one success: none paid twice.
+    successes = [r.prompt_id for r in await env.results(job_id) if r.status == "succeeded"]
+    assert sorted(successes) == sorted(ids)
+
+
+async def test_expired_batch_sends_prompts_real_time_when_their_deadline_is_near(env: Env) -> None:
+    now = datetime.now(UTC)
+    job_id, ids = await env.job([f"q {i}" for i in range(4)], deadline=now + timedelta(hours=30))
+    queue_fault(env.sim, "expire:0.5")
+    [batch_id] = await env.submit(job_id, ids)
+    # Ten hours later another 24 h window would end after the deadline.
+    outcome = await env.finish(batch_id, now=now + timedelta(hours=10))
+    assert outcome.to_realtime == 2
+    assert await storage.open_prompt_ids(env.sessions, job_id=job_id, planned_route="batch") == []
+    late = await storage.open_prompt_ids(env.sessions, job_id=job_id, planned_route="realtime")
+    assert len(late) == 2
+    reasons = {p.route_reason for p in await env.prompts(job_id) if p.id in late}
+    assert reasons == {"deadline no longer leaves room for another batch window; sent real-time"}
+
+
+async def test_failed_validation_fails_every_member_with_the_providers_reason(env: Env) -> None:
+    job_id, ids = await env.job([f"q {i}" for i in range(5)])
+    queue_fault(env.sim, "fail_validation")
+    [batch_id] = await env.submit(job_id, ids)
+    outcome = await env.finish(batch_id)
+    assert (outcome.status, outcome.failed) == ("failed", 5)
+    assert await env.statuses(job_id) == {"failed": 5}
+    results = await env.results(job_id)
+    assert {r.error_class for r in results} == {"BatchFailedError"}
+    assert all("failed validation at the provider" in (r.error_message or "") for r in results)
+    assert all(p.failed_retryable is False for p in await env.prompts(job_id))
+
+
+async def test_line_errors_final_ones_fail_retryable_ones_go_again(env: Env) -> None:
+    contents = ["fine", "refused [[sim:400]]", "flaky [[sim:500x1]]", "fine too"]
+    job_id, ids = await env.job(contents)
+    [first] = await env.submit(job_id, ids)
+    outcome = await env.finish(first)
+    assert (outcome.succeeded, outcome.failed, outcome.resend) == (2, 1, 1)
+    prompts = {p.custom_id: p for p in await env.prompts(job_id)}
+    assert (prompts["c-1"].status, prompts["c-1"].last_error_class) == ("failed", "BadRequestError")
+    assert prompts["c-2"].status == "pending"
+
+    [second] = await env.submit(job_id, [prompts["c-2"].id], resubmission_of=first)
+    await env.finish(second)
+    assert await env.statuses(job_id) == {"succeeded": 3, "failed": 1}
+    history = [(r.status, r.http_status) for r in await env.results(job_id) if r.prompt_id == prompts["c-2"].id]
+    assert history == [("failed", 500), ("succeeded", 200)]
+
+
+async def test_retryable_line_errors_stop_after_max_submissions(env: Env) -> None:
+    job_id, ids = await env.job(["always down [[sim:503]]"])
+    [batch_id] = await env.submit(job_id, ids)
+    outcome = await env.finish(batch_id, max_submissions=1)
+    assert (outcome.failed, outcome.resend) == (1, 0)
+    [prompt] = await env.prompts(job_id)
+    assert (prompt.status, prompt.last_error_class, prompt.failed_retryable) == ("failed", "InternalServerError", True)
+
+
+async def test_cancel_keeps_what_completed_and_fails_the_rest(env: Env) -> None:
+    env.sim.configure(batch_processing_seconds=3.0)
+    job_id, ids = await env.job([f"q {i}" for i in range(400)])
+    [batch_id] = await env.submit(job_id, ids)
+    record = await storage.get_batch(env.sessions, batch_id=batch_id)
+    assert record is not None
+    while (record := await poll_batch(sessions=env.sessions, client=env.client, record=record)).request_completed < 50:
+        await asyncio.sleep(0.05)
+    await storage.update_batch(env.sessions, batch_id=batch_id, cancel_requested=True)
+    await env.client.cancel_batch(record.provider_batch_id)  # type: ignore[arg-type]
+    outcome = await env.finish(batch_id)
+    assert outcome.status == "cancelled"
+    assert outcome.succeeded >= 50 and outcome.succeeded + outcome.failed == 400
+    counts = await env.statuses(job_id)
+    assert counts == {"succeeded": outcome.succeeded, "failed": outcome.failed}
+    assert {r.error_class for r in await env.results(job_id) if r.status == "failed"} == {"BatchCancelledError"}
+
+
+async def test_a_create_that_reached_the_provider_is_adopted_not_repeated(env: Env) -> None:
+    job_id, ids = await env.job([f"q {i}" for i in range(3)])
+    members = [(pid, f"p{pid}") for pid in ids]
+    from llm_dispatch import ChatRequest, write_batch_files
+
+    [file] = write_batch_files(
+        [(f"p{pid}", ChatRequest(model="gpt-4o-mini", messages=[{"role": "user", "content": f"q {i}"}],
+                                 params={"max_tokens": 20})) for i, pid in enumerate(ids)],
+        directory=env.directory)
+    batch_id = await storage.create_batch_record(env.sessions, job_id=job_id, model="gpt-4o-mini", members=members,
+                                                 file_path=str(file.path))
+    uploaded = await env.client.upload_file(file.path)
+    await storage.update_batch(env.sessions, batch_id=batch_id, status="uploaded", input_file_id=uploaded.id)
+    # The process created the batch, then died before storing its id.
+    created = await env.client.create_batch(
+        input_file_id=uploaded.id, metadata={JOB_ID_KEY: job_id, BATCH_ID_KEY: str(batch_id)})
+
+    record = await storage.get_batch(env.sessions, batch_id=batch_id)
+    assert record is not None
+    record = await advance_submission(sessions=env.sessions, client=env.client, record=record)
+    assert record.provider_batch_id == created.id
+    assert len(provider_batches(env.sim)) == 1
+    await env.finish(batch_id)
+    assert await env.statuses(job_id) == {"succeeded": 3}
+
+
+async def test_a_batch_left_preparing_without_its_file_is_written_again(env: Env) -> None:
+    job_id, ids = await env.job([f"q {i}" for i in range(3)])
+    batch_id = await storage.create_batch_record(
+        env.sessions, job_id=job_id, model="gpt-4o-mini", members=[(pid, f"p{pid}") for pid in ids],
+        file_path=str(env.directory / "gone.jsonl"))
+    record = await storage.get_batch(env.sessions, batch_id=batch_id)
+    assert record is not None
+    record = await advance_submission(sessions=env.sessions, client=env.client, record=record)
+    assert record.provider_batch_id is not None and record.request_total == 3
+    await env.finish(batch_id)
+    assert await env.statuses(job_id) == {"succeeded": 3}
+
+
+async def test_ingesting_twice_writes_each_answer_once(env: Env) -> None:
+    job_id, ids = await env.job([f"q {i}" for i in range(6)])
+    [batch_id] = await env.submit(job_id, ids)
+    await env.finish(batch_id)
+    record = await storage.get_batch(env.sessions, batch_id=batch_id)
+    assert record is not None
+    # Say the process died after writing the results and before marking the batch ingested.
+    async with env.sessions.begin() as session:
+        from sqlalchemy import update
+
+        await session.execute(update(storage.Batch).where(storage.Batch.id == batch_id).values(status="completed"))
+    record = await storage.get_batch(env.sessions, batch_id=batch_id)
+    async with storage.ResultWriter(env.sessions, job_id=job_id) as writer:
+        outcome = await ingest_batch(sessions=env.sessions, client=env.client, writer=writer, record=record,  # type: ignore[arg-type]
+                                     directory=env.directory, max_submissions=3)
+    assert (outcome.succeeded, outcome.failed, outcome.resend) == (0, 0, 0)
+    async with env.sessions() as session:
+        assert (await session.execute(select(func.count()).select_from(Result))).scalar_one() == 6

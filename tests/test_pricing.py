@@ -1,0 +1,193 @@
+"""Costs come out exact from the bundled price table (or the user's overrides); unknown models cost None."""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from llm_dispatch import ChatRequest, ConfigError
+from llm_dispatch._pricing import CostEstimate, CostTotals, ModelPrice, PriceTable, estimate_request_cost
+from llm_dispatch._tokens import estimate_prompt_tokens
+
+M = 1_000_000
+
+
+@pytest.fixture(scope="module")
+def table() -> PriceTable:
+    return PriceTable.load()
+
+
+def write_prices(tmp_path: Path, data: Any) -> Path:
+    path = tmp_path / "my-prices.json"
+    path.write_text(data if isinstance(data, str) else json.dumps(data), encoding="utf-8")
+    return path
+
+
+def test_bundled_table_says_where_and_when_prices_are_from(table: PriceTable) -> None:
+    assert (table.prices_as_of, table.source, table.currency) == ("2025-08-07", "https://openai.com/api/pricing", "USD")
+    assert table.price_for("gpt-4o-mini") == ModelPrice(
+        input=Decimal("0.15"), cached_input=Decimal("0.075"), output=Decimal("0.60"), batch_discount=Decimal("0.5"))
+    assert set(table.models) == {"gpt-4o-mini", "gpt-4o", "gpt-4.1", "gpt-4.1-mini", "gpt-4.1-nano", "o3",
+                                 "o4-mini", "gpt-5", "gpt-5-mini", "gpt-5-nano"}
+
+
+# Hand-computed: (prompt - cached) * input + cached * cached_input + completion * output, per 1M tokens.
+@pytest.mark.parametrize(
+    ("model", "route", "prompt", "cached", "completion", "expected"),
+    [
+        ("gpt-4o-mini", "realtime", M, 200_000, 500_000, "0.435"),  # 0.8*0.15 + 0.2*0.075 + 0.5*0.60
+        ("gpt-4o-mini", "batch", M, 200_000, 500_000, "0.2175"),
+        ("gpt-4o", "realtime", 2 * M, 0, M, "15"),  # 2*2.50 + 1*10
+        ("gpt-5-nano", "realtime", 1000, 1000, 1000, "0.000405"),  # 0.001*0.005 + 0.001*0.40
+        ("o4-mini", "batch", 3 * M, M, 0, "1.2375"),  # (2*1.10 + 1*0.275) / 2
+        ("gpt-4.1", "realtime", 0, 0, 0, "0"),
+    ],
+)
+def test_cost_matches_hand_computed_table(table: PriceTable, model: str, route: str, prompt: int, cached: int,
+                                          completion: int, expected: str) -> None:
+    cost = table.cost(model=model, route=route, prompt_tokens=prompt, cached_tokens=cached,  # type: ignore[arg-type]
+                      completion_tokens=completion)
+    assert cost == Decimal(expected)
+    assert isinstance(cost, Decimal)
+
+
+def test_unknown_model_has_no_cost_not_zero(table: PriceTable) -> None:
+    assert table.price_for("my-finetune") is None
+    assert table.cost(model="my-finetune", route="realtime", prompt_tokens=10, completion_tokens=10) is None
+
+
+@pytest.mark.parametrize(
+    ("name", "base"),
+    [("gpt-4o-mini-2024-07-18", "gpt-4o-mini"), ("gpt-4o-2024-08-06", "gpt-4o"), ("gpt-4.1-nano-0125", "gpt-4.1-nano"),
+     ("gpt-5", "gpt-5")],
+)
+def test_dated_snapshot_names_use_their_model_price(table: PriceTable, name: str, base: str) -> None:
+    assert table.price_for(name) == table.price_for(base)
+
+
+def test_snapshot_of_an_unknown_model_is_unknown(table: PriceTable) -> None:
+    assert table.price_for("gpt-3.5-turbo-0125") is None
+    assert table.price_for("gpt-4o-mini-preview") is None
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"prompt_tokens": 10, "cached_tokens": 11}, r"cached_tokens \(11\) cannot exceed prompt_tokens \(10\)"),
+        ({"prompt_tokens": -1}, "prompt_tokens must be >= 0, got -1"),
+        ({"completion_tokens": -1}, "completion_tokens must be >= 0"),
+        ({"cached_tokens": -1}, "cached_tokens must be >= 0"),
+        ({"route": "flex"}, "route 'flex' is unknown"),
+    ],
+)
+def test_impossible_usage_is_refused(table: PriceTable, kwargs: dict[str, Any], message: str) -> None:
+    usage: dict[str, Any] = {"model": "gpt-4o", "route": "realtime", "prompt_tokens": 10, "completion_tokens": 0,
+                             **kwargs}
+    with pytest.raises(ValueError, match=message):
+        table.cost(**usage)
+
+
+def test_user_file_overrides_and_adds_models(tmp_path: Path) -> None:
+    path = write_prices(tmp_path, {
+        "prices_as_of": "2025-09-01",
+        "batch_discount": 0.25,
+        "models": {
+            "gpt-4o": {"input": 2, "cached_input": 1, "output": 8},
+            "my-finetune": {"input": 3, "output": 12, "batch_discount": 0},
+        },
+    })
+    table = PriceTable.load(path=path)
+    assert table.prices_as_of == "2025-09-01" and table.currency == "USD"
+    # Overridden model, user's global discount: (2 + 8) * 0.75.
+    assert table.cost(model="gpt-4o", route="batch", prompt_tokens=M, completion_tokens=M) == Decimal("7.5")
+    # New model without cached_input: cached tokens cost the input price; its own discount of 0.
+    assert table.cost(model="my-finetune", route="batch", prompt_tokens=M, cached_tokens=M,
+                      completion_tokens=0) == Decimal(3)
+    # Untouched bundled model picks up the user's global discount.
+    assert table.cost(model="gpt-4o-mini", route="batch", prompt_tokens=M, completion_tokens=0) == Decimal("0.1125")
+    # The bundled table itself is unchanged.
+    assert PriceTable.load().cost(model="gpt-4o", route="batch", prompt_tokens=M, completion_tokens=M) == Decimal("6.25")
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"models": {"gpt-4o": {"input": "cheap", "output": 1}}},
+         "field 'models.gpt-4o.input' must be a number >= 0 (price per 1M tokens), got \"cheap\""),
+        ({"models": {"gpt-4o": {"input": -1, "output": 1}}}, "field 'models.gpt-4o.input' must be a number >= 0"),
+        ({"models": {"gpt-4o": {"input": 1}}}, "field 'models.gpt-4o.output' is missing"),
+        ({"models": {"gpt-4o": {"input": 1, "output": 1, "ouput": 2}}}, "field 'models.gpt-4o.ouput' is unknown"),
+        ({"models": {"gpt-4o": 2.5}}, "field 'models.gpt-4o' must be an object"),
+        ({"models": []}, "field 'models' must be an object"),
+        ({"batch_discount": 1.5}, "field 'batch_discount' must be a fraction from 0 to 1 (0.5 = half price), got 1.5"),
+        ({"models": {"x": {"input": 1, "output": 1, "batch_discount": True}}}, "field 'models.x.batch_discount'"),
+        ({"prices_as_of": "last week"}, "field 'prices_as_of' must be a date like 2025-08-07"),
+        ({"currency": "EUR"}, "field 'currency' is 'EUR' but prices must be 'USD'"),
+        ({"modles": {}}, "field 'modles' is unknown"),
+        ([1, 2], "expected a JSON object with a 'models' object, got list"),
+        ('{"models": {', "invalid JSON"),
+    ],
+)
+def test_malformed_user_file_names_file_and_field(tmp_path: Path, data: Any, message: str) -> None:
+    path = write_prices(tmp_path, data)
+    with pytest.raises(ConfigError) as info:
+        PriceTable.load(path=path)
+    assert str(info.value).startswith(f"price file {path}: ")
+    assert message in str(info.value)
+
+
+def test_missing_user_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no such file"):
+        PriceTable.load(path=tmp_path / "nope.json")
+
+
+def test_estimate_uses_prompt_estimate_and_reply_cap(table: PriceTable) -> None:
+    messages = [{"role": "user", "content": "What is the capital of Australia?"}]
+    capped = ChatRequest(model="gpt-4o-mini", messages=messages, params={"max_tokens": 120})
+    estimate = estimate_request_cost(request=capped, route="realtime", table=table, typical_completion_tokens=300)
+    prompt = estimate_prompt_tokens(messages)
+    assert estimate == CostEstimate(
+        prompt_tokens=prompt, completion_tokens=120,
+        cost=(prompt * Decimal("0.15") + 120 * Decimal("0.60")) / M,
+    )
+    newer = ChatRequest(model="gpt-4o-mini", messages=messages, params={"max_completion_tokens": 50})
+    assert estimate_request_cost(request=newer, route="batch", table=table,
+                                 typical_completion_tokens=300).completion_tokens == 50
+    uncapped = ChatRequest(model="gpt-4o-mini", messages=messages)
+    typical = estimate_request_cost(request=uncapped, route="batch", table=table, typical_completion_tokens=300)
+    assert (typical.prompt_tokens, typical.completion_tokens) == (prompt, 300)
+    assert typical.cost == (prompt * Decimal("0.15") + 300 * Decimal("0.60")) / M / 2
+
+
+def test_estimate_counts_tools_as_input_and_unknown_model_as_none(table: PriceTable) -> None:
+    messages = [{"role": "user", "content": "hi"}]
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
+    plain = estimate_request_cost(request=ChatRequest(model="x", messages=messages), route="realtime", table=table,
+                                  typical_completion_tokens=10)
+    with_tools = estimate_request_cost(request=ChatRequest(model="x", messages=messages, params={"tools": tools}),
+                                       route="realtime", table=table, typical_completion_tokens=10)
+    assert with_tools.prompt_tokens > plain.prompt_tokens
+    assert plain.cost is None and with_tools.cost is None
+
+
+def test_totals_track_known_cost_unpriced_models_and_savings(table: PriceTable) -> None:
+    totals = CostTotals(table=table)
+    assert totals.add(model="gpt-4o-mini", route="realtime", prompt_tokens=M, cached_tokens=200_000,
+                      completion_tokens=500_000) == Decimal("0.435")
+    assert totals.add(model="gpt-4o-mini-2024-07-18", route="batch", prompt_tokens=M, cached_tokens=200_000,
+                      completion_tokens=500_000) == Decimal("0.2175")
+    assert totals.add(model="gpt-4o", route="batch", prompt_tokens=2 * M, completion_tokens=M) == Decimal("7.5")
+    assert totals.add(model="mystery", route="batch", prompt_tokens=M, completion_tokens=M) is None
+    assert totals.add(model="mystery", route="realtime", prompt_tokens=5, completion_tokens=5) is None
+
+    assert (totals.realtime.prompts, totals.realtime.cost, totals.realtime.unpriced) == (2, Decimal("0.435"), 1)
+    assert (totals.batch.prompts, totals.batch.cost, totals.batch.unpriced) == (3, Decimal("7.7175"), 1)
+    assert totals.batch.prompt_tokens == 4 * M and totals.batch.cached_tokens == 200_000
+    assert totals.cost == Decimal("8.1525")
+    assert totals.unpriced == 2 and totals.unpriced_models == {"mystery": 2}
+    # Batch at real-time prices: 0.435 + 15 = 15.435; it cost 7.7175.
+    assert totals.savings == Decimal("7.7175")

@@ -1,4 +1,4 @@
-"""The ``llm-dispatch`` command: ad-hoc runs, the simulator, and (later) reports."""
+"""The ``llm-dispatch`` command: ad-hoc runs, batch collection and cancelling, reports, the simulator."""
 
 from __future__ import annotations
 
@@ -23,10 +23,14 @@ from llm_dispatch._dispatch import Progress, current_progress
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Send many prompts to LLM APIs through Prefect flows.")
 err = Console(stderr=True)
-out = Console()
+# Piped or captured output gets room for the whole table, not 80 columns.
+out = Console() if sys.stdout.isatty() else Console(width=160)
 
 EXIT_INPUT = 2
 EPHEMERAL_STARTUP_TIMEOUT = 120
+# With --simulate the simulator's batches take seconds, not hours; poll them as often.
+SIM_BATCH_SECONDS = 3.0
+SIM_POLL_SECONDS = 0.5
 
 
 def main() -> None:
@@ -57,16 +61,32 @@ def run(
     chunk_size: Annotated[Optional[int], typer.Option(help="prompts per Prefect task")] = None,
     dedupe: Annotated[bool, typer.Option("--dedupe/--no-dedupe", help="reuse stored answers to identical requests")] = True,
     retry_failed: Annotated[str, typer.Option(help="on resume, resend failed prompts: retryable|all|none")] = "retryable",
+    route: Annotated[Optional[str], typer.Option(
+        help="rule for prompts with no urgency or deadline: length|all-realtime|all-batch (default length)")] = None,
+    wait: Annotated[bool, typer.Option(
+        "--wait/--no-wait", help="follow batches to the end here, or submit them and leave them to `collect`")] = True,
+    max_cost: Annotated[Optional[float], typer.Option(help="refuse the run if its estimate is above this many dollars")] = None,
+    prices_file: Annotated[Optional[Path], typer.Option(help="your own price table (JSON), over the bundled one")] = None,
     database_url: Annotated[Optional[str], typer.Option(help="SQLAlchemy URL (default: ./llm_dispatch.db)")] = None,
     sim_latency: Annotated[float, typer.Option(help="with --simulate: seconds per request")] = 0.2,
     as_json: Annotated[bool, typer.Option("--json", help="print the summary as JSON")] = False,
 ) -> None:
-    """Send FILE's prompts as concurrent real-time calls; every result lands in the database."""
+    """Send FILE's prompts: urgent ones now as concurrent real-time calls, the rest through the Batch API
+    at half price. Every result, token count and cost lands in the database."""
     if file is None and resume is None:
         raise _fail("give a prompt FILE (.jsonl or .csv) or --resume JOB_ID")
     if retry_failed not in ("retryable", "all", "none"):
         raise _fail(f"--retry-failed must be retryable, all or none, not {retry_failed!r}")
-    settings = _settings(model=model, concurrency=concurrency, chunk_size=chunk_size, dedupe=dedupe, database_url=database_url)
+    settings = _settings(model=model, concurrency=concurrency, chunk_size=chunk_size, dedupe=dedupe,
+                         database_url=database_url, route_policy=route,
+                         prices_file=str(prices_file) if prices_file else None)
+    if prices_file is not None:
+        from llm_dispatch._pricing import PriceTable
+
+        try:
+            PriceTable.load(path=prices_file)
+        except LLMDispatchError as exc:
+            raise _fail(str(exc)) from None
 
     if file is not None:
         from tasks.record import load_specs
@@ -84,14 +104,17 @@ def run(
         if simulate:
             from llm_dispatch import Simulator, SimulatorConfig
 
-            base_url = stack.enter_context(Simulator.in_thread(SimulatorConfig(latency=sim_latency)))
-            settings = settings.model_copy(update={"base_url": base_url})
-            err.print(f"simulator at {base_url} ({sim_latency * 1000:.0f} ms per request)", highlight=False)
+            sim = SimulatorConfig(latency=sim_latency, batch_processing_seconds=SIM_BATCH_SECONDS)
+            base_url = stack.enter_context(Simulator.in_thread(sim))
+            settings = settings.model_copy(update={"base_url": base_url, "batch_poll_interval": SIM_POLL_SECONDS})
+            err.print(f"simulator at {base_url} ({sim_latency * 1000:.0f} ms per request, batches take "
+                      f"{SIM_BATCH_SECONDS:.0f} s)", highlight=False)
         from prefect.exceptions import TerminationSignal
 
         try:
             summary = asyncio.run(_run_with_progress(source=str(file) if file else None, job_id=resume, settings=settings,
-                                                     retry_failed=retry_failed, show=not as_json))  # type: ignore[arg-type]
+                                                     retry_failed=retry_failed, show=not as_json,  # type: ignore[arg-type]
+                                                     wait=wait, max_cost=max_cost))
         except LLMDispatchError as exc:
             raise _fail(str(exc)) from None
         except (TerminationSignal, BaseExceptionGroup) as exc:
@@ -121,6 +144,127 @@ def run(
     raise typer.Exit(1 if failed else 0)
 
 
+def _flow_call(coroutine: Any) -> Any:
+    """Run a flow from a command, with the CLI's Prefect settings; a known error is one line and exit 2."""
+    with _prefect_settings():
+        try:
+            return asyncio.run(coroutine)
+        except LLMDispatchError as exc:
+            raise _fail(str(exc)) from None
+
+
+@app.command()
+def collect(
+    job: Annotated[Optional[str], typer.Argument(help="only this job's batches (default: every open batch)")] = None,
+    database_url: Annotated[Optional[str], typer.Option(help="SQLAlchemy URL (default: ./llm_dispatch.db)")] = None,
+    stale_after: Annotated[float, typer.Option(help="seconds before a half-submitted batch counts as abandoned")] = 600.0,
+    as_json: Annotated[bool, typer.Option("--json", help="print the sweep's summary as JSON")] = False,
+) -> None:
+    """One sweep over open batches: poll each, ingest what finished, resubmit or send real-time the rest."""
+    from pydantic import SecretStr
+
+    from flows.batch import collect_batches
+
+    settings = _settings(database_url=database_url)
+    summary = _flow_call(collect_batches(database_url=SecretStr(settings.database_url), job_id=job,
+                                         stale_after=stale_after))
+    if as_json:
+        out.print_json(json.dumps(summary, default=str))
+        return
+    ingested = summary["ingested"]
+    out.print(
+        f"{summary['open']} open batches: polled {summary['polled']}, ingested {len(ingested)} "
+        f"({sum(i['succeeded'] for i in ingested)} answers, {sum(i['failed'] for i in ingested)} failed), "
+        f"resubmitted {summary['resubmitted']} prompts, sent {summary['realtime']} real-time",
+        highlight=False,
+    )
+
+
+@app.command()
+def cancel(
+    job: Annotated[str, typer.Argument(help="the job whose open batches to cancel")],
+    database_url: Annotated[Optional[str], typer.Option(help="SQLAlchemy URL (default: ./llm_dispatch.db)")] = None,
+    wait_seconds: Annotated[float, typer.Option(help="how long to wait for the provider to stop them")] = 120.0,
+) -> None:
+    """Cancel a job's open batches; what they answered before stopping is still stored (it is billed)."""
+    from pydantic import SecretStr
+
+    from flows.batch import cancel_job_batches
+
+    settings = _settings(database_url=database_url)
+    summary = _flow_call(cancel_job_batches(job_id=job, database_url=SecretStr(settings.database_url),
+                                            wait_seconds=wait_seconds))
+    kept = sum(i["succeeded"] for i in summary["ingested"])
+    out.print(f"cancelled {len(summary['cancelled'])} batches of job {job}; kept {kept} answers they gave; "
+              f"{len(summary['cancelled']) - len(summary['ingested'])} still stopping (`llm-dispatch collect` finishes them)",
+              highlight=False)
+
+
+@app.command()
+def status(
+    job: Annotated[Optional[str], typer.Argument(help="a job id (default: the newest jobs)")] = None,
+    database_url: Annotated[Optional[str], typer.Option(help="SQLAlchemy URL (default: ./llm_dispatch.db)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print as JSON")] = False,
+) -> None:
+    """Jobs, their prompts per route and status, and their batches."""
+    from . import reports
+
+    settings = _settings(database_url=database_url)
+    _report(reports.status(settings=settings, job_id=job), reports.print_status, settings=settings, job=job,
+            as_json=as_json)
+
+
+@app.command()
+def cost(
+    job: Annotated[Optional[str], typer.Argument(help="a job id (default: the newest job)")] = None,
+    database_url: Annotated[Optional[str], typer.Option(help="SQLAlchemy URL (default: ./llm_dispatch.db)")] = None,
+    prices_file: Annotated[Optional[Path], typer.Option(help="your own price table (JSON), over the bundled one")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print as JSON")] = False,
+) -> None:
+    """What a job cost per route, from the usage the provider reported, and what the Batch API saved."""
+    from . import reports
+
+    settings = _settings(database_url=database_url, prices_file=str(prices_file) if prices_file else None)
+    _report(reports.cost(settings=settings, job_id=job), reports.print_cost, settings=settings, job=job,
+            as_json=as_json)
+
+
+def _report(query: Any, show: Any, *, settings: Settings, job: str | None, as_json: bool) -> None:
+    """Run a report query; print it as a table or JSON; a missing job or database is one line, exit 2."""
+    try:
+        data = asyncio.run(query)
+    except LLMDispatchError as exc:
+        raise _fail(str(exc)) from None
+    if data is None:
+        where = settings.public_dict()["database_url"]
+        raise _fail(f"no job {job or ''!r} in {where}; `llm-dispatch status` lists jobs")
+    if as_json:
+        out.print_json(json.dumps(data, default=str))
+    else:
+        show(out, data)
+
+
+@app.command()
+def export(
+    job: Annotated[str, typer.Argument(help="the job to export")],
+    fmt: Annotated[str, typer.Option("--format", help="jsonl or csv")] = "jsonl",
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="file to write (default: stdout)")] = None,
+    database_url: Annotated[Optional[str], typer.Option(help="SQLAlchemy URL (default: ./llm_dispatch.db)")] = None,
+) -> None:
+    """Every prompt of JOB in input order with its answer or error, tokens, cost, ids and metadata."""
+    from . import reports
+
+    if fmt not in ("jsonl", "csv"):
+        raise _fail(f"--format must be jsonl or csv, not {fmt!r}")
+    settings = _settings(database_url=database_url)
+    try:
+        written = asyncio.run(reports.export(settings=settings, job_id=job, fmt=fmt, output=output))
+    except LLMDispatchError as exc:
+        raise _fail(str(exc)) from None
+    if output is not None:
+        err.print(f"wrote {written} rows to {output}", highlight=False)
+
+
 class _Interrupted(Exception):
     """The run was cancelled by SIGINT or SIGTERM, after saving what had arrived."""
 
@@ -131,15 +275,16 @@ class _Interrupted(Exception):
 
 
 async def _run_with_progress(
-    *, source: str | None, job_id: str | None, settings: Settings, retry_failed: Literal["retryable", "all", "none"], show: bool
+    *,
+    source: str | None,
+    job_id: str | None,
+    settings: Settings,
+    retry_failed: Literal["retryable", "all", "none"],
+    show: bool,
+    wait: bool,
+    max_cost: float | None,
 ) -> dict[str, Any]:
-    from prefect.settings import (
-        PREFECT_SERVER_ANALYTICS_ENABLED,
-        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
-        temporary_settings,
-    )
-
-    from flows.realtime import realtime_dispatch
+    from flows.dispatch import dispatch
 
     # Per-task "Finished in state Completed" lines would drown the progress bar.
     logging.getLogger("prefect.task_runs").setLevel(logging.WARNING)
@@ -159,22 +304,14 @@ async def _run_with_progress(
 
     loop.add_signal_handler(signal.SIGINT, stop, signal.SIGINT)
     display: asyncio.Task[None] | None = asyncio.create_task(_show(progress)) if show and err.is_terminal else None
-    # With no Prefect server configured, Prefect starts a temporary one: 10-17 s on a fresh home,
-    # more on a busy machine, past its default wait of 20 s. A user's own setting still wins.
-    updates: dict[Any, Any] = {
-        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: max(
-            PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value(), EPHEMERAL_STARTUP_TIMEOUT
-        ),
-    }
-    if "PREFECT_SERVER_ANALYTICS_ENABLED" not in os.environ:
-        # A temporary server's telemetry only logs an error on an offline machine.
-        updates[PREFECT_SERVER_ANALYTICS_ENABLED] = False
     try:
-        with temporary_settings(updates=updates):
-            return await realtime_dispatch(
-                prompts=source, job_id=job_id, model=settings.model, concurrency=settings.concurrency,
-                chunk_size=settings.chunk_size, chunk_concurrency=settings.chunk_concurrency, dedupe=settings.dedupe,
-                retry_failed=retry_failed, base_url=settings.base_url, database_url=settings.database_url,
+        with _prefect_settings():
+            return await dispatch(
+                prompts=source, job_id=job_id, model=settings.model, route_policy=settings.route_policy,
+                wait=wait, max_cost=max_cost, concurrency=settings.concurrency, chunk_size=settings.chunk_size,
+                chunk_concurrency=settings.chunk_concurrency, dedupe=settings.dedupe, retry_failed=retry_failed,
+                base_url=settings.base_url, database_url=settings.database_url, prices_file=settings.prices_file,
+                batch_poll_interval=settings.batch_poll_interval,
             )
     except asyncio.CancelledError:
         if received:
@@ -187,6 +324,28 @@ async def _run_with_progress(
             display.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await display
+
+
+@contextlib.contextmanager
+def _prefect_settings() -> Any:
+    from prefect.settings import (
+        PREFECT_SERVER_ANALYTICS_ENABLED,
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
+        temporary_settings,
+    )
+
+    # With no Prefect server configured, Prefect starts a temporary one: 10-17 s on a fresh home,
+    # more on a busy machine, past its default wait of 20 s. A user's own setting still wins.
+    updates: dict[Any, Any] = {
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: max(
+            PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value(), EPHEMERAL_STARTUP_TIMEOUT
+        ),
+    }
+    if "PREFECT_SERVER_ANALYTICS_ENABLED" not in os.environ:
+        # A temporary server's telemetry only logs an error on an offline machine.
+        updates[PREFECT_SERVER_ANALYTICS_ENABLED] = False
+    with temporary_settings(updates=updates):
+        yield
 
 
 async def _show(progress: Progress) -> None:
@@ -227,24 +386,22 @@ def _quiet_prefect_info() -> Any:
 
 
 def _print_summary(summary: dict[str, Any]) -> None:
-    stats = summary.get("stats") or {}
-    counts = summary["counts"]
-    table = Table(title=f"job {summary['job_id']}" + (" (resumed)" if summary["resumed"] else ""), show_header=False)
-    table.add_row("prompts", str(summary["prompts"]))
-    table.add_row("succeeded", str(counts.get("succeeded", 0)))
-    table.add_row("failed", str(counts.get("failed", 0)))
-    for name, count in sorted(summary["failed_by_class"].items()):
-        table.add_row(f"  {name}", str(count))
-    if counts.get("pending", 0) or counts.get("in_flight", 0):
-        table.add_row("unfinished", str(counts.get("pending", 0) + counts.get("in_flight", 0)))
-    table.add_row("sent this run", str(summary["sent_prompts"]))
-    table.add_row("answered from storage", str(summary["reused"]))
-    table.add_row("wall time", f"{summary['wall_s']:.1f} s")
-    if stats.get("p50_latency_ms") is not None:
-        table.add_row("latency p50 / p95", f"{stats['p50_latency_ms']:.0f} / {stats['p95_latency_ms']:.0f} ms")
-    if summary.get("send_s"):
-        table.add_row("throughput", f"{summary['sent_prompts'] / summary['send_s']:.0f} prompts/s")
-    out.print(table)
+    from .reports import job_table
+
+    realtime = summary.get("realtime") or {}
+    title = f"job {summary['job_id']}" + (" (resumed)" if summary.get("resumed") else "")
+    out.print(job_table(summary, title=title))
+    notes = []
+    if realtime.get("reused") or (summary.get("batch") or {}).get("reused"):
+        notes.append(f"answered from storage: {(realtime.get('reused') or 0) + (summary['batch'].get('reused') or 0)}")
+    if realtime.get("send_s") and realtime.get("sent_prompts"):
+        notes.append(f"real-time throughput {realtime['sent_prompts'] / realtime['send_s']:.0f} prompts/s")
+    notes.append(f"wall time {summary['wall_s']:.1f} s")
+    out.print("  ".join(notes), highlight=False)
+    waiting = summary["counts"].get("batched", 0)
+    if waiting:
+        out.print(f"{waiting} prompts wait in provider batches: `llm-dispatch collect` (or the collect-batches "
+                  "deployment) ingests them when they finish", highlight=False)
 
 
 @app.command()
@@ -256,11 +413,13 @@ def simulate(
     rate_500: Annotated[float, typer.Option(help="share of requests answered 500")] = 0.0,
     rpm: Annotated[Optional[int], typer.Option(help="requests-per-minute quota")] = None,
     tpm: Annotated[Optional[int], typer.Option(help="tokens-per-minute quota")] = None,
+    batch_seconds: Annotated[float, typer.Option(help="how long a batch takes, seconds")] = 30.0,
 ) -> None:
-    """Run the bundled OpenAI-compatible simulator (chat completions) until interrupted."""
+    """Run the bundled OpenAI-compatible simulator (chat completions, files, batches) until interrupted."""
     from llm_dispatch import SimulatorConfig, serve_simulator
 
-    config = SimulatorConfig(latency=latency, rate_429=rate_429, rate_500=rate_500, rpm=rpm, tpm=tpm)
+    config = SimulatorConfig(latency=latency, rate_429=rate_429, rate_500=rate_500, rpm=rpm, tpm=tpm,
+                             batch_processing_seconds=batch_seconds)
     def ready(base_url: str) -> None:
         err.print(f"simulator on {base_url} — point LLM_DISPATCH_BASE_URL there; Ctrl-C stops it", highlight=False)
 

@@ -12,9 +12,11 @@ from prefect import flow, get_run_logger
 from pydantic import SecretStr
 
 import storage
-from llm_dispatch import LLMClient, Settings
+from llm_dispatch import ConfigError, LLMClient, Settings
 from llm_dispatch._dispatch import DispatchOutcome, current_progress
 from tasks import plan_realtime, record_prompts, send_chunk
+
+from ._setup import ensure_tag_limit, with_api_key
 
 
 def build_settings(**overrides: Any) -> Settings:
@@ -35,11 +37,16 @@ async def realtime_dispatch(
     retry_failed: Literal["retryable", "all", "none"] = "retryable",
     base_url: str | None = None,
     database_url: SecretStr | None = None,
+    planned_route: Literal["realtime", "batch"] | None = None,
+    shard: int | None = None,
+    shards: int | None = None,
 ) -> dict[str, Any]:
     """Send every unfinished prompt of the input (or of job ``job_id``) as real-time calls.
 
     Re-running the same input, or passing ``job_id``, resumes: a prompt that succeeded is never
     sent again, and an identical request already answered is reused unless ``dedupe`` is False.
+    ``planned_route`` sends only prompts routed there; ``shard``/``shards`` only one share of them
+    (the ``dispatch`` flow's scale-out across workers runs one shard per deployment run).
     """
     settings = build_settings(
         model=model, concurrency=concurrency, chunk_size=chunk_size, chunk_concurrency=chunk_concurrency,
@@ -47,7 +54,11 @@ async def realtime_dispatch(
         # A SecretStr parameter reaches the Prefect API as '**********', so a password in the URL stays here.
         database_url=database_url.get_secret_value() if database_url is not None else None,
     )
-    return await dispatch_realtime(source=prompts, job_id=job_id, settings=settings, retry_failed=retry_failed)
+    if (shard is None) != (shards is None):
+        raise ConfigError("give both shard and shards, or neither")
+    return await dispatch_realtime(source=prompts, job_id=job_id, settings=settings, retry_failed=retry_failed,
+                                   planned_route=planned_route,
+                                   shard=(shard, shards) if shard is not None and shards is not None else None)
 
 
 async def dispatch_realtime(
@@ -56,10 +67,20 @@ async def dispatch_realtime(
     job_id: str | None,
     settings: Settings,
     retry_failed: Literal["retryable", "all", "none"] = "retryable",
+    planned_route: str | None = None,
+    in_flight: bool = True,
+    shard: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
-    """The recipe behind ``realtime-dispatch``; callable from other flows with ready settings."""
+    """The recipe behind ``realtime-dispatch``; callable from other flows with ready settings.
+
+    ``planned_route="realtime"`` sends only the prompts routed real-time (the ``dispatch`` flow's
+    share); None sends every unfinished prompt that is not waiting in a batch. ``in_flight=False``
+    leaves alone prompts marked in flight (a sweep must not take over another live run's work).
+    """
     logger = get_run_logger()
     started = time.monotonic()
+    settings = await with_api_key(settings)
+    await ensure_tag_limit(settings, logger=logger)
     engine = storage.create_engine(settings.database_url)
     try:
         await storage.migrate(engine)
@@ -71,7 +92,8 @@ async def dispatch_realtime(
         async with storage.ResultWriter(sessions, job_id=job.job_id) as writer, LLMClient.from_settings(settings) as client:
             plan = await plan_realtime(
                 job_id=job.job_id, sessions=sessions, sink=writer, chunk_size=settings.chunk_size,
-                dedupe=settings.dedupe, retry_failed=retry_failed,
+                dedupe=settings.dedupe, retry_failed=retry_failed, planned_route=planned_route,
+                in_flight=in_flight, shard=shard,
             )
             planned_s = time.monotonic() - started
             logger.info(

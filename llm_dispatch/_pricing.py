@@ -148,21 +148,23 @@ class PriceTable:
 
 @dataclass(frozen=True, slots=True)
 class CostEstimate:
-    """A request's expected tokens and cost before it is sent."""
+    """A request's expected tokens and cost before it is sent, and the most it can cost.
+
+    The expected reply is ``typical_completion_tokens``, or the request's cap when that is lower;
+    the upper bound prices the reply at its cap (at the typical length when it has none).
+    """
 
     prompt_tokens: int
     completion_tokens: int
     cost: Decimal | None
+    max_completion_tokens: int = 0
+    max_cost: Decimal | None = None
 
 
 def estimate_request_cost(
     *, request: ChatRequest, route: Route, table: PriceTable, typical_completion_tokens: int
 ) -> CostEstimate:
-    """Estimate a request's cost: heuristic prompt tokens, and the reply's cap or a typical length.
-
-    The reply is priced at ``max_completion_tokens`` (or ``max_tokens``) when set, an upper bound,
-    else at ``typical_completion_tokens``.
-    """
+    """Estimate a request's cost: heuristic prompt tokens, and a typical reply bounded by the request's cap."""
     params = request.params
     # With no reply allowance this is the prompt alone, tools and response_format included
     # (they are billed as input), counted the same way as the rate limiter counts them.
@@ -171,13 +173,20 @@ def estimate_request_cost(
         messages=request.messages,
         params={k: v for k, v in params.items() if k not in ("max_completion_tokens", "max_tokens")},
     )
-    prompt_tokens = estimate_request_tokens(prompt_only, default_completion_tokens=0)
+    prompt_tokens = estimate_prompt_tokens_of(prompt_only)
     limit = params.get("max_completion_tokens") or params.get("max_tokens")
-    per_choice = int(limit) if limit else typical_completion_tokens
-    completion_tokens = per_choice * max(int(params.get("n") or 1), 1)
-    cost = table.cost(model=request.model, route=route, prompt_tokens=prompt_tokens,
-                      completion_tokens=completion_tokens)
-    return CostEstimate(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, cost=cost)
+    choices = max(int(params.get("n") or 1), 1)
+    cap = int(limit) if limit else typical_completion_tokens
+    expected = min(cap, typical_completion_tokens) * choices
+    ceiling = cap * choices
+    cost = table.cost(model=request.model, route=route, prompt_tokens=prompt_tokens, completion_tokens=expected)
+    max_cost = table.cost(model=request.model, route=route, prompt_tokens=prompt_tokens, completion_tokens=ceiling)
+    return CostEstimate(prompt_tokens=prompt_tokens, completion_tokens=expected, cost=cost,
+                        max_completion_tokens=ceiling, max_cost=max_cost)
+
+
+def estimate_prompt_tokens_of(request: ChatRequest) -> int:
+    return estimate_request_tokens(request, default_completion_tokens=0)
 
 
 @dataclass(slots=True)
@@ -216,19 +225,20 @@ class CostTotals:
         prompt_tokens: int,
         completion_tokens: int,
         cached_tokens: int = 0,
+        requests: int = 1,
     ) -> Decimal | None:
-        """Count one request; returns its cost (None when its model has no price)."""
+        """Count ``requests`` requests with these summed tokens; returns their cost (None when the model has no price)."""
         usage = {"model": model, "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                  "cached_tokens": cached_tokens}
         cost = self.table.cost(route=route, **usage)
         totals = self.realtime if route == "realtime" else self.batch
-        totals.prompts += 1
+        totals.prompts += requests
         totals.prompt_tokens += prompt_tokens
         totals.completion_tokens += completion_tokens
         totals.cached_tokens += cached_tokens
         if cost is None:
-            totals.unpriced += 1
-            self.unpriced_models[model] = self.unpriced_models.get(model, 0) + 1
+            totals.unpriced += requests
+            self.unpriced_models[model] = self.unpriced_models.get(model, 0) + requests
             return None
         totals.cost += cost
         if route == "batch":

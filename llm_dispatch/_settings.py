@@ -39,6 +39,12 @@ class Settings(BaseSettings):
         default=None, ge=1, description="requests in flight per chunk task (default: concurrency)"
     )
     concurrency_tag: str = "llm-realtime"
+    tag_limit: int | None = Field(
+        default=None, ge=1,
+        description="chunk tasks running at once under concurrency_tag, over all runs; created when missing",
+    )
+    # The name of a Prefect Secret block holding the API key, read by the flows instead of the environment.
+    api_key_block: str | None = None
 
     request_timeout: float = Field(default=120.0, gt=0, description="seconds for one HTTP attempt")
     connect_timeout: float = Field(default=10.0, gt=0)
@@ -73,8 +79,10 @@ class Settings(BaseSettings):
 
     # Cost.
     prices_file: str | None = Field(default=None, description="your own price table, merged over the bundled one")
+    # A short answer. Once the database holds 20 answers from a model, the estimate uses their mean instead.
     typical_completion_tokens: int = Field(
-        default=256, ge=1, description="reply length assumed by the cost estimate when a prompt sets no max_tokens"
+        default=100, ge=1,
+        description="reply length the cost estimate assumes for a model with no stored answers (capped by max_tokens)",
     )
 
     @field_validator("base_url")

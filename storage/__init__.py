@@ -18,6 +18,7 @@ from ._batches import (
     mark_batch_ingested,
     open_batches,
     release_members,
+    store_batch_answers,
     update_batch,
 )
 from ._engine import DATABASE_URL_ENV, create_engine, session_factory
@@ -53,6 +54,16 @@ from ._status import (
     RetryFailed,
     Route,
 )
+from ._reports import (
+    ExportRow,
+    JobSummary,
+    UsageRow,
+    export_rows,
+    list_jobs,
+    reply_lengths,
+    route_counts,
+    usage_by_route,
+)
 from ._writer import ResultWriter
 
 __all__ = [
@@ -71,6 +82,9 @@ __all__ = [
     "BatchMember",
     "BatchRecord",
     "BatchStatus",
+    "ExportRow",
+    "JobSummary",
+    "UsageRow",
     "Job",
     "JobInfo",
     "JobStatus",
@@ -90,6 +104,11 @@ __all__ = [
     "create_batch_record",
     "create_engine",
     "create_job",
+    "export_rows",
+    "list_jobs",
+    "reply_lengths",
+    "route_counts",
+    "usage_by_route",
     "find_batch_by_provider_id",
     "find_job",
     "find_reusable",
@@ -107,5 +126,6 @@ __all__ = [
     "session_factory",
     "set_job_status",
     "set_planned_route",
+    "store_batch_answers",
     "update_batch",
 ]

@@ -13,11 +13,14 @@ from datetime import datetime
 from typing import Any, Final
 
 from sqlalchemy import func, insert, select, update
+from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from llm_dispatch._exceptions import LLMDispatchError
 
-from ._models import Batch, BatchMember, Prompt, utcnow
+from llm_dispatch._types import ChatResult
+
+from ._models import Batch, BatchMember, Prompt, Result, utcnow
 from ._queries import IN_CHUNK, INSERT_BATCH, _aware, _chunks
 from ._records import BatchRecord
 from ._status import BATCH_STATUSES
@@ -33,6 +36,7 @@ __all__ = [
     "mark_batch_ingested",
     "open_batches",
     "release_members",
+    "store_batch_answers",
     "update_batch",
 ]
 
@@ -222,10 +226,24 @@ async def batch_members(sessions: Sessions, *, batch_id: int, waiting_only: bool
     return members
 
 
-async def batch_submissions(sessions: Sessions, *, prompt_ids: Collection[int]) -> dict[int, int]:
-    """How many batches each of these prompts has been sent in (prompts never batched are left out)."""
+async def batch_submissions(
+    sessions: Sessions, *, prompt_ids: Collection[int] | None = None, batch_id: int | None = None
+) -> dict[int, int]:
+    """How many batches each prompt has been sent in: these prompts, or every member of batch
+    ``batch_id`` (one query). Prompts never batched are left out."""
+    if (prompt_ids is None) == (batch_id is None):
+        raise TypeError("give prompt_ids or batch_id")
     counts: dict[int, int] = {}
     async with sessions() as session:
+        if batch_id is not None:
+            members = select(BatchMember.prompt_id).where(BatchMember.batch_id == batch_id)
+            stmt = (
+                select(BatchMember.prompt_id, func.count())
+                .where(BatchMember.prompt_id.in_(members))
+                .group_by(BatchMember.prompt_id)
+            )
+            return {pid: n for pid, n in await session.execute(stmt)}
+        assert prompt_ids is not None
         for chunk in _chunks(list(prompt_ids), IN_CHUNK):
             stmt = (
                 select(BatchMember.prompt_id, func.count())
@@ -234,6 +252,51 @@ async def batch_submissions(sessions: Sessions, *, prompt_ids: Collection[int]) 
             )
             counts.update((pid, n) for pid, n in await session.execute(stmt))
     return counts
+
+
+async def store_batch_answers(
+    sessions: Sessions,
+    *,
+    job_id: str,
+    answers: Sequence[tuple[Sequence[int], ChatResult]],
+    latency_s: float | None = None,
+) -> int:
+    """Store answered batch lines in one transaction; returns the result rows written.
+
+    The bulk path of ingest, for tens of thousands of answers: plain inserts and one UPDATE per
+    chunk of prompts instead of the ResultWriter's per-row statements. Each line's first prompt gets
+    route ``batch`` and one attempt; the others sharing the line get ``reused``. Only prompts still
+    ``batched`` change status, so storing the same output twice leaves the first answers in place
+    (callers pass only members still waiting: see ``batch_members(waiting_only=True)``).
+    """
+    now = utcnow()
+    first_ids: list[int] = []
+    other_ids: list[int] = []
+    rows: list[tuple[Any, ...]] = []
+    async with sessions.begin() as session:
+        conn = await session.connection()
+        dialect = conn.dialect
+        # The driver's own executemany over plain tuples: the insert is the hot path of a 100,000-line
+        # ingest, and per-row parameter processing would cost more than the database does. The one
+        # column that needs converting (a timestamp, the same for every row) is converted once here.
+        created = _bound(Result.__table__.c.created_at, now, dialect)
+        for prompt_ids, result in answers:
+            latency_ms = (result.latency_s if latency_s is None else latency_s) * 1000
+            for index, prompt_id in enumerate(prompt_ids):
+                paid = index == 0
+                (first_ids if paid else other_ids).append(prompt_id)
+                rows.append((
+                    prompt_id, job_id, created, "batch" if paid else "reused", "succeeded", result.text,
+                    result.finish_reason, result.prompt_tokens, result.completion_tokens, result.cached_tokens,
+                    latency_ms, 1 if paid else 0, result.model, result.response_id, 200 if paid else None,
+                ))
+        if not rows:
+            return 0
+        await conn.exec_driver_sql(_insert_sql(dialect), rows)  # type: ignore[arg-type]
+        updated = _bound(Prompt.__table__.c.updated_at, now, dialect)
+        settle = [(1, updated, pid) for pid in first_ids] + [(0, updated, pid) for pid in other_ids]
+        await conn.exec_driver_sql(_settle_sql(dialect), settle)  # type: ignore[arg-type]
+    return len(rows)
 
 
 async def release_members(sessions: Sessions, *, batch_id: int, prompt_ids: Collection[int]) -> int:
@@ -279,6 +342,46 @@ async def _release(session: AsyncSession, *, batch_id: int, prompt_ids: list[int
         stmt = stmt.values(status="pending", updated_at=now).execution_options(synchronize_session=False)
         released += (await session.execute(stmt)).rowcount
     return released
+
+
+_ANSWER_COLUMNS = (
+    "prompt_id", "job_id", "created_at", "route", "status", "text", "finish_reason", "prompt_tokens",
+    "completion_tokens", "cached_tokens", "latency_ms", "attempts", "response_model", "response_id", "http_status",
+)
+
+
+def _insert_sql(dialect: Dialect) -> str:
+    """``INSERT INTO results (...) VALUES (...)`` in the driver's own placeholder style."""
+    marks = _marks(dialect, len(_ANSWER_COLUMNS))
+    return f"INSERT INTO results ({', '.join(_ANSWER_COLUMNS)}) VALUES ({', '.join(marks)})"
+
+
+def _settle_sql(dialect: Dialect) -> str:
+    """Mark one answered prompt succeeded (if it still waits in the batch): (attempts to add, now, id)."""
+    add, now, pid = _marks(dialect, 3)
+    return (
+        f"UPDATE prompts SET status = 'succeeded', attempts = attempts + {add}, last_error_class = NULL, "
+        f"failed_retryable = NULL, updated_at = {now} WHERE id = {pid} AND status = 'batched'"
+    )
+
+
+def _marks(dialect: Dialect, n: int) -> list[str]:
+    style = dialect.paramstyle
+    if style == "qmark":
+        return ["?"] * n
+    if style == "numeric_dollar":
+        return [f"${i}" for i in range(1, n + 1)]
+    if style == "numeric":
+        return [f":{i}" for i in range(1, n + 1)]
+    if style == "format":
+        return ["%s"] * n
+    raise NotImplementedError(f"bulk writes for a driver with paramstyle {style!r}")
+
+
+def _bound(column: Any, value: Any, dialect: Dialect) -> Any:
+    """``value`` as SQLAlchemy would hand it to the driver for ``column``."""
+    processor = column.type.bind_processor(dialect)
+    return processor(value) if processor is not None else value
 
 
 def _record(batch: Batch) -> BatchRecord:

@@ -177,6 +177,8 @@ async def open_prompt_ids(
     job_id: str,
     retry_failed: RetryFailed = "retryable",
     planned_route: str | None = None,
+    in_flight: bool = True,
+    shard: tuple[int, int] | None = None,
 ) -> list[int]:
     """Ids of the prompts still to send, in input order.
 
@@ -184,9 +186,12 @@ async def open_prompt_ids(
     ones (waiting in an open batch) never are, nor succeeded ones; failed
     ones if ``retry_failed`` is ``"all"``, or ``"retryable"`` and their error was one that
     may pass on another try. ``planned_route`` keeps only prompts routed there (a prompt
-    with no route recorded counts as real-time).
+    with no route recorded counts as real-time). ``in_flight=False`` leaves out in-flight
+    prompts, for a caller that must not take over those another live process is sending.
+    ``shard=(index, count)`` keeps the prompts whose id is ``index`` modulo ``count``: shards of
+    one job never share a prompt.
     """
-    open_when = [Prompt.status.in_(("pending", "in_flight"))]
+    open_when = [Prompt.status.in_(("pending", "in_flight") if in_flight else ("pending",))]
     if retry_failed == "all":
         open_when.append(Prompt.status == "failed")
     elif retry_failed == "retryable":
@@ -198,6 +203,11 @@ async def open_prompt_ids(
         stmt = stmt.where(or_(Prompt.planned_route.is_(None), Prompt.planned_route == "realtime"))
     elif planned_route is not None:
         stmt = stmt.where(Prompt.planned_route == planned_route)
+    if shard is not None:
+        index, count = shard
+        if not 0 <= index < count:
+            raise ValueError(f"shard index must be in 0..{count - 1}, got {index}")
+        stmt = stmt.where(Prompt.id % count == index)
     async with sessions() as session:
         return list((await session.execute(stmt)).scalars())
 

@@ -1,9 +1,24 @@
-"""Prefect tasks: each does one step over the core and storage (``verb_noun``)."""
+"""Prefect tasks: each does one step over the core and storage (``verb_noun``).
+
+``batch_submit`` and ``batch_collect`` hold the Batch API steps as plain async code (no Prefect);
+``batch`` wraps them as tasks.
+"""
 
 from __future__ import annotations
 
+from .batch import finish_submission, ingest, submit_batches
 from .realtime import send_chunk
-from .record import RecordedJob, record_prompts
+from .record import RecordedJob, record_prompts, routing_rules
 from .plan import RealtimePlan, plan_realtime
 
-__all__ = ["RealtimePlan", "RecordedJob", "plan_realtime", "record_prompts", "send_chunk"]
+__all__ = [
+    "RealtimePlan",
+    "RecordedJob",
+    "finish_submission",
+    "ingest",
+    "plan_realtime",
+    "record_prompts",
+    "routing_rules",
+    "send_chunk",
+    "submit_batches",
+]

@@ -15,7 +15,6 @@ After ``ingest_batch`` each member of the batch is exactly one of:
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import itertools
 import logging
 from collections.abc import Sequence
@@ -36,7 +35,7 @@ from llm_dispatch._exceptions import (
     status_error_class,
 )
 
-__all__ = ["IngestOutcome", "ingest_batch", "poll_batch", "reroute_for_deadlines"]
+__all__ = ["IngestOutcome", "cancel_batches", "ingest_batch", "poll_batch", "reroute_for_deadlines"]
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +45,7 @@ BATCH_WINDOW: Final = timedelta(hours=24)
 # Provider errors quoted in a failed batch's message.
 QUOTED_ERRORS: Final = 3
 READ_SLICE: Final = 5000
+STORE_SLICE: Final = 5000
 
 
 @dataclass(slots=True)
@@ -121,30 +121,44 @@ async def ingest_batch(
         raise ValueError(f"batch {record.id} is {record.status!r}, not finished; poll it until it is")
     outcome = IngestOutcome(batch_id=record.id, status=record.status)
     waiting = await storage.batch_members(sessions, batch_id=record.id, waiting_only=True)
-    submissions = await storage.batch_submissions(
-        sessions, prompt_ids=[pid for ids in waiting.values() for pid in ids]
-    )
+    submissions = await storage.batch_submissions(sessions, batch_id=record.id)
     latency_s = _answer_time(record)
     directory = Path(directory) / record.job_id
+    answers: list[tuple[list[int], Any]] = []
+
+    async def store_answers() -> None:
+        # Answers go in bulk (thousands a transaction); the rarer failures through the writer.
+        await storage.store_batch_answers(sessions, job_id=record.job_id, answers=answers, latency_s=latency_s)
+        outcome.succeeded += sum(len(ids) for ids, _ in answers)
+        answers.clear()
 
     for file_id, kind in ((record.output_file_id, "output"), (record.error_file_id, "errors")):
         if file_id is None or not waiting:
             continue
         path = await client.download_file(file_id, to=directory / f"batch-{record.id}-{kind}.jsonl")
         reader = read_batch_output(path)
-        while True:
-            # Parsing is CPU work: a thread keeps the event loop (and the writer's flushes) going,
-            # and a slice at a time keeps memory flat whatever the file's size.
-            lines = await asyncio.to_thread(lambda: list(itertools.islice(reader, READ_SLICE)))
-            if not lines:
-                break
+
+        def take() -> list[BatchLine]:
+            return list(itertools.islice(reader, READ_SLICE))
+
+        # Parsing is CPU work in a thread, a slice at a time (memory stays flat whatever the file's
+        # size), the next slice parsed while this one is stored: the database works outside the GIL.
+        next_slice = asyncio.ensure_future(asyncio.to_thread(take))
+        while lines := await next_slice:
+            next_slice = asyncio.ensure_future(asyncio.to_thread(take))
             for line in lines:
                 ids = waiting.pop(line.custom_id, None) if line.custom_id is not None else None
                 if ids is None:
                     outcome.unknown_lines += 1
-                    continue
-                await _settle_line(writer, line, ids, latency_s=latency_s, submissions=submissions,
-                                   max_submissions=max_submissions, outcome=outcome)
+                elif line.result is not None:
+                    answers.append((ids, line.result))
+                else:
+                    await _settle_failure(writer, line, ids, submissions=submissions,
+                                          max_submissions=max_submissions, outcome=outcome)
+            if len(answers) >= STORE_SLICE:
+                await store_answers()
+    await store_answers()
+    await store_answers()
 
     # Members no line answered.
     unanswered = [pid for ids in waiting.values() for pid in ids]
@@ -183,22 +197,15 @@ async def ingest_batch(
     return outcome
 
 
-async def _settle_line(
+async def _settle_failure(
     writer: storage.ResultWriter,
     line: BatchLine,
     ids: list[int],
     *,
-    latency_s: float,
     submissions: dict[int, int],
     max_submissions: int,
     outcome: IngestOutcome,
 ) -> None:
-    if line.result is not None:
-        # Latency of a batch answer: from submission to the batch's end.
-        result = dataclasses.replace(line.result, latency_s=latency_s) if latency_s else line.result
-        await writer.success(prompt_ids=ids, result=result, route="batch")
-        outcome.succeeded += len(ids)
-        return
     code = line.error_code or "unknown_error"
     message = f"batch line {line.custom_id}: {line.error_message or code}"
     retry = line.retryable and max(submissions.get(pid, 1) for pid in ids) < max_submissions
@@ -266,3 +273,35 @@ def _failed_message(record: storage.BatchRecord) -> str:
 
 def _count(outcome: IngestOutcome, code: str, n: int) -> None:
     outcome.failed_by_code[code] = outcome.failed_by_code.get(code, 0) + n
+
+
+async def cancel_batches(*, sessions: Sessions, client: LLMClient, job_id: str) -> list[storage.BatchRecord]:
+    """Ask the provider to stop every open batch of ``job_id``; returns the batches as they now stand.
+
+    Each is marked ``cancel_requested`` first, so whatever it did not answer is failed at ingest rather
+    than sent again. What it answered before stopping is still ingested (and was billed). A batch
+    never created at the provider is set ``cancelled`` at once.
+    """
+    from .batch_submit import find_provider_batch  # the one place cancel needs submission's lookup
+
+    cancelled = []
+    for record in await storage.open_batches(sessions, job_id=job_id):
+        if record.status in storage.TERMINAL_PROVIDER_BATCH_STATUSES or record.status == "cancelling":
+            await storage.update_batch(sessions, batch_id=record.id, cancel_requested=True)
+        else:
+            provider_id = record.provider_batch_id
+            if provider_id is None and record.status == "uploaded":
+                found = await find_provider_batch(client=client, record=record)
+                provider_id = found.id if found is not None else None
+            await storage.update_batch(sessions, batch_id=record.id, cancel_requested=True)
+            if provider_id is None:
+                await storage.update_batch(sessions, batch_id=record.id, status="cancelled",
+                                           finished_at=datetime.now(UTC))
+            else:
+                info = await client.cancel_batch(provider_id)
+                await storage.update_batch(sessions, batch_id=record.id, provider_batch_id=provider_id,
+                                           **_fields(info))
+        updated = await storage.get_batch(sessions, batch_id=record.id)
+        assert updated is not None
+        cancelled.append(updated)
+    return cancelled

@@ -48,10 +48,16 @@ async def plan_realtime(
     chunk_size: int,
     dedupe: bool,
     retry_failed: Literal["retryable", "all", "none"] = "retryable",
+    planned_route: str | None = None,
+    in_flight: bool = True,
+    shard: tuple[int, int] | None = None,
 ) -> RealtimePlan:
-    """Find the job's unfinished prompts; answer what storage already has; group and chunk the rest."""
+    """Find the job's unfinished prompts (of ``planned_route`` only, if given); answer what storage
+    already has; group and chunk the rest."""
     logger = get_run_logger()
-    open_ids = await storage.open_prompt_ids(sessions, job_id=job_id, retry_failed=retry_failed)
+    open_ids = await storage.open_prompt_ids(sessions, job_id=job_id, retry_failed=retry_failed,
+                                             planned_route=planned_route, in_flight=in_flight,
+                                             shard=shard)
     if not open_ids:
         return RealtimePlan()
     if not dedupe:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 import storage
 from llm_dispatch import ConfigError, Settings
 from llm_dispatch._inputs import PromptSpec, fingerprint, parse_prompt_dicts, read_prompts
+from llm_dispatch._routing import RoutingRules, decide_route, parse_deadline, prompt_chars
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +23,30 @@ class RecordedJob:
     job_id: str
     total: int
     resumed: bool
+
+
+def routing_rules(settings: Settings) -> RoutingRules:
+    return RoutingRules(policy=settings.route_policy, urgent_below_chars=settings.urgent_below_chars,
+                        margin=timedelta(seconds=settings.deadline_margin))
+
+
+def new_prompts(specs: Sequence[PromptSpec], *, rules: RoutingRules | None, now: datetime) -> list[storage.NewPrompt]:
+    """Rows for the specs, each routed by ``rules`` (None: all real-time) with its reason and deadline."""
+    prompts = []
+    for spec in specs:
+        deadline = parse_deadline(spec.deadline, now=now) if spec.deadline else None
+        if rules is None:
+            route, reason = "realtime", "sent by the realtime-dispatch flow"
+        else:
+            decision = decide_route(urgency=spec.urgency, deadline=deadline, prompt_chars=prompt_chars(spec.messages),
+                                    now=now, rules=rules)
+            route, reason = decision.route, decision.reason
+        prompts.append(storage.NewPrompt(
+            custom_id=spec.custom_id, position=spec.position, model=spec.model, messages=spec.messages,
+            params=spec.params, metadata=spec.metadata, dedupe_key=spec.dedupe_key,
+            planned_route=route, route_reason=reason, deadline=deadline,
+        ))
+    return prompts
 
 
 def load_specs(source: str | Path | Sequence[Mapping[str, Any]], *, settings: Settings) -> list[PromptSpec]:
@@ -38,8 +64,13 @@ async def record_prompts(
     settings: Settings,
     sessions: async_sessionmaker[AsyncSession],
     name: str | None = None,
+    rules: RoutingRules | None = None,
 ) -> RecordedJob:
-    """Record the prompts of ``source`` as a job; the same input again resumes its existing job."""
+    """Record the prompts of ``source`` as a job; the same input again resumes its existing job.
+
+    Each prompt is routed once, here, by ``rules`` (None: every prompt real-time); the decision, its
+    reason and the prompt's deadline are stored with it.
+    """
     logger = get_run_logger()
     if source is None:
         if job_id is None:
@@ -70,21 +101,6 @@ async def record_prompts(
         model=settings.model,
         settings=settings.public_dict(),
     )
-    await storage.add_prompts(
-        sessions,
-        job_id=new_id,
-        prompts=(
-            storage.NewPrompt(
-                custom_id=spec.custom_id,
-                position=spec.position,
-                model=spec.model,
-                messages=spec.messages,
-                params=spec.params,
-                metadata=spec.metadata,
-                dedupe_key=spec.dedupe_key,
-            )
-            for spec in specs
-        ),
-    )
+    await storage.add_prompts(sessions, job_id=new_id, prompts=new_prompts(specs, rules=rules, now=datetime.now(UTC)))
     logger.info("recorded job %s: %d prompts", new_id, len(specs))
     return RecordedJob(job_id=new_id, total=len(specs), resumed=False)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import sqlite3
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,3 +75,24 @@ def sim(sim_server: Sim) -> Iterator[Sim]:
 @pytest.fixture
 def db_url(tmp_path: Path) -> str:
     return f"sqlite+aiosqlite:///{tmp_path / 'test.db'}"
+
+
+# --- helpers shared by the flow tests ------------------------------------------------
+
+
+def write_prompts(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return path
+
+
+def rows(db_url: str, sql: str, *args: object) -> list[tuple]:
+    """Rows from a test's SQLite database, read with the standard library (not the code under test)."""
+    with sqlite3.connect(db_url.split("///", 1)[1]) as con:
+        return con.execute(sql, args).fetchall()
+
+
+def successes_per_prompt(db_url: str) -> dict[str, int]:
+    return dict(rows(db_url, """
+        SELECT p.custom_id, COUNT(r.id) FROM prompts p
+        LEFT JOIN results r ON r.prompt_id = p.id AND r.status = 'succeeded'
+        GROUP BY p.id"""))

@@ -153,7 +153,13 @@ def test_estimate_uses_prompt_estimate_and_reply_cap(table: PriceTable) -> None:
     assert estimate == CostEstimate(
         prompt_tokens=prompt, completion_tokens=120,
         cost=(prompt * Decimal("0.15") + 120 * Decimal("0.60")) / M,
+        max_completion_tokens=120, max_cost=(prompt * Decimal("0.15") + 120 * Decimal("0.60")) / M,
     )
+    # A cap above the typical length bounds the cost; the typical length is what is expected.
+    loose = estimate_request_cost(request=capped, route="realtime", table=table, typical_completion_tokens=80)
+    assert (loose.completion_tokens, loose.max_completion_tokens) == (80, 120)
+    assert loose.cost == (prompt * Decimal("0.15") + 80 * Decimal("0.60")) / M
+    assert loose.max_cost == estimate.cost
     newer = ChatRequest(model="gpt-4o-mini", messages=messages, params={"max_completion_tokens": 50})
     assert estimate_request_cost(request=newer, route="batch", table=table,
                                  typical_completion_tokens=300).completion_tokens == 50

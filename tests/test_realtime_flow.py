@@ -15,26 +15,11 @@ from pathlib import Path
 import pytest
 
 from flows.realtime import realtime_dispatch
-from conftest import Sim
+from conftest import Sim, rows, successes_per_prompt, write_prompts
 
 pytestmark = [pytest.mark.prefect]
 
 
-def write_prompts(path: Path, records: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
-    return path
-
-
-def rows(db_url: str, sql: str, *args: object) -> list[tuple]:
-    with sqlite3.connect(db_url.split("///", 1)[1]) as con:
-        return con.execute(sql, args).fetchall()
-
-
-def successes_per_prompt(db_url: str) -> dict[str, int]:
-    return dict(rows(db_url, """
-        SELECT p.custom_id, COUNT(r.id) FROM prompts p
-        LEFT JOIN results r ON r.prompt_id = p.id AND r.status = 'succeeded'
-        GROUP BY p.id"""))
 
 
 async def test_flow_with_faults_records_every_outcome(prefect_api: str, sim: Sim, db_url: str, tmp_path: Path) -> None:

@@ -346,3 +346,28 @@ async def test_identical_prompts_share_one_line_and_one_answer(sessions: Session
     assert [r.route for r in await results_of(sessions, ids["p-1"])] == ["reused"]
     assert await storage.batch_submissions(sessions, prompt_ids=list(ids.values())) == {
         ids["p-0"]: 1, ids["p-1"]: 1, ids["p-2"]: 1}
+
+
+async def test_bulk_batch_answers_land_like_the_writers(sessions: Sessions) -> None:
+    job_id, ids = await job_with_prompts(sessions, 4)
+    await storage.create_batch_record(
+        sessions, job_id=job_id, model="gpt-4o-mini", file_path=None,
+        members=[(ids["p-0"], "a"), (ids["p-1"], "a"), (ids["p-2"], "b"), (ids["p-3"], "c")])
+    before = datetime.now(UTC)
+    written = await storage.store_batch_answers(
+        sessions, job_id=job_id, latency_s=60.0,
+        answers=[([ids["p-0"], ids["p-1"]], answer("shared", tokens=7)), ([ids["p-2"]], answer("own", tokens=9))])
+    assert written == 3
+    assert await statuses(sessions, ids) == {"p-0": "succeeded", "p-1": "succeeded", "p-2": "succeeded",
+                                             "p-3": "batched"}
+    first, shared, own = [await results_of(sessions, ids[name]) for name in ("p-0", "p-1", "p-2")]
+    assert [(r.route, r.text, r.prompt_tokens, r.attempts, r.http_status, r.latency_ms) for r in first] == [
+        ("batch", "shared", 7, 1, 200, 60_000.0)]
+    assert [(r.route, r.attempts, r.http_status) for r in shared] == [("reused", 0, None)]
+    assert own[0].text == "own" and own[0].job_id == job_id
+    assert own[0].created_at.replace(tzinfo=own[0].created_at.tzinfo or UTC) >= before.replace(microsecond=0)
+    assert (await prompt_row(sessions, ids["p-0"])).attempts == 1
+    assert (await prompt_row(sessions, ids["p-1"])).attempts == 0
+    # Stored twice (an ingest run again): the prompts are no longer batched, so nothing changes them.
+    stats = await storage.result_stats(sessions, job_id=job_id)
+    assert (stats.succeeded, stats.prompt_tokens) == (3, 16)

@@ -1,0 +1,59 @@
+"""What a flow does against the Prefect API before its work: the API key from a Secret block, and the
+concurrency limit on the real-time tag."""
+
+from __future__ import annotations
+
+import logging
+
+from pydantic import SecretStr
+
+from llm_dispatch import ConfigError, Settings
+
+
+async def with_api_key(settings: Settings) -> Settings:
+    """``settings`` with the key read from the Prefect Secret block ``api_key_block``, when one is named.
+
+    The key goes into a ``SecretStr`` and from there only into request headers: never into a log,
+    the database, an artifact or an exception.
+    """
+    if settings.api_key_block is None:
+        return settings
+    from prefect.blocks.system import Secret
+
+    try:
+        block = await Secret.aload(settings.api_key_block)
+    except ValueError as exc:
+        raise ConfigError(
+            f"no Prefect Secret block named {settings.api_key_block!r}: create it "
+            f"(`prefect block create secret` or Secret(value=...).save({settings.api_key_block!r})) "
+            "or unset LLM_DISPATCH_API_KEY_BLOCK"
+        ) from exc
+    value = block.get()
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"the Secret block {settings.api_key_block!r} holds no API key string")
+    return settings.model_copy(update={"api_key": SecretStr(value)})
+
+
+async def ensure_tag_limit(settings: Settings, *, logger: logging.Logger | logging.LoggerAdapter) -> int | None:  # type: ignore[type-arg]
+    """The concurrency limit on ``concurrency_tag``, created with ``tag_limit`` when missing; None if there is none.
+
+    An existing limit is left as it is (adjust it with ``prefect concurrency-limit``).
+    """
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    tag = settings.concurrency_tag
+    async with get_client() as client:
+        try:
+            found = await client.read_concurrency_limit_by_tag(tag)
+            return found.concurrency_limit
+        except ObjectNotFound:
+            pass
+        if settings.tag_limit is None:
+            logger.info("no concurrency limit on tag %r: each run is bounded by its own concurrency only; "
+                        "set LLM_DISPATCH_TAG_LIMIT or `prefect concurrency-limit create %s N`", tag, tag)
+            return None
+        await client.create_concurrency_limit(tag=tag, concurrency_limit=settings.tag_limit)
+    logger.info("created concurrency limit %d on tag %r (change it with `prefect concurrency-limit`)",
+                settings.tag_limit, tag)
+    return settings.tag_limit

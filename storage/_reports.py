@@ -1,0 +1,182 @@
+"""Read-only queries for reports: usage per route and model, counts per route and status, job lists,
+and results joined to their inputs for export. The small query API for programmatic use."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from ._models import Batch, Job, Prompt, Result
+from ._queries import _aware
+
+__all__ = [
+    "ExportRow",
+    "JobSummary",
+    "UsageRow",
+    "export_rows",
+    "list_jobs",
+    "reply_lengths",
+    "route_counts",
+    "usage_by_route",
+]
+
+Sessions = async_sessionmaker[AsyncSession]
+
+EXPORT_PAGE = 2000
+
+
+@dataclass(frozen=True, slots=True)
+class UsageRow:
+    """Paid usage of one job on one route and model: successes only, ``reused`` answers left out."""
+
+    route: str
+    model: str
+    prompts: int
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class JobSummary:
+    id: str
+    name: str
+    created_at: datetime
+    status: str
+    prompts: int
+    open_batches: int
+
+
+@dataclass(frozen=True, slots=True)
+class ExportRow:
+    """One prompt in input order with its latest outcome."""
+
+    position: int
+    custom_id: str
+    prompt_id: int
+    model: str
+    metadata: dict[str, Any] | None
+    status: str
+    planned_route: str | None
+    route_reason: str | None
+    route: str | None  # how the answer came: realtime, batch or reused
+    text: str | None
+    finish_reason: str | None
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    cached_tokens: int | None
+    latency_ms: float | None
+    error_class: str | None
+    error_message: str | None
+
+
+async def usage_by_route(sessions: Sessions, *, job_id: str) -> list[UsageRow]:
+    """Tokens paid for per route and requested model (the price table knows the model as asked for)."""
+    stmt = (
+        select(
+            Result.route, Prompt.model, func.count(),
+            func.coalesce(func.sum(Result.prompt_tokens), 0),
+            func.coalesce(func.sum(Result.completion_tokens), 0),
+            func.coalesce(func.sum(Result.cached_tokens), 0),
+        )
+        .join(Prompt, Prompt.id == Result.prompt_id)
+        .where(Result.job_id == job_id, Result.status == "succeeded", Result.route != "reused")
+        .group_by(Result.route, Prompt.model)
+        .order_by(Result.route, Prompt.model)
+    )
+    async with sessions() as session:
+        return [UsageRow(route, model, int(n), int(p), int(c), int(k))
+                for route, model, n, p, c, k in await session.execute(stmt)]
+
+
+async def reply_lengths(sessions: Sessions, *, models: list[str], sample: int = 5000) -> dict[str, tuple[int, float]]:
+    """Per model: how many of its most recent answered requests were looked at (up to ``sample``), and
+    their mean completion tokens. What replies from that model have actually been like."""
+    lengths: dict[str, tuple[int, float]] = {}
+    async with sessions() as session:
+        for model in models:
+            recent = (
+                select(Result.completion_tokens.label("tokens"))
+                .join(Prompt, Prompt.id == Result.prompt_id)
+                .where(Prompt.model == model, Result.status == "succeeded", Result.route != "reused",
+                       Result.completion_tokens.is_not(None))
+                .order_by(Result.id.desc())
+                .limit(sample)
+                .subquery()
+            )
+            n, mean = (await session.execute(select(func.count(), func.avg(recent.c.tokens)))).one()
+            if n:
+                lengths[model] = (int(n), float(mean))
+    return lengths
+
+
+async def route_counts(sessions: Sessions, *, job_id: str) -> dict[str, dict[str, int]]:
+    """Prompts per planned route (``realtime``/``batch``; unrouted ones count as real-time) and status."""
+    stmt = (
+        select(func.coalesce(Prompt.planned_route, "realtime"), Prompt.status, func.count())
+        .where(Prompt.job_id == job_id)
+        .group_by(func.coalesce(Prompt.planned_route, "realtime"), Prompt.status)
+    )
+    counts: dict[str, dict[str, int]] = {}
+    async with sessions() as session:
+        for route, status, n in await session.execute(stmt):
+            counts.setdefault(route, {})[status] = int(n)
+    return counts
+
+
+async def list_jobs(sessions: Sessions, *, limit: int = 20) -> list[JobSummary]:
+    """The newest jobs first, with their prompt counts and open batches."""
+    prompts = select(Prompt.job_id, func.count().label("n")).group_by(Prompt.job_id).subquery()
+    batches = (
+        select(Batch.job_id, func.count().label("n")).where(Batch.status != "ingested").group_by(Batch.job_id).subquery()
+    )
+    stmt = (
+        select(Job.id, Job.name, Job.created_at, Job.status, func.coalesce(prompts.c.n, 0), func.coalesce(batches.c.n, 0))
+        .outerjoin(prompts, prompts.c.job_id == Job.id)
+        .outerjoin(batches, batches.c.job_id == Job.id)
+        .order_by(Job.created_at.desc())
+        .limit(limit)
+    )
+    async with sessions() as session:
+        return [JobSummary(id_, name, _aware(created), status, int(n), int(b))
+                for id_, name, created, status, n, b in await session.execute(stmt)]
+
+
+async def export_rows(sessions: Sessions, *, job_id: str) -> AsyncIterator[ExportRow]:
+    """Every prompt of the job in input order, with its latest result (or none yet), a page at a time."""
+    latest = (
+        select(func.max(Result.id).label("id")).where(Result.job_id == job_id).group_by(Result.prompt_id).subquery()
+    )
+    last_position = -1
+    while True:
+        stmt = (
+            select(Prompt, Result)
+            .outerjoin(Result, (Result.prompt_id == Prompt.id) & Result.id.in_(select(latest.c.id)))
+            .where(Prompt.job_id == job_id, Prompt.position > last_position)
+            .order_by(Prompt.position)
+            .limit(EXPORT_PAGE)
+        )
+        async with sessions() as session:
+            page = (await session.execute(stmt)).all()
+        if not page:
+            return
+        for prompt, result in page:
+            yield ExportRow(
+                position=prompt.position, custom_id=prompt.custom_id, prompt_id=prompt.id, model=prompt.model,
+                metadata=prompt.metadata_, status=prompt.status, planned_route=prompt.planned_route,
+                route_reason=prompt.route_reason,
+                route=result.route if result else None, text=result.text if result else None,
+                finish_reason=result.finish_reason if result else None,
+                prompt_tokens=result.prompt_tokens if result else None,
+                completion_tokens=result.completion_tokens if result else None,
+                cached_tokens=result.cached_tokens if result else None,
+                latency_ms=result.latency_ms if result else None,
+                error_class=result.error_class if result else None,
+                error_message=result.error_message if result else None,
+            )
+        last_position = page[-1][0].position

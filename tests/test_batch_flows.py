@@ -1,0 +1,230 @@
+"""The dispatch, collect-batches and cancel flows, and the CLI around them, in real Prefect flow runs
+against the simulator over real sockets; subprocesses where a user would have another process."""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import io
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from pydantic import SecretStr
+
+from conftest import Sim, rows, successes_per_prompt, write_prompts
+from flows.batch import collect_batches
+from flows.dispatch import dispatch
+
+pytestmark = [pytest.mark.prefect]
+
+ROOT = Path(__file__).parent.parent
+
+
+
+
+def provider_batches(sim: Sim) -> list[dict]:
+    return httpx.get(f"{sim.base_url}/batches", params={"limit": 100}, timeout=5).raise_for_status().json()["data"]
+
+
+def cli(*args: str, env: dict[str, str], cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "cli.main", *args], env=env, cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.fixture
+def cli_env(prefect_api: str, sim: Sim, db_url: str, tmp_path: Path) -> dict[str, str]:
+    """The CLI in its own process, against the session's Prefect API, the simulator and this test's database."""
+    sim.configure(batch_processing_seconds=1.0)
+    return {**os.environ, "PREFECT_API_URL": prefect_api, "LLM_DISPATCH_BASE_URL": sim.base_url,
+            "LLM_DISPATCH_DATABASE_URL": db_url, "LLM_DISPATCH_BATCH_DIR": str(tmp_path / "batches"),
+            "LLM_DISPATCH_BATCH_POLL_INTERVAL": "0.2", "PYTHONPATH": str(ROOT)}
+
+
+MIXED = [
+    {"id": "now-1", "prompt": "short and urgent", "urgency": "urgent"},
+    {"id": "now-2", "prompt": "what is 2 + 2?"},  # short: real-time by the length rule
+    {"id": "bulk-1", "prompt": "short but nobody waits", "urgency": "bulk"},
+    {"id": "bulk-2", "prompt": "a long document. " * 80},  # long: batch by the length rule
+    {"id": "soon", "prompt": "a long document due soon. " * 80, "deadline": "2h"},
+    {"id": "later", "prompt": "short, due in three days", "deadline": "3d"},
+]
+
+
+async def test_dispatch_routes_each_prompt_sends_both_halves_and_reports_cost(
+    prefect_api: str, sim: Sim, db_url: str, tmp_path: Path
+) -> None:
+    from prefect.client.orchestration import get_client
+
+    sim.configure(batch_processing_seconds=1.0)
+    summary = await dispatch(prompts=MIXED, base_url=sim.base_url, database_url=SecretStr(db_url), wait=True,
+                             batch_poll_interval=0.2)
+
+    routes = dict(rows(db_url, "SELECT custom_id, planned_route FROM prompts"))
+    assert routes == {"now-1": "realtime", "now-2": "realtime", "bulk-1": "batch", "bulk-2": "batch",
+                      "soon": "realtime", "later": "batch"}
+    reasons = dict(rows(db_url, "SELECT custom_id, route_reason FROM prompts"))
+    assert reasons["now-1"] == "urgency=urgent" and reasons["bulk-2"].startswith("length ")
+    assert "is before the batch window" in reasons["soon"] and "leaves room" in reasons["later"]
+    answered = dict(rows(db_url, "SELECT p.custom_id, r.route FROM results r JOIN prompts p ON p.id = r.prompt_id"))
+    assert answered == routes  # each was answered the way it was routed
+    assert summary["counts"] == {"succeeded": 6} and summary["unfinished"] == 0
+    assert summary["routes"] == {"realtime": {"succeeded": 3}, "batch": {"succeeded": 3}}
+    cost = summary["cost"]
+    assert cost["complete"] and cost["total"] > 0 and cost["savings"] > 0
+    # Savings: the batch half priced real-time, minus what it cost (half).
+    assert cost["savings"] == pytest.approx(cost["routes"]["batch"]["cost"], abs=2e-6)
+    assert summary["estimate"]["routes"]["batch"]["requests"] == 3
+
+    async with get_client() as client:
+        # The filter endpoint itself: this client version sends nulls the server refuses.
+        response = await client._client.post("/artifacts/filter", json={"limit": 200, "sort": "CREATED_DESC"})
+        artifacts = response.raise_for_status().json()
+    by_key = {a["key"]: a for a in artifacts if a["key"]}
+    key = f"dispatch-{summary['job_id'][:8]}"
+    table, report = by_key[f"{key}-routes"], by_key[f"{key}-report"]
+    # The wait-for-batch sub-flow kept a progress artifact; it ended at 100%.
+    bars = [a for a in artifacts if a["type"] == "progress" and "completed 3 / failed 0 / total 3" in (a["description"] or "")]
+    assert bars and all(a["data"] == 100.0 for a in bars)
+    table_rows = json.loads(table["data"]) if isinstance(table["data"], str) else table["data"]
+    assert [(r["route"], r["prompts"], r["succeeded"]) for r in table_rows] == [("realtime", 3, 3), ("batch", 3, 3)]
+    assert summary["job_id"] in report["data"] and "saved by the Batch API" in report["data"]
+
+
+async def test_max_cost_refuses_before_any_request(prefect_api: str, sim: Sim, db_url: str) -> None:
+    from flows.dispatch import BudgetExceededError
+
+    with pytest.raises(BudgetExceededError, match="above --max-cost"):
+        await dispatch(prompts=MIXED, base_url=sim.base_url, database_url=SecretStr(db_url), max_cost=0.000001)
+    assert sim.stats()["requests_total"] == 0 and provider_batches(sim) == []
+    assert rows(db_url, "SELECT COUNT(*) FROM results") == [(0,)]
+
+
+def test_no_wait_run_then_a_later_collect_sweep_finishes_it(cli_env: dict[str, str], sim: Sim, db_url: str,
+                                                          tmp_path: Path) -> None:
+    path = write_prompts(tmp_path / "p.jsonl", [{"id": i, "prompt": f"question {i}"} for i in range(30)])
+    sim.configure(batch_processing_seconds=2.0)
+    submitted = cli("run", str(path), "--route", "all-batch", "--no-wait", "--json", env=cli_env, cwd=tmp_path)
+    assert submitted.returncode == 0, submitted.stderr[-2000:]
+    summary = json.loads(submitted.stdout)
+    assert summary["counts"] == {"batched": 30}
+    assert summary["batch"]["submitted_batches"] == 1
+
+    time.sleep(2.5)  # the provider finishes; the submitting process is long gone
+    swept = cli("collect", "--json", env=cli_env, cwd=tmp_path)
+    assert swept.returncode == 0, swept.stderr[-2000:]
+    sweep = json.loads(swept.stdout)
+    assert sweep["open"] == 1 and [i["succeeded"] for i in sweep["ingested"]] == [30]
+    assert set(successes_per_prompt(db_url).values()) == {1}
+    assert rows(db_url, "SELECT status FROM jobs") == [("finished",)]
+    assert len(provider_batches(sim)) == 1
+
+
+@pytest.mark.slow
+def test_killed_between_upload_and_create_then_rerun_makes_one_batch(cli_env: dict[str, str], sim: Sim, db_url: str,
+                                                                     tmp_path: Path) -> None:
+    path = write_prompts(tmp_path / "p.jsonl", [{"id": i, "prompt": f"question {i}"} for i in range(50)])
+    httpx.post(f"{sim.root}/_sim/batch_faults", json={"faults": ["hang_create:60"]}, timeout=5).raise_for_status()
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "run", str(path), "--route", "all-batch", "--json"],
+                            env=cli_env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:] if proc.stderr else ""
+            assert time.monotonic() < deadline, "the run never uploaded its batch file"
+            try:
+                if rows(db_url, "SELECT status FROM batches") == [("uploaded",)]:
+                    break
+            except sqlite3.OperationalError:
+                pass  # tables not created yet
+            time.sleep(0.05)
+        time.sleep(0.3)  # well inside the hanging create
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert provider_batches(sim) == []  # the create never happened
+    assert rows(db_url, "SELECT status FROM prompts GROUP BY status") == [("batched",)]
+
+    rerun = cli("run", str(path), "--route", "all-batch", "--json", env=cli_env, cwd=tmp_path)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert json.loads(rerun.stdout)["counts"] == {"succeeded": 50}
+    assert len(provider_batches(sim)) == 1  # exactly one batch for the one chunk
+    assert rows(db_url, "SELECT COUNT(*), MIN(status) FROM batches") == [(1, "ingested")]
+    assert set(successes_per_prompt(db_url).values()) == {1}  # none paid twice
+
+
+def test_cancel_keeps_what_was_answered_and_fails_the_rest(cli_env: dict[str, str], sim: Sim, db_url: str,
+                                                           tmp_path: Path) -> None:
+    path = write_prompts(tmp_path / "p.jsonl", [{"id": i, "prompt": f"question {i}"} for i in range(300)])
+    sim.configure(batch_processing_seconds=20.0)
+    submitted = cli("run", str(path), "--route", "all-batch", "--no-wait", "--json", env=cli_env, cwd=tmp_path)
+    assert submitted.returncode == 0, submitted.stderr[-2000:]
+    job_id = json.loads(submitted.stdout)["job_id"]
+    # Let the provider answer part of it first.
+    while provider_batches(sim)[0]["request_counts"]["completed"] < 1:
+        time.sleep(0.1)
+
+    cancelled = cli("cancel", job_id, env=cli_env, cwd=tmp_path)
+    assert cancelled.returncode == 0, cancelled.stderr[-2000:]
+    assert "cancelled 1 batches" in cancelled.stdout
+    counts = dict(rows(db_url, "SELECT status, COUNT(*) FROM prompts GROUP BY status"))
+    assert counts.get("succeeded", 0) >= 1 and counts.get("succeeded", 0) + counts.get("failed", 0) == 300
+    assert rows(db_url, "SELECT DISTINCT error_class FROM results WHERE status = 'failed'") in ([("BatchCancelledError",)], [])
+    assert rows(db_url, "SELECT status, cancel_requested FROM batches") == [("ingested", 1)]
+
+
+def test_status_cost_and_export_report_a_finished_job(cli_env: dict[str, str], sim: Sim, db_url: str,
+                                                      tmp_path: Path) -> None:
+    records = [{"id": f"r{i}", "prompt": f"question {i}", "metadata": {"n": i}} for i in range(5)]
+    records.append({"id": "bad", "prompt": "refused [[sim:400]]"})
+    path = write_prompts(tmp_path / "p.jsonl", records)
+    ran = cli("run", str(path), "--json", env=cli_env, cwd=tmp_path)
+    assert ran.returncode == 1, ran.stderr[-2000:]  # one prompt failed
+    job_id = json.loads(ran.stdout)["job_id"]
+
+    status = json.loads(cli("status", job_id, "--json", env=cli_env, cwd=tmp_path).stdout)
+    assert status["routes"] == {"realtime": {"succeeded": 5, "failed": 1}}
+    listing = json.loads(cli("status", "--json", env=cli_env, cwd=tmp_path).stdout)
+    assert [j["job_id"] for j in listing["jobs"]] == [job_id]
+
+    cost = json.loads(cli("cost", "--json", env=cli_env, cwd=tmp_path).stdout)
+    assert cost["job_id"] == job_id and cost["routes"]["realtime"]["requests"] == 5 and cost["total"] > 0
+
+    exported = cli("export", job_id, "--format", "jsonl", env=cli_env, cwd=tmp_path)
+    lines = [json.loads(line) for line in exported.stdout.splitlines()]
+    assert [line["custom_id"] for line in lines] == [r["id"] for r in records]  # input order
+    assert [line["position"] for line in lines] == list(range(6))
+    assert lines[0]["metadata"] == {"n": 0} and lines[0]["text"] and lines[0]["cost_usd"] > 0
+    assert (lines[-1]["status"], lines[-1]["error_class"], lines[-1]["cost_usd"]) == ("failed", "BadRequestError", None)
+
+    out = tmp_path / "out.csv"
+    assert cli("export", job_id, "--format", "csv", "-o", str(out), env=cli_env, cwd=tmp_path).returncode == 0
+    table = list(csv.DictReader(io.StringIO(out.read_text(encoding="utf-8"))))
+    assert [row["custom_id"] for row in table] == [r["id"] for r in records]
+    assert json.loads(table[1]["metadata"]) == {"n": 1}
+
+    unknown = cli("status", "no-such-job", env=cli_env, cwd=tmp_path)
+    assert unknown.returncode == 2 and "no job 'no-such-job'" in unknown.stderr
+
+
+async def test_programmatic_use_with_a_list_of_dicts_and_the_query_api(prefect_api: str, sim: Sim, db_url: str) -> None:
+    import storage
+
+    summary = await dispatch(prompts=[{"id": "a", "prompt": "hello"}], base_url=sim.base_url,
+                             database_url=SecretStr(db_url))
+    engine = storage.create_engine(db_url)
+    try:
+        sessions = storage.session_factory(engine)
+        [row] = [r async for r in storage.export_rows(sessions, job_id=summary["job_id"])]
+    finally:
+        await engine.dispose()
+    assert (row.custom_id, row.status, row.route) == ("a", "succeeded", "realtime") and row.text

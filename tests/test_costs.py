@@ -1,0 +1,82 @@
+"""The cost ledger against hand-computed figures: actual cost per route, savings, unknown models, the estimate."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from decimal import Decimal
+
+import pytest
+
+import storage
+from llm_dispatch._pricing import PriceTable
+from llm_dispatch._types import ChatResult, dedupe_key
+from tasks.costs import actual_cost, estimate_cost
+
+M = 1_000_000
+
+
+@pytest.fixture
+async def sessions(db_url: str) -> AsyncIterator[storage.ResultWriter]:
+    engine = storage.create_engine(db_url)
+    await storage.migrate(engine)
+    yield storage.session_factory(engine)
+    await engine.dispose()
+
+
+async def job(sessions, specs: list[tuple[str, str, str]]) -> tuple[str, list[int]]:
+    """specs: (model, route, content) per prompt."""
+    job_id = await storage.create_job(sessions, name="t", fingerprint="c" * 64, input_path=None, model="m", settings={})
+    prompts = []
+    for i, (model, route, content) in enumerate(specs):
+        messages = [{"role": "user", "content": content}]
+        params = {"max_tokens": 50}
+        prompts.append(storage.NewPrompt(custom_id=f"p{i}", position=i, model=model, messages=messages, params=params,
+                                         dedupe_key=dedupe_key(model=model, messages=messages, params=params),
+                                         planned_route=route, route_reason="test"))
+    await storage.add_prompts(sessions, job_id=job_id, prompts=prompts)
+    return job_id, await storage.open_prompt_ids(sessions, job_id=job_id)
+
+
+def answer(prompt: int, completion: int, cached: int = 0) -> ChatResult:
+    return ChatResult(text="x", finish_reason="stop", prompt_tokens=prompt, completion_tokens=completion,
+                      cached_tokens=cached, model="gpt-4o-mini-2024-07-18", response_id="r", latency_s=0.1, attempts=1)
+
+
+async def test_actual_cost_per_route_with_cached_tokens_savings_and_an_unknown_model(sessions) -> None:
+    table = PriceTable.load()
+    job_id, ids = await job(sessions, [("gpt-4o-mini", "realtime", "a"), ("gpt-4o-mini", "batch", "b"),
+                                       ("gpt-4o-mini", "batch", "b"), ("mystery-model", "realtime", "c")])
+    async with storage.ResultWriter(sessions, job_id=job_id) as writer:
+        await writer.success(prompt_ids=[ids[0]], result=answer(M, M // 2, cached=200_000))
+        # One batch line answered two identical prompts: paid once.
+        await writer.success(prompt_ids=[ids[1], ids[2]], result=answer(M, M // 2, cached=200_000), route="batch")
+        await writer.success(prompt_ids=[ids[3]], result=answer(1000, 1000))
+    ledger = await actual_cost(sessions=sessions, job_id=job_id, table=table)
+
+    # gpt-4o-mini: 0.8M x 0.15 + 0.2M x 0.075 + 0.5M x 0.60 = 0.435 real-time; half in a batch.
+    assert ledger.totals.realtime.cost == Decimal("0.435")
+    assert ledger.totals.batch.cost == Decimal("0.2175")
+    assert ledger.totals.batch.prompts == 1  # the reused answer is not paid again
+    assert ledger.total == Decimal("0.6525")
+    assert ledger.savings == Decimal("0.2175")
+    assert not ledger.complete and ledger.totals.unpriced_models == {"mystery-model": 1}
+    shown = ledger.as_dict()
+    assert shown["total"] == 0.6525 and shown["routes"]["realtime"]["unpriced"] == 1
+
+
+async def test_the_estimate_learns_reply_length_from_stored_answers(sessions) -> None:
+    table = PriceTable.load()
+    done_id, done = await job(sessions, [("gpt-4o-mini", "realtime", f"q{i}") for i in range(20)])
+    async with storage.ResultWriter(sessions, job_id=done_id) as writer:
+        for pid in done:
+            await writer.success(prompt_ids=[pid], result=answer(10, 30))
+    fresh = await estimate_cost(sessions=sessions, job_id=done_id, table=table, typical_completion_tokens=100)
+    assert fresh.totals.realtime.prompts == 0  # nothing open in the finished job
+
+    job_id, _ = await job(sessions, [("gpt-4o-mini", "batch", "new question"), ("other", "realtime", "x")])
+    estimate = await estimate_cost(sessions=sessions, job_id=job_id, table=table, typical_completion_tokens=100)
+    # 20 stored answers of 30 tokens: 30 replaces the setting for gpt-4o-mini; "other" keeps 100 (cap 50 wins).
+    assert estimate.reply_tokens == {"gpt-4o-mini": 30, "other": 100}
+    assert estimate.totals.batch.completion_tokens == 30
+    assert estimate.totals.realtime.completion_tokens == 50
+    assert estimate.totals.unpriced_models == {"other": 1} and not estimate.complete

@@ -20,6 +20,7 @@ from llm_dispatch._exceptions import LLMDispatchError
 
 from llm_dispatch._types import ChatResult
 
+from ._bulk import bind_value, placeholders
 from ._models import Batch, BatchMember, Prompt, Result, utcnow
 from ._queries import IN_CHUNK, INSERT_BATCH, _aware, _chunks
 from ._records import BatchRecord
@@ -279,7 +280,7 @@ async def store_batch_answers(
         # The driver's own executemany over plain tuples: the insert is the hot path of a 100,000-line
         # ingest, and per-row parameter processing would cost more than the database does. The one
         # column that needs converting (a timestamp, the same for every row) is converted once here.
-        created = _bound(Result.__table__.c.created_at, now, dialect)
+        created = bind_value(Result.__table__.c.created_at, now, dialect)
         for prompt_ids, result in answers:
             latency_ms = (result.latency_s if latency_s is None else latency_s) * 1000
             for index, prompt_id in enumerate(prompt_ids):
@@ -293,7 +294,7 @@ async def store_batch_answers(
         if not rows:
             return 0
         await conn.exec_driver_sql(_insert_sql(dialect), rows)  # type: ignore[arg-type]
-        updated = _bound(Prompt.__table__.c.updated_at, now, dialect)
+        updated = bind_value(Prompt.__table__.c.updated_at, now, dialect)
         settle = [(1, updated, pid) for pid in first_ids] + [(0, updated, pid) for pid in other_ids]
         await conn.exec_driver_sql(_settle_sql(dialect), settle)  # type: ignore[arg-type]
     return len(rows)
@@ -352,36 +353,17 @@ _ANSWER_COLUMNS = (
 
 def _insert_sql(dialect: Dialect) -> str:
     """``INSERT INTO results (...) VALUES (...)`` in the driver's own placeholder style."""
-    marks = _marks(dialect, len(_ANSWER_COLUMNS))
+    marks = placeholders(dialect, len(_ANSWER_COLUMNS))
     return f"INSERT INTO results ({', '.join(_ANSWER_COLUMNS)}) VALUES ({', '.join(marks)})"
 
 
 def _settle_sql(dialect: Dialect) -> str:
     """Mark one answered prompt succeeded (if it still waits in the batch): (attempts to add, now, id)."""
-    add, now, pid = _marks(dialect, 3)
+    add, now, pid = placeholders(dialect, 3)
     return (
         f"UPDATE prompts SET status = 'succeeded', attempts = attempts + {add}, last_error_class = NULL, "
         f"failed_retryable = NULL, updated_at = {now} WHERE id = {pid} AND status = 'batched'"
     )
-
-
-def _marks(dialect: Dialect, n: int) -> list[str]:
-    style = dialect.paramstyle
-    if style == "qmark":
-        return ["?"] * n
-    if style == "numeric_dollar":
-        return [f"${i}" for i in range(1, n + 1)]
-    if style == "numeric":
-        return [f":{i}" for i in range(1, n + 1)]
-    if style == "format":
-        return ["%s"] * n
-    raise NotImplementedError(f"bulk writes for a driver with paramstyle {style!r}")
-
-
-def _bound(column: Any, value: Any, dialect: Dialect) -> Any:
-    """``value`` as SQLAlchemy would hand it to the driver for ``column``."""
-    processor = column.type.bind_processor(dialect)
-    return processor(value) if processor is not None else value
 
 
 def _record(batch: Batch) -> BatchRecord:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, literal_column, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from ._models import Batch, Job, Prompt, Result
@@ -117,11 +117,10 @@ async def reply_lengths(sessions: Sessions, *, models: list[str], sample: int = 
 
 async def route_counts(sessions: Sessions, *, job_id: str) -> dict[str, dict[str, int]]:
     """Prompts per planned route (``realtime``/``batch``; unrouted ones count as real-time) and status."""
-    stmt = (
-        select(func.coalesce(Prompt.planned_route, "realtime"), Prompt.status, func.count())
-        .where(Prompt.job_id == job_id)
-        .group_by(func.coalesce(Prompt.planned_route, "realtime"), Prompt.status)
-    )
+    # One expression, with the default as a literal: as two bound parameters PostgreSQL would not see
+    # the GROUP BY expression as the selected one.
+    route = func.coalesce(Prompt.planned_route, literal_column("'realtime'"))
+    stmt = select(route, Prompt.status, func.count()).where(Prompt.job_id == job_id).group_by(route, Prompt.status)
     counts: dict[str, dict[str, int]] = {}
     async with sessions() as session:
         for route, status, n in await session.execute(stmt):

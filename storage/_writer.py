@@ -11,12 +11,14 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any
 
-from sqlalchemy import Boolean, DateTime, Integer, String, bindparam, case, func, insert, select, update
+from sqlalchemy import select
+from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from llm_dispatch._types import ChatResult
 
+from ._bulk import bind_processor, bind_value, placeholders
 from ._models import Prompt, Result, utcnow
 from ._queries import mark_in_flight
 from ._status import ROUTES, Route
@@ -36,24 +38,7 @@ RETRY_DELAY = 0.5
 _IN_CHUNK = 500
 
 _prompts = Prompt.__table__
-_update_prompts = (
-    update(_prompts)
-    .where(_prompts.c.id == bindparam("b_id", type_=_prompts.c.id.type))
-    .values(
-        # A success is final: a late failure of the same prompt (another run, a duplicate
-        # send) must not make it look unpaid and send it a third time.
-        status=case(
-            (_prompts.c.status == "succeeded", _prompts.c.status), else_=bindparam("b_status", type_=String())
-        ),
-        attempts=_prompts.c.attempts + bindparam("b_attempts", type_=Integer()),
-        last_error_class=func.coalesce(bindparam("b_error_class", type_=String()), _prompts.c.last_error_class),
-        failed_retryable=case(
-            (_prompts.c.status == "succeeded", _prompts.c.failed_retryable),
-            else_=bindparam("b_retryable", type_=Boolean()),
-        ),
-        updated_at=bindparam("b_now", type_=DateTime(timezone=True)),
-    )
-)
+_results = Result.__table__
 
 
 @dataclass(slots=True)
@@ -300,9 +285,26 @@ class ResultWriter:
         now = utcnow()
         async with self._sessions.begin() as session:
             job_ids = await self._job_ids(session, batch)
-            results = [{**row.result, "job_id": job_ids[row.prompt_id]} for row in batch]
-            await session.execute(insert(Result.__table__), results)
-            await session.execute(_update_prompts, _prompt_updates(batch, now=now))
+            conn = await session.connection()
+            dialect = conn.dialect
+            # Plain tuples through the driver's executemany (see storage._bulk): at hundreds of results
+            # a second, SQLAlchemy's per-row parameter handling costs more than the database.
+            to_time = bind_processor(_results.c.created_at, dialect) or _same
+            results = []
+            for row in batch:
+                values = row.result
+                results.append((
+                    *(values[name] for name in _RESULT_COLUMNS[:-2]),
+                    to_time(values["created_at"]),
+                    job_ids[row.prompt_id],
+                ))
+            await conn.exec_driver_sql(_insert_sql(dialect), results)  # type: ignore[arg-type]
+            stamp = bind_value(_prompts.c.updated_at, now, dialect)
+            updates = [
+                (u["b_status"], u["b_attempts"], u["b_error_class"], u["b_retryable"], stamp, u["b_id"])
+                for u in _prompt_updates(batch, now=now)
+            ]
+            await conn.exec_driver_sql(_update_sql(dialect), updates)  # type: ignore[arg-type]
 
     async def _job_ids(self, session: AsyncSession, batch: list[_Row]) -> dict[int, str]:
         ids = list(dict.fromkeys(row.prompt_id for row in batch))
@@ -318,6 +320,38 @@ class ResultWriter:
         if missing:
             raise LookupError(f"results for prompt ids that are not in the database: {missing[:10]}")
         return found
+
+
+# Result columns in the order of the insert's tuples; created_at and job_id go last.
+_RESULT_COLUMNS = (
+    "prompt_id", "route", "status", "attempts", "text", "finish_reason", "prompt_tokens", "completion_tokens",
+    "cached_tokens", "latency_ms", "response_model", "response_id", "http_status", "error_class", "error_message",
+    "created_at", "job_id",
+)
+
+
+def _insert_sql(dialect: Dialect) -> str:
+    marks = placeholders(dialect, len(_RESULT_COLUMNS))
+    return f"INSERT INTO results ({', '.join(_RESULT_COLUMNS)}) VALUES ({', '.join(marks)})"
+
+
+def _update_sql(dialect: Dialect) -> str:
+    """The prompt's new state after its results: (status, attempts to add, error class, retryable, now, id).
+
+    A success is final: a late failure of the same prompt (another run, a duplicate send) must not make
+    it look unpaid and send it a third time. Every SET expression sees the row as it was.
+    """
+    status, attempts, error_class, retryable, now, pid = placeholders(dialect, 6)
+    return (
+        f"UPDATE prompts SET status = CASE WHEN status = 'succeeded' THEN status ELSE {status} END, "
+        f"attempts = attempts + {attempts}, last_error_class = COALESCE({error_class}, last_error_class), "
+        f"failed_retryable = CASE WHEN status = 'succeeded' THEN failed_retryable ELSE {retryable} END, "
+        f"updated_at = {now} WHERE id = {pid}"
+    )
+
+
+def _same(value: Any) -> Any:
+    return value
 
 
 def _result_row(*, prompt_id: int, now: datetime, route: str, status: str, attempts: int) -> dict[str, Any]:

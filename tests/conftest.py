@@ -72,6 +72,13 @@ def sim(sim_server: Sim) -> Iterator[Sim]:
     sim_server.reset()
 
 
+@pytest.fixture(autouse=True)
+def batch_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Batch files of flows run in-process go under the test's own directory, not the checkout."""
+    monkeypatch.setenv("LLM_DISPATCH_BATCH_DIR", str(tmp_path / "batches"))
+    return tmp_path / "batches"
+
+
 @pytest.fixture
 def db_url(tmp_path: Path) -> str:
     return f"sqlite+aiosqlite:///{tmp_path / 'test.db'}"

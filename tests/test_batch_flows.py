@@ -84,18 +84,16 @@ async def test_dispatch_routes_each_prompt_sends_both_halves_and_reports_cost(
     assert summary["estimate"]["routes"]["batch"]["requests"] == 3
 
     async with get_client() as client:
-        # The filter endpoint itself: this client version sends nulls the server refuses.
-        response = await client._client.post("/artifacts/filter", json={"limit": 200, "sort": "CREATED_DESC"})
-        artifacts = response.raise_for_status().json()
-    by_key = {a["key"]: a for a in artifacts if a["key"]}
+        artifacts = await client.read_artifacts(limit=200)
+    by_key = {a.key: a for a in artifacts if a.key}
     key = f"dispatch-{summary['job_id'][:8]}"
     table, report = by_key[f"{key}-routes"], by_key[f"{key}-report"]
     # The wait-for-batch sub-flow kept a progress artifact; it ended at 100%.
-    bars = [a for a in artifacts if a["type"] == "progress" and "completed 3 / failed 0 / total 3" in (a["description"] or "")]
-    assert bars and all(a["data"] == 100.0 for a in bars)
-    table_rows = json.loads(table["data"]) if isinstance(table["data"], str) else table["data"]
+    bars = [a for a in artifacts if a.type == "progress" and "completed 3 / failed 0 / total 3" in (a.description or "")]
+    assert bars and all(a.data == 100.0 for a in bars)
+    table_rows = json.loads(table.data) if isinstance(table.data, str) else table.data
     assert [(r["route"], r["prompts"], r["succeeded"]) for r in table_rows] == [("realtime", 3, 3), ("batch", 3, 3)]
-    assert summary["job_id"] in report["data"] and "saved by the Batch API" in report["data"]
+    assert summary["job_id"] in report.data and "saved by the Batch API" in report.data
 
 
 async def test_max_cost_refuses_before_any_request(prefect_api: str, sim: Sim, db_url: str) -> None:
@@ -228,3 +226,18 @@ async def test_programmatic_use_with_a_list_of_dicts_and_the_query_api(prefect_a
     finally:
         await engine.dispose()
     assert (row.custom_id, row.status, row.route) == ("a", "succeeded", "realtime") and row.text
+
+
+@pytest.mark.skipif(not os.environ.get("LLM_DISPATCH_TEST_PG_URL"), reason="set LLM_DISPATCH_TEST_PG_URL to run on PostgreSQL")
+async def test_dispatch_on_postgres_both_halves_and_reports(prefect_api: str, sim: Sim) -> None:
+    import uuid
+
+    url = os.environ["LLM_DISPATCH_TEST_PG_URL"]
+    marker = uuid.uuid4().hex  # the database outlives the test: make this input new
+    prompts = [{**p, "id": f"{marker}-{p['id']}", "prompt": f"{marker} {p['prompt']}"} for p in MIXED]
+    sim.configure(batch_processing_seconds=1.0)
+    summary = await dispatch(prompts=prompts, base_url=sim.base_url, database_url=SecretStr(url), wait=True,
+                             batch_poll_interval=0.2)
+    assert summary["counts"] == {"succeeded": 6}
+    assert summary["routes"] == {"realtime": {"succeeded": 3}, "batch": {"succeeded": 3}}
+    assert summary["cost"]["routes"]["batch"]["requests"] == 3

@@ -398,6 +398,10 @@ async def baselines(*, base_url: str, count: int, workdir: Path, run: int, outpu
 
 
 def child(args: argparse.Namespace) -> None:
+    from flows._setup import tune_gc
+
+    # As the flows running these steps do (wait-for-batch, collect-batches); the baselines get it too.
+    tune_gc()
     workdir = Path(args.workdir)
     if args.child == "path":
         result = asyncio.run(batch_path(base_url=args.base_url, count=args.prompts, workdir=workdir, run=args.run,

@@ -358,7 +358,12 @@ async def _show(progress: Progress) -> None:
     )
     with RichProgress(*columns, console=err, transient=True) as bar, _quiet_prefect_info():
         task = bar.add_task("requests", total=None, detail="")
+        shown = 0
         while True:
+            # Prefect's INFO lines are held back while the bar is drawn; what the flow wants seen comes here.
+            for note in progress.notes[shown:]:
+                bar.console.print(note, highlight=False)
+            shown = len(progress.notes)
             bar.update(
                 task,
                 total=progress.total or None,

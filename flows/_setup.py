@@ -1,13 +1,17 @@
-"""What a flow does against the Prefect API before its work: the API key from a Secret block, and the
-concurrency limit on the real-time tag."""
+"""What a flow does before its work: the API key from a Secret block, the concurrency limit on the
+real-time tag, and the process's garbage collector."""
 
 from __future__ import annotations
 
+import gc
 import logging
 
 from pydantic import SecretStr
 
 from llm_dispatch import ConfigError, Settings
+
+# Allocations between young-generation collections (CPython's default: 700).
+GC_THRESHOLD = 10_000
 
 
 async def with_api_key(settings: Settings) -> Settings:
@@ -57,3 +61,23 @@ async def ensure_tag_limit(settings: Settings, *, logger: logging.Logger | loggi
     logger.info("created concurrency limit %d on tag %r (change it with `prefect concurrency-limit`)",
                 settings.tag_limit, tag)
     return settings.tag_limit
+
+
+def tune_gc() -> bool:
+    """Make garbage collection cheap in a flow process; once per process. Returns whether it acted.
+
+    A flow process holds Prefect, SQLAlchemy, pydantic and aiohttp: a few hundred thousand long-lived
+    objects that every full collection walks again. Measured here (bench/realtime.py, 10,000 requests
+    at concurrency 400): collections took ~3.8 s of a ~10 s run. Freezing what exists at start-up
+    (those objects stay alive anyway; reference counting still frees them) and collecting the young
+    generation every 10,000 allocations instead of 700 cut that to ~0.7 s.
+    """
+    threshold, *older = gc.get_threshold()
+    if threshold >= GC_THRESHOLD:
+        return False
+    # The young generations only (milliseconds; a full collection of this heap takes ~0.1 s): older
+    # garbage, if any, is frozen with the rest, a one-time cost bounded by what exists now.
+    gc.collect(1)
+    gc.freeze()
+    gc.set_threshold(GC_THRESHOLD, *older)
+    return True

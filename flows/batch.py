@@ -18,7 +18,7 @@ from llm_dispatch import LLMClient, Settings
 from tasks import finish_submission, ingest, submit_batches
 from tasks.batch_collect import cancel_batches, poll_batch
 
-from ._setup import with_api_key
+from ._setup import tune_gc, with_api_key
 from .realtime import build_settings, dispatch_realtime
 
 # Settings a flow hands its sub-flows as plain parameters: everything public (no key, no database URL).
@@ -55,6 +55,7 @@ async def wait_for_batch(
 async def follow_batch(*, batch_id: int, settings: Settings, ingest_when_done: bool = True) -> dict[str, Any]:
     logger = get_run_logger()
     settings = await with_api_key(settings)
+    tune_gc()
     engine = storage.create_engine(settings.database_url)
     try:
         sessions = storage.session_factory(engine)
@@ -187,6 +188,7 @@ async def collect_batches(
 async def sweep(*, settings: Settings, job_id: str | None, stale_after: float) -> dict[str, Any]:
     logger = get_run_logger()
     settings = await with_api_key(settings)
+    tune_gc()
     engine = storage.create_engine(settings.database_url)
     summary: dict[str, Any] = {"open": 0, "polled": 0, "ingested": [], "resubmitted": 0, "realtime": 0,
                                "skipped_recent": 0}

@@ -14,6 +14,7 @@ from pydantic import SecretStr
 
 import storage
 from llm_dispatch import ConfigError, Settings
+from llm_dispatch._dispatch import current_progress
 from llm_dispatch._pricing import PriceTable
 from tasks import record_prompts, routing_rules
 from tasks.costs import JobCost, actual_cost, estimate_cost, money
@@ -98,6 +99,9 @@ async def run_dispatch(
                                        typical_completion_tokens=settings.typical_completion_tokens,
                                        retry_failed=retry_failed, dedupe=settings.dedupe)
         logger.info("job %s: estimate %s", job.job_id, describe_estimate(estimate))
+        progress = current_progress.get()
+        if progress is not None:
+            progress.notes.append(f"estimate: {describe_estimate(estimate)}")
         _check_budget(estimate, max_cost=max_cost)
         await storage.set_job_status(sessions, job_id=job.job_id, status="running")
 

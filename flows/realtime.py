@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from prefect import flow, get_run_logger
+from prefect.artifacts import acreate_progress_artifact, aupdate_progress_artifact
 from pydantic import SecretStr
 
 import storage
@@ -16,7 +17,11 @@ from llm_dispatch import ConfigError, LLMClient, Settings
 from llm_dispatch._dispatch import DispatchOutcome, current_progress
 from tasks import plan_realtime, record_prompts, send_chunk
 
-from ._setup import ensure_tag_limit, with_api_key
+from ._setup import ensure_tag_limit, tune_gc, with_api_key
+
+
+# Chunk task runs started beyond the lanes, ready to send the moment a lane frees.
+CHUNKS_AHEAD = 1
 
 
 def build_settings(**overrides: Any) -> Settings:
@@ -81,6 +86,7 @@ async def dispatch_realtime(
     started = time.monotonic()
     settings = await with_api_key(settings)
     await ensure_tag_limit(settings, logger=logger)
+    tune_gc()
     engine = storage.create_engine(settings.database_url)
     try:
         await storage.migrate(engine)
@@ -101,39 +107,54 @@ async def dispatch_realtime(
                 job.job_id, plan.open_prompts, plan.reused, plan.requests, len(plan.chunks),
             )
             per_chunk = settings.per_chunk_concurrency
-            # Chunks still handing out requests, enough to fill the run's limit. A chunk leaves this
-            # gate when its last round is on the way, so the next one starts up (task run, rows)
-            # while it drains, and the limit never idles between chunks.
-            gate = asyncio.Semaphore(math.ceil(settings.concurrency / per_chunk))
+            # Lanes: chunks handing out requests, enough to fill the run's limit. A chunk leaves its lane
+            # when its last round is on the way, so the next one starts sending while it drains.
+            # Begun: chunk task runs started and not yet done handing out. One more than the lanes, so the
+            # next chunk's task run (its start costs tens of ms, now and then seconds when the Prefect API
+            # is slow) is up and its rows loaded before a lane frees: it waits inside, holding its tag slot.
+            lane_count = math.ceil(settings.concurrency / per_chunk)
+            lanes = asyncio.Semaphore(lane_count)
+            begun = asyncio.Semaphore(lane_count + CHUNKS_AHEAD)
             tagged = send_chunk.with_options(tags=[settings.concurrency_tag])
 
             async def run_chunk(number: int, groups: list[tuple[int, ...]]) -> None:
-                await gate.acquire()
-                released = False
+                await begun.acquire()
+                entered = released = False
 
-                def release() -> None:
+                async def enter_lane() -> None:
+                    nonlocal entered
+                    await lanes.acquire()
+                    entered = True
+
+                def leave_lane() -> None:
                     nonlocal released
                     if not released:
                         released = True
-                        gate.release()
+                        begun.release()
+                        if entered:
+                            lanes.release()
 
                 try:
                     chunk_outcome = await tagged(
                         number=number, of=len(plan.chunks), size=sum(len(g) for g in groups), groups=groups,
-                        client=client, sink=writer, sessions=sessions, concurrency=per_chunk, on_dispatched=release,
+                        client=client, sink=writer, sessions=sessions, concurrency=per_chunk,
+                        before_send=enter_lane, on_dispatched=leave_lane,
                     )
                 finally:
-                    release()
+                    leave_lane()
                 outcome.add(chunk_outcome)
+                await board.update(outcome)
 
             progress = current_progress.get()
             if progress is not None:
                 progress.total, progress.started_at = plan.requests, time.monotonic()
-            send_started = time.monotonic()
+            send_started_at = time.monotonic()
+            board = await _ProgressBoard.start(job_id=job.job_id, prompts=plan.open_prompts - plan.reused,
+                                               chunks=len(plan.chunks))
             async with asyncio.TaskGroup() as group:
                 for number, groups in enumerate(plan.chunks, start=1):
                     group.create_task(run_chunk(number, groups))
-            send_s = time.monotonic() - send_started
+            send_s = time.monotonic() - send_started_at
         counts = await storage.job_counts(sessions, job_id=job.job_id)
         # Prompts waiting in a provider batch are unfinished too.
         finished = not any(counts.get(status, 0) for status in ("pending", "in_flight", "batched"))
@@ -156,3 +177,36 @@ async def dispatch_realtime(
         return summary
     finally:
         await engine.dispose()
+
+
+class _ProgressBoard:
+    """The real-time half's progress artifact in the Prefect UI, updated as each chunk ends."""
+
+    # Each update is a write to the Prefect API; on a SQLite-backed server writes contend (503s, 2 s back-offs).
+    MIN_INTERVAL = 2.0
+
+    def __init__(self, artifact: Any, *, prompts: int, chunks: int) -> None:
+        self._artifact, self._prompts, self._chunks, self._finished = artifact, prompts, chunks, 0
+        self._last = time.monotonic()
+
+    @classmethod
+    async def start(cls, *, job_id: str, prompts: int, chunks: int) -> _ProgressBoard:
+        artifact = None
+        if prompts:
+            artifact = await acreate_progress_artifact(
+                progress=0.0, description=f"job {job_id}: real-time, {prompts} prompts in {chunks} chunks")
+        return cls(artifact, prompts=prompts, chunks=chunks)
+
+    async def update(self, outcome: DispatchOutcome) -> None:
+        self._finished += 1
+        if self._artifact is None:
+            return
+        if self._finished < self._chunks and time.monotonic() - self._last < self.MIN_INTERVAL:
+            return
+        self._last = time.monotonic()
+        done = outcome.succeeded + outcome.failed
+        await aupdate_progress_artifact(
+            artifact_id=self._artifact, progress=min(100.0, 100.0 * done / self._prompts),
+            description=(f"real-time: {outcome.succeeded} succeeded / {outcome.failed} failed / {self._prompts} "
+                         f"prompts; {self._finished} of {self._chunks} chunks done"),
+        )

@@ -58,6 +58,8 @@ class Progress:
     failed: int = 0
     in_flight: int = 0
     started_at: float = field(default_factory=time.monotonic)
+    # Lines for the person watching (the cost estimate, say), shown once each above the bar.
+    notes: list[str] = field(default_factory=list)
 
     @property
     def done(self) -> int:

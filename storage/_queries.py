@@ -8,11 +8,12 @@ from datetime import UTC, datetime
 from itertools import islice
 from typing import Any, TypeVar, get_args
 
-from sqlalchemy import and_, func, insert, or_, select, update
+from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from llm_dispatch._types import ChatResult
 
+from ._bulk import bind_processor, bind_value, placeholders
 from ._models import Job, Prompt, Result, new_job_id, utcnow
 from ._records import JobInfo, NewPrompt, ResultStats, WorkRow
 from ._status import JOB_STATUSES, JobStatus, RetryFailed
@@ -134,6 +135,21 @@ async def _prompt_counts(session: AsyncSession, *, job_id: str) -> dict[str, int
 # --- prompts ------------------------------------------------------------------------
 
 
+_PROMPT_COLUMNS = (
+    "job_id", "custom_id", "position", "model", "messages", "params", "metadata", "dedupe_key", "planned_route",
+    "route_reason", "deadline", "status", "attempts", "created_at", "updated_at",
+)
+
+
+def _insert_prompts_sql(dialect: Any) -> str:
+    marks = placeholders(dialect, len(_PROMPT_COLUMNS))
+    return f"INSERT INTO prompts ({', '.join(_PROMPT_COLUMNS)}) VALUES ({', '.join(marks)})"
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
 async def add_prompts(sessions: Sessions, *, job_id: str, prompts: Iterable[NewPrompt]) -> int:
     """Store a job's prompts (status ``pending``) in one transaction; returns how many.
 
@@ -141,32 +157,27 @@ async def add_prompts(sessions: Sessions, *, job_id: str, prompts: Iterable[NewP
     A ``custom_id`` seen twice in one job raises ``IntegrityError`` and stores nothing.
     """
     now = utcnow()
-    # Core insert of plain dicts: the ORM unit of work would cost ~10x for 100,000 rows.
-    stmt = insert(Prompt.__table__)
+    table = Prompt.__table__
     total = 0
     async with sessions.begin() as session:
+        conn = await session.connection()
+        dialect = conn.dialect
+        # Driver executemany over tuples (see storage._bulk): ~2x a Core insert of dicts, ~20x the ORM.
+        # Values that need converting (JSON, timestamps) go through their column type's own processor.
+        to_json = {name: bind_processor(table.c[name], dialect) or _same for name in ("messages", "params", "metadata")}
+        to_time = bind_processor(table.c.deadline, dialect) or _same
+        stamp = bind_value(table.c.created_at, now, dialect)
+        sql = _insert_prompts_sql(dialect)
         for batch in _chunks(prompts, INSERT_BATCH):
             rows = [
-                {
-                    "job_id": job_id,
-                    "custom_id": p.custom_id,
-                    "position": p.position,
-                    "model": p.model,
-                    "messages": p.messages,
-                    "params": p.params,
-                    "metadata": p.metadata,
-                    "dedupe_key": p.dedupe_key,
-                    "planned_route": p.planned_route,
-                    "route_reason": p.route_reason,
-                    "deadline": p.deadline,
-                    "status": "pending",
-                    "attempts": 0,
-                    "created_at": now,
-                    "updated_at": now,
-                }
+                (
+                    job_id, p.custom_id, p.position, p.model, to_json["messages"](p.messages),
+                    to_json["params"](p.params), to_json["metadata"](p.metadata), p.dedupe_key, p.planned_route,
+                    p.route_reason, None if p.deadline is None else to_time(p.deadline), "pending", 0, stamp, stamp,
+                )
                 for p in batch
             ]
-            await session.execute(stmt, rows)
+            await conn.exec_driver_sql(sql, rows)  # type: ignore[arg-type]
             total += len(rows)
     return total
 

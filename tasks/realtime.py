@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -28,13 +28,16 @@ async def send_chunk(
     sink: storage.ResultWriter,
     sessions: async_sessionmaker[AsyncSession],
     concurrency: int,
+    before_send: Callable[[], Awaitable[None]] | None = None,
     on_dispatched: Callable[[], None] | None = None,
 ) -> DispatchOutcome:
     """Send one request per group of identical prompts, at most ``concurrency`` at once.
 
     Holds one slot of the run's concurrency-limit tag while it runs (Prefect acquires it from the
     task's tags), so across all flow runs: requests in flight <= tag limit x ``concurrency``.
-    ``on_dispatched`` fires when about one round of requests is left to send (see ``send_all``).
+    ``before_send`` is awaited once the chunk is ready (rows loaded, prompts marked in flight) and
+    before its first request: the flow's turn-taking between chunks. ``on_dispatched`` fires when about
+    one round of requests is left to send (see ``send_all``).
     """
     ids = [pid for group in groups for pid in group]
     rows = {row.id: row for row in await storage.load_work(sessions, prompt_ids=ids)}
@@ -46,5 +49,7 @@ async def send_chunk(
         )
         for group in groups
     ]
+    if before_send is not None:
+        await before_send()
     return await send_all(client=client, items=items, sink=sink, concurrency=concurrency,
                           progress=current_progress.get(), on_dispatched=on_dispatched)

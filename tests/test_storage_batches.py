@@ -4,6 +4,8 @@ PostgreSQL when ``LLM_DISPATCH_TEST_PG_URL`` is set (each test in a schema of it
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -371,3 +373,18 @@ async def test_bulk_batch_answers_land_like_the_writers(sessions: Sessions) -> N
     # Stored twice (an ingest run again): the prompts are no longer batched, so nothing changes them.
     stats = await storage.result_stats(sessions, job_id=job_id)
     assert (stats.succeeded, stats.prompt_tokens) == (3, 16)
+
+
+async def test_routes_and_deadlines_are_stored_as_given(sessions: Sessions) -> None:
+    deadline = datetime(2026, 11, 22, 9, 30, 15, 123456, tzinfo=UTC)
+    prompts = [
+        replace(p, planned_route=route, route_reason=f"because {i}", deadline=deadline if i == 0 else None)
+        for i, (p, route) in enumerate(zip(new_prompts(2), ("batch", "realtime")))
+    ]
+    job_id = await make_job(sessions, prompts, fingerprint="d" * 64)
+    ids = await prompt_ids(sessions, job_id)
+    [first, second] = await storage.load_work(sessions, prompt_ids=[ids["p-0"], ids["p-1"]])
+    assert first.deadline == deadline and second.deadline is None
+    assert first.messages == prompts[0].messages and first.params == prompts[0].params
+    assert await storage.open_prompt_ids(sessions, job_id=job_id, planned_route="batch") == [ids["p-0"]]
+    assert await storage.route_counts(sessions, job_id=job_id) == {"batch": {"pending": 1}, "realtime": {"pending": 1}}

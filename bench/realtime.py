@@ -8,6 +8,14 @@ Each variant runs in a fresh child process, alternating, repeated; medians are r
 The flow's time covers the whole flow call (validating and recording the prompts, planning, sending,
 persisting every result, the summary); Prefect's API start-up (an ephemeral server, ~10 s) is
 warmed up before the clock starts, as a user with a running Prefect server would have it.
+
+The children inherit ``PREFECT_API_URL``: to measure against a running server on PostgreSQL (as the
+README recommends; its SQLite-backed ephemeral server answers some writes 503 under load, and Prefect's
+client backs off ~2 s each time), start one and point the bench at it:
+
+    PREFECT_API_DATABASE_CONNECTION_URL=postgresql+asyncpg://postgres@127.0.0.1:5432/prefect_rtbench \
+        prefect server start --host 127.0.0.1 --port 4299 &
+    PREFECT_API_URL=http://127.0.0.1:4299/api python bench/realtime.py
 """
 
 from __future__ import annotations

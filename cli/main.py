@@ -144,6 +144,15 @@ def run(
     raise typer.Exit(1 if failed else 0)
 
 
+def _require_database(settings: Settings) -> None:
+    from .reports import require_database
+
+    try:
+        require_database(settings)
+    except LLMDispatchError as exc:
+        raise _fail(str(exc)) from None
+
+
 def _flow_call(coroutine: Any) -> Any:
     """Run a flow from a command, with the CLI's Prefect settings; a known error is one line and exit 2."""
     with _prefect_settings():
@@ -166,6 +175,7 @@ def collect(
     from flows.batch import collect_batches
 
     settings = _settings(database_url=database_url)
+    _require_database(settings)
     summary = _flow_call(collect_batches(database_url=SecretStr(settings.database_url), job_id=job,
                                          stale_after=stale_after))
     if as_json:
@@ -192,6 +202,7 @@ def cancel(
     from flows.batch import cancel_job_batches
 
     settings = _settings(database_url=database_url)
+    _require_database(settings)
     summary = _flow_call(cancel_job_batches(job_id=job, database_url=SecretStr(settings.database_url),
                                             wait_seconds=wait_seconds))
     kept = sum(i["succeeded"] for i in summary["ingested"])

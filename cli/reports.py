@@ -29,11 +29,16 @@ EXPORT_FIELDS = (
 )
 
 
-@asynccontextmanager
-async def _database(settings: Settings) -> AsyncIterator[Sessions]:
+def require_database(settings: Settings) -> None:
+    """A SQLite file that is not there is a mistake (a wrong directory or URL), not a new empty database."""
     url = make_url(settings.database_url)
     if url.get_backend_name() == "sqlite" and url.database and not Path(url.database).exists():
         raise ConfigError(f"no database at {url.database}: run `llm-dispatch run FILE` first, or pass --database-url")
+
+
+@asynccontextmanager
+async def _database(settings: Settings) -> AsyncIterator[Sessions]:
+    require_database(settings)
     engine = storage.create_engine(settings.database_url)
     try:
         await storage.migrate(engine)  # an older database is brought up to date, as a run would

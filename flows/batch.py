@@ -14,7 +14,7 @@ from prefect.artifacts import acreate_progress_artifact, aupdate_progress_artifa
 from pydantic import SecretStr
 
 import storage
-from llm_dispatch import LLMClient, Settings
+from llm_dispatch import ConfigError, LLMClient, Settings
 from tasks import finish_submission, ingest, submit_batches
 from tasks.batch_collect import cancel_batches, poll_batch
 
@@ -264,6 +264,9 @@ async def cancel_job_batches(
     try:
         await storage.migrate(engine)
         sessions = storage.session_factory(engine)
+        if await storage.get_job(sessions, job_id=job_id) is None:
+            raise ConfigError(f"no job {job_id!r} in {settings.public_dict()['database_url']}; "
+                              "`llm-dispatch status` lists jobs")
         async with LLMClient.from_settings(settings) as client:
             records = await cancel_batches(sessions=sessions, client=client, job_id=job_id)
             deadline = time.monotonic() + wait_seconds

@@ -58,3 +58,11 @@ def test_bad_arguments(runner: CliRunner, in_tmp: Path, args: list[str], expecte
     result = runner.invoke(app, args)
     assert result.exit_code == 2
     assert expected in result.output
+
+
+@pytest.mark.parametrize("args", [["collect"], ["cancel", "some-job"], ["status"], ["cost"], ["export", "some-job"]])
+def test_commands_on_a_missing_database_say_so(runner: CliRunner, in_tmp: Path, args: list[str]) -> None:
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2
+    assert "no database at" in result.output and "llm-dispatch run FILE" in result.output
+    assert not (in_tmp / "llm_dispatch.db").exists()

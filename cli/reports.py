@@ -64,7 +64,7 @@ async def status(*, settings: Settings, job_id: str | None) -> dict[str, Any] | 
         job = await storage.get_job(sessions, job_id=job_id)
         if job is None:
             return None
-        batches = [b for b in await _all_batches(sessions, job_id)]
+        batches = await storage.job_batches(sessions, job_id=job_id)
         return {
             "job_id": job.id, "name": job.name, "status": job.status, "counts": job.counts,
             "routes": await storage.route_counts(sessions, job_id=job_id),
@@ -76,16 +76,6 @@ async def status(*, settings: Settings, job_id: str | None) -> dict[str, Any] | 
                 for b in batches
             ],
         }
-
-
-async def _all_batches(sessions: Sessions, job_id: str) -> list[storage.BatchRecord]:
-    from sqlalchemy import select
-
-    async with sessions() as session:
-        ids = list((await session.execute(
-            select(storage.Batch.id).where(storage.Batch.job_id == job_id).order_by(storage.Batch.id))).scalars())
-    records = [await storage.get_batch(sessions, batch_id=batch_id) for batch_id in ids]
-    return [r for r in records if r is not None]
 
 
 def print_status(console: Console, data: dict[str, Any]) -> None:

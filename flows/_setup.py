@@ -35,7 +35,8 @@ async def with_api_key(settings: Settings) -> Settings:
     value = block.get()
     if not isinstance(value, str) or not value:
         raise ConfigError(f"the Secret block {settings.api_key_block!r} holds no API key string")
-    return settings.model_copy(update={"api_key": SecretStr(value)})
+    # Resolved: recipes handed these settings (the dispatch flow's halves) do not read the block again.
+    return settings.model_copy(update={"api_key": SecretStr(value), "api_key_block": None})
 
 
 async def ensure_tag_limit(settings: Settings, *, logger: logging.Logger | logging.LoggerAdapter) -> int | None:  # type: ignore[type-arg]

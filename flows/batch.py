@@ -151,14 +151,13 @@ async def dispatch_batches(
                     wait_for_batch(batch_id=batch_id, database_url=url, settings_overrides=public)
                     for batch_id in waiting))
                 summary["ingested"].extend(outcomes)
-                fallback = await storage.open_prompt_ids(sessions, job_id=job_id, retry_failed="none",
+                rerouted = await storage.open_prompt_ids(sessions, job_id=job_id, retry_failed="none",
                                                          planned_route="realtime", in_flight=False)
-                if fallback and realtime_done is not None:
-                    await realtime_done.wait()
-                    fallback = await storage.open_prompt_ids(sessions, job_id=job_id, retry_failed="none",
-                                                             planned_route="realtime", in_flight=False)
-                if fallback:
-                    # Re-routed by the ingests (deadline, or too many batches): real-time now.
+                if rerouted:
+                    # Re-routed by the ingests (deadline, or too many batches): real-time now, once the
+                    # real-time half beside this one is done with its own prompts.
+                    if realtime_done is not None:
+                        await realtime_done.wait()
                     summary["realtime_fallback"] += await _send_rerouted(sessions, job_id=job_id, settings=settings)
     finally:
         await engine.dispose()

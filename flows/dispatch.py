@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, Literal
 
@@ -98,10 +99,11 @@ async def run_dispatch(
         estimate = await estimate_cost(sessions=sessions, job_id=job.job_id, table=table,
                                        typical_completion_tokens=settings.typical_completion_tokens,
                                        retry_failed=retry_failed, dedupe=settings.dedupe)
-        logger.info("job %s: estimate %s", job.job_id, describe_estimate(estimate))
+        described = describe_estimate(estimate)
+        logger.info("job %s: estimate %s", job.job_id, described)
         progress = current_progress.get()
         if progress is not None:
-            progress.notes.append(f"estimate: {describe_estimate(estimate)}")
+            progress.notes.append(f"estimate: {described}")
         _check_budget(estimate, max_cost=max_cost)
         await storage.set_job_status(sessions, job_id=job.job_id, status="running")
 
@@ -170,17 +172,11 @@ def _check_budget(estimate: JobCost, *, max_cost: float | None) -> None:
             f"cannot check --max-cost {max_cost}: no price for {models}; add it to a price file "
             "(LLM_DISPATCH_PRICES_FILE) or drop --max-cost. Nothing was sent"
         )
-    if estimate.total > _decimal(max_cost):
+    if estimate.total > Decimal(str(max_cost)):
         raise BudgetExceededError(
             f"estimated cost ${money(estimate.total):.6f} is above --max-cost ${max_cost}; nothing was sent. "
             "Raise the limit, route more prompts to the Batch API, or send fewer prompts"
         )
-
-
-def _decimal(value: float) -> Any:
-    from decimal import Decimal
-
-    return Decimal(str(value))
 
 
 def describe_estimate(estimate: JobCost) -> str:

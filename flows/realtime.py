@@ -171,7 +171,7 @@ async def dispatch_realtime(
             "wall_s": round(time.monotonic() - started, 3),
             "send_s": round(send_s, 3),
             "phases_s": {"record": round(recorded_s, 3), "plan": round(planned_s - recorded_s, 3), "send": round(send_s, 3)},
-            "stats": stats.as_dict() if hasattr(stats, "as_dict") else stats,
+            "stats": stats.as_dict(),
         }
         logger.info("job %s done: %s", job.job_id, counts)
         return summary

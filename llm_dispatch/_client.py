@@ -183,6 +183,19 @@ class _Completion:
     model: str | None
     response_id: str | None
 
+    def result(self, *, latency_s: float, attempts: int) -> ChatResult:
+        return ChatResult(
+            text=self.text,
+            finish_reason=self.finish_reason,
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.completion_tokens,
+            cached_tokens=self.cached_tokens,
+            model=self.model,
+            response_id=self.response_id,
+            latency_s=latency_s,
+            attempts=attempts,
+        )
+
 
 class LLMClient:
     """An async client for one OpenAI-compatible endpoint, shared by every concurrent caller.
@@ -320,17 +333,7 @@ class LLMClient:
         completion: _Completion = sent.value
         if self._tpm is not None:
             self._tpm.adjust(completion.total_tokens - estimate)
-        return ChatResult(
-            text=completion.text,
-            finish_reason=completion.finish_reason,
-            prompt_tokens=completion.prompt_tokens,
-            completion_tokens=completion.completion_tokens,
-            cached_tokens=completion.cached_tokens,
-            model=completion.model,
-            response_id=completion.response_id,
-            latency_s=self._clock() - sent.admitted_at,
-            attempts=sent.attempts,
-        )
+        return completion.result(latency_s=self._clock() - sent.admitted_at, attempts=sent.attempts)
 
     # --- files and batches (the Batch API) -------------------------------------------------------
     # Same loop, same rules as chat: a 5xx or timeout on create_batch is retried, so a create that did
@@ -749,17 +752,7 @@ def chat_result_from_body(body: Any, *, latency_s: float = 0.0, attempts: int = 
     completion = _completion_from_body(body)
     if completion is None:
         raise APIResponseValidationError(f"the body has no choices[0].message: {str(body)[:_SNIPPET_CHARS]!r}")
-    return ChatResult(
-        text=completion.text,
-        finish_reason=completion.finish_reason,
-        prompt_tokens=completion.prompt_tokens,
-        completion_tokens=completion.completion_tokens,
-        cached_tokens=completion.cached_tokens,
-        model=completion.model,
-        response_id=completion.response_id,
-        latency_s=latency_s,
-        attempts=attempts,
-    )
+    return completion.result(latency_s=latency_s, attempts=attempts)
 
 
 def _completion_from_body(body: Any) -> _Completion | None:

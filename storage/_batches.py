@@ -34,6 +34,7 @@ __all__ = [
     "create_batch_record",
     "find_batch_by_provider_id",
     "get_batch",
+    "job_batches",
     "mark_batch_ingested",
     "open_batches",
     "release_members",
@@ -211,6 +212,13 @@ async def open_batches(sessions: Sessions, *, job_id: str | None = None) -> list
         return [_record(batch) for batch in (await session.execute(stmt)).scalars()]
 
 
+async def job_batches(sessions: Sessions, *, job_id: str) -> list[BatchRecord]:
+    """Every batch of a job, ingested ones too, oldest first (for reports)."""
+    stmt = select(Batch).where(Batch.job_id == job_id).order_by(Batch.id)
+    async with sessions() as session:
+        return [_record(batch) for batch in (await session.execute(stmt)).scalars()]
+
+
 async def batch_members(sessions: Sessions, *, batch_id: int, waiting_only: bool = False) -> dict[str, list[int]]:
     """custom_id -> prompt ids (in id order) for every line of the batch's file.
 
@@ -270,6 +278,8 @@ async def store_batch_answers(
     ``batched`` change status, so storing the same output twice leaves the first answers in place
     (callers pass only members still waiting: see ``batch_members(waiting_only=True)``).
     """
+    if not answers:
+        return 0
     now = utcnow()
     first_ids: list[int] = []
     other_ids: list[int] = []
@@ -291,8 +301,6 @@ async def store_batch_answers(
                     result.finish_reason, result.prompt_tokens, result.completion_tokens, result.cached_tokens,
                     latency_ms, 1 if paid else 0, result.model, result.response_id, 200 if paid else None,
                 ))
-        if not rows:
-            return 0
         await conn.exec_driver_sql(_insert_sql(dialect), rows)  # type: ignore[arg-type]
         updated = bind_value(Prompt.__table__.c.updated_at, now, dialect)
         settle = [(1, updated, pid) for pid in first_ids] + [(0, updated, pid) for pid in other_ids]

@@ -223,6 +223,24 @@ async def open_prompt_ids(
         return list((await session.execute(stmt)).scalars())
 
 
+async def reroute_late_prompts(sessions: Sessions, *, job_id: str, before: datetime, reason: str) -> int:
+    """Route to real-time the job's batch-routed prompts still to send (pending or in flight) whose
+    deadline is earlier than ``before``, with ``reason``; returns how many. One statement."""
+    stmt = (
+        update(Prompt)
+        .where(
+            Prompt.job_id == job_id,
+            Prompt.status.in_(("pending", "in_flight")),
+            Prompt.planned_route == "batch",
+            Prompt.deadline < before,
+        )
+        .values(planned_route="realtime", route_reason=reason, updated_at=utcnow())
+        .execution_options(synchronize_session=False)
+    )
+    async with sessions.begin() as session:
+        return (await session.execute(stmt)).rowcount
+
+
 async def set_planned_route(sessions: Sessions, *, prompt_ids: Sequence[int], route: str, reason: str) -> int:
     """Re-route prompts (say, from batch to real-time when a deadline no longer allows a batch); returns how many."""
     changed = 0

@@ -158,7 +158,6 @@ async def ingest_batch(
             if len(answers) >= STORE_SLICE:
                 await store_answers()
     await store_answers()
-    await store_answers()
 
     # Members no line answered.
     unanswered = [pid for ids in waiting.values() for pid in ids]
@@ -187,10 +186,8 @@ async def ingest_batch(
         sessions, prompt_ids=unanswered, submissions=submissions, max_submissions=max_submissions
     )
     # Whatever is pending again: real-time if its deadline no longer allows a batch.
-    resend_ids = await storage.open_prompt_ids(sessions, job_id=record.job_id, retry_failed="none",
-                                               planned_route="batch")
     to_realtime += await reroute_for_deadlines(
-        sessions, prompt_ids=resend_ids, now=now or datetime.now(UTC), margin=deadline_margin
+        sessions, job_id=record.job_id, now=now or datetime.now(UTC), margin=deadline_margin
     )
     outcome.to_realtime = to_realtime
     logger.info("batch %d (%s) ingested: %s", record.id, record.status, outcome.as_dict())
@@ -235,19 +232,11 @@ async def _over_the_limit(
     )
 
 
-async def reroute_for_deadlines(
-    sessions: Sessions, *, prompt_ids: Sequence[int], now: datetime, margin: timedelta
-) -> int:
-    """Re-route to real-time the prompts whose deadline falls before another batch window could end."""
-    if not prompt_ids:
-        return 0
-    cutoff = now + BATCH_WINDOW + margin
-    rows = await storage.load_work(sessions, prompt_ids=prompt_ids)
-    late = [row.id for row in rows if row.deadline is not None and row.deadline < cutoff]
-    if not late:
-        return 0
-    return await storage.set_planned_route(
-        sessions, prompt_ids=late, route="realtime",
+async def reroute_for_deadlines(sessions: Sessions, *, job_id: str, now: datetime, margin: timedelta) -> int:
+    """Re-route to real-time the job's batch-routed prompts still to send whose deadline falls before
+    another batch window could end; returns how many."""
+    return await storage.reroute_late_prompts(
+        sessions, job_id=job_id, before=now + BATCH_WINDOW + margin,
         reason="deadline no longer leaves room for another batch window; sent real-time",
     )
 

@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import acreate_markdown_artifact, acreate_table_artifact
+from prefect.utilities.annotations import quote
 from pydantic import SecretStr
 
 import storage
@@ -94,7 +95,7 @@ async def run_dispatch(
     try:
         await storage.migrate(engine)
         sessions = storage.session_factory(engine)
-        job = await record_prompts(source=source, job_id=job_id, settings=settings, sessions=sessions,
+        job = await record_prompts(source=quote(source), job_id=job_id, settings=settings, sessions=sessions,
                                    rules=routing_rules(settings))
         estimate = await estimate_cost(sessions=sessions, job_id=job.job_id, table=table,
                                        typical_completion_tokens=settings.typical_completion_tokens,

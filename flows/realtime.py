@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import acreate_progress_artifact, aupdate_progress_artifact
+from prefect.utilities.annotations import quote
 from pydantic import SecretStr
 
 import storage
@@ -91,7 +92,7 @@ async def dispatch_realtime(
     try:
         await storage.migrate(engine)
         sessions = storage.session_factory(engine)
-        job = await record_prompts(source=source, job_id=job_id, settings=settings, sessions=sessions)
+        job = await record_prompts(source=quote(source), job_id=job_id, settings=settings, sessions=sessions)
         recorded_s = time.monotonic() - started
         await storage.set_job_status(sessions, job_id=job.job_id, status="running")
         outcome = DispatchOutcome()
@@ -136,7 +137,9 @@ async def dispatch_realtime(
 
                 try:
                     chunk_outcome = await tagged(
-                        number=number, of=len(plan.chunks), size=sum(len(g) for g in groups), groups=groups,
+                        # quote(): Prefect would otherwise walk every id of the chunk looking for futures, twice
+                        # per task run (~50 ms of CPU for 1,000 prompts, measured), while requests wait.
+                        number=number, of=len(plan.chunks), size=sum(len(g) for g in groups), groups=quote(groups),
                         client=client, sink=writer, sessions=sessions, concurrency=per_chunk,
                         before_send=enter_lane, on_dispatched=leave_lane,
                     )

@@ -6,12 +6,16 @@ import json
 import logging
 import os
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+import pytest_asyncio
+
+StartSim = Callable[..., Awaitable[str]]
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,23 @@ def prefect_api() -> Iterator[str]:
             os.environ.pop("PREFECT_SERVER_ANALYTICS_ENABLED", None)
         else:
             os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = previous
+
+
+@pytest_asyncio.fixture(loop_scope="function")
+async def start_sim() -> AsyncIterator[StartSim]:
+    """Start a simulator in the test's loop with the given config fields; returns its base URL."""
+    from llm_dispatch._simulator import Simulator, SimulatorConfig
+
+    running: list[Simulator] = []
+
+    async def start(**fields: Any) -> str:
+        simulator = Simulator(SimulatorConfig(**fields))
+        running.append(simulator)
+        return await simulator.start()
+
+    yield start
+    for simulator in running:
+        await simulator.stop()
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import aiohttp
@@ -17,22 +17,7 @@ from llm_dispatch._sim_tokens import completion_text, count_message_tokens, coun
 from llm_dispatch._simulator import Simulator, SimulatorConfig, _config_from_args, _parser
 from llm_dispatch._exceptions import ConfigError
 
-StartSim = Callable[..., Awaitable[str]]
-
-
-@pytest_asyncio.fixture(loop_scope="function")
-async def start_sim() -> AsyncIterator[StartSim]:
-    """Start a simulator in the test's loop with the given config fields; returns its base URL."""
-    running: list[Simulator] = []
-
-    async def start(**fields: Any) -> str:
-        simulator = Simulator(SimulatorConfig(**fields))
-        running.append(simulator)
-        return await simulator.start()
-
-    yield start
-    for simulator in running:
-        await simulator.stop()
+from conftest import StartSim
 
 
 @pytest_asyncio.fixture(loop_scope="function")

@@ -7,6 +7,7 @@ from the table has no price (``None``), never a price of zero.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ __all__ = [
     "PriceTable",
     "RouteTotals",
     "estimate_request_cost",
+    "expected_reply_tokens",
 ]
 
 PER_TOKENS = Decimal(1_000_000)
@@ -164,7 +166,8 @@ class CostEstimate:
 def estimate_request_cost(
     *, request: ChatRequest, route: Route, table: PriceTable, typical_completion_tokens: int
 ) -> CostEstimate:
-    """Estimate a request's cost: heuristic prompt tokens, and a typical reply bounded by the request's cap."""
+    """Estimate a request's cost: heuristic prompt tokens, and the expected reply under the request's cap
+    (see ``expected_reply_tokens``); ``max_cost`` prices the reply at its cap."""
     params = request.params
     # With no reply allowance this is the prompt alone, tools and response_format included
     # (they are billed as input), counted the same way as the rate limiter counts them.
@@ -177,12 +180,27 @@ def estimate_request_cost(
     limit = params.get("max_completion_tokens") or params.get("max_tokens")
     choices = max(int(params.get("n") or 1), 1)
     cap = int(limit) if limit else typical_completion_tokens
-    expected = min(cap, typical_completion_tokens) * choices
+    expected = round(expected_reply_tokens(typical=typical_completion_tokens, cap=int(limit) if limit else None) * choices)
     ceiling = cap * choices
     cost = table.cost(model=request.model, route=route, prompt_tokens=prompt_tokens, completion_tokens=expected)
     max_cost = table.cost(model=request.model, route=route, prompt_tokens=prompt_tokens, completion_tokens=ceiling)
     return CostEstimate(prompt_tokens=prompt_tokens, completion_tokens=expected, cost=cost,
                         max_completion_tokens=ceiling, max_cost=max_cost)
+
+
+def expected_reply_tokens(*, typical: float, cap: int | None) -> float:
+    """The mean reply length to expect when replies run ``typical`` tokens on average, cut at ``cap``.
+
+    Reply lengths are taken as exponentially distributed (the least-assuming shape for a positive
+    length with a known mean): a cap cuts off the long tail, so the expected reply under a cap is
+    ``typical * (1 - exp(-cap / typical))``, less than ``min(typical, cap)``. With a cap equal to the
+    typical length, 63% of it; with a cap 3x the typical length, 95%.
+    """
+    if typical <= 0:
+        return 0.0
+    if cap is None:
+        return float(typical)
+    return typical * -math.expm1(-cap / typical)
 
 
 def estimate_prompt_tokens_of(request: ChatRequest) -> int:

@@ -79,10 +79,10 @@ class Settings(BaseSettings):
 
     # Cost.
     prices_file: str | None = Field(default=None, description="your own price table, merged over the bundled one")
-    # A short answer. Once the database holds 20 answers from a model, the estimate uses their mean instead.
+    # A short answer. Once the database holds 20 answers from a model, the estimate learns it from them instead.
     typical_completion_tokens: int = Field(
         default=100, ge=1,
-        description="reply length the cost estimate assumes for a model with no stored answers (capped by max_tokens)",
+        description="mean reply length the cost estimate assumes for a model with no stored answers, before max_tokens cuts it",
     )
 
     @field_validator("base_url")

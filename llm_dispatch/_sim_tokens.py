@@ -1,16 +1,23 @@
 """The simulator's offline token counter and its deterministic completion text.
 
-``count_tokens`` approximates a BPE tokenizer (cl100k/o200k-like) without any vocabulary file:
+``count_tokens`` approximates o200k_base, the BPE tokenizer of gpt-4o and later models, without any
+vocabulary file:
 
 1. Split the text like cl100k's pre-tokenizer: contractions, words with one leading space or
    symbol, digit groups of up to 3, punctuation runs (with trailing newlines), newline runs,
    other whitespace runs. Each piece is at least one token.
-2. Price what one token cannot hold: an ASCII word piece longer than 9 characters (leading space
-   included) costs 1 more per 5 further characters; a punctuation piece costs 1 per 2 symbols; a
-   word with non-ASCII letters costs 1 per 3 UTF-8 bytes (so one CJK character is about one token
-   and accented words cost a little more than plain ones).
+2. Price what one token cannot hold: an ASCII word piece longer than 12 characters (leading space
+   included) costs 1 more per 8 further characters or part of them; a punctuation piece costs 1 per
+   2 symbols; a word with non-ASCII letters costs 1 per 4 whole UTF-8 bytes, at least 1 (so one CJK
+   character is about three quarters of a token).
 3. A chat prompt adds 3 tokens per message plus its role (and 1 plus the name when ``name`` is
    set), plus 3 to prime the reply, as OpenAI's cookbook counts it. An image part costs 85.
+
+Measured against o200k_base, gpt-4o's tokenizer (``bench/tokens.py``), the totals are within 3% on
+English prose, instructions, code and ``examples/prompts.jsonl`` (+0.1%), +5% on JSON, +3% on
+European languages, -3% on CJK and +32% on Arabic and Hindi, whose words the split cuts at each
+combining mark. The rules before these (one token held 9 characters, 1 more per 5; 3 bytes a token
+for other scripts) were 4-7% high on English and 30-120% high on other scripts.
 
 It is deliberately independent of the client's own estimator, so the two can be compared.
 """
@@ -45,9 +52,9 @@ _PRETOKEN = re.compile(_PRETOKEN_SOURCE)
 _PRETOKEN_ASCII = re.compile(_PRETOKEN_SOURCE, re.ASCII)
 
 _ASCII_LETTERS = frozenset(string.ascii_letters)
-_SHORT_WORD = 9  # characters, leading space included, that one token holds
-_CHARS_PER_EXTRA_TOKEN = 5
-_BYTES_PER_NON_ASCII_TOKEN = 3
+_SHORT_WORD = 12  # characters, leading space included, that one token holds
+_CHARS_PER_EXTRA_TOKEN = 8
+_BYTES_PER_NON_ASCII_TOKEN = 4
 _IMAGE_TOKENS = 85  # OpenAI's price of a low-detail image
 _TOKENS_PER_MESSAGE = 3
 _TOKENS_PER_NAME = 1
@@ -61,7 +68,7 @@ def _extra_cost(piece: str) -> int:
         if piece.isascii():
             over = len(piece) - _SHORT_WORD
             return -(-over // _CHARS_PER_EXTRA_TOKEN) if over > 0 else 0
-        return max(1, -(-len(piece.encode()) // _BYTES_PER_NON_ASCII_TOKEN)) - 1
+        return max(1, len(piece.encode("utf-8", "surrogatepass")) // _BYTES_PER_NON_ASCII_TOKEN) - 1
     if last.isdigit() or piece.isspace():
         return 0
     return max(1, (len(piece.strip()) + 1) // 2) - 1
@@ -146,8 +153,9 @@ _VOCABULARY = (
     "support provide include consider explain describe suggest improve reduce create follow "
     "report return handle update change check test build write read send keep start finish"
 ).split()
-# With its leading space a word of up to 8 letters is one token; longer ones would cost two.
-_VOCABULARY = tuple(dict.fromkeys(w for w in _VOCABULARY if len(w) < _SHORT_WORD))
+# Words of up to 8 letters, each one token with its leading space. Up to 11 would count as one now,
+# but admitting them would change every completion the simulator has ever sent, for nothing.
+_VOCABULARY = tuple(dict.fromkeys(w for w in _VOCABULARY if len(w) <= 8))
 
 _STREAM_PIECES = 4096
 _MAX_COMPLETION = 300  # the longest natural answer; max_tokens only ever shortens it

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, literal_column, select
+from sqlalchemy import case, func, literal_column, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from ._models import Batch, Job, Prompt, Result
@@ -17,6 +17,7 @@ from ._queries import _aware
 __all__ = [
     "ExportRow",
     "JobSummary",
+    "ReplyLengths",
     "UsageRow",
     "export_rows",
     "list_jobs",
@@ -94,14 +95,31 @@ async def usage_by_route(sessions: Sessions, *, job_id: str) -> list[UsageRow]:
                 for route, model, n, p, c, k in await session.execute(stmt)]
 
 
-async def reply_lengths(sessions: Sessions, *, models: list[str], sample: int = 5000) -> dict[str, tuple[int, float]]:
-    """Per model: how many of its most recent answered requests were looked at (up to ``sample``), and
-    their mean completion tokens. What replies from that model have actually been like."""
-    lengths: dict[str, tuple[int, float]] = {}
+@dataclass(frozen=True, slots=True)
+class ReplyLengths:
+    """What one model's recent replies were like: how many, their tokens, how many were cut at their cap."""
+
+    replies: int
+    tokens: int
+    cut: int
+
+    @property
+    def typical(self) -> float:
+        """The mean reply length before any cap: replies cut at ``max_tokens`` would have run longer.
+
+        The maximum-likelihood mean of exponentially distributed lengths, right-censored at the cap:
+        all the tokens seen, over the replies that ended on their own.
+        """
+        return self.tokens / max(self.replies - self.cut, 1)
+
+
+async def reply_lengths(sessions: Sessions, *, models: list[str], sample: int = 5000) -> dict[str, ReplyLengths]:
+    """Per model, its most recent answered requests (up to ``sample``): what replies from it have been like."""
+    lengths: dict[str, ReplyLengths] = {}
     async with sessions() as session:
         for model in models:
             recent = (
-                select(Result.completion_tokens.label("tokens"))
+                select(Result.completion_tokens.label("tokens"), Result.finish_reason.label("finish"))
                 .join(Prompt, Prompt.id == Result.prompt_id)
                 .where(Prompt.model == model, Result.status == "succeeded", Result.route != "reused",
                        Result.completion_tokens.is_not(None))
@@ -109,9 +127,11 @@ async def reply_lengths(sessions: Sessions, *, models: list[str], sample: int = 
                 .limit(sample)
                 .subquery()
             )
-            n, mean = (await session.execute(select(func.count(), func.avg(recent.c.tokens)))).one()
+            cut = func.sum(case((recent.c.finish == "length", 1), else_=0))
+            n, total, n_cut = (await session.execute(
+                select(func.count(), func.coalesce(func.sum(recent.c.tokens), 0), func.coalesce(cut, 0)))).one()
             if n:
-                lengths[model] = (int(n), float(mean))
+                lengths[model] = ReplyLengths(replies=int(n), tokens=int(total), cut=int(n_cut))
     return lengths
 
 

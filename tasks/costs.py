@@ -17,7 +17,7 @@ __all__ = ["JobCost", "actual_cost", "estimate_cost", "money"]
 
 Sessions = async_sessionmaker[AsyncSession]
 ROUTES = ("realtime", "batch")
-# Answers of a model this database must hold before their mean reply length replaces the setting.
+# Answers of a model this database must hold before the reply length learnt from them replaces the setting.
 CALIBRATION_MIN = 20
 
 
@@ -25,8 +25,8 @@ CALIBRATION_MIN = 20
 class JobCost:
     """A job's cost per route (``totals``), as estimated or as reported by the provider.
 
-    ``max_total`` (estimates) prices every reply at its cap; ``reply_tokens`` is the reply length the
-    estimate assumed per model.
+    ``max_total`` (estimates) prices every reply at its cap; ``reply_tokens`` is the typical (uncapped)
+    reply length the estimate assumed per model.
     """
 
     totals: CostTotals
@@ -76,10 +76,11 @@ async def estimate_cost(
     """What sending the job's open prompts will cost, per planned route, before anything is sent.
 
     Input tokens are estimated offline (see ``llm_dispatch._tokens``); each reply is expected at the
-    typical length or its cap, whichever is lower (``max_cost`` prices every reply at its cap). The
-    typical length of a model is the mean of its last answers in this database once there are
-    ``CALIBRATION_MIN`` of them, else ``typical_completion_tokens``. Identical requests count once
-    when ``dedupe`` is on, as they are sent once.
+    model's typical length as cut by the request's cap (``llm_dispatch._pricing.expected_reply_tokens``;
+    ``max_cost`` prices every reply at its cap). The typical length of a model is learnt from its last
+    answers in this database once there are ``CALIBRATION_MIN`` of them (``storage.ReplyLengths.typical``:
+    answers cut at their cap count as longer), else ``typical_completion_tokens``. Identical requests
+    count once when ``dedupe`` is on, as they are sent once.
     """
     estimate = JobCost(totals=CostTotals(table=table))
     rows_by_route = {}
@@ -89,7 +90,8 @@ async def estimate_cost(
     models = sorted({row.model for rows in rows_by_route.values() for row in rows})
     seen_lengths = await storage.reply_lengths(sessions, models=models)
     estimate.reply_tokens = {
-        model: round(seen_lengths[model][1]) if seen_lengths.get(model, (0, 0.0))[0] >= CALIBRATION_MIN
+        model: round(seen_lengths[model].typical)
+        if model in seen_lengths and seen_lengths[model].replies >= CALIBRATION_MIN
         else typical_completion_tokens
         for model in models
     }

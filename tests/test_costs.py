@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from decimal import Decimal
 
 import pytest
@@ -75,8 +76,30 @@ async def test_the_estimate_learns_reply_length_from_stored_answers(sessions) ->
 
     job_id, _ = await job(sessions, [("gpt-4o-mini", "batch", "new question"), ("other", "realtime", "x")])
     estimate = await estimate_cost(sessions=sessions, job_id=job_id, table=table, typical_completion_tokens=100)
-    # 20 stored answers of 30 tokens: 30 replaces the setting for gpt-4o-mini; "other" keeps 100 (cap 50 wins).
+    # 20 stored answers of 30 tokens: 30 replaces the setting for gpt-4o-mini; "other" keeps 100.
     assert estimate.reply_tokens == {"gpt-4o-mini": 30, "other": 100}
-    assert estimate.totals.batch.completion_tokens == 30
-    assert estimate.totals.realtime.completion_tokens == 50
+    # Both capped at 50: 30 x (1 - e^(-50/30)) = 24.33 and 100 x (1 - e^(-0.5)) = 39.35.
+    assert estimate.totals.batch.completion_tokens == 24
+    assert estimate.totals.realtime.completion_tokens == 39
     assert estimate.totals.unpriced_models == {"other": 1} and not estimate.complete
+
+
+async def test_answers_cut_at_their_cap_count_as_longer_replies(sessions) -> None:
+    table = PriceTable.load()
+    done_id, done = await job(sessions, [("gpt-4o-mini", "realtime", f"q{i}") for i in range(30)])
+    async with storage.ResultWriter(sessions, job_id=done_id) as writer:
+        for i, pid in enumerate(done):
+            # 20 ended on their own at 20 tokens, 10 were cut at max_tokens=50.
+            cut = i >= 20
+            result = replace(answer(10, 50), finish_reason="length") if cut else answer(10, 20)
+            await writer.success(prompt_ids=[pid], result=result)
+    lengths = (await storage.reply_lengths(sessions, models=["gpt-4o-mini"]))["gpt-4o-mini"]
+    assert (lengths.replies, lengths.tokens, lengths.cut) == (30, 900, 10)
+    # 900 tokens seen over the 20 replies that ended on their own: 45, not the plain mean of 30.
+    assert lengths.typical == 45
+
+    job_id, _ = await job(sessions, [("gpt-4o-mini", "realtime", "next")])
+    estimate = await estimate_cost(sessions=sessions, job_id=job_id, table=table, typical_completion_tokens=100)
+    assert estimate.reply_tokens == {"gpt-4o-mini": 45}
+    # 45 x (1 - e^(-50/45)) = 30.19
+    assert estimate.totals.realtime.completion_tokens == 30

@@ -10,7 +10,14 @@ from typing import Any
 import pytest
 
 from llm_dispatch import ChatRequest, ConfigError
-from llm_dispatch._pricing import CostEstimate, CostTotals, ModelPrice, PriceTable, estimate_request_cost
+from llm_dispatch._pricing import (
+    CostEstimate,
+    CostTotals,
+    ModelPrice,
+    PriceTable,
+    estimate_request_cost,
+    expected_reply_tokens,
+)
 from llm_dispatch._tokens import estimate_prompt_tokens
 
 M = 1_000_000
@@ -145,24 +152,34 @@ def test_missing_user_file(tmp_path: Path) -> None:
         PriceTable.load(path=tmp_path / "nope.json")
 
 
+def test_expected_reply_under_a_cap_follows_the_exponential_tail() -> None:
+    assert expected_reply_tokens(typical=100, cap=None) == 100
+    assert expected_reply_tokens(typical=100, cap=100) == pytest.approx(63.21, abs=0.01)  # 1 - 1/e
+    assert expected_reply_tokens(typical=100, cap=300) == pytest.approx(95.02, abs=0.01)  # 1 - e^-3
+    assert expected_reply_tokens(typical=100, cap=1) == pytest.approx(1.0, abs=0.01)  # a tiny cap is nearly always hit
+    assert expected_reply_tokens(typical=0, cap=50) == 0
+
+
 def test_estimate_uses_prompt_estimate_and_reply_cap(table: PriceTable) -> None:
     messages = [{"role": "user", "content": "What is the capital of Australia?"}]
     capped = ChatRequest(model="gpt-4o-mini", messages=messages, params={"max_tokens": 120})
     estimate = estimate_request_cost(request=capped, route="realtime", table=table, typical_completion_tokens=300)
     prompt = estimate_prompt_tokens(messages)
+    # 300 x (1 - e^(-120/300)) = 98.90: a cap well under the typical length is what most replies hit.
     assert estimate == CostEstimate(
-        prompt_tokens=prompt, completion_tokens=120,
-        cost=(prompt * Decimal("0.15") + 120 * Decimal("0.60")) / M,
+        prompt_tokens=prompt, completion_tokens=99,
+        cost=(prompt * Decimal("0.15") + 99 * Decimal("0.60")) / M,
         max_completion_tokens=120, max_cost=(prompt * Decimal("0.15") + 120 * Decimal("0.60")) / M,
     )
-    # A cap above the typical length bounds the cost; the typical length is what is expected.
+    # A cap above the typical length: 80 x (1 - e^(-1.5)) = 62.15 expected, the cap bounds the cost.
     loose = estimate_request_cost(request=capped, route="realtime", table=table, typical_completion_tokens=80)
-    assert (loose.completion_tokens, loose.max_completion_tokens) == (80, 120)
-    assert loose.cost == (prompt * Decimal("0.15") + 80 * Decimal("0.60")) / M
-    assert loose.max_cost == estimate.cost
+    assert (loose.completion_tokens, loose.max_completion_tokens) == (62, 120)
+    assert loose.cost == (prompt * Decimal("0.15") + 62 * Decimal("0.60")) / M
+    assert loose.max_cost == estimate.max_cost
     newer = ChatRequest(model="gpt-4o-mini", messages=messages, params={"max_completion_tokens": 50})
+    # 300 x (1 - e^(-1/6)) = 46.06
     assert estimate_request_cost(request=newer, route="batch", table=table,
-                                 typical_completion_tokens=300).completion_tokens == 50
+                                 typical_completion_tokens=300).completion_tokens == 46
     uncapped = ChatRequest(model="gpt-4o-mini", messages=messages)
     typical = estimate_request_cost(request=uncapped, route="batch", table=table, typical_completion_tokens=300)
     assert (typical.prompt_tokens, typical.completion_tokens) == (prompt, 300)

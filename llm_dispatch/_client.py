@@ -617,11 +617,10 @@ class LLMClient:
         else:
             # Built afresh each attempt: a multipart body is a stream that one attempt consumes.
             request = self._http.build_request(method, path, json=json, files=files, data=data, params=params)
-        # The transport only bounds each socket read; a server that trickles bytes, or a pool that
-        # never frees a connection, must not stretch an attempt past its deadline.
-        deadline = asyncio.timeout(timeout)
         try:
-            async with deadline:
+            # The transport only bounds each socket read; a server that trickles bytes, or a pool that
+            # never frees a connection, must not stretch an attempt past its deadline.
+            async with asyncio.timeout(timeout):
                 if fast:
                     response = await self._transport.handle_async_request(request)
                 else:
@@ -644,8 +643,7 @@ class LLMClient:
                 reason = exc
             else:
                 timed_out = isinstance(reason, TimeoutError)
-            detail = f"{type(reason).__name__}: {reason}".rstrip(": ")
-            return _Failure("timeout" if timed_out else "connection", detail, cause=exc)
+            return _Failure("timeout" if timed_out else "connection", _describe(reason), cause=exc)
         return response
 
     async def _exchange_directly(self, method: str, path: str, body: Any, *, timeout: float) -> _Answer | httpx.Response | _Failure:
@@ -653,8 +651,8 @@ class LLMClient:
         assert self._direct is not None
         url = self._direct_urls.get(path)
         if url is None:
-            url = self._direct_urls[path] = yarl.URL(str(self._http.build_request(method, path).url), encoded=True)
-        content = _json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+            url = self._direct_urls[path] = yarl.URL(str(self._json_url(method, path)), encoded=True)
+        content = _encode_json(body)
         deadline = asyncio.timeout(timeout)
         try:
             async with deadline:
@@ -664,20 +662,24 @@ class LLMClient:
             if deadline.expired():
                 return _Failure("timeout", f"the {timeout:g}s deadline for one attempt passed", cause=exc)
             # aiohttp's own socket timeouts (connect, read) are TimeoutErrors too.
-            return _Failure("timeout", f"{type(exc).__name__}: {exc}".rstrip(": "), cause=exc)
+            return _Failure("timeout", _describe(exc), cause=exc)
         except (aiohttp.ClientError, OSError) as exc:
-            return _Failure("connection", f"{type(exc).__name__}: {exc}".rstrip(": "), cause=exc)
+            return _Failure("connection", _describe(exc), cause=exc)
         if answer.is_success:
             return answer
         return answer.as_response(method=method, url=str(url))
 
-    def _json_request(self, method: str, path: str, body: Any) -> httpx.Request:
+    def _json_url(self, method: str, path: str) -> httpx.URL:
         url = self._json_urls.get(path)
         if url is None:
             url = self._json_urls[path] = self._http.build_request(method, path).url
+        return url
+
+    def _json_request(self, method: str, path: str, body: Any) -> httpx.Request:
+        url = self._json_url(method, path)
         if self._json_raw_headers is None:
             self._json_raw_headers = [(b"Host", url.netloc), *self._json_headers.raw]
-        content = _json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+        content = _encode_json(body)
         # Headers complete up front and a ready stream: httpx then skips its per-request _prepare().
         headers = httpx.Headers([*self._json_raw_headers, (b"Content-Length", str(len(content)).encode())])
         request = httpx.Request(method, url, headers=headers, stream=httpx.ByteStream(content),
@@ -761,6 +763,15 @@ def _parse_batch_page(response: _Body) -> _BatchPage:
     if not isinstance(data, list):
         raise APIResponseValidationError(f"the body is not a list of batches: {_snippet(response)}")
     return _BatchPage([BatchInfo.from_api(item) for item in data], bool(body.get("has_more")))
+
+
+def _encode_json(body: Any) -> bytes:
+    return _json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+
+
+def _describe(exc: BaseException) -> str:
+    """``ClassName: message``, or the class name alone when the message is empty."""
+    return f"{type(exc).__name__}: {exc}".rstrip(": ")
 
 
 def _transport_reason(exc: BaseException) -> BaseException | None:

@@ -179,9 +179,9 @@ def estimate_request_cost(
     prompt_tokens = estimate_prompt_tokens_of(prompt_only)
     limit = params.get("max_completion_tokens") or params.get("max_tokens")
     choices = max(int(params.get("n") or 1), 1)
-    cap = int(limit) if limit else typical_completion_tokens
-    expected = round(expected_reply_tokens(typical=typical_completion_tokens, cap=int(limit) if limit else None) * choices)
-    ceiling = cap * choices
+    cap = int(limit) if limit else None
+    expected = round(expected_reply_tokens(typical=typical_completion_tokens, cap=cap) * choices)
+    ceiling = (cap if cap is not None else typical_completion_tokens) * choices
     cost = table.cost(model=request.model, route=route, prompt_tokens=prompt_tokens, completion_tokens=expected)
     max_cost = table.cost(model=request.model, route=route, prompt_tokens=prompt_tokens, completion_tokens=ceiling)
     return CostEstimate(prompt_tokens=prompt_tokens, completion_tokens=expected, cost=cost,

@@ -15,8 +15,8 @@ from pydantic import SecretStr
 
 import storage
 from llm_dispatch import ConfigError, LLMClient, Settings
-from llm_dispatch._dispatch import DispatchOutcome, current_progress
-from tasks import plan_realtime, record_prompts, send_chunk
+from llm_dispatch._dispatch import DispatchOutcome, Progress, current_progress
+from tasks import RealtimePlan, chunk_size_for, plan_realtime, record_prompts, record_rest, send_chunk
 
 from ._setup import ensure_tag_limit, tune_gc, with_api_key
 
@@ -88,87 +88,86 @@ async def dispatch_realtime(
     settings = await with_api_key(settings)
     await ensure_tag_limit(settings, logger=logger)
     tune_gc()
+    per_chunk = settings.per_chunk_concurrency
+    # Lanes: chunks handing out requests, enough to fill the run's limit (see _Chunks).
+    lane_count = math.ceil(settings.concurrency / per_chunk)
+    # A new job's first prompts go out while the others are stored: as many as the lanes and the
+    # chunks begun ahead take at first. (A shard run sends a job recorded already.)
+    head = settings.chunk_size * (lane_count + CHUNKS_AHEAD) if shard is None else None
     engine = storage.create_engine(settings.database_url)
     try:
         await storage.migrate(engine)
         sessions = storage.session_factory(engine)
-        job = await record_prompts(source=quote(source), job_id=job_id, settings=settings, sessions=sessions)
+        job = await record_prompts(source=quote(source), job_id=job_id, settings=settings, sessions=sessions, head=head)
         recorded_s = time.monotonic() - started
-        await storage.set_job_status(sessions, job_id=job.job_id, status="running")
+        if not job.rest:
+            await storage.set_job_status(sessions, job_id=job.job_id, status="running")
         outcome = DispatchOutcome()
         async with storage.ResultWriter(sessions, job_id=job.job_id) as writer, LLMClient.from_settings(settings) as client:
-            plan = await plan_realtime(
-                job_id=job.job_id, sessions=sessions, sink=writer, chunk_size=settings.chunk_size,
-                dedupe=settings.dedupe, retry_failed=retry_failed, planned_route=planned_route,
-                in_flight=in_flight, shard=shard,
-            )
+            chunk_size = chunk_size_for(job.total, chunk_size=settings.chunk_size) if job.rest else settings.chunk_size
+            # While the job is recorded, identical requests are grouped once all their prompts are stored.
+            held = job.repeated_keys if settings.dedupe else frozenset()
+
+            async def plan(**where: Any) -> RealtimePlan:
+                return await plan_realtime(
+                    job_id=job.job_id, sessions=sessions, sink=writer, chunk_size=chunk_size,
+                    dedupe=settings.dedupe, retry_failed=retry_failed, planned_route=planned_route,
+                    in_flight=in_flight, shard=shard, **where,
+                )
+
+            first = await plan(positions=(0, job.stored), hold_keys=held) if job.rest else await plan()
             planned_s = time.monotonic() - started
             logger.info(
-                "job %s: %d unfinished prompts, %d answered from storage, %d requests in %d chunks",
-                job.job_id, plan.open_prompts, plan.reused, plan.requests, len(plan.chunks),
+                "job %s: %d unfinished prompts, %d answered from storage, %d requests in %d chunks%s",
+                job.job_id, first.open_prompts, first.reused, first.requests, len(first.chunks),
+                f" (the first {job.stored} of {job.total} prompts; the others follow as they are stored)" if job.rest else "",
             )
-            per_chunk = settings.per_chunk_concurrency
-            # Lanes: chunks handing out requests, enough to fill the run's limit. A chunk leaves its lane
-            # when its last round is on the way, so the next one starts sending while it drains.
-            # Begun: chunk task runs started and not yet done handing out. One more than the lanes, so the
-            # next chunk's task run (its start costs tens of ms, now and then seconds when the Prefect API
-            # is slow) is up and its rows loaded before a lane frees: it waits inside, holding its tag slot.
-            lane_count = math.ceil(settings.concurrency / per_chunk)
-            lanes = asyncio.Semaphore(lane_count)
-            begun = asyncio.Semaphore(lane_count + CHUNKS_AHEAD)
-            tagged = send_chunk.with_options(tags=[settings.concurrency_tag])
-
-            async def run_chunk(number: int, groups: list[tuple[int, ...]]) -> None:
-                await begun.acquire()
-                entered = released = False
-
-                async def enter_lane() -> None:
-                    nonlocal entered
-                    await lanes.acquire()
-                    entered = True
-
-                def leave_lane() -> None:
-                    nonlocal released
-                    if not released:
-                        released = True
-                        begun.release()
-                        if entered:
-                            lanes.release()
-
-                try:
-                    chunk_outcome = await tagged(
-                        # quote(): Prefect would otherwise walk every id of the chunk looking for futures, twice
-                        # per task run (~50 ms of CPU for 1,000 prompts, measured), while requests wait.
-                        number=number, of=len(plan.chunks), size=sum(len(g) for g in groups), groups=quote(groups),
-                        client=client, sink=writer, sessions=sessions, concurrency=per_chunk,
-                        before_send=enter_lane, on_dispatched=leave_lane,
-                    )
-                finally:
-                    leave_lane()
-                outcome.add(chunk_outcome)
-                await board.update(outcome)
-
             progress = current_progress.get()
+            # Until every slice is planned, the totals count each unplanned prompt as one request.
+            unplanned = len(job.rest) + first.held
             if progress is not None:
-                progress.total, progress.started_at = plan.requests, time.monotonic()
+                progress.started_at = time.monotonic()
             send_started_at = time.monotonic()
-            board = await _ProgressBoard.start(job_id=job.job_id, prompts=plan.open_prompts - plan.reused,
-                                               chunks=len(plan.chunks))
+            board = _ProgressBoard(job_id=job.job_id, prompts=first.open_prompts - first.reused + unplanned)
+            chunks = _Chunks(
+                send=send_chunk.with_options(tags=[settings.concurrency_tag]), client=client, writer=writer,
+                sessions=sessions, per_chunk=per_chunk, lanes=lane_count, chunk_size=chunk_size, outcome=outcome,
+                board=board, progress=progress,
+            )
+            reused = first.reused
             async with asyncio.TaskGroup() as group:
-                for number, groups in enumerate(plan.chunks, start=1):
-                    group.create_task(run_chunk(number, groups))
+                board.open(group)
+                chunks.start(group, first, unplanned=unplanned)
+                if job.rest:
+
+                    async def stored(positions: tuple[int, int]) -> None:
+                        nonlocal unplanned, reused
+                        more = await plan(positions=positions, hold_keys=held)
+                        unplanned += more.held - (positions[1] - positions[0])
+                        reused += more.reused
+                        chunks.start(group, more, unplanned=unplanned)
+
+                    if first.chunks:
+                        # Storing the rest takes the event loop by turns: let the first requests go out before.
+                        await chunks.sending.wait()
+                    await record_rest(job_id=job.job_id, prompts=quote(job.rest), sessions=sessions,
+                                      first_slice=head or 1, on_stored=stored, then_status="running")
+                    if held:
+                        last = await plan(only_keys=held)
+                        reused += last.reused
+                        chunks.start(group, last, unplanned=0)
             send_s = time.monotonic() - send_started_at
         counts = await storage.job_counts(sessions, job_id=job.job_id)
         # Prompts waiting in a provider batch are unfinished too.
         finished = not any(counts.get(status, 0) for status in ("pending", "in_flight", "batched"))
         await storage.set_job_status(sessions, job_id=job.job_id, status="finished" if finished else "running")
-        stats = await storage.result_stats(sessions, job_id=job.job_id)
+        stats, _ = await asyncio.gather(storage.result_stats(sessions, job_id=job.job_id), board.close(outcome))
         summary = {
             "job_id": job.job_id,
             "resumed": job.resumed,
             "prompts": job.total,
             "sent_prompts": outcome.succeeded + outcome.failed,
-            "reused": plan.reused,
+            "reused": reused,
             "counts": counts,
             "failed_by_class": dict(outcome.failed_by_class),
             "wall_s": round(time.monotonic() - started, 3),
@@ -182,34 +181,128 @@ async def dispatch_realtime(
         await engine.dispose()
 
 
+class _Chunks:
+    """A flow run's chunk task runs, taking turns so that its requests fill its limit and stay within it.
+
+    Lanes: chunks handing out requests, enough to fill the run's limit. A chunk leaves its lane when
+    its last round is on the way, so the next one starts sending while it drains. Begun: chunk task
+    runs started and not yet done handing out; one more than the lanes, so the next chunk's task run
+    (its start costs tens of ms, now and then seconds when the Prefect API is slow) is up and its rows
+    loaded before a lane frees: it waits inside, holding its tag slot. Chunks start in the order
+    given (asyncio's semaphores serve first come, first served).
+    """
+
+    def __init__(
+        self,
+        *,
+        send: Any,
+        client: LLMClient,
+        writer: storage.ResultWriter,
+        sessions: Any,
+        per_chunk: int,
+        lanes: int,
+        chunk_size: int,
+        outcome: DispatchOutcome,
+        board: _ProgressBoard,
+        progress: Progress | None,
+    ) -> None:
+        self._send, self._client, self._writer, self._sessions = send, client, writer, sessions
+        self._per_chunk, self._chunk_size, self._outcome = per_chunk, chunk_size, outcome
+        self._board, self._progress = board, progress
+        self._lane_count = lanes
+        self._lanes = asyncio.Semaphore(lanes)
+        self._begun = asyncio.Semaphore(lanes + CHUNKS_AHEAD)
+        self._started = self._requests = self._prompts = 0
+        # Set once the first chunk is handing out requests.
+        self.sending = asyncio.Event()
+        # Chunks of the run as far as known: those started, and one per chunk_size prompts not yet planned.
+        self._expected = 0
+
+    def start(self, group: asyncio.TaskGroup, plan: RealtimePlan, *, unplanned: int = 0) -> None:
+        """Start a task for each chunk of ``plan`` in ``group``; ``unplanned``: prompts still to plan."""
+        self._requests += plan.requests
+        self._prompts += plan.open_prompts - plan.reused
+        self._expected = self._started + len(plan.chunks) + math.ceil(unplanned / self._chunk_size)
+        if self._progress is not None:
+            self._progress.total = self._requests + unplanned
+        self._board.retotal(prompts=self._prompts + unplanned, chunks=self._expected)
+        for groups in plan.chunks:
+            self._started += 1
+            group.create_task(self._run(self._started, groups))
+
+    async def _run(self, number: int, groups: list[tuple[int, ...]]) -> None:
+        await self._begun.acquire()
+        if number > self._lane_count:
+            # A chunk begun ahead loads its rows once the first requests are out, not in their way.
+            await self.sending.wait()
+        entered = released = False
+
+        async def enter_lane() -> None:
+            nonlocal entered
+            await self._lanes.acquire()
+            entered = True
+            self.sending.set()
+
+        def leave_lane() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self._begun.release()
+                if entered:
+                    self._lanes.release()
+
+        try:
+            chunk_outcome = await self._send(
+                # quote(): Prefect would otherwise walk every id of the chunk looking for futures, twice
+                # per task run (~50 ms of CPU for 1,000 prompts, measured), while requests wait.
+                number=number, of=self._expected, size=sum(len(g) for g in groups), groups=quote(groups),
+                client=self._client, sink=self._writer, sessions=self._sessions, concurrency=self._per_chunk,
+                before_send=enter_lane, on_dispatched=leave_lane,
+            )
+        finally:
+            leave_lane()
+        self._outcome.add(chunk_outcome)
+        await self._board.update(self._outcome)
+
+
 class _ProgressBoard:
     """The real-time half's progress artifact in the Prefect UI, updated as each chunk ends."""
 
     # Each update is a write to the Prefect API; on a SQLite-backed server writes contend (503s, 2 s back-offs).
     MIN_INTERVAL = 2.0
 
-    def __init__(self, artifact: Any, *, prompts: int, chunks: int) -> None:
-        self._artifact, self._prompts, self._chunks, self._finished = artifact, prompts, chunks, 0
+    def __init__(self, *, job_id: str, prompts: int) -> None:
+        self._job_id, self._prompts, self._chunks, self._finished = job_id, prompts, 0, 0
+        self._artifact: asyncio.Task[Any] | None = None
         self._last = time.monotonic()
 
-    @classmethod
-    async def start(cls, *, job_id: str, prompts: int, chunks: int) -> _ProgressBoard:
-        artifact = None
-        if prompts:
-            artifact = await acreate_progress_artifact(
-                progress=0.0, description=f"job {job_id}: real-time, {prompts} prompts in {chunks} chunks")
-        return cls(artifact, prompts=prompts, chunks=chunks)
+    def open(self, group: asyncio.TaskGroup) -> None:
+        """Create the artifact in ``group``, alongside the first requests rather than before them."""
+        if self._prompts:
+            self._artifact = group.create_task(acreate_progress_artifact(
+                progress=0.0, description=f"job {self._job_id}: real-time, {self._prompts} prompts"))
+
+    def retotal(self, *, prompts: int, chunks: int) -> None:
+        """The run's totals as far as known (they settle once every slice of a new job is planned)."""
+        self._prompts, self._chunks = prompts, chunks
 
     async def update(self, outcome: DispatchOutcome) -> None:
+        """A chunk ended: show it, at most every ``MIN_INTERVAL`` seconds."""
         self._finished += 1
+        if time.monotonic() - self._last >= self.MIN_INTERVAL:
+            await self._show(outcome)
+
+    async def close(self, outcome: DispatchOutcome) -> None:
+        """Every chunk ended: show the final counts."""
+        await self._show(outcome)
+
+    async def _show(self, outcome: DispatchOutcome) -> None:
         if self._artifact is None:
-            return
-        if self._finished < self._chunks and time.monotonic() - self._last < self.MIN_INTERVAL:
             return
         self._last = time.monotonic()
         done = outcome.succeeded + outcome.failed
         await aupdate_progress_artifact(
-            artifact_id=self._artifact, progress=min(100.0, 100.0 * done / self._prompts),
+            artifact_id=await self._artifact, progress=min(100.0, 100.0 * done / max(1, self._prompts)),
             description=(f"real-time: {outcome.succeeded} succeeded / {outcome.failed} failed / {self._prompts} "
                          f"prompts; {self._finished} of {self._chunks} chunks done"),
         )

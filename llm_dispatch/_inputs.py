@@ -169,8 +169,8 @@ def _spec(
 
     if not isinstance(record, Mapping):
         raise fail(f"expected an object, got {type(record).__name__}")
-    unknown = sorted(set(record) - JSONL_FIELDS)
-    if unknown:
+    if not JSONL_FIELDS.issuperset(record):
+        unknown = sorted(set(record) - JSONL_FIELDS)
         raise fail(f"unknown field; allowed: {', '.join(sorted(JSONL_FIELDS))}", unknown[0])
 
     has_prompt, has_messages = "prompt" in record, "messages" in record

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from itertools import islice
 from typing import Any, TypeVar, get_args
 
-from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy import and_, case, func, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from llm_dispatch._types import ChatResult
@@ -64,8 +64,15 @@ async def create_job(
     input_path: str | None,
     model: str,
     settings: dict[str, Any],
+    status: JobStatus = "created",
 ) -> str:
-    """Store a new job (status ``created``) and return its id."""
+    """Store a new job and return its id.
+
+    ``status="recording"`` marks a job whose prompts are stored in several transactions (see
+    ``add_prompts``): until the last one, a reader knows the job may be missing prompts.
+    """
+    if status not in JOB_STATUSES:
+        raise ValueError(f"unknown job status {status!r}; expected one of {JOB_STATUSES}")
     now = utcnow()
     job_id = new_job_id()
     async with sessions.begin() as session:
@@ -77,7 +84,7 @@ async def create_job(
                 input_path=input_path,
                 model=model,
                 settings=settings,
-                status="created",
+                status=status,
                 created_at=now,
                 updated_at=now,
             )
@@ -141,21 +148,36 @@ _PROMPT_COLUMNS = (
 )
 
 
-def _insert_prompts_sql(dialect: Any) -> str:
+def _insert_prompts_sql(dialect: Any, *, skip_existing: bool) -> str:
     marks = placeholders(dialect, len(_PROMPT_COLUMNS))
-    return f"INSERT INTO prompts ({', '.join(_PROMPT_COLUMNS)}) VALUES ({', '.join(marks)})"
+    sql = f"INSERT INTO prompts ({', '.join(_PROMPT_COLUMNS)}) VALUES ({', '.join(marks)})"
+    # Standard on both SQLite (3.24+) and PostgreSQL: a row whose (job_id, custom_id) is stored already is left as it is.
+    return sql + " ON CONFLICT (job_id, custom_id) DO NOTHING" if skip_existing else sql
 
 
 def _same(value: Any) -> Any:
     return value
 
 
-async def add_prompts(sessions: Sessions, *, job_id: str, prompts: Iterable[NewPrompt]) -> int:
-    """Store a job's prompts (status ``pending``) in one transaction; returns how many.
+async def add_prompts(
+    sessions: Sessions,
+    *,
+    job_id: str,
+    prompts: Iterable[NewPrompt],
+    skip_existing: bool = False,
+    then_status: JobStatus | None = None,
+) -> int:
+    """Store a job's prompts (status ``pending``) in one transaction; returns how many were given.
 
     ``prompts`` may be a generator: it is consumed in batches, never held whole.
-    A ``custom_id`` seen twice in one job raises ``IntegrityError`` and stores nothing.
+    A ``custom_id`` seen twice in one job raises ``IntegrityError`` and stores nothing, unless
+    ``skip_existing``: then a prompt whose id the job has already is left as stored (finishing a
+    recording that was cut off, or that another run is finishing too).
+    ``then_status`` sets the job's status in the same transaction: the last slice of a job being
+    recorded moves it on from ``recording`` only together with its prompts.
     """
+    if then_status is not None and then_status not in JOB_STATUSES:
+        raise ValueError(f"unknown job status {then_status!r}; expected one of {JOB_STATUSES}")
     now = utcnow()
     table = Prompt.__table__
     total = 0
@@ -167,7 +189,7 @@ async def add_prompts(sessions: Sessions, *, job_id: str, prompts: Iterable[NewP
         to_json = {name: bind_processor(table.c[name], dialect) or _same for name in ("messages", "params", "metadata")}
         to_time = bind_processor(table.c.deadline, dialect) or _same
         stamp = bind_value(table.c.created_at, now, dialect)
-        sql = _insert_prompts_sql(dialect)
+        sql = _insert_prompts_sql(dialect, skip_existing=skip_existing)
         for batch in _chunks(prompts, INSERT_BATCH):
             rows = [
                 (
@@ -179,6 +201,10 @@ async def add_prompts(sessions: Sessions, *, job_id: str, prompts: Iterable[NewP
             ]
             await conn.exec_driver_sql(sql, rows)  # type: ignore[arg-type]
             total += len(rows)
+        if then_status is not None:
+            done = await session.execute(update(Job).where(Job.id == job_id).values(status=then_status, updated_at=now))
+            if done.rowcount == 0:
+                raise LookupError(f"no job with id {job_id!r}")
     return total
 
 
@@ -190,6 +216,8 @@ async def open_prompt_ids(
     planned_route: str | None = None,
     in_flight: bool = True,
     shard: tuple[int, int] | None = None,
+    positions: tuple[int, int] | None = None,
+    dedupe_keys: Collection[str] | None = None,
 ) -> list[int]:
     """Ids of the prompts still to send, in input order.
 
@@ -200,7 +228,8 @@ async def open_prompt_ids(
     with no route recorded counts as real-time). ``in_flight=False`` leaves out in-flight
     prompts, for a caller that must not take over those another live process is sending.
     ``shard=(index, count)`` keeps the prompts whose id is ``index`` modulo ``count``: shards of
-    one job never share a prompt.
+    one job never share a prompt. ``positions=(start, stop)`` keeps those at input positions
+    ``start <= position < stop``; ``dedupe_keys`` those making one of these requests.
     """
     open_when = [Prompt.status.in_(("pending", "in_flight") if in_flight else ("pending",))]
     if retry_failed == "all":
@@ -219,8 +248,18 @@ async def open_prompt_ids(
         if not 0 <= index < count:
             raise ValueError(f"shard index must be in 0..{count - 1}, got {index}")
         stmt = stmt.where(Prompt.id % count == index)
+    if positions is not None:
+        start, stop = positions
+        stmt = stmt.where(Prompt.position >= start, Prompt.position < stop)
     async with sessions() as session:
-        return list((await session.execute(stmt)).scalars())
+        if dedupe_keys is None:
+            return list((await session.execute(stmt)).scalars())
+        # In IN lists of bounded size, so the chunks' rows are merged back into input order.
+        found: list[tuple[int, int]] = []
+        keyed = stmt.add_columns(Prompt.position)
+        for chunk in _chunks(set(dedupe_keys), IN_CHUNK):
+            found.extend((pid, position) for pid, position in await session.execute(keyed.where(Prompt.dedupe_key.in_(chunk))))
+        return [pid for pid, _ in sorted(found, key=lambda row: (row[1], row[0]))]
 
 
 async def reroute_late_prompts(sessions: Sessions, *, job_id: str, before: datetime, reason: str) -> int:
@@ -354,25 +393,22 @@ async def result_stats(sessions: Sessions, *, job_id: str) -> ResultStats:
             )
         }
         succeeded = Result.status == "succeeded"
-        paid = and_(Result.job_id == job_id, succeeded, Result.route != "reused")
+        paid = and_(succeeded, Result.route != "reused")
+        timed = and_(succeeded, Result.route == "realtime", Result.latency_ms.is_not(None))
+        # One pass over the job's results for the sums and counts (each a query of its own cost as much again).
         tokens = (
             await session.execute(
                 select(
-                    func.coalesce(func.sum(Result.prompt_tokens), 0),
-                    func.coalesce(func.sum(Result.completion_tokens), 0),
-                    func.coalesce(func.sum(Result.cached_tokens), 0),
-                ).where(paid)
+                    func.coalesce(func.sum(case((paid, Result.prompt_tokens))), 0),
+                    func.coalesce(func.sum(case((paid, Result.completion_tokens))), 0),
+                    func.coalesce(func.sum(case((paid, Result.cached_tokens))), 0),
+                    func.count(case((and_(succeeded, Result.route == "reused"), 1))),
+                    func.count(case((timed, 1))),
+                ).where(Result.job_id == job_id)
             )
         ).one()
-        reused = (
-            await session.execute(
-                select(func.count())
-                .select_from(Result)
-                .where(Result.job_id == job_id, succeeded, Result.route == "reused")
-            )
-        ).scalar_one()
-        timed = and_(Result.job_id == job_id, succeeded, Result.route == "realtime", Result.latency_ms.is_not(None))
-        p50, p95 = await _percentiles(session, where=timed, fractions=(0.50, 0.95))
+        reused, n_timed = int(tokens[3]), int(tokens[4])
+        p50, p95 = await _percentiles(session, where=and_(Result.job_id == job_id, timed), n=n_timed, fractions=(0.50, 0.95))
     return ResultStats(
         succeeded=counts.get("succeeded", 0),
         failed=counts.get("failed", 0),
@@ -386,15 +422,18 @@ async def result_stats(sessions: Sessions, *, job_id: str) -> ResultStats:
     )
 
 
-async def _percentiles(session: AsyncSession, *, where: Any, fractions: Sequence[float]) -> list[float | None]:
-    # Nearest-rank percentiles, each picked by the database with ORDER BY/OFFSET, so a
-    # million-row job is not shipped to Python and both SQLite and PostgreSQL can do it.
-    n = (await session.execute(select(func.count()).select_from(Result).where(where))).scalar_one()
+async def _percentiles(session: AsyncSession, *, where: Any, n: int, fractions: Sequence[float]) -> list[float | None]:
+    """Nearest-rank percentiles of the latency of the ``n`` results matching ``where``.
+
+    Picked by the database in one sort (a window function, on SQLite and PostgreSQL alike), so a
+    million-row job is not shipped to Python.
+    """
     if n == 0:
         return [None for _ in fractions]
-    values: list[float | None] = []
-    for fraction in fractions:
-        rank = max(1, math.ceil(fraction * n))
-        stmt = select(Result.latency_ms).where(where).order_by(Result.latency_ms).offset(rank - 1).limit(1)
-        values.append((await session.execute(stmt)).scalar_one())
-    return values
+    ranks = [max(1, math.ceil(fraction * n)) for fraction in fractions]
+    ranked = select(
+        Result.latency_ms.label("latency_ms"), func.row_number().over(order_by=Result.latency_ms).label("rank")
+    ).where(where).subquery()
+    stmt = select(ranked.c.rank, ranked.c.latency_ms).where(ranked.c.rank.in_(sorted(set(ranks))))
+    at = {rank: value for rank, value in await session.execute(stmt)}
+    return [at.get(rank) for rank in ranks]

@@ -20,7 +20,9 @@ __all__ = [
     "Route",
 ]
 
-JobStatus = Literal["created", "running", "finished", "failed"]
+# "recording": the job exists and its prompts are being stored, a slice at a time while the first ones
+# are already sent. A run cut off then leaves some out: the same input again stores the rest.
+JobStatus = Literal["recording", "created", "running", "finished", "failed"]
 # "batched": a member of an open batch (see storage._batches); the real-time path leaves it alone.
 PromptStatus = Literal["pending", "in_flight", "batched", "succeeded", "failed"]
 ResultStatus = Literal["succeeded", "failed"]

@@ -8,16 +8,18 @@ from __future__ import annotations
 
 from .batch import finish_submission, ingest, submit_batches
 from .realtime import send_chunk
-from .record import RecordedJob, record_prompts, routing_rules
-from .plan import RealtimePlan, plan_realtime
+from .plan import RealtimePlan, chunk_size_for, plan_realtime
+from .record import RecordedJob, record_prompts, record_rest, routing_rules
 
 __all__ = [
     "RealtimePlan",
     "RecordedJob",
+    "chunk_size_for",
     "finish_submission",
     "ingest",
     "plan_realtime",
     "record_prompts",
+    "record_rest",
     "routing_rules",
     "send_chunk",
     "submit_batches",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -25,17 +25,24 @@ class RealtimePlan:
     chunks: list[list[tuple[int, ...]]] = field(default_factory=list)
     open_prompts: int = 0
     reused: int = 0
+    # Prompts left out for now because their request is in ``hold_keys``.
+    held: int = 0
 
     @property
     def requests(self) -> int:
         return sum(len(chunk) for chunk in self.chunks)
 
 
+def chunk_size_for(requests: int, *, chunk_size: int, max_chunks: int = MAX_CHUNKS_PER_RUN) -> int:
+    """``chunk_size``, grown so that ``requests`` make at most ``max_chunks`` chunks."""
+    return max(chunk_size, math.ceil(requests / max_chunks))
+
+
 def chunk_groups(groups: Sequence[tuple[int, ...]], *, chunk_size: int, max_chunks: int = MAX_CHUNKS_PER_RUN) -> list[list[tuple[int, ...]]]:
     """Split request groups into chunks of ``chunk_size`` requests, growing the size to stay under ``max_chunks``."""
     if not groups:
         return []
-    size = max(chunk_size, math.ceil(len(groups) / max_chunks))
+    size = chunk_size_for(len(groups), chunk_size=chunk_size, max_chunks=max_chunks)
     return [list(groups[start : start + size]) for start in range(0, len(groups), size)]
 
 
@@ -51,13 +58,22 @@ async def plan_realtime(
     planned_route: str | None = None,
     in_flight: bool = True,
     shard: tuple[int, int] | None = None,
+    positions: tuple[int, int] | None = None,
+    hold_keys: Collection[str] = frozenset(),
+    only_keys: Collection[str] | None = None,
 ) -> RealtimePlan:
     """Find the job's unfinished prompts (of ``planned_route`` only, if given); answer what storage
-    already has; group and chunk the rest."""
+    already has; group and chunk the rest.
+
+    For a job sent while it is being recorded (see ``record_rest``), one slice at a time:
+    ``positions=(start, stop)`` plans only the prompts at those input positions, leaving out (when
+    grouping identical requests) those making a request in ``hold_keys``, whose other prompts may
+    not be stored yet; ``only_keys`` plans just the prompts making those requests.
+    """
     logger = get_run_logger()
     open_ids = await storage.open_prompt_ids(sessions, job_id=job_id, retry_failed=retry_failed,
                                              planned_route=planned_route, in_flight=in_flight,
-                                             shard=shard)
+                                             shard=shard, positions=positions, dedupe_keys=only_keys)
     if not open_ids:
         return RealtimePlan()
     if not dedupe:
@@ -65,8 +81,14 @@ async def plan_realtime(
 
     rows = await storage.load_work(sessions, prompt_ids=open_ids)
     by_key: dict[str, list[int]] = {}
+    held = 0
     for row in rows:  # load_work keeps position order, so a group's first id is its earliest prompt
+        if row.dedupe_key in hold_keys:
+            held += 1
+            continue
         by_key.setdefault(row.dedupe_key, []).append(row.id)
+    if not by_key:
+        return RealtimePlan(held=held)
 
     stored = await storage.find_reusable(sessions, dedupe_keys=list(by_key))
     reused = 0
@@ -77,4 +99,5 @@ async def plan_realtime(
     if reused:
         logger.info("%d prompts answered from stored identical requests (no new cost); --no-dedupe turns this off", reused)
     groups = [tuple(ids) for ids in by_key.values()]
-    return RealtimePlan(chunks=chunk_groups(groups, chunk_size=chunk_size), open_prompts=len(open_ids), reused=reused)
+    return RealtimePlan(chunks=chunk_groups(groups, chunk_size=chunk_size), open_prompts=len(open_ids) - held, reused=reused,
+                        held=held)

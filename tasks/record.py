@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections import Counter
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -18,11 +19,27 @@ from llm_dispatch._inputs import PromptSpec, fingerprint, parse_prompt_dicts, re
 from llm_dispatch._routing import RoutingRules, decide_route, parse_deadline, prompt_chars
 
 
+# Slices of the rest grow from the first size to at most this many times it: early ones reach the
+# sender quickly, later ones keep the number of transactions (and planning task runs) small.
+MAX_SLICE_GROWTH = 64
+
+
 @dataclass(frozen=True, slots=True)
 class RecordedJob:
     job_id: str
     total: int
     resumed: bool
+    # When only the first prompts are stored yet (``record_prompts(head=...)``): the others, in input
+    # order, for ``record_rest``. The job's status stays ``recording`` until they are stored.
+    rest: Sequence[storage.NewPrompt] = ()
+    # Requests (dedupe keys) that more than one prompt of the job makes: their prompts may be split
+    # between slices, so a sender grouping identical requests waits until all are stored.
+    repeated_keys: frozenset[str] = frozenset()
+
+    @property
+    def stored(self) -> int:
+        """Prompts stored so far: input positions ``0 .. stored - 1``."""
+        return self.total - len(self.rest)
 
 
 def routing_rules(settings: Settings) -> RoutingRules:
@@ -65,19 +82,29 @@ async def record_prompts(
     sessions: async_sessionmaker[AsyncSession],
     name: str | None = None,
     rules: RoutingRules | None = None,
+    head: int | None = None,
 ) -> RecordedJob:
     """Record the prompts of ``source`` as a job; the same input again resumes its existing job.
 
     Each prompt is routed once, here, by ``rules`` (None: every prompt real-time); the decision, its
-    reason and the prompt's deadline are stored with it.
+    reason and the prompt's deadline are stored with it. The whole input is validated first.
+
+    ``head``: a new job stores only its first ``head`` prompts here and returns the others in
+    ``RecordedJob.rest`` for ``record_rest``, so sending can start while they are stored; until
+    then the job's status is ``recording``. A job left ``recording`` (its run was cut off) gets
+    its missing prompts stored when it is met again, from the same input or its input file.
     """
     logger = get_run_logger()
+    database = settings.public_dict()["database_url"]
     if source is None:
         if job_id is None:
             raise ConfigError("give prompts (a .jsonl/.csv path or a list of dicts) or the job id to resume")
         job = await storage.get_job(sessions, job_id=job_id)
         if job is None:
-            raise ConfigError(f"no job {job_id!r} in {settings.public_dict()['database_url']}; see `llm-dispatch status`")
+            raise ConfigError(f"no job {job_id!r} in {database}; see `llm-dispatch status`")
+        if job.status == "recording":
+            job = await _finish_recording(sessions, job=job, specs=_input_of(job, settings=settings), rules=rules,
+                                          logger=logger)
         total = sum(job.counts.values())
         logger.info("resuming job %s (%d prompts)", job_id, total)
         return RecordedJob(job_id=job_id, total=total, resumed=True)
@@ -88,11 +115,14 @@ async def record_prompts(
     if existing is not None:
         job = await storage.get_job(sessions, job_id=existing)
         if job is None:
-            raise ConfigError(f"no job {existing!r} to resume in {settings.public_dict()['database_url']}")
+            raise ConfigError(f"no job {existing!r} to resume in {database}")
+        if job.status == "recording":
+            job = await _finish_recording(sessions, job=job, specs=specs, rules=rules, logger=logger)
         logger.info("input already recorded as job %s: resuming it (only unfinished prompts are sent)", existing)
         return RecordedJob(job_id=existing, total=sum(job.counts.values()), resumed=True)
 
     input_path = str(Path(source).resolve()) if isinstance(source, (str, Path)) else None
+    split = head is not None and 0 < head < len(specs)
     new_id = await storage.create_job(
         sessions,
         name=name or (Path(source).name if isinstance(source, (str, Path)) else "prompts"),
@@ -100,7 +130,79 @@ async def record_prompts(
         input_path=input_path,
         model=settings.model,
         settings=settings.public_dict(),
+        status="recording" if split else "created",
     )
-    await storage.add_prompts(sessions, job_id=new_id, prompts=new_prompts(specs, rules=rules, now=datetime.now(UTC)))
-    logger.info("recorded job %s: %d prompts", new_id, len(specs))
-    return RecordedJob(job_id=new_id, total=len(specs), resumed=False)
+    rows = new_prompts(specs, rules=rules, now=datetime.now(UTC))
+    if not split:
+        await storage.add_prompts(sessions, job_id=new_id, prompts=rows)
+        logger.info("recorded job %s: %d prompts", new_id, len(specs))
+        return RecordedJob(job_id=new_id, total=len(specs), resumed=False)
+    assert head is not None
+    await storage.add_prompts(sessions, job_id=new_id, prompts=rows[:head])
+    counts = Counter(spec.dedupe_key for spec in specs)
+    logger.info("recording job %s: %d prompts, the first %d stored", new_id, len(specs), head)
+    return RecordedJob(job_id=new_id, total=len(specs), resumed=False, rest=rows[head:],
+                       repeated_keys=frozenset(key for key, count in counts.items() if count > 1))
+
+
+@task(name="record-prompts-rest", cache_policy=NO_CACHE)
+async def record_rest(
+    *,
+    job_id: str,
+    prompts: Sequence[storage.NewPrompt],
+    sessions: async_sessionmaker[AsyncSession],
+    first_slice: int,
+    on_stored: Callable[[tuple[int, int]], Awaitable[None]] | None = None,
+    then_status: storage.JobStatus = "created",
+) -> int:
+    """Store the prompts ``record_prompts`` left for later (``RecordedJob.rest``); returns how many.
+
+    They go in slices of ``first_slice`` prompts, growing, each its own transaction. After each,
+    ``on_stored((start, stop))`` gets the input positions it held, so their prompts can be sent
+    while the next slice is stored. The last slice moves the job to ``then_status``.
+    """
+    if first_slice < 1:
+        raise ValueError("first_slice must be at least 1")
+    stored, size = 0, first_slice
+    while stored < len(prompts):
+        part = prompts[stored : stored + size]
+        last = stored + len(part) == len(prompts)
+        await storage.add_prompts(sessions, job_id=job_id, prompts=part, skip_existing=True,
+                                  then_status=then_status if last else None)
+        stored += len(part)
+        if on_stored is not None:
+            await on_stored((part[0].position, part[-1].position + 1))
+        size = min(size * 2, first_slice * MAX_SLICE_GROWTH)
+    return stored
+
+
+def _input_of(job: storage.JobInfo, *, settings: Settings) -> list[PromptSpec]:
+    """The prompts of a job cut off while recording, read again from its input file."""
+    cut_off = f"job {job.id} was cut off while its prompts were being recorded ({sum(job.counts.values())} stored)"
+    if job.input_path is None or not Path(job.input_path).is_file():
+        where = f"its input {job.input_path} is gone" if job.input_path else "it was given as a list, not a file"
+        raise ConfigError(f"{cut_off} and {where}: run the same prompts again as input (not by job id) to store the rest")
+    specs = load_specs(job.input_path, settings=settings)
+    if fingerprint(specs) != job.fingerprint:
+        raise ConfigError(f"{cut_off}, and its input {job.input_path} no longer reads as the same prompts (the file "
+                          "or the default model changed): run it with the original input and model")
+    return specs
+
+
+async def _finish_recording(
+    sessions: async_sessionmaker[AsyncSession],
+    *,
+    job: storage.JobInfo,
+    specs: Sequence[PromptSpec],
+    rules: RoutingRules | None,
+    logger: Any,
+) -> storage.JobInfo:
+    """Store the prompts a cut-off recording left out (those stored stay as they are); the job as it is now."""
+    stored = sum(job.counts.values())
+    await storage.add_prompts(sessions, job_id=job.id, prompts=new_prompts(specs, rules=rules, now=datetime.now(UTC)),
+                              skip_existing=True, then_status="created")
+    logger.warning("job %s was cut off while its prompts were being recorded: %d of %d were stored, now all are",
+                   job.id, stored, len(specs))
+    finished = await storage.get_job(sessions, job_id=job.id)
+    assert finished is not None
+    return finished

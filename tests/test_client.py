@@ -538,6 +538,17 @@ def test_default_transport_raises_aiohttp_connection_cap() -> None:
     assert transport.limits.max_connections == 400
 
 
+async def test_plain_http_client_loads_no_certificates_and_trusts_nothing() -> None:
+    import ssl
+
+    async with LLMClient(base_url="http://127.0.0.1:8000/v1") as plain, LLMClient(base_url="https://api.example.com/v1") as tls:
+        context = plain._transport.ssl_context  # type: ignore[attr-defined]
+        # Not an unchecked context: an https URL through it fails, for want of a CA to trust.
+        assert context.verify_mode == ssl.CERT_REQUIRED and context.check_hostname
+        assert context.cert_store_stats()["x509_ca"] == 0
+        assert tls._transport.ssl_context.cert_store_stats()["x509_ca"] > 0  # type: ignore[attr-defined]
+
+
 # --- a real server, through the real aiohttp transport ----------------------------------------
 
 

@@ -11,10 +11,15 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+from prefect import flow
 
+import storage
 from flows.realtime import realtime_dispatch
+from llm_dispatch import Settings
+from tasks import record_prompts
 from conftest import Sim, rows, successes_per_prompt, write_prompts
 
 pytestmark = [pytest.mark.prefect]
@@ -86,6 +91,106 @@ async def test_identical_requests_are_paid_once(prefect_api: str, sim: Sim, db_u
     assert dict(routes) == {"realtime": 3, "reused": 5}
 
 
+async def test_new_job_is_sent_while_the_rest_is_recorded(
+    prefect_api: str, sim: Sim, db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job bigger than the first chunks starts sending before all of it is stored, and loses nothing:
+    identical requests split between the first prompts and later slices are still paid once."""
+    from llm_dispatch import LLMClient
+
+    same = {"prompt": "asked at the start and at the end", "params": {"temperature": 0}}
+    records = [{"id": i, "prompt": f"question {i}"} for i in range(130)]
+    records[3] = {"id": 3, **same}
+    records[120] = {"id": 120, **same}
+    records[121] = {"id": 121, **same}
+    path = write_prompts(tmp_path / "p.jsonl", records)
+    events: list[tuple[str, int]] = []
+    add_prompts, chat = storage.add_prompts, LLMClient.chat
+
+    async def recording(*args: object, **kwargs: object) -> int:
+        stored = await add_prompts(*args, **kwargs)  # type: ignore[arg-type]
+        events.append(("stored", stored))
+        return stored
+
+    async def sending(self: LLMClient, *args: object, **kwargs: object) -> object:
+        events.append(("request", 1))
+        return await chat(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(storage, "add_prompts", recording)
+    monkeypatch.setattr(LLMClient, "chat", sending)
+    sim.configure(latency=0.05)
+
+    # 4 at once, chunks of 10: the first 20 prompts (one lane and one chunk ahead) are stored, then 110 in slices.
+    summary = await realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=db_url,
+                                      concurrency=4, chunk_size=10)
+
+    assert summary["counts"] == {"succeeded": 130}
+    assert set(successes_per_prompt(db_url).values()) == {1}
+    assert sim.stats()["requests_total"] == 128  # the three identical prompts made one request
+    assert dict(rows(db_url, "SELECT route, COUNT(*) FROM results GROUP BY route")) == {"realtime": 128, "reused": 2}
+    slices = [n for kind, n in events if kind == "stored"]
+    assert slices[0] == 20 and sum(slices) == 130 and len(slices) > 2
+    stored_at = [i for i, (kind, _) in enumerate(events) if kind == "stored"]
+    assert events.index(("request", 1)) < stored_at[1]  # sending began before the rest was stored
+    assert rows(db_url, "SELECT status FROM jobs") == [("finished",)]
+
+
+@flow(name="test-cut-off-recording")
+async def cut_off_recording(source: str | list[dict[str, Any]], database_url: str, head: int) -> str:
+    """What a realtime-dispatch run leaves when it dies once the first ``head`` prompts are stored."""
+    engine = storage.create_engine(database_url)
+    try:
+        await storage.migrate(engine)
+        job = await record_prompts(source=source, job_id=None, settings=Settings(database_url=database_url),
+                                   sessions=storage.session_factory(engine), head=head)
+    finally:
+        await engine.dispose()
+    return job.job_id
+
+
+async def test_recording_cut_off_is_finished_by_the_next_run(prefect_api: str, sim: Sim, db_url: str, tmp_path: Path) -> None:
+    """A run killed after storing its first prompts left the job 'recording': the next run of the
+    same input (or of the job id, from its input file) stores the rest and sends each prompt once."""
+    from llm_dispatch import ConfigError
+
+    path = write_prompts(tmp_path / "p.jsonl", [{"id": i, "prompt": f"question {i}"} for i in range(30)])
+    job_id = await cut_off_recording(source=str(path), database_url=db_url, head=8)
+    assert rows(db_url, "SELECT status, (SELECT COUNT(*) FROM prompts) FROM jobs") == [("recording", 8)]
+
+    # By job id, the input file must still read as the same prompts.
+    changed = tmp_path / "p.jsonl.orig"
+    path.rename(changed)
+    write_prompts(path, [{"id": i, "prompt": f"question {i}"} for i in range(31)])
+    with pytest.raises(ConfigError, match="no longer reads as the same prompts"):
+        await realtime_dispatch(job_id=job_id, base_url=sim.base_url, database_url=db_url)
+    changed.replace(path)
+    assert sim.stats()["requests_total"] == 0
+
+    summary = await realtime_dispatch(job_id=job_id, base_url=sim.base_url, database_url=db_url)
+
+    assert summary["resumed"] and summary["counts"] == {"succeeded": 30}
+    assert set(successes_per_prompt(db_url).values()) == {1}
+    assert sim.stats()["requests_total"] == 30
+    assert rows(db_url, "SELECT status FROM jobs") == [("finished",)]
+
+    # The same input again: nothing left to record or send.
+    again = await realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=db_url)
+    assert again["job_id"] == job_id and sim.stats()["requests_total"] == 30
+
+
+async def test_recording_cut_off_without_its_file_says_how_to_go_on(prefect_api: str, sim: Sim, db_url: str) -> None:
+    from llm_dispatch import ConfigError
+
+    prompts = [{"id": i, "prompt": f"question {i}"} for i in range(12)]
+    job_id = await cut_off_recording(source=prompts, database_url=db_url, head=5)
+    with pytest.raises(ConfigError, match="run the same prompts again as input"):
+        await realtime_dispatch(job_id=job_id, base_url=sim.base_url, database_url=db_url)
+
+    summary = await realtime_dispatch(prompts=prompts, base_url=sim.base_url, database_url=db_url)
+    assert summary["job_id"] == job_id and summary["counts"] == {"succeeded": 12}
+    assert set(successes_per_prompt(db_url).values()) == {1}
+
+
 async def test_in_flight_bound_across_two_concurrent_flow_runs(prefect_api: str, sim: Sim, tmp_path: Path) -> None:
     """requests in flight across all runs <= tag limit x per-chunk concurrency, proven at the server."""
     from prefect.client.orchestration import get_client
@@ -150,8 +255,6 @@ def test_killed_run_resumes_without_loss_or_double_pay(prefect_api: str, sim: Si
 @pytest.mark.skipif(not os.environ.get("LLM_DISPATCH_TEST_PG_URL"), reason="set LLM_DISPATCH_TEST_PG_URL to run on PostgreSQL")
 async def test_flow_on_postgres(prefect_api: str, sim: Sim, tmp_path: Path) -> None:
     import uuid
-
-    import storage
 
     url = os.environ["LLM_DISPATCH_TEST_PG_URL"]
     marker = uuid.uuid4().hex  # the database outlives the test: make this input new

@@ -443,6 +443,52 @@ async def test_custom_id_is_unique_within_a_job(sessions: Sessions) -> None:
     assert (await storage.job_counts(sessions, job_id=other))["pending"] == 2
 
 
+async def test_recording_in_slices_moves_on_with_the_last_slice(sessions: Sessions) -> None:
+    prompts = new_prompts(10)
+    job_id = await storage.create_job(sessions, name="big", fingerprint="r" * 64, input_path=None, model="gpt-4o-mini",
+                                      settings={}, status="recording")
+    await storage.add_prompts(sessions, job_id=job_id, prompts=prompts[:4])
+    job = await storage.get_job(sessions, job_id=job_id)
+    assert job is not None and (job.status, job.counts) == ("recording", {"pending": 4})
+
+    # A run finishing the recording gives every prompt again: those stored stay as they are.
+    ids_before = await prompt_ids(sessions, job_id)
+    await storage.add_prompts(sessions, job_id=job_id, prompts=prompts, skip_existing=True, then_status="created")
+    job = await storage.get_job(sessions, job_id=job_id)
+    assert job is not None and (job.status, job.counts) == ("created", {"pending": 10})
+    ids_after = await prompt_ids(sessions, job_id)
+    assert {c: ids_after[c] for c in ids_before} == ids_before
+
+    # Without skip_existing a stored id is still an error, and the status does not move.
+    with pytest.raises(IntegrityError):
+        await storage.add_prompts(sessions, job_id=job_id, prompts=prompts[:1], then_status="running")
+    job = await storage.get_job(sessions, job_id=job_id)
+    assert job is not None and job.status == "created"
+    with pytest.raises(LookupError):
+        await storage.add_prompts(sessions, job_id="no-such-job", prompts=[], then_status="running")
+    with pytest.raises(ValueError, match="unknown job status"):
+        await storage.create_job(sessions, name="x", fingerprint="x", input_path=None, model="m", settings={},
+                                 status="half-done")  # type: ignore[arg-type]
+
+
+async def test_open_prompt_ids_by_positions_and_requests(sessions: Sessions) -> None:
+    prompts = new_prompts(6)
+    twin = prompts[1]  # p-5 asks what p-1 asks
+    prompts[5] = NewPrompt(custom_id="p-5", position=5, model=twin.model, messages=twin.messages, params=twin.params,
+                           dedupe_key=twin.dedupe_key)
+    job_id = await make_job(sessions, prompts)
+    ids = await prompt_ids(sessions, job_id)
+    by_id = {v: k for k, v in ids.items()}
+
+    sliced = await storage.open_prompt_ids(sessions, job_id=job_id, positions=(2, 5))
+    assert [by_id[i] for i in sliced] == ["p-2", "p-3", "p-4"]
+    twins = await storage.open_prompt_ids(sessions, job_id=job_id, dedupe_keys=[twin.dedupe_key, prompts[0].dedupe_key])
+    assert [by_id[i] for i in twins] == ["p-0", "p-1", "p-5"]
+    # Many keys: looked up in bounded IN lists, still in input order.
+    many = [p.dedupe_key for p in new_prompts(1_200, prefix="other")] + [twin.dedupe_key]
+    assert [by_id[i] for i in await storage.open_prompt_ids(sessions, job_id=job_id, dedupe_keys=many)] == ["p-1", "p-5"]
+
+
 async def test_load_work_and_mark_in_flight_beyond_one_in_list(sessions: Sessions) -> None:
     job_id = await make_job(sessions, new_prompts(1_234))
     ids = await storage.open_prompt_ids(sessions, job_id=job_id)

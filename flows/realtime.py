@@ -16,6 +16,8 @@ from pydantic import SecretStr
 import storage
 from llm_dispatch import ConfigError, LLMClient, Settings
 from llm_dispatch._dispatch import DispatchOutcome, Progress, current_progress
+from llm_dispatch._inputs import PromptSpec
+from llm_dispatch._types import ChatRequest
 from tasks import RealtimePlan, chunk_size_for, plan_realtime, record_prompts, record_rest, send_chunk
 
 from ._setup import ensure_tag_limit, tune_gc, with_api_key
@@ -91,9 +93,9 @@ async def dispatch_realtime(
     per_chunk = settings.per_chunk_concurrency
     # Lanes: chunks handing out requests, enough to fill the run's limit (see _Chunks).
     lane_count = math.ceil(settings.concurrency / per_chunk)
-    # A new job's first prompts go out while the others are stored: as many as the lanes and the
-    # chunks begun ahead take at first. (A shard run sends a job recorded already.)
-    head = settings.chunk_size * (lane_count + CHUNKS_AHEAD) if shard is None else None
+    # A new job's first prompts go out while the others are stored: a chunk for each lane. (A shard
+    # run sends a job recorded already.)
+    head = settings.chunk_size * lane_count if shard is None else None
     engine = storage.create_engine(settings.database_url)
     try:
         await storage.migrate(engine)
@@ -112,7 +114,7 @@ async def dispatch_realtime(
                 return await plan_realtime(
                     job_id=job.job_id, sessions=sessions, sink=writer, chunk_size=chunk_size,
                     dedupe=settings.dedupe, retry_failed=retry_failed, planned_route=planned_route,
-                    in_flight=in_flight, shard=shard, **where,
+                    in_flight=in_flight, shard=shard, track_positions=bool(job.specs), **where,
                 )
 
             first = await plan(positions=(0, job.stored), hold_keys=held) if job.rest else await plan()
@@ -132,7 +134,7 @@ async def dispatch_realtime(
             chunks = _Chunks(
                 send=send_chunk.with_options(tags=[settings.concurrency_tag]), client=client, writer=writer,
                 sessions=sessions, per_chunk=per_chunk, lanes=lane_count, chunk_size=chunk_size, outcome=outcome,
-                board=board, progress=progress,
+                board=board, progress=progress, specs=job.specs,
             )
             reused = first.reused
             async with asyncio.TaskGroup() as group:
@@ -150,18 +152,19 @@ async def dispatch_realtime(
                     if first.chunks:
                         # Storing the rest takes the event loop by turns: let the first requests go out before.
                         await chunks.sending.wait()
-                    await record_rest(job_id=job.job_id, prompts=quote(job.rest), sessions=sessions,
-                                      first_slice=head or 1, on_stored=stored, then_status="running")
+                    assert job.recorded_at is not None
+                    await record_rest(job_id=job.job_id, specs=quote(job.rest), sessions=sessions, first_slice=head or 1,
+                                      recorded_at=job.recorded_at, on_stored=stored, then_status="running")
                     if held:
                         last = await plan(only_keys=held)
                         reused += last.reused
                         chunks.start(group, last, unplanned=0)
             send_s = time.monotonic() - send_started_at
-        counts = await storage.job_counts(sessions, job_id=job.job_id)
+        counts, stats, _ = await asyncio.gather(storage.job_counts(sessions, job_id=job.job_id),
+                                                storage.result_stats(sessions, job_id=job.job_id), board.close(outcome))
         # Prompts waiting in a provider batch are unfinished too.
         finished = not any(counts.get(status, 0) for status in ("pending", "in_flight", "batched"))
         await storage.set_job_status(sessions, job_id=job.job_id, status="finished" if finished else "running")
-        stats, _ = await asyncio.gather(storage.result_stats(sessions, job_id=job.job_id), board.close(outcome))
         summary = {
             "job_id": job.job_id,
             "resumed": job.resumed,
@@ -205,8 +208,11 @@ class _Chunks:
         outcome: DispatchOutcome,
         board: _ProgressBoard,
         progress: Progress | None,
+        specs: Sequence[PromptSpec] = (),
     ) -> None:
         self._send, self._client, self._writer, self._sessions = send, client, writer, sessions
+        # A job this run has just recorded: its prompts by input position, so chunks need not load them again.
+        self._specs = specs
         self._per_chunk, self._chunk_size, self._outcome = per_chunk, chunk_size, outcome
         self._board, self._progress = board, progress
         self._lane_count = lanes
@@ -228,9 +234,16 @@ class _Chunks:
         self._board.retotal(prompts=self._prompts + unplanned, chunks=self._expected)
         for groups in plan.chunks:
             self._started += 1
-            group.create_task(self._run(self._started, groups))
+            group.create_task(self._run(self._started, groups, self._requests_of(plan, groups)))
 
-    async def _run(self, number: int, groups: list[tuple[int, ...]]) -> None:
+    def _requests_of(self, plan: RealtimePlan, groups: list[tuple[int, ...]]) -> dict[int, ChatRequest] | None:
+        if not self._specs:
+            return None
+        specs = (self._specs[plan.positions[ids[0]]] for ids in groups)
+        return {ids[0]: ChatRequest(model=spec.model, messages=spec.messages, params=spec.params)
+                for ids, spec in zip(groups, specs)}
+
+    async def _run(self, number: int, groups: list[tuple[int, ...]], requests: dict[int, ChatRequest] | None) -> None:
         await self._begun.acquire()
         if number > self._lane_count:
             # A chunk begun ahead loads its rows once the first requests are out, not in their way.
@@ -257,7 +270,7 @@ class _Chunks:
                 # per task run (~50 ms of CPU for 1,000 prompts, measured), while requests wait.
                 number=number, of=self._expected, size=sum(len(g) for g in groups), groups=quote(groups),
                 client=self._client, sink=self._writer, sessions=self._sessions, concurrency=self._per_chunk,
-                before_send=enter_lane, on_dispatched=leave_lane,
+                before_send=enter_lane, on_dispatched=leave_lane, requests=quote(requests),
             )
         finally:
             leave_lane()

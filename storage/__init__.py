@@ -35,12 +35,13 @@ from ._queries import (
     load_work,
     mark_in_flight,
     open_prompt_ids,
+    open_prompts,
     reroute_late_prompts,
     result_stats,
     set_job_status,
     set_planned_route,
 )
-from ._records import BatchRecord, JobInfo, NewPrompt, ResultStats, WorkRow
+from ._records import BatchRecord, JobInfo, NewPrompt, OpenPrompt, ResultStats, WorkRow
 from ._status import (
     BATCH_STATUSES,
     JOB_STATUSES,
@@ -92,6 +93,7 @@ __all__ = [
     "JobInfo",
     "JobStatus",
     "NewPrompt",
+    "OpenPrompt",
     "Prompt",
     "PromptStatus",
     "Result",
@@ -126,6 +128,7 @@ __all__ = [
     "migrate",
     "open_batches",
     "open_prompt_ids",
+    "open_prompts",
     "release_members",
     "reroute_late_prompts",
     "result_stats",

@@ -6,7 +6,7 @@ import math
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from itertools import islice
-from typing import Any, TypeVar, get_args
+from typing import Any, TypedDict, TypeVar, Unpack, get_args
 
 from sqlalchemy import and_, case, func, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -15,7 +15,7 @@ from llm_dispatch._types import ChatResult
 
 from ._bulk import bind_processor, bind_value, placeholders
 from ._models import Job, Prompt, Result, new_job_id, utcnow
-from ._records import JobInfo, NewPrompt, ResultStats, WorkRow
+from ._records import JobInfo, NewPrompt, OpenPrompt, ResultStats, WorkRow
 from ._status import JOB_STATUSES, JobStatus, RetryFailed
 
 __all__ = [
@@ -28,6 +28,7 @@ __all__ = [
     "load_work",
     "mark_in_flight",
     "open_prompt_ids",
+    "open_prompts",
     "result_stats",
     "set_job_status",
 ]
@@ -208,7 +209,23 @@ async def add_prompts(
     return total
 
 
-async def open_prompt_ids(
+class OpenWhere(TypedDict, total=False):
+    """Which open prompts ``open_prompts`` and ``open_prompt_ids`` return (see ``open_prompts``)."""
+
+    retry_failed: RetryFailed
+    planned_route: str | None
+    in_flight: bool
+    shard: tuple[int, int] | None
+    positions: tuple[int, int] | None
+    dedupe_keys: Collection[str] | None
+
+
+async def open_prompt_ids(sessions: Sessions, *, job_id: str, **where: Unpack[OpenWhere]) -> list[int]:
+    """Ids of the prompts still to send, in input order; see ``open_prompts`` for which are open."""
+    return [prompt.id for prompt in await open_prompts(sessions, job_id=job_id, **where)]
+
+
+async def open_prompts(
     sessions: Sessions,
     *,
     job_id: str,
@@ -218,8 +235,8 @@ async def open_prompt_ids(
     shard: tuple[int, int] | None = None,
     positions: tuple[int, int] | None = None,
     dedupe_keys: Collection[str] | None = None,
-) -> list[int]:
-    """Ids of the prompts still to send, in input order.
+) -> list[OpenPrompt]:
+    """The prompts still to send, in input order: id, input position and request (dedupe key).
 
     Pending and in-flight prompts (a process died holding them) are always open; batched
     ones (waiting in an open batch) never are, nor succeeded ones; failed
@@ -238,7 +255,7 @@ async def open_prompt_ids(
         open_when.append(and_(Prompt.status == "failed", Prompt.failed_retryable.is_(True)))
     elif retry_failed != "none":
         raise ValueError(f"retry_failed must be one of {get_args(RetryFailed)}, got {retry_failed!r}")
-    stmt = select(Prompt.id).where(Prompt.job_id == job_id, or_(*open_when)).order_by(Prompt.position, Prompt.id)
+    stmt = select(Prompt.id, Prompt.position, Prompt.dedupe_key).where(Prompt.job_id == job_id, or_(*open_when))
     if planned_route == "realtime":
         stmt = stmt.where(or_(Prompt.planned_route.is_(None), Prompt.planned_route == "realtime"))
     elif planned_route is not None:
@@ -251,15 +268,18 @@ async def open_prompt_ids(
     if positions is not None:
         start, stop = positions
         stmt = stmt.where(Prompt.position >= start, Prompt.position < stop)
+    # Core on the session's connection, not the ORM: its statement handling would double the cost.
     async with sessions() as session:
+        conn = await session.connection()
         if dedupe_keys is None:
-            return list((await session.execute(stmt)).scalars())
+            return [OpenPrompt(*row) for row in await conn.execute(stmt.order_by(Prompt.position, Prompt.id))]
         # In IN lists of bounded size, so the chunks' rows are merged back into input order.
-        found: list[tuple[int, int]] = []
-        keyed = stmt.add_columns(Prompt.position)
-        for chunk in _chunks(set(dedupe_keys), IN_CHUNK):
-            found.extend((pid, position) for pid, position in await session.execute(keyed.where(Prompt.dedupe_key.in_(chunk))))
-        return [pid for pid, _ in sorted(found, key=lambda row: (row[1], row[0]))]
+        found = [
+            OpenPrompt(*row)
+            for chunk in _chunks(set(dedupe_keys), IN_CHUNK)
+            for row in await conn.execute(stmt.where(Prompt.dedupe_key.in_(chunk)))
+        ]
+        return sorted(found, key=lambda prompt: (prompt.position, prompt.id))
 
 
 async def reroute_late_prompts(sessions: Sessions, *, job_id: str, before: datetime, reason: str) -> int:
@@ -303,8 +323,11 @@ async def load_work(sessions: Sessions, *, prompt_ids: Sequence[int]) -> list[Wo
     found: list[tuple[int, int, WorkRow]] = []
     columns = (Prompt.id, Prompt.custom_id, Prompt.model, Prompt.messages, Prompt.params, Prompt.dedupe_key, Prompt.deadline)
     async with sessions() as session:
+        # Core on the session's connection: the ORM's statement handling would double the cost of
+        # loading a chunk's rows, while other chunks are sending.
+        conn = await session.connection()
         for chunk in _chunks(dict.fromkeys(prompt_ids), IN_CHUNK):
-            for row in await session.execute(select(*columns, Prompt.position).where(Prompt.id.in_(chunk))):
+            for row in await conn.execute(select(*columns, Prompt.position).where(Prompt.id.in_(chunk))):
                 work = WorkRow(
                     id=row.id,
                     custom_id=row.custom_id,

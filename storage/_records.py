@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
-__all__ = ["BatchRecord", "JobInfo", "NewPrompt", "ResultStats", "WorkRow"]
+__all__ = ["BatchRecord", "JobInfo", "NewPrompt", "OpenPrompt", "ResultStats", "WorkRow"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +24,14 @@ class NewPrompt:
     planned_route: str | None = None
     route_reason: str | None = None
     deadline: datetime | None = None
+
+
+class OpenPrompt(NamedTuple):
+    """A prompt still to send: enough to plan with, without loading its messages."""
+
+    id: int
+    position: int
+    dedupe_key: str
 
 
 @dataclass(frozen=True, slots=True)

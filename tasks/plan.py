@@ -27,6 +27,8 @@ class RealtimePlan:
     reused: int = 0
     # Prompts left out for now because their request is in ``hold_keys``.
     held: int = 0
+    # Input position of each planned prompt id, when asked for (``plan_realtime(track_positions=True)``).
+    positions: dict[int, int] = field(default_factory=dict)
 
     @property
     def requests(self) -> int:
@@ -61,6 +63,7 @@ async def plan_realtime(
     positions: tuple[int, int] | None = None,
     hold_keys: Collection[str] = frozenset(),
     only_keys: Collection[str] | None = None,
+    track_positions: bool = False,
 ) -> RealtimePlan:
     """Find the job's unfinished prompts (of ``planned_route`` only, if given); answer what storage
     already has; group and chunk the rest.
@@ -69,24 +72,25 @@ async def plan_realtime(
     ``positions=(start, stop)`` plans only the prompts at those input positions, leaving out (when
     grouping identical requests) those making a request in ``hold_keys``, whose other prompts may
     not be stored yet; ``only_keys`` plans just the prompts making those requests.
+    ``track_positions`` fills ``RealtimePlan.positions``, for a caller holding the prompts in memory.
     """
     logger = get_run_logger()
-    open_ids = await storage.open_prompt_ids(sessions, job_id=job_id, retry_failed=retry_failed,
-                                             planned_route=planned_route, in_flight=in_flight,
-                                             shard=shard, positions=positions, dedupe_keys=only_keys)
-    if not open_ids:
+    found = await storage.open_prompts(sessions, job_id=job_id, retry_failed=retry_failed,
+                                       planned_route=planned_route, in_flight=in_flight,
+                                       shard=shard, positions=positions, dedupe_keys=only_keys)
+    if not found:
         return RealtimePlan()
     if not dedupe:
-        return RealtimePlan(chunks=chunk_groups([(pid,) for pid in open_ids], chunk_size=chunk_size), open_prompts=len(open_ids))
+        return RealtimePlan(chunks=chunk_groups([(prompt.id,) for prompt in found], chunk_size=chunk_size),
+                            open_prompts=len(found), positions=_positions(found) if track_positions else {})
 
-    rows = await storage.load_work(sessions, prompt_ids=open_ids)
     by_key: dict[str, list[int]] = {}
     held = 0
-    for row in rows:  # load_work keeps position order, so a group's first id is its earliest prompt
-        if row.dedupe_key in hold_keys:
+    for prompt in found:  # in input order, so a group's first id is its earliest prompt
+        if prompt.dedupe_key in hold_keys:
             held += 1
             continue
-        by_key.setdefault(row.dedupe_key, []).append(row.id)
+        by_key.setdefault(prompt.dedupe_key, []).append(prompt.id)
     if not by_key:
         return RealtimePlan(held=held)
 
@@ -99,5 +103,9 @@ async def plan_realtime(
     if reused:
         logger.info("%d prompts answered from stored identical requests (no new cost); --no-dedupe turns this off", reused)
     groups = [tuple(ids) for ids in by_key.values()]
-    return RealtimePlan(chunks=chunk_groups(groups, chunk_size=chunk_size), open_prompts=len(open_ids) - held, reused=reused,
-                        held=held)
+    return RealtimePlan(chunks=chunk_groups(groups, chunk_size=chunk_size), open_prompts=len(found) - held, reused=reused,
+                        held=held, positions=_positions(found) if track_positions else {})
+
+
+def _positions(found: Sequence[storage.OpenPrompt]) -> dict[int, int]:
+    return {prompt.id: prompt.position for prompt in found}

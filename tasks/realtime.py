@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -30,6 +30,7 @@ async def send_chunk(
     concurrency: int,
     before_send: Callable[[], Awaitable[None]] | None = None,
     on_dispatched: Callable[[], None] | None = None,
+    requests: Mapping[int, ChatRequest] | None = None,
 ) -> DispatchOutcome:
     """Send one request per group of identical prompts, at most ``concurrency`` at once.
 
@@ -38,17 +39,15 @@ async def send_chunk(
     ``before_send`` is awaited once the chunk is ready (rows loaded, prompts marked in flight) and
     before its first request: the flow's turn-taking between chunks. ``on_dispatched`` fires when about
     one round of requests is left to send (see ``send_all``).
+    ``requests``: each group's request by its first id, from a caller that has just stored the
+    prompts and holds them still; otherwise they are loaded from storage.
     """
     ids = [pid for group in groups for pid in group]
-    rows = {row.id: row for row in await storage.load_work(sessions, prompt_ids=ids)}
+    if requests is None:
+        rows = await storage.load_work(sessions, prompt_ids=[group[0] for group in groups])
+        requests = {row.id: ChatRequest(model=row.model, messages=row.messages, params=row.params) for row in rows}
     await sink.mark_in_flight(prompt_ids=ids)
-    items = [
-        WorkItem(
-            prompt_ids=group,
-            request=ChatRequest(model=rows[group[0]].model, messages=rows[group[0]].messages, params=rows[group[0]].params),
-        )
-        for group in groups
-    ]
+    items = [WorkItem(prompt_ids=group, request=requests[group[0]]) for group in groups]
     if before_send is not None:
         await before_send()
     return await send_all(client=client, items=items, sink=sink, concurrency=concurrency,

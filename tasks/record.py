@@ -29,17 +29,26 @@ class RecordedJob:
     job_id: str
     total: int
     resumed: bool
-    # When only the first prompts are stored yet (``record_prompts(head=...)``): the others, in input
-    # order, for ``record_rest``. The job's status stays ``recording`` until they are stored.
-    rest: Sequence[storage.NewPrompt] = ()
+    # A new job stored in slices (``record_prompts(head=...)``): all its prompts in input order, of
+    # which the first ``head`` are stored; ``record_rest`` stores the others. The job's status stays
+    # ``recording`` until then. Its sender may take requests from here rather than load them again.
+    specs: Sequence[PromptSpec] = ()
+    head: int = 0
+    # When the job was recorded: relative deadlines of the rest count from it, as the first ones' did.
+    recorded_at: datetime | None = None
     # Requests (dedupe keys) that more than one prompt of the job makes: their prompts may be split
     # between slices, so a sender grouping identical requests waits until all are stored.
     repeated_keys: frozenset[str] = frozenset()
 
     @property
+    def rest(self) -> Sequence[PromptSpec]:
+        """The prompts ``record_rest`` has to store."""
+        return self.specs[self.head :]
+
+    @property
     def stored(self) -> int:
         """Prompts stored so far: input positions ``0 .. stored - 1``."""
-        return self.total - len(self.rest)
+        return self.head if self.specs else self.total
 
 
 def routing_rules(settings: Settings) -> RoutingRules:
@@ -132,16 +141,16 @@ async def record_prompts(
         settings=settings.public_dict(),
         status="recording" if split else "created",
     )
-    rows = new_prompts(specs, rules=rules, now=datetime.now(UTC))
+    now = datetime.now(UTC)
     if not split:
-        await storage.add_prompts(sessions, job_id=new_id, prompts=rows)
+        await storage.add_prompts(sessions, job_id=new_id, prompts=new_prompts(specs, rules=rules, now=now))
         logger.info("recorded job %s: %d prompts", new_id, len(specs))
         return RecordedJob(job_id=new_id, total=len(specs), resumed=False)
     assert head is not None
-    await storage.add_prompts(sessions, job_id=new_id, prompts=rows[:head])
+    await storage.add_prompts(sessions, job_id=new_id, prompts=new_prompts(specs[:head], rules=rules, now=now))
     counts = Counter(spec.dedupe_key for spec in specs)
     logger.info("recording job %s: %d prompts, the first %d stored", new_id, len(specs), head)
-    return RecordedJob(job_id=new_id, total=len(specs), resumed=False, rest=rows[head:],
+    return RecordedJob(job_id=new_id, total=len(specs), resumed=False, specs=specs, head=head, recorded_at=now,
                        repeated_keys=frozenset(key for key, count in counts.items() if count > 1))
 
 
@@ -149,26 +158,29 @@ async def record_prompts(
 async def record_rest(
     *,
     job_id: str,
-    prompts: Sequence[storage.NewPrompt],
+    specs: Sequence[PromptSpec],
     sessions: async_sessionmaker[AsyncSession],
     first_slice: int,
+    recorded_at: datetime,
+    rules: RoutingRules | None = None,
     on_stored: Callable[[tuple[int, int]], Awaitable[None]] | None = None,
     then_status: storage.JobStatus = "created",
 ) -> int:
     """Store the prompts ``record_prompts`` left for later (``RecordedJob.rest``); returns how many.
 
-    They go in slices of ``first_slice`` prompts, growing, each its own transaction. After each,
-    ``on_stored((start, stop))`` gets the input positions it held, so their prompts can be sent
-    while the next slice is stored. The last slice moves the job to ``then_status``.
+    They go in slices of ``first_slice`` prompts, growing, each its own transaction, routed by
+    ``rules`` as of ``recorded_at`` like the first ones. After each, ``on_stored((start, stop))``
+    gets the input positions it held, so their prompts can be sent while the next slice is stored.
+    The last slice moves the job to ``then_status``.
     """
     if first_slice < 1:
         raise ValueError("first_slice must be at least 1")
     stored, size = 0, first_slice
-    while stored < len(prompts):
-        part = prompts[stored : stored + size]
-        last = stored + len(part) == len(prompts)
-        await storage.add_prompts(sessions, job_id=job_id, prompts=part, skip_existing=True,
-                                  then_status=then_status if last else None)
+    while stored < len(specs):
+        part = specs[stored : stored + size]
+        last = stored + len(part) == len(specs)
+        await storage.add_prompts(sessions, job_id=job_id, prompts=new_prompts(part, rules=rules, now=recorded_at),
+                                  skip_existing=True, then_status=then_status if last else None)
         stored += len(part)
         if on_stored is not None:
             await on_stored((part[0].position, part[-1].position + 1))

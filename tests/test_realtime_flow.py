@@ -103,6 +103,9 @@ async def test_new_job_is_sent_while_the_rest_is_recorded(
     records[3] = {"id": 3, **same}
     records[120] = {"id": 120, **same}
     records[121] = {"id": 121, **same}
+    # Requests are taken from memory, by input position: each answer must land on its own prompt.
+    records[4] = {"id": 4, "prompt": "refused [[sim:400]]"}
+    records[77] = {"id": 77, "prompt": "refused too [[sim:400]]"}
     path = write_prompts(tmp_path / "p.jsonl", records)
     events: list[tuple[str, int]] = []
     add_prompts, chat = storage.add_prompts, LLMClient.chat
@@ -120,16 +123,17 @@ async def test_new_job_is_sent_while_the_rest_is_recorded(
     monkeypatch.setattr(LLMClient, "chat", sending)
     sim.configure(latency=0.05)
 
-    # 4 at once, chunks of 10: the first 20 prompts (one lane and one chunk ahead) are stored, then 110 in slices.
+    # 4 at once, chunks of 10: the first 10 prompts (a chunk for its one lane) are stored, then 120 in slices.
     summary = await realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=db_url,
                                       concurrency=4, chunk_size=10)
 
-    assert summary["counts"] == {"succeeded": 130}
-    assert set(successes_per_prompt(db_url).values()) == {1}
+    assert summary["counts"] == {"succeeded": 128, "failed": 2}
+    assert rows(db_url, "SELECT custom_id FROM prompts WHERE status = 'failed' ORDER BY position") == [("4",), ("77",)]
+    assert sorted(set(successes_per_prompt(db_url).values())) == [0, 1]
     assert sim.stats()["requests_total"] == 128  # the three identical prompts made one request
     assert dict(rows(db_url, "SELECT route, COUNT(*) FROM results GROUP BY route")) == {"realtime": 128, "reused": 2}
     slices = [n for kind, n in events if kind == "stored"]
-    assert slices[0] == 20 and sum(slices) == 130 and len(slices) > 2
+    assert slices == [10, 10, 20, 40, 50]
     stored_at = [i for i, (kind, _) in enumerate(events) if kind == "stored"]
     assert events.index(("request", 1)) < stored_at[1]  # sending began before the rest was stored
     assert rows(db_url, "SELECT status FROM jobs") == [("finished",)]

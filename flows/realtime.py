@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import logging
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import acreate_progress_artifact, aupdate_progress_artifact
 from prefect.utilities.annotations import quote
 from pydantic import SecretStr
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 import storage
 from llm_dispatch import ConfigError, LLMClient, Settings
@@ -102,63 +105,77 @@ async def dispatch_realtime(
         sessions = storage.session_factory(engine)
         job = await record_prompts(source=quote(source), job_id=job_id, settings=settings, sessions=sessions, head=head)
         recorded_s = time.monotonic() - started
-        if not job.rest:
+        rest = job.rest
+        if not rest:
             await storage.set_job_status(sessions, job_id=job.job_id, status="running")
         outcome = DispatchOutcome()
         async with storage.ResultWriter(sessions, job_id=job.job_id) as writer, LLMClient.from_settings(settings) as client:
-            chunk_size = chunk_size_for(job.total, chunk_size=settings.chunk_size) if job.rest else settings.chunk_size
+            # The slices of a job recorded as it is sent are chunked alike (the first, a chunk per lane,
+            # at the size asked for), and to at most MAX_CHUNKS_PER_RUN together.
+            chunk_size = chunk_size_for(job.total, chunk_size=settings.chunk_size)
             # While the job is recorded, identical requests are grouped once all their prompts are stored.
             held = job.repeated_keys if settings.dedupe else frozenset()
 
-            async def plan(**where: Any) -> RealtimePlan:
+            async def plan(
+                *, size: int = chunk_size, positions: tuple[int, int] | None = None, only_keys: frozenset[str] | None = None
+            ) -> RealtimePlan:
                 return await plan_realtime(
-                    job_id=job.job_id, sessions=sessions, sink=writer, chunk_size=chunk_size,
+                    job_id=job.job_id, sessions=sessions, sink=writer, chunk_size=size,
                     dedupe=settings.dedupe, retry_failed=retry_failed, planned_route=planned_route,
-                    in_flight=in_flight, shard=shard, track_positions=bool(job.specs), **where,
+                    in_flight=in_flight, shard=shard, positions=positions, hold_keys=held if positions else frozenset(),
+                    only_keys=only_keys, track_positions=bool(job.specs),
                 )
 
-            first = await plan(positions=(0, job.stored), hold_keys=held) if job.rest else await plan()
+            first = await plan(size=settings.chunk_size, positions=(0, job.stored)) if rest else await plan(size=settings.chunk_size)
             planned_s = time.monotonic() - started
             logger.info(
                 "job %s: %d unfinished prompts, %d answered from storage, %d requests in %d chunks%s",
                 job.job_id, first.open_prompts, first.reused, first.requests, len(first.chunks),
-                f" (the first {job.stored} of {job.total} prompts; the others follow as they are stored)" if job.rest else "",
+                f" (the first {job.stored} of {job.total} prompts; the others follow as they are stored)" if rest else "",
             )
             progress = current_progress.get()
             # Until every slice is planned, the totals count each unplanned prompt as one request.
-            unplanned = len(job.rest) + first.held
+            unplanned = len(rest) + first.held
             if progress is not None:
                 progress.started_at = time.monotonic()
             send_started_at = time.monotonic()
-            board = _ProgressBoard(job_id=job.job_id, prompts=first.open_prompts - first.reused + unplanned)
+            board = _ProgressBoard(job_id=job.job_id, logger=logger)
             chunks = _Chunks(
                 send=send_chunk.with_options(tags=[settings.concurrency_tag]), client=client, writer=writer,
-                sessions=sessions, per_chunk=per_chunk, lanes=lane_count, chunk_size=chunk_size, outcome=outcome,
+                sessions=sessions, per_chunk=per_chunk, lane_count=lane_count, chunk_size=chunk_size, outcome=outcome,
                 board=board, progress=progress, specs=job.specs,
             )
             reused = first.reused
+            failed: Exception | None = None
             async with asyncio.TaskGroup() as group:
-                board.open(group)
                 chunks.start(group, first, unplanned=unplanned)
-                if job.rest:
+                board.open(group)
+                if rest:
 
                     async def stored(positions: tuple[int, int]) -> None:
                         nonlocal unplanned, reused
-                        more = await plan(positions=positions, hold_keys=held)
+                        more = await plan(positions=positions)
                         unplanned += more.held - (positions[1] - positions[0])
                         reused += more.reused
                         chunks.start(group, more, unplanned=unplanned)
 
-                    if first.chunks:
-                        # Storing the rest takes the event loop by turns: let the first requests go out before.
-                        await chunks.sending.wait()
-                    assert job.recorded_at is not None
-                    await record_rest(job_id=job.job_id, specs=quote(job.rest), sessions=sessions, first_slice=head or 1,
-                                      recorded_at=job.recorded_at, on_stored=stored, then_status="running")
-                    if held:
-                        last = await plan(only_keys=held)
-                        reused += last.reused
-                        chunks.start(group, last, unplanned=0)
+                    try:
+                        if first.chunks:
+                            # Storing the rest takes the event loop by turns: let the first requests go out before.
+                            await chunks.sending.wait()
+                        assert head is not None and job.recorded_at is not None
+                        await record_rest(job_id=job.job_id, specs=quote(rest), sessions=sessions, first_slice=head,
+                                          recorded_at=job.recorded_at, on_stored=stored, then_status="running")
+                        if held:
+                            last = await plan(only_keys=held)
+                            reused += last.reused
+                            chunks.start(group, last, unplanned=0)
+                    except Exception as exc:  # noqa: BLE001 - raised below, once what was started has landed
+                        # Raised here it would cancel requests in flight, paid for, their answers lost.
+                        # The prompts not stored yet leave the job 'recording': the next run stores them.
+                        failed = exc
+            if failed is not None:
+                raise failed
             send_s = time.monotonic() - send_started_at
         counts, stats, _ = await asyncio.gather(storage.job_counts(sessions, job_id=job.job_id),
                                                 storage.result_stats(sessions, job_id=job.job_id), board.close(outcome))
@@ -198,12 +215,12 @@ class _Chunks:
     def __init__(
         self,
         *,
-        send: Any,
+        send: Callable[..., Awaitable[DispatchOutcome]],
         client: LLMClient,
         writer: storage.ResultWriter,
-        sessions: Any,
+        sessions: async_sessionmaker[AsyncSession],
         per_chunk: int,
-        lanes: int,
+        lane_count: int,
         chunk_size: int,
         outcome: DispatchOutcome,
         board: _ProgressBoard,
@@ -215,9 +232,12 @@ class _Chunks:
         self._specs = specs
         self._per_chunk, self._chunk_size, self._outcome = per_chunk, chunk_size, outcome
         self._board, self._progress = board, progress
-        self._lane_count = lanes
-        self._lanes = asyncio.Semaphore(lanes)
-        self._begun = asyncio.Semaphore(lanes + CHUNKS_AHEAD)
+        self._lane_count = lane_count
+        self._lanes = asyncio.Semaphore(lane_count)
+        self._begun = asyncio.Semaphore(lane_count + CHUNKS_AHEAD)
+        # The context chunk tasks start from: the flow run's, whoever calls start() (a slice lands
+        # inside the record-prompts-rest task run, which must not become their parent in the UI).
+        self._context = contextvars.copy_context()
         self._started = self._requests = self._prompts = 0
         # Set once the first chunk is handing out requests.
         self.sending = asyncio.Event()
@@ -234,16 +254,20 @@ class _Chunks:
         self._board.retotal(prompts=self._prompts + unplanned, chunks=self._expected)
         for groups in plan.chunks:
             self._started += 1
-            group.create_task(self._run(self._started, groups, self._requests_of(plan, groups)))
+            run = self._run(number=self._started, groups=groups, requests=self._requests_of(plan, groups))
+            group.create_task(run, context=self._context.copy())
 
     def _requests_of(self, plan: RealtimePlan, groups: list[tuple[int, ...]]) -> dict[int, ChatRequest] | None:
         if not self._specs:
             return None
-        specs = (self._specs[plan.positions[ids[0]]] for ids in groups)
-        return {ids[0]: ChatRequest(model=spec.model, messages=spec.messages, params=spec.params)
-                for ids, spec in zip(groups, specs)}
+        requests = {}
+        for ids in groups:
+            spec = self._specs[plan.positions[ids[0]]]
+            assert spec.position == plan.positions[ids[0]], "specs must be the job's prompts in input order"
+            requests[ids[0]] = ChatRequest(model=spec.model, messages=spec.messages, params=spec.params)
+        return requests
 
-    async def _run(self, number: int, groups: list[tuple[int, ...]], requests: dict[int, ChatRequest] | None) -> None:
+    async def _run(self, *, number: int, groups: list[tuple[int, ...]], requests: dict[int, ChatRequest] | None) -> None:
         await self._begun.acquire()
         if number > self._lane_count:
             # A chunk begun ahead loads its rows once the first requests are out, not in their way.
@@ -279,21 +303,33 @@ class _Chunks:
 
 
 class _ProgressBoard:
-    """The real-time half's progress artifact in the Prefect UI, updated as each chunk ends."""
+    """The real-time half's progress artifact in the Prefect UI, updated as chunks end.
+
+    Best effort: an artifact the Prefect API refuses is logged and given up, never allowed to stop
+    the requests in flight (their answers are paid for).
+    """
 
     # Each update is a write to the Prefect API; on a SQLite-backed server writes contend (503s, 2 s back-offs).
     MIN_INTERVAL = 2.0
 
-    def __init__(self, *, job_id: str, prompts: int) -> None:
-        self._job_id, self._prompts, self._chunks, self._finished = job_id, prompts, 0, 0
+    def __init__(self, *, job_id: str, logger: logging.Logger | logging.LoggerAdapter[logging.Logger]) -> None:
+        self._job_id, self._logger = job_id, logger
+        self._prompts = self._chunks = self._finished = 0
         self._artifact: asyncio.Task[Any] | None = None
         self._last = time.monotonic()
 
     def open(self, group: asyncio.TaskGroup) -> None:
         """Create the artifact in ``group``, alongside the first requests rather than before them."""
         if self._prompts:
-            self._artifact = group.create_task(acreate_progress_artifact(
-                progress=0.0, description=f"job {self._job_id}: real-time, {self._prompts} prompts"))
+            self._artifact = group.create_task(self._create())
+
+    async def _create(self) -> Any:
+        try:
+            return await acreate_progress_artifact(
+                progress=0.0, description=f"job {self._job_id}: real-time, {self._prompts} prompts")
+        except Exception as exc:  # noqa: BLE001 - a progress display must not stop the run
+            self._logger.warning("no progress artifact for job %s: %s", self._job_id, exc)
+            return None
 
     def retotal(self, *, prompts: int, chunks: int) -> None:
         """The run's totals as far as known (they settle once every slice of a new job is planned)."""
@@ -310,12 +346,16 @@ class _ProgressBoard:
         await self._show(outcome)
 
     async def _show(self, outcome: DispatchOutcome) -> None:
-        if self._artifact is None:
+        artifact = await self._artifact if self._artifact is not None else None
+        if artifact is None:
             return
         self._last = time.monotonic()
         done = outcome.succeeded + outcome.failed
-        await aupdate_progress_artifact(
-            artifact_id=await self._artifact, progress=min(100.0, 100.0 * done / max(1, self._prompts)),
-            description=(f"real-time: {outcome.succeeded} succeeded / {outcome.failed} failed / {self._prompts} "
-                         f"prompts; {self._finished} of {self._chunks} chunks done"),
-        )
+        try:
+            await aupdate_progress_artifact(
+                artifact_id=artifact, progress=min(100.0, 100.0 * done / max(1, self._prompts)),
+                description=(f"real-time: {outcome.succeeded} succeeded / {outcome.failed} failed / {self._prompts} "
+                             f"prompts; {self._finished} of {self._chunks} chunks done"),
+            )
+        except Exception as exc:  # noqa: BLE001 - a progress display must not stop the run
+            self._logger.warning("progress artifact of job %s not updated: %s", self._job_id, exc)

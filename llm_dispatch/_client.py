@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 import json as _json
 import logging
-import ssl
 import random as _random
+import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass

@@ -152,7 +152,7 @@ _PROMPT_COLUMNS = (
 def _insert_prompts_sql(dialect: Any, *, skip_existing: bool) -> str:
     marks = placeholders(dialect, len(_PROMPT_COLUMNS))
     sql = f"INSERT INTO prompts ({', '.join(_PROMPT_COLUMNS)}) VALUES ({', '.join(marks)})"
-    # Standard on both SQLite (3.24+) and PostgreSQL: a row whose (job_id, custom_id) is stored already is left as it is.
+    # PostgreSQL's upsert clause, which SQLite (3.24+) reads too: a row whose (job_id, custom_id) is stored stays as it is.
     return sql + " ON CONFLICT (job_id, custom_id) DO NOTHING" if skip_existing else sql
 
 
@@ -174,8 +174,9 @@ async def add_prompts(
     A ``custom_id`` seen twice in one job raises ``IntegrityError`` and stores nothing, unless
     ``skip_existing``: then a prompt whose id the job has already is left as stored (finishing a
     recording that was cut off, or that another run is finishing too).
-    ``then_status`` sets the job's status in the same transaction: the last slice of a job being
-    recorded moves it on from ``recording`` only together with its prompts.
+    ``then_status`` moves a job that is ``recording`` on to it in the same transaction, so the
+    status changes only together with the last of its prompts (a job in another status keeps it:
+    another run may have finished the recording and moved on).
     """
     if then_status is not None and then_status not in JOB_STATUSES:
         raise ValueError(f"unknown job status {then_status!r}; expected one of {JOB_STATUSES}")
@@ -203,9 +204,9 @@ async def add_prompts(
             await conn.exec_driver_sql(sql, rows)  # type: ignore[arg-type]
             total += len(rows)
         if then_status is not None:
-            done = await session.execute(update(Job).where(Job.id == job_id).values(status=then_status, updated_at=now))
-            if done.rowcount == 0:
-                raise LookupError(f"no job with id {job_id!r}")
+            await session.execute(
+                update(Job).where(Job.id == job_id, Job.status == "recording").values(status=then_status, updated_at=now)
+            )
     return total
 
 

@@ -123,8 +123,10 @@ class ResultWriter:
         if self._error is not None and exc is None:
             raise self._error
 
-    async def success(self, *, prompt_ids: Sequence[int], result: ChatResult, route: Route = "realtime") -> None:
+    async def success(self, *, prompt_ids: Sequence[int], result: ChatResult, route: str = "realtime") -> None:
         """Record one answer for these prompts (one request answered identical prompts).
+
+        ``route`` is one of ``ROUTES`` (a plain str, as the core's ``ResultSink`` has it; checked here).
 
         The first id gets ``route``; the others get ``reused`` and no attempts, since the
         call was made (and paid) once. With ``route="reused"`` (a stored answer) no id
@@ -204,7 +206,7 @@ class ResultWriter:
 
     # --- internals ------------------------------------------------------------------
 
-    async def _add(self, rows: list[tuple[int, dict[str, Any], str, int, str | None, bool | None]]) -> None:
+    async def _add(self, rows: Sequence[tuple[int, dict[str, Any], str, int, str | None, bool | None]]) -> None:
         self._raise_if_broken()
         if self._task is None or self._closing:
             raise RuntimeError("use the ResultWriter as `async with ResultWriter(...) as writer:`")

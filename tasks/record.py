@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -126,6 +127,9 @@ async def record_prompts(
         if job is None:
             raise ConfigError(f"no job {existing!r} to resume in {database}")
         if job.status == "recording":
+            if job.fingerprint != digest:
+                raise ConfigError(f"job {existing} was cut off while recording other prompts than this input's: "
+                                  "run its own input again, or this input without the job id")
             job = await _finish_recording(sessions, job=job, specs=specs, rules=rules, logger=logger)
         logger.info("input already recorded as job %s: resuming it (only unfinished prompts are sent)", existing)
         return RecordedJob(job_id=existing, total=sum(job.counts.values()), resumed=True)
@@ -139,11 +143,13 @@ async def record_prompts(
         input_path=input_path,
         model=settings.model,
         settings=settings.public_dict(),
-        status="recording" if split else "created",
+        # Until its prompts are stored: a run killed in between leaves a job the next run completes.
+        status="recording",
     )
     now = datetime.now(UTC)
     if not split:
-        await storage.add_prompts(sessions, job_id=new_id, prompts=new_prompts(specs, rules=rules, now=now))
+        await storage.add_prompts(sessions, job_id=new_id, prompts=new_prompts(specs, rules=rules, now=now),
+                                  then_status="created")
         logger.info("recorded job %s: %d prompts", new_id, len(specs))
         return RecordedJob(job_id=new_id, total=len(specs), resumed=False)
     assert head is not None
@@ -162,16 +168,16 @@ async def record_rest(
     sessions: async_sessionmaker[AsyncSession],
     first_slice: int,
     recorded_at: datetime,
+    then_status: storage.JobStatus,
     rules: RoutingRules | None = None,
     on_stored: Callable[[tuple[int, int]], Awaitable[None]] | None = None,
-    then_status: storage.JobStatus = "created",
 ) -> int:
     """Store the prompts ``record_prompts`` left for later (``RecordedJob.rest``); returns how many.
 
     They go in slices of ``first_slice`` prompts, growing, each its own transaction, routed by
     ``rules`` as of ``recorded_at`` like the first ones. After each, ``on_stored((start, stop))``
     gets the input positions it held, so their prompts can be sent while the next slice is stored.
-    The last slice moves the job to ``then_status``.
+    The last slice moves the job on from ``recording`` to ``then_status``.
     """
     if first_slice < 1:
         raise ValueError("first_slice must be at least 1")
@@ -207,11 +213,14 @@ async def _finish_recording(
     job: storage.JobInfo,
     specs: Sequence[PromptSpec],
     rules: RoutingRules | None,
-    logger: Any,
+    logger: logging.Logger | logging.LoggerAdapter[logging.Logger],
 ) -> storage.JobInfo:
-    """Store the prompts a cut-off recording left out (those stored stay as they are); the job as it is now."""
+    """Store the prompts a cut-off recording left out (those stored stay as they are); the job as it is now.
+
+    Relative deadlines count from when the job was created, as they did for the prompts stored then.
+    """
     stored = sum(job.counts.values())
-    await storage.add_prompts(sessions, job_id=job.id, prompts=new_prompts(specs, rules=rules, now=datetime.now(UTC)),
+    await storage.add_prompts(sessions, job_id=job.id, prompts=new_prompts(specs, rules=rules, now=job.created_at),
                               skip_existing=True, then_status="created")
     logger.warning("job %s was cut off while its prompts were being recorded: %d of %d were stored, now all are",
                    job.id, stored, len(specs))

@@ -182,6 +182,41 @@ async def test_recording_cut_off_is_finished_by_the_next_run(prefect_api: str, s
     assert again["job_id"] == job_id and sim.stats()["requests_total"] == 30
 
 
+async def test_recording_failing_midway_keeps_every_answer_already_paid(
+    prefect_api: str, sim: Sim, db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Storing a slice fails while requests are in flight: they land and are kept, the run then
+    fails saying why, and the next run stores the rest and sends only what has no answer."""
+    from sqlalchemy.exc import OperationalError
+
+    path = write_prompts(tmp_path / "p.jsonl", [{"id": i, "prompt": f"question {i}"} for i in range(60)])
+    add_prompts = storage.add_prompts
+    calls = 0
+
+    async def disk_full(*args: object, **kwargs: object) -> int:
+        nonlocal calls
+        calls += 1
+        if calls == 3:  # the head, the first slice, then this
+            raise OperationalError("INSERT INTO prompts", {}, Exception("database or disk is full"))
+        return await add_prompts(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(storage, "add_prompts", disk_full)
+    sim.configure(latency=0.1)
+    with pytest.raises(OperationalError, match="disk is full"):
+        await realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=db_url, concurrency=4, chunk_size=10)
+
+    sent = sim.stats()["requests_total"]
+    assert sent >= 10
+    assert rows(db_url, "SELECT status, COUNT(*) FROM prompts GROUP BY status") == [("succeeded", sent)]
+    assert rows(db_url, "SELECT status FROM jobs") == [("recording",)]
+
+    monkeypatch.setattr(storage, "add_prompts", add_prompts)
+    summary = await realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=db_url)
+    assert summary["resumed"] and summary["counts"] == {"succeeded": 60}
+    assert set(successes_per_prompt(db_url).values()) == {1}
+    assert sim.stats()["requests_total"] == 60
+
+
 async def test_recording_cut_off_without_its_file_says_how_to_go_on(prefect_api: str, sim: Sim, db_url: str) -> None:
     from llm_dispatch import ConfigError
 
@@ -265,7 +300,9 @@ async def test_flow_on_postgres(prefect_api: str, sim: Sim, tmp_path: Path) -> N
     path = write_prompts(tmp_path / "p.jsonl", [{"id": i, "prompt": f"{marker} {i}"} for i in range(50)]
                          + [{"id": "bad", "prompt": f"{marker} [[sim:400]]"}])
 
-    summary = await realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=url)
+    # Chunks of 10 at 4 at once: the first 10 prompts are stored, the other 41 in slices as they go out.
+    summary = await realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=url, concurrency=4,
+                                      chunk_size=10)
     again = await realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=url)
 
     assert summary["counts"] == {"succeeded": 50, "failed": 1}

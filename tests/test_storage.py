@@ -459,13 +459,13 @@ async def test_recording_in_slices_moves_on_with_the_last_slice(sessions: Sessio
     ids_after = await prompt_ids(sessions, job_id)
     assert {c: ids_after[c] for c in ids_before} == ids_before
 
-    # Without skip_existing a stored id is still an error, and the status does not move.
+    # Without skip_existing a stored id is still an error. A job no longer recording keeps its status.
     with pytest.raises(IntegrityError):
-        await storage.add_prompts(sessions, job_id=job_id, prompts=prompts[:1], then_status="running")
+        await storage.add_prompts(sessions, job_id=job_id, prompts=prompts[:1])
+    await storage.set_job_status(sessions, job_id=job_id, status="finished")
+    await storage.add_prompts(sessions, job_id=job_id, prompts=prompts, skip_existing=True, then_status="running")
     job = await storage.get_job(sessions, job_id=job_id)
-    assert job is not None and job.status == "created"
-    with pytest.raises(LookupError):
-        await storage.add_prompts(sessions, job_id="no-such-job", prompts=[], then_status="running")
+    assert job is not None and (job.status, job.counts) == ("finished", {"pending": 10})
     with pytest.raises(ValueError, match="unknown job status"):
         await storage.create_job(sessions, name="x", fingerprint="x", input_path=None, model="m", settings={},
                                  status="half-done")  # type: ignore[arg-type]

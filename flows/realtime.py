@@ -126,7 +126,7 @@ async def dispatch_realtime(
                     only_keys=only_keys, track_positions=bool(job.specs),
                 )
 
-            first = await plan(size=settings.chunk_size, positions=(0, job.stored)) if rest else await plan(size=settings.chunk_size)
+            first = await plan(size=settings.chunk_size, positions=(0, job.stored) if rest else None)
             planned_s = time.monotonic() - started
             logger.info(
                 "job %s: %d unfinished prompts, %d answered from storage, %d requests in %d chunks%s",

@@ -10,10 +10,10 @@ baselines (over the same bytes the path downloaded). Medians over the repeats ar
 Per repeat, the batch path does:
 
 1. setup (not a target): ``storage.create_job`` + ``storage.add_prompts`` (every prompt routed ``batch``);
-2. submit (target <= 15 s): ``tasks.batch_submit.submit_prompts``: read the prompts, look for reusable
+2. submit (target <= 15 s): ``jobs.submit_prompts``: read the prompts, look for reusable
    answers, write the JSONL files (2 x 50,000 lines at OpenAI's limits), record the batches, upload, create;
 3. wait (not a target): ``poll_batch`` until every batch is terminal;
-4. ingest (target >= 20,000 rows/s): ``tasks.batch_collect.ingest_batch`` over every batch, output download
+4. ingest (target >= 20,000 rows/s): ``jobs.ingest_batch`` over every batch, output download
    included (timed apart as well); then ``storage.job_counts`` must say every prompt succeeded.
 
 Peak RSS (target <= 400 MB) is the batch-path child's ``ru_maxrss``; the simulator's is its own process's.
@@ -179,8 +179,8 @@ async def batch_path(
 
     import storage
     from llm_dispatch import BatchLimits, LLMClient
-    from tasks.batch_collect import ingest_batch, poll_batch
-    from tasks.batch_submit import submit_prompts
+    from jobs import ingest_batch, poll_batch
+    from jobs import submit_prompts
 
     logging.basicConfig(level=logging.WARNING)
     profiler = _Profile(profile)

@@ -18,8 +18,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from llm_dispatch import InputError, LLMDispatchError, Settings
-from llm_dispatch._dispatch import Progress, current_progress
+from llm_dispatch import InputError, LLMDispatchError, Progress, Settings, current_progress
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Send many prompts to LLM APIs through Prefect flows.")
 err = Console(stderr=True)
@@ -81,7 +80,7 @@ def run(
                          database_url=database_url, route_policy=route,
                          prices_file=str(prices_file) if prices_file else None)
     if prices_file is not None:
-        from llm_dispatch._pricing import PriceTable
+        from llm_dispatch import PriceTable
 
         try:
             PriceTable.load(path=prices_file)
@@ -89,7 +88,7 @@ def run(
             raise _fail(str(exc)) from None
 
     if file is not None:
-        from tasks.record import load_specs
+        from jobs import load_specs
 
         try:
             specs = load_specs(file, settings=settings)  # the whole file, before anything is sent or written

@@ -16,9 +16,8 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 import storage
-from llm_dispatch import ConfigError, Settings
-from llm_dispatch._pricing import PriceTable
-from tasks.costs import actual_cost, money
+from llm_dispatch import ConfigError, PriceTable, Settings
+from jobs import actual_cost, money
 
 Sessions = async_sessionmaker[AsyncSession]
 
@@ -39,12 +38,9 @@ def require_database(settings: Settings) -> None:
 @asynccontextmanager
 async def _database(settings: Settings) -> AsyncIterator[Sessions]:
     require_database(settings)
-    engine = storage.create_engine(settings.database_url)
-    try:
-        await storage.migrate(engine)  # an older database is brought up to date, as a run would
-        yield storage.session_factory(engine)
-    finally:
-        await engine.dispose()
+    # An older database is brought up to date, as a run would.
+    async with storage.open_database(settings.database_url) as sessions:
+        yield sessions
 
 
 async def _job_id(sessions: Sessions, job_id: str | None) -> str | None:

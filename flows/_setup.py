@@ -1,14 +1,17 @@
 """What a flow does before its work: the API key from a Secret block, the concurrency limit on the
-real-time tag, and the process's garbage collector."""
+real-time tag, the process's garbage collector; and the names its runs get in the Prefect UI."""
 
 from __future__ import annotations
 
 import gc
 import logging
+from pathlib import Path
 
 from pydantic import SecretStr
 
 from llm_dispatch import ConfigError, Settings
+
+Logger = logging.Logger | logging.LoggerAdapter  # type: ignore[type-arg]
 
 # Allocations between young-generation collections (CPython's default: 700).
 GC_THRESHOLD = 10_000
@@ -39,7 +42,7 @@ async def with_api_key(settings: Settings) -> Settings:
     return settings.model_copy(update={"api_key": SecretStr(value), "api_key_block": None})
 
 
-async def ensure_tag_limit(settings: Settings, *, logger: logging.Logger | logging.LoggerAdapter) -> int | None:  # type: ignore[type-arg]
+async def ensure_tag_limit(settings: Settings, *, logger: Logger) -> int | None:
     """The concurrency limit on ``concurrency_tag``, created with ``tag_limit`` when missing; None if there is none.
 
     An existing limit is left as it is (adjust it with ``prefect concurrency-limit``).
@@ -68,17 +71,37 @@ def tune_gc() -> bool:
     """Make garbage collection cheap in a flow process; once per process. Returns whether it acted.
 
     A flow process holds Prefect, SQLAlchemy, pydantic and aiohttp: a few hundred thousand long-lived
-    objects that every full collection walks again. Measured here (bench/realtime.py, 10,000 requests
-    at concurrency 400): collections took ~3.8 s of a ~10 s run. Freezing what exists at start-up
-    (those objects stay alive anyway; reference counting still frees them) and collecting the young
-    generation every 10,000 allocations instead of 700 cut that to ~0.7 s.
+    objects that every full collection would walk again, while a sender allocates fast. What exists
+    at start-up stays alive anyway (reference counting still frees it), so it is frozen out of the
+    collector's view, and the young generation is collected less often.
     """
     threshold, *older = gc.get_threshold()
     if threshold >= GC_THRESHOLD:
         return False
-    # The young generations only (milliseconds; a full collection of this heap takes ~0.1 s): older
-    # garbage, if any, is frozen with the rest, a one-time cost bounded by what exists now.
+    # Young generations only: older garbage, if any, is frozen with the rest, a one-time cost.
     gc.collect(1)
     gc.freeze()
     gc.set_threshold(GC_THRESHOLD, *older)
     return True
+
+
+async def prepare(settings: Settings, *, logger: Logger, tag_limit: bool = False) -> Settings:
+    """Everything a flow does before its recipe: the key resolved, the tag limit ensured (``tag_limit``), cheap GC."""
+    settings = await with_api_key(settings)
+    if tag_limit:
+        await ensure_tag_limit(settings, logger=logger)
+    tune_gc()
+    return settings
+
+
+def input_run_name() -> str:
+    """A flow run named after what it works on: the input file, the prompts given, or the job."""
+    from prefect.runtime import flow_run
+
+    parameters = flow_run.parameters
+    source, job_id = parameters.get("prompts"), parameters.get("job_id")
+    if isinstance(source, str):
+        return Path(source).name
+    if isinstance(source, list):
+        return f"{len(source)} prompts"
+    return f"job {job_id}" if job_id else "no input"

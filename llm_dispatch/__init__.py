@@ -10,6 +10,9 @@ from ._exceptions import (
     APITimeoutError,
     AuthenticationError,
     BadRequestError,
+    BatchCancelledError,
+    BatchFailedError,
+    BatchLineError,
     ConfigError,
     ConflictError,
     InputError,
@@ -19,6 +22,7 @@ from ._exceptions import (
     PermissionDeniedError,
     RateLimitError,
     UnprocessableEntityError,
+    status_error_class,
 )
 from ._batch_files import BatchFile, BatchLine, read_batch_output, write_batch_files
 from ._batch_types import (
@@ -40,13 +44,40 @@ from ._client import (
     LLMClient,
     default_transport,
 )
+from ._dispatch import ChatSender, DispatchOutcome, Progress, ResultSink, WorkItem, current_progress, send_all
+from ._inputs import PromptSpec, fingerprint, parse_prompt_dicts, read_prompts
 from ._limits import AdaptiveLimiter, RateLimiter, SharedPause
+from ._pricing import CostTotals, PriceTable, estimate_request_cost
+from ._routing import RoutingRules, decide_route, parse_deadline, prompt_chars
 from ._settings import Settings
 from ._simulator import Simulator, SimulatorConfig, serve as serve_simulator
 from ._tokens import estimate_prompt_tokens, estimate_request_tokens
-from ._types import ChatRequest, ChatResult
+from ._types import ChatRequest, ChatResult, dedupe_key
 
 __all__ = [
+    "BatchCancelledError",
+    "BatchFailedError",
+    "BatchLineError",
+    "ChatSender",
+    "CostTotals",
+    "DispatchOutcome",
+    "PriceTable",
+    "Progress",
+    "PromptSpec",
+    "ResultSink",
+    "RoutingRules",
+    "WorkItem",
+    "current_progress",
+    "decide_route",
+    "dedupe_key",
+    "estimate_request_cost",
+    "fingerprint",
+    "parse_deadline",
+    "parse_prompt_dicts",
+    "prompt_chars",
+    "read_prompts",
+    "send_all",
+    "status_error_class",
     "DEFAULT_BATCH_LIMITS",
     "OPENAI_BATCH_LIMITS",
     "BatchFile",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
@@ -97,6 +97,20 @@ class Settings(BaseSettings):
         if self.chunk_concurrency is None:
             self.chunk_concurrency = self.concurrency
         return self
+
+    @classmethod
+    def with_overrides(cls, **overrides: Any) -> Settings:
+        """Settings from the environment with the values given on top; ``None`` means not given.
+
+        A ``SecretStr`` (how flows take the database URL, so the Prefect API shows it masked) is
+        unwrapped here, at the edge, and nowhere else.
+        """
+        values = {
+            key: value.get_secret_value() if isinstance(value, SecretStr) and key != "api_key" else value
+            for key, value in overrides.items()
+            if value is not None
+        }
+        return cls(**values)
 
     @property
     def per_chunk_concurrency(self) -> int:

@@ -22,7 +22,7 @@ from ._batches import (
     store_batch_answers,
     update_batch,
 )
-from ._engine import DATABASE_URL_ENV, create_engine, session_factory
+from ._engine import DATABASE_URL_ENV, create_engine, open_database, session_factory
 from ._migrate import migrate
 from ._models import Base, Batch, BatchMember, Job, Prompt, Result
 from ._queries import (
@@ -50,12 +50,14 @@ from ._status import (
     RESULT_STATUSES,
     ROUTES,
     TERMINAL_PROVIDER_BATCH_STATUSES,
+    UNFINISHED_PROMPT_STATUSES,
     BatchStatus,
     JobStatus,
     PromptStatus,
     ResultStatus,
     RetryFailed,
     Route,
+    unfinished,
 )
 from ._reports import (
     ExportRow,
@@ -80,6 +82,7 @@ __all__ = [
     "RESULT_STATUSES",
     "ROUTES",
     "TERMINAL_PROVIDER_BATCH_STATUSES",
+    "UNFINISHED_PROMPT_STATUSES",
     "Base",
     "Batch",
     "BatchConflictError",
@@ -127,6 +130,7 @@ __all__ = [
     "mark_in_flight",
     "migrate",
     "open_batches",
+    "open_database",
     "open_prompt_ids",
     "open_prompts",
     "release_members",
@@ -136,5 +140,6 @@ __all__ = [
     "set_job_status",
     "set_planned_route",
     "store_batch_answers",
+    "unfinished",
     "update_batch",
 ]

@@ -16,10 +16,9 @@ from sqlalchemy import func, insert, select, update
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from llm_dispatch._exceptions import LLMDispatchError
 
-from llm_dispatch._types import ChatResult
 
+from llm_dispatch import ChatResult, LLMDispatchError
 from ._bulk import bind_value, placeholders
 from ._models import Batch, BatchMember, Prompt, Result, utcnow
 from ._queries import IN_CHUNK, INSERT_BATCH, _aware, _chunks

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +20,9 @@ try:
 except ImportError:  # SQLAlchemy 2.0
     from sqlalchemy.util import await_only as await_
 
-from llm_dispatch._exceptions import ConfigError
+from llm_dispatch import ConfigError
 
-__all__ = ["DATABASE_URL_ENV", "SQLITE_BUSY_TIMEOUT_MS", "create_engine", "session_factory"]
+__all__ = ["DATABASE_URL_ENV", "SQLITE_BUSY_TIMEOUT_MS", "create_engine", "open_database", "session_factory"]
 
 DATABASE_URL_ENV = "LLM_DISPATCH_DATABASE_URL"
 # Several flow runs (processes) may write one SQLite file; a writer waits this long for
@@ -129,3 +131,18 @@ def _enable_wal(cursor: Any) -> None:
         # We run inside SQLAlchemy's greenlet bridge: sleep without blocking the event loop.
         await_(asyncio.sleep(_WAL_RETRY_SECONDS))
     cursor.execute("PRAGMA journal_mode=WAL")
+
+
+@asynccontextmanager
+async def open_database(url: str, *, migrate: bool = True) -> AsyncIterator[async_sessionmaker[AsyncSession]]:
+    """Sessions on the database at ``url``, its schema brought to the newest migration first (unless
+    ``migrate`` is False); the engine is disposed of on the way out. The one way a run opens its database."""
+    from ._migrate import migrate as upgrade
+
+    engine = create_engine(url)
+    try:
+        if migrate:
+            await upgrade(engine)
+        yield session_factory(engine)
+    finally:
+        await engine.dispose()

@@ -11,7 +11,7 @@ from typing import Any, TypedDict, TypeVar, Unpack, get_args
 from sqlalchemy import and_, case, func, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from llm_dispatch._types import ChatResult
+from llm_dispatch import ChatResult
 
 from ._bulk import bind_processor, bind_value, placeholders
 from ._models import Job, Prompt, Result, new_job_id, utcnow

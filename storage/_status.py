@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Final, Literal, get_args
 
 __all__ = [
@@ -12,12 +13,14 @@ __all__ = [
     "RESULT_STATUSES",
     "ROUTES",
     "TERMINAL_PROVIDER_BATCH_STATUSES",
+    "UNFINISHED_PROMPT_STATUSES",
     "BatchStatus",
     "JobStatus",
     "PromptStatus",
     "ResultStatus",
     "RetryFailed",
     "Route",
+    "unfinished",
 ]
 
 # "recording": the job exists and its prompts are being stored, a slice at a time while the first ones
@@ -60,3 +63,10 @@ BATCH_STATUSES: Final[tuple[BatchStatus, ...]] = get_args(BatchStatus)
 OPEN_PROVIDER_BATCH_STATUSES: Final[tuple[BatchStatus, ...]] = ("validating", "in_progress", "finalizing", "cancelling")
 # The provider is done with these: fetch whatever output and error files there are, then ingest.
 TERMINAL_PROVIDER_BATCH_STATUSES: Final[tuple[BatchStatus, ...]] = ("completed", "failed", "expired", "cancelled")
+# Prompts without a final outcome yet: a job with any of these is not finished.
+UNFINISHED_PROMPT_STATUSES: Final[tuple[PromptStatus, ...]] = ("pending", "in_flight", "batched")
+
+
+def unfinished(counts: Mapping[str, int]) -> int:
+    """How many prompts of ``counts`` (prompts per status) have no final outcome yet."""
+    return sum(counts.get(status, 0) for status in UNFINISHED_PROMPT_STATUSES)

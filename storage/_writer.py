@@ -16,8 +16,8 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from llm_dispatch._types import ChatResult
 
+from llm_dispatch import ChatResult
 from ._bulk import bind_processor, bind_value, placeholders
 from ._models import Prompt, Result, utcnow
 from ._queries import mark_in_flight

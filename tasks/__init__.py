@@ -1,26 +1,18 @@
-"""Prefect tasks: each does one step over the core and storage (``verb_noun``).
-
-``batch_submit`` and ``batch_collect`` hold the Batch API steps as plain async code (no Prefect);
-``batch`` wraps them as tasks.
-"""
+"""Prefect tasks, one step each over ``jobs`` (``verb_noun``): what a flow run shows in the Prefect UI."""
 
 from __future__ import annotations
 
-from .batch import finish_submission, ingest, submit_batches
-from .realtime import send_chunk
-from .plan import RealtimePlan, chunk_size_for, plan_realtime
-from .record import RecordedJob, record_prompts, record_rest, routing_rules
+from .batch import cancel_batches, finish_submission, ingest_batch, poll_batch, submit_batches
+from .realtime import chunk_sender, send_chunk
+from .record import record_prompts
 
 __all__ = [
-    "RealtimePlan",
-    "RecordedJob",
-    "chunk_size_for",
+    "cancel_batches",
+    "chunk_sender",
     "finish_submission",
-    "ingest",
-    "plan_realtime",
+    "ingest_batch",
+    "poll_batch",
     "record_prompts",
-    "record_rest",
-    "routing_rules",
     "send_chunk",
     "submit_batches",
 ]

@@ -86,7 +86,7 @@ async def test_dispatch_routes_each_prompt_sends_both_halves_and_reports_cost(
     async with get_client() as client:
         artifacts = await client.read_artifacts(limit=200)
     by_key = {a.key: a for a in artifacts if a.key}
-    key = f"dispatch-{summary['job_id'][:8]}"
+    key = f"dispatch-{summary['job_id']}"
     table, report = by_key[f"{key}-routes"], by_key[f"{key}-report"]
     # The wait-for-batch sub-flow kept a progress artifact; it ended at 100%.
     bars = [a for a in artifacts if a.type == "progress" and "completed 3 / failed 0 / total 3" in (a.description or "")]

@@ -18,8 +18,8 @@ from conftest import Sim
 from llm_dispatch import LLMClient
 from llm_dispatch._types import dedupe_key
 from storage import Prompt, Result
-from tasks.batch_collect import ingest_batch, poll_batch
-from tasks.batch_submit import BATCH_ID_KEY, JOB_ID_KEY, advance_submission, submit_prompts
+from jobs import ingest_batch, poll_batch
+from jobs import BATCH_ID_KEY, JOB_ID_KEY, advance_submission, submit_prompts
 
 Sessions = async_sessionmaker[AsyncSession]
 

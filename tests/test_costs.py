@@ -11,7 +11,7 @@ import pytest
 import storage
 from llm_dispatch._pricing import PriceTable
 from llm_dispatch._types import ChatResult, dedupe_key
-from tasks.costs import actual_cost, estimate_cost
+from jobs import actual_cost, estimate_cost
 
 M = 1_000_000
 

@@ -1,4 +1,4 @@
-"""The layering holds: core <- storage <- tasks <- flows <- cli; nothing lower imports anything higher."""
+"""The layering holds: core <- storage <- jobs <- tasks <- flows <- cli; nothing lower imports anything higher."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).parent.parent
-LAYERS = ["llm_dispatch", "storage", "tasks", "flows", "cli"]
+LAYERS = ["llm_dispatch", "storage", "jobs", "tasks", "flows", "cli"]
 # The core stays free of Prefect so it is quick to import and reusable outside flows.
-FORBIDDEN_EXTRA = {"llm_dispatch": {"prefect"}, "storage": {"prefect"}}
+FORBIDDEN_EXTRA = {"llm_dispatch": {"prefect"}, "storage": {"prefect"}, "jobs": {"prefect"}}
 
 
 def imported_top_levels(path: Path) -> set[str]:

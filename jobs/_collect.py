@@ -26,12 +26,14 @@ from typing import Any, Final
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 import storage
-from llm_dispatch import BatchInfo, LLMClient, read_batch_output
-from llm_dispatch._batch_files import BatchLine
-from llm_dispatch._exceptions import (
+from llm_dispatch import (
     BatchCancelledError,
     BatchFailedError,
+    BatchInfo,
+    BatchLine,
     BatchLineError,
+    LLMClient,
+    read_batch_output,
     status_error_class,
 )
 
@@ -271,7 +273,7 @@ async def cancel_batches(*, sessions: Sessions, client: LLMClient, job_id: str) 
     than sent again. What it answered before stopping is still ingested (and was billed). A batch
     never created at the provider is set ``cancelled`` at once.
     """
-    from .batch_submit import find_provider_batch  # the one place cancel needs submission's lookup
+    from ._submit import find_provider_batch  # the one place cancel needs submission's lookup
 
     cancelled = []
     for record in await storage.open_batches(sessions, job_id=job_id):

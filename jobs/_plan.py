@@ -1,4 +1,5 @@
-"""Task: decide what a real-time run must still send: reuse stored answers, group identical requests, chunk."""
+"""Planning a real-time run: what is still to send, answered from storage where it can be, identical
+requests grouped, the rest cut into chunks."""
 
 from __future__ import annotations
 
@@ -7,12 +8,12 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from prefect import get_run_logger, task
-from prefect.cache_policies import NO_CACHE
+import logging
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 import storage
-from llm_dispatch._dispatch import ResultSink
+from llm_dispatch import ResultSink
+logger = logging.getLogger(__name__)
 
 # Prefect task runs cost tens of milliseconds and a server round-trip each: keep a run to a few hundred.
 MAX_CHUNKS_PER_RUN = 200
@@ -48,7 +49,6 @@ def chunk_groups(groups: Sequence[tuple[int, ...]], *, chunk_size: int, max_chun
     return [list(groups[start : start + size]) for start in range(0, len(groups), size)]
 
 
-@task(name="plan-realtime", cache_policy=NO_CACHE)
 async def plan_realtime(
     *,
     job_id: str,
@@ -68,13 +68,12 @@ async def plan_realtime(
     """Find the job's unfinished prompts (of ``planned_route`` only, if given); answer what storage
     already has; group and chunk the rest.
 
-    For a job sent while it is being recorded (see ``record_rest``), one slice at a time:
+    For a job sent while it is being recorded (see ``store_rest``), one slice at a time:
     ``positions=(start, stop)`` plans only the prompts at those input positions, leaving out (when
     grouping identical requests) those making a request in ``hold_keys``, whose other prompts may
     not be stored yet; ``only_keys`` plans just the prompts making those requests.
     ``track_positions`` fills ``RealtimePlan.positions``, for a caller holding the prompts in memory.
     """
-    logger = get_run_logger()
     found = await storage.open_prompts(sessions, job_id=job_id, retry_failed=retry_failed,
                                        planned_route=planned_route, in_flight=in_flight,
                                        shard=shard, positions=positions, dedupe_keys=only_keys)

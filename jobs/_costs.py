@@ -10,8 +10,7 @@ from typing import Any, Literal
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 import storage
-from llm_dispatch._pricing import CostTotals, PriceTable, estimate_request_cost
-from llm_dispatch._types import ChatRequest
+from llm_dispatch import ChatRequest, CostTotals, PriceTable, estimate_request_cost
 
 __all__ = ["JobCost", "actual_cost", "estimate_cost", "money"]
 

@@ -28,8 +28,7 @@ from typing import Final
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 import storage
-from llm_dispatch import BatchInfo, BatchLimits, LLMClient, NotFoundError, write_batch_files
-from llm_dispatch._types import ChatRequest
+from llm_dispatch import BatchInfo, BatchLimits, ChatRequest, LLMClient, NotFoundError, write_batch_files
 
 __all__ = [
     "BATCH_ID_KEY",

@@ -1,0 +1,151 @@
+"""What a run shows in the Prefect UI beyond its logs: progress artifacts while it works, a table and a
+report when it ends. All best effort: the Prefect API refusing an artifact never stops a run whose
+requests are paid for."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from prefect.artifacts import (
+    acreate_markdown_artifact,
+    acreate_progress_artifact,
+    acreate_table_artifact,
+    aupdate_progress_artifact,
+)
+
+import storage
+from jobs import DispatchSummary
+from llm_dispatch import DispatchOutcome
+
+Logger = logging.Logger | logging.LoggerAdapter  # type: ignore[type-arg]
+
+
+class ProgressBoard:
+    """The real-time half's progress artifact, created alongside the first requests and updated as chunks end."""
+
+    # Each update is a write to the Prefect API; on a SQLite-backed server writes contend.
+    MIN_INTERVAL = 2.0
+
+    def __init__(self, *, job_id: str, logger: Logger) -> None:
+        self._job_id, self._logger = job_id, logger
+        self._prompts = self._chunks = self._finished = 0
+        self._artifact: asyncio.Task[Any] | None = None
+        self._last = time.monotonic()
+
+    def open(self) -> None:
+        """Create the artifact in the background, once there is something to show."""
+        if self._artifact is None and self._prompts:
+            self._artifact = asyncio.create_task(self._create())
+
+    async def _create(self) -> Any:
+        try:
+            return await acreate_progress_artifact(
+                progress=0.0, description=f"job {self._job_id}: real-time, {self._prompts} prompts")
+        except Exception as exc:  # noqa: BLE001 - a progress display must not stop the run
+            self._logger.warning("No progress artifact for job %s: %s", self._job_id, exc)
+            return None
+
+    def retotal(self, *, prompts: int, chunks: int) -> None:
+        """The run's totals as far as known (they settle once every slice of a new job is planned)."""
+        self._prompts, self._chunks = prompts, chunks
+
+    async def update(self, outcome: DispatchOutcome) -> None:
+        """A chunk ended: show it, at most every ``MIN_INTERVAL`` seconds."""
+        self._finished += 1
+        if time.monotonic() - self._last >= self.MIN_INTERVAL:
+            await self._show(outcome)
+
+    async def close(self, outcome: DispatchOutcome) -> None:
+        """Every chunk ended: show the final counts."""
+        await self._show(outcome)
+
+    async def _show(self, outcome: DispatchOutcome) -> None:
+        artifact = await self._artifact if self._artifact is not None else None
+        if artifact is None:
+            return
+        self._last = time.monotonic()
+        done = outcome.succeeded + outcome.failed
+        try:
+            await aupdate_progress_artifact(
+                artifact_id=artifact, progress=min(100.0, 100.0 * done / max(1, self._prompts)),
+                description=(f"real-time: {outcome.succeeded} succeeded / {outcome.failed} failed / {self._prompts} "
+                             f"prompts; {self._finished} of {self._chunks} chunks done"),
+            )
+        except Exception as exc:  # noqa: BLE001 - a progress display must not stop the run
+            self._logger.warning("Progress artifact of job %s not updated: %s", self._job_id, exc)
+
+
+async def show_batch_progress(record: storage.BatchRecord, artifact: Any, *, logger: Logger) -> Any:
+    """Create or update a batch's progress artifact; returns its id (None when the API refused it)."""
+    done = record.request_completed + record.request_failed
+    progress = 100.0 * done / record.request_total if record.request_total else 0.0
+    description = (
+        f"batch {record.id} ({record.provider_batch_id}, {record.model}): {record.status}; "
+        f"completed {record.request_completed} / failed {record.request_failed} / total {record.request_total}"
+    )
+    try:
+        if artifact is None:
+            return await acreate_progress_artifact(progress=progress, description=description)
+        await aupdate_progress_artifact(artifact_id=artifact, progress=progress, description=description)
+    except Exception as exc:  # noqa: BLE001 - a progress display must not stop the run
+        logger.warning("Progress artifact of batch %d not shown: %s", record.id, exc)
+    return artifact
+
+
+async def publish_report(summary: DispatchSummary, *, logger: Logger) -> None:
+    """A table (one row per route) and a markdown report on the flow run, keyed by the whole job id."""
+    report = summary.as_dict()
+    rows = []
+    for route in ("realtime", "batch"):
+        statuses = report["routes"].get(route, {})
+        cost = report["cost"]["routes"].get(route, {})
+        estimate = (report.get("estimate") or {}).get("routes", {}).get(route, {})
+        rows.append({
+            "route": route,
+            "prompts": sum(statuses.values()),
+            "succeeded": statuses.get("succeeded", 0),
+            "failed": statuses.get("failed", 0),
+            "unfinished": storage.unfinished(statuses),
+            "prompt_tokens": cost.get("prompt_tokens", 0),
+            "completion_tokens": cost.get("completion_tokens", 0),
+            "cost_usd": cost.get("cost", 0.0),
+            "estimate_usd": estimate.get("cost"),
+        })
+    job = report["job_id"]
+    key = f"dispatch-{job}"
+    try:
+        await acreate_table_artifact(table=rows, key=f"{key}-routes", description=f"job {job}: per route")
+        await acreate_markdown_artifact(markdown=report_markdown(report), key=f"{key}-report",
+                                        description=f"job {job}: report")
+    except Exception as exc:  # noqa: BLE001 - the job's work is done and stored; the display is extra
+        logger.warning("Report artifacts of job %s not published: %s", job, exc)
+
+
+def report_markdown(report: dict[str, Any]) -> str:
+    cost, stats = report["cost"], report["stats"]
+    lines = [
+        f"# Job `{report['job_id']}`",
+        "",
+        "| | |", "|---|---|",
+        f"| prompts | {sum(report['counts'].values())} |",
+        f"| succeeded | {report['counts'].get('succeeded', 0)} |",
+        f"| failed | {report['counts'].get('failed', 0)} |",
+        f"| unfinished | {report['unfinished']} |",
+        f"| latency p50 / p95 (real-time) | {_ms(stats.get('p50_latency_ms'))} / {_ms(stats.get('p95_latency_ms'))} |",
+        f"| cost | ${cost['total']:.6f}{'' if cost['complete'] else ' + unknown (no price for some models)'} |",
+        f"| saved by the Batch API | ${cost['savings']:.6f} |",
+    ]
+    if "estimate" in report:
+        lines.append(f"| estimate before sending | ${report['estimate']['total']:.6f} |")
+    lines.append(f"| prices as of | {cost['prices_as_of']} |")
+    if report["failed_by_class"]:
+        lines += ["", "## Failures", "", "| class | prompts |", "|---|---|"]
+        lines += [f"| {name} | {n} |" for name, n in sorted(report["failed_by_class"].items())]
+    return "\n".join(lines) + "\n"
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f} ms"

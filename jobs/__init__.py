@@ -1,0 +1,74 @@
+"""A job's steps over the core and storage, with no Prefect: record the prompts, plan and send the
+real-time half, submit and collect batches, price the job. Flows call these through ``tasks``."""
+
+from __future__ import annotations
+
+from ._collect import IngestOutcome, cancel_batches, ingest_batch, poll_batch, reroute_for_deadlines
+from ._costs import JobCost, actual_cost, estimate_cost, money
+from ._realtime import Chunk, ChunkFeed, ChunkSender, SendChunk
+from ._run import JobRun, Sessions, open_run
+from ._plan import MAX_CHUNKS_PER_RUN, RealtimePlan, chunk_groups, chunk_size_for, plan_realtime
+from ._record import RecordedJob, fingerprint_of, load_specs, new_prompts, record_job, routing_rules, store_rest
+from ._summary import (
+    BatchHalfSummary,
+    CancelSummary,
+    DispatchSummary,
+    JobReport,
+    RealtimeSummary,
+    ShardRuns,
+    SweepSummary,
+    job_report,
+)
+from ._submit import (
+    BATCH_ID_KEY,
+    JOB_ID_KEY,
+    SubmitOutcome,
+    advance_submission,
+    find_provider_batch,
+    submit_prompts,
+)
+
+__all__ = [
+    "BATCH_ID_KEY",
+    "JOB_ID_KEY",
+    "MAX_CHUNKS_PER_RUN",
+    "BatchHalfSummary",
+    "CancelSummary",
+    "Chunk",
+    "ChunkFeed",
+    "ChunkSender",
+    "IngestOutcome",
+    "JobCost",
+    "JobReport",
+    "JobRun",
+    "RealtimePlan",
+    "RealtimeSummary",
+    "RecordedJob",
+    "ShardRuns",
+    "SendChunk",
+    "Sessions",
+    "SubmitOutcome",
+    "SweepSummary",
+    "DispatchSummary",
+    "actual_cost",
+    "advance_submission",
+    "cancel_batches",
+    "chunk_groups",
+    "chunk_size_for",
+    "estimate_cost",
+    "find_provider_batch",
+    "fingerprint_of",
+    "ingest_batch",
+    "job_report",
+    "load_specs",
+    "money",
+    "new_prompts",
+    "open_run",
+    "plan_realtime",
+    "poll_batch",
+    "record_job",
+    "reroute_for_deadlines",
+    "routing_rules",
+    "store_rest",
+    "submit_prompts",
+]

@@ -1,0 +1,242 @@
+"""The real-time half of a run: its chunks, planned as their prompts are stored (``ChunkFeed``), and
+the turn-taking that keeps the run's requests at its limit and within it (``ChunkSender``)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Protocol
+
+import storage
+from llm_dispatch import ChatRequest, ChatSender, DispatchOutcome, ResultSink, RoutingRules
+
+from ._plan import RealtimePlan, chunk_size_for, plan_realtime
+from ._record import RecordedJob, store_rest
+from ._run import Sessions
+
+# Chunks begun beyond the lanes: each loads its rows and waits, ready the moment a lane frees.
+CHUNKS_AHEAD = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """Groups of prompt ids, one request each (identical prompts share one); and, when the run holds
+    the job's prompts in memory, each group's request by its first id."""
+
+    groups: list[tuple[int, ...]]
+    requests: dict[int, ChatRequest] | None = None
+
+    @property
+    def prompts(self) -> int:
+        return sum(len(group) for group in self.groups)
+
+
+class ChunkFeed:
+    """The chunks of a real-time run, in the order to send them.
+
+    A job recorded whole is planned at once. A job still being recorded (``RecordedJob.rest``) is
+    planned a slice at a time: the prompts stored so far, then each slice as it is stored (after
+    ``before_storing``), and last the identical requests whose prompts fell in different slices,
+    grouped once all of them are stored so that they are paid once. The job leaves ``recording``
+    with its last slice.
+    """
+
+    def __init__(
+        self,
+        *,
+        job: RecordedJob,
+        sessions: Sessions,
+        sink: ResultSink,
+        chunk_size: int,
+        dedupe: bool,
+        retry_failed: storage.RetryFailed = "retryable",
+        planned_route: str | None = None,
+        in_flight: bool = True,
+        shard: tuple[int, int] | None = None,
+        rules: RoutingRules | None = None,
+        before_storing: Callable[[], Awaitable[object]] | None = None,
+    ) -> None:
+        self._job, self._sessions, self._sink = job, sessions, sink
+        self._first_size = chunk_size
+        # Every slice's chunks alike, and at most MAX_CHUNKS_PER_RUN of them in all.
+        self._size = chunk_size_for(job.total, chunk_size=chunk_size)
+        self._where = {"retry_failed": retry_failed, "planned_route": planned_route, "in_flight": in_flight,
+                       "shard": shard}
+        self._dedupe, self._rules, self._before_storing = dedupe, rules, before_storing
+        self.chunks = self.requests = self.prompts = self.reused = 0
+        # Prompts of the job not planned yet; counted as a request each until they are.
+        self.unplanned = len(job.rest)
+
+    @property
+    def expected_chunks(self) -> int:
+        return self.chunks + math.ceil(self.unplanned / self._size)
+
+    @property
+    def expected_requests(self) -> int:
+        return self.requests + self.unplanned
+
+    @property
+    def expected_prompts(self) -> int:
+        """Prompts to send (not answered from storage), as far as known."""
+        return self.prompts + self.unplanned
+
+    async def __aiter__(self) -> AsyncIterator[Chunk]:
+        job = self._job
+        if not job.rest:
+            for chunk in self._take(await self._plan(size=self._first_size)):
+                yield chunk
+            return
+        held = job.repeated_keys if self._dedupe else frozenset()
+        first = await self._plan(size=self._first_size, positions=(0, job.stored), hold_keys=held)
+        self.unplanned += first.held
+        for chunk in self._take(first):
+            yield chunk
+        if first.chunks and self._before_storing is not None:
+            await self._before_storing()
+        assert job.recorded_at is not None
+        async for start, stop in store_rest(job_id=job.job_id, specs=job.rest, sessions=self._sessions,
+                                             first_slice=job.stored, recorded_at=job.recorded_at,
+                                             then_status="running", rules=self._rules):
+            planned = await self._plan(positions=(start, stop), hold_keys=held)
+            self.unplanned += planned.held - (stop - start)
+            for chunk in self._take(planned):
+                yield chunk
+        if held:
+            last = await self._plan(only_keys=held)
+            self.unplanned = 0
+            for chunk in self._take(last):
+                yield chunk
+
+    async def _plan(self, *, size: int | None = None, **slice_: Any) -> RealtimePlan:
+        return await plan_realtime(
+            job_id=self._job.job_id, sessions=self._sessions, sink=self._sink, chunk_size=size or self._size,
+            dedupe=self._dedupe, track_positions=bool(self._job.specs), **self._where, **slice_,
+        )
+
+    def _take(self, plan: RealtimePlan) -> list[Chunk]:
+        self.reused += plan.reused
+        self.prompts += plan.open_prompts - plan.reused
+        self.requests += plan.requests
+        self.chunks += len(plan.chunks)
+        return [Chunk(groups=groups, requests=self._requests_of(plan, groups)) for groups in plan.chunks]
+
+    def _requests_of(self, plan: RealtimePlan, groups: Sequence[tuple[int, ...]]) -> dict[int, ChatRequest] | None:
+        specs = self._job.specs
+        if not specs:
+            return None
+        requests = {}
+        for ids in groups:
+            spec = specs[plan.positions[ids[0]]]
+            assert spec.position == plan.positions[ids[0]], "specs must be the job's prompts in input order"
+            requests[ids[0]] = ChatRequest(model=spec.model, messages=spec.messages, params=spec.params)
+        return requests
+
+
+class SendChunk(Protocol):
+    """One chunk sent (``tasks.send_chunk`` as a flow calls it)."""
+
+    async def __call__(
+        self,
+        *,
+        number: int,
+        of: int,
+        chunk: Chunk,
+        client: ChatSender,
+        sink: storage.ResultWriter,
+        sessions: Sessions,
+        concurrency: int,
+        before_send: Callable[[], Awaitable[None]],
+        on_dispatched: Callable[[], None],
+    ) -> DispatchOutcome: ...
+
+
+class ChunkSender:
+    """Sends a run's chunks, taking turns so that its requests fill its limit and stay within it.
+
+    Lanes: chunks handing out requests, enough to fill the run's ``concurrency`` at ``per_chunk``
+    each. A chunk leaves its lane when its last rounds are on the way, so the next one starts
+    sending while it drains. Begun: chunks started and not yet done handing out, one more than the
+    lanes, so that the next chunk is ready (its rows loaded) before a lane frees. Chunks go in the
+    order started (asyncio's semaphores serve first come, first served).
+
+    Used as ``async with``: on the way out it waits for every chunk started. When the body fails
+    (say, storing a slice of the job), chunks already started still finish, since their requests
+    are paid for; then the body's error is raised.
+    """
+
+    def __init__(
+        self,
+        *,
+        send: SendChunk,
+        client: ChatSender,
+        writer: storage.ResultWriter,
+        sessions: Sessions,
+        concurrency: int,
+        per_chunk: int,
+        on_chunk_done: Callable[[DispatchOutcome], Awaitable[object]] | None = None,
+    ) -> None:
+        self._send, self._client, self._writer, self._sessions = send, client, writer, sessions
+        self._per_chunk = per_chunk
+        self._lane_count = math.ceil(concurrency / per_chunk)
+        self._lanes = asyncio.Semaphore(self._lane_count)
+        self._begun = asyncio.Semaphore(self._lane_count + CHUNKS_AHEAD)
+        self._on_chunk_done = on_chunk_done
+        self._group = asyncio.TaskGroup()
+        self._started = 0
+        self.outcome = DispatchOutcome()
+        # Set once the first chunk is handing out requests.
+        self.sending = asyncio.Event()
+
+    async def __aenter__(self) -> ChunkSender:
+        await self._group.__aenter__()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
+        if isinstance(exc, Exception):
+            await self._group.__aexit__(None, None, None)
+            return None  # the body's error goes on
+        return await self._group.__aexit__(exc_type, exc, tb)
+
+    def start(self, chunk: Chunk, *, of: int) -> None:
+        """Start sending ``chunk`` (the run's chunk number so-many ``of`` about ``of``) when its turn comes."""
+        self._started += 1
+        self._group.create_task(self._run(number=self._started, of=of, chunk=chunk))
+
+    async def _run(self, *, number: int, of: int, chunk: Chunk) -> None:
+        await self._begun.acquire()
+        if number > self._lane_count:
+            # A chunk begun ahead loads its rows once the first requests are out, not in their way.
+            await self.sending.wait()
+        entered = released = False
+
+        async def enter_lane() -> None:
+            nonlocal entered
+            await self._lanes.acquire()
+            entered = True
+            self.sending.set()
+
+        def leave_lane() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self._begun.release()
+                if entered:
+                    self._lanes.release()
+
+        try:
+            outcome = await self._send(
+                number=number, of=max(of, number), chunk=chunk, client=self._client, sink=self._writer,
+                sessions=self._sessions, concurrency=self._per_chunk, before_send=enter_lane,
+                on_dispatched=leave_lane,
+            )
+        finally:
+            leave_lane()
+        self.outcome.add(outcome)
+        if self._on_chunk_done is not None:
+            await self._on_chunk_done(self.outcome)
+

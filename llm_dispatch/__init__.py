@@ -1,4 +1,4 @@
-"""llm-dispatch's Prefect-free core: settings, inputs, the HTTP client and its limits, the simulator."""
+"""llm-dispatch's Prefect-free core: settings, inputs, the HTTP client and its limits, batch files."""
 
 from __future__ import annotations
 
@@ -42,7 +42,6 @@ from ._client import (
 )
 from ._limits import AdaptiveLimiter, RateLimiter, SharedPause
 from ._settings import Settings
-from ._simulator import Simulator, SimulatorConfig, serve as serve_simulator
 from ._tokens import estimate_prompt_tokens, estimate_request_tokens
 from ._types import ChatRequest, ChatResult
 
@@ -71,7 +70,6 @@ __all__ = [
     "default_transport",
     "estimate_prompt_tokens",
     "estimate_request_tokens",
-    "serve_simulator",
     "APIConnectionError",
     "APIError",
     "APIResponseValidationError",
@@ -90,7 +88,5 @@ __all__ = [
     "PermissionDeniedError",
     "RateLimitError",
     "Settings",
-    "Simulator",
-    "SimulatorConfig",
     "UnprocessableEntityError",
 ]

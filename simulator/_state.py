@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._sim_config import RANDOM_FAULT_FIELDS, SimulatorConfig
+from ._config import RANDOM_FAULT_FIELDS, SimulatorConfig
 
 __all__ = ["QUOTA_WINDOW_S", "QuotaWindow", "SimState", "SimStats"]
 

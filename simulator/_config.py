@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Literal, get_args
 
-from ._exceptions import ConfigError
+from llm_dispatch import ConfigError
 
 __all__ = [
     "DEFAULT_BATCH_PROCESSING_SECONDS",
@@ -57,7 +57,7 @@ class SimulatorConfig:
     Latency of an answer is ``latency`` seconds drawn from ``latency_dist`` (``uniform``: within
     ``latency ± latency_spread``; ``lognormal``: median ``latency``, sigma ``latency_spread``), plus
     ``latency_per_token`` for each completion token. Quotas count over a sliding 60 s window.
-    A batch runs through its statuses in about ``batch_processing_seconds`` (see ``_sim_batch``).
+    A batch runs through its statuses in about ``batch_processing_seconds`` (see ``_batch``).
     """
 
     latency: float = 0.0

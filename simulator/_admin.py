@@ -17,10 +17,11 @@ from typing import Any
 
 from aiohttp import web
 
-from ._exceptions import ConfigError
-from ._sim_config import FAULTS
-from ._sim_http import error_response, json_response
-from ._sim_state import SimState
+from llm_dispatch import ConfigError
+
+from ._config import FAULTS
+from ._http import error_response, json_response
+from ._state import SimState
 
 __all__ = ["register"]
 

@@ -19,14 +19,14 @@ from typing import Any
 
 from aiohttp import web
 
-from ._sim_checks import (
+from ._checks import (
     check_auth,
     invalid_request,
     model_not_found,
     validate_chat_body,
 )
-from ._sim_config import FAULTS
-from ._sim_http import (
+from ._config import FAULTS
+from ._http import (
     completion_body,
     error_response,
     format_reset,
@@ -34,15 +34,17 @@ from ._sim_http import (
     rate_limited_response,
     server_error_response,
 )
-from ._sim_state import SimState
-from ._sim_tokens import (
+from ._state import SimState
+from ._tokens import (
     REPLY_PRIMING_TOKENS,
     completion_text,
     message_token_counts,
     natural_length,
 )
 
-__all__ = ["DEFAULT_MODELS", "MARKER", "register"]
+__all__ = ["CHAT_COMPLETIONS_PATH", "DEFAULT_MODELS", "MARKER", "register"]
+
+CHAT_COMPLETIONS_PATH = "/v1/chat/completions"
 
 # What GET /v1/models lists when the simulator accepts any model.
 DEFAULT_MODELS = ("gpt-4o-mini", "gpt-4o", "gpt-4.1", "gpt-4.1-mini", "gpt-4.1-nano", "o4-mini")
@@ -62,7 +64,7 @@ _sorted_dumps = json.JSONEncoder(sort_keys=True, ensure_ascii=False, separators=
 def register(app: web.Application, state: SimState) -> None:
     """Add the chat-completions and models routes, bound to ``state``."""
     routes = _ChatRoutes(state)
-    app.router.add_post("/v1/chat/completions", routes.chat_completions)
+    app.router.add_post(CHAT_COMPLETIONS_PATH, routes.chat_completions)
     app.router.add_get("/v1/models", routes.list_models)
     app.router.add_get("/v1/models/{model}", routes.get_model)
 

@@ -53,33 +53,30 @@ from typing import IO, Any, NamedTuple
 
 from aiohttp import BodyPartReader, web
 
-from ._batch_types import (
-    BATCH_CHAT_ENDPOINT,
-    DEFAULT_COMPLETION_WINDOW,
-    OPENAI_BATCH_LIMITS,
-    BatchLimits,
-)
-from ._sim_chat import (
+from llm_dispatch import OPENAI_BATCH_LIMITS, BatchLimits
+
+from ._chat import (
+    CHAT_COMPLETIONS_PATH,
     _SYSTEM_FINGERPRINT,
     _ChatRoutes,
     _plan_choices,
     marker_fault,
 )
-from ._sim_checks import (
+from ._checks import (
     check_auth,
     invalid_request,
     model_not_found,
     validate_chat_body,
 )
-from ._sim_config import FAULTS
-from ._sim_http import (
+from ._config import FAULTS
+from ._http import (
     completion_body,
     error_response,
     json_response,
     server_error_response,
 )
-from ._sim_state import SimState
-from ._sim_tokens import REPLY_PRIMING_TOKENS, completion_text, message_token_counts
+from ._state import SimState
+from ._tokens import REPLY_PRIMING_TOKENS, completion_text, message_token_counts
 
 __all__ = ["BATCH_FAULTS", "LINE_ERROR_MARKER", "SIM_FAULT_KEY", "BatchFault", "parse_batch_fault", "register"]
 
@@ -88,6 +85,9 @@ logger = logging.getLogger(__name__)
 BATCH_FAULTS = frozenset({"expire", "fail_validation", "slow_finalizing", "hang_create"})
 LINE_ERROR_MARKER = "line_error"
 SIM_FAULT_KEY = "sim_fault"
+# The only completion window OpenAI's Batch API offers, and how long it is.
+COMPLETION_WINDOW = "24h"
+_WINDOW_SECONDS = 24 * 3600
 
 _FAULT_TEXT = re.compile(r"(?P<name>[a-z_]+)(?::(?P<arg>[0-9]*\.?[0-9]+))?")
 _LINE_MARKER = re.compile(rf"({'|'.join(sorted(FAULTS | {LINE_ERROR_MARKER}))})(?:x([1-9][0-9]*))?")
@@ -102,7 +102,6 @@ _FINALIZING_SHARE = 0.1
 _CHUNK_LINES = 256
 _MIN_PROGRESS_STEPS = 20
 _MAX_VALIDATION_ERRORS = 100
-_WINDOW_SECONDS = 24 * 3600
 _WRITE_BUFFER = 1024 * 1024
 _PURPOSES = frozenset({"batch", "fine-tune", "assistants", "vision", "user_data", "evals"})
 _METADATA_PAIRS, _METADATA_KEY_CHARS, _METADATA_VALUE_CHARS = 16, 64, 512
@@ -397,15 +396,15 @@ class _BatchRoutes:
         endpoint = body.get("endpoint")
         if endpoint is None:
             return _missing("endpoint")
-        if endpoint != BATCH_CHAT_ENDPOINT:
+        if endpoint != CHAT_COMPLETIONS_PATH:
             return invalid_request(
-                f"Invalid value: '{endpoint}'. The simulator's Batch API supports '{BATCH_CHAT_ENDPOINT}' only.",
+                f"Invalid value: '{endpoint}'. The simulator's Batch API supports '{CHAT_COMPLETIONS_PATH}' only.",
                 param="endpoint", code="invalid_value")
         window = body.get("completion_window")
         if window is None:
             return _missing("completion_window")
-        if window != DEFAULT_COMPLETION_WINDOW:
-            return invalid_request(f"Invalid value: '{window}'. Supported values are: '24h'.",
+        if window != COMPLETION_WINDOW:
+            return invalid_request(f"Invalid value: '{window}'. Supported values are: '{COMPLETION_WINDOW}'.",
                                    param="completion_window", code="invalid_value")
         metadata = body.get("metadata")
         problem = _metadata_problem(metadata)
@@ -768,7 +767,7 @@ class _BatchRun:
         return True, self._response_line(custom_id, 200, self._completion(body, digest_bytes))
 
     def _completion(self, body: dict[str, Any], digest_bytes: bytes) -> bytes:
-        # The success path of _sim_chat, minus latency, quotas and random faults, which a batch does not meet.
+        # The success path of _chat, minus latency, quotas and random faults, which a batch does not meet.
         state = self._state
         model: str = body["model"]
         messages: list[dict[str, Any]] = body["messages"]

@@ -34,19 +34,19 @@ in chat. Random fault rates and quotas apply to real-time chat only.
 from __future__ import annotations
 
 import asyncio
-import json
 import secrets
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import BodyPartReader, web
 
 from ._batch_faults import HANG_CREATE_SECONDS, SIM_FAULT_KEY, BatchFault, fault_text, parse_batch_fault
 from ._batch_run import BatchRun
 from ._batch_store import COMPLETION_WINDOW, TERMINAL, Batch, BatchStore, StoredFile, now
-from ._chat import CHAT_COMPLETIONS_PATH, _ChatRoutes
+from ._chat import CHAT_COMPLETIONS_PATH
 from ._checks import check_auth, invalid_request
-from ._http import error_response, json_response, server_error_response
+from ._http import error_response, json_response, read_json_object, server_error_response
 from ._state import SimState
 
 __all__ = ["register"]
@@ -54,6 +54,8 @@ __all__ = ["register"]
 _PURPOSES = frozenset({"batch", "fine-tune", "assistants", "vision", "user_data", "evals"})
 _METADATA_PAIRS, _METADATA_KEY_CHARS, _METADATA_VALUE_CHARS = 16, 64, 512
 _DEFAULT_LIST_LIMIT, _MAX_LIST_LIMIT = 20, 100
+
+_Found = TypeVar("_Found", StoredFile, Batch)
 
 
 def register(app: web.Application, state: SimState) -> None:
@@ -90,8 +92,6 @@ class _BatchRoutes:
     def __init__(self, store: BatchStore, state: SimState) -> None:
         self._store = store
         self._state = state
-        # The chat routes' prompt cache is shared, so a batch line sees the same cached_tokens a chat call would.
-        self._chat = _ChatRoutes(state)
 
     # --- files ---------------------------------------------------------------------------------
 
@@ -138,13 +138,19 @@ class _BatchRoutes:
         stored = self._store.add_file(path=path, size=size, filename=filename, purpose=purpose)
         return json_response(stored.to_api())
 
-    def _file(self, request: web.Request) -> StoredFile | web.Response:
+    def _find(
+        self, request: web.Request, *, table: Mapping[str, _Found], key: str, not_found: Callable[[str], web.Response]
+    ) -> _Found | web.Response:
+        """The file or batch that ``request`` names in its path, or the 401 or 404 to answer."""
         denied = check_auth(request, self._state)
         if denied is not None:
             return denied
-        file_id = request.match_info["file_id"]
-        stored = self._store.files.get(file_id)
-        return stored if stored is not None else _not_found_file(file_id)
+        found_id = request.match_info[key]
+        found = table.get(found_id)
+        return found if found is not None else not_found(found_id)
+
+    def _file(self, request: web.Request) -> StoredFile | web.Response:
+        return self._find(request, table=self._store.files, key="file_id", not_found=_not_found_file)
 
     async def get_file(self, request: web.Request) -> web.Response:
         stored = self._file(request)
@@ -171,11 +177,8 @@ class _BatchRoutes:
         denied = check_auth(request, self._state)
         if denied is not None:
             return denied
-        try:
-            body = json.loads(await request.read())
-        except ValueError:
-            body = None
-        if not isinstance(body, dict):
+        body = await read_json_object(request)
+        if body is None:
             return invalid_request("The body must be a JSON object.", param=None, code=None)
         input_file_id = body.get("input_file_id")
         if not isinstance(input_file_id, str) or not input_file_id:
@@ -224,16 +227,11 @@ class _BatchRoutes:
         )
         self._store.batches[batch.id] = batch
         self._state.stats.batches += 1
-        self._store.start(BatchRun(batch=batch, store=self._store, state=self._state, chat=self._chat).run())
+        self._store.start(BatchRun(batch=batch, store=self._store, state=self._state).run())
         return json_response(batch.to_api())
 
     def _batch(self, request: web.Request) -> Batch | web.Response:
-        denied = check_auth(request, self._state)
-        if denied is not None:
-            return denied
-        batch_id = request.match_info["batch_id"]
-        batch = self._store.batches.get(batch_id)
-        return batch if batch is not None else _not_found_batch(batch_id)
+        return self._find(request, table=self._store.batches, key="batch_id", not_found=_not_found_batch)
 
     async def get_batch(self, request: web.Request) -> web.Response:
         batch = self._batch(request)
@@ -286,11 +284,8 @@ class _BatchRoutes:
         return json_response({"faults": [fault_text(f) for f in self._store.queued_faults]})
 
     async def queue_faults(self, request: web.Request) -> web.Response:
-        try:
-            body = json.loads(await request.read())
-        except ValueError:
-            body = None
-        faults = body.get("faults") if isinstance(body, dict) else None
+        body = await read_json_object(request)
+        faults = body.get("faults") if body is not None else None
         if not isinstance(faults, list):
             return invalid_request('Send {"faults": [...]} with a list of batch faults.', param=None, code=None)
         try:

@@ -11,12 +11,14 @@ from aiohttp import web
 from ._checks import invalid_request, model_not_found
 from ._config import FAULTS
 from ._http import error_response, server_error_response
+from ._markers import marker_pattern
 
 __all__ = [
     "BATCH_FAULTS",
     "DEFAULT_EXPIRE_FRACTION",
     "HANG_CREATE_SECONDS",
     "LINE_ERROR_MARKER",
+    "LINE_FAULTS",
     "LINE_MARKER",
     "SIM_FAULT_KEY",
     "BatchFault",
@@ -28,7 +30,8 @@ __all__ = [
 BATCH_FAULTS = frozenset({"expire", "fail_validation", "slow_finalizing", "hang_create"})
 LINE_ERROR_MARKER = "line_error"
 SIM_FAULT_KEY = "sim_fault"
-LINE_MARKER = re.compile(rf"({'|'.join(sorted(FAULTS | {LINE_ERROR_MARKER}))})(?:x([1-9][0-9]*))?")
+LINE_FAULTS = FAULTS | {LINE_ERROR_MARKER}
+LINE_MARKER = marker_pattern(LINE_FAULTS)
 DEFAULT_EXPIRE_FRACTION = 0.5
 HANG_CREATE_SECONDS = 3600.0
 
@@ -66,7 +69,7 @@ def fault_text(fault: BatchFault) -> str:
 
 
 def line_fault_response(fault: str, *, model: str) -> web.Response:
-    """What a batch line answers for a marker fault: a batch has no connection to hang, drop or garble, so those are a 500."""
+    """What a batch line answers for a marker fault; a batch has no connection to hang, drop or garble: a 500."""
     if fault == "400":
         return invalid_request("Simulated bad request (simulator fault 400).", param=None, code=None)
     if fault == "401":

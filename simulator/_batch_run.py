@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import logging
 import math
@@ -18,20 +17,24 @@ from aiohttp import web
 
 from llm_dispatch import OPENAI_BATCH_LIMITS, BatchLimits
 
-from ._batch_faults import DEFAULT_EXPIRE_FRACTION, LINE_ERROR_MARKER, LINE_MARKER, line_fault_response
+from ._batch_faults import (
+    DEFAULT_EXPIRE_FRACTION,
+    LINE_ERROR_MARKER,
+    LINE_FAULTS,
+    LINE_MARKER,
+    line_fault_response,
+)
 from ._batch_store import TERMINAL, Batch, BatchStore, Sink, now
-from ._chat import _SYSTEM_FINGERPRINT, _ChatRoutes, _plan_choices, marker_fault
 from ._checks import invalid_request, model_not_found, validate_chat_body
-from ._config import FAULTS
-from ._http import completion_body
+from ._completions import body_digest, plan_completion, render_completion
+from ._http import json_dumps
+from ._markers import MARKER_BYTES, marker_fault
 from ._state import SimState
-from ._tokens import REPLY_PRIMING_TOKENS, completion_text, message_token_counts
 
 __all__ = ["BatchRun"]
 
 logger = logging.getLogger(__name__)
 
-_MARKER_BYTES = b"[[sim:"
 # Shares of batch_processing_seconds spent validating and finalizing; in_progress gets the rest.
 _VALIDATING_SHARE = 0.1
 _FINALIZING_SHARE = 0.1
@@ -40,7 +43,6 @@ _CHUNK_LINES = 256
 _MIN_PROGRESS_STEPS = 20
 _MAX_VALIDATION_ERRORS = 100
 
-_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 # Exactly how httpx encodes a JSON body, so a batch line's body hashes to the real-time answer's digest.
 _body_bytes = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
 
@@ -52,12 +54,11 @@ def _validation_error(code: str, message: str, *, line: int | None = None, param
 class BatchRun:
     """One batch from validating to its final status, in the simulator's event loop."""
 
-    def __init__(self, *, batch: Batch, store: BatchStore, state: SimState, chat: _ChatRoutes,
+    def __init__(self, *, batch: Batch, store: BatchStore, state: SimState,
                  limits: BatchLimits = OPENAI_BATCH_LIMITS) -> None:
         self._batch = batch
         self._store = store
         self._state = state
-        self._chat = chat
         self._limits = limits
         # Read once: a config change applies to the next batch, not halfway through this one.
         self._seconds = state.config.batch_processing_seconds
@@ -257,9 +258,9 @@ class BatchRun:
             refused = invalid_request("The body contains a number JSON cannot hold (NaN or Infinity).",
                                       param="body", code="invalid_value")
             return False, self._response_line(custom_id, refused.status, refused.body)
-        digest_bytes = hashlib.blake2b(raw, digest_size=8, key=state.seed_key).digest()
-        if _MARKER_BYTES in raw:
-            forced = self._marker_fault(body, digest_bytes)
+        digest = body_digest(raw, state=state)
+        if MARKER_BYTES in raw:
+            forced = self._marker_fault(body, digest)
             if forced == LINE_ERROR_MARKER:
                 return False, _error_line(custom_id, {
                     "code": "simulated_line_error",
@@ -274,43 +275,19 @@ class BatchRun:
             invalid = model_not_found(body["model"])
         if invalid is not None:
             return False, self._response_line(custom_id, invalid.status, invalid.body)
-        return True, self._response_line(custom_id, 200, self._completion(body, digest_bytes))
-
-    def _completion(self, body: dict[str, Any], digest_bytes: bytes) -> bytes:
-        # The success path of _chat, minus latency, quotas and random faults, which a batch does not meet.
-        state = self._state
-        model: str = body["model"]
-        messages: list[dict[str, Any]] = body["messages"]
-        counts = message_token_counts(messages)
-        prompt_tokens = sum(counts) + REPLY_PRIMING_TOKENS
-        cap = body.get("max_completion_tokens") or body.get("max_tokens")
-        choices = _plan_choices(int.from_bytes(digest_bytes, "little"), cap=cap, n=body.get("n") or 1)
-        completion_tokens = sum(tokens for _, tokens, _ in choices)
-        cached = self._chat._cached_tokens(model=model, messages=messages, counts=counts)
-        return completion_body(
-            response_id=state.next_response_id(),
-            created=now(),
-            model=model,
-            choices=[
-                (completion_text(digest=choice_digest, tokens=tokens, stop=reason == "stop"), reason)
-                for choice_digest, tokens, reason in choices
-            ],
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-            cached_tokens=cached,
-            system_fingerprint=_SYSTEM_FINGERPRINT,
-        )
+        # Chat's answer without latency, quotas and random faults, which a batch does not meet.
+        completion, _ = render_completion(plan_completion(body, digest=digest), state=state)
+        return True, self._response_line(custom_id, 200, completion)
 
     def _marker_fault(self, body: dict[str, Any], digest: bytes) -> str | web.Response | None:
         return marker_fault(body.get("messages"), digest=digest, hits=self._state.marker_hits, pattern=LINE_MARKER,
-                            allowed=FAULTS | {LINE_ERROR_MARKER}, where="in a batch ")
+                            allowed=LINE_FAULTS, where="in a batch ")
 
     def _response_line(self, custom_id: str, status: int, body: Any) -> bytes:
-        state = self._state
         return b"".join((
-            b'{"id":"batch_req_', secrets.token_hex(16).encode(), b'","custom_id":', _dumps(custom_id).encode(),
-            b',"response":{"status_code":', str(status).encode(), b',"request_id":"req_sim',
-            f"{state.boot_id}{next(state.request_ids):x}".encode(), b'","body":', bytes(body),
+            b'{"id":"batch_req_', secrets.token_hex(16).encode(), b'","custom_id":', json_dumps(custom_id).encode(),
+            b',"response":{"status_code":', str(status).encode(), b',"request_id":"',
+            self._state.next_request_id().encode(), b'","body":', bytes(body),
             b'},"error":null}\n',
         ))
 
@@ -364,4 +341,4 @@ def _records(handle: IO[bytes]) -> Iterator[dict[str, Any]]:
 
 def _error_line(custom_id: str, error: dict[str, str]) -> bytes:
     line = {"id": f"batch_req_{secrets.token_hex(16)}", "custom_id": custom_id, "response": None, "error": error}
-    return _dumps(line).encode() + b"\n"
+    return json_dumps(line).encode() + b"\n"

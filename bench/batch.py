@@ -438,7 +438,7 @@ def _simulator_peak_rss_mb() -> float | None:
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
             except OSError:
                 continue
-            if b"llm_dispatch._simulator" in cmdline:
+            if b"-m\0simulator\0" in cmdline:
                 peak = _status_kb("VmHWM", pid)
                 return peak / 1024 if peak is not None else None
     return None
@@ -571,7 +571,7 @@ def main() -> None:
         return
 
     sys.path.insert(0, str(ROOT))
-    from llm_dispatch import Simulator, SimulatorConfig  # noqa: E402
+    from simulator import Simulator, SimulatorConfig  # noqa: E402
 
     config = SimulatorConfig(batch_processing_seconds=args.batch_seconds)
     with tempfile.TemporaryDirectory(prefix="bench-batch-") as tmp, Simulator.in_process(config) as base_url:

@@ -135,7 +135,7 @@ def main() -> None:
         return
 
     sys.path.insert(0, str(ROOT))
-    from llm_dispatch import Simulator, SimulatorConfig  # noqa: E402
+    from simulator import Simulator, SimulatorConfig  # noqa: E402
 
     with tempfile.TemporaryDirectory(prefix="bench-realtime-") as tmp:
         workdir = Path(tmp)

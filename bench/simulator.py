@@ -24,7 +24,7 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout, installed or not
 
-from llm_dispatch._simulator import Simulator, SimulatorConfig  # noqa: E402
+from simulator import Simulator, SimulatorConfig  # noqa: E402
 
 _BODY = json.dumps(
     {

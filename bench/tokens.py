@@ -3,8 +3,8 @@
 The reference is ``bpe-openai`` (GitHub's exact Rust BPE with the o200k_base and cl100k_base
 vocabularies embedded; ``pip install bpe-openai`` into the interpreter that runs this script). It
 is a measuring stick only, never a dependency of the project. The script imports just the two
-pure-Python modules it measures (``llm_dispatch/_tokens.py`` and ``llm_dispatch/_sim_tokens.py``),
-skipping the package ``__init__`` and its Prefect/httpx imports, so any Python 3.11 that has
+pure-Python modules it measures (``llm_dispatch/_tokens.py`` and ``simulator/_tokens.py``),
+skipping the packages' ``__init__`` and their httpx/aiohttp imports, so any Python 3.11 that has
 bpe-openai runs it from a checkout, e.g. the throwaway venv::
 
     python -m venv /tmp/bpevenv && /tmp/bpevenv/bin/pip install bpe-openai
@@ -50,11 +50,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _load_core() -> tuple[types.ModuleType, types.ModuleType]:
-    """Import the two counters without running ``llm_dispatch/__init__.py`` (Prefect, httpx, ...)."""
-    package = types.ModuleType("llm_dispatch")
-    package.__path__ = [str(ROOT / "llm_dispatch")]
-    sys.modules.setdefault("llm_dispatch", package)
-    from llm_dispatch import _sim_tokens, _tokens
+    """Import the two counters without running the packages' ``__init__.py`` (httpx, aiohttp, ...)."""
+    for name in ("llm_dispatch", "simulator"):
+        package = types.ModuleType(name)
+        package.__path__ = [str(ROOT / name)]
+        sys.modules.setdefault(name, package)
+    from llm_dispatch import _tokens
+    from simulator import _tokens as _sim_tokens
 
     return _tokens, _sim_tokens
 

@@ -101,7 +101,7 @@ def run(
 
     with contextlib.ExitStack() as stack:
         if simulate:
-            from llm_dispatch import Simulator, SimulatorConfig
+            from simulator import Simulator, SimulatorConfig
 
             sim = SimulatorConfig(latency=sim_latency, batch_processing_seconds=SIM_BATCH_SECONDS)
             base_url = stack.enter_context(Simulator.in_thread(sim))
@@ -431,7 +431,7 @@ def simulate(
     batch_seconds: Annotated[float, typer.Option(help="how long a batch takes, seconds")] = 30.0,
 ) -> None:
     """Run the bundled OpenAI-compatible simulator (chat completions, files, batches) until interrupted."""
-    from llm_dispatch import SimulatorConfig, serve_simulator
+    from simulator import SimulatorConfig, serve
 
     config = SimulatorConfig(latency=latency, rate_429=rate_429, rate_500=rate_500, rpm=rpm, tpm=tpm,
                              batch_processing_seconds=batch_seconds)
@@ -439,7 +439,7 @@ def simulate(
         err.print(f"simulator on {base_url} — point LLM_DISPATCH_BASE_URL there; Ctrl-C stops it", highlight=False)
 
     with contextlib.suppress(KeyboardInterrupt):
-        serve_simulator(host=host, port=port, config=config, on_ready=ready)
+        serve(host=host, port=port, config=config, on_ready=ready)
 
 
 if __name__ == "__main__":  # pragma: no cover

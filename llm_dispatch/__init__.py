@@ -1,4 +1,4 @@
-"""llm-dispatch's Prefect-free core: settings, inputs, the HTTP client and its limits, the simulator."""
+"""llm-dispatch's Prefect-free core: settings, inputs, the HTTP client and its limits, batch files."""
 
 from __future__ import annotations
 
@@ -50,7 +50,6 @@ from ._limits import AdaptiveLimiter, RateLimiter, SharedPause
 from ._pricing import CostTotals, PriceTable, estimate_request_cost
 from ._routing import RoutingRules, decide_route, parse_deadline, prompt_chars
 from ._settings import Settings
-from ._simulator import Simulator, SimulatorConfig, serve as serve_simulator
 from ._tokens import estimate_prompt_tokens, estimate_request_tokens
 from ._types import ChatRequest, ChatResult, dedupe_key
 
@@ -102,7 +101,6 @@ __all__ = [
     "default_transport",
     "estimate_prompt_tokens",
     "estimate_request_tokens",
-    "serve_simulator",
     "APIConnectionError",
     "APIError",
     "APIResponseValidationError",
@@ -121,7 +119,5 @@ __all__ = [
     "PermissionDeniedError",
     "RateLimitError",
     "Settings",
-    "Simulator",
-    "SimulatorConfig",
     "UnprocessableEntityError",
 ]

@@ -61,7 +61,7 @@ def prefect_api() -> Iterator[str]:
 @pytest_asyncio.fixture(loop_scope="function")
 async def start_sim() -> AsyncIterator[StartSim]:
     """Start a simulator in the test's loop with the given config fields; returns its base URL."""
-    from llm_dispatch._simulator import Simulator, SimulatorConfig
+    from simulator import Simulator, SimulatorConfig
 
     running: list[Simulator] = []
 
@@ -77,7 +77,7 @@ async def start_sim() -> AsyncIterator[StartSim]:
 
 @pytest.fixture(scope="session")
 def sim_server() -> Iterator[Sim]:
-    from llm_dispatch import Simulator, SimulatorConfig
+    from simulator import Simulator, SimulatorConfig
 
     with Simulator.in_thread(SimulatorConfig(latency=0.01, seed=1)) as base_url:
         yield Sim(base_url=base_url)

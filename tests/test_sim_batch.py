@@ -16,8 +16,8 @@ from llm_dispatch._batch_files import BatchFile, read_batch_output, write_batch_
 from llm_dispatch._batch_types import BatchInfo, BatchStatus
 from llm_dispatch._client import LLMClient
 from llm_dispatch._exceptions import BadRequestError, ConflictError, NotFoundError
-from llm_dispatch._simulator import Simulator, SimulatorConfig
 from llm_dispatch._types import ChatRequest
+from simulator import Simulator, SimulatorConfig
 
 # Short enough for a fast suite, long enough for a poll every 10 ms to see each status.
 PROCESSING_SECONDS = 0.2

@@ -17,7 +17,7 @@ import json
 
 import pytest
 
-from llm_dispatch._sim_tokens import count_message_tokens, count_tokens
+from simulator import count_message_tokens, count_tokens
 from llm_dispatch._tokens import estimate_prompt_tokens, estimate_text_tokens
 
 PROSE = (

@@ -9,24 +9,22 @@ answer at once; 5xx, drop, malformed and successes wait the sampled latency firs
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import math
-import re
 import time
-from collections.abc import Collection
 from typing import Any
 
 from aiohttp import web
 
-from ._sim_checks import (
+from ._checks import (
     check_auth,
     invalid_request,
     model_not_found,
     validate_chat_body,
 )
-from ._sim_config import FAULTS
-from ._sim_http import (
+from ._completions import SYSTEM_FINGERPRINT, body_digest, plan_completion, render_completion
+from ._config import FAULTS
+from ._http import (
     completion_body,
     error_response,
     format_reset,
@@ -34,65 +32,25 @@ from ._sim_http import (
     rate_limited_response,
     server_error_response,
 )
-from ._sim_state import SimState
-from ._sim_tokens import (
-    REPLY_PRIMING_TOKENS,
-    completion_text,
-    message_token_counts,
-    natural_length,
-)
+from ._markers import MARKER_BYTES, marker_fault, marker_pattern
+from ._state import SimState
 
-__all__ = ["DEFAULT_MODELS", "MARKER", "register"]
+__all__ = ["CHAT_COMPLETIONS_PATH", "DEFAULT_MODELS", "register"]
+
+CHAT_COMPLETIONS_PATH = "/v1/chat/completions"
 
 # What GET /v1/models lists when the simulator accepts any model.
 DEFAULT_MODELS = ("gpt-4o-mini", "gpt-4o", "gpt-4.1", "gpt-4.1-mini", "gpt-4.1-nano", "o4-mini")
 
-MARKER = re.compile(r"\[\[sim:([^\]\s]*)\]\]")
-_MARKER_BODY = re.compile(rf"({'|'.join(sorted(FAULTS))})(?:x([1-9][0-9]*))?")
-_MARKER_BYTES = b"[[sim:"
-
-_CACHE_MIN_TOKENS = 1024  # OpenAI caches prompts from 1024 tokens on...
-_CACHE_INCREMENT = 128  # ...and reports cache hits in steps of 128 tokens
-_SYSTEM_FINGERPRINT = "fp_llmdsim01"
-_MASK64 = (1 << 64) - 1
-
-_sorted_dumps = json.JSONEncoder(sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode
+_MARKER_BODY = marker_pattern(FAULTS)
 
 
 def register(app: web.Application, state: SimState) -> None:
     """Add the chat-completions and models routes, bound to ``state``."""
     routes = _ChatRoutes(state)
-    app.router.add_post("/v1/chat/completions", routes.chat_completions)
+    app.router.add_post(CHAT_COMPLETIONS_PATH, routes.chat_completions)
     app.router.add_get("/v1/models", routes.list_models)
     app.router.add_get("/v1/models/{model}", routes.get_model)
-
-
-def _text_parts(content: Any) -> list[str]:
-    if isinstance(content, str):
-        return [content]
-    if isinstance(content, list):
-        return [p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)]
-    return []
-
-
-def _choice_digest(digest: int, index: int) -> int:
-    # splitmix64-style scramble so each extra choice gets its own length and text.
-    x = (digest + index * 0x9E3779B97F4A7C15) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    return ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-
-
-def _plan_choices(digest: int, *, cap: int | None, n: int) -> list[tuple[int, int, str]]:
-    """(text digest, completion tokens, finish_reason) of each choice, all fixed by the body's digest."""
-    planned = []
-    for index in range(n):
-        choice_digest = digest if index == 0 else _choice_digest(digest, index)
-        tokens = natural_length(choice_digest)
-        if cap is not None and tokens > cap:
-            planned.append((choice_digest, cap, "length"))
-        else:
-            planned.append((choice_digest, tokens, "stop"))
-    return planned
 
 
 class _ChatRoutes:
@@ -111,7 +69,7 @@ class _ChatRoutes:
         finally:
             # Before the response is written, so a client that sees the answer sees the gauge down.
             stats.in_flight -= 1
-        response.headers["x-request-id"] = f"req_sim{state.boot_id}{next(state.request_ids):x}"
+        response.headers["x-request-id"] = state.next_request_id()
         return response
 
     async def _answer(self, request: web.Request) -> web.StreamResponse:
@@ -135,27 +93,20 @@ class _ChatRoutes:
         model: str = body["model"]
         if state.allowed_models is not None and model not in state.allowed_models:
             return self._counted(model_not_found(model))
-        messages: list[dict[str, Any]] = body["messages"]
 
-        digest_bytes = hashlib.blake2b(raw, digest_size=8, key=state.seed_key).digest()
-        if _MARKER_BYTES in raw:
-            forced = self._marker_fault(messages, digest_bytes)
+        digest = body_digest(raw, state=state)
+        if MARKER_BYTES in raw:
+            forced = self._marker_fault(body["messages"], digest)
             if isinstance(forced, web.Response):
                 return self._counted(forced)
             if forced is not None:
                 return await self._fault(request, forced, model=model)
 
-        counts = message_token_counts(messages)
-        prompt_tokens = sum(counts) + REPLY_PRIMING_TOKENS
-        cap = body.get("max_completion_tokens") or body.get("max_tokens")
-        choices_n = body.get("n") or 1
-        choices = _plan_choices(int.from_bytes(digest_bytes, "little"), cap=cap, n=choices_n)
-        completion_tokens = sum(tokens for _, tokens, _ in choices)
-
+        plan = plan_completion(body, digest=digest)
         limit_headers: dict[str, str] | None = None
         if state.requests_window is not None or state.tokens_window is not None:
             # Admission is charged like OpenAI does: the prompt plus max_tokens when it is given.
-            charge = prompt_tokens + (cap * choices_n if cap is not None else completion_tokens)
+            charge = plan.prompt_tokens + (plan.cap * plan.n if plan.cap is not None else plan.completion_tokens)
             refused, limit_headers = self._admit(model=model, charge=charge)
             if refused is not None:
                 return self._counted(refused)
@@ -164,27 +115,14 @@ class _ChatRoutes:
         if fault is not None:
             return await self._fault(request, fault, model=model)
 
-        cached = self._cached_tokens(model=model, messages=messages, counts=counts)
-        body_bytes = completion_body(
-            response_id=state.next_response_id(),
-            created=int(time.time()),
-            model=model,
-            choices=[
-                (completion_text(digest=choice_digest, tokens=tokens, stop=reason == "stop"), reason)
-                for choice_digest, tokens, reason in choices
-            ],
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-            cached_tokens=cached,
-            system_fingerprint=_SYSTEM_FINGERPRINT,
-        )
-        delay = self._latency(completion_tokens)
+        body_bytes, cached = render_completion(plan, state=state)
+        delay = self._latency(plan.completion_tokens)
         if delay > 0:
             await asyncio.sleep(delay)
         stats = state.stats
         stats.completions += 1
-        stats.prompt_tokens += prompt_tokens
-        stats.completion_tokens += completion_tokens
+        stats.prompt_tokens += plan.prompt_tokens
+        stats.completion_tokens += plan.completion_tokens
         stats.cached_tokens += cached
         return self._counted(
             web.Response(body=body_bytes, headers=limit_headers, content_type="application/json")
@@ -243,27 +181,6 @@ class _ChatRoutes:
                 headers[f"x-ratelimit-reset-{suffix}"] = format_reset(window.reset_in(now=now))
         return headers
 
-    def _cached_tokens(self, *, model: str, messages: list[dict[str, Any]], counts: list[int]) -> int:
-        if sum(counts) < _CACHE_MIN_TOKENS:
-            return 0
-        # Prefixes are whole messages: close enough to OpenAI's 128-token blocks for a simulator.
-        chain = hashlib.blake2b(model.encode(), digest_size=16)
-        prefixes: list[tuple[bytes, int]] = []
-        total = 0
-        for message, tokens in zip(messages, counts):
-            chain.update(_sorted_dumps(message).encode())
-            total += tokens
-            if total >= _CACHE_MIN_TOKENS:
-                prefixes.append((chain.copy().digest(), total))
-        cache = self._state.prompt_cache
-        cached = 0
-        for prefix, tokens in reversed(prefixes):
-            if prefix in cache:
-                cached = tokens // _CACHE_INCREMENT * _CACHE_INCREMENT
-                break
-        self._state.remember_prefixes([prefix for prefix, _ in prefixes])
-        return cached
-
     def _latency(self, completion_tokens: int) -> float:
         config = self._state.config
         delay = config.latency
@@ -307,7 +224,7 @@ class _ChatRoutes:
             body = completion_body(
                 response_id=state.next_response_id(), created=int(time.time()), model=model or "unknown",
                 choices=[("This answer never arrives whole.", "stop")], prompt_tokens=0, completion_tokens=0,
-                cached_tokens=0, system_fingerprint=_SYSTEM_FINGERPRINT,
+                cached_tokens=0, system_fingerprint=SYSTEM_FINGERPRINT,
             )
             return web.Response(body=body[: len(body) // 2], content_type="application/json")
         return self._counted(server_error_response(int(fault)))
@@ -341,39 +258,3 @@ def _dropped(request: web.Request) -> web.Response:
     # aiohttp's write to the closed transport fails with a ConnectionError, which it treats as a
     # client that went away: the peer sees the connection close without a single response byte.
     return web.Response(status=204)
-
-
-def marker_fault(
-    messages: Any,
-    *,
-    digest: bytes,
-    hits: dict[bytes, int],
-    pattern: re.Pattern[str],
-    allowed: Collection[str],
-    where: str,
-) -> str | web.Response | None:
-    """The fault a ``[[sim:FAULT]]`` / ``[[sim:FAULTxN]]`` marker asks of this body, if any.
-
-    ``FAULTxN`` faults the first N bodies with this ``digest`` (counted in ``hits``); an unknown
-    marker is answered with a 400 that explains the format. Shared by chat and batch lines.
-    """
-    for message in messages if isinstance(messages, list) else ():
-        if not isinstance(message, dict):
-            continue
-        for text in _text_parts(message.get("content")):
-            found = MARKER.search(text)
-            if found is None:
-                continue
-            parsed = pattern.fullmatch(found.group(1))
-            if parsed is None:
-                return invalid_request(
-                    f"Unknown simulator marker {found.group(0)!r}; {where}write [[sim:FAULT]] or [[sim:FAULTxN]] "
-                    f"with FAULT one of {', '.join(sorted(allowed))}.",
-                    param="messages", code="invalid_value")
-            fault, times = parsed.group(1), parsed.group(2)
-            if times is None:
-                return fault
-            seen = hits.get(digest, 0) + 1
-            hits[digest] = seen
-            return fault if seen <= int(times) else None
-    return None

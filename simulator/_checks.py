@@ -7,8 +7,8 @@ from typing import Any
 
 from aiohttp import web
 
-from ._sim_http import error_response
-from ._sim_state import SimState
+from ._http import error_response
+from ._state import SimState
 
 __all__ = ["check_auth", "invalid_request", "model_not_found", "validate_chat_body"]
 

@@ -11,16 +11,16 @@
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
 from aiohttp import web
 
-from ._exceptions import ConfigError
-from ._sim_config import FAULTS
-from ._sim_http import error_response, json_response
-from ._sim_state import SimState
+from llm_dispatch import ConfigError
+
+from ._config import FAULTS
+from ._http import error_response, json_response, read_json_object
+from ._state import SimState
 
 __all__ = ["register"]
 
@@ -52,13 +52,8 @@ def _bad_request(message: str) -> web.Response:
 
 
 async def _json_object(request: web.Request) -> dict[str, Any] | web.Response:
-    try:
-        body = json.loads(await request.read())
-    except ValueError:
-        return _bad_request("The body must be a JSON object.")
-    if not isinstance(body, dict):
-        return _bad_request("The body must be a JSON object.")
-    return body
+    body = await read_json_object(request)
+    return body if body is not None else _bad_request("The body must be a JSON object.")
 
 
 class _AdminRoutes:

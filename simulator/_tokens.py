@@ -13,11 +13,8 @@ vocabulary file:
 3. A chat prompt adds 3 tokens per message plus its role (and 1 plus the name when ``name`` is
    set), plus 3 to prime the reply, as OpenAI's cookbook counts it. An image part costs 85.
 
-Measured against o200k_base, gpt-4o's tokenizer (``bench/tokens.py``), the totals are within 3% on
-English prose, instructions, code and ``examples/prompts.jsonl`` (+0.1%), +5% on JSON, +3% on
-European languages, -3% on CJK and +32% on Arabic and Hindi, whose words the split cuts at each
-combining mark. The rules before these (one token held 9 characters, 1 more per 5; 3 bytes a token
-for other scripts) were 4-7% high on English and 30-120% high on other scripts.
+``bench/tokens.py`` measures it against o200k_base, per kind of text. Scripts with combining marks
+(Arabic, Hindi) count high, as the split cuts their words at each mark.
 
 It is deliberately independent of the client's own estimator, so the two can be compared.
 """
@@ -48,7 +45,7 @@ _PRETOKEN_SOURCE = (
     r"|\s+(?!\S)|\s+"  # other whitespace
 )
 _PRETOKEN = re.compile(_PRETOKEN_SOURCE)
-# Same splits on ASCII text, a third faster: most prompts take this path.
+# Same splits on ASCII text, and cheaper to run: most prompts take this path.
 _PRETOKEN_ASCII = re.compile(_PRETOKEN_SOURCE, re.ASCII)
 
 _ASCII_LETTERS = frozenset(string.ascii_letters)

@@ -12,10 +12,10 @@ import random
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ._sim_config import RANDOM_FAULT_FIELDS, SimulatorConfig
+from ._config import RANDOM_FAULT_FIELDS, SimulatorConfig
 
 __all__ = ["QUOTA_WINDOW_S", "QuotaWindow", "SimState", "SimStats"]
 
@@ -52,20 +52,7 @@ class SimStats:
         self.peak_in_flight = in_flight
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "requests_total": self.requests_total,
-            "in_flight": self.in_flight,
-            "peak_in_flight": self.peak_in_flight,
-            "completions": self.completions,
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "cached_tokens": self.cached_tokens,
-            "quota_rejections": self.quota_rejections,
-            "by_status": dict(self.by_status),
-            "batches": self.batches,
-            "batch_lines": self.batch_lines,
-            "batch_outcomes": dict(self.batch_outcomes),
-        }
+        return asdict(self)  # copies the dicts too: a snapshot never changes under its reader
 
 
 class QuotaWindow:
@@ -185,6 +172,10 @@ class SimState:
     def next_response_id(self) -> str:
         self.response_serial += 1
         return f"chatcmpl-sim{self.boot_id}{self.response_serial:010x}"
+
+    def next_request_id(self) -> str:
+        """What ``x-request-id`` says of a chat request and ``request_id`` of a batch line."""
+        return f"req_sim{self.boot_id}{next(self.request_ids):x}"
 
 
 def _resized(window: QuotaWindow | None, limit: int | None) -> QuotaWindow | None:

@@ -1,16 +1,15 @@
-"""A local OpenAI-compatible server for running without an API key: latency, faults and quotas on demand.
+"""Running a simulator: the aiohttp app and its route groups, in this loop, a thread, a child process or blocking.
 
 Run it in the current loop (``async with Simulator(...)``), in a background thread
 (``Simulator.in_thread``), in its own process (``Simulator.in_process``, or
-``python -m llm_dispatch._simulator --port 8000``, which prints the base URL once it listens), or
-blocking with ``serve``. Routes come in groups registered by ``create_app``; see ``_sim_chat``
-for what a chat request can meet, ``_sim_batch`` for files and batches, and ``_sim_admin`` for the
+``python -m simulator --port 8000``, which prints the base URL once it listens), or
+blocking with ``serve``. Routes come in groups registered by ``create_app``; see ``_chat``
+for what a chat request can meet, ``_batch`` for files and batches, and ``_admin`` for the
 ``/_sim`` control routes.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
@@ -28,31 +27,21 @@ from typing import Any
 
 from aiohttp import web
 
-from . import _sim_admin, _sim_batch, _sim_chat
-from ._exceptions import LLMDispatchError
-from ._sim_config import SimulatorConfig
-from ._sim_http import error_response
-from ._sim_state import SimState
-from ._sim_tokens import count_message_tokens, count_tokens
+from llm_dispatch import LLMDispatchError
 
-__all__ = [
-    "DEFAULT_SIMULATOR_CONFIG",
-    "RouteGroup",
-    "SIM_STATE",
-    "Simulator",
-    "SimulatorConfig",
-    "count_message_tokens",
-    "count_tokens",
-    "create_app",
-    "serve",
-]
+from . import _admin, _batch, _chat
+from ._config import SimulatorConfig
+from ._http import error_response
+from ._state import SimState
+
+__all__ = ["DEFAULT_SIMULATOR_CONFIG", "SIM_STATE", "RouteGroup", "Simulator", "create_app", "serve"]
 
 DEFAULT_SIMULATOR_CONFIG = SimulatorConfig()
 
 # A route group adds its routes to the app, bound to the shared state; the Batch API's group keeps
 # its files and batches in a store of its own, cleared through SimState.reset_hooks.
 RouteGroup = Callable[[web.Application, SimState], None]
-_ROUTE_GROUPS: tuple[RouteGroup, ...] = (_sim_admin.register, _sim_chat.register, _sim_batch.register)
+_ROUTE_GROUPS: tuple[RouteGroup, ...] = (_admin.register, _chat.register, _batch.register)
 
 SIM_STATE = web.AppKey("sim_state", SimState)
 
@@ -112,7 +101,7 @@ class Simulator:
 
     def stats(self) -> dict[str, Any]:
         """The same counters as ``GET /_sim/stats``, without a request."""
-        return _sim_admin.stats_snapshot(self._state)
+        return _admin.stats_snapshot(self._state)
 
     async def start(self, *, host: str = "127.0.0.1", port: int = 0) -> str:
         """Listen on ``host:port`` (0 picks a free port) and return the base URL, ending in ``/v1``."""
@@ -195,7 +184,7 @@ class Simulator:
     ) -> Iterator[str]:
         """Run a simulator in a child Python process (off the caller's CPU core); yields the base URL."""
         command = [
-            sys.executable, "-m", "llm_dispatch._simulator",
+            sys.executable, "-m", "simulator",
             "--host", host, "--port", str(port), "--config-json", json.dumps(config.to_dict()),
         ]
         # The child must import this very package, installed or not.
@@ -267,50 +256,3 @@ def serve(*, host: str, port: int, config: SimulatorConfig, on_ready: Callable[[
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_serve_until_stopped(host=host, port=port, config=config, on_ready=on_ready))
 
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m llm_dispatch._simulator",
-        description="OpenAI-compatible simulator. Prints the base URL on one line when it is ready.",
-    )
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000, help="0 picks a free port")
-    parser.add_argument("--config-json", help="a whole SimulatorConfig as JSON; the options below override it")
-    parser.add_argument("--latency", type=float)
-    parser.add_argument("--latency-dist", choices=["fixed", "uniform", "lognormal"])
-    parser.add_argument("--latency-spread", type=float)
-    parser.add_argument("--latency-per-token", type=float)
-    for fault in ("429", "500", "503", "hang", "drop", "malformed"):
-        parser.add_argument(f"--rate-{fault}", type=float, dest=f"rate_{fault}")
-    parser.add_argument("--retry-after", type=float)
-    parser.add_argument("--hang-seconds", type=float)
-    parser.add_argument("--rpm", type=int)
-    parser.add_argument("--tpm", type=int)
-    parser.add_argument("--models", help="comma-separated model names to accept (default: any)")
-    parser.add_argument("--api-key", help="require `Authorization: Bearer KEY` (default: accept any)")
-    parser.add_argument("--seed", type=int)
-    parser.add_argument("--batch-processing-seconds", type=float, help="how long one batch takes (default 2)")
-    return parser
-
-
-def _config_from_args(args: argparse.Namespace) -> SimulatorConfig:
-    changes: dict[str, Any] = json.loads(args.config_json) if args.config_json else {}
-    options = vars(args)
-    for name in SimulatorConfig.__dataclass_fields__:
-        value = options.get(name)
-        if value is not None:
-            changes[name] = [m.strip() for m in value.split(",") if m.strip()] if name == "models" else value
-    return DEFAULT_SIMULATOR_CONFIG.updated(changes)
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    args = _parser().parse_args(argv)
-    try:
-        config = _config_from_args(args)
-    except LLMDispatchError as exc:
-        raise SystemExit(f"error: {exc}") from exc
-    serve(host=args.host, port=args.port, config=config)
-
-
-if __name__ == "__main__":
-    main()

@@ -12,13 +12,16 @@ __all__ = [
     "completion_body",
     "error_response",
     "format_reset",
+    "json_dumps",
     "json_response",
+    "read_json_object",
     "rate_limited_response",
     "retry_after_headers",
     "server_error_response",
 ]
 
-_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+# Compact, and UTF-8 rather than \u escapes, as OpenAI writes its JSON.
+json_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
 _SERVER_ERRORS = {
     500: "The server had an error while processing your request. Sorry about that!",
@@ -26,9 +29,18 @@ _SERVER_ERRORS = {
 }
 
 
+async def read_json_object(request: web.Request) -> dict[str, Any] | None:
+    """The request's body if it is a JSON object, else None (the caller words the 400)."""
+    try:
+        body = json.loads(await request.read())
+    except ValueError:
+        return None
+    return body if isinstance(body, dict) else None
+
+
 def json_response(payload: Any, *, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
     return web.Response(
-        body=_dumps(payload).encode(), status=status, headers=headers, content_type="application/json"
+        body=json_dumps(payload).encode(), status=status, headers=headers, content_type="application/json"
     )
 
 
@@ -45,15 +57,15 @@ def completion_body(
 ) -> bytes:
     """A chat.completion body; ``choices`` are (content, finish_reason) pairs.
 
-    Written from a template because encoding the nested dict took a third of a request's time.
+    Written from a template rather than by encoding a nested dict: it is on every answer's path.
     """
     choice_list = ",".join(
-        f'{{"index":{index},"message":{{"role":"assistant","content":{_dumps(content)},"refusal":null,'
+        f'{{"index":{index},"message":{{"role":"assistant","content":{json_dumps(content)},"refusal":null,'
         f'"annotations":[]}},"logprobs":null,"finish_reason":"{finish_reason}"}}'
         for index, (content, finish_reason) in enumerate(choices)
     )
     return (
-        f'{{"id":"{response_id}","object":"chat.completion","created":{created},"model":{_dumps(model)},'
+        f'{{"id":"{response_id}","object":"chat.completion","created":{created},"model":{json_dumps(model)},'
         f'"choices":[{choice_list}],"usage":{{"prompt_tokens":{prompt_tokens},'
         f'"completion_tokens":{completion_tokens},"total_tokens":{prompt_tokens + completion_tokens},'
         f'"prompt_tokens_details":{{"cached_tokens":{cached_tokens},"audio_tokens":0}},'

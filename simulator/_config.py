@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Literal, get_args
 
-from ._exceptions import ConfigError
+from llm_dispatch import ConfigError
 
 __all__ = [
     "DEFAULT_BATCH_PROCESSING_SECONDS",
@@ -43,10 +43,11 @@ DEFAULT_HANG_SECONDS = 600.0
 # A whole batch (validating, in_progress, finalizing) takes this long: seconds, not OpenAI's hours.
 DEFAULT_BATCH_PROCESSING_SECONDS = 2.0
 
-_FLOAT_FIELDS = frozenset(
-    {"latency", "latency_spread", "latency_per_token", "retry_after", "hang_seconds", "batch_processing_seconds"}
-    | {name for name, _ in RANDOM_FAULT_FIELDS}
+# Durations and the like: any finite number from 0 up.
+_NON_NEGATIVE_FIELDS = (
+    "latency", "latency_spread", "latency_per_token", "retry_after", "hang_seconds", "batch_processing_seconds"
 )
+_FLOAT_FIELDS = frozenset(_NON_NEGATIVE_FIELDS) | {name for name, _ in RANDOM_FAULT_FIELDS}
 _OPTIONAL_INT_FIELDS = frozenset({"rpm", "tpm"})
 
 
@@ -57,7 +58,7 @@ class SimulatorConfig:
     Latency of an answer is ``latency`` seconds drawn from ``latency_dist`` (``uniform``: within
     ``latency ± latency_spread``; ``lognormal``: median ``latency``, sigma ``latency_spread``), plus
     ``latency_per_token`` for each completion token. Quotas count over a sliding 60 s window.
-    A batch runs through its statuses in about ``batch_processing_seconds`` (see ``_sim_batch``).
+    A batch runs through its statuses in about ``batch_processing_seconds`` (see ``_batch``).
     """
 
     latency: float = 0.0
@@ -80,9 +81,7 @@ class SimulatorConfig:
     batch_processing_seconds: float = DEFAULT_BATCH_PROCESSING_SECONDS
 
     def __post_init__(self) -> None:
-        for name in (
-            "latency", "latency_spread", "latency_per_token", "retry_after", "hang_seconds", "batch_processing_seconds"
-        ):
+        for name in _NON_NEGATIVE_FIELDS:
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
                 raise ConfigError(f"simulator {name} must be a finite number >= 0, got {value!r}")

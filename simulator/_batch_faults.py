@@ -1,0 +1,87 @@
+"""Batch faults: what ``metadata["sim_fault"]`` or the ``/_sim/batch_faults`` queue asks of a batch, and
+the answers a batch line gets for a ``[[sim:FAULT]]`` marker."""
+
+from __future__ import annotations
+
+import re
+from typing import NamedTuple
+
+from aiohttp import web
+
+from ._checks import invalid_request, model_not_found
+from ._config import FAULTS
+from ._http import error_response, server_error_response
+from ._markers import marker_pattern
+
+__all__ = [
+    "BATCH_FAULTS",
+    "DEFAULT_EXPIRE_FRACTION",
+    "HANG_CREATE_SECONDS",
+    "LINE_ERROR_MARKER",
+    "LINE_FAULTS",
+    "LINE_MARKER",
+    "SIM_FAULT_KEY",
+    "BatchFault",
+    "fault_text",
+    "line_fault_response",
+    "parse_batch_fault",
+]
+
+BATCH_FAULTS = frozenset({"expire", "fail_validation", "slow_finalizing", "hang_create"})
+LINE_ERROR_MARKER = "line_error"
+SIM_FAULT_KEY = "sim_fault"
+LINE_FAULTS = FAULTS | {LINE_ERROR_MARKER}
+LINE_MARKER = marker_pattern(LINE_FAULTS)
+DEFAULT_EXPIRE_FRACTION = 0.5
+HANG_CREATE_SECONDS = 3600.0
+
+_FAULT_TEXT = re.compile(r"(?P<name>[a-z_]+)(?::(?P<arg>[0-9]*\.?[0-9]+))?")
+
+
+class BatchFault(NamedTuple):
+    name: str
+    argument: float | None = None
+
+
+def parse_batch_fault(text: str) -> BatchFault:
+    """``expire[:FRACTION]``, ``fail_validation``, ``slow_finalizing[:SECONDS]`` or ``hang_create[:SECONDS]``;
+    anything else is a ValueError."""
+    found = _FAULT_TEXT.fullmatch(text.strip())
+    name = found.group("name") if found else None
+    if found is None or name not in BATCH_FAULTS:
+        raise ValueError(
+            f"Unknown batch fault {text!r}; use expire[:FRACTION], fail_validation, slow_finalizing[:SECONDS] "
+            "or hang_create[:SECONDS]."
+        )
+    arg = found.group("arg")
+    if arg is None:
+        return BatchFault(name)
+    value = float(arg)
+    if name == "fail_validation":
+        raise ValueError("The batch fault fail_validation takes no argument.")
+    if name == "expire" and not 0.0 <= value <= 1.0:
+        raise ValueError(f"expire:FRACTION needs a fraction from 0 to 1, got {arg}.")
+    return BatchFault(name, value)
+
+
+def fault_text(fault: BatchFault) -> str:
+    return fault.name if fault.argument is None else f"{fault.name}:{fault.argument:g}"
+
+
+def line_fault_response(fault: str, *, model: str) -> web.Response:
+    """What a batch line answers for a marker fault; a batch has no connection to hang, drop or garble: a 500."""
+    if fault == "400":
+        return invalid_request("Simulated bad request (simulator fault 400).", param=None, code=None)
+    if fault == "401":
+        return error_response(status=401, message="Incorrect API key provided (simulator fault 401).",
+                              code="invalid_api_key")
+    if fault == "404":
+        return model_not_found(model)
+    if fault == "429":
+        return error_response(
+            status=429, type="requests", code="rate_limit_exceeded",
+            message=f"Rate limit reached for {model} in organization org-simulator on requests per min (RPM) "
+                    "(simulator fault 429).")
+    if fault == "503":
+        return server_error_response(503)
+    return server_error_response(500)

@@ -1,0 +1,344 @@
+"""One batch's life from validating to its final status, each line answered exactly as chat would answer it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import os
+import secrets
+import time
+from collections.abc import Iterator
+from typing import IO, Any
+
+from aiohttp import web
+
+from llm_dispatch import OPENAI_BATCH_LIMITS, BatchLimits
+
+from ._batch_faults import (
+    DEFAULT_EXPIRE_FRACTION,
+    LINE_ERROR_MARKER,
+    LINE_FAULTS,
+    LINE_MARKER,
+    line_fault_response,
+)
+from ._batch_store import TERMINAL, Batch, BatchStore, Sink, now
+from ._checks import invalid_request, model_not_found, validate_chat_body
+from ._completions import body_digest, plan_completion, render_completion
+from ._http import json_dumps
+from ._markers import MARKER_BYTES, marker_fault
+from ._state import SimState
+
+__all__ = ["BatchRun"]
+
+logger = logging.getLogger(__name__)
+
+# Shares of batch_processing_seconds spent validating and finalizing; in_progress gets the rest.
+_VALIDATING_SHARE = 0.1
+_FINALIZING_SHARE = 0.1
+# Lines handled between yields to the event loop, and the fewest progress steps a batch shows.
+_CHUNK_LINES = 256
+_MIN_PROGRESS_STEPS = 20
+_MAX_VALIDATION_ERRORS = 100
+
+# Exactly how httpx encodes a JSON body, so a batch line's body hashes to the real-time answer's digest.
+_body_bytes = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+
+
+def _validation_error(code: str, message: str, *, line: int | None = None, param: str | None = None) -> dict[str, Any]:
+    return {"code": code, "message": message, "param": param, "line": line}
+
+
+class BatchRun:
+    """One batch from validating to its final status, in the simulator's event loop."""
+
+    def __init__(self, *, batch: Batch, store: BatchStore, state: SimState,
+                 limits: BatchLimits = OPENAI_BATCH_LIMITS) -> None:
+        self._batch = batch
+        self._store = store
+        self._state = state
+        self._limits = limits
+        # Read once: a config change applies to the next batch, not halfway through this one.
+        self._seconds = state.config.batch_processing_seconds
+
+    async def run(self) -> None:
+        batch = self._batch
+        try:
+            await self._run()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            # A simulator bug must not leave a batch in_progress forever, with a client polling it.
+            logger.exception("simulated batch %s failed", batch.id)
+            self._finish("failed", errors=[_validation_error("simulator_error", f"The simulator failed: {exc!r}")])
+        finally:
+            if batch.status in TERMINAL:
+                outcomes = self._state.stats.batch_outcomes
+                outcomes[batch.status] = outcomes.get(batch.status, 0) + 1
+
+    async def _run(self) -> None:
+        batch = self._batch
+        started = time.monotonic()
+        try:
+            handle = batch.input_path.open("rb")
+        except FileNotFoundError:
+            self._finish("failed", errors=[_validation_error(
+                "file_not_found", f"The input file {batch.input_file_id} was deleted before the batch began.")])
+            return
+        with handle:
+            errors, total = await self._validate(handle)
+            await self._hold(started + self._seconds * _VALIDATING_SHARE)
+            if batch.cancel_requested.is_set():
+                await self._cancelled(None, None)
+                return
+            if batch.fault is not None and batch.fault.name == "fail_validation":
+                errors = [_validation_error(
+                    "simulated_validation_failure",
+                    "This batch failed validation on purpose (simulator fault fail_validation).", line=1)]
+            if errors:
+                self._finish("failed", errors=errors)
+                return
+            batch.status = "in_progress"
+            batch.in_progress_at = now()
+            batch.total = total
+            handle.seek(0)
+            stem = batch.id
+            output = Sink(self._store.new_path(f"{stem}-output.jsonl"))
+            failures = Sink(self._store.new_path(f"{stem}-errors.jsonl"))
+            try:
+                outcome = await self._answer_lines(handle, output=output, failures=failures)
+            finally:
+                output.close()
+                failures.close()
+        if outcome == "cancelled":
+            await self._cancelled(output, failures)
+            return
+        if outcome == "expired":
+            self._attach(output, failures)
+            self._finish("expired")
+            return
+        batch.status = "finalizing"
+        batch.finalizing_at = now()
+        hold = self._seconds * _FINALIZING_SHARE
+        if batch.fault is not None and batch.fault.name == "slow_finalizing":
+            hold = batch.fault.argument if batch.fault.argument is not None else self._seconds
+        await self._hold(time.monotonic() + hold)
+        if batch.cancel_requested.is_set():
+            await self._cancelled(output, failures)
+            return
+        self._attach(output, failures)
+        self._finish("completed")
+
+    async def _validate(self, handle: IO[bytes]) -> tuple[list[dict[str, Any]], int]:
+        """(errors, requests) for the input file, read line by line as OpenAI validates it."""
+        errors: list[dict[str, Any]] = []
+        seen: set[str] = set()
+        model: str | None = None
+        total = 0
+        allowed = self._state.allowed_models
+
+        def fail(code: str, message: str, line: int, param: str | None = None) -> None:
+            errors.append(_validation_error(code, message, line=line, param=param))
+
+        for number, raw in enumerate(handle, start=1):
+            if number % _CHUNK_LINES == 0:
+                await asyncio.sleep(0)
+            if len(errors) >= _MAX_VALIDATION_ERRORS:
+                break
+            if not raw.strip():
+                continue
+            total += 1
+            try:
+                record = json.loads(raw)
+            except ValueError:
+                fail("invalid_json_line", "This line is not parseable as valid JSON.", number)
+                continue
+            if not isinstance(record, dict):
+                fail("invalid_json_line", "This line is not a JSON object.", number)
+                continue
+            custom_id = record.get("custom_id")
+            if not isinstance(custom_id, str) or not custom_id:
+                fail("missing_required_parameter", "Missing required parameter: 'custom_id'.", number, "custom_id")
+                continue
+            if custom_id in seen:
+                fail("duplicate_custom_id",
+                     "The custom_id for this request is a duplicate of another request. "
+                     "The custom_id parameter must be unique for each request in a batch.", number, "custom_id")
+                continue
+            seen.add(custom_id)
+            if record.get("method") != "POST":
+                fail("invalid_method", f"Only POST is supported, got {record.get('method')!r}.", number, "method")
+                continue
+            if record.get("url") != self._batch.endpoint:
+                fail("invalid_url", f"The URL {record.get('url')!r} does not match the batch's endpoint "
+                     f"'{self._batch.endpoint}'.", number, "url")
+                continue
+            body = record.get("body")
+            line_model = body.get("model") if isinstance(body, dict) else None
+            if not isinstance(line_model, str) or not line_model:
+                fail("missing_required_parameter", "Missing required parameter: 'body.model'.", number, "body.model")
+                continue
+            if model is None:
+                model = line_model
+                if allowed is not None and model not in allowed:
+                    fail("model_not_found", f"The model `{model}` does not exist or you do not have access to it.",
+                         number, "body.model")
+            elif line_model != model:
+                fail("mismatched_model", f"The model '{line_model}' differs from '{model}' of the batch's other "
+                     "requests; a batch may use one model only.", number, "body.model")
+        if not errors:
+            size = os.fstat(handle.fileno()).st_size  # the path may be gone: its file was deleted
+            if total == 0:
+                errors.append(_validation_error("empty_file", "The input file has no requests."))
+            elif total > self._limits.max_requests:
+                errors.append(_validation_error(
+                    "too_many_requests",
+                    f"The input file has {total} requests; a batch may hold at most {self._limits.max_requests}."))
+            elif size > self._limits.max_bytes:
+                errors.append(_validation_error(
+                    "file_too_large", f"The input file is {size} bytes; a batch may be at most "
+                    f"{self._limits.max_bytes}."))
+        return errors, total
+
+    async def _answer_lines(self, handle: IO[bytes], *, output: Sink, failures: Sink) -> str:
+        """Answer lines in chunks, paced over the in_progress share; 'done', 'expired' or 'cancelled'."""
+        batch = self._batch
+        total = batch.total
+        duration = self._seconds * (1.0 - _VALIDATING_SHARE - _FINALIZING_SHARE)
+        expiring = batch.fault is not None and batch.fault.name == "expire"
+        stop_after = total
+        if expiring:
+            assert batch.fault is not None
+            fraction = batch.fault.argument if batch.fault.argument is not None else DEFAULT_EXPIRE_FRACTION
+            stop_after = math.floor(total * fraction)
+        chunk = max(1, min(_CHUNK_LINES, total // _MIN_PROGRESS_STEPS))
+        started = time.monotonic()
+        answered = 0
+        lines = _records(handle)
+        for record in lines:
+            if answered >= stop_after:
+                await self._expire_rest(record, lines, failures)
+                return "expired"
+            ok, line = self._answer(record)
+            (output if ok else failures).write(line)
+            if ok:
+                batch.completed += 1
+            else:
+                batch.failed += 1
+            self._state.stats.batch_lines += 1
+            answered += 1
+            if answered % chunk == 0:
+                await self._hold(started + duration * answered / total)
+                if batch.cancel_requested.is_set():
+                    return "cancelled"
+        if expiring:  # expire:1 answers every line and still expires
+            return "expired"
+        await self._hold(started + duration)
+        return "cancelled" if batch.cancel_requested.is_set() else "done"
+
+    async def _expire_rest(self, first: dict[str, Any], rest: Iterator[dict[str, Any]], failures: Sink) -> None:
+        error = {"code": "batch_expired",
+                 "message": "This request could not be executed before the completion window expired."}
+        failures.write(_error_line(first["custom_id"], error))
+        for number, record in enumerate(rest, start=1):
+            failures.write(_error_line(record["custom_id"], error))
+            if number % _CHUNK_LINES == 0:
+                await asyncio.sleep(0)
+
+    def _answer(self, record: dict[str, Any]) -> tuple[bool, bytes]:
+        """(success, output line) for one input record: exactly what the chat endpoint answers for its body."""
+        state = self._state
+        custom_id: str = record["custom_id"]
+        body = record["body"]
+        try:
+            raw = _body_bytes(body).encode()
+        except ValueError:  # NaN or Infinity: Python's JSON reader takes them, OpenAI's does not
+            refused = invalid_request("The body contains a number JSON cannot hold (NaN or Infinity).",
+                                      param="body", code="invalid_value")
+            return False, self._response_line(custom_id, refused.status, refused.body)
+        digest = body_digest(raw, state=state)
+        if MARKER_BYTES in raw:
+            forced = self._marker_fault(body, digest)
+            if forced == LINE_ERROR_MARKER:
+                return False, _error_line(custom_id, {
+                    "code": "simulated_line_error",
+                    "message": "This request failed inside the batch (simulator marker [[sim:line_error]])."})
+            if isinstance(forced, web.Response):
+                return False, self._response_line(custom_id, forced.status, forced.body)
+            if forced is not None:
+                refused = line_fault_response(forced, model=str(body.get("model")))
+                return False, self._response_line(custom_id, refused.status, refused.body)
+        invalid = validate_chat_body(body)
+        if invalid is None and state.allowed_models is not None and body["model"] not in state.allowed_models:
+            invalid = model_not_found(body["model"])
+        if invalid is not None:
+            return False, self._response_line(custom_id, invalid.status, invalid.body)
+        # Chat's answer without latency, quotas and random faults, which a batch does not meet.
+        completion, _ = render_completion(plan_completion(body, digest=digest), state=state)
+        return True, self._response_line(custom_id, 200, completion)
+
+    def _marker_fault(self, body: dict[str, Any], digest: bytes) -> str | web.Response | None:
+        return marker_fault(body.get("messages"), digest=digest, hits=self._state.marker_hits, pattern=LINE_MARKER,
+                            allowed=LINE_FAULTS, where="in a batch ")
+
+    def _response_line(self, custom_id: str, status: int, body: Any) -> bytes:
+        return b"".join((
+            b'{"id":"batch_req_', secrets.token_hex(16).encode(), b'","custom_id":', json_dumps(custom_id).encode(),
+            b',"response":{"status_code":', str(status).encode(), b',"request_id":"',
+            self._state.next_request_id().encode(), b'","body":', bytes(body),
+            b'},"error":null}\n',
+        ))
+
+    def _attach(self, output: Sink | None, failures: Sink | None) -> None:
+        """Make the written files downloadable; an empty one gets no id, as OpenAI leaves it null."""
+        batch = self._batch
+        for sink, kind in ((output, "output"), (failures, "error")):
+            if sink is None:
+                continue
+            if sink.lines == 0:
+                sink.path.unlink(missing_ok=True)
+                continue
+            stored = self._store.add_file(
+                path=sink.path, size=sink.size, filename=f"{batch.id}_{kind}.jsonl", purpose="batch_output"
+            )
+            if kind == "output":
+                batch.output_file_id = stored.id
+            else:
+                batch.error_file_id = stored.id
+
+    async def _cancelled(self, output: Sink | None, failures: Sink | None) -> None:
+        # "cancelling" is visible for a moment, as it is (for much longer) at OpenAI.
+        await asyncio.sleep(self._seconds * _FINALIZING_SHARE)
+        self._attach(output, failures)
+        self._finish("cancelled")
+
+    def _finish(self, status: str, *, errors: list[dict[str, Any]] | None = None) -> None:
+        batch = self._batch
+        batch.status = status
+        setattr(batch, f"{status}_at", now())
+        if errors:
+            batch.errors = errors
+
+    async def _hold(self, until: float) -> None:
+        """Wait until ``until`` (monotonic) or a cancel, whichever is first; always yields once."""
+        delay = until - time.monotonic()
+        if delay <= 0:
+            await asyncio.sleep(0)
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(delay):
+                await self._batch.cancel_requested.wait()
+
+
+def _records(handle: IO[bytes]) -> Iterator[dict[str, Any]]:
+    # Already validated, so every non-blank line is a well-formed record.
+    for raw in handle:
+        if raw.strip():
+            yield json.loads(raw)
+
+
+def _error_line(custom_id: str, error: dict[str, str]) -> bytes:
+    line = {"id": f"batch_req_{secrets.token_hex(16)}", "custom_id": custom_id, "response": None, "error": error}
+    return json_dumps(line).encode() + b"\n"

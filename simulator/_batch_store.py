@@ -1,0 +1,152 @@
+"""Files and batches of one simulator: their API objects, and the temporary directory that holds their bytes."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import shutil
+import tempfile
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from aiohttp import web
+
+from ._batch_faults import BatchFault
+from ._state import SimState
+
+__all__ = ["COMPLETION_WINDOW", "TERMINAL", "Batch", "BatchStore", "Sink", "StoredFile", "now"]
+
+# The only completion window OpenAI's Batch API offers, and how long it is.
+COMPLETION_WINDOW = "24h"
+_WINDOW_SECONDS = 24 * 3600
+TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
+_WRITE_BUFFER = 1024 * 1024
+
+
+def now() -> int:
+    return int(time.time())
+
+
+@dataclass(slots=True)
+class StoredFile:
+    id: str
+    path: Path
+    bytes: int
+    filename: str
+    purpose: str
+    created_at: int
+
+    def to_api(self) -> dict[str, Any]:
+        return {
+            "id": self.id, "object": "file", "bytes": self.bytes, "created_at": self.created_at,
+            "filename": self.filename, "purpose": self.purpose, "status": "processed", "status_details": None,
+            "expires_at": None,
+        }
+
+
+@dataclass(slots=True, kw_only=True)
+class Batch:
+    id: str
+    input_file_id: str
+    input_path: Path
+    endpoint: str
+    completion_window: str
+    metadata: dict[str, str] | None
+    fault: BatchFault | None
+    created_at: int
+    status: str = "validating"
+    output_file_id: str | None = None
+    error_file_id: str | None = None
+    in_progress_at: int | None = None
+    finalizing_at: int | None = None
+    completed_at: int | None = None
+    failed_at: int | None = None
+    expired_at: int | None = None
+    cancelling_at: int | None = None
+    cancelled_at: int | None = None
+    total: int = 0
+    completed: int = 0
+    failed: int = 0
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    cancel_requested: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def to_api(self) -> dict[str, Any]:
+        return {
+            "id": self.id, "object": "batch", "endpoint": self.endpoint,
+            "errors": {"object": "list", "data": self.errors} if self.errors else None,
+            "input_file_id": self.input_file_id, "completion_window": self.completion_window,
+            "status": self.status, "output_file_id": self.output_file_id, "error_file_id": self.error_file_id,
+            "created_at": self.created_at, "in_progress_at": self.in_progress_at,
+            "expires_at": self.created_at + _WINDOW_SECONDS, "finalizing_at": self.finalizing_at,
+            "completed_at": self.completed_at, "failed_at": self.failed_at, "expired_at": self.expired_at,
+            "cancelling_at": self.cancelling_at, "cancelled_at": self.cancelled_at,
+            "request_counts": {"total": self.total, "completed": self.completed, "failed": self.failed},
+            "metadata": self.metadata,
+        }
+
+
+class Sink:
+    """An output or error file being written; becomes a file object only if it got a line."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.lines = 0
+        self.size = 0
+        self._handle: IO[bytes] = path.open("wb", _WRITE_BUFFER)
+
+    def write(self, line: bytes) -> None:
+        self._handle.write(line)
+        self.lines += 1
+        self.size += len(line)
+
+    def close(self) -> None:
+        self._handle.close()
+
+
+class BatchStore:
+    """Files and batches of one simulator, in a temporary directory it owns."""
+
+    def __init__(self, state: SimState) -> None:
+        self._state = state
+        self._directory: Path | None = None
+        self.files: dict[str, StoredFile] = {}
+        self.batches: dict[str, Batch] = {}  # in creation order
+        self.queued_faults: deque[BatchFault] = deque()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def new_path(self, name: str) -> Path:
+        if self._directory is None or not self._directory.exists():
+            self._directory = Path(tempfile.mkdtemp(prefix="llm-dispatch-sim-batch-"))
+        return self._directory / name
+
+    def add_file(self, *, path: Path, size: int, filename: str, purpose: str) -> StoredFile:
+        stored = StoredFile(
+            id=f"file-{secrets.token_hex(12)}", path=path, bytes=size, filename=filename, purpose=purpose,
+            created_at=now(),
+        )
+        self.files[stored.id] = stored
+        return stored
+
+    def start(self, coroutine: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def reset(self) -> None:
+        """Forget every file and batch (POST /_sim/reset); running batches stop where they are."""
+        for task in self._tasks:
+            task.cancel()
+        self.files.clear()
+        self.batches.clear()
+        self.queued_faults.clear()
+        directory, self._directory = self._directory, None
+        if directory is not None:
+            shutil.rmtree(directory, ignore_errors=True)
+
+    async def close(self, app: web.Application) -> None:
+        tasks = list(self._tasks)
+        self.reset()
+        await asyncio.gather(*tasks, return_exceptions=True)

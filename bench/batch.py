@@ -68,7 +68,7 @@ def _messages(i: int) -> list[dict[str, Any]]:
 def _prompts(count: int) -> Iterator[Any]:
     """NewPrompts as the CLI would store them after routing: distinct, so no line is shared or reused."""
     import storage
-    from llm_dispatch._types import dedupe_key
+    from llm_dispatch import dedupe_key
 
     for i in range(count):
         messages = _messages(i)

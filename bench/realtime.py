@@ -3,7 +3,10 @@
 10,000 prompts against the simulator (its own process) at 200 ms latency, concurrency 100 and 400.
 Each variant runs in a fresh child process, alternating, repeated; medians are reported.
 
-    python bench/realtime.py [--prompts 10000] [--latency 0.2] [--concurrency 100 400] [--repeat 3]
+    python bench/realtime.py [--prompts 10000] [--latency 0.2] [--concurrency 100 400] [--repeat 3] [--record-first]
+
+``--record-first`` stores a new job whole before its first request (the flow otherwise sends its
+first chunks while the rest is stored): how much sending while recording is worth.
 
 The flow's time covers the whole flow call (Prefect creating the flow run, validating and recording the
 prompts, planning, sending, persisting every result, the summary); process start-up (imports, and
@@ -66,12 +69,17 @@ async def baseline(*, base_url: str, prompts: Path, concurrency: int) -> dict[st
     return {"seconds": elapsed, "count": len(bodies)}
 
 
-async def flow(*, base_url: str, prompts: Path, concurrency: int, db: str) -> dict[str, float]:
+async def flow(*, base_url: str, prompts: Path, concurrency: int, db: str, record_first: bool) -> dict[str, float]:
     import logging
 
     from prefect import flow as prefect_flow
 
+    import flows.realtime
     from flows.realtime import realtime_dispatch
+
+    if record_first:
+        # A head as large as any job: the whole input is stored before the first chunk is planned.
+        flows.realtime.lane_count = lambda settings: 1 << 40  # type: ignore[assignment]
 
     logging.getLogger("prefect").setLevel(logging.WARNING)
 
@@ -97,19 +105,22 @@ def child(args: argparse.Namespace) -> None:
     if args.child == "baseline":
         result = asyncio.run(baseline(base_url=args.base_url, prompts=prompts, concurrency=args.c))
     else:
-        result = asyncio.run(flow(base_url=args.base_url, prompts=prompts, concurrency=args.c, db=args.db))
+        result = asyncio.run(flow(base_url=args.base_url, prompts=prompts, concurrency=args.c, db=args.db,
+                                  record_first=args.record_first))
     usage = resource.getrusage(resource.RUSAGE_SELF)
     result["peak_rss_mb"] = usage.ru_maxrss / 1024
     result["cpu_seconds"] = usage.ru_utime + usage.ru_stime
     print("RESULT " + json.dumps(result), flush=True)
 
 
-def run_child(kind: str, *, base_url: str, prompts: Path, concurrency: int, workdir: Path, run: int) -> dict[str, float]:
+def run_child(
+    kind: str, *, base_url: str, prompts: Path, concurrency: int, workdir: Path, run: int, record_first: bool = False
+) -> dict[str, float]:
     db = f"sqlite+aiosqlite:///{workdir / f'bench-{kind}-{concurrency}-{run}.db'}"
     env = {**os.environ, "PREFECT_LOGGING_LEVEL": "WARNING", "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
         [sys.executable, __file__, "--child", kind, "--base-url", base_url, "--prompts-file", str(prompts),
-         "--c", str(concurrency), "--db", db],
+         "--c", str(concurrency), "--db", db, *(["--record-first"] if record_first else [])],
         env=env, capture_output=True, text=True, cwd=workdir, timeout=900,
     )
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
@@ -129,6 +140,7 @@ def main() -> None:
     parser.add_argument("--prompts-file")
     parser.add_argument("--c", type=int)
     parser.add_argument("--db")
+    parser.add_argument("--record-first", action="store_true", help="store a new job whole before sending")
     args = parser.parse_args()
     if args.child:
         child(args)
@@ -150,7 +162,8 @@ def main() -> None:
                 for run in range(args.repeat):
                     for kind in ("baseline", "flow"):
                         results[kind].append(run_child(kind, base_url=base_url, prompts=prompts,
-                                                       concurrency=concurrency, workdir=workdir, run=run))
+                                                       concurrency=concurrency, workdir=workdir, run=run,
+                                                       record_first=args.record_first))
                 rate = {k: statistics.median(r["count"] / r["seconds"] for r in v) for k, v in results.items()}
                 ratios = [f["count"] / f["seconds"] / (b["count"] / b["seconds"]) for f, b in zip(results["flow"], results["baseline"])]
                 send_ratios = [f["count"] / f["send_seconds"] / (b["count"] / b["seconds"])

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
+from conftest import Sim
 
 
 @pytest.fixture
@@ -66,3 +68,38 @@ def test_commands_on_a_missing_database_say_so(runner: CliRunner, in_tmp: Path, 
     assert result.exit_code == 2
     assert "no database at" in result.output and "llm-dispatch run FILE" in result.output
     assert not (in_tmp / "llm_dispatch.db").exists()
+
+
+BIG_PROMPT = "Tell me about the quiet river by the old mill. " * 62_500  # 3 MB of English
+
+
+@pytest.mark.parametrize(
+    ("record", "expected"),
+    [
+        ({"id": "neg", "prompt": "hi", "params": {"max_tokens": -5}},
+         "error: bad.jsonl:2: must be an integer >= 1, got -5 (field 'params.max_tokens')"),
+        ({"id": "hot", "prompt": "hi", "params": {"temperature": "hot"}},
+         "error: bad.jsonl:2: must be a number from 0 to 2, got \"hot\" (field 'params.temperature')"),
+        ({"id": "big", "prompt": BIG_PROMPT, "model": "gpt-4o"},
+         "tokens (estimated), more than gpt-4o's context window of 128,000; shorten it or send it to a model with a "
+         "larger window (field 'prompt')"),
+    ],
+    ids=["max_tokens -5", "temperature hot", "3 MB prompt to gpt-4o"],
+)
+def test_a_bad_parameter_or_an_oversized_prompt_is_one_line_exit_2_nothing_written_or_sent(
+    runner: CliRunner, in_tmp: Path, monkeypatch: pytest.MonkeyPatch, sim: Sim, record: dict, expected: str
+) -> None:
+    monkeypatch.setenv("LLM_DISPATCH_BASE_URL", sim.base_url)
+    monkeypatch.setenv("LLM_DISPATCH_API_KEY", "sk-test")
+    bad = in_tmp / "bad.jsonl"
+    bad.write_text(json.dumps({"id": "ok", "prompt": "fine"}) + "\n" + json.dumps(record) + "\n", encoding="utf-8")
+
+    result = runner.invoke(app, ["run", "bad.jsonl", "--no-wait"])
+
+    assert result.exit_code == 2
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and expected in lines[0] and lines[0].startswith("error: bad.jsonl:2: ")
+    assert sorted(p.name for p in in_tmp.iterdir()) == ["bad.jsonl"]  # no database, no batch files
+    stats = sim.stats()
+    assert (stats["requests_total"], stats["batches"]) == (0, 0)
+

@@ -20,7 +20,7 @@ from typing import Any
 
 from ._exceptions import ConfigError
 from ._routing import Route
-from ._tokens import estimate_request_tokens
+from ._tokens import estimate_input_tokens, reply_cap
 from ._types import ChatRequest
 
 __all__ = [
@@ -183,13 +183,15 @@ class CostEstimate:
     """A request's expected tokens and cost before it is sent, and the most it can cost.
 
     The expected reply is ``typical_completion_tokens``, or the request's cap when that is lower;
-    the upper bound prices the reply at its cap (at the typical length when it has none).
+    the upper bound prices the longest reply the request allows: its cap, else its model's maximum
+    output. With neither there is no bound: ``max_completion_tokens`` and ``max_cost`` are None.
     """
 
     prompt_tokens: int
     completion_tokens: int
     cost: Decimal | None
-    max_completion_tokens: int = 0
+    max_completion_tokens: int | None = None
+    # None when the reply has no known bound, or the model no price.
     max_cost: Decimal | None = None
 
 
@@ -197,22 +199,20 @@ def estimate_request_cost(
     *, request: ChatRequest, route: Route, table: PriceTable, typical_completion_tokens: int
 ) -> CostEstimate:
     """Estimate a request's cost: heuristic prompt tokens, and the expected reply under the request's cap
-    (see ``expected_reply_tokens``); ``max_cost`` prices the reply at its cap."""
+    (see ``expected_reply_tokens``); ``max_cost`` prices the longest reply allowed (see ``CostEstimate``)."""
     params = request.params
-    # With no reply allowance this is the prompt alone, tools and response_format included
-    # (they are billed as input), counted the same way as the rate limiter counts them.
-    prompt_only = ChatRequest(
-        model=request.model,
-        messages=request.messages,
-        params={k: v for k, v in params.items() if k not in ("max_completion_tokens", "max_tokens")},
-    )
-    prompt_tokens = estimate_prompt_tokens_of(prompt_only)
-    limit = params.get("max_completion_tokens") or params.get("max_tokens")
+    # Tools and response_format included (they are billed as input), counted as the rate limiter counts them.
+    prompt_tokens = estimate_input_tokens(request)
     choices = max(int(params.get("n") or 1), 1)
-    cap = int(limit) if limit else None
+    cap = reply_cap(params)
+    limits = table.limits_for(request.model)
+    most = limits.max_output_tokens if limits is not None else None
+    longest = min(cap, most) if cap is not None and most is not None else cap if cap is not None else most
     expected = round(expected_reply_tokens(typical=typical_completion_tokens, cap=cap) * choices)
-    ceiling = (cap if cap is not None else typical_completion_tokens) * choices
     cost = table.cost(model=request.model, route=route, prompt_tokens=prompt_tokens, completion_tokens=expected)
+    if longest is None:
+        return CostEstimate(prompt_tokens=prompt_tokens, completion_tokens=expected, cost=cost)
+    ceiling = longest * choices
     max_cost = table.cost(model=request.model, route=route, prompt_tokens=prompt_tokens, completion_tokens=ceiling)
     return CostEstimate(prompt_tokens=prompt_tokens, completion_tokens=expected, cost=cost,
                         max_completion_tokens=ceiling, max_cost=max_cost)
@@ -231,10 +231,6 @@ def expected_reply_tokens(*, typical: float, cap: int | None) -> float:
     if cap is None:
         return float(typical)
     return typical * -math.expm1(-cap / typical)
-
-
-def estimate_prompt_tokens_of(request: ChatRequest) -> int:
-    return estimate_request_tokens(request, default_completion_tokens=0)
 
 
 @dataclass(slots=True)

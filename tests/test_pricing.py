@@ -222,6 +222,33 @@ def test_estimate_uses_prompt_estimate_and_reply_cap(table: PriceTable) -> None:
     assert typical.cost == (prompt * Decimal("0.15") + 300 * Decimal("0.60")) / M / 2
 
 
+def test_the_bound_is_the_cap_else_the_models_maximum_output_else_none(table: PriceTable) -> None:
+    messages = [{"role": "user", "content": "Summarise the history of Rome."}]
+    prompt = estimate_prompt_tokens(messages)
+    # No max_tokens: a gpt-4o reply may run to its maximum output, 16,384 tokens, not the typical 100.
+    uncapped = estimate_request_cost(request=ChatRequest(model="gpt-4o", messages=messages), route="realtime",
+                                     table=table, typical_completion_tokens=100)
+    assert uncapped.completion_tokens == 100 and uncapped.max_completion_tokens == 16_384
+    assert uncapped.max_cost == (prompt * Decimal("2.50") + 16_384 * Decimal("10.00")) / M
+    # A cap above the model's maximum cannot be reached: the maximum bounds it.
+    over = estimate_request_cost(request=ChatRequest(model="gpt-4o", messages=messages,
+                                                     params={"max_completion_tokens": 50_000}),
+                                 route="batch", table=table, typical_completion_tokens=100)
+    assert over.max_completion_tokens == 16_384
+    assert over.max_cost == (prompt * Decimal("2.50") + 16_384 * Decimal("10.00")) / M / 2
+    # A model whose maximum output is unknown: no bound without max_tokens, though it has a price.
+    priced = PriceTable(prices_as_of="2025-08-07", source="test", currency="USD",
+                        models={"my-model": ModelPrice(input=Decimal(1), cached_input=Decimal(1), output=Decimal(2),
+                                                       batch_discount=Decimal("0.5"))})
+    unbounded = estimate_request_cost(request=ChatRequest(model="my-model", messages=messages), route="realtime",
+                                      table=priced, typical_completion_tokens=100)
+    assert unbounded.cost == (prompt + 200) / Decimal(M)
+    assert unbounded.max_completion_tokens is None and unbounded.max_cost is None
+    capped = estimate_request_cost(request=ChatRequest(model="my-model", messages=messages, params={"max_tokens": 10}),
+                                   route="realtime", table=priced, typical_completion_tokens=100)
+    assert capped.max_cost == (prompt + 20) / Decimal(M)
+
+
 def test_estimate_counts_tools_as_input_and_unknown_model_as_none(table: PriceTable) -> None:
     messages = [{"role": "user", "content": "hi"}]
     tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
+import storage
 from cli.main import app
+from llm_dispatch._types import ChatResult, dedupe_key
 from conftest import Sim
 
 
@@ -103,3 +106,50 @@ def test_a_bad_parameter_or_an_oversized_prompt_is_one_line_exit_2_nothing_writt
     stats = sim.stats()
     assert (stats["requests_total"], stats["batches"]) == (0, 0)
 
+
+def test_export_json_is_one_array_of_the_rows(runner: CliRunner, in_tmp: Path) -> None:
+    url = f"sqlite+aiosqlite:///{in_tmp / 'results.db'}"
+    job_id = asyncio.run(_answered_job(url))
+
+    as_json = runner.invoke(app, ["export", job_id, "--json", "--database-url", url])
+    as_jsonl = runner.invoke(app, ["export", job_id, "--database-url", url])
+
+    assert as_json.exit_code == 0 and as_jsonl.exit_code == 0
+    rows = json.loads(as_json.output)
+    assert rows == [json.loads(line) for line in as_jsonl.output.splitlines()]
+    assert [(r["custom_id"], r["status"], r["text"], r["completion_tokens"]) for r in rows] == [
+        ("q-1", "succeeded", "Canberra", 3), ("q-2", "pending", None, None)]
+    assert rows[0]["metadata"] == {"source": "quiz"} and rows[0]["cost_usd"] > 0
+
+    written = runner.invoke(app, ["export", job_id, "--json", "-o", "out.json", "--database-url", url])
+    assert written.exit_code == 0 and "wrote 2 rows to out.json" in written.output
+    assert json.loads((in_tmp / "out.json").read_text(encoding="utf-8")) == rows
+    both = runner.invoke(app, ["export", job_id, "--json", "--format", "csv", "--database-url", url])
+    assert both.exit_code == 2 and "give --json or --format, not both" in both.output
+
+
+async def _answered_job(url: str) -> str:
+    """A job of two prompts in ``url``, the first answered."""
+    engine = storage.create_engine(url)
+    await storage.migrate(engine)
+    sessions = storage.session_factory(engine)
+    try:
+        job_id = await storage.create_job(sessions, name="t", fingerprint="e" * 64, input_path=None,
+                                          model="gpt-4o-mini", settings={})
+        prompts = []
+        for i, question in enumerate(["Capital of Australia?", "Define entropy."]):
+            messages = [{"role": "user", "content": question}]
+            prompts.append(storage.NewPrompt(
+                custom_id=f"q-{i + 1}", position=i, model="gpt-4o-mini", messages=messages, params={},
+                metadata={"source": "quiz"} if i == 0 else None,
+                dedupe_key=dedupe_key(model="gpt-4o-mini", messages=messages, params={}),
+                planned_route="realtime", route_reason="test"))
+        await storage.add_prompts(sessions, job_id=job_id, prompts=prompts)
+        first = (await storage.open_prompt_ids(sessions, job_id=job_id))[0]
+        async with storage.ResultWriter(sessions, job_id=job_id) as writer:
+            await writer.success(prompt_ids=[first], result=ChatResult(
+                text="Canberra", finish_reason="stop", prompt_tokens=12, completion_tokens=3, cached_tokens=0,
+                model="gpt-4o-mini-2024-07-18", response_id="r-1", latency_s=0.1, attempts=1))
+        return job_id
+    finally:
+        await engine.dispose()

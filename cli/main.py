@@ -257,15 +257,19 @@ def _report(query: Any, show: Any, *, settings: Settings, job: str | None, as_js
 @app.command()
 def export(
     job: Annotated[str, typer.Argument(help="the job to export")],
-    fmt: Annotated[str, typer.Option("--format", help="jsonl or csv")] = "jsonl",
+    fmt: Annotated[Optional[str], typer.Option("--format", help="jsonl (default) or csv")] = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="file to write (default: stdout)")] = None,
     database_url: Annotated[Optional[str], typer.Option(help="SQLAlchemy URL (default: ./llm_dispatch.db)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="one JSON array of the rows (instead of --format)")] = False,
 ) -> None:
     """Every prompt of JOB in input order with its answer or error, tokens, cost, ids and metadata."""
     from . import reports
 
-    if fmt not in ("jsonl", "csv"):
+    if as_json and fmt is not None:
+        raise _fail("give --json or --format, not both")
+    if fmt not in (None, "jsonl", "csv"):
         raise _fail(f"--format must be jsonl or csv, not {fmt!r}")
+    fmt = "json" if as_json else fmt or "jsonl"
     settings = _settings(database_url=database_url)
     try:
         written = asyncio.run(reports.export(settings=settings, job_id=job, fmt=fmt, output=output))

@@ -130,6 +130,7 @@ def print_cost(console: Console, data: dict[str, Any]) -> None:
 
 
 async def export(*, settings: Settings, job_id: str, fmt: str, output: Path | None) -> int:
+    """Write the job's rows as ``jsonl`` (one object a line), ``json`` (one array) or ``csv``; returns how many."""
     table = PriceTable.load(path=Path(settings.prices_file) if settings.prices_file else None)
     async with _database(settings) as sessions:
         if await storage.get_job(sessions, job_id=job_id) is None:
@@ -139,14 +140,21 @@ async def export(*, settings: Settings, job_id: str, fmt: str, output: Path | No
             writer = csv.DictWriter(handle, fieldnames=EXPORT_FIELDS) if fmt == "csv" else None
             if writer is not None:
                 writer.writeheader()
+            elif fmt == "json":
+                handle.write("[")
             count = 0
             async for row in storage.export_rows(sessions, job_id=job_id):
                 record = _export_record(row, table)
                 if writer is not None:
                     writer.writerow({**record, "metadata": json.dumps(record["metadata"]) if record["metadata"] else ""})
+                elif fmt == "json":
+                    # Written row by row like the others, so a large job is never held in memory whole.
+                    handle.write(("," if count else "") + "\n" + json.dumps(record, ensure_ascii=False))
                 else:
                     handle.write(json.dumps(record, ensure_ascii=False) + "\n")
                 count += 1
+            if fmt == "json":
+                handle.write("\n]\n")
         finally:
             if output is not None:
                 handle.close()

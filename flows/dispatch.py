@@ -189,7 +189,12 @@ def describe_estimate(estimate: JobCost) -> str:
         for route, cost in (("realtime", estimate.totals.realtime), ("batch", estimate.totals.batch)) if cost.prompts
     ]
     text = ", ".join(parts) or "nothing to send"
-    text += f"; total ~${money(estimate.total):.6f} (at most ${money(estimate.max_total):.6f})"
+    if estimate.max_total is not None:
+        text += f"; total ~${money(estimate.total):.6f} (at most ${money(estimate.max_total):.6f})"
+    else:
+        models = ", ".join(sorted(estimate.unbounded_models))
+        text += (f"; total ~${money(estimate.total):.6f} (at most: unbounded, no max_tokens and no maximum "
+                 f"output known for {models})")
     if not estimate.complete:
         text += f"; NO PRICE for {', '.join(sorted(estimate.totals.unpriced_models))}: their cost is unknown"
     return text

@@ -24,13 +24,17 @@ CALIBRATION_MIN = 20
 class JobCost:
     """A job's cost per route (``totals``), as estimated or as reported by the provider.
 
-    ``max_total`` (estimates) prices every reply at its cap; ``reply_tokens`` is the typical (uncapped)
-    reply length the estimate assumed per model.
+    ``max_total`` (estimates) prices every reply at the longest its request allows: its cap, else its
+    model's maximum output. It is None, unbounded, when some priced request has neither
+    (``unbounded_models`` counts them per model); like ``total`` it leaves unpriced models out.
+    ``reply_tokens`` is the typical (uncapped) reply length the estimate assumed per model.
     """
 
     totals: CostTotals
-    max_total: Decimal = Decimal(0)
+    max_total: Decimal | None = Decimal(0)
     reply_tokens: dict[str, int] = field(default_factory=dict)
+    # Model name -> priced requests with no max_tokens to a model of unknown maximum output.
+    unbounded_models: dict[str, int] = field(default_factory=dict)
 
     @property
     def total(self) -> Decimal:
@@ -52,7 +56,9 @@ class JobCost:
             routes[route] = {"requests": r.prompts, "prompt_tokens": r.prompt_tokens,
                              "completion_tokens": r.completion_tokens, "cached_tokens": r.cached_tokens,
                              "cost": money(r.cost), "unpriced": r.unpriced}
-        return {"total": money(self.total), "max_total": money(self.max_total), "savings": money(self.savings),
+        return {"total": money(self.total),
+                "max_total": None if self.max_total is None else money(self.max_total),
+                "unbounded_models": dict(self.unbounded_models), "savings": money(self.savings),
                 "complete": self.complete, "unpriced_models": dict(self.totals.unpriced_models),
                 "prices_as_of": self.totals.table.prices_as_of, "reply_tokens": dict(self.reply_tokens),
                 "routes": routes}
@@ -76,12 +82,13 @@ async def estimate_cost(
 
     Input tokens are estimated offline (see ``llm_dispatch._tokens``); each reply is expected at the
     model's typical length as cut by the request's cap (``llm_dispatch._pricing.expected_reply_tokens``;
-    ``max_cost`` prices every reply at its cap). The typical length of a model is learnt from its last
+    ``max_total`` prices every reply at the longest allowed, see ``JobCost``). The typical length of a model is learnt from its last
     answers in this database once there are ``CALIBRATION_MIN`` of them (``storage.ReplyLengths.typical``:
     answers cut at their cap count as longer), else ``typical_completion_tokens``. Identical requests
     count once when ``dedupe`` is on, as they are sent once.
     """
     estimate = JobCost(totals=CostTotals(table=table))
+    bound = Decimal(0)
     rows_by_route = {}
     for route in ROUTES:
         ids = await storage.open_prompt_ids(sessions, job_id=job_id, retry_failed=retry_failed, planned_route=route)
@@ -106,7 +113,13 @@ async def estimate_cost(
                                           typical_completion_tokens=estimate.reply_tokens[row.model])
             estimate.totals.add(model=row.model, route=route, prompt_tokens=guess.prompt_tokens,  # type: ignore[arg-type]
                                 completion_tokens=guess.completion_tokens)
-            estimate.max_total += guess.max_cost or Decimal(0)
+            if guess.cost is None:
+                continue  # unpriced: counted in totals.unpriced_models, out of both figures
+            if guess.max_cost is None:
+                estimate.unbounded_models[row.model] = estimate.unbounded_models.get(row.model, 0) + 1
+            else:
+                bound += guess.max_cost
+    estimate.max_total = None if estimate.unbounded_models else bound
     return estimate
 
 
@@ -117,8 +130,9 @@ async def actual_cost(*, sessions: Sessions, job_id: str, table: PriceTable) -> 
     """
     ledger = JobCost(totals=CostTotals(table=table))
     for usage in await storage.usage_by_route(sessions, job_id=job_id):
-        cost = ledger.totals.add(model=usage.model, route=usage.route, prompt_tokens=usage.prompt_tokens,  # type: ignore[arg-type]
-                                 completion_tokens=usage.completion_tokens, cached_tokens=usage.cached_tokens,
-                                 requests=usage.prompts)
-        ledger.max_total += cost or Decimal(0)
+        ledger.totals.add(model=usage.model, route=usage.route, prompt_tokens=usage.prompt_tokens,  # type: ignore[arg-type]
+                          completion_tokens=usage.completion_tokens, cached_tokens=usage.cached_tokens,
+                          requests=usage.prompts)
+    # What was paid is its own bound.
+    ledger.max_total = ledger.total
     return ledger

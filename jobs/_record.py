@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 import storage
 from llm_dispatch import (
     ConfigError,
+    PriceTable,
     PromptSpec,
     RoutingRules,
     Settings,
@@ -91,10 +92,13 @@ def fingerprint_of(path: str | Path, *, settings: Settings) -> str:
 
 
 def load_specs(source: str | Path | Sequence[Mapping[str, Any]], *, settings: Settings) -> list[PromptSpec]:
-    """Parse and validate prompts from a path or a list of dicts; raises ``InputError``."""
+    """Parse and validate prompts from a path or a list of dicts, each against its model's context window
+    and maximum output in the price table (the bundled one and ``settings.prices_file``); raises
+    ``InputError`` (``ConfigError`` for a bad price file)."""
+    table = PriceTable.load(path=Path(settings.prices_file) if settings.prices_file else None)
     if isinstance(source, (str, Path)):
-        return read_prompts(source, default_model=settings.model)
-    return parse_prompt_dicts(source, default_model=settings.model)
+        return read_prompts(source, default_model=settings.model, table=table)
+    return parse_prompt_dicts(source, default_model=settings.model, table=table)
 
 
 async def record_job(

@@ -1,7 +1,8 @@
 """Reads prompt files (JSONL, CSV) or lists of dicts into validated prompt specs.
 
-The whole input is validated before anything is sent or written; the first problem raises an
-``InputError`` that names the file, the line and the field.
+The whole input is validated before anything is sent or written, known request parameters and,
+given the model table, each prompt against its model's context window included; the first problem
+raises an ``InputError`` that names the file, the line and the field.
 """
 
 from __future__ import annotations
@@ -16,8 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from ._exceptions import InputError
+from ._params import param_problem
+from ._pricing import ModelLimits, PriceTable
 from ._routing import URGENCIES, parse_deadline
-from ._types import dedupe_key
+from ._tokens import estimate_input_tokens, reply_cap
+from ._types import ChatRequest, dedupe_key
 
 __all__ = ["PromptSpec", "fingerprint", "read_prompts", "parse_prompt_dicts"]
 
@@ -69,8 +73,18 @@ def fingerprint(specs: Sequence[PromptSpec]) -> str:
     return digest.hexdigest()
 
 
-def read_prompts(path: str | Path, *, default_model: str, default_params: Mapping[str, Any] | None = None) -> list[PromptSpec]:
-    """Read and validate a ``.jsonl`` or ``.csv`` prompt file."""
+def read_prompts(
+    path: str | Path,
+    *,
+    default_model: str,
+    default_params: Mapping[str, Any] | None = None,
+    table: PriceTable | None = None,
+) -> list[PromptSpec]:
+    """Read and validate a ``.jsonl`` or ``.csv`` prompt file.
+
+    With ``table``, a prompt to a model whose limits it knows is refused when its estimated input
+    tokens plus its reply cap exceed the context window, or its cap exceeds the model's maximum output.
+    """
     path = Path(path)
     where = str(path)
     if not path.is_file():
@@ -80,10 +94,12 @@ def read_prompts(path: str | Path, *, default_model: str, default_params: Mappin
         with path.open(encoding="utf-8", newline="") as handle:
             if suffix in (".jsonl", ".ndjson", ".json"):
                 records = _jsonl_records(handle, where=where)
-                specs = _specs(records, where=where, default_model=default_model, default_params=default_params)
+                specs = _specs(records, where=where, default_model=default_model, default_params=default_params,
+                               table=table)
             elif suffix == ".csv":
                 records = _csv_records(handle, where=where)
-                specs = _specs(records, where=where, default_model=default_model, default_params=default_params)
+                specs = _specs(records, where=where, default_model=default_model, default_params=default_params,
+                               table=table)
             else:
                 raise InputError(f"unsupported file type {suffix or '(none)'!r}; use .jsonl or .csv", path=where)
     except UnicodeDecodeError as exc:
@@ -92,11 +108,15 @@ def read_prompts(path: str | Path, *, default_model: str, default_params: Mappin
 
 
 def parse_prompt_dicts(
-    items: Iterable[Mapping[str, Any]], *, default_model: str, default_params: Mapping[str, Any] | None = None
+    items: Iterable[Mapping[str, Any]],
+    *,
+    default_model: str,
+    default_params: Mapping[str, Any] | None = None,
+    table: PriceTable | None = None,
 ) -> list[PromptSpec]:
-    """Validate prompts given as dicts (programmatic use); errors name the item number (1-based)."""
+    """Validate prompts given as dicts (programmatic use), as ``read_prompts`` does; errors name the item number (1-based)."""
     records = ((number, item) for number, item in enumerate(items, start=1))
-    return _specs(records, where="prompts", default_model=default_model, default_params=default_params)
+    return _specs(records, where="prompts", default_model=default_model, default_params=default_params, table=table)
 
 
 def _jsonl_records(lines: Iterable[str], *, where: str) -> Iterable[tuple[int, Any]]:
@@ -137,12 +157,13 @@ def _specs(
     where: str,
     default_model: str,
     default_params: Mapping[str, Any] | None,
+    table: PriceTable | None,
 ) -> list[PromptSpec]:
     specs: list[PromptSpec] = []
     seen: dict[str, int] = {}
     for number, record in records:
         spec = _spec(record, where=where, line=number, position=len(specs), default_model=default_model,
-                     default_params=default_params)
+                     default_params=default_params, table=table)
         if spec.custom_id in seen:
             raise InputError(
                 f"duplicate id {spec.custom_id!r} (first on line {seen[spec.custom_id]}); ids must be unique",
@@ -163,6 +184,7 @@ def _spec(
     position: int,
     default_model: str,
     default_params: Mapping[str, Any] | None,
+    table: PriceTable | None,
 ) -> PromptSpec:
     def fail(message: str, field_name: str | None = None) -> InputError:
         return InputError(message, path=where, line=line, field=field_name)
@@ -201,6 +223,15 @@ def _spec(
         if bad:
             raise fail(f"'{bad[0]}' cannot be set per prompt (llm-dispatch sets it)", "params")
         params.update(given)
+    for name, value in params.items():
+        problem = param_problem(name, value)
+        if problem is not None:
+            raise fail(problem, f"params.{name}")
+    model = model.strip()
+    limits = table.limits_for(model) if table is not None else None
+    if limits is not None:
+        _check_limits(ChatRequest(model=model, messages=messages, params=params), limits,
+                      prompt_field="prompt" if has_prompt else "messages", fail=fail)
 
     metadata = record.get("metadata")
     if metadata is not None and not isinstance(metadata, Mapping):
@@ -209,13 +240,35 @@ def _spec(
     return PromptSpec(
         custom_id=str(raw_id),
         position=position,
-        model=model.strip(),
+        model=model,
         messages=messages,
         params=params,
         metadata=dict(metadata) if metadata is not None else None,
         urgency=_urgency(record.get("urgency"), fail=fail),
         deadline=_deadline(record.get("deadline"), fail=fail),
     )
+
+
+def _check_limits(request: ChatRequest, limits: ModelLimits, *, prompt_field: str, fail: Any) -> None:
+    """Refuse a request its model cannot take: a reply cap above the model's maximum output, or an
+    estimated prompt that with its cap does not fit the context window (the provider would refuse it)."""
+    model, params = request.model, request.params
+    cap = reply_cap(params)
+    cap_name = "max_completion_tokens" if params.get("max_completion_tokens") else "max_tokens"
+    most = limits.max_output_tokens
+    if cap is not None and most is not None and cap > most:
+        raise fail(f"{cap_name} {cap:,} is above {model}'s maximum output of {most:,} tokens; lower it",
+                   f"params.{cap_name}")
+    window = limits.context_window
+    if window is None:
+        return
+    prompt = estimate_input_tokens(request)
+    if prompt > window:
+        raise fail(f"is about {prompt:,} tokens (estimated), more than {model}'s context window of {window:,}; "
+                   "shorten it or send it to a model with a larger window", prompt_field)
+    if cap is not None and prompt + cap > window:
+        raise fail(f"about {prompt:,} prompt tokens (estimated) + {cap_name} {cap:,} exceed {model}'s context "
+                   f"window of {window:,}; lower {cap_name} to {window - prompt:,} or less", f"params.{cap_name}")
 
 
 def _urgency(value: Any, *, fail: Any) -> str | None:

@@ -1,7 +1,7 @@
-"""Model prices and exact cost arithmetic: a bundled price table, the user's overrides, totals.
+"""Model prices, context windows and exact cost arithmetic: a bundled model table, the user's overrides, totals.
 
 Prices are Decimals per 1M tokens, so sums over millions of prompts stay exact. A model missing
-from the table has no price (``None``), never a price of zero.
+from the table has no price (``None``), never a price of zero, and no known limits.
 """
 
 from __future__ import annotations
@@ -20,12 +20,13 @@ from typing import Any
 
 from ._exceptions import ConfigError
 from ._routing import Route
-from ._tokens import estimate_request_tokens
+from ._tokens import estimate_input_tokens, reply_cap
 from ._types import ChatRequest
 
 __all__ = [
     "CostEstimate",
     "CostTotals",
+    "ModelLimits",
     "ModelPrice",
     "PriceTable",
     "RouteTotals",
@@ -35,8 +36,10 @@ __all__ = [
 
 PER_TOKENS = Decimal(1_000_000)
 _ROUTES = ("realtime", "batch")
-_TOP_FIELDS = frozenset({"prices_as_of", "source", "currency", "unit", "batch_discount", "models"})
-_MODEL_FIELDS = frozenset({"input", "cached_input", "output", "batch_discount"})
+_TOP_FIELDS = frozenset({"prices_as_of", "source", "currency", "unit", "batch_discount", "models",
+                         "limits_as_of", "limits_source"})
+_LIMIT_FIELDS = ("context_window", "max_output_tokens")
+_MODEL_FIELDS = frozenset({"input", "cached_input", "output", "batch_discount", *_LIMIT_FIELDS})
 # Snapshot names: "gpt-4o-mini-2024-07-18" and the older "gpt-3.5-turbo-0125".
 _SNAPSHOT = re.compile(r"-(?:\d{4}-\d{2}-\d{2}|\d{4})$")
 
@@ -52,21 +55,35 @@ class ModelPrice:
     batch_discount: Decimal
 
 
+@dataclass(frozen=True, slots=True)
+class ModelLimits:
+    """How many tokens a model takes and gives per request; None where the table does not say."""
+
+    # Prompt and reply together.
+    context_window: int | None = None
+    # The largest reply (``max_completion_tokens``), reasoning tokens included.
+    max_output_tokens: int | None = None
+
+
 @dataclass(frozen=True, kw_only=True)
 class PriceTable:
-    """Prices by model name; build it with ``PriceTable.load()``."""
+    """Prices and limits by model name; build it with ``PriceTable.load()``."""
 
     prices_as_of: str
     source: str
     currency: str
     models: Mapping[str, ModelPrice]
+    limits: Mapping[str, ModelLimits] = field(default_factory=lambda: MappingProxyType({}))
+    limits_as_of: str | None = None
+    limits_source: str | None = None
 
     @classmethod
     def load(cls, *, path: Path | None = None) -> PriceTable:
         """The bundled table, with the user's file at ``path`` (same format, any subset) on top.
 
-        The user's models replace bundled models of the same name; its ``batch_discount``,
-        ``prices_as_of`` and ``source`` replace the bundled ones. Raises ``ConfigError``.
+        The user's models replace bundled models of the same name, keeping the bundled
+        ``context_window`` and ``max_output_tokens`` unless they give their own; its ``batch_discount``,
+        ``prices_as_of``, ``source`` and ``limits_*`` replace the bundled ones. Raises ``ConfigError``.
         """
         bundled_text = resources.files("llm_dispatch").joinpath("prices.json").read_text(encoding="utf-8")
         merged = _parse(bundled_text, where="bundled prices.json", complete=True)
@@ -85,7 +102,13 @@ class PriceTable:
                         f"price file {where}: field '{name}' is {user[name]!r} but prices must be "
                         f"{merged[name]!r}; convert them or remove the field"
                     )
-            models = {**merged["models"], **user.pop("models", {})}
+            user_models = user.pop("models", {})
+            for name, entry in user_models.items():
+                # A repriced model still has its window.
+                for key in _LIMIT_FIELDS:
+                    if key not in entry and key in merged["models"].get(name, {}):
+                        entry[key] = merged["models"][name][key]
+            models = {**merged["models"], **user_models}
             merged.update(user)
             merged["models"] = models
         default_discount = merged["batch_discount"]
@@ -98,21 +121,28 @@ class PriceTable:
             )
             for name, entry in merged["models"].items()
         }
+        limits = {
+            name: ModelLimits(**{key: entry[key] for key in _LIMIT_FIELDS if key in entry})
+            for name, entry in merged["models"].items()
+            if any(key in entry for key in _LIMIT_FIELDS)
+        }
         return cls(
             prices_as_of=merged["prices_as_of"],
             source=merged["source"],
             currency=merged["currency"],
             models=MappingProxyType(prices),
+            limits=MappingProxyType(limits),
+            limits_as_of=merged.get("limits_as_of"),
+            limits_source=merged.get("limits_source"),
         )
 
     def price_for(self, model: str) -> ModelPrice | None:
         """The price of ``model``, or of the model a dated snapshot name belongs to; else None."""
-        price = self.models.get(model)
-        if price is None:
-            base = _SNAPSHOT.sub("", model)
-            if base != model:
-                price = self.models.get(base)
-        return price
+        return _by_model(self.models, model)
+
+    def limits_for(self, model: str) -> ModelLimits | None:
+        """The context window and maximum reply of ``model`` (or of its dated snapshot's model); else None."""
+        return _by_model(self.limits, model)
 
     def cost(
         self,
@@ -153,13 +183,15 @@ class CostEstimate:
     """A request's expected tokens and cost before it is sent, and the most it can cost.
 
     The expected reply is ``typical_completion_tokens``, or the request's cap when that is lower;
-    the upper bound prices the reply at its cap (at the typical length when it has none).
+    the upper bound prices the longest reply the request allows: its cap, else its model's maximum
+    output. With neither there is no bound: ``max_completion_tokens`` and ``max_cost`` are None.
     """
 
     prompt_tokens: int
     completion_tokens: int
     cost: Decimal | None
-    max_completion_tokens: int = 0
+    max_completion_tokens: int | None = None
+    # None when the reply has no known bound, or the model no price.
     max_cost: Decimal | None = None
 
 
@@ -167,22 +199,20 @@ def estimate_request_cost(
     *, request: ChatRequest, route: Route, table: PriceTable, typical_completion_tokens: int
 ) -> CostEstimate:
     """Estimate a request's cost: heuristic prompt tokens, and the expected reply under the request's cap
-    (see ``expected_reply_tokens``); ``max_cost`` prices the reply at its cap."""
+    (see ``expected_reply_tokens``); ``max_cost`` prices the longest reply allowed (see ``CostEstimate``)."""
     params = request.params
-    # With no reply allowance this is the prompt alone, tools and response_format included
-    # (they are billed as input), counted the same way as the rate limiter counts them.
-    prompt_only = ChatRequest(
-        model=request.model,
-        messages=request.messages,
-        params={k: v for k, v in params.items() if k not in ("max_completion_tokens", "max_tokens")},
-    )
-    prompt_tokens = estimate_prompt_tokens_of(prompt_only)
-    limit = params.get("max_completion_tokens") or params.get("max_tokens")
+    # Tools and response_format included (they are billed as input), counted as the rate limiter counts them.
+    prompt_tokens = estimate_input_tokens(request)
     choices = max(int(params.get("n") or 1), 1)
-    cap = int(limit) if limit else None
+    cap = reply_cap(params)
+    limits = table.limits_for(request.model)
+    most = limits.max_output_tokens if limits is not None else None
+    longest = min(cap, most) if cap is not None and most is not None else cap if cap is not None else most
     expected = round(expected_reply_tokens(typical=typical_completion_tokens, cap=cap) * choices)
-    ceiling = (cap if cap is not None else typical_completion_tokens) * choices
     cost = table.cost(model=request.model, route=route, prompt_tokens=prompt_tokens, completion_tokens=expected)
+    if longest is None:
+        return CostEstimate(prompt_tokens=prompt_tokens, completion_tokens=expected, cost=cost)
+    ceiling = longest * choices
     max_cost = table.cost(model=request.model, route=route, prompt_tokens=prompt_tokens, completion_tokens=ceiling)
     return CostEstimate(prompt_tokens=prompt_tokens, completion_tokens=expected, cost=cost,
                         max_completion_tokens=ceiling, max_cost=max_cost)
@@ -201,10 +231,6 @@ def expected_reply_tokens(*, typical: float, cap: int | None) -> float:
     if cap is None:
         return float(typical)
     return typical * -math.expm1(-cap / typical)
-
-
-def estimate_prompt_tokens_of(request: ChatRequest) -> int:
-    return estimate_request_tokens(request, default_completion_tokens=0)
 
 
 @dataclass(slots=True)
@@ -281,6 +307,16 @@ class CostTotals:
         return self.batch_at_realtime - self.batch.cost
 
 
+def _by_model(table: Mapping[str, Any], model: str) -> Any:
+    """The entry of ``model``, or of the model a dated snapshot name belongs to; else None."""
+    entry = table.get(model)
+    if entry is None:
+        base = _SNAPSHOT.sub("", model)
+        if base != model:
+            entry = table.get(base)
+    return entry
+
+
 def _parse(text: str, *, where: str, complete: bool) -> dict[str, Any]:
     """Validate a price file into plain values; ``complete`` requires every top-level field."""
 
@@ -305,18 +341,19 @@ def _parse(text: str, *, where: str, complete: bool) -> dict[str, Any]:
             raise bad(missing[0], "is missing")
 
     parsed: dict[str, Any] = {}
-    for name in ("source", "currency", "unit"):
+    for name in ("source", "currency", "unit", "limits_source"):
         if name in data:
             if not isinstance(data[name], str) or not data[name].strip():
                 raise bad(name, "must be a non-empty string")
             parsed[name] = data[name]
-    if "prices_as_of" in data:
-        value = data["prices_as_of"]
-        try:
-            date.fromisoformat(value if isinstance(value, str) else "")
-        except ValueError:
-            raise bad("prices_as_of", f"must be a date like 2025-08-07, got {_shown(value)}") from None
-        parsed["prices_as_of"] = value
+    for name in ("prices_as_of", "limits_as_of"):
+        if name in data:
+            value = data[name]
+            try:
+                date.fromisoformat(value if isinstance(value, str) else "")
+            except ValueError:
+                raise bad(name, f"must be a date like 2025-08-07, got {_shown(value)}") from None
+            parsed[name] = value
     if "batch_discount" in data:
         parsed["batch_discount"] = _discount(data["batch_discount"], field_name="batch_discount", bad=bad)
     if "models" in data:
@@ -327,7 +364,7 @@ def _parse(text: str, *, where: str, complete: bool) -> dict[str, Any]:
     return parsed
 
 
-def _model(name: str, entry: Any, *, bad: Any) -> dict[str, Decimal]:
+def _model(name: str, entry: Any, *, bad: Any) -> dict[str, Decimal | int]:
     prefix = f"models.{name}"
     if not name.strip():
         raise bad(prefix, "needs a non-empty model name")
@@ -336,7 +373,7 @@ def _model(name: str, entry: Any, *, bad: Any) -> dict[str, Decimal]:
     unknown = sorted(set(entry) - _MODEL_FIELDS)
     if unknown:
         raise bad(f"{prefix}.{unknown[0]}", f"is unknown (allowed: {', '.join(sorted(_MODEL_FIELDS))})")
-    parsed: dict[str, Decimal] = {}
+    parsed: dict[str, Decimal | int] = {}
     for key in ("input", "cached_input", "output"):
         if key not in entry:
             if key == "cached_input":
@@ -348,6 +385,12 @@ def _model(name: str, entry: Any, *, bad: Any) -> dict[str, Decimal]:
         parsed[key] = Decimal(value)
     if "batch_discount" in entry:
         parsed["batch_discount"] = _discount(entry["batch_discount"], field_name=f"{prefix}.batch_discount", bad=bad)
+    for key in _LIMIT_FIELDS:
+        if key in entry:
+            value = entry[key]
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise bad(f"{prefix}.{key}", f"must be a whole number of tokens >= 1, got {_shown(value)}")
+            parsed[key] = value
     return parsed
 
 

@@ -32,6 +32,8 @@ from ._types import ChatRequest
 
 __all__ = [
     "DEFAULT_COMPLETION_TOKENS",
+    "reply_cap",
+    "estimate_input_tokens",
     "estimate_prompt_tokens",
     "estimate_request_tokens",
     "estimate_text_tokens",
@@ -149,16 +151,27 @@ def estimate_prompt_tokens(messages: Iterable[Mapping[str, Any]]) -> int:
     return total
 
 
+def reply_cap(params: Mapping[str, Any]) -> int | None:
+    """A request's cap on its reply per choice: ``max_completion_tokens``, else the older ``max_tokens``; None when unset."""
+    limit = params.get("max_completion_tokens") or params.get("max_tokens")
+    return int(limit) if limit else None
+
+
+def estimate_input_tokens(request: ChatRequest) -> int:
+    """The tokens a request is billed as input: its messages, framing included, and the parameters
+    the provider renders into the prompt (tools, response_format)."""
+    params = request.params
+    prompt = estimate_prompt_tokens(request.messages)
+    return prompt + sum(estimate_text_tokens(_dump(params[name])) for name in _PROMPT_PARAMS if params.get(name))
+
+
 def estimate_request_tokens(request: ChatRequest, *, default_completion_tokens: int = DEFAULT_COMPLETION_TOKENS) -> int:
     """Everything a request may cost against a tokens-per-minute limit: prompt plus the reply allowance.
 
     The allowance is ``max_completion_tokens`` (or the older ``max_tokens``) per choice, else
     ``default_completion_tokens``.
     """
-    params = request.params
-    prompt = estimate_prompt_tokens(request.messages)
-    prompt += sum(estimate_text_tokens(_dump(params[name])) for name in _PROMPT_PARAMS if params.get(name))
-    limit = params.get("max_completion_tokens") or params.get("max_tokens")
-    per_choice = int(limit) if limit else default_completion_tokens
-    choices = int(params.get("n") or 1)
-    return prompt + per_choice * max(choices, 1)
+    cap = reply_cap(request.params)
+    per_choice = cap if cap is not None else default_completion_tokens
+    choices = int(request.params.get("n") or 1)
+    return estimate_input_tokens(request) + per_choice * max(choices, 1)

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
+import storage
 from cli.main import app
+from llm_dispatch._types import ChatResult, dedupe_key
+from conftest import Sim
 
 
 @pytest.fixture
@@ -66,3 +71,85 @@ def test_commands_on_a_missing_database_say_so(runner: CliRunner, in_tmp: Path, 
     assert result.exit_code == 2
     assert "no database at" in result.output and "llm-dispatch run FILE" in result.output
     assert not (in_tmp / "llm_dispatch.db").exists()
+
+
+BIG_PROMPT = "Tell me about the quiet river by the old mill. " * 62_500  # 3 MB of English
+
+
+@pytest.mark.parametrize(
+    ("record", "expected"),
+    [
+        ({"id": "neg", "prompt": "hi", "params": {"max_tokens": -5}},
+         "error: bad.jsonl:2: must be an integer >= 1, got -5 (field 'params.max_tokens')"),
+        ({"id": "hot", "prompt": "hi", "params": {"temperature": "hot"}},
+         "error: bad.jsonl:2: must be a number from 0 to 2, got \"hot\" (field 'params.temperature')"),
+        ({"id": "big", "prompt": BIG_PROMPT, "model": "gpt-4o"},
+         "tokens (estimated), more than gpt-4o's context window of 128,000; shorten it or send it to a model with a "
+         "larger window (field 'prompt')"),
+    ],
+    ids=["max_tokens -5", "temperature hot", "3 MB prompt to gpt-4o"],
+)
+def test_a_bad_parameter_or_an_oversized_prompt_is_one_line_exit_2_nothing_written_or_sent(
+    runner: CliRunner, in_tmp: Path, monkeypatch: pytest.MonkeyPatch, sim: Sim, record: dict, expected: str
+) -> None:
+    monkeypatch.setenv("LLM_DISPATCH_BASE_URL", sim.base_url)
+    monkeypatch.setenv("LLM_DISPATCH_API_KEY", "sk-test")
+    bad = in_tmp / "bad.jsonl"
+    bad.write_text(json.dumps({"id": "ok", "prompt": "fine"}) + "\n" + json.dumps(record) + "\n", encoding="utf-8")
+
+    result = runner.invoke(app, ["run", "bad.jsonl", "--no-wait"])
+
+    assert result.exit_code == 2
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and expected in lines[0] and lines[0].startswith("error: bad.jsonl:2: ")
+    assert sorted(p.name for p in in_tmp.iterdir()) == ["bad.jsonl"]  # no database, no batch files
+    stats = sim.stats()
+    assert (stats["requests_total"], stats["batches"]) == (0, 0)
+
+
+def test_export_json_is_one_array_of_the_rows(runner: CliRunner, in_tmp: Path) -> None:
+    url = f"sqlite+aiosqlite:///{in_tmp / 'results.db'}"
+    job_id = asyncio.run(_answered_job(url))
+
+    as_json = runner.invoke(app, ["export", job_id, "--json", "--database-url", url])
+    as_jsonl = runner.invoke(app, ["export", job_id, "--database-url", url])
+
+    assert as_json.exit_code == 0 and as_jsonl.exit_code == 0
+    rows = json.loads(as_json.output)
+    assert rows == [json.loads(line) for line in as_jsonl.output.splitlines()]
+    assert [(r["custom_id"], r["status"], r["text"], r["completion_tokens"]) for r in rows] == [
+        ("q-1", "succeeded", "Canberra", 3), ("q-2", "pending", None, None)]
+    assert rows[0]["metadata"] == {"source": "quiz"} and rows[0]["cost_usd"] > 0
+
+    written = runner.invoke(app, ["export", job_id, "--json", "-o", "out.json", "--database-url", url])
+    assert written.exit_code == 0 and "wrote 2 rows to out.json" in written.output
+    assert json.loads((in_tmp / "out.json").read_text(encoding="utf-8")) == rows
+    both = runner.invoke(app, ["export", job_id, "--json", "--format", "csv", "--database-url", url])
+    assert both.exit_code == 2 and "give --json or --format, not both" in both.output
+
+
+async def _answered_job(url: str) -> str:
+    """A job of two prompts in ``url``, the first answered."""
+    engine = storage.create_engine(url)
+    await storage.migrate(engine)
+    sessions = storage.session_factory(engine)
+    try:
+        job_id = await storage.create_job(sessions, name="t", fingerprint="e" * 64, input_path=None,
+                                          model="gpt-4o-mini", settings={})
+        prompts = []
+        for i, question in enumerate(["Capital of Australia?", "Define entropy."]):
+            messages = [{"role": "user", "content": question}]
+            prompts.append(storage.NewPrompt(
+                custom_id=f"q-{i + 1}", position=i, model="gpt-4o-mini", messages=messages, params={},
+                metadata={"source": "quiz"} if i == 0 else None,
+                dedupe_key=dedupe_key(model="gpt-4o-mini", messages=messages, params={}),
+                planned_route="realtime", route_reason="test"))
+        await storage.add_prompts(sessions, job_id=job_id, prompts=prompts)
+        first = (await storage.open_prompt_ids(sessions, job_id=job_id))[0]
+        async with storage.ResultWriter(sessions, job_id=job_id) as writer:
+            await writer.success(prompt_ids=[first], result=ChatResult(
+                text="Canberra", finish_reason="stop", prompt_tokens=12, completion_tokens=3, cached_tokens=0,
+                model="gpt-4o-mini-2024-07-18", response_id="r-1", latency_s=0.1, attempts=1))
+        return job_id
+    finally:
+        await engine.dispose()

@@ -9,7 +9,8 @@ from decimal import Decimal
 import pytest
 
 import storage
-from llm_dispatch._pricing import PriceTable
+from llm_dispatch._pricing import ModelPrice, PriceTable
+from llm_dispatch._tokens import estimate_prompt_tokens
 from llm_dispatch._types import ChatResult, dedupe_key
 from jobs import actual_cost, estimate_cost
 
@@ -24,13 +25,13 @@ async def sessions(db_url: str) -> AsyncIterator[storage.ResultWriter]:
     await engine.dispose()
 
 
-async def job(sessions, specs: list[tuple[str, str, str]]) -> tuple[str, list[int]]:
-    """specs: (model, route, content) per prompt."""
+async def job(sessions, specs: list[tuple[str, str, str]], *, params: dict | None = None) -> tuple[str, list[int]]:
+    """specs: (model, route, content) per prompt, each with ``params`` (default: max_tokens 50)."""
     job_id = await storage.create_job(sessions, name="t", fingerprint="c" * 64, input_path=None, model="m", settings={})
     prompts = []
     for i, (model, route, content) in enumerate(specs):
         messages = [{"role": "user", "content": content}]
-        params = {"max_tokens": 50}
+        params = {"max_tokens": 50} if params is None else params
         prompts.append(storage.NewPrompt(custom_id=f"p{i}", position=i, model=model, messages=messages, params=params,
                                          dedupe_key=dedupe_key(model=model, messages=messages, params=params),
                                          planned_route=route, route_reason="test"))
@@ -103,3 +104,41 @@ async def test_answers_cut_at_their_cap_count_as_longer_replies(sessions) -> Non
     assert estimate.reply_tokens == {"gpt-4o-mini": 45}
     # 45 x (1 - e^(-50/45)) = 30.19
     assert estimate.totals.realtime.completion_tokens == 30
+
+
+async def test_the_upper_bound_is_each_cap_else_the_models_maximum_output(sessions) -> None:
+    table = PriceTable.load()
+    capped_id, _ = await job(sessions, [("gpt-4o-mini", "realtime", "one"), ("gpt-4o-mini", "batch", "two")])
+    capped = await estimate_cost(sessions=sessions, job_id=capped_id, table=table, typical_completion_tokens=100)
+    one, two = (estimate_prompt_tokens([{"role": "user", "content": c}]) for c in ("one", "two"))
+    # Every reply at its cap of 50 tokens; the batch one at half price.
+    assert capped.max_total == ((one * Decimal("0.15") + 50 * Decimal("0.60"))
+                                + (two * Decimal("0.15") + 50 * Decimal("0.60")) / 2) / M
+
+    free_id, _ = await job(sessions, [("gpt-4o-mini", "realtime", "one")], params={})
+    free = await estimate_cost(sessions=sessions, job_id=free_id, table=table, typical_completion_tokens=100)
+    # No max_tokens: the reply may run to gpt-4o-mini's maximum output of 16,384 tokens, not the typical 100.
+    assert free.totals.realtime.completion_tokens == 100
+    assert free.max_total == (one * Decimal("0.15") + 16_384 * Decimal("0.60")) / M
+    # What the JSON summary shows: about a cent, where 100-token replies alone would say $0.00006.
+    assert free.as_dict()["max_total"] == pytest.approx(0.00983, abs=0.000005) and free.unbounded_models == {}
+
+
+async def test_a_model_of_unknown_maximum_output_without_max_tokens_is_unbounded(sessions) -> None:
+    from flows.dispatch import describe_estimate
+
+    bundled = PriceTable.load()
+    price = ModelPrice(input=Decimal(1), cached_input=Decimal(1), output=Decimal(2), batch_discount=Decimal("0.5"))
+    table = PriceTable(prices_as_of="2025-08-07", source="test", currency="USD",
+                       models={**bundled.models, "my-model": price}, limits=bundled.limits)
+    job_id, _ = await job(sessions, [("gpt-4o-mini", "realtime", "one"), ("my-model", "batch", "two"),
+                                     ("mystery", "batch", "three")], params={})
+    estimate = await estimate_cost(sessions=sessions, job_id=job_id, table=table, typical_completion_tokens=100)
+
+    assert estimate.total > 0 and estimate.max_total is None
+    assert estimate.unbounded_models == {"my-model": 1}
+    shown = estimate.as_dict()
+    assert shown["max_total"] is None and shown["unbounded_models"] == {"my-model": 1}
+    described = describe_estimate(estimate)
+    assert "(at most: unbounded, no max_tokens and no maximum output known for my-model)" in described
+    assert "NO PRICE for mystery" in described

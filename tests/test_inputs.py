@@ -9,6 +9,7 @@ import pytest
 
 from llm_dispatch import InputError
 from llm_dispatch._inputs import fingerprint, parse_prompt_dicts, read_prompts
+from llm_dispatch._pricing import PriceTable
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:
@@ -162,3 +163,102 @@ def test_fingerprint_without_urgency_or_deadline_is_unchanged() -> None:
     # Pinned (computed before urgency/deadline existed) so that old jobs are still found on a re-run.
     specs = parse_prompt_dicts([{"id": "a", "prompt": "hi"}, {"id": "b", "prompt": "yo"}], default_model="m")
     assert fingerprint(specs) == "01d2d1b032acefeb5ea0f0c69f1e72b7351b921b2fc03649950be654fc5fcdbc"
+
+
+@pytest.mark.parametrize(
+    ("params", "expected"),
+    [
+        ({"max_tokens": -5}, "must be an integer >= 1, got -5 (field 'params.max_tokens')"),
+        ({"max_tokens": True}, "must be an integer >= 1, got true (field 'params.max_tokens')"),
+        ({"max_completion_tokens": 12.5}, "must be an integer >= 1, got 12.5 (field 'params.max_completion_tokens')"),
+        ({"temperature": "hot"}, "must be a number from 0 to 2, got \"hot\" (field 'params.temperature')"),
+        ({"temperature": 2.5}, "must be a number from 0 to 2, got 2.5"),
+        ({"temperature": float("nan")}, "must be a number from 0 to 2, got NaN"),
+        ({"top_p": 1.5}, "must be a number from 0 to 1, got 1.5 (field 'params.top_p')"),
+        ({"presence_penalty": -3}, "must be a number from -2 to 2, got -3 (field 'params.presence_penalty')"),
+        ({"frequency_penalty": False}, "(field 'params.frequency_penalty')"),
+        ({"stop": ["a", "b", "c", "d", "e"]}, "must be a string or a list of up to 4 strings"),
+        ({"stop": [1]}, "(field 'params.stop')"),
+        ({"seed": "42"}, "must be an integer, got \"42\" (field 'params.seed')"),
+        ({"logprobs": 1}, "must be true or false, got 1 (field 'params.logprobs')"),
+        ({"top_logprobs": 21}, "must be an integer from 0 to 20, got 21"),
+        ({"logit_bias": {"50256": -101}}, "must be an object of token id -> number from -100 to 100, got "),
+        ({"response_format": {"schema": {}}}, "must be an object with a 'type' string, got {\"schema\": {}} (field 'params.response_format')"),
+        ({"response_format": "json"}, "(field 'params.response_format')"),
+        ({"user": 7}, "must be a string, got 7 (field 'params.user')"),
+        ({"tools": {"type": "function"}}, "must be a list of tool objects, got {\"type\": \"function\"} (field 'params.tools')"),
+        ({"tool_choice": 1}, "(field 'params.tool_choice')"),
+        ({"reasoning_effort": 3}, "(field 'params.reasoning_effort')"),
+        ({"service_tier": ["flex"]}, "(field 'params.service_tier')"),
+        ({"parallel_tool_calls": "yes"}, "must be true or false"),
+        ({"parallel_tool_calls": None}, "must be true or false, got null"),
+        ({"metadata": {"run": 3}}, "must be an object of string values, got {\"run\": 3} (field 'params.metadata')"),
+    ],
+)
+def test_known_parameters_are_checked_for_type_and_range(tmp_path: Path, params: dict, expected: str) -> None:
+    # json.dumps writes NaN as the bare literal that json.loads reads back.
+    path = write(tmp_path, "p.jsonl", jsonl({"prompt": "fine"}, {"prompt": "a", "params": params}))
+    with pytest.raises(InputError) as info:
+        read_prompts(path, default_model="m")
+    assert str(info.value).startswith(f"{path}:2: ")
+    assert expected in str(info.value)
+
+
+def test_good_unknown_and_null_parameters_pass_through() -> None:
+    params = {"max_tokens": 1, "temperature": 0, "top_p": 1, "presence_penalty": -2, "frequency_penalty": 2.0,
+              "stop": "END", "seed": -1, "logprobs": True, "top_logprobs": 0, "logit_bias": {"50256": -100},
+              "response_format": {"type": "json_object"}, "user": "u-1", "tools": [{"type": "function"}],
+              "tool_choice": "auto", "reasoning_effort": "low", "service_tier": "flex", "parallel_tool_calls": False,
+              "metadata": {"run": "3"}, "top_k": "a provider's own", "verbosity": 5, "max_completion_tokens": None}
+    [spec] = parse_prompt_dicts([{"prompt": "a", "params": params}], default_model="m")
+    assert spec.params == params
+
+
+BIG_PROMPT = "Tell me about the quiet river by the old mill. " * 62_500  # 3 MB of English
+
+
+def test_a_prompt_over_its_models_context_window_is_refused_with_the_file(tmp_path: Path) -> None:
+    table = PriceTable.load()
+    path = write(tmp_path, "p.jsonl", jsonl({"prompt": "short"}, {"id": "big", "prompt": BIG_PROMPT, "model": "gpt-4o"}))
+    with pytest.raises(InputError) as info:
+        read_prompts(path, default_model="gpt-4o-mini", table=table)
+    message = str(info.value)
+    assert message.startswith(f"{path}:2: is about ") and message.endswith(
+        "tokens (estimated), more than gpt-4o's context window of 128,000; shorten it or send it to a model "
+        "with a larger window (field 'prompt')")
+    # The same prompt fits gpt-4.1's window of 1,047,576; a model the table does not know is not checked.
+    for model in ("gpt-4.1", "my-local-llama"):
+        roomy = write(tmp_path, "r.jsonl", jsonl({"prompt": BIG_PROMPT, "model": model}))
+        assert len(read_prompts(roomy, default_model="m", table=table)) == 1
+    # Without the table (programmatic use of the core) nothing is checked against windows.
+    assert len(read_prompts(path, default_model="m")) == 2
+
+
+@pytest.mark.parametrize(
+    ("record", "expected"),
+    [
+        ({"prompt": "hi", "model": "gpt-4o", "params": {"max_tokens": 20_000}},
+         "max_tokens 20,000 is above gpt-4o's maximum output of 16,384 tokens; lower it (field 'params.max_tokens')"),
+        ({"prompt": "hi", "model": "gpt-4o-2024-08-06", "params": {"max_completion_tokens": 16_385}},
+         "above gpt-4o-2024-08-06's maximum output of 16,384 tokens"),
+        ({"prompt": "word " * 120_000, "model": "gpt-4o", "params": {"max_tokens": 16_000}},
+         "prompt tokens (estimated) + max_tokens 16,000 exceed gpt-4o's context window of 128,000; lower max_tokens to"),
+        ({"messages": [{"role": "user", "content": "word " * 200_000}], "model": "gpt-4o-mini"},
+         "more than gpt-4o-mini's context window of 128,000; shorten it or send it to a model with a larger window "
+         "(field 'messages')"),
+    ],
+)
+def test_reply_caps_and_prompts_beyond_the_model_are_refused(record: dict, expected: str) -> None:
+    with pytest.raises(InputError) as info:
+        parse_prompt_dicts([record], default_model="m", table=PriceTable.load())
+    assert str(info.value).startswith("prompts:1: ")
+    assert expected in str(info.value)
+
+
+def test_a_users_price_file_adds_a_models_window(tmp_path: Path) -> None:
+    prices = write(tmp_path, "prices.json", json.dumps(
+        {"models": {"my-vllm": {"input": 0, "output": 0, "context_window": 4096, "max_output_tokens": 1024}}}))
+    table = PriceTable.load(path=prices)
+    assert parse_prompt_dicts([{"prompt": "hi", "params": {"max_tokens": 1024}}], default_model="my-vllm", table=table)
+    with pytest.raises(InputError, match="my-vllm's context window of 4,096"):
+        parse_prompt_dicts([{"prompt": "word " * 5000}], default_model="my-vllm", table=table)

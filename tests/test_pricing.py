@@ -13,6 +13,7 @@ from llm_dispatch import ChatRequest, ConfigError
 from llm_dispatch._pricing import (
     CostEstimate,
     CostTotals,
+    ModelLimits,
     ModelPrice,
     PriceTable,
     estimate_request_cost,
@@ -40,6 +41,35 @@ def test_bundled_table_says_where_and_when_prices_are_from(table: PriceTable) ->
         input=Decimal("0.15"), cached_input=Decimal("0.075"), output=Decimal("0.60"), batch_discount=Decimal("0.5"))
     assert set(table.models) == {"gpt-4o-mini", "gpt-4o", "gpt-4.1", "gpt-4.1-mini", "gpt-4.1-nano", "o3",
                                  "o4-mini", "gpt-5", "gpt-5-mini", "gpt-5-nano"}
+
+
+def test_bundled_table_has_each_models_window_and_maximum_output_with_their_date(table: PriceTable) -> None:
+    assert table.limits_as_of == "2026-11-23" and "platform.openai.com/docs/models" in (table.limits_source or "")
+    assert set(table.limits) == set(table.models)
+    assert table.limits_for("gpt-4o") == ModelLimits(context_window=128_000, max_output_tokens=16_384)
+    assert table.limits_for("gpt-4.1-nano") == ModelLimits(context_window=1_047_576, max_output_tokens=32_768)
+    assert table.limits_for("o3") == ModelLimits(context_window=200_000, max_output_tokens=100_000)
+    assert table.limits_for("gpt-5-mini") == ModelLimits(context_window=400_000, max_output_tokens=128_000)
+    assert table.limits_for("gpt-4o-mini-2024-07-18") == table.limits_for("gpt-4o-mini")
+    assert table.limits_for("llama3.1") is None
+
+
+def test_user_file_adds_windows_and_a_repriced_model_keeps_its_own(tmp_path: Path) -> None:
+    path = write_prices(tmp_path, {
+        "limits_as_of": "2026-01-02",
+        "models": {
+            "gpt-4o": {"input": 2, "output": 8},
+            "my-vllm": {"input": 0, "output": 0, "context_window": 8192, "max_output_tokens": 2048},
+            "gpt-4.1": {"input": 2, "output": 8, "max_output_tokens": 1000},
+            "no-limits": {"input": 1, "output": 1},
+        },
+    })
+    table = PriceTable.load(path=path)
+    assert table.limits_as_of == "2026-01-02"
+    assert table.limits_for("gpt-4o") == ModelLimits(context_window=128_000, max_output_tokens=16_384)
+    assert table.limits_for("my-vllm") == ModelLimits(context_window=8192, max_output_tokens=2048)
+    assert table.limits_for("gpt-4.1") == ModelLimits(context_window=1_047_576, max_output_tokens=1000)
+    assert table.limits_for("no-limits") is None
 
 
 # Hand-computed: (prompt - cached) * input + cached * cached_input + completion * output, per 1M tokens.
@@ -133,6 +163,12 @@ def test_user_file_overrides_and_adds_models(tmp_path: Path) -> None:
         ({"batch_discount": 1.5}, "field 'batch_discount' must be a fraction from 0 to 1 (0.5 = half price), got 1.5"),
         ({"models": {"x": {"input": 1, "output": 1, "batch_discount": True}}}, "field 'models.x.batch_discount'"),
         ({"prices_as_of": "last week"}, "field 'prices_as_of' must be a date like 2025-08-07"),
+        ({"limits_as_of": 2026}, "field 'limits_as_of' must be a date like 2025-08-07"),
+        ({"models": {"x": {"input": 1, "output": 1, "context_window": "128k"}}},
+         "field 'models.x.context_window' must be a whole number of tokens >= 1, got \"128k\""),
+        ({"models": {"x": {"input": 1, "output": 1, "max_output_tokens": 0}}},
+         "field 'models.x.max_output_tokens' must be a whole number of tokens >= 1, got 0"),
+        ({"models": {"x": {"input": 1, "output": 1, "max_output_tokens": 4096.5}}}, "got 4096.5"),
         ({"currency": "EUR"}, "field 'currency' is 'EUR' but prices must be 'USD'"),
         ({"modles": {}}, "field 'modles' is unknown"),
         ([1, 2], "expected a JSON object with a 'models' object, got list"),
@@ -184,6 +220,33 @@ def test_estimate_uses_prompt_estimate_and_reply_cap(table: PriceTable) -> None:
     typical = estimate_request_cost(request=uncapped, route="batch", table=table, typical_completion_tokens=300)
     assert (typical.prompt_tokens, typical.completion_tokens) == (prompt, 300)
     assert typical.cost == (prompt * Decimal("0.15") + 300 * Decimal("0.60")) / M / 2
+
+
+def test_the_bound_is_the_cap_else_the_models_maximum_output_else_none(table: PriceTable) -> None:
+    messages = [{"role": "user", "content": "Summarise the history of Rome."}]
+    prompt = estimate_prompt_tokens(messages)
+    # No max_tokens: a gpt-4o reply may run to its maximum output, 16,384 tokens, not the typical 100.
+    uncapped = estimate_request_cost(request=ChatRequest(model="gpt-4o", messages=messages), route="realtime",
+                                     table=table, typical_completion_tokens=100)
+    assert uncapped.completion_tokens == 100 and uncapped.max_completion_tokens == 16_384
+    assert uncapped.max_cost == (prompt * Decimal("2.50") + 16_384 * Decimal("10.00")) / M
+    # A cap above the model's maximum cannot be reached: the maximum bounds it.
+    over = estimate_request_cost(request=ChatRequest(model="gpt-4o", messages=messages,
+                                                     params={"max_completion_tokens": 50_000}),
+                                 route="batch", table=table, typical_completion_tokens=100)
+    assert over.max_completion_tokens == 16_384
+    assert over.max_cost == (prompt * Decimal("2.50") + 16_384 * Decimal("10.00")) / M / 2
+    # A model whose maximum output is unknown: no bound without max_tokens, though it has a price.
+    priced = PriceTable(prices_as_of="2025-08-07", source="test", currency="USD",
+                        models={"my-model": ModelPrice(input=Decimal(1), cached_input=Decimal(1), output=Decimal(2),
+                                                       batch_discount=Decimal("0.5"))})
+    unbounded = estimate_request_cost(request=ChatRequest(model="my-model", messages=messages), route="realtime",
+                                      table=priced, typical_completion_tokens=100)
+    assert unbounded.cost == (prompt + 200) / Decimal(M)
+    assert unbounded.max_completion_tokens is None and unbounded.max_cost is None
+    capped = estimate_request_cost(request=ChatRequest(model="my-model", messages=messages, params={"max_tokens": 10}),
+                                   route="realtime", table=priced, typical_completion_tokens=100)
+    assert capped.max_cost == (prompt + 20) / Decimal(M)
 
 
 def test_estimate_counts_tools_as_input_and_unknown_model_as_none(table: PriceTable) -> None:

@@ -202,13 +202,32 @@ async def test_line_errors_final_ones_fail_retryable_ones_go_again(env: Env) -> 
     assert history == [("failed", 500), ("succeeded", 200)]
 
 
-async def test_retryable_line_errors_stop_after_max_submissions(env: Env) -> None:
-    job_id, ids = await env.job(["always down [[sim:503]]"])
+UNANSWERED_IN_1 = "unanswered in 1 batches; sent real-time"
+
+
+async def test_retryable_line_errors_go_real_time_after_max_submissions(env: Env) -> None:
+    job_id, ids = await env.job(["always down [[sim:503]]", "refused [[sim:400]]"])
     [batch_id] = await env.submit(job_id, ids)
     outcome = await env.finish(batch_id, max_submissions=1)
-    assert (outcome.failed, outcome.resend) == (1, 0)
-    [prompt] = await env.prompts(job_id)
-    assert (prompt.status, prompt.last_error_class, prompt.failed_retryable) == ("failed", "InternalServerError", True)
+    assert (outcome.failed, outcome.resend, outcome.to_realtime) == (1, 1, 1)
+    down, refused = await env.prompts(job_id)
+    assert (down.status, down.planned_route, down.route_reason) == ("pending", "realtime", UNANSWERED_IN_1)
+    assert (refused.status, refused.planned_route, refused.last_error_class) == ("failed", "batch", "BadRequestError")
+    assert [(r.status, r.http_status) for r in await env.results(job_id) if r.prompt_id == down.id] == [("failed", 503)]
+
+
+async def test_expired_batch_past_max_submissions_goes_real_time(env: Env) -> None:
+    job_id, ids = await env.job([f"q {i}" for i in range(6)])
+    queue_fault(env.sim, "expire:0.5")
+    [batch_id] = await env.submit(job_id, ids)
+    outcome = await env.finish(batch_id, max_submissions=1)
+    assert (outcome.status, outcome.succeeded, outcome.failed, outcome.to_realtime) == ("expired", 3, 0, 3)
+    late = await storage.open_prompt_ids(env.sessions, job_id=job_id, planned_route="realtime")
+    assert len(late) == 3 and await storage.open_prompt_ids(env.sessions, job_id=job_id, planned_route="batch") == []
+    assert {p.route_reason for p in await env.prompts(job_id) if p.id in late} == {UNANSWERED_IN_1}
+    # The expiry stays in the history of each, as an error row nobody paid for.
+    history = [(r.prompt_id, r.error_class) for r in await env.results(job_id) if r.status == "failed"]
+    assert sorted(history) == [(pid, "BatchLineError") for pid in sorted(late)]
 
 
 async def test_cancel_keeps_what_completed_and_fails_the_rest(env: Env) -> None:

@@ -258,14 +258,40 @@ def answers_by_route(db_url: str) -> dict[str, int]:
     return dict(rows(db_url, "SELECT route, COUNT(*) FROM results WHERE status = 'succeeded' GROUP BY route"))
 
 
+async def dispatch_to_batches(sim: Sim, db_url: str, *, prompts: int, wait: bool) -> dict:
+    return await dispatch(prompts=[{"id": f"q{i}", "prompt": f"question {i}"} for i in range(prompts)],
+                          route_policy="all-batch", base_url=sim.base_url, database_url=SecretStr(db_url), wait=wait,
+                          batch_poll_interval=0.1)
+
+
+@pytest.fixture
+def two_batches_expire(sim: Sim, monkeypatch: pytest.MonkeyPatch) -> Sim:
+    """A limit of two batches a prompt, and the next two batches both expire with half their lines answered."""
+    monkeypatch.setenv("LLM_DISPATCH_BATCH_MAX_SUBMISSIONS", "2")
+    sim.configure(batch_processing_seconds=0.3)
+    queue_batch_faults(sim, "expire:0.5", "expire:0.5")
+    return sim
+
+
+def assert_the_one_unanswered_twice_went_real_time(sim: Sim, db_url: str) -> None:
+    """Four prompts: two answered by the first batch, one by the second, the last real-time, each once."""
+    assert [b["status"] for b in provider_batches(sim)] == ["expired", "expired"]
+    assert answers_by_route(db_url) == {"batch": 3, "realtime": 1} and sim.stats()["completions"] == 1
+    [(late, reason)] = rows(db_url, "SELECT custom_id, route_reason FROM prompts WHERE planned_route = 'realtime'")
+    assert reason == "unanswered in 2 batches; sent real-time"
+    # Its history: expired in both batches, then answered real-time.
+    assert rows(db_url, """SELECT r.route, r.status FROM results r JOIN prompts p ON p.id = r.prompt_id
+                           WHERE p.custom_id = ? ORDER BY r.id""", late) == [
+        ("batch", "failed"), ("batch", "failed"), ("realtime", "succeeded")]
+    assert set(successes_per_prompt(db_url).values()) == {1}
+
+
 async def test_dispatch_resends_an_expired_remainder_in_a_new_batch_while_it_may(
     prefect_api: str, sim: Sim, db_url: str
 ) -> None:
     sim.configure(batch_processing_seconds=0.3)
     queue_batch_faults(sim, "expire:0.5")
-    prompts = [{"id": f"q{i}", "prompt": f"question {i}"} for i in range(6)]
-    summary = await dispatch(prompts=prompts, route_policy="all-batch", base_url=sim.base_url,
-                             database_url=SecretStr(db_url), wait=True, batch_poll_interval=0.1)
+    summary = await dispatch_to_batches(sim, db_url, prompts=6, wait=True)
 
     assert summary["counts"] == {"succeeded": 6}
     assert summary["batch"]["submitted_batches"] == 2 and summary["batch"]["realtime_fallback"] == 0
@@ -277,37 +303,20 @@ async def test_dispatch_resends_an_expired_remainder_in_a_new_batch_while_it_may
 
 
 async def test_dispatch_sends_real_time_what_expired_in_every_batch_allowed(
-    prefect_api: str, sim: Sim, db_url: str, monkeypatch: pytest.MonkeyPatch
+    prefect_api: str, two_batches_expire: Sim, db_url: str
 ) -> None:
-    monkeypatch.setenv("LLM_DISPATCH_BATCH_MAX_SUBMISSIONS", "2")
-    sim.configure(batch_processing_seconds=0.3)
-    queue_batch_faults(sim, "expire:0.5", "expire:0.5")
-    prompts = [{"id": f"q{i}", "prompt": f"question {i}"} for i in range(4)]
-    summary = await dispatch(prompts=prompts, route_policy="all-batch", base_url=sim.base_url,
-                             database_url=SecretStr(db_url), wait=True, batch_poll_interval=0.1)
+    summary = await dispatch_to_batches(two_batches_expire, db_url, prompts=4, wait=True)
 
     assert summary["counts"] == {"succeeded": 4}
     assert summary["batch"]["submitted_batches"] == 2 and summary["batch"]["realtime_fallback"] == 1
-    assert [b["status"] for b in provider_batches(sim)] == ["expired", "expired"]
-    assert answers_by_route(db_url) == {"batch": 3, "realtime": 1} and sim.stats()["completions"] == 1
-    [(late, reason)] = rows(db_url, "SELECT custom_id, route_reason FROM prompts WHERE planned_route = 'realtime'")
-    assert reason == "unanswered in 2 batches; sent real-time"
-    # Its history: expired in both batches, then answered real-time, once.
-    assert rows(db_url, """SELECT r.route, r.status FROM results r JOIN prompts p ON p.id = r.prompt_id
-                           WHERE p.custom_id = ? ORDER BY r.id""", late) == [
-        ("batch", "failed"), ("batch", "failed"), ("realtime", "succeeded")]
-    assert set(successes_per_prompt(db_url).values()) == {1}
+    assert_the_one_unanswered_twice_went_real_time(two_batches_expire, db_url)
 
 
 async def test_collect_sweeps_resend_an_expired_remainder_then_go_real_time(
-    prefect_api: str, sim: Sim, db_url: str, monkeypatch: pytest.MonkeyPatch
+    prefect_api: str, two_batches_expire: Sim, db_url: str
 ) -> None:
-    monkeypatch.setenv("LLM_DISPATCH_BATCH_MAX_SUBMISSIONS", "2")
-    sim.configure(batch_processing_seconds=0.3)
-    queue_batch_faults(sim, "expire:0.5", "expire:0.5")
-    prompts = [{"id": f"q{i}", "prompt": f"question {i}"} for i in range(4)]
-    submitted = await dispatch(prompts=prompts, route_policy="all-batch", base_url=sim.base_url,
-                               database_url=SecretStr(db_url), wait=False)
+    sim = two_batches_expire
+    submitted = await dispatch_to_batches(sim, db_url, prompts=4, wait=False)
     assert submitted["counts"] == {"batched": 4}
 
     async def sweep() -> dict:
@@ -318,12 +327,8 @@ async def test_collect_sweeps_resend_an_expired_remainder_then_go_real_time(
     assert (first["resubmitted"], first["realtime"]) == (2, 0)
     second = await sweep()
     assert (second["resubmitted"], second["realtime"]) == (0, 1)
-    assert [b["status"] for b in provider_batches(sim)] == ["expired", "expired"]
-    assert answers_by_route(db_url) == {"batch": 3, "realtime": 1} and sim.stats()["completions"] == 1
-    assert rows(db_url, "SELECT route_reason FROM prompts WHERE planned_route = 'realtime'") == [
-        ("unanswered in 2 batches; sent real-time",)]
+    assert_the_one_unanswered_twice_went_real_time(sim, db_url)
     assert rows(db_url, "SELECT status FROM jobs") == [("finished",)]
-    assert set(successes_per_prompt(db_url).values()) == {1}
 
 
 async def wait_for_provider(sim: Sim, *, timeout: float = 10.0) -> None:

@@ -5,10 +5,10 @@ After ``ingest_batch`` each member of the batch is exactly one of:
 
 * succeeded (route ``batch``; identical prompts sharing the line get ``reused``);
 * failed, with the provider's reason: a line refused for good (a 400, say), a batch that failed
-  validation, a batch the user cancelled, or a retryable line error after ``max_submissions`` batches;
+  validation, or a batch the user cancelled;
 * pending again, to be sent once more: a retryable line error (429, 5xx, ``batch_expired``) or a line
-  an expired or cancelled batch never reached. Its route stays ``batch`` while its deadline leaves
-  room for another 24-hour window and it has been in fewer than ``max_submissions`` batches;
+  an expired or provider-cancelled batch never reached. Its route stays ``batch`` while its deadline
+  leaves room for another 24-hour window and it has been in fewer than ``max_submissions`` batches;
   otherwise it is re-routed to real-time, with the reason stored.
 """
 
@@ -127,6 +127,7 @@ async def ingest_batch(
     latency_s = _answer_time(record)
     directory = Path(directory) / record.job_id
     answers: list[tuple[list[int], Any]] = []
+    again: list[int] = []  # members of retryable error lines, back to pending
 
     async def store_answers() -> None:
         # Answers go in bulk (thousands a transaction); the rarer failures through the writer.
@@ -154,9 +155,8 @@ async def ingest_batch(
                     outcome.unknown_lines += 1
                 elif line.result is not None:
                     answers.append((ids, line.result))
-                else:
-                    await _settle_failure(writer, line, ids, submissions=submissions,
-                                          max_submissions=max_submissions, outcome=outcome)
+                elif await _settle_failure(writer, line, ids, outcome=outcome):
+                    again.extend(ids)
             if len(answers) >= STORE_SLICE:
                 await store_answers()
     await store_answers()
@@ -185,7 +185,7 @@ async def ingest_batch(
     released = await storage.mark_batch_ingested(sessions, batch_id=record.id)
     outcome.resend += released
     to_realtime = await _over_the_limit(
-        sessions, prompt_ids=unanswered, submissions=submissions, max_submissions=max_submissions
+        sessions, prompt_ids=[*again, *unanswered], submissions=submissions, max_submissions=max_submissions
     )
     # Whatever is pending again: real-time if its deadline no longer allows a batch.
     to_realtime += await reroute_for_deadlines(
@@ -197,29 +197,25 @@ async def ingest_batch(
 
 
 async def _settle_failure(
-    writer: storage.ResultWriter,
-    line: BatchLine,
-    ids: list[int],
-    *,
-    submissions: dict[int, int],
-    max_submissions: int,
-    outcome: IngestOutcome,
-) -> None:
+    writer: storage.ResultWriter, line: BatchLine, ids: list[int], *, outcome: IngestOutcome
+) -> bool:
+    """Store a line's error for its prompts; returns whether they are to be sent again (a retryable
+    error: in another batch, or real-time once over the limit)."""
     code = line.error_code or "unknown_error"
     message = f"batch line {line.custom_id}: {line.error_message or code}"
-    retry = line.retryable and max(submissions.get(pid, 1) for pid in ids) < max_submissions
     error: BaseException
     if line.status_code is not None:
         error = status_error_class(line.status_code)(message, status_code=line.status_code)
     else:
         error = BatchLineError(message, code=code, retryable=line.retryable)
     # Not final: the prompts go back to pending (history kept) and are sent again.
-    await writer.failure(prompt_ids=ids, error=error, final=not retry, route="batch")
-    if retry:
+    await writer.failure(prompt_ids=ids, error=error, final=not line.retryable, route="batch")
+    if line.retryable:
         outcome.resend += len(ids)
     else:
         outcome.failed += len(ids)
         _count(outcome, code, len(ids))
+    return line.retryable
 
 
 async def _over_the_limit(

@@ -11,7 +11,8 @@ batch got:
 ``advance_submission`` takes a batch from wherever it stands to created. For ``uploaded`` it first
 looks for a provider batch carrying our batch id in its metadata (a create that reached the
 provider before the process died) and adopts it, so a crash never makes a second batch for the
-same prompts.
+same prompts. The create itself is one attempt at a time: after a timeout, a dropped connection or
+a 5xx the batch may exist all the same, so it is looked up again before every retry.
 """
 
 from __future__ import annotations
@@ -28,7 +29,18 @@ from typing import Final
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 import storage
-from llm_dispatch import BatchInfo, BatchLimits, ChatRequest, LLMClient, NotFoundError, write_batch_files
+from llm_dispatch import (
+    DEFAULT_MAX_RETRIES,
+    APIError,
+    APIStatusError,
+    BatchInfo,
+    BatchLimits,
+    ChatRequest,
+    LLMClient,
+    NotFoundError,
+    backoff_delay,
+    write_batch_files,
+)
 
 __all__ = [
     "BATCH_ID_KEY",
@@ -72,12 +84,13 @@ async def submit_prompts(
     dedupe: bool = True,
     resubmission_of: int | None = None,
     metadata: Mapping[str, str] | None = None,
+    max_retries: int = DEFAULT_MAX_RETRIES,
 ) -> SubmitOutcome:
     """Send these prompts of ``job_id`` as provider batches: one line per distinct request, files
     split per model and at the provider's limits. Returns our ids of the batches created.
 
     With ``dedupe``, a request already answered in storage is reused and never sent, and identical
-    prompts share one line (one paid request).
+    prompts share one line (one paid request). ``max_retries`` bounds the retries of each create.
     """
     outcome = SubmitOutcome()
     rows = await storage.load_work(sessions, prompt_ids=prompt_ids)
@@ -113,7 +126,8 @@ async def submit_prompts(
         async with gate:
             record = await storage.get_batch(sessions, batch_id=batch_id)
             assert record is not None
-            await advance_submission(sessions=sessions, client=client, record=record, metadata=metadata)
+            await advance_submission(sessions=sessions, client=client, record=record, metadata=metadata,
+                                     max_retries=max_retries)
 
     batch_ids: list[int] = []
     for file in files:
@@ -144,12 +158,13 @@ async def advance_submission(
     client: LLMClient,
     record: storage.BatchRecord,
     metadata: Mapping[str, str] | None = None,
+    max_retries: int = DEFAULT_MAX_RETRIES,
 ) -> storage.BatchRecord:
     """Take a batch in ``preparing`` or ``uploaded`` to created at the provider; return it as stored.
 
     Safe to call again after a crash at any point: an upload whose file id was never stored is made
     again (the orphan costs only storage), and a create that reached the provider is adopted.
-    A batch already created is returned as it is.
+    A batch already created is returned as it is. ``max_retries`` bounds the retries of the create.
     """
     if record.status == "preparing":
         path = await _input_file(sessions=sessions, record=record)
@@ -166,13 +181,15 @@ async def advance_submission(
         assert record.input_file_id is not None
         tags = {**(metadata or {}), JOB_ID_KEY: record.job_id, BATCH_ID_KEY: str(record.id)}
         try:
-            info = await client.create_batch(input_file_id=record.input_file_id, metadata=tags)
+            info = await _create_once(client=client, record=record, input_file_id=record.input_file_id,
+                                      tags=tags, max_retries=max_retries)
         except NotFoundError:
             # The uploaded file is gone (deleted, or expired at the provider): upload it again.
             path = await _input_file(sessions=sessions, record=record)
             uploaded = await client.upload_file(path, purpose="batch")
             await storage.update_batch(sessions, batch_id=record.id, input_file_id=uploaded.id)
-            info = await client.create_batch(input_file_id=uploaded.id, metadata=tags)
+            info = await _create_once(client=client, record=record, input_file_id=uploaded.id, tags=tags,
+                                      max_retries=max_retries)
     await storage.update_batch(
         sessions,
         batch_id=record.id,
@@ -185,6 +202,46 @@ async def advance_submission(
     )
     logger.info("batch %d: created %s (%d lines, %s)", record.id, info.id, record.request_total, record.model)
     return await _reload(sessions, record.id)
+
+
+async def _create_once(
+    *, client: LLMClient, record: storage.BatchRecord, input_file_id: str, tags: Mapping[str, str], max_retries: int
+) -> BatchInfo:
+    """Create the provider batch for ``record``, never twice: a create whose answer was lost (timeout,
+    dropped connection, 5xx) may have made the batch, so after each one the provider's list is read
+    (after the backoff, giving it time to show the batch) and a batch found there is adopted.
+    A refusal (a 4xx other than 408/409/429) is raised at once."""
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            return await client.create_batch(input_file_id=input_file_id, metadata=tags, max_retries=0)
+        except APIError as exc:
+            if not exc.retryable:
+                raise
+            lost = exc
+        await asyncio.sleep(backoff_delay(attempt - 1))
+        found = await find_provider_batch(client=client, record=record)
+        if found is not None:
+            logger.info("batch %d: create attempt %d got no answer (%s), but made %s: adopted",
+                        record.id, attempt, type(lost).__name__, found.id)
+            return found
+        if attempt > max_retries:
+            raise _gave_up(lost, record=record, attempts=attempt) from lost
+        logger.info("batch %d: create attempt %d of %d failed (%s) and made no batch; trying again",
+                    record.id, attempt, max_retries + 1, type(lost).__name__)
+
+
+def _gave_up(error: APIError, *, record: storage.BatchRecord, attempts: int) -> APIError:
+    """``error``, its class kept (callers judge retryability by it), saying what became of the batch."""
+    message = (
+        f"Batch {record.id} of job {record.job_id} was not created after {attempts} attempts, and the provider "
+        f"lists no batch for it; last: {error.message} Its file is uploaded: `llm-dispatch collect` (or running "
+        "the job again) looks the batch up before creating it, so it is never made twice."
+    )
+    if isinstance(error, APIStatusError):
+        return type(error)(message, status_code=error.status_code, request_id=error.request_id, attempts=attempts)
+    return type(error)(message, attempts=attempts)
 
 
 async def find_provider_batch(*, client: LLMClient, record: storage.BatchRecord) -> BatchInfo | None:

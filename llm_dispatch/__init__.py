@@ -48,6 +48,7 @@ from ._dispatch import ChatSender, DispatchOutcome, Progress, ResultSink, WorkIt
 from ._inputs import PromptSpec, fingerprint, parse_prompt_dicts, read_prompts
 from ._limits import AdaptiveLimiter, RateLimiter, SharedPause
 from ._pricing import CostTotals, PriceTable, estimate_request_cost
+from ._retry import backoff_delay
 from ._routing import RoutingRules, decide_route, parse_deadline, prompt_chars
 from ._settings import Settings
 from ._tokens import estimate_prompt_tokens, estimate_request_tokens
@@ -98,6 +99,7 @@ __all__ = [
     "LLMClient",
     "RateLimiter",
     "SharedPause",
+    "backoff_delay",
     "default_transport",
     "estimate_prompt_tokens",
     "estimate_request_tokens",

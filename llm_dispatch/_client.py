@@ -457,7 +457,10 @@ class LLMClient:
         endpoint: str = BATCH_CHAT_ENDPOINT,
         completion_window: str = DEFAULT_COMPLETION_WINDOW,
         metadata: Mapping[str, str] | None = None,
+        max_retries: int | None = None,
     ) -> BatchInfo:
+        """Create a batch. ``max_retries`` overrides the client's for this call: a caller that looks a lost
+        create up before trying again (``jobs``) passes 0 and runs its own loop."""
         body: dict[str, Any] = {
             "input_file_id": input_file_id,
             "endpoint": endpoint,
@@ -465,7 +468,7 @@ class LLMClient:
         }
         if metadata is not None:
             body["metadata"] = dict(metadata)
-        sent = await self._request("POST", BATCHES_PATH, json=body, parse=_parse_batch_info)
+        sent = await self._request("POST", BATCHES_PATH, json=body, parse=_parse_batch_info, max_retries=max_retries)
         return sent.value
 
     async def retrieve_batch(self, batch_id: str) -> BatchInfo:
@@ -522,6 +525,7 @@ class LLMClient:
         tokens: int = 0,
         timeout: float | None = None,
         params: Mapping[str, str] | None = None,
+        max_retries: int | None = None,
     ) -> _Sent[Any]:
         """Send one API call, retrying by the house rules, and return what ``parse`` makes of the answer.
 
@@ -530,7 +534,11 @@ class LLMClient:
         ``tokens`` is the call's estimated cost against the TPM limit; ``timeout`` overrides the
         per-attempt deadline (a large download may need longer than a completion). ``params`` is the
         query, merged with the base URL's own (a query written into ``path`` would be lost to it).
+        ``max_retries`` overrides the client's for this call.
         """
+        retries = self._max_retries if max_retries is None else max_retries
+        if retries < 0:
+            raise ValueError(f"max_retries must be 0 or more, got {retries}")
         deadline = self._request_timeout if timeout is None else timeout
         if parse is None:
             parse = _parse_json if stream_to is None else (lambda _response: stream_to)
@@ -563,7 +571,7 @@ class LLMClient:
                 # Released before any retry sleep, so a waiting request never holds a slot.
                 self._limiter.release()
 
-            if not failure.retryable or attempt > self._max_retries:
+            if not failure.retryable or attempt > retries:
                 raise self._final_error(failure, method=method, path=path, attempts=attempt) from failure.cause
             delay = retry_delay(
                 retries_taken=attempt - 1,
@@ -573,7 +581,7 @@ class LLMClient:
             )
             logger.info(
                 "%s %s: %s on attempt %d of %d; retrying in %.2fs",
-                method, path, self._scrub(failure.describe()), attempt, self._max_retries + 1, delay,
+                method, path, self._scrub(failure.describe()), attempt, retries + 1, delay,
             )
             await self._sleep(delay)
 

@@ -74,7 +74,7 @@ class Settings(BaseSettings):
         default=3600.0, ge=0, description="seconds past a batch's expiry before a waiting flow gives up on it"
     )
     batch_max_submissions: int = Field(
-        default=3, ge=1, description="batches a prompt may go through before it is sent real-time or failed"
+        default=3, ge=1, description="batches a prompt may go through unanswered before it is sent real-time"
     )
 
     # Cost.

@@ -24,6 +24,9 @@ the rest in the error file as ``batch_expired``; ``fail_validation`` fails valid
 ``slow_finalizing[:SECONDS]`` stays ``finalizing`` that long (default ``batch_processing_seconds``);
 ``hang_create[:SECONDS]`` holds ``POST /v1/batches`` that long (default an hour), then answers 503
 without creating the batch: a client that gives up or dies there has uploaded its file and has no batch.
+The ``create_lost_*`` faults create the batch (it runs as usual) and lose the answer: ``create_lost_hang[:SECONDS]``
+holds it that long (default an hour, so the client times out), ``create_lost_drop`` closes the connection,
+``create_lost_502`` answers 502. A client that simply tries again has two batches for one file.
 Line faults, from a chat marker in the line's messages: ``[[sim:400]]``, ``[[sim:401]]``,
 ``[[sim:404]]``, ``[[sim:429]]``, ``[[sim:500]]``, ``[[sim:503]]`` answer that status with OpenAI's
 error body (``hang``, ``drop`` and ``malformed`` become a 500, a batch having no connection to
@@ -41,12 +44,19 @@ from typing import Any, TypeVar
 
 from aiohttp import BodyPartReader, web
 
-from ._batch_faults import HANG_CREATE_SECONDS, SIM_FAULT_KEY, BatchFault, fault_text, parse_batch_fault
+from ._batch_faults import (
+    CREATE_ANSWER_FAULTS,
+    HANG_CREATE_SECONDS,
+    SIM_FAULT_KEY,
+    BatchFault,
+    fault_text,
+    parse_batch_fault,
+)
 from ._batch_run import BatchRun
 from ._batch_store import COMPLETION_WINDOW, TERMINAL, Batch, BatchStore, StoredFile, now
 from ._chat import CHAT_COMPLETIONS_PATH
 from ._checks import check_auth, invalid_request
-from ._http import error_response, json_response, read_json_object, server_error_response
+from ._http import dropped_response, error_response, json_response, read_json_object, server_error_response
 from ._state import SimState
 
 __all__ = ["register"]
@@ -220,14 +230,17 @@ class _BatchRoutes:
             await asyncio.sleep(HANG_CREATE_SECONDS if fault.argument is None else fault.argument)
             return server_error_response(503)
 
+        lose_answer = fault if fault is not None and fault.name in CREATE_ANSWER_FAULTS else None
         batch = Batch(
             id=f"batch_{secrets.token_hex(16)}", input_file_id=input_file_id, input_path=stored.path,
             endpoint=endpoint, completion_window=window, metadata=dict(metadata) if metadata is not None else None,
-            fault=fault, created_at=now(),
+            fault=None if lose_answer else fault, created_at=now(),
         )
         self._store.batches[batch.id] = batch
         self._state.stats.batches += 1
         self._store.start(BatchRun(batch=batch, store=self._store, state=self._state).run())
+        if lose_answer is not None:
+            return await _lost_answer(request, lose_answer, batch=batch)
         return json_response(batch.to_api())
 
     def _batch(self, request: web.Request) -> Batch | web.Response:
@@ -294,6 +307,17 @@ class _BatchRoutes:
             return invalid_request(str(exc), param="faults", code="invalid_value")
         self._store.queued_faults.extend(parsed)
         return json_response({"faults": [fault_text(f) for f in self._store.queued_faults]})
+
+
+async def _lost_answer(request: web.Request, fault: BatchFault, *, batch: Batch) -> web.Response:
+    """The answer to a create that happened, as a ``create_lost_*`` fault loses it."""
+    if fault.name == "create_lost_drop":
+        return dropped_response(request)
+    if fault.name == "create_lost_502":
+        return server_error_response(502)
+    # The client gives up long before this; one that waits gets its batch.
+    await asyncio.sleep(HANG_CREATE_SECONDS if fault.argument is None else fault.argument)
+    return json_response(batch.to_api())
 
 
 def _metadata_problem(metadata: Any) -> str | None:

@@ -15,6 +15,7 @@ from ._markers import marker_pattern
 
 __all__ = [
     "BATCH_FAULTS",
+    "CREATE_ANSWER_FAULTS",
     "DEFAULT_EXPIRE_FRACTION",
     "HANG_CREATE_SECONDS",
     "LINE_ERROR_MARKER",
@@ -27,15 +28,21 @@ __all__ = [
     "parse_batch_fault",
 ]
 
-BATCH_FAULTS = frozenset({"expire", "fail_validation", "slow_finalizing", "hang_create"})
+# The create happens, then its answer is lost: held until the client gives up, the connection
+# closed, or a 502 from a gateway that lost the provider's answer.
+CREATE_ANSWER_FAULTS = frozenset({"create_lost_hang", "create_lost_drop", "create_lost_502"})
+BATCH_FAULTS = frozenset({"expire", "fail_validation", "slow_finalizing", "hang_create"}) | CREATE_ANSWER_FAULTS
 LINE_ERROR_MARKER = "line_error"
 SIM_FAULT_KEY = "sim_fault"
 LINE_FAULTS = FAULTS | {LINE_ERROR_MARKER}
 LINE_MARKER = marker_pattern(LINE_FAULTS)
 DEFAULT_EXPIRE_FRACTION = 0.5
 HANG_CREATE_SECONDS = 3600.0
+_NO_ARGUMENT = frozenset({"fail_validation", "create_lost_drop", "create_lost_502"})
+_USAGE = ("expire[:FRACTION], fail_validation, slow_finalizing[:SECONDS], hang_create[:SECONDS], "
+          "create_lost_hang[:SECONDS], create_lost_drop or create_lost_502")
 
-_FAULT_TEXT = re.compile(r"(?P<name>[a-z_]+)(?::(?P<arg>[0-9]*\.?[0-9]+))?")
+_FAULT_TEXT = re.compile(r"(?P<name>[a-z][a-z0-9_]*)(?::(?P<arg>[0-9]*\.?[0-9]+))?")
 
 
 class BatchFault(NamedTuple):
@@ -44,21 +51,18 @@ class BatchFault(NamedTuple):
 
 
 def parse_batch_fault(text: str) -> BatchFault:
-    """``expire[:FRACTION]``, ``fail_validation``, ``slow_finalizing[:SECONDS]`` or ``hang_create[:SECONDS]``;
-    anything else is a ValueError."""
+    """``expire[:FRACTION]``, ``fail_validation``, ``slow_finalizing[:SECONDS]``, ``hang_create[:SECONDS]``,
+    ``create_lost_hang[:SECONDS]``, ``create_lost_drop`` or ``create_lost_502``; anything else is a ValueError."""
     found = _FAULT_TEXT.fullmatch(text.strip())
     name = found.group("name") if found else None
     if found is None or name not in BATCH_FAULTS:
-        raise ValueError(
-            f"Unknown batch fault {text!r}; use expire[:FRACTION], fail_validation, slow_finalizing[:SECONDS] "
-            "or hang_create[:SECONDS]."
-        )
+        raise ValueError(f"Unknown batch fault {text!r}; use {_USAGE}.")
     arg = found.group("arg")
     if arg is None:
         return BatchFault(name)
     value = float(arg)
-    if name == "fail_validation":
-        raise ValueError("The batch fault fail_validation takes no argument.")
+    if name in _NO_ARGUMENT:
+        raise ValueError(f"The batch fault {name} takes no argument.")
     if name == "expire" and not 0.0 <= value <= 1.0:
         raise ValueError(f"expire:FRACTION needs a fraction from 0 to 1, got {arg}.")
     return BatchFault(name, value)

@@ -26,6 +26,7 @@ from ._completions import SYSTEM_FINGERPRINT, body_digest, plan_completion, rend
 from ._config import FAULTS
 from ._http import (
     completion_body,
+    dropped_response,
     error_response,
     format_reset,
     json_response,
@@ -212,13 +213,13 @@ class _ChatRoutes:
             # Other requests keep flowing: this only parks this handler. aiohttp cancels it when the
             # client gives up, which is what ends its share of in_flight.
             await asyncio.sleep(config.hang_seconds)
-            return _dropped(request)
+            return dropped_response(request)
         delay = self._latency(0)
         if delay > 0:
             await asyncio.sleep(delay)
         if fault == "drop":
             state.stats.count("drop")
-            return _dropped(request)
+            return dropped_response(request)
         if fault == "malformed":
             state.stats.count("malformed")
             body = completion_body(
@@ -250,11 +251,3 @@ class _ChatRoutes:
 def _model_card(model: str) -> dict[str, Any]:
     return {"id": model, "object": "model", "created": 1_700_000_000, "owned_by": "llm-dispatch-simulator"}
 
-
-def _dropped(request: web.Request) -> web.Response:
-    transport = request.transport
-    if transport is not None:
-        transport.close()
-    # aiohttp's write to the closed transport fails with a ConnectionError, which it treats as a
-    # client that went away: the peer sees the connection close without a single response byte.
-    return web.Response(status=204)

@@ -10,6 +10,7 @@ from aiohttp import web
 
 __all__ = [
     "completion_body",
+    "dropped_response",
     "error_response",
     "format_reset",
     "json_dumps",
@@ -25,6 +26,7 @@ json_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
 _SERVER_ERRORS = {
     500: "The server had an error while processing your request. Sorry about that!",
+    502: "Bad gateway.",
     503: "The server is overloaded or not ready yet.",
 }
 
@@ -90,6 +92,16 @@ def error_response(
 
 def server_error_response(status: int) -> web.Response:
     return error_response(status=status, message=_SERVER_ERRORS[status], type="server_error")
+
+
+def dropped_response(request: web.Request) -> web.Response:
+    """Close the connection without answering: the peer sees it close before a single response byte."""
+    transport = request.transport
+    if transport is not None:
+        transport.close()
+    # aiohttp's write to the closed transport fails with a ConnectionError, which it treats as a
+    # client that went away.
+    return web.Response(status=204)
 
 
 def format_reset(seconds: float) -> str:

@@ -27,6 +27,7 @@ async def submit_batches(*, run: JobRun, job_id: str, prompt_ids: Sequence[int],
             sessions=run.sessions, client=run.client, writer=writer, job_id=job_id, prompt_ids=prompt_ids,
             directory=Path(settings.batch_dir), dedupe=settings.dedupe,
             limits=BatchLimits(max_requests=settings.batch_max_requests, max_bytes=settings.batch_max_bytes),
+            max_retries=settings.max_retries,
         )
 
 
@@ -34,7 +35,8 @@ async def submit_batches(*, run: JobRun, job_id: str, prompt_ids: Sequence[int],
 async def finish_submission(*, run: JobRun, batch_id: int) -> storage.BatchRecord:
     """Take a batch a crash left in ``preparing`` or ``uploaded`` on to created (adopting a create that got through)."""
     return await jobs.advance_submission(sessions=run.sessions, client=run.client,
-                                    record=await _stored(run, batch_id=batch_id))
+                                         record=await _stored(run, batch_id=batch_id),
+                                         max_retries=run.settings.max_retries)
 
 
 @task(name="poll-batch", task_run_name="poll batch {batch_id}", cache_policy=NO_CACHE)

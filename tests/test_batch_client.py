@@ -21,7 +21,7 @@ from llm_dispatch._batch_types import (
     batch_status_from_api,
 )
 from llm_dispatch._client import LLMClient
-from llm_dispatch._exceptions import APIResponseValidationError, BadRequestError, NotFoundError
+from llm_dispatch._exceptions import APIResponseValidationError, BadRequestError, InternalServerError, NotFoundError
 
 BASE_URL = "https://llm.test/v1"
 CREATED = 1_711_471_533
@@ -170,6 +170,14 @@ async def test_create_batch_sends_openai_body_and_retries(router: respx.Router, 
     assert batch.id == "batch_abc" and batch.status is BatchStatus.VALIDATING
     assert batch.created_at == datetime.fromtimestamp(CREATED, tz=UTC)
     assert batch.metadata == {"run": "r1"} and batch.in_progress_at is None
+
+
+async def test_create_batch_with_max_retries_0_makes_one_attempt(router: respx.Router, fake_time: FakeTime) -> None:
+    route = router.post("/batches", name="create").mock(side_effect=[httpx.Response(502, json={"error": {}})])
+    async with make_client(router, fake_time) as client:
+        with pytest.raises(InternalServerError, match="after 1 attempt"):
+            await client.create_batch(input_file_id="file-abc", max_retries=0)
+    assert route.call_count == 1 and fake_time.sleeps == []
 
 
 async def test_create_batch_without_metadata_and_a_400_is_final(router: respx.Router, fake_time: FakeTime) -> None:

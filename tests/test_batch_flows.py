@@ -245,3 +245,95 @@ async def test_dispatch_on_postgres_both_halves_and_reports(prefect_api: str, si
     assert summary["counts"] == {"succeeded": 6}
     assert summary["routes"] == {"realtime": {"succeeded": 3}, "batch": {"succeeded": 3}}
     assert summary["cost"]["routes"]["batch"]["requests"] == 3
+
+
+# --- escalation: what a batch did not answer goes again, then real-time -----------------------
+
+
+def queue_batch_faults(sim: Sim, *faults: str) -> None:
+    httpx.post(f"{sim.root}/_sim/batch_faults", json={"faults": list(faults)}, timeout=5).raise_for_status()
+
+
+def answers_by_route(db_url: str) -> dict[str, int]:
+    return dict(rows(db_url, "SELECT route, COUNT(*) FROM results WHERE status = 'succeeded' GROUP BY route"))
+
+
+async def dispatch_to_batches(sim: Sim, db_url: str, *, prompts: int, wait: bool) -> dict:
+    return await dispatch(prompts=[{"id": f"q{i}", "prompt": f"question {i}"} for i in range(prompts)],
+                          route_policy="all-batch", base_url=sim.base_url, database_url=SecretStr(db_url), wait=wait,
+                          batch_poll_interval=0.1)
+
+
+@pytest.fixture
+def two_batches_expire(sim: Sim, monkeypatch: pytest.MonkeyPatch) -> Sim:
+    """A limit of two batches a prompt, and the next two batches both expire with half their lines answered."""
+    monkeypatch.setenv("LLM_DISPATCH_BATCH_MAX_SUBMISSIONS", "2")
+    sim.configure(batch_processing_seconds=0.3)
+    queue_batch_faults(sim, "expire:0.5", "expire:0.5")
+    return sim
+
+
+def assert_the_one_unanswered_twice_went_real_time(sim: Sim, db_url: str) -> None:
+    """Four prompts: two answered by the first batch, one by the second, the last real-time, each once."""
+    assert [b["status"] for b in provider_batches(sim)] == ["expired", "expired"]
+    assert answers_by_route(db_url) == {"batch": 3, "realtime": 1} and sim.stats()["completions"] == 1
+    [(late, reason)] = rows(db_url, "SELECT custom_id, route_reason FROM prompts WHERE planned_route = 'realtime'")
+    assert reason == "unanswered in 2 batches; sent real-time"
+    # Its history: expired in both batches, then answered real-time.
+    assert rows(db_url, """SELECT r.route, r.status FROM results r JOIN prompts p ON p.id = r.prompt_id
+                           WHERE p.custom_id = ? ORDER BY r.id""", late) == [
+        ("batch", "failed"), ("batch", "failed"), ("realtime", "succeeded")]
+    assert set(successes_per_prompt(db_url).values()) == {1}
+
+
+async def test_dispatch_resends_an_expired_remainder_in_a_new_batch_while_it_may(
+    prefect_api: str, sim: Sim, db_url: str
+) -> None:
+    sim.configure(batch_processing_seconds=0.3)
+    queue_batch_faults(sim, "expire:0.5")
+    summary = await dispatch_to_batches(sim, db_url, prompts=6, wait=True)
+
+    assert summary["counts"] == {"succeeded": 6}
+    assert summary["batch"]["submitted_batches"] == 2 and summary["batch"]["realtime_fallback"] == 0
+    first, second = sorted(provider_batches(sim), key=lambda b: b["created_at"])
+    assert (first["status"], first["request_counts"]["total"]) == ("expired", 6)
+    assert (second["status"], second["request_counts"]["total"]) == ("completed", 3)  # only what expired
+    assert answers_by_route(db_url) == {"batch": 6} and sim.stats()["completions"] == 0
+    assert set(successes_per_prompt(db_url).values()) == {1}
+
+
+async def test_dispatch_sends_real_time_what_expired_in_every_batch_allowed(
+    prefect_api: str, two_batches_expire: Sim, db_url: str
+) -> None:
+    summary = await dispatch_to_batches(two_batches_expire, db_url, prompts=4, wait=True)
+
+    assert summary["counts"] == {"succeeded": 4}
+    assert summary["batch"]["submitted_batches"] == 2 and summary["batch"]["realtime_fallback"] == 1
+    assert_the_one_unanswered_twice_went_real_time(two_batches_expire, db_url)
+
+
+async def test_collect_sweeps_resend_an_expired_remainder_then_go_real_time(
+    prefect_api: str, two_batches_expire: Sim, db_url: str
+) -> None:
+    sim = two_batches_expire
+    submitted = await dispatch_to_batches(sim, db_url, prompts=4, wait=False)
+    assert submitted["counts"] == {"batched": 4}
+
+    async def sweep() -> dict:
+        await wait_for_provider(sim)
+        return await collect_batches(database_url=SecretStr(db_url), base_url=sim.base_url)
+
+    first = await sweep()
+    assert (first["resubmitted"], first["realtime"]) == (2, 0)
+    second = await sweep()
+    assert (second["resubmitted"], second["realtime"]) == (0, 1)
+    assert_the_one_unanswered_twice_went_real_time(sim, db_url)
+    assert rows(db_url, "SELECT status FROM jobs") == [("finished",)]
+
+
+async def wait_for_provider(sim: Sim, *, timeout: float = 10.0) -> None:
+    """Until every provider batch has ended."""
+    deadline = time.monotonic() + timeout
+    while any(b["status"] not in ("completed", "expired", "failed", "cancelled") for b in provider_batches(sim)):
+        assert time.monotonic() < deadline, "the simulator's batches never ended"
+        await asyncio.sleep(0.05)

@@ -202,13 +202,32 @@ async def test_line_errors_final_ones_fail_retryable_ones_go_again(env: Env) -> 
     assert history == [("failed", 500), ("succeeded", 200)]
 
 
-async def test_retryable_line_errors_stop_after_max_submissions(env: Env) -> None:
-    job_id, ids = await env.job(["always down [[sim:503]]"])
+UNANSWERED_IN_1 = "unanswered in 1 batches; sent real-time"
+
+
+async def test_retryable_line_errors_go_real_time_after_max_submissions(env: Env) -> None:
+    job_id, ids = await env.job(["always down [[sim:503]]", "refused [[sim:400]]"])
     [batch_id] = await env.submit(job_id, ids)
     outcome = await env.finish(batch_id, max_submissions=1)
-    assert (outcome.failed, outcome.resend) == (1, 0)
-    [prompt] = await env.prompts(job_id)
-    assert (prompt.status, prompt.last_error_class, prompt.failed_retryable) == ("failed", "InternalServerError", True)
+    assert (outcome.failed, outcome.resend, outcome.to_realtime) == (1, 1, 1)
+    down, refused = await env.prompts(job_id)
+    assert (down.status, down.planned_route, down.route_reason) == ("pending", "realtime", UNANSWERED_IN_1)
+    assert (refused.status, refused.planned_route, refused.last_error_class) == ("failed", "batch", "BadRequestError")
+    assert [(r.status, r.http_status) for r in await env.results(job_id) if r.prompt_id == down.id] == [("failed", 503)]
+
+
+async def test_expired_batch_past_max_submissions_goes_real_time(env: Env) -> None:
+    job_id, ids = await env.job([f"q {i}" for i in range(6)])
+    queue_fault(env.sim, "expire:0.5")
+    [batch_id] = await env.submit(job_id, ids)
+    outcome = await env.finish(batch_id, max_submissions=1)
+    assert (outcome.status, outcome.succeeded, outcome.failed, outcome.to_realtime) == ("expired", 3, 0, 3)
+    late = await storage.open_prompt_ids(env.sessions, job_id=job_id, planned_route="realtime")
+    assert len(late) == 3 and await storage.open_prompt_ids(env.sessions, job_id=job_id, planned_route="batch") == []
+    assert {p.route_reason for p in await env.prompts(job_id) if p.id in late} == {UNANSWERED_IN_1}
+    # The expiry stays in the history of each, as an error row nobody paid for.
+    history = [(r.prompt_id, r.error_class) for r in await env.results(job_id) if r.status == "failed"]
+    assert sorted(history) == [(pid, "BatchLineError") for pid in sorted(late)]
 
 
 async def test_cancel_keeps_what_completed_and_fails_the_rest(env: Env) -> None:
@@ -229,29 +248,80 @@ async def test_cancel_keeps_what_completed_and_fails_the_rest(env: Env) -> None:
     assert {r.error_class for r in await env.results(job_id) if r.status == "failed"} == {"BatchCancelledError"}
 
 
-async def test_a_create_that_reached_the_provider_is_adopted_not_repeated(env: Env) -> None:
-    job_id, ids = await env.job([f"q {i}" for i in range(3)])
-    members = [(pid, f"p{pid}") for pid in ids]
+async def uploaded_batch(env: Env, job_id: str, ids: list[int]) -> storage.BatchRecord:
+    """A batch recorded and uploaded, not yet created: where a process that died before the create left it."""
     from llm_dispatch import ChatRequest, write_batch_files
 
     [file] = write_batch_files(
         [(f"p{pid}", ChatRequest(model="gpt-4o-mini", messages=[{"role": "user", "content": f"q {i}"}],
                                  params={"max_tokens": 20})) for i, pid in enumerate(ids)],
         directory=env.directory)
-    batch_id = await storage.create_batch_record(env.sessions, job_id=job_id, model="gpt-4o-mini", members=members,
-                                                 file_path=str(file.path))
+    batch_id = await storage.create_batch_record(env.sessions, job_id=job_id, model="gpt-4o-mini",
+                                                 members=[(pid, f"p{pid}") for pid in ids], file_path=str(file.path))
     uploaded = await env.client.upload_file(file.path)
     await storage.update_batch(env.sessions, batch_id=batch_id, status="uploaded", input_file_id=uploaded.id)
-    # The process created the batch, then died before storing its id.
-    created = await env.client.create_batch(
-        input_file_id=uploaded.id, metadata={JOB_ID_KEY: job_id, BATCH_ID_KEY: str(batch_id)})
-
     record = await storage.get_batch(env.sessions, batch_id=batch_id)
     assert record is not None
+    return record
+
+
+async def test_a_create_that_reached_the_provider_is_adopted_not_repeated(env: Env) -> None:
+    job_id, ids = await env.job([f"q {i}" for i in range(3)])
+    record = await uploaded_batch(env, job_id, ids)
+    batch_id = record.id
+    # The process created the batch, then died before storing its id.
+    assert record.input_file_id is not None
+    created = await env.client.create_batch(
+        input_file_id=record.input_file_id, metadata={JOB_ID_KEY: job_id, BATCH_ID_KEY: str(batch_id)})
+
     record = await advance_submission(sessions=env.sessions, client=env.client, record=record)
     assert record.provider_batch_id == created.id
     assert len(provider_batches(env.sim)) == 1
     await env.finish(batch_id)
+    assert await env.statuses(job_id) == {"succeeded": 3}
+
+
+@pytest.mark.parametrize("fault", ["create_lost_hang:2", "create_lost_drop", "create_lost_502"])
+async def test_a_lost_create_answer_is_looked_up_not_created_again(env: Env, fault: str) -> None:
+    job_id, ids = await env.job([f"q {i}" for i in range(5)])
+    queue_fault(env.sim, fault)
+    async with LLMClient(base_url=env.sim.base_url, max_retries=2, request_timeout=0.5) as env.client:
+        [batch_id] = await env.submit(job_id, ids)
+        [provider] = provider_batches(env.sim)
+        record = await storage.get_batch(env.sessions, batch_id=batch_id)
+        assert record is not None and record.provider_batch_id == provider["id"]
+        await env.finish(batch_id)
+    assert env.sim.stats()["batches"] == 1
+    assert await env.statuses(job_id) == {"succeeded": 5}
+    assert sorted(r.prompt_id for r in await env.results(job_id)) == sorted(ids)  # one answer each
+
+
+async def test_a_create_that_made_no_batch_is_tried_again(env: Env) -> None:
+    job_id, ids = await env.job([f"q {i}" for i in range(3)])
+    queue_fault(env.sim, "hang_create:0.05")  # answers 503 and makes nothing
+    [batch_id] = await env.submit(job_id, ids)
+    assert env.sim.stats()["batches"] == 1
+    await env.finish(batch_id)
+    assert await env.statuses(job_id) == {"succeeded": 3}
+
+
+async def test_a_create_given_up_says_so_and_the_next_run_creates_it_once(env: Env) -> None:
+    from llm_dispatch import InternalServerError
+
+    job_id, ids = await env.job([f"q {i}" for i in range(3)])
+    record = await uploaded_batch(env, job_id, ids)
+    queue_fault(env.sim, "hang_create:0.05", "hang_create:0.05")
+    with pytest.raises(InternalServerError, match=rf"Batch {record.id} of job {job_id} was not created after 2 "
+                                                  "attempts.*never made twice") as raised:
+        await advance_submission(sessions=env.sessions, client=env.client, record=record, max_retries=1)
+    assert raised.value.attempts == 2 and raised.value.status_code == 503
+    assert provider_batches(env.sim) == []
+    record = await storage.get_batch(env.sessions, batch_id=record.id)
+    assert record is not None and record.status == "uploaded"
+
+    record = await advance_submission(sessions=env.sessions, client=env.client, record=record)
+    assert [b["id"] for b in provider_batches(env.sim)] == [record.provider_batch_id]
+    await env.finish(record.id)
     assert await env.statuses(job_id) == {"succeeded": 3}
 
 

@@ -15,7 +15,14 @@ import pytest_asyncio
 from llm_dispatch._batch_files import BatchFile, read_batch_output, write_batch_files
 from llm_dispatch._batch_types import BatchInfo, BatchStatus
 from llm_dispatch._client import LLMClient
-from llm_dispatch._exceptions import BadRequestError, ConflictError, NotFoundError
+from llm_dispatch._exceptions import (
+    APIConnectionError,
+    APITimeoutError,
+    BadRequestError,
+    ConflictError,
+    InternalServerError,
+    NotFoundError,
+)
 from llm_dispatch._types import ChatRequest
 from simulator import Simulator, SimulatorConfig
 
@@ -215,6 +222,33 @@ async def test_slow_finalizing_stays_finalizing(client: LLMClient, tmp_path: Pat
     assert done.status is BatchStatus.COMPLETED
     assert time.monotonic() - started >= 0.5 + PROCESSING_SECONDS * 0.9
     assert sum(status is BatchStatus.FINALIZING for status, _, _ in seen) >= 10
+
+
+@pytest.mark.parametrize(("fault", "error", "message"), [
+    ("create_lost_hang:2", APITimeoutError, "No response to POST /batches"),
+    ("create_lost_drop", APIConnectionError, "Could not get an answer"),
+    ("create_lost_502", InternalServerError, "HTTP 502"),
+])
+async def test_a_lost_create_answer_still_creates_the_batch(
+    sim_url: str, admin: httpx.Client, tmp_path: Path, fault: str, error: type[Exception], message: str
+) -> None:
+    admin.post("/_sim/batch_faults", json={"faults": [fault]}).raise_for_status()
+    async with LLMClient(base_url=sim_url, max_retries=0, request_timeout=0.3) as client:
+        uploaded = await client.upload_file(one_file(tmp_path, ["one", "two"]).path)
+        with pytest.raises(error, match=message):
+            await client.create_batch(input_file_id=uploaded.id, metadata={"run": "lost"})
+        [created] = await client.list_batches()
+        assert created.metadata == {"run": "lost"} and created.input_file_id == uploaded.id
+        done, _ = await wait_until_done(client, created)
+    assert (done.status, done.request_counts.completed) == (BatchStatus.COMPLETED, 2)
+    assert admin.get("/_sim/stats").json()["batches"] == 1
+
+
+def test_create_answer_faults_take_an_argument_only_when_they_hang(admin: httpx.Client) -> None:
+    assert admin.post("/_sim/batch_faults", json={"faults": ["create_lost_hang:1.5"]}).json() == {
+        "faults": ["create_lost_hang:1.5"]}
+    refused = admin.post("/_sim/batch_faults", json={"faults": ["create_lost_502:1"]})
+    assert refused.status_code == 400 and "create_lost_502 takes no argument" in refused.text
 
 
 async def test_line_markers_give_per_line_errors(client: LLMClient, tmp_path: Path) -> None:

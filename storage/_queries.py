@@ -163,7 +163,7 @@ async def add_prompts(
     async with sessions.begin() as session:
         conn = await session.connection()
         dialect = conn.dialect
-        # Driver executemany over tuples (see storage._bulk): ~2x a Core insert of dicts, ~20x the ORM.
+        # Driver executemany over tuples (see storage._bulk), the hot path of recording a large job.
         # Values that need converting (JSON, timestamps) go through their column type's own processor.
         to_json = {name: bind_processor(table.c[name], dialect) for name in ("messages", "params", "metadata")}
         to_time = bind_processor(table.c.deadline, dialect)

@@ -85,7 +85,7 @@ def print_status(console: Console, data: dict[str, Any]) -> None:
         console.print(table)
         return
     table = Table(title=f"job {data['job_id']} ({data['name']}): {data['status']}")
-    statuses = ("succeeded", "failed", "pending", "in_flight", "batched")
+    statuses = ("succeeded", "failed", *storage.UNFINISHED_PROMPT_STATUSES)
     table.add_column("route")
     for name in statuses:
         table.add_column(name, justify="right")
@@ -163,7 +163,7 @@ async def export(*, settings: Settings, job_id: str, fmt: str, output: Path | No
 
 def _export_record(row: storage.ExportRow, table: PriceTable) -> dict[str, Any]:
     cost: float | None = None
-    if row.route in ("realtime", "batch") and row.status == "succeeded" and row.prompt_tokens is not None:
+    if row.route in storage.SEND_ROUTES and row.status == "succeeded" and row.prompt_tokens is not None:
         value = table.cost(model=row.model, route=row.route, prompt_tokens=row.prompt_tokens,  # type: ignore[arg-type]
                            completion_tokens=row.completion_tokens or 0, cached_tokens=row.cached_tokens or 0)
         cost = None if value is None else float(value)
@@ -180,13 +180,13 @@ def job_table(summary: dict[str, Any], *, title: str) -> Table:
     for column in ("route", "prompts", "succeeded", "failed", "unfinished", "tokens in/out", "cost", "estimate"):
         table.add_column(column, justify="left" if column == "route" else "right")
     estimate = summary.get("estimate") or {"routes": {}}
-    for route in ("realtime", "batch"):
+    for route in storage.SEND_ROUTES:
         statuses = summary["routes"].get(route, {})
         actual = summary["cost"]["routes"].get(route, {})
         guess = estimate["routes"].get(route, {})
         table.add_row(
             route, str(sum(statuses.values())), str(statuses.get("succeeded", 0)), str(statuses.get("failed", 0)),
-            str(sum(statuses.get(s, 0) for s in ("pending", "in_flight", "batched"))),
+            str(storage.unfinished(statuses)),
             f"{actual.get('prompt_tokens', 0)}/{actual.get('completion_tokens', 0)}",
             f"${actual.get('cost', 0.0):.6f}", f"${guess.get('cost', 0.0):.6f}" if guess else "-",
         )

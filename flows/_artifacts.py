@@ -99,7 +99,7 @@ async def publish_report(summary: DispatchSummary, *, logger: Logger) -> None:
     """A table (one row per route) and a markdown report on the flow run, keyed by the whole job id."""
     report = summary.as_dict()
     rows = []
-    for route in ("realtime", "batch"):
+    for route in storage.SEND_ROUTES:
         statuses = report["routes"].get(route, {})
         cost = report["cost"]["routes"].get(route, {})
         estimate = (report.get("estimate") or {}).get("routes", {}).get(route, {})

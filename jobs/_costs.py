@@ -15,7 +15,6 @@ from llm_dispatch import ChatRequest, CostTotals, PriceTable, estimate_request_c
 __all__ = ["JobCost", "actual_cost", "estimate_cost", "money"]
 
 Sessions = async_sessionmaker[AsyncSession]
-ROUTES = ("realtime", "batch")
 # Answers of a model this database must hold before the reply length learnt from them replaces the setting.
 CALIBRATION_MIN = 20
 
@@ -51,7 +50,7 @@ class JobCost:
 
     def as_dict(self) -> dict[str, Any]:
         routes = {}
-        for route in ROUTES:
+        for route in storage.SEND_ROUTES:
             r = getattr(self.totals, route)
             routes[route] = {"requests": r.prompts, "prompt_tokens": r.prompt_tokens,
                              "completion_tokens": r.completion_tokens, "cached_tokens": r.cached_tokens,
@@ -90,7 +89,7 @@ async def estimate_cost(
     estimate = JobCost(totals=CostTotals(table=table))
     bound = Decimal(0)
     rows_by_route = {}
-    for route in ROUTES:
+    for route in storage.SEND_ROUTES:
         ids = await storage.open_prompt_ids(sessions, job_id=job_id, retry_failed=retry_failed, planned_route=route)
         rows_by_route[route] = await storage.load_work(sessions, prompt_ids=ids)
     models = sorted({row.model for rows in rows_by_route.values() for row in rows})
@@ -101,7 +100,7 @@ async def estimate_cost(
         else typical_completion_tokens
         for model in models
     }
-    for route in ROUTES:
+    for route in storage.SEND_ROUTES:
         seen: set[str] = set()
         for row in rows_by_route[route]:
             if dedupe:

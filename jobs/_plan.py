@@ -3,16 +3,19 @@ requests grouped, the rest cut into chunks."""
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-import logging
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 import storage
 from llm_dispatch import ResultSink
+
+from ._reuse import reuse_stored_answers
+
 logger = logging.getLogger(__name__)
 
 # Prefect task runs cost tens of milliseconds and a server round-trip each: keep a run to a few hundred.
@@ -93,12 +96,8 @@ async def plan_realtime(
     if not by_key:
         return RealtimePlan(held=held)
 
-    stored = await storage.find_reusable(sessions, dedupe_keys=list(by_key))
-    reused = 0
-    for key, result in stored.items():
-        ids = by_key.pop(key)
-        await sink.success(prompt_ids=ids, result=result, route="reused")
-        reused += len(ids)
+    answered = await reuse_stored_answers(sessions=sessions, sink=sink, groups=by_key)
+    reused = sum(len(by_key.pop(key)) for key in answered)
     if reused:
         logger.info("%d prompts answered from stored identical requests (no new cost); --no-dedupe turns this off", reused)
     groups = [tuple(ids) for ids in by_key.values()]

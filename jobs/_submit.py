@@ -42,6 +42,8 @@ from llm_dispatch import (
     write_batch_files,
 )
 
+from ._reuse import reuse_stored_answers
+
 __all__ = [
     "BATCH_ID_KEY",
     "JOB_ID_KEY",
@@ -100,11 +102,10 @@ async def submit_prompts(
     for row in rows:
         groups.setdefault(row.dedupe_key if dedupe else f"id:{row.id}", []).append(row)
     if dedupe:
-        stored = await storage.find_reusable(sessions, dedupe_keys=list(groups))
-        for key, result in stored.items():
-            ids = [row.id for row in groups.pop(key)]
-            await writer.success(prompt_ids=ids, result=result, route="reused")
-            outcome.reused += len(ids)
+        answered = await reuse_stored_answers(
+            sessions=sessions, sink=writer, groups={key: [row.id for row in group] for key, group in groups.items()}
+        )
+        outcome.reused = sum(len(groups.pop(key)) for key in answered)
         if outcome.reused:
             await writer.flush()
     if not groups:

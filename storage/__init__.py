@@ -7,6 +7,7 @@ holds a global engine or session.
 
 from __future__ import annotations
 
+from . import _status
 from ._batches import (
     BATCH_FIELDS,
     BatchConflictError,
@@ -42,23 +43,6 @@ from ._queries import (
     set_planned_route,
 )
 from ._records import BatchRecord, JobInfo, NewPrompt, OpenPrompt, ResultStats, WorkRow
-from ._status import (
-    BATCH_STATUSES,
-    JOB_STATUSES,
-    OPEN_PROVIDER_BATCH_STATUSES,
-    PROMPT_STATUSES,
-    RESULT_STATUSES,
-    ROUTES,
-    TERMINAL_PROVIDER_BATCH_STATUSES,
-    UNFINISHED_PROMPT_STATUSES,
-    BatchStatus,
-    JobStatus,
-    PromptStatus,
-    ResultStatus,
-    RetryFailed,
-    Route,
-    unfinished,
-)
 from ._reports import (
     ExportRow,
     JobSummary,
@@ -70,42 +54,29 @@ from ._reports import (
     route_counts,
     usage_by_route,
 )
+from ._status import *  # noqa: F403  # every status and route name: see _status.__all__
 from ._writer import ResultWriter
 
 __all__ = [
     "BATCH_FIELDS",
-    "BATCH_STATUSES",
     "DATABASE_URL_ENV",
-    "JOB_STATUSES",
-    "OPEN_PROVIDER_BATCH_STATUSES",
-    "PROMPT_STATUSES",
-    "RESULT_STATUSES",
-    "ROUTES",
-    "TERMINAL_PROVIDER_BATCH_STATUSES",
-    "UNFINISHED_PROMPT_STATUSES",
     "Base",
     "Batch",
     "BatchConflictError",
     "BatchMember",
     "BatchRecord",
-    "BatchStatus",
     "ExportRow",
     "JobSummary",
     "UsageRow",
     "Job",
     "JobInfo",
-    "JobStatus",
     "NewPrompt",
     "OpenPrompt",
     "Prompt",
-    "PromptStatus",
     "Result",
     "ResultStats",
-    "ResultStatus",
     "ReplyLengths",
     "ResultWriter",
-    "RetryFailed",
-    "Route",
     "WorkRow",
     "add_prompts",
     "batch_members",
@@ -140,6 +111,6 @@ __all__ = [
     "set_job_status",
     "set_planned_route",
     "store_batch_answers",
-    "unfinished",
     "update_batch",
 ]
+__all__ += _status.__all__

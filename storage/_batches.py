@@ -2,8 +2,8 @@
 
 A prompt in an open batch has status ``batched``: the real-time path does not pick it
 (``open_prompt_ids``), and no second batch may take it, until its result is written or it
-is released back to ``pending``. Results themselves go through ``ResultWriter`` with
-``route="batch"``.
+is released back to ``pending``. Results go through ``storage._results``: failures by the
+``ResultWriter`` with ``route="batch"``, answers in bulk by ``store_batch_answers``.
 """
 
 from __future__ import annotations
@@ -13,16 +13,14 @@ from datetime import datetime
 from typing import Any, Final
 
 from sqlalchemy import func, insert, select, update
-from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-
-
 from llm_dispatch import ChatResult, LLMDispatchError
-from ._bulk import bind_value, placeholders
-from ._models import Batch, BatchMember, Prompt, Result, utcnow
-from ._queries import IN_CHUNK, INSERT_BATCH, _aware, _chunks
+
+from ._bulk import IN_CHUNK, INSERT_BATCH, chunks
+from ._models import Batch, BatchMember, Prompt, aware, utcnow
 from ._records import BatchRecord
+from ._results import answer_rows, write_results
 from ._status import BATCH_STATUSES
 
 __all__ = [
@@ -116,10 +114,10 @@ async def create_batch_record(
         session.add(batch)
         await session.flush()
         batch_id = batch.id
-        for chunk in _chunks(members, INSERT_BATCH):
+        for chunk in chunks(members, INSERT_BATCH):
             rows = [{"batch_id": batch_id, "prompt_id": pid, "custom_id": cid} for pid, cid in chunk]
             await session.execute(insert(BatchMember.__table__), rows)
-        for chunk in _chunks(prompt_ids, IN_CHUNK):
+        for chunk in chunks(prompt_ids, IN_CHUNK):
             await session.execute(
                 update(Prompt)
                 .where(Prompt.id.in_(chunk), Prompt.status != "succeeded")
@@ -133,7 +131,7 @@ async def _check_members(session: AsyncSession, *, job_id: str, prompt_ids: Sequ
     # FOR UPDATE (PostgreSQL; SQLite locks the whole file on write): a second process
     # batching the same prompts waits here, then sees them batched and stops.
     found: dict[int, tuple[str, str]] = {}
-    for chunk in _chunks(prompt_ids, IN_CHUNK):
+    for chunk in chunks(prompt_ids, IN_CHUNK):
         stmt = select(Prompt.id, Prompt.job_id, Prompt.status).where(Prompt.id.in_(chunk)).with_for_update()
         found.update((pid, (job, status)) for pid, job, status in await session.execute(stmt))
     missing = [pid for pid in prompt_ids if pid not in found]
@@ -146,7 +144,7 @@ async def _check_members(session: AsyncSession, *, job_id: str, prompt_ids: Sequ
     if not held:
         return
     holders: set[int] = set()
-    for chunk in _chunks(held, IN_CHUNK):
+    for chunk in chunks(held, IN_CHUNK):
         stmt = (
             select(BatchMember.batch_id)
             .join(Batch, Batch.id == BatchMember.batch_id)
@@ -252,7 +250,7 @@ async def batch_submissions(
             )
             return {pid: n for pid, n in await session.execute(stmt)}
         assert prompt_ids is not None
-        for chunk in _chunks(list(prompt_ids), IN_CHUNK):
+        for chunk in chunks(list(prompt_ids), IN_CHUNK):
             stmt = (
                 select(BatchMember.prompt_id, func.count())
                 .where(BatchMember.prompt_id.in_(chunk))
@@ -271,39 +269,22 @@ async def store_batch_answers(
 ) -> int:
     """Store answered batch lines in one transaction; returns the result rows written.
 
-    The bulk path of ingest, for tens of thousands of answers: plain inserts and one UPDATE per
-    chunk of prompts instead of the ResultWriter's per-row statements. Each line's first prompt gets
-    route ``batch`` and one attempt; the others sharing the line get ``reused``. Only prompts still
-    ``batched`` change status, so storing the same output twice leaves the first answers in place
-    (callers pass only members still waiting: see ``batch_members(waiting_only=True)``).
+    The bulk path of ingest, for tens of thousands of answers at once, where the ``ResultWriter``
+    would cut them into small transactions. Rows are made and written as the writer's are (route
+    ``batch`` for a line's first prompt, ``reused`` for the others sharing it). Only prompts still
+    ``batched`` change, so storing the same output twice leaves the first answers in place (callers
+    pass only members still waiting: see ``batch_members(waiting_only=True)``).
     """
     if not answers:
         return 0
     now = utcnow()
-    first_ids: list[int] = []
-    other_ids: list[int] = []
-    rows: list[tuple[Any, ...]] = []
+    rows = [
+        row
+        for prompt_ids, result in answers
+        for row in answer_rows(prompt_ids, result, route="batch", now=now, latency_s=latency_s)
+    ]
     async with sessions.begin() as session:
-        conn = await session.connection()
-        dialect = conn.dialect
-        # The driver's own executemany over plain tuples: the insert is the hot path of a 100,000-line
-        # ingest, and per-row parameter processing would cost more than the database does. The one
-        # column that needs converting (a timestamp, the same for every row) is converted once here.
-        created = bind_value(Result.__table__.c.created_at, now, dialect)
-        for prompt_ids, result in answers:
-            latency_ms = (result.latency_s if latency_s is None else latency_s) * 1000
-            for index, prompt_id in enumerate(prompt_ids):
-                paid = index == 0
-                (first_ids if paid else other_ids).append(prompt_id)
-                rows.append((
-                    prompt_id, job_id, created, "batch" if paid else "reused", "succeeded", result.text,
-                    result.finish_reason, result.prompt_tokens, result.completion_tokens, result.cached_tokens,
-                    latency_ms, 1 if paid else 0, result.model, result.response_id, 200 if paid else None,
-                ))
-        await conn.exec_driver_sql(_insert_sql(dialect), rows)  # type: ignore[arg-type]
-        updated = bind_value(Prompt.__table__.c.updated_at, now, dialect)
-        settle = [(1, updated, pid) for pid in first_ids] + [(0, updated, pid) for pid in other_ids]
-        await conn.exec_driver_sql(_settle_sql(dialect), settle)  # type: ignore[arg-type]
+        await write_results(await session.connection(), rows, job_ids=job_id, now=now, only_if="batched")
     return len(rows)
 
 
@@ -341,36 +322,15 @@ async def _release(session: AsyncSession, *, batch_id: int, prompt_ids: list[int
     members = select(BatchMember.prompt_id).where(BatchMember.batch_id == batch_id)
     now = utcnow()
     # None: every member of the batch, as one statement with the member list as a subquery.
-    chunks: list[list[int] | None] = [None] if prompt_ids is None else list(_chunks(prompt_ids, IN_CHUNK))
+    id_lists: list[list[int] | None] = [None] if prompt_ids is None else list(chunks(prompt_ids, IN_CHUNK))
     released = 0
-    for chunk in chunks:
+    for chunk in id_lists:
         stmt = update(Prompt).where(Prompt.status == "batched", Prompt.id.in_(members))
         if chunk is not None:
             stmt = stmt.where(Prompt.id.in_(chunk))
         stmt = stmt.values(status="pending", updated_at=now).execution_options(synchronize_session=False)
         released += (await session.execute(stmt)).rowcount
     return released
-
-
-_ANSWER_COLUMNS = (
-    "prompt_id", "job_id", "created_at", "route", "status", "text", "finish_reason", "prompt_tokens",
-    "completion_tokens", "cached_tokens", "latency_ms", "attempts", "response_model", "response_id", "http_status",
-)
-
-
-def _insert_sql(dialect: Dialect) -> str:
-    """``INSERT INTO results (...) VALUES (...)`` in the driver's own placeholder style."""
-    marks = placeholders(dialect, len(_ANSWER_COLUMNS))
-    return f"INSERT INTO results ({', '.join(_ANSWER_COLUMNS)}) VALUES ({', '.join(marks)})"
-
-
-def _settle_sql(dialect: Dialect) -> str:
-    """Mark one answered prompt succeeded (if it still waits in the batch): (attempts to add, now, id)."""
-    add, now, pid = placeholders(dialect, 3)
-    return (
-        f"UPDATE prompts SET status = 'succeeded', attempts = attempts + {add}, last_error_class = NULL, "
-        f"failed_retryable = NULL, updated_at = {now} WHERE id = {pid} AND status = 'batched'"
-    )
 
 
 def _record(batch: Batch) -> BatchRecord:
@@ -393,11 +353,11 @@ def _record(batch: Batch) -> BatchRecord:
         last_polled_at=_maybe_aware(batch.last_polled_at),
         errors=batch.errors,
         resubmission_of=batch.resubmission_of,
-        created_at=_aware(batch.created_at),
-        updated_at=_aware(batch.updated_at),
+        created_at=aware(batch.created_at),
+        updated_at=aware(batch.updated_at),
         cancel_requested=bool(batch.cancel_requested),
     )
 
 
 def _maybe_aware(value: datetime | None) -> datetime | None:
-    return None if value is None else _aware(value)
+    return None if value is None else aware(value)

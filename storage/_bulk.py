@@ -1,17 +1,35 @@
-"""Driver-level executemany for the hot write paths: plain tuples in the driver's own placeholder style.
+"""Bulk statements: ids in IN lists and rows in executemany calls of bounded size, and driver-level
+executemany over plain tuples in the driver's own placeholder style.
 
-SQLAlchemy's per-row parameter processing costs more than SQLite itself when results arrive by the
-thousand; these statements skip it. A value that needs converting (a timestamp) goes through the
-column type's own bind processor, so what is stored is what the ORM would store.
+SQLAlchemy's per-row parameter processing costs more than SQLite itself when rows arrive by the
+thousand; the driver-level statements skip it. A value that needs converting (a timestamp, JSON) goes
+through the column type's own bind processor, so what is stored is what the ORM would store.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from itertools import islice
+from typing import Any, TypeVar
 
 from sqlalchemy.engine import Dialect
 
-__all__ = ["bind_value", "bind_processor", "placeholders"]
+__all__ = ["INSERT_BATCH", "IN_CHUNK", "bind_processor", "bind_value", "chunks", "placeholders"]
+
+T = TypeVar("T")
+
+# Rows per executemany: large enough to amortise round trips, small enough that one
+# multi-VALUES statement stays under PostgreSQL's 32,767 bind parameters.
+INSERT_BATCH = 1_000
+# Ids per IN list: old SQLite builds allow only 999 bound variables per statement.
+IN_CHUNK = 500
+
+
+def chunks(items: Iterable[T], size: int) -> Iterator[list[T]]:
+    """``items`` in lists of at most ``size``; a generator is consumed a chunk at a time."""
+    iterator = iter(items)
+    while chunk := list(islice(iterator, size)):
+        yield chunk
 
 
 def placeholders(dialect: Dialect, n: int) -> list[str]:
@@ -28,12 +46,15 @@ def placeholders(dialect: Dialect, n: int) -> list[str]:
     raise NotImplementedError(f"bulk writes for a driver with paramstyle {style!r}")
 
 
-def bind_processor(column: Any, dialect: Dialect) -> Any:
-    """The function SQLAlchemy applies to ``column``'s values for this driver, or None (values go as they are)."""
-    return column.type.bind_processor(dialect)
+def bind_processor(column: Any, dialect: Dialect) -> Callable[[Any], Any]:
+    """The function SQLAlchemy applies to ``column``'s values for this driver (the identity when it applies none)."""
+    return column.type.bind_processor(dialect) or _same
 
 
 def bind_value(column: Any, value: Any, dialect: Dialect) -> Any:
     """``value`` as SQLAlchemy would hand it to the driver for ``column``."""
-    processor = bind_processor(column, dialect)
-    return processor(value) if processor is not None else value
+    return bind_processor(column, dialect)(value)
+
+
+def _same(value: Any) -> Any:
+    return value

@@ -28,7 +28,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-__all__ = ["Base", "Batch", "BatchMember", "Job", "Prompt", "Result", "new_job_id", "utcnow"]
+__all__ = ["Base", "Batch", "BatchMember", "Job", "Prompt", "Result", "aware", "new_job_id", "utcnow"]
 
 # Stable constraint names, so a later migration can drop or alter them by name on both
 # databases (and SQLite batch mode can recreate tables).
@@ -47,6 +47,11 @@ BigInt = BigInteger().with_variant(Integer(), "sqlite")
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+def aware(value: datetime) -> datetime:
+    """A stored timestamp as written: SQLite keeps no time zone, and everything is written in UTC."""
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 def new_job_id() -> str:

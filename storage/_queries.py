@@ -1,22 +1,21 @@
-"""Every read and write of jobs and prompts (results are written by ``ResultWriter``)."""
+"""Every read and write of jobs and prompts (results are written by ``storage._results``)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Iterable, Iterator, Sequence
-from datetime import UTC, datetime
-from itertools import islice
-from typing import Any, TypedDict, TypeVar, Unpack, get_args
+from collections.abc import Collection, Iterable, Sequence
+from datetime import datetime
+from typing import Any, TypedDict, Unpack, get_args
 
 from sqlalchemy import and_, case, func, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from llm_dispatch import ChatResult
 
-from ._bulk import bind_processor, bind_value, placeholders
-from ._models import Job, Prompt, Result, new_job_id, utcnow
+from ._bulk import IN_CHUNK, INSERT_BATCH, bind_processor, bind_value, chunks, placeholders
+from ._models import Job, Prompt, Result, aware, new_job_id, utcnow
 from ._records import JobInfo, NewPrompt, OpenPrompt, ResultStats, WorkRow
-from ._status import JOB_STATUSES, JobStatus, RetryFailed
+from ._status import JOB_STATUSES, SEND_ROUTES, SENDABLE_PROMPT_STATUSES, JobStatus, RetryFailed
 
 __all__ = [
     "add_prompts",
@@ -34,24 +33,6 @@ __all__ = [
 ]
 
 Sessions = async_sessionmaker[AsyncSession]
-T = TypeVar("T")
-
-# Rows per executemany: large enough to amortise round trips, small enough that one
-# multi-VALUES statement stays under PostgreSQL's 32,767 bind parameters.
-INSERT_BATCH = 1_000
-# Ids per IN list: old SQLite builds allow only 999 bound variables per statement.
-IN_CHUNK = 500
-
-
-def _chunks(items: Iterable[T], size: int) -> Iterator[list[T]]:
-    iterator = iter(items)
-    while chunk := list(islice(iterator, size)):
-        yield chunk
-
-
-def _aware(value: datetime) -> datetime:
-    # SQLite keeps no time zone; everything is written in UTC, so say so on the way out.
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 # --- jobs ---------------------------------------------------------------------------
@@ -109,8 +90,8 @@ async def get_job(sessions: Sessions, *, job_id: str) -> JobInfo | None:
     return JobInfo(
         id=job.id,
         name=job.name,
-        created_at=_aware(job.created_at),
-        updated_at=_aware(job.updated_at),
+        created_at=aware(job.created_at),
+        updated_at=aware(job.updated_at),
         status=job.status,
         model=job.model,
         input_path=job.input_path,
@@ -156,10 +137,6 @@ def _insert_prompts_sql(dialect: Any, *, skip_existing: bool) -> str:
     return sql + " ON CONFLICT (job_id, custom_id) DO NOTHING" if skip_existing else sql
 
 
-def _same(value: Any) -> Any:
-    return value
-
-
 async def add_prompts(
     sessions: Sessions,
     *,
@@ -186,13 +163,13 @@ async def add_prompts(
     async with sessions.begin() as session:
         conn = await session.connection()
         dialect = conn.dialect
-        # Driver executemany over tuples (see storage._bulk): ~2x a Core insert of dicts, ~20x the ORM.
+        # Driver executemany over tuples (see storage._bulk), the hot path of recording a large job.
         # Values that need converting (JSON, timestamps) go through their column type's own processor.
-        to_json = {name: bind_processor(table.c[name], dialect) or _same for name in ("messages", "params", "metadata")}
-        to_time = bind_processor(table.c.deadline, dialect) or _same
+        to_json = {name: bind_processor(table.c[name], dialect) for name in ("messages", "params", "metadata")}
+        to_time = bind_processor(table.c.deadline, dialect)
         stamp = bind_value(table.c.created_at, now, dialect)
         sql = _insert_prompts_sql(dialect, skip_existing=skip_existing)
-        for batch in _chunks(prompts, INSERT_BATCH):
+        for batch in chunks(prompts, INSERT_BATCH):
             rows = [
                 (
                     job_id, p.custom_id, p.position, p.model, to_json["messages"](p.messages),
@@ -249,7 +226,7 @@ async def open_prompts(
     one job never share a prompt. ``positions=(start, stop)`` keeps those at input positions
     ``start <= position < stop``; ``dedupe_keys`` those making one of these requests.
     """
-    open_when = [Prompt.status.in_(("pending", "in_flight") if in_flight else ("pending",))]
+    open_when = [Prompt.status.in_(SENDABLE_PROMPT_STATUSES if in_flight else ("pending",))]
     if retry_failed == "all":
         open_when.append(Prompt.status == "failed")
     elif retry_failed == "retryable":
@@ -277,7 +254,7 @@ async def open_prompts(
         # In IN lists of bounded size, so the chunks' rows are merged back into input order.
         found = [
             OpenPrompt(*row)
-            for chunk in _chunks(set(dedupe_keys), IN_CHUNK)
+            for chunk in chunks(set(dedupe_keys), IN_CHUNK)
             for row in await conn.execute(stmt.where(Prompt.dedupe_key.in_(chunk)))
         ]
         return sorted(found, key=lambda prompt: (prompt.position, prompt.id))
@@ -290,7 +267,7 @@ async def reroute_late_prompts(sessions: Sessions, *, job_id: str, before: datet
         update(Prompt)
         .where(
             Prompt.job_id == job_id,
-            Prompt.status.in_(("pending", "in_flight")),
+            Prompt.status.in_(SENDABLE_PROMPT_STATUSES),
             Prompt.planned_route == "batch",
             Prompt.deadline < before,
         )
@@ -305,7 +282,7 @@ async def set_planned_route(sessions: Sessions, *, prompt_ids: Sequence[int], ro
     """Re-route prompts (say, from batch to real-time when a deadline no longer allows a batch); returns how many."""
     changed = 0
     async with sessions.begin() as session:
-        for chunk in _chunks(list(prompt_ids), IN_CHUNK):
+        for chunk in chunks(list(prompt_ids), IN_CHUNK):
             stmt = (
                 update(Prompt)
                 .where(Prompt.id.in_(chunk))
@@ -327,7 +304,7 @@ async def load_work(sessions: Sessions, *, prompt_ids: Sequence[int]) -> list[Wo
         # Core on the session's connection: the ORM's statement handling would double the cost of
         # loading a chunk's rows, while other chunks are sending.
         conn = await session.connection()
-        for chunk in _chunks(dict.fromkeys(prompt_ids), IN_CHUNK):
+        for chunk in chunks(dict.fromkeys(prompt_ids), IN_CHUNK):
             for row in await conn.execute(select(*columns, Prompt.position).where(Prompt.id.in_(chunk))):
                 work = WorkRow(
                     id=row.id,
@@ -336,7 +313,7 @@ async def load_work(sessions: Sessions, *, prompt_ids: Sequence[int]) -> list[Wo
                     messages=row.messages,
                     params=row.params,
                     dedupe_key=row.dedupe_key,
-                    deadline=None if row.deadline is None else _aware(row.deadline),
+                    deadline=None if row.deadline is None else aware(row.deadline),
                 )
                 found.append((row.position, row.id, work))
     found.sort(key=lambda item: item[:2])
@@ -352,7 +329,7 @@ async def mark_in_flight(sessions: Sessions, *, prompt_ids: Sequence[int]) -> in
     changed = 0
     now = utcnow()
     async with sessions.begin() as session:
-        for chunk in _chunks(prompt_ids, IN_CHUNK):
+        for chunk in chunks(prompt_ids, IN_CHUNK):
             stmt = (
                 update(Prompt)
                 .where(Prompt.id.in_(chunk), Prompt.status.not_in(("succeeded", "batched")))
@@ -373,14 +350,14 @@ async def find_reusable(sessions: Sessions, *, dedupe_keys: Collection[str]) -> 
     """
     found: dict[str, ChatResult] = {}
     async with sessions() as session:
-        for chunk in _chunks(set(dedupe_keys), IN_CHUNK):
+        for chunk in chunks(set(dedupe_keys), IN_CHUNK):
             newest = (
                 select(func.max(Result.id))
                 .join(Prompt, Prompt.id == Result.prompt_id)
                 .where(
                     Prompt.dedupe_key.in_(chunk),
                     Result.status == "succeeded",
-                    Result.route.in_(("realtime", "batch")),
+                    Result.route.in_(SEND_ROUTES),
                 )
                 .group_by(Prompt.dedupe_key)
             )

@@ -9,21 +9,28 @@ from typing import Any, NamedTuple
 __all__ = ["BatchRecord", "JobInfo", "NewPrompt", "OpenPrompt", "ResultStats", "WorkRow"]
 
 
-@dataclass(frozen=True, slots=True)
-class NewPrompt:
-    """One prompt of a job as read from the input, before it is stored."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Request:
+    """A prompt's request: its id in the input, what is sent, the key identical requests share, and by
+    when it must be answered."""
 
     custom_id: str
-    position: int
     model: str
     messages: list[dict[str, Any]]
     params: dict[str, Any]
     dedupe_key: str
+    deadline: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NewPrompt(_Request):
+    """One prompt of a job as read from the input, before it is stored."""
+
+    position: int
     metadata: dict[str, Any] | None = None
-    # The router's decision ("realtime" or "batch") and why; the prompt's deadline, if any.
+    # The router's decision ("realtime" or "batch") and why.
     planned_route: str | None = None
     route_reason: str | None = None
-    deadline: datetime | None = None
 
 
 class OpenPrompt(NamedTuple):
@@ -34,17 +41,11 @@ class OpenPrompt(NamedTuple):
     dedupe_key: str
 
 
-@dataclass(frozen=True, slots=True)
-class WorkRow:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkRow(_Request):
     """What a sender needs to make one request for a stored prompt."""
 
     id: int
-    custom_id: str
-    model: str
-    messages: list[dict[str, Any]]
-    params: dict[str, Any]
-    dedupe_key: str
-    deadline: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,8 +11,7 @@ from typing import Any
 from sqlalchemy import case, func, literal_column, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from ._models import Batch, Job, Prompt, Result
-from ._queries import _aware
+from ._models import Batch, Job, Prompt, Result, aware
 
 __all__ = [
     "ExportRow",
@@ -162,7 +161,7 @@ async def list_jobs(sessions: Sessions, *, limit: int = 20) -> list[JobSummary]:
         .limit(limit)
     )
     async with sessions() as session:
-        return [JobSummary(id_, name, _aware(created), status, int(n), int(b))
+        return [JobSummary(id_, name, aware(created), status, int(n), int(b))
                 for id_, name, created, status, n, b in await session.execute(stmt)]
 
 

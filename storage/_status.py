@@ -12,6 +12,8 @@ __all__ = [
     "PROMPT_STATUSES",
     "RESULT_STATUSES",
     "ROUTES",
+    "SENDABLE_PROMPT_STATUSES",
+    "SEND_ROUTES",
     "TERMINAL_PROVIDER_BATCH_STATUSES",
     "UNFINISHED_PROMPT_STATUSES",
     "BatchStatus",
@@ -58,13 +60,18 @@ JOB_STATUSES: Final[tuple[JobStatus, ...]] = get_args(JobStatus)
 PROMPT_STATUSES: Final[tuple[PromptStatus, ...]] = get_args(PromptStatus)
 RESULT_STATUSES: Final[tuple[ResultStatus, ...]] = get_args(ResultStatus)
 ROUTES: Final[tuple[Route, ...]] = get_args(Route)
+# The routes a prompt is planned for and sent on, each call paid for; a ``reused`` row copies an answer
+# got on one of them.
+SEND_ROUTES: Final[tuple[Route, ...]] = ("realtime", "batch")
 BATCH_STATUSES: Final[tuple[BatchStatus, ...]] = get_args(BatchStatus)
 # The provider may still change these; poll them.
 OPEN_PROVIDER_BATCH_STATUSES: Final[tuple[BatchStatus, ...]] = ("validating", "in_progress", "finalizing", "cancelling")
 # The provider is done with these: fetch whatever output and error files there are, then ingest.
 TERMINAL_PROVIDER_BATCH_STATUSES: Final[tuple[BatchStatus, ...]] = ("completed", "failed", "expired", "cancelled")
+# Prompts a sender may take: pending, or in flight when the process sending them died.
+SENDABLE_PROMPT_STATUSES: Final[tuple[PromptStatus, ...]] = ("pending", "in_flight")
 # Prompts without a final outcome yet: a job with any of these is not finished.
-UNFINISHED_PROMPT_STATUSES: Final[tuple[PromptStatus, ...]] = ("pending", "in_flight", "batched")
+UNFINISHED_PROMPT_STATUSES: Final[tuple[PromptStatus, ...]] = (*SENDABLE_PROMPT_STATUSES, "batched")
 
 
 def unfinished(counts: Mapping[str, int]) -> int:

@@ -6,50 +6,37 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import datetime
 from types import TracebackType
-from typing import Any
+from typing import NamedTuple
 
 from sqlalchemy import select
-from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-
 from llm_dispatch import ChatResult
-from ._bulk import bind_processor, bind_value, placeholders
-from ._models import Prompt, Result, utcnow
-from ._queries import mark_in_flight
-from ._status import ROUTES, Route
 
-__all__ = ["DEFAULT_FLUSH_INTERVAL", "DEFAULT_FLUSH_ROWS", "MAX_ERROR_MESSAGE", "RETRY_DELAY", "ResultWriter"]
+from ._bulk import IN_CHUNK, chunks
+from ._models import Prompt, utcnow
+from ._queries import mark_in_flight
+from ._results import ResultRow, answer_rows, failure_rows, write_results
+from ._status import Route
+
+__all__ = ["DEFAULT_FLUSH_INTERVAL", "DEFAULT_FLUSH_ROWS", "RETRY_DELAY", "ResultWriter"]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_FLUSH_ROWS = 200
 # The most a killed process can lose: answers from the last interval, sent again on resume.
 DEFAULT_FLUSH_INTERVAL = 0.05
-MAX_ERROR_MESSAGE = 2_000
 # Buffered rows beyond flush_rows x this make callers wait for the database.
 BACKPRESSURE_FACTOR = 10
 # Pause before the one retry of a batch that failed with OperationalError.
 RETRY_DELAY = 0.5
-_IN_CHUNK = 500
-
-_prompts = Prompt.__table__
-_results = Result.__table__
 
 
-@dataclass(slots=True)
-class _Row:
+class _Buffered(NamedTuple):
     arrived: float  # event-loop time, for the flush deadline
-    prompt_id: int
-    result: dict[str, Any]  # a results row, job_id filled in at flush when not known
-    status: str  # the prompt's new status: succeeded, failed, or pending (non-final failure)
-    attempts: int
-    error_class: str | None
-    retryable: bool | None
+    row: ResultRow
 
 
 class ResultWriter:
@@ -79,7 +66,7 @@ class ResultWriter:
         self._flush_interval = flush_interval
         self._max_buffered = BACKPRESSURE_FACTOR * flush_rows
         self._job_id = job_id
-        self._buffer: deque[_Row] = deque()
+        self._buffer: deque[_Buffered] = deque()
         self._lock = asyncio.Lock()  # one batch written at a time, in arrival order
         self._wake = asyncio.Event()
         self._space = asyncio.Event()
@@ -127,32 +114,9 @@ class ResultWriter:
         """Record one answer for these prompts (one request answered identical prompts).
 
         ``route`` is one of ``ROUTES`` (a plain str, as the core's ``ResultSink`` has it; checked here).
-
-        The first id gets ``route``; the others get ``reused`` and no attempts, since the
-        call was made (and paid) once. With ``route="reused"`` (a stored answer) no id
-        counts an attempt.
+        Which prompt counts the call is ``storage.shares``' rule: the first id paid, the others reused.
         """
-        if route not in ROUTES:
-            raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
-        now = utcnow()
-        rows = []
-        for index, prompt_id in enumerate(prompt_ids):
-            this_route = route if index == 0 else "reused"
-            attempts = result.attempts if this_route != "reused" else 0
-            row = _result_row(prompt_id=prompt_id, now=now, route=this_route, status="succeeded", attempts=attempts)
-            row.update(
-                text=result.text,
-                finish_reason=result.finish_reason,
-                prompt_tokens=result.prompt_tokens,
-                completion_tokens=result.completion_tokens,
-                cached_tokens=result.cached_tokens,
-                latency_ms=result.latency_s * 1000,
-                response_model=result.model,
-                response_id=result.response_id,
-                http_status=200 if this_route != "reused" else None,
-            )
-            rows.append((prompt_id, row, "succeeded", attempts, None, None))
-        await self._add(rows)
+        await self._add(answer_rows(prompt_ids, result, route=route, now=utcnow()))
 
     async def failure(
         self,
@@ -167,25 +131,7 @@ class ResultWriter:
         ``final`` marks the prompts failed (``failed_retryable`` from ``error.retryable``);
         otherwise the failure is kept as history and the prompts go back to pending.
         """
-        now = utcnow()
-        error_class = type(error).__name__
-        message = str(error)[:MAX_ERROR_MESSAGE] or None
-        status_code = getattr(error, "status_code", None)
-        error_attempts = int(getattr(error, "attempts", 1) or 1)
-        retryable = bool(getattr(error, "retryable", False)) if final else None
-        status = "failed" if final else "pending"
-        rows = []
-        for index, prompt_id in enumerate(prompt_ids):
-            this_route = route if index == 0 else "reused"
-            attempts = error_attempts if this_route != "reused" else 0
-            row = _result_row(prompt_id=prompt_id, now=now, route=this_route, status="failed", attempts=attempts)
-            row.update(
-                http_status=status_code if isinstance(status_code, int) else None,
-                error_class=error_class,
-                error_message=message,
-            )
-            rows.append((prompt_id, row, status, attempts, error_class, retryable))
-        await self._add(rows)
+        await self._add(failure_rows(prompt_ids, error, route=route, now=utcnow(), final=final))
 
     async def mark_in_flight(self, *, prompt_ids: Sequence[int]) -> int:
         """Mark prompts as being sent, taking turns with result writes.
@@ -206,14 +152,13 @@ class ResultWriter:
 
     # --- internals ------------------------------------------------------------------
 
-    async def _add(self, rows: Sequence[tuple[int, dict[str, Any], str, int, str | None, bool | None]]) -> None:
+    async def _add(self, rows: Sequence[ResultRow]) -> None:
         self._raise_if_broken()
         if self._task is None or self._closing:
             raise RuntimeError("use the ResultWriter as `async with ResultWriter(...) as writer:`")
         arrived = asyncio.get_running_loop().time()
         was_empty = not self._buffer
-        for prompt_id, row, status, attempts, error_class, retryable in rows:
-            self._buffer.append(_Row(arrived, prompt_id, row, status, attempts, error_class, retryable))
+        self._buffer.extend(_Buffered(arrived, row) for row in rows)
         self._appended += len(rows)
         if was_empty or len(self._buffer) >= self._flush_rows:
             self._wake.set()
@@ -283,119 +228,22 @@ class ResultWriter:
             self.flushes += 1
             self._space.set()
 
-    async def _write(self, batch: list[_Row]) -> None:
-        now = utcnow()
+    async def _write(self, batch: list[_Buffered]) -> None:
+        rows = [item.row for item in batch]
         async with self._sessions.begin() as session:
-            job_ids = await self._job_ids(session, batch)
-            conn = await session.connection()
-            dialect = conn.dialect
-            # Plain tuples through the driver's executemany (see storage._bulk): at hundreds of results
-            # a second, SQLAlchemy's per-row parameter handling costs more than the database.
-            to_time = bind_processor(_results.c.created_at, dialect) or _same
-            results = []
-            for row in batch:
-                values = row.result
-                results.append((
-                    *(values[name] for name in _RESULT_COLUMNS[:-2]),
-                    to_time(values["created_at"]),
-                    job_ids[row.prompt_id],
-                ))
-            await conn.exec_driver_sql(_insert_sql(dialect), results)  # type: ignore[arg-type]
-            stamp = bind_value(_prompts.c.updated_at, now, dialect)
-            updates = [
-                (u["b_status"], u["b_attempts"], u["b_error_class"], u["b_retryable"], stamp, u["b_id"])
-                for u in _prompt_updates(batch, now=now)
-            ]
-            await conn.exec_driver_sql(_update_sql(dialect), updates)  # type: ignore[arg-type]
-
-    async def _job_ids(self, session: AsyncSession, batch: list[_Row]) -> dict[int, str]:
-        ids = list(dict.fromkeys(row.prompt_id for row in batch))
-        if self._job_id is not None:
-            # Unknown prompt ids still fail, on the results foreign key.
-            return dict.fromkeys(ids, self._job_id)
-        found: dict[int, str] = {}
-        for start in range(0, len(ids), _IN_CHUNK):
-            chunk = ids[start : start + _IN_CHUNK]
-            rows = await session.execute(select(Prompt.id, Prompt.job_id).where(Prompt.id.in_(chunk)))
-            found.update((prompt_id, job_id) for prompt_id, job_id in rows)
-        missing = [pid for pid in ids if pid not in found]
-        if missing:
-            raise LookupError(f"results for prompt ids that are not in the database: {missing[:10]}")
-        return found
+            job_ids = self._job_id if self._job_id is not None else await _job_ids(session, rows)
+            # Unknown prompt ids with a known job_id fail on the results foreign key.
+            await write_results(await session.connection(), rows, job_ids=job_ids, now=utcnow())
 
 
-# Result columns in the order of the insert's tuples; created_at and job_id go last.
-_RESULT_COLUMNS = (
-    "prompt_id", "route", "status", "attempts", "text", "finish_reason", "prompt_tokens", "completion_tokens",
-    "cached_tokens", "latency_ms", "response_model", "response_id", "http_status", "error_class", "error_message",
-    "created_at", "job_id",
-)
-
-
-def _insert_sql(dialect: Dialect) -> str:
-    marks = placeholders(dialect, len(_RESULT_COLUMNS))
-    return f"INSERT INTO results ({', '.join(_RESULT_COLUMNS)}) VALUES ({', '.join(marks)})"
-
-
-def _update_sql(dialect: Dialect) -> str:
-    """The prompt's new state after its results: (status, attempts to add, error class, retryable, now, id).
-
-    A success is final: a late failure of the same prompt (another run, a duplicate send) must not make
-    it look unpaid and send it a third time. Every SET expression sees the row as it was.
-    """
-    status, attempts, error_class, retryable, now, pid = placeholders(dialect, 6)
-    return (
-        f"UPDATE prompts SET status = CASE WHEN status = 'succeeded' THEN status ELSE {status} END, "
-        f"attempts = attempts + {attempts}, last_error_class = COALESCE({error_class}, last_error_class), "
-        f"failed_retryable = CASE WHEN status = 'succeeded' THEN failed_retryable ELSE {retryable} END, "
-        f"updated_at = {now} WHERE id = {pid}"
-    )
-
-
-def _same(value: Any) -> Any:
-    return value
-
-
-def _result_row(*, prompt_id: int, now: datetime, route: str, status: str, attempts: int) -> dict[str, Any]:
-    # Every row carries every column: an executemany needs the same keys in each.
-    return {
-        "prompt_id": prompt_id,
-        "created_at": now,
-        "route": route,
-        "status": status,
-        "attempts": attempts,
-        "text": None,
-        "finish_reason": None,
-        "prompt_tokens": None,
-        "completion_tokens": None,
-        "cached_tokens": None,
-        "latency_ms": None,
-        "response_model": None,
-        "response_id": None,
-        "http_status": None,
-        "error_class": None,
-        "error_message": None,
-    }
-
-
-def _prompt_updates(batch: list[_Row], *, now: datetime) -> list[dict[str, Any]]:
-    # One UPDATE row per prompt, so the executemany has no order to get wrong when a
-    # prompt appears twice in a batch (say, a non-final failure and then its success).
-    merged: dict[int, dict[str, Any]] = {}
-    for row in batch:
-        update_ = merged.get(row.prompt_id)
-        if update_ is None:
-            update_ = merged[row.prompt_id] = {
-                "b_id": row.prompt_id,
-                "b_status": row.status,
-                "b_attempts": 0,
-                "b_error_class": None,
-                "b_retryable": row.retryable,
-                "b_now": now,
-            }
-        update_["b_attempts"] += row.attempts
-        if row.error_class is not None:
-            update_["b_error_class"] = row.error_class
-        if update_["b_status"] != "succeeded":
-            update_["b_status"], update_["b_retryable"] = row.status, row.retryable
-    return list(merged.values())
+async def _job_ids(session: AsyncSession, rows: list[ResultRow]) -> dict[int, str]:
+    """Each row's job, looked up once per write for a writer not given its job."""
+    ids = list(dict.fromkeys(row.prompt_id for row in rows))
+    found: dict[int, str] = {}
+    for chunk in chunks(ids, IN_CHUNK):
+        rows_found = await session.execute(select(Prompt.id, Prompt.job_id).where(Prompt.id.in_(chunk)))
+        found.update((prompt_id, job_id) for prompt_id, job_id in rows_found)
+    missing = [pid for pid in ids if pid not in found]
+    if missing:
+        raise LookupError(f"results for prompt ids that are not in the database: {missing[:10]}")
+    return found

@@ -804,3 +804,10 @@ async def test_100k_prompts_and_a_stream_of_results(sessions: Sessions, db: Db) 
         f"\n[{db.kind}] add_prompts: {n / insert_s:,.0f} rows/s ({insert_s:.2f} s for {n:,}); "
         f"ResultWriter: {len(sample) / write_s:,.0f} results/s ({writer.flushes} flushes)"
     )
+
+
+def test_result_rows_carry_every_results_column() -> None:
+    # A column the row builders do not know would be stored NULL by both writers without a word.
+    from storage._results import RESULT_COLUMNS
+
+    assert sorted(RESULT_COLUMNS) == sorted(column.name for column in storage.Result.__table__.columns if column.name != "id")

@@ -1,0 +1,222 @@
+"""The one writer of ``results`` rows: an answer or a failure for a group of prompt ids becomes a row per
+prompt, inserted together with the prompts' new state. The real-time ``ResultWriter`` and the bulk
+batch ingest (``store_batch_answers``) both write through here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
+from operator import itemgetter
+from typing import Final, NamedTuple
+
+from sqlalchemy.engine import Dialect
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from llm_dispatch import ChatResult
+
+from ._bulk import bind_processor, bind_value, placeholders
+from ._models import Prompt, Result
+from ._status import PROMPT_STATUSES, ROUTES, PromptStatus, Route
+
+__all__ = ["MAX_ERROR_MESSAGE", "RESULT_COLUMNS", "ResultRow", "answer_rows", "failure_rows", "shares", "write_results"]
+
+MAX_ERROR_MESSAGE: Final = 2_000
+
+
+class ResultRow(NamedTuple):
+    """One ``results`` row, and the state it leaves its prompt in.
+
+    Every field is a column of the same name but those in ``_NOT_COLUMNS`` (``job_id`` is added when the
+    row is written). A new column is a field here, ``None`` unless the builder that knows it sets it.
+    """
+
+    prompt_id: int
+    route: str
+    status: str  # the result's: succeeded or failed
+    attempts: int
+    created_at: datetime
+    # The prompt's new status (not a column): succeeded; failed; pending after a failure that is not final.
+    prompt_status: PromptStatus
+    text: str | None = None
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    latency_ms: float | None = None
+    response_model: str | None = None
+    response_id: str | None = None
+    http_status: int | None = None
+    error_class: str | None = None
+    error_message: str | None = None
+    # For a final failure (not a column): whether another try could succeed.
+    retryable: bool | None = None
+
+
+_NOT_COLUMNS: Final = ("prompt_status", "retryable")
+# The INSERT's columns: created_at (converted once per call's rows) and job_id go last.
+_PLAIN_COLUMNS: Final = tuple(name for name in ResultRow._fields if name not in (*_NOT_COLUMNS, "created_at"))
+RESULT_COLUMNS: Final[tuple[str, ...]] = (*_PLAIN_COLUMNS, "created_at", "job_id")
+_plain_values = itemgetter(*(ResultRow._fields.index(name) for name in _PLAIN_COLUMNS))
+
+
+def shares(prompt_ids: Sequence[int], route: str, row: Callable[[int, Route, bool], ResultRow]) -> list[ResultRow]:
+    """The rows of one call that answered (or failed) these identical prompts: ``row(prompt_id, route, paid)``
+    for each.
+
+    The first id gets ``route`` and is the one that paid; the others get ``reused``, since the call was
+    made (and paid) once. With ``route="reused"`` (an answer stored earlier) none paid.
+    """
+    if route not in ROUTES:
+        raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
+    if not prompt_ids:
+        return []
+    first: Route = route  # type: ignore[assignment]  # checked above
+    rows = [row(prompt_ids[0], first, first != "reused")]
+    if len(prompt_ids) > 1:
+        rows.extend(row(prompt_id, "reused", False) for prompt_id in prompt_ids[1:])
+    return rows
+
+
+def answer_rows(
+    prompt_ids: Sequence[int], result: ChatResult, *, route: str, now: datetime, latency_s: float | None = None
+) -> list[ResultRow]:
+    """The rows of one answer for these prompts; they become ``succeeded``. Only the paid row counts
+    attempts and the HTTP status. ``latency_s`` replaces the call's own (a batch's time to answer)."""
+    latency_ms = (result.latency_s if latency_s is None else latency_s) * 1000
+
+    def row(prompt_id: int, route: Route, paid: bool) -> ResultRow:
+        return ResultRow(
+            prompt_id=prompt_id,
+            route=route,
+            status="succeeded",
+            attempts=result.attempts if paid else 0,
+            created_at=now,
+            prompt_status="succeeded",
+            text=result.text,
+            finish_reason=result.finish_reason,
+            prompt_tokens=result.prompt_tokens,
+            completion_tokens=result.completion_tokens,
+            cached_tokens=result.cached_tokens,
+            latency_ms=latency_ms,
+            response_model=result.model,
+            response_id=result.response_id,
+            http_status=200 if paid else None,
+        )
+
+    return shares(prompt_ids, route, row)
+
+
+def failure_rows(
+    prompt_ids: Sequence[int], error: BaseException, *, route: str, now: datetime, final: bool
+) -> list[ResultRow]:
+    """The rows of one failed call for these prompts: error class, HTTP status, message, attempts.
+
+    ``final`` fails the prompts (retryable or not, from ``error.retryable``); otherwise the failure is
+    kept as history and the prompts go back to ``pending``.
+    """
+    error_class = type(error).__name__
+    message = str(error)[:MAX_ERROR_MESSAGE] or None
+    status_code = getattr(error, "status_code", None)
+    attempts = int(getattr(error, "attempts", 1) or 1)
+    retryable = bool(getattr(error, "retryable", False)) if final else None
+
+    def row(prompt_id: int, route: Route, paid: bool) -> ResultRow:
+        return ResultRow(
+            prompt_id=prompt_id,
+            route=route,
+            status="failed",
+            attempts=attempts if paid else 0,
+            created_at=now,
+            prompt_status="failed" if final else "pending",
+            http_status=status_code if isinstance(status_code, int) else None,
+            error_class=error_class,
+            error_message=message,
+            retryable=retryable,
+        )
+
+    return shares(prompt_ids, route, row)
+
+
+async def write_results(
+    conn: AsyncConnection,
+    rows: Sequence[ResultRow],
+    *,
+    job_ids: str | Mapping[int, str],
+    now: datetime,
+    only_if: PromptStatus | None = None,
+) -> None:
+    """Insert ``rows`` and settle their prompts, in the caller's transaction on ``conn``.
+
+    ``job_ids`` is the job of every row, or each prompt id's. ``only_if`` settles only prompts still in
+    that status (a batch's members still ``batched``): a prompt another ingest settled first keeps its
+    state and its attempts are not counted twice.
+    """
+    if not rows:
+        return
+    dialect = conn.dialect
+    # Plain tuples through the driver's executemany (see storage._bulk): at thousands of rows a second,
+    # SQLAlchemy's per-row parameter handling costs more than the database does.
+    to_time = bind_processor(Result.__table__.c.created_at, dialect)
+    stamp: datetime | None = None
+    bound = None
+    one_job = job_ids if isinstance(job_ids, str) else None
+    params = []
+    for row in rows:
+        if row.created_at is not stamp:  # the rows of one call share their timestamp: convert it once
+            stamp = row.created_at
+            bound = to_time(stamp)
+        job_id = one_job if one_job is not None else job_ids[row.prompt_id]  # type: ignore[index]
+        params.append((*_plain_values(row), bound, job_id))
+    await conn.exec_driver_sql(_insert_sql(dialect), params)  # type: ignore[arg-type]
+    updated = bind_value(Prompt.__table__.c.updated_at, now, dialect)
+    settle = [(*state, updated, prompt_id) for prompt_id, state in _prompt_states(rows).items()]
+    await conn.exec_driver_sql(_settle_sql(dialect, only_if=only_if), settle)  # type: ignore[arg-type]
+
+
+def _prompt_states(rows: Sequence[ResultRow]) -> dict[int, tuple[str, int, str | None, bool | None]]:
+    """Per prompt: (new status, attempts to add, last error class, retryable), its rows merged in order.
+
+    One UPDATE row per prompt, so the executemany has no order to get wrong when a prompt has several
+    rows in one write (say, a failure that is not final and then its success).
+    """
+    states: dict[int, tuple[str, int, str | None, bool | None]] = {
+        row.prompt_id: (row.prompt_status, row.attempts, row.error_class, row.retryable) for row in rows
+    }
+    if len(states) == len(rows):  # one row per prompt, the usual case: nothing to merge
+        return states
+    states.clear()
+    for row in rows:
+        was = states.get(row.prompt_id)
+        if was is None:
+            states[row.prompt_id] = (row.prompt_status, row.attempts, row.error_class, row.retryable)
+            continue
+        status, attempts, error_class, retryable = was
+        if status != "succeeded":
+            status, retryable = row.prompt_status, row.retryable
+        states[row.prompt_id] = (status, attempts + row.attempts, row.error_class or error_class, retryable)
+    return states
+
+
+def _insert_sql(dialect: Dialect) -> str:
+    marks = placeholders(dialect, len(RESULT_COLUMNS))
+    return f"INSERT INTO results ({', '.join(RESULT_COLUMNS)}) VALUES ({', '.join(marks)})"
+
+
+def _settle_sql(dialect: Dialect, *, only_if: PromptStatus | None) -> str:
+    """The prompt's new state after its results: (status, attempts to add, error class, retryable, now, id).
+
+    A success is final: a late failure of the same prompt (another run, a duplicate send) must not make
+    it look unpaid and send it a third time. Every SET expression sees the row as it was. An error class
+    stays as history until a later error replaces it.
+    """
+    if only_if is not None and only_if not in PROMPT_STATUSES:
+        raise ValueError(f"unknown prompt status {only_if!r}; expected one of {PROMPT_STATUSES}")
+    status, attempts, error_class, retryable, now, pid = placeholders(dialect, 6)
+    guard = f" AND status = '{only_if}'" if only_if is not None else ""
+    return (
+        f"UPDATE prompts SET status = CASE WHEN status = 'succeeded' THEN status ELSE {status} END, "
+        f"attempts = attempts + {attempts}, last_error_class = COALESCE({error_class}, last_error_class), "
+        f"failed_retryable = CASE WHEN status = 'succeeded' THEN failed_retryable ELSE {retryable} END, "
+        f"updated_at = {now} WHERE id = {pid}{guard}"
+    )

@@ -31,19 +31,15 @@ from ._batch_types import (
     RequestCounts,
     batch_status_from_api,
 )
-from ._client import (
-    DEFAULT_CONCURRENCY,
-    DEFAULT_CONNECT_TIMEOUT,
-    DEFAULT_MAX_RETRIES,
-    DEFAULT_MAX_RETRY_AFTER,
-    DEFAULT_TIMEOUT,
-    LLMClient,
-    default_transport,
-)
+from ._client import LLMClient
+from ._constants import DEFAULT_CONCURRENCY, DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
 from ._limits import AdaptiveLimiter, RateLimiter, SharedPause
+from ._responses import chat_result_from_body
+from ._retry import DEFAULT_MAX_RETRY_AFTER
 from ._settings import Settings
 from ._simulator import Simulator, SimulatorConfig, serve as serve_simulator
 from ._tokens import estimate_prompt_tokens, estimate_request_tokens
+from ._transport import default_transport
 from ._types import ChatRequest, ChatResult
 
 __all__ = [
@@ -68,6 +64,7 @@ __all__ = [
     "LLMClient",
     "RateLimiter",
     "SharedPause",
+    "chat_result_from_body",
     "default_transport",
     "estimate_prompt_tokens",
     "estimate_request_tokens",

@@ -35,23 +35,18 @@ from ._batch_types import (
     RequestCounts,
     batch_status_from_api,
 )
-from ._client import (
-    DEFAULT_CONCURRENCY,
-    DEFAULT_CONNECT_TIMEOUT,
-    DEFAULT_MAX_RETRIES,
-    DEFAULT_MAX_RETRY_AFTER,
-    DEFAULT_TIMEOUT,
-    LLMClient,
-    default_transport,
-)
+from ._client import LLMClient
+from ._constants import DEFAULT_CONCURRENCY, DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
 from ._dispatch import ChatSender, DispatchOutcome, Progress, ResultSink, WorkItem, current_progress, send_all
 from ._inputs import PromptSpec, fingerprint, parse_prompt_dicts, read_prompts
 from ._limits import AdaptiveLimiter, RateLimiter, SharedPause
 from ._pricing import CostTotals, PriceTable, estimate_request_cost
-from ._retry import backoff_delay
+from ._responses import chat_result_from_body
+from ._retry import DEFAULT_MAX_RETRY_AFTER, backoff_delay
 from ._routing import RoutingRules, decide_route, parse_deadline, prompt_chars
 from ._settings import Settings
 from ._tokens import estimate_prompt_tokens, estimate_request_tokens
+from ._transport import default_transport
 from ._types import ChatRequest, ChatResult, dedupe_key
 
 __all__ = [
@@ -100,6 +95,7 @@ __all__ = [
     "RateLimiter",
     "SharedPause",
     "backoff_delay",
+    "chat_result_from_body",
     "default_transport",
     "estimate_prompt_tokens",
     "estimate_request_tokens",

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ._batch_types import BATCH_CHAT_ENDPOINT, DEFAULT_BATCH_LIMITS, BatchLimits
-from ._client import chat_result_from_body
+from ._responses import chat_result_from_body
 from ._exceptions import APIResponseValidationError
 from ._types import ChatRequest, ChatResult
 

@@ -11,11 +11,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import asyncio
+
 import httpx
 import pytest
 import pytest_asyncio
+import respx
+
+from llm_dispatch import LLMClient
 
 StartSim = Callable[..., Awaitable[str]]
+
+# The API the respx tests mock, and the key they send.
+BASE_URL = "https://llm.test/v1"
+API_KEY = "sk-test-0123456789abcdef-SECRET"
 
 
 @dataclass(frozen=True)
@@ -103,6 +112,52 @@ def batch_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @pytest.fixture
 def db_url(tmp_path: Path) -> str:
     return f"sqlite+aiosqlite:///{tmp_path / 'test.db'}"
+
+
+# --- helpers shared by the HTTP client tests -----------------------------------------
+
+
+class FakeTime:
+    """A clock that only moves when someone sleeps on it; records every sleep."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+        self.sleeps: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += max(seconds, 0.0)
+        await asyncio.sleep(0)
+
+
+@pytest.fixture
+def fake_time() -> FakeTime:
+    return FakeTime()
+
+
+@pytest.fixture
+def router() -> Iterator[respx.Router]:
+    # Strict: an unmocked request fails the test, and so does a route that was never called.
+    router = respx.Router(base_url=BASE_URL, assert_all_called=True, assert_all_mocked=True)
+    yield router
+    router.assert_all_called()
+
+
+def make_client(router: respx.Router, fake_time: FakeTime, **options: Any) -> LLMClient:
+    """An ``LLMClient`` whose transport is ``router``, on ``fake_time``, with no jitter (backoff 0.5, 1, 2, ...)."""
+    settings: dict[str, Any] = {
+        "base_url": BASE_URL,
+        "api_key": API_KEY,
+        "transport": httpx.MockTransport(router.async_handler),
+        "sleep": fake_time.sleep,
+        "clock": fake_time.monotonic,
+        "random": lambda: 0.0,
+    }
+    settings.update(options)
+    return LLMClient(**settings)
 
 
 # --- helpers shared by the flow tests ------------------------------------------------

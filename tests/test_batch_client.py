@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -20,10 +18,10 @@ from llm_dispatch._batch_types import (
     FileInfo,
     batch_status_from_api,
 )
-from llm_dispatch._client import LLMClient
 from llm_dispatch._exceptions import APIResponseValidationError, BadRequestError, InternalServerError, NotFoundError
 
-BASE_URL = "https://llm.test/v1"
+from conftest import API_KEY, BASE_URL, FakeTime, make_client
+
 CREATED = 1_711_471_533
 
 
@@ -45,41 +43,6 @@ def batch_object(**overrides: Any) -> dict[str, Any]:
     }
     body.update(overrides)
     return body
-
-
-class FakeTime:
-    def __init__(self) -> None:
-        self.now = 1000.0
-        self.sleeps: list[float] = []
-
-    def monotonic(self) -> float:
-        return self.now
-
-    async def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.now += max(seconds, 0.0)
-        await asyncio.sleep(0)
-
-
-@pytest.fixture
-def router() -> Iterator[respx.Router]:
-    router = respx.Router(base_url=BASE_URL, assert_all_called=True, assert_all_mocked=True)
-    yield router
-    router.assert_all_called()
-
-
-@pytest.fixture
-def fake_time() -> FakeTime:
-    return FakeTime()
-
-
-def make_client(router: respx.Router, fake_time: FakeTime, **options: Any) -> LLMClient:
-    settings: dict[str, Any] = {
-        "base_url": BASE_URL, "api_key": "sk-test", "transport": httpx.MockTransport(router.async_handler),
-        "sleep": fake_time.sleep, "clock": fake_time.monotonic, "random": lambda: 0.0,
-    }
-    settings.update(options)
-    return LLMClient(**settings)
 
 
 def multipart_without_boundary(request: httpx.Request) -> bytes:
@@ -109,7 +72,7 @@ async def test_upload_sends_multipart_and_retries_like_chat(
     assert b'name="purpose"\r\n\r\nbatch\r\n' in bodies[2]
     assert b'name="file"; filename="batch-00001.jsonl"' in bodies[2]
     assert b'{"custom_id":"a"}\n{"custom_id":"b"}\n' in bodies[2]
-    assert route.calls.last.request.headers["authorization"] == "Bearer sk-test"
+    assert route.calls.last.request.headers["authorization"] == f"Bearer {API_KEY}"
 
 
 async def test_download_streams_to_disk_with_retries(

@@ -35,8 +35,8 @@ from llm_dispatch._exceptions import (
 from llm_dispatch._settings import Settings
 from llm_dispatch._types import ChatRequest
 
-BASE_URL = "https://llm.test/v1"
-API_KEY = "sk-test-0123456789abcdef-SECRET"
+from conftest import API_KEY, BASE_URL, FakeTime, make_client
+
 REQUEST = ChatRequest(model="gpt-4o-mini", messages=[{"role": "user", "content": "Say hi"}], params={"max_tokens": 5})
 
 
@@ -55,48 +55,6 @@ def completion(**overrides: Any) -> dict[str, Any]:
     }
     body.update(overrides)
     return body
-
-
-class FakeTime:
-    """A clock that only moves when someone sleeps on it; records every sleep."""
-
-    def __init__(self, start: float = 1000.0) -> None:
-        self.now = start
-        self.sleeps: list[float] = []
-
-    def monotonic(self) -> float:
-        return self.now
-
-    async def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.now += max(seconds, 0.0)
-        await asyncio.sleep(0)
-
-
-@pytest.fixture
-def router() -> Iterator[respx.Router]:
-    # Strict: an unmocked request fails the test, and so does a route that was never called.
-    router = respx.Router(base_url=BASE_URL, assert_all_called=True, assert_all_mocked=True)
-    yield router
-    router.assert_all_called()
-
-
-@pytest.fixture
-def fake_time() -> FakeTime:
-    return FakeTime()
-
-
-def make_client(router: respx.Router, fake_time: FakeTime, **options: Any) -> LLMClient:
-    settings: dict[str, Any] = {
-        "base_url": BASE_URL,
-        "api_key": API_KEY,
-        "transport": httpx.MockTransport(router.async_handler),
-        "sleep": fake_time.sleep,
-        "clock": fake_time.monotonic,
-        "random": lambda: 0.0,  # no jitter: backoff is exactly 0.5, 1, 2, ...
-    }
-    settings.update(options)
-    return LLMClient(**settings)
 
 
 # --- success ----------------------------------------------------------------------------------
@@ -560,10 +518,12 @@ class _Server:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.seen_headers: list[dict[str, str]] = []
+        self.seen_bodies: list[bytes] = []
         self.release = asyncio.Event()
 
     async def _ok(self, request: web.Request) -> web.Response:
         self.seen_headers.append(dict(request.headers))
+        self.seen_bodies.append(await request.read())
         return web.json_response(completion())
 
     async def _hang(self, request: web.Request) -> web.Response:
@@ -626,26 +586,23 @@ async def test_real_server_success_through_aiohttp(server: _Server) -> None:
     assert server.seen_headers[-1]["Authorization"] == f"Bearer {API_KEY}"
 
 
-async def test_real_hang_hits_the_hard_deadline(server: _Server) -> None:
+@pytest.mark.parametrize(
+    ("path", "timeout", "max_retries"),
+    [("hang", 0.2, 1), ("trickle", 0.3, 0)],
+    ids=["no-answer", "trickling-body"],
+)
+async def test_real_slow_server_hits_the_hard_deadline(
+    server: _Server, path: str, timeout: float, max_retries: int
+) -> None:
+    # A trickling body never lets a socket read time out; only the attempt's own deadline stops it.
     started = time.monotonic()
     async with LLMClient(
-        base_url=f"{server.url}/hang", request_timeout=0.2, max_retries=1, sleep=_no_sleep
+        base_url=f"{server.url}/{path}", request_timeout=timeout, max_retries=max_retries, sleep=_no_sleep
     ) as client:
         with pytest.raises(APITimeoutError) as caught:
             await client.chat(REQUEST)
-    assert caught.value.attempts == 2
+    assert caught.value.attempts == max_retries + 1
     assert time.monotonic() - started < 2.0
-
-
-async def test_real_trickling_body_hits_the_hard_deadline(server: _Server) -> None:
-    started = time.monotonic()
-    async with LLMClient(
-        base_url=f"{server.url}/trickle", request_timeout=0.3, max_retries=0, sleep=_no_sleep
-    ) as client:
-        with pytest.raises(APITimeoutError) as caught:
-            await client.chat(REQUEST)
-    assert caught.value.attempts == 1
-    assert time.monotonic() - started < 1.5
 
 
 async def test_real_dropped_connection_is_a_connection_error(server: _Server) -> None:
@@ -655,3 +612,65 @@ async def test_real_dropped_connection_is_a_connection_error(server: _Server) ->
     assert not isinstance(caught.value, APITimeoutError)
     assert caught.value.attempts == 2
     assert "disconnected" in str(caught.value).lower()
+
+
+# --- one send path: what respx sees is what the default transport sends -----------------------
+
+
+async def test_respx_sees_the_request_the_default_transport_sends(router: respx.Router, server: _Server) -> None:
+    route = router.post("/chat/completions", name="chat").respond(200, json=completion())
+    async with LLMClient(
+        base_url=BASE_URL, api_key=API_KEY, transport=httpx.MockTransport(router.async_handler)
+    ) as mocked:
+        await mocked.chat(REQUEST)
+    async with LLMClient(base_url=f"{server.url}/ok", api_key=API_KEY) as real:
+        await real.chat(REQUEST)
+
+    def comparable(headers: dict[str, str]) -> dict[str, str]:
+        return {name.lower(): value for name, value in headers.items() if name.lower() != "host"}
+
+    mocked_request = route.calls.last.request
+    assert comparable(dict(mocked_request.headers)) == comparable(server.seen_headers[-1])
+    assert mocked_request.content == server.seen_bodies[-1]
+
+
+class _CountingTransport(httpx.AsyncBaseTransport):
+    """Answers every call from ``router`` and keeps each request it was handed."""
+
+    def __init__(self, router: respx.Router) -> None:
+        self._mock = httpx.MockTransport(router.async_handler)
+        self.requests: list[httpx.Request] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        return await self._mock.handle_async_request(request)
+
+
+async def test_every_call_goes_through_the_transports_one_method(
+    router: respx.Router, fake_time: FakeTime, tmp_path: Path
+) -> None:
+    batch = {"id": "batch_1", "object": "batch", "endpoint": "/v1/chat/completions", "status": "validating",
+             "input_file_id": "file-1", "completion_window": "24h", "created_at": 1}
+    file = {"id": "file-1", "object": "file", "bytes": 3, "created_at": 1, "filename": "in.jsonl", "purpose": "batch"}
+    router.post("/chat/completions", name="chat").respond(200, json=completion())
+    router.post("/files", name="upload").respond(200, json=file)
+    router.get("/files/file-1/content", name="download").respond(200, content=b"{}\n")
+    router.delete("/files/file-1", name="delete").respond(200, json={"deleted": True})
+    router.post("/batches", name="create").respond(200, json=batch)
+    router.get("/batches", name="list").respond(200, json={"data": [batch], "has_more": False})
+    source = tmp_path / "in.jsonl"
+    source.write_text("{}\n")
+    transport = _CountingTransport(router)
+    async with make_client(router, fake_time, transport=transport) as client:
+        await client.chat(REQUEST)
+        await client.upload_file(source)
+        await client.download_file("file-1", to=tmp_path / "out.jsonl")
+        await client.delete_file("file-1")
+        await client.create_batch(input_file_id="file-1")
+        await client.list_batches()
+    assert [(r.method, r.url.path) for r in transport.requests] == [
+        ("POST", "/v1/chat/completions"), ("POST", "/v1/files"), ("GET", "/v1/files/file-1/content"),
+        ("DELETE", "/v1/files/file-1"), ("POST", "/v1/batches"), ("GET", "/v1/batches"),
+    ]
+    assert all(r.headers["authorization"] == f"Bearer {API_KEY}" for r in transport.requests)
+    assert all(r.headers["user-agent"] == "llm-dispatch" for r in transport.requests)

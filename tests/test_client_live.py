@@ -1,7 +1,7 @@
 """LLMClient over its default transport against the simulator on real sockets: each fault, end to end.
 
-The default transport takes chat calls on a direct aiohttp path (no httpx request or response
-built around them), so the retry rules are checked here again on that path, not only with respx.
+The respx tests drive the same send path through a mock transport; these check what only real
+sockets show: dropped connections, hangs, decompression, the pool.
 """
 
 from __future__ import annotations
@@ -55,10 +55,9 @@ async def _no_sleep(_seconds: float) -> None:
     await asyncio.sleep(0)
 
 
-async def test_the_default_transport_takes_the_direct_path(start_sim: StartSim):
+async def test_the_default_transport_answers_a_chat(start_sim: StartSim):
     url = await start_sim()
     async with client(url) as llm:
-        assert llm._direct is not None
         result = await llm.chat(request(max_tokens=5))
     assert result.text and result.completion_tokens == 5 and result.finish_reason == "length"
     assert result.prompt_tokens > 0 and result.attempts == 1

@@ -16,21 +16,7 @@ from llm_dispatch._tokens import (
 )
 from llm_dispatch._types import ChatRequest
 
-
-class FakeTime:
-    """A clock that only moves when someone sleeps on it."""
-
-    def __init__(self, start: float = 1000.0) -> None:
-        self.now = start
-        self.sleeps: list[float] = []
-
-    def monotonic(self) -> float:
-        return self.now
-
-    async def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.now += max(seconds, 0.0)
-        await asyncio.sleep(0)
+from conftest import FakeTime
 
 
 # --- adaptive concurrency ---------------------------------------------------------------------

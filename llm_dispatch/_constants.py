@@ -1,0 +1,23 @@
+"""The client's defaults, named once: the constructor, the transport and the docs all read them here."""
+
+from __future__ import annotations
+
+__all__ = [
+    "DEFAULT_CONCURRENCY",
+    "DEFAULT_CONNECT_TIMEOUT",
+    "DEFAULT_FILE_TIMEOUT",
+    "DEFAULT_KEEPALIVE_EXPIRY",
+    "DEFAULT_LIST_LIMIT",
+    "DEFAULT_MAX_RETRIES",
+    "DEFAULT_TIMEOUT",
+]
+
+DEFAULT_TIMEOUT = 120.0
+DEFAULT_CONNECT_TIMEOUT = 10.0
+DEFAULT_MAX_RETRIES = 5
+DEFAULT_CONCURRENCY = 64
+# aiohttp's own default; an idle connection the server has already closed costs one retried attempt.
+DEFAULT_KEEPALIVE_EXPIRY = 15.0
+# Per attempt, for uploads and downloads: a 200 MB batch file over a slow link needs minutes, not seconds.
+DEFAULT_FILE_TIMEOUT = 900.0
+DEFAULT_LIST_LIMIT = 100  # OpenAI's largest page of batches

@@ -1,0 +1,149 @@
+"""Why an attempt failed, and what the user is told (naming the setting to change) when the client gives up."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import aiohttp
+import httpx
+
+from ._exceptions import (
+    APIConnectionError,
+    APIError,
+    APIResponseValidationError,
+    APITimeoutError,
+    status_error_class,
+)
+from ._responses import error_detail
+from ._retry import should_retry_status
+
+__all__ = ["STATUS_HINTS", "Failure", "final_error", "scrub"]
+
+STATUS_HINTS: dict[int, str] = {
+    400: "Fix the request: check the model name and the parameters sent.",
+    401: "Check the API key (LLM_DISPATCH_API_KEY or OPENAI_API_KEY), and LLM_DISPATCH_AUTH_HEADER=api-key for Azure.",
+    403: "The key may not use this model or endpoint; check the account's access.",
+    404: "Check the model name and LLM_DISPATCH_BASE_URL (usually ending in /v1).",
+    408: "The provider timed the request out; try again later.",
+    409: "The provider reported a conflict; try again later.",
+    422: "Fix the request parameters.",
+    429: "Rate limited: lower LLM_DISPATCH_CONCURRENCY, set LLM_DISPATCH_RPM / LLM_DISPATCH_TPM, or check the quota.",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """Why one attempt did not succeed, kept until we know whether it is the last."""
+
+    kind: Literal["status", "timeout", "connection", "invalid"]
+    detail: str
+    response: httpx.Response | None = None
+    cause: BaseException | None = None
+
+    @classmethod
+    def status(cls, response: httpx.Response) -> Failure:
+        return cls("status", error_detail(response), response=response)
+
+    @classmethod
+    def deadline(cls, timeout: float, cause: BaseException) -> Failure:
+        return cls("timeout", f"the {timeout:g}s deadline for one attempt passed", cause=cause)
+
+    @classmethod
+    def transport(cls, exc: BaseException) -> Failure:
+        """A transport error, classified by the socket-level error behind it when the chain holds one."""
+        reason = _transport_reason(exc)
+        if reason is None:
+            timed_out = isinstance(exc, httpx.TimeoutException)
+            reason = exc
+        else:
+            timed_out = isinstance(reason, TimeoutError)
+        return cls("timeout" if timed_out else "connection", _describe(reason), cause=exc)
+
+    @property
+    def headers(self) -> httpx.Headers | None:
+        return self.response.headers if self.response is not None else None
+
+    @property
+    def retryable(self) -> bool:
+        if self.kind == "status":
+            assert self.response is not None
+            return should_retry_status(self.response.status_code, self.response.headers)
+        return True
+
+    def describe(self) -> str:
+        """Short, safe for logs: no bodies, no headers."""
+        if self.kind == "status":
+            assert self.response is not None
+            return f"HTTP {self.response.status_code}"
+        if self.kind == "invalid":
+            return "an invalid response body"
+        return self.detail
+
+
+def final_error(failure: Failure, *, method: str, path: str, attempts: int, base_url: str, secret: str | None) -> APIError:
+    """The exception for a call that gives up: what happened, and what to change; ``secret`` never shows in it."""
+    where = f"{method} {path}"
+    tries = "1 attempt" if attempts == 1 else f"{attempts} attempts"
+    if failure.kind == "status":
+        response = failure.response
+        assert response is not None
+        status = response.status_code
+        request_id = response.headers.get("x-request-id") or response.headers.get("apim-request-id")
+        hint = STATUS_HINTS.get(status, "The provider failed; try again later." if status >= 500 else "")
+        message = f"HTTP {status} from {where} after {tries}: {failure.detail.rstrip('.')}."
+        if request_id:
+            message += f" Request id {request_id}."
+        if hint:
+            message += f" {hint}"
+        return status_error_class(status)(
+            scrub(message, secret), status_code=status, request_id=request_id, attempts=attempts
+        )
+    if failure.kind == "timeout":
+        message = (
+            f"No response to {where} after {tries} ({failure.detail}). Raise LLM_DISPATCH_REQUEST_TIMEOUT "
+            "(or LLM_DISPATCH_CONNECT_TIMEOUT) for slow answers, or lower LLM_DISPATCH_CONCURRENCY."
+        )
+        return APITimeoutError(scrub(message, secret), attempts=attempts)
+    if failure.kind == "connection":
+        message = (
+            f"Could not get an answer from {base_url} for {where} after {tries} "
+            f"({failure.detail}). Check LLM_DISPATCH_BASE_URL and the network."
+        )
+        return APIConnectionError(scrub(message, secret), attempts=attempts)
+    message = (
+        f"Unusable answer to {where} after {tries}: {failure.detail}. Check that LLM_DISPATCH_BASE_URL "
+        "points at an OpenAI-compatible API (usually ending in /v1)."
+    )
+    return APIResponseValidationError(scrub(message, secret), attempts=attempts)
+
+
+def scrub(text: str, secret: str | None) -> str:
+    # Some providers echo the key they rejected; it must not reach a log or the database.
+    return text.replace(secret, "***") if secret else text
+
+
+def _describe(exc: BaseException) -> str:
+    """``ClassName: message``, or the class name alone when the message is empty."""
+    return f"{type(exc).__name__}: {exc}".rstrip(": ")
+
+
+def _transport_reason(exc: BaseException) -> BaseException | None:
+    """The socket-level error behind a transport exception, if the chain holds one.
+
+    An httpx error class says less than its cause: a transport may map a dropped connection to a
+    timeout class (httpx-aiohttp maps every ``ClientConnectionError`` to ``httpx.ConnectTimeout``), and
+    the aiohttp or OS error it was raised from says what really happened. Without one (respx,
+    httpx's own transport) the httpx class is all there is to go on.
+    """
+    seen: set[int] = set()
+    queue: list[BaseException] = [exc]
+    while queue:
+        current = queue.pop(0)
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, (TimeoutError, aiohttp.ClientError, OSError)):
+            return current
+        queue.extend(link for link in (current.__cause__, current.__context__) if link is not None)
+    return None

@@ -1,0 +1,161 @@
+"""Reading the provider's answers: chat completions, files, batches and error bodies, from ``httpx.Response``.
+
+A parser raises ``APIResponseValidationError`` for a 2xx body it cannot use, which the client retries.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json as _json
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import httpx
+
+from ._batch_types import BatchInfo, FileInfo
+from ._exceptions import APIResponseValidationError
+from ._types import ChatResult
+
+__all__ = [
+    "BatchPage",
+    "Chat",
+    "chat_result_from_body",
+    "error_detail",
+    "parse_batch_info",
+    "parse_batch_page",
+    "parse_chat",
+    "parse_file_info",
+    "parse_json",
+    "save_body",
+]
+
+# How much of an unexpected body goes into an error message.
+_SNIPPET_CHARS = 300
+
+
+class Chat(NamedTuple):
+    """A parsed chat completion: its result (``finished`` adds how the call went) and its total usage."""
+
+    result: ChatResult
+    total_tokens: int
+
+    def finished(self, *, latency_s: float, attempts: int) -> ChatResult:
+        return dataclasses.replace(self.result, latency_s=latency_s, attempts=attempts)
+
+
+class BatchPage(NamedTuple):
+    batches: list[BatchInfo]
+    has_more: bool
+
+
+def parse_json(response: httpx.Response) -> Any:
+    try:
+        return response.json()
+    except ValueError as exc:  # also covers UnicodeDecodeError
+        raise APIResponseValidationError(f"the body is not JSON: {_snippet(response)}") from exc
+
+
+def parse_chat(response: httpx.Response) -> Chat:
+    body = parse_json(response)
+    chat = _chat_from_body(body)
+    if chat is None:
+        detail = error_detail(response) if isinstance(body, dict) and body.get("error") else _snippet(response)
+        raise APIResponseValidationError(f"the body has no choices[0].message: {detail}")
+    return chat
+
+
+def chat_result_from_body(body: Any, *, latency_s: float = 0.0, attempts: int = 1) -> ChatResult:
+    """A ``ChatResult`` from a chat.completion body read elsewhere (a batch output line), parsed as ``chat`` does."""
+    chat = _chat_from_body(body)
+    if chat is None:
+        raise APIResponseValidationError(f"the body has no choices[0].message: {str(body)[:_SNIPPET_CHARS]!r}")
+    return chat.finished(latency_s=latency_s, attempts=attempts)
+
+
+def parse_file_info(response: httpx.Response) -> FileInfo:
+    return FileInfo.from_api(parse_json(response))
+
+
+def parse_batch_info(response: httpx.Response) -> BatchInfo:
+    return BatchInfo.from_api(parse_json(response))
+
+
+def parse_batch_page(response: httpx.Response) -> BatchPage:
+    body = parse_json(response)
+    data = body.get("data") if isinstance(body, dict) else None
+    if not isinstance(data, list):
+        raise APIResponseValidationError(f"the body is not a list of batches: {_snippet(response)}")
+    return BatchPage([BatchInfo.from_api(item) for item in data], bool(body.get("has_more")))
+
+
+def error_detail(response: httpx.Response) -> str:
+    """The provider's own explanation of an error status, as short as it can be."""
+    try:
+        body = response.json()
+    except ValueError:
+        return _snippet(response) if response.text.strip() else response.reason_phrase or "no body"
+    if isinstance(body, dict):
+        error = body.get("error")
+        if isinstance(error, dict) and error.get("message"):
+            return str(error["message"])
+        if isinstance(error, str) and error:
+            return error
+        if body.get("message"):
+            return str(body["message"])
+    return _snippet(response)
+
+
+async def save_body(response: httpx.Response, path: Path) -> None:
+    """Stream the body to ``path``, written beside it and renamed at the end: a failed attempt never leaves half a file."""
+    partial = path.with_name(path.name + ".part")
+    try:
+        with partial.open("wb") as out:
+            async for chunk in response.aiter_bytes():
+                out.write(chunk)
+        partial.replace(path)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+
+
+def _snippet(response: httpx.Response) -> str:
+    text = response.text.strip()
+    return repr(text[:_SNIPPET_CHARS] + ("..." if len(text) > _SNIPPET_CHARS else ""))
+
+
+def _chat_from_body(body: Any) -> Chat | None:
+    """The parts of a chat.completion body we keep, or None when it has no ``choices[0].message``."""
+    choices = body.get("choices") if isinstance(body, dict) else None
+    first = choices[0] if isinstance(choices, list) and choices else None
+    message = first.get("message") if isinstance(first, dict) else None
+    if not isinstance(message, dict):
+        return None
+    assert isinstance(body, dict) and isinstance(first, dict)
+    usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
+    details = usage.get("prompt_tokens_details")
+    prompt_tokens = _count(usage.get("prompt_tokens"))
+    completion_tokens = _count(usage.get("completion_tokens"))
+    result = ChatResult(
+        text=_message_text(message.get("content")),
+        finish_reason=first.get("finish_reason"),
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        cached_tokens=_count(details.get("cached_tokens")) if isinstance(details, dict) else 0,
+        model=body.get("model"),
+        response_id=body.get("id"),
+        latency_s=0.0,
+    )
+    return Chat(result, _count(usage.get("total_tokens")) or prompt_tokens + completion_tokens)
+
+
+def _count(value: Any) -> int:
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
+
+
+def _message_text(content: Any) -> str | None:
+    if content is None or isinstance(content, str):
+        return content
+    # Some OpenAI-compatible servers answer with a list of content parts.
+    if isinstance(content, list):
+        return "".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+    return _json.dumps(content, ensure_ascii=False)

@@ -1,0 +1,208 @@
+"""The client's default transport: aiohttp under httpx's transport API, one method wide.
+
+``LLMClient`` builds an ``httpx.Request`` for every call and hands it to a transport; this one sends
+it over an aiohttp connection pool. A test hands the client ``httpx.MockTransport`` (or respx)
+instead, and so exercises the very path production takes.
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import AsyncIterator
+
+import aiohttp
+import httpx
+import yarl
+
+from ._constants import DEFAULT_CONCURRENCY, DEFAULT_KEEPALIVE_EXPIRY
+
+__all__ = ["AiohttpTransport", "default_transport"]
+
+# Bodies up to this size (with a Content-Length) are read in one call; larger or unsized ones stream.
+BUFFER_LIMIT = 8 * 1024 * 1024
+_STREAM_CHUNK = 64 * 1024
+_URL_CACHE_SIZE = 256
+# What no longer describes a body that aiohttp has decompressed.
+_ENCODING_HEADERS = frozenset({b"content-encoding", b"content-length", b"transfer-encoding"})
+
+RawHeaders = tuple[tuple[bytes, bytes], ...]
+# Most specific first: the first class an aiohttp error is an instance of names its httpx error.
+_ERRORS: tuple[tuple[type[BaseException], type[httpx.TransportError]], ...] = (
+    (aiohttp.ConnectionTimeoutError, httpx.ConnectTimeout),
+    (aiohttp.SocketTimeoutError, httpx.ReadTimeout),
+    (aiohttp.ServerTimeoutError, httpx.ReadTimeout),
+    (aiohttp.ClientProxyConnectionError, httpx.ProxyError),
+    (aiohttp.ClientConnectorError, httpx.ConnectError),
+    (aiohttp.ServerDisconnectedError, httpx.RemoteProtocolError),
+    (aiohttp.ClientResponseError, httpx.RemoteProtocolError),
+    (aiohttp.ClientPayloadError, httpx.ReadError),
+    (aiohttp.InvalidURL, httpx.UnsupportedProtocol),
+    (aiohttp.ClientError, httpx.NetworkError),
+    (OSError, httpx.NetworkError),
+)
+
+
+def default_transport(*, concurrency: int = DEFAULT_CONCURRENCY, tls: bool = True) -> AiohttpTransport:
+    """The transport ``LLMClient`` makes for itself: as many connections as requests may be in flight.
+
+    ``tls=False`` is for a plain-http server (a local one, the simulator): it skips loading the CA
+    bundle. Its TLS context still verifies, with no CA to trust, so an https URL sent through it
+    fails instead of going unchecked.
+    """
+    context = httpx.create_ssl_context() if tls else ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    return AiohttpTransport(
+        ssl_context=context,
+        limits=httpx.Limits(
+            max_connections=concurrency,
+            max_keepalive_connections=concurrency,
+            keepalive_expiry=DEFAULT_KEEPALIVE_EXPIRY,
+        ),
+    )
+
+
+class AiohttpTransport(httpx.AsyncBaseTransport):
+    """Sends each ``httpx.Request`` over one aiohttp session, answering a plain ``httpx.Response``.
+
+    The answer's body is decompressed (aiohttp decodes gzip and deflate, and the encoding headers are
+    dropped so httpx does not decode again). A body with a Content-Length up to ``BUFFER_LIMIT`` is
+    read whole, in one call, before the response is returned; a larger or unsized one (a download)
+    streams. aiohttp's errors come out as httpx's, raised from the aiohttp error that says what
+    happened. The connection limit is ``limits.max_connections`` (aiohttp's own default, 100, would
+    silently cap a higher concurrency).
+    """
+
+    def __init__(self, *, ssl_context: ssl.SSLContext, limits: httpx.Limits) -> None:
+        self.ssl_context = ssl_context
+        self.limits = limits
+        self._session: aiohttp.ClientSession | None = None
+        # The client sends the same few URLs and timeouts again and again; each is converted once.
+        self._urls: dict[str, yarl.URL] = {}
+        self._timeouts: dict[tuple[float | None, float | None, float | None], aiohttp.ClientTimeout] = {}
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        session = self._session
+        if session is None:
+            # Made here, not in __init__: an aiohttp session belongs to the loop that first uses it.
+            connector = aiohttp.TCPConnector(
+                limit=self.limits.max_connections or 0,
+                keepalive_timeout=self.limits.keepalive_expiry,
+                ssl=self.ssl_context,
+            )
+            session = self._session = aiohttp.ClientSession(connector=connector)
+        try:
+            data: bytes | httpx.AsyncByteStream | None = request.content or None
+        except httpx.RequestNotRead:
+            # A streamed body (a multipart upload); aiohttp frames it itself.
+            data = request.stream  # type: ignore[assignment]
+            request.headers.pop("transfer-encoding", None)
+        headers = [(name.decode("latin-1"), value.decode("latin-1")) for name, value in request.headers.raw]
+        try:
+            response = await session.request(
+                request.method, self._url(request.url), headers=headers, data=data,
+                allow_redirects=False, timeout=self._timeout(request),
+            )
+        except Exception as exc:
+            raise _httpx_error(exc)
+        try:
+            length = response.content_length
+            body = await response.read() if length is not None and length <= BUFFER_LIMIT else None
+        except BaseException as exc:
+            # Cancelled (the attempt's deadline) or failed part way through: this connection cannot be reused.
+            response.close()
+            if isinstance(exc, Exception):
+                raise _httpx_error(exc)
+            raise
+        raw_headers = response.raw_headers
+        if "Content-Encoding" in response.headers:
+            raw_headers = tuple(pair for pair in raw_headers if pair[0].lower() not in _ENCODING_HEADERS)
+        extensions = {"http_version": b"HTTP/1.1"}
+        if response.reason:
+            extensions["reason_phrase"] = response.reason.encode()
+        if body is None:
+            return httpx.Response(
+                response.status, headers=raw_headers, stream=_Streamed(response), request=request, extensions=extensions
+            )
+        response.release()
+        return _ReadResponse(response.status, headers=raw_headers, body=body, request=request, extensions=extensions)
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _url(self, url: httpx.URL) -> yarl.URL:
+        text = str(url)
+        converted = self._urls.get(text)
+        if converted is None:
+            if len(self._urls) >= _URL_CACHE_SIZE:  # paths that name a file or a batch keep coming
+                self._urls.clear()
+            converted = self._urls[text] = yarl.URL(text, encoded=True)
+        return converted
+
+    def _timeout(self, request: httpx.Request) -> aiohttp.ClientTimeout:
+        # aiohttp's socket timeouts bound each connect and each read, as httpx's do.
+        given = request.extensions.get("timeout", {})
+        key = (given.get("connect"), given.get("read"), given.get("pool"))
+        timeout = self._timeouts.get(key)
+        if timeout is None:
+            timeout = self._timeouts[key] = aiohttp.ClientTimeout(sock_connect=key[0], sock_read=key[1], connect=key[2])
+        return timeout
+
+
+class _ReadResponse(httpx.Response):
+    """A response whose body was read whole: ``content`` is ready, with nothing left to drain or decode.
+
+    httpx would pass a body given as ``content=`` through its decoders and chunkers once more.
+    """
+
+    def __init__(
+        self, status_code: int, *, headers: RawHeaders, body: bytes, request: httpx.Request, extensions: dict[str, bytes]
+    ) -> None:
+        super().__init__(
+            status_code, headers=headers, stream=httpx.ByteStream(body), request=request, extensions=extensions
+        )
+        self._body = body
+
+    @property
+    def content(self) -> bytes:
+        return self._body
+
+    def read(self) -> bytes:
+        return self._body
+
+    async def aread(self) -> bytes:
+        return self._body
+
+    async def aclose(self) -> None:
+        self.is_closed = True
+
+
+class _Streamed(httpx.AsyncByteStream):
+    """A body still on the connection, read as the caller iterates."""
+
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self._response = response
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._response.content.iter_chunked(_STREAM_CHUNK):
+                yield chunk
+        except Exception as exc:
+            raise _httpx_error(exc)
+
+    async def aclose(self) -> None:
+        # Back to the pool once read to the end; a body left half read closes its connection.
+        if self._response.content.at_eof():
+            self._response.release()
+        else:
+            self._response.close()
+
+
+def _httpx_error(exc: Exception) -> Exception:
+    """httpx's error for an aiohttp one, raised from it: the aiohttp error still says what happened."""
+    for aiohttp_class, httpx_class in _ERRORS:
+        if isinstance(exc, aiohttp_class):
+            mapped = httpx_class(str(exc) or type(exc).__name__)
+            mapped.__cause__ = exc
+            return mapped
+    return exc

@@ -295,9 +295,9 @@ async def test_dispatch_resends_an_expired_remainder_in_a_new_batch_while_it_may
 
     assert summary["counts"] == {"succeeded": 6}
     assert summary["batch"]["submitted_batches"] == 2 and summary["batch"]["realtime_fallback"] == 0
-    first, second = sorted(provider_batches(sim), key=lambda b: b["created_at"])
-    assert (first["status"], first["request_counts"]["total"]) == ("expired", 6)
-    assert (second["status"], second["request_counts"]["total"]) == ("completed", 3)  # only what expired
+    # Both may be created within one second (created_at's unit): told apart by status, not by time.
+    totals = {batch["status"]: batch["request_counts"]["total"] for batch in provider_batches(sim)}
+    assert totals == {"expired": 6, "completed": 3}  # the second holds only what expired
     assert answers_by_route(db_url) == {"batch": 6} and sim.stats()["completions"] == 0
     assert set(successes_per_prompt(db_url).values()) == {1}
 

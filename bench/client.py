@@ -19,10 +19,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -33,6 +31,8 @@ sys.path.insert(0, os.environ.get("BENCH_CLIENT_CODE", str(ROOT)))
 
 from llm_dispatch import ChatRequest, LLMClient  # noqa: E402
 from simulator import Simulator, SimulatorConfig  # noqa: E402
+
+from _child import report, run_measured  # noqa: E402  (bench/ is the script's folder, first on sys.path)
 
 PER = 10_000  # CPU and wall time are reported per this many requests
 WARM_UP = 500
@@ -80,20 +80,14 @@ async def _timed(work: asyncio.Future[object]) -> tuple[float, float]:
 def child(args: argparse.Namespace) -> None:
     run = run_baseline if args.child == "baseline" else run_client
     wall, cpu = asyncio.run(run(base_url=args.base_url, count=args.requests, concurrency=args.concurrency))
-    print("RESULT " + json.dumps({"wall": wall * PER / args.requests, "cpu": cpu * PER / args.requests}), flush=True)
+    report({"wall": wall * PER / args.requests, "cpu": cpu * PER / args.requests})
 
 
 def run_child(kind: str, code: Path, *, base_url: str, args: argparse.Namespace) -> dict[str, float]:
     env = {**os.environ, "BENCH_CLIENT_CODE": str(code), "PYTHONPATH": str(code)}
-    proc = subprocess.run(
-        [sys.executable, __file__, "--child", kind, "--base-url", base_url,
-         "--requests", str(args.requests), "--concurrency", str(args.concurrency)],
-        env=env, capture_output=True, text=True, timeout=900,
-    )
-    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
-    if proc.returncode != 0 or line is None:
-        raise SystemExit(f"{kind} ({code}) failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-    return json.loads(line.removeprefix("RESULT "))
+    argv = [__file__, "--child", kind, "--base-url", base_url, "--requests", str(args.requests),
+            "--concurrency", str(args.concurrency)]
+    return run_measured(argv, env=env, what=f"{kind} ({code})")
 
 
 def main() -> None:

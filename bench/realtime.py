@@ -30,11 +30,12 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _child import report, run_measured  # bench/ is the script's folder, first on sys.path
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -110,7 +111,7 @@ def child(args: argparse.Namespace) -> None:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     result["peak_rss_mb"] = usage.ru_maxrss / 1024
     result["cpu_seconds"] = usage.ru_utime + usage.ru_stime
-    print("RESULT " + json.dumps(result), flush=True)
+    report(result)
 
 
 def run_child(
@@ -118,15 +119,9 @@ def run_child(
 ) -> dict[str, float]:
     db = f"sqlite+aiosqlite:///{workdir / f'bench-{kind}-{concurrency}-{run}.db'}"
     env = {**os.environ, "PREFECT_LOGGING_LEVEL": "WARNING", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        [sys.executable, __file__, "--child", kind, "--base-url", base_url, "--prompts-file", str(prompts),
-         "--c", str(concurrency), "--db", db, *(["--record-first"] if record_first else [])],
-        env=env, capture_output=True, text=True, cwd=workdir, timeout=900,
-    )
-    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
-    if proc.returncode != 0 or line is None:
-        raise SystemExit(f"{kind} run failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-    return json.loads(line.removeprefix("RESULT "))
+    argv = [__file__, "--child", kind, "--base-url", base_url, "--prompts-file", str(prompts), "--c", str(concurrency),
+            "--db", db, *(["--record-first"] if record_first else [])]
+    return run_measured(argv, env=env, what=f"{kind} run", cwd=workdir)
 
 
 def main() -> None:

@@ -16,7 +16,6 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from llm_dispatch import InputError, LLMDispatchError, Progress, Settings, current_progress
 

@@ -16,8 +16,8 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 import storage
+from jobs import actual_cost
 from llm_dispatch import ConfigError, PriceTable, Settings
-from jobs import actual_cost, money
 
 Sessions = async_sessionmaker[AsyncSession]
 

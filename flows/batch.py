@@ -12,7 +12,16 @@ from prefect import flow, get_run_logger
 from pydantic import SecretStr
 
 import storage
-from jobs import BatchHalfSummary, CancelSummary, IngestOutcome, JobRun, RecordedJob, SweepSummary, open_run
+from jobs import (
+    BatchHalfSummary,
+    CancelSummary,
+    IngestOutcome,
+    JobRun,
+    RecordedJob,
+    Selection,
+    SweepSummary,
+    open_run,
+)
 from llm_dispatch import ConfigError, Settings
 from tasks import cancel_batches, finish_submission, ingest_batch, poll_batch, submit_batches
 
@@ -24,6 +33,8 @@ from .realtime import send_realtime
 _PRIVATE = frozenset({"api_key", "database_url"})
 POLL_GROWTH = 1.5
 HALF_SUBMITTED: tuple[storage.BatchStatus, ...] = ("preparing", "uploaded")
+# Prompts an ingest re-routed to real-time, not already taken by a live run.
+REROUTED = Selection(retry_failed="none", planned_route="realtime", in_flight=False)
 
 
 def public_overrides(settings: Settings) -> dict[str, Any]:
@@ -103,9 +114,7 @@ async def dispatch_batches(
                                             retry_failed=retry_failed if round_ == 0 else "none")
         if ids:
             submitted = await submit_batches(run=run, job_id=job_id, prompt_ids=ids, size=len(ids))
-            summary.submitted_batches += len(submitted.batch_ids)
-            summary.submitted_prompts += submitted.prompts
-            summary.reused += submitted.reused
+            summary.submitted.add(submitted)
             logger.info("Job %s: %d prompts sent to the Batch API in %d batches (%d requests); %d answered from "
                         "storage.", job_id, submitted.prompts, len(submitted.batch_ids), submitted.lines,
                         submitted.reused)
@@ -191,14 +200,14 @@ async def send_rerouted(run: JobRun, *, job_id: str) -> int:
     """
     late = await _rerouted(run, job_id=job_id)
     if late:
-        await send_realtime(run=run, job=RecordedJob(job_id=job_id, total=late, resumed=True), retry_failed="none",
-                            planned_route="realtime", in_flight=False)
+        job = RecordedJob(job_id=job_id, total=late, resumed=True)
+        await send_realtime(run=run, job=job, selection=REROUTED)
     return late
 
 
 async def _rerouted(run: JobRun, *, job_id: str) -> int:
-    ids = await storage.open_prompt_ids(run.sessions, job_id=job_id, retry_failed="none", planned_route="realtime",
-                                        in_flight=False)
+    ids = await storage.open_prompt_ids(run.sessions, job_id=job_id, retry_failed=REROUTED.retry_failed,
+                                        planned_route=REROUTED.planned_route, in_flight=REROUTED.in_flight)
     return len(ids)
 
 

@@ -18,6 +18,7 @@ from jobs import (
     DispatchSummary,
     JobCost,
     RealtimeSummary,
+    Selection,
     ShardRuns,
     estimate_cost,
     fingerprint_of,
@@ -122,7 +123,8 @@ async def run_dispatch(
                 if shards > 1:
                     return await run_shards(job_id=job.job_id, settings=settings, shards=shards,
                                             deployment=realtime_deployment, retry_failed=retry_failed)
-                return await send_realtime(run=run, job=job, retry_failed=retry_failed, planned_route="realtime")
+                selection = Selection(retry_failed=retry_failed, planned_route="realtime")
+                return await send_realtime(run=run, job=job, selection=selection)
             finally:
                 realtime_done.set()
 

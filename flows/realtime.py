@@ -12,7 +12,7 @@ from prefect.utilities.annotations import quote
 from pydantic import SecretStr
 
 import storage
-from jobs import ChunkFeed, ChunkSender, JobRun, RealtimeSummary, RecordedJob, open_run
+from jobs import ChunkFeed, ChunkSender, JobRun, RealtimeSummary, RecordedJob, Selection, open_run
 from llm_dispatch import ConfigError, Settings, current_progress
 from tasks import chunk_sender, record_prompts
 
@@ -61,8 +61,8 @@ async def realtime_dispatch(
                                    head=head)
         if not job.rest:
             await storage.set_job_status(run.sessions, job_id=job.job_id, status="running")
-        summary = await send_realtime(run=run, job=job, retry_failed=retry_failed, planned_route=planned_route,
-                                      shard=part, started=started)
+        selection = Selection(retry_failed=retry_failed, planned_route=planned_route, shard=part)
+        summary = await send_realtime(run=run, job=job, selection=selection, started=started)
     return summary.as_dict()
 
 
@@ -75,18 +75,12 @@ async def send_realtime(
     *,
     run: JobRun,
     job: RecordedJob,
-    retry_failed: storage.RetryFailed = "retryable",
-    planned_route: str | None = None,
-    in_flight: bool = True,
-    shard: tuple[int, int] | None = None,
+    selection: Selection = Selection(),
     started: float | None = None,
 ) -> RealtimeSummary:
-    """The real-time half of a run: every unfinished prompt of ``job`` sent, chunk by chunk, each answer stored.
-
-    ``planned_route="realtime"`` sends only the prompts routed real-time (the ``dispatch`` flow's
-    share); None every unfinished prompt not waiting in a batch. ``in_flight=False`` leaves alone
-    prompts marked in flight (a sweep must not take over another live run's work). A job still
-    being recorded (``job.rest``) has the rest stored as its first chunks go out.
+    """The real-time half of a run: the unfinished prompts of ``job`` that ``selection`` takes, sent
+    chunk by chunk, each answer stored. A job still being recorded (``job.rest``) has the rest stored
+    as its first chunks go out. ``started``: when the run began, for its phases.
     """
     logger = get_run_logger()
     settings = run.settings
@@ -101,8 +95,7 @@ async def send_realtime(
         )
         feed = ChunkFeed(
             job=job, sessions=run.sessions, sink=writer, chunk_size=settings.chunk_size, dedupe=settings.dedupe,
-            retry_failed=retry_failed, planned_route=planned_route, in_flight=in_flight, shard=shard,
-            before_storing=sender.sending.wait,
+            selection=selection, before_storing=sender.sending.wait,
         )
         first_at: float | None = None
         async with sender:

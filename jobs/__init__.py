@@ -7,7 +7,7 @@ from ._collect import IngestOutcome, cancel_batches, ingest_batch, poll_batch, r
 from ._costs import JobCost, actual_cost, estimate_cost, money
 from ._realtime import Chunk, ChunkFeed, ChunkSender, SendChunk
 from ._run import JobRun, Sessions, open_run
-from ._plan import MAX_CHUNKS_PER_RUN, RealtimePlan, chunk_groups, chunk_size_for, plan_realtime
+from ._plan import MAX_CHUNKS_PER_RUN, RealtimePlan, Selection, chunk_groups, chunk_size_for, plan_realtime
 from ._record import RecordedJob, fingerprint_of, load_specs, new_prompts, record_job, routing_rules, store_rest
 from ._summary import (
     BatchHalfSummary,
@@ -45,6 +45,7 @@ __all__ = [
     "RealtimeSummary",
     "RecordedJob",
     "ShardRuns",
+    "Selection",
     "SendChunk",
     "Sessions",
     "SubmitOutcome",

@@ -7,7 +7,6 @@ import logging
 import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -20,6 +19,20 @@ logger = logging.getLogger(__name__)
 
 # Prefect task runs cost tens of milliseconds and a server round-trip each: keep a run to a few hundred.
 MAX_CHUNKS_PER_RUN = 200
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """Which unfinished prompts of a job a real-time run takes."""
+
+    # Which failed prompts go again: those whose error may pass, all, or none.
+    retry_failed: storage.RetryFailed = "retryable"
+    # Only prompts routed here; None: any not waiting in a batch.
+    planned_route: str | None = None
+    # False leaves prompts marked in flight to the live run sending them (a sweep must not take them over).
+    in_flight: bool = True
+    # Only this share ``(index, of)`` of them: one shard of a job sent by several runs.
+    shard: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,17 +72,14 @@ async def plan_realtime(
     sink: ResultSink,
     chunk_size: int,
     dedupe: bool,
-    retry_failed: Literal["retryable", "all", "none"] = "retryable",
-    planned_route: str | None = None,
-    in_flight: bool = True,
-    shard: tuple[int, int] | None = None,
+    selection: Selection = Selection(),
     positions: tuple[int, int] | None = None,
     hold_keys: Collection[str] = frozenset(),
     only_keys: Collection[str] | None = None,
     track_positions: bool = False,
 ) -> RealtimePlan:
-    """Find the job's unfinished prompts (of ``planned_route`` only, if given); answer what storage
-    already has; group and chunk the rest.
+    """Find the job's unfinished prompts that ``selection`` takes; answer what storage already has;
+    group and chunk the rest.
 
     For a job sent while it is being recorded (see ``store_rest``), one slice at a time:
     ``positions=(start, stop)`` plans only the prompts at those input positions, leaving out (when
@@ -77,9 +87,9 @@ async def plan_realtime(
     not be stored yet; ``only_keys`` plans just the prompts making those requests.
     ``track_positions`` fills ``RealtimePlan.positions``, for a caller holding the prompts in memory.
     """
-    found = await storage.open_prompts(sessions, job_id=job_id, retry_failed=retry_failed,
-                                       planned_route=planned_route, in_flight=in_flight,
-                                       shard=shard, positions=positions, dedupe_keys=only_keys)
+    found = await storage.open_prompts(
+        sessions, job_id=job_id, retry_failed=selection.retry_failed, planned_route=selection.planned_route,
+        in_flight=selection.in_flight, shard=selection.shard, positions=positions, dedupe_keys=only_keys)
     if not found:
         return RealtimePlan()
     if not dedupe:

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 import storage
 from llm_dispatch import ChatRequest, ChatSender, DispatchOutcome, ResultSink, RoutingRules
 
-from ._plan import RealtimePlan, chunk_size_for, plan_realtime
+from ._plan import RealtimePlan, Selection, chunk_size_for, plan_realtime
 from ._record import RecordedJob, store_rest
 from ._run import Sessions
 
@@ -52,10 +52,7 @@ class ChunkFeed:
         sink: ResultSink,
         chunk_size: int,
         dedupe: bool,
-        retry_failed: storage.RetryFailed = "retryable",
-        planned_route: str | None = None,
-        in_flight: bool = True,
-        shard: tuple[int, int] | None = None,
+        selection: Selection = Selection(),
         rules: RoutingRules | None = None,
         before_storing: Callable[[], Awaitable[object]] | None = None,
     ) -> None:
@@ -63,8 +60,7 @@ class ChunkFeed:
         self._first_size = chunk_size
         # Every slice's chunks alike, and at most MAX_CHUNKS_PER_RUN of them in all.
         self._size = chunk_size_for(job.total, chunk_size=chunk_size)
-        self._where = {"retry_failed": retry_failed, "planned_route": planned_route, "in_flight": in_flight,
-                       "shard": shard}
+        self._selection = selection
         self._dedupe, self._rules, self._before_storing = dedupe, rules, before_storing
         self.chunks = self.requests = self.prompts = self.reused = 0
         # Prompts of the job not planned yet; counted as a request each until they are.
@@ -113,7 +109,7 @@ class ChunkFeed:
     async def _plan(self, *, size: int | None = None, **slice_: Any) -> RealtimePlan:
         return await plan_realtime(
             job_id=self._job.job_id, sessions=self._sessions, sink=self._sink, chunk_size=size or self._size,
-            dedupe=self._dedupe, track_positions=bool(self._job.specs), **self._where, **slice_,
+            dedupe=self._dedupe, selection=self._selection, track_positions=bool(self._job.specs), **slice_,
         )
 
     def _take(self, plan: RealtimePlan) -> list[Chunk]:

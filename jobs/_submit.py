@@ -68,10 +68,18 @@ CLOCK_SLACK: Final = timedelta(minutes=10)
 
 @dataclass(slots=True)
 class SubmitOutcome:
+    """What one or more submissions did: our ids of the batches created, their lines and prompts."""
+
     batch_ids: list[int] = field(default_factory=list)
     lines: int = 0
     prompts: int = 0
     reused: int = 0  # answered from stored identical requests, never sent
+
+    def add(self, other: SubmitOutcome) -> None:
+        self.batch_ids += other.batch_ids
+        self.lines += other.lines
+        self.prompts += other.prompts
+        self.reused += other.reused
 
 
 async def submit_prompts(

@@ -12,6 +12,7 @@ from llm_dispatch import PriceTable
 from ._collect import IngestOutcome
 from ._costs import JobCost, actual_cost
 from ._run import Sessions
+from ._submit import SubmitOutcome
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,9 +55,8 @@ class ShardRuns:
 class BatchHalfSummary:
     """The Batch API half of a ``dispatch`` run: submissions, ingests, fallbacks to real-time."""
 
-    submitted_batches: int = 0
-    submitted_prompts: int = 0
-    reused: int = 0
+    submitted: SubmitOutcome = field(default_factory=SubmitOutcome)
+    # Rounds of waiting for open batches (each may resubmit what the last left unanswered).
     rounds: int = 0
     ingested: list[IngestOutcome] = field(default_factory=list)
     realtime_fallback: int = 0
@@ -64,8 +64,8 @@ class BatchHalfSummary:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "submitted_batches": self.submitted_batches, "submitted_prompts": self.submitted_prompts,
-            "reused": self.reused, "rounds": self.rounds,
+            "submitted_batches": len(self.submitted.batch_ids), "submitted_prompts": self.submitted.prompts,
+            "reused": self.submitted.reused, "rounds": self.rounds,
             "ingested": [outcome.as_dict() for outcome in self.ingested],
             "realtime_fallback": self.realtime_fallback, "wall_s": round(self.wall_s, 3),
         }

@@ -77,6 +77,10 @@ class _Sent(NamedTuple, Generic[_T]):
     admitted_at: float
 
 
+# The constructor's arguments that a Settings field of the same name gives.
+_FROM_SETTINGS = ("base_url", "api_key", "auth_header", "request_timeout", "connect_timeout", "max_retries",
+                  "max_retry_after", "concurrency", "rpm", "tpm")
+
 class LLMClient:
     """An async client for one OpenAI-compatible endpoint, shared by every concurrent caller.
 
@@ -142,19 +146,7 @@ class LLMClient:
     @classmethod
     def from_settings(cls, settings: Settings, *, transport: httpx.AsyncBaseTransport | None = None) -> LLMClient:
         """The client a flow run uses: one per run, so ``settings.concurrency`` is its ceiling."""
-        return cls(
-            base_url=settings.base_url,
-            api_key=settings.api_key,
-            auth_header=settings.auth_header,
-            request_timeout=settings.request_timeout,
-            connect_timeout=settings.connect_timeout,
-            max_retries=settings.max_retries,
-            max_retry_after=settings.max_retry_after,
-            concurrency=settings.concurrency,
-            rpm=settings.rpm,
-            tpm=settings.tpm,
-            transport=transport,
-        )
+        return cls(**{name: getattr(settings, name) for name in _FROM_SETTINGS}, transport=transport)
 
     def _auth_headers(self) -> dict[str, str]:
         headers: dict[str, str] = {}
@@ -319,23 +311,20 @@ class LLMClient:
         method: str,
         path: str,
         *,
-        json: Any = None,
-        files: Any = None,
-        data: Mapping[str, Any] | None = None,
         stream_to: Path | None = None,
         parse: Callable[[httpx.Response], Any] | None = None,
         tokens: int = 0,
         timeout: float | None = None,
-        params: Mapping[str, str] | None = None,
         max_retries: int | None = None,
+        **content: Any,
     ) -> _Sent[Any]:
         """Send one API call, retrying by the house rules, and return what ``parse`` makes of the answer.
 
-        ``parse`` raises ``APIResponseValidationError`` for a 2xx body it cannot use (that is retried);
-        by default it returns the JSON body, or ``stream_to`` once the body has been saved there.
-        ``tokens`` is the call's estimated cost against the TPM limit; ``timeout`` overrides the
-        per-attempt deadline (a large download may need longer than a completion). ``params`` is the
-        query, merged with the base URL's own (a query written into ``path`` would be lost to it).
+        ``content`` is the body and query as ``RequestBuilder.build`` takes them (``json``, ``files``,
+        ``data``, ``params``). ``parse`` raises ``APIResponseValidationError`` for a 2xx body it cannot
+        use (that is retried); by default it returns the JSON body, or ``stream_to`` once the body has
+        been saved there. ``tokens`` is the call's estimated cost against the TPM limit; ``timeout``
+        overrides the per-attempt deadline (a large download may need longer than a completion);
         ``max_retries`` overrides the client's for this call.
         """
         retries = self._max_retries if max_retries is None else max_retries
@@ -352,7 +341,7 @@ class LLMClient:
                 admitted_at = self._clock()
             try:
                 # Built afresh each attempt: a multipart body is a stream that one attempt consumes.
-                request = self._requests.build(method, path, json=json, files=files, data=data, params=params)
+                request = self._requests.build(method, path, **content)
                 outcome = await self._send_once(request, stream_to=stream_to, timeout=deadline)
                 if isinstance(outcome, Failure):
                     failure = outcome

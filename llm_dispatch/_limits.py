@@ -11,7 +11,6 @@ import collections
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from types import TracebackType
 
 __all__ = [
     "AdaptiveLimiter",
@@ -41,7 +40,7 @@ class Permit:
 class AdaptiveLimiter:
     """AIMD concurrency limit: halve on a 429 (floor 1), grow by about one slot per window of successes.
 
-    ``async with limiter as permit:`` holds one slot. Report outcomes with :meth:`record_success` and
+    ``acquire()`` takes one slot and ``release()`` gives it back. Report outcomes with :meth:`record_success` and
     :meth:`record_rate_limit`, passing the permit so that a burst of 429s from requests that were all
     in flight together halves the limit once, not once per request.
     """
@@ -113,14 +112,6 @@ class AdaptiveLimiter:
             raise RuntimeError("AdaptiveLimiter.release() called more often than acquire()")
         self._in_flight -= 1
         self._wake()
-
-    async def __aenter__(self) -> Permit:
-        return await self.acquire()
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.release()
 
     def record_success(self, permit: Permit | None = None) -> None:
         """Additive increase: about one more slot after ``limit`` successes."""

@@ -333,26 +333,17 @@ async def _release(session: AsyncSession, *, batch_id: int, prompt_ids: list[int
     return released
 
 
+# BatchRecord's fields read from the batches row as they are; the timestamps are made timezone-aware.
+_PLAIN_FIELDS: Final = ("id", "job_id", "model", "status", "provider_batch_id", "input_file_id", "output_file_id",
+                        "error_file_id", "file_path", "request_total", "request_completed", "request_failed",
+                        "errors", "resubmission_of")
+_OPTIONAL_TIMES: Final = ("submitted_at", "expires_at", "finished_at", "last_polled_at")
+
+
 def _record(batch: Batch) -> BatchRecord:
     return BatchRecord(
-        id=batch.id,
-        job_id=batch.job_id,
-        model=batch.model,
-        status=batch.status,
-        provider_batch_id=batch.provider_batch_id,
-        input_file_id=batch.input_file_id,
-        output_file_id=batch.output_file_id,
-        error_file_id=batch.error_file_id,
-        file_path=batch.file_path,
-        request_total=batch.request_total,
-        request_completed=batch.request_completed,
-        request_failed=batch.request_failed,
-        submitted_at=_maybe_aware(batch.submitted_at),
-        expires_at=_maybe_aware(batch.expires_at),
-        finished_at=_maybe_aware(batch.finished_at),
-        last_polled_at=_maybe_aware(batch.last_polled_at),
-        errors=batch.errors,
-        resubmission_of=batch.resubmission_of,
+        **{name: getattr(batch, name) for name in _PLAIN_FIELDS},
+        **{name: _maybe_aware(getattr(batch, name)) for name in _OPTIONAL_TIMES},
         created_at=aware(batch.created_at),
         updated_at=aware(batch.updated_at),
         cancel_requested=bool(batch.cancel_requested),

@@ -81,24 +81,18 @@ async def find_job(sessions: Sessions, *, fingerprint: str) -> str | None:
         return (await session.execute(stmt)).scalar_one_or_none()
 
 
+# JobInfo's fields read from the jobs row as they are (the timestamps are made timezone-aware).
+_JOB_COLUMNS = ("id", "name", "status", "model", "input_path", "fingerprint", "settings")
+
+
 async def get_job(sessions: Sessions, *, job_id: str) -> JobInfo | None:
     async with sessions() as session:
         job = await session.get(Job, job_id)
         if job is None:
             return None
         counts = await _prompt_counts(session, job_id=job_id)
-    return JobInfo(
-        id=job.id,
-        name=job.name,
-        created_at=aware(job.created_at),
-        updated_at=aware(job.updated_at),
-        status=job.status,
-        model=job.model,
-        input_path=job.input_path,
-        fingerprint=job.fingerprint,
-        settings=job.settings,
-        counts=counts,
-    )
+    columns = {name: getattr(job, name) for name in _JOB_COLUMNS}
+    return JobInfo(**columns, created_at=aware(job.created_at), updated_at=aware(job.updated_at), counts=counts)
 
 
 async def set_job_status(sessions: Sessions, *, job_id: str, status: JobStatus) -> None:
@@ -306,15 +300,9 @@ async def load_work(sessions: Sessions, *, prompt_ids: Sequence[int]) -> list[Wo
         conn = await session.connection()
         for chunk in chunks(dict.fromkeys(prompt_ids), IN_CHUNK):
             for row in await conn.execute(select(*columns, Prompt.position).where(Prompt.id.in_(chunk))):
-                work = WorkRow(
-                    id=row.id,
-                    custom_id=row.custom_id,
-                    model=row.model,
-                    messages=row.messages,
-                    params=row.params,
-                    dedupe_key=row.dedupe_key,
-                    deadline=None if row.deadline is None else aware(row.deadline),
-                )
+                deadline = None if row.deadline is None else aware(row.deadline)
+                work = WorkRow(id=row.id, custom_id=row.custom_id, model=row.model, messages=row.messages,
+                               params=row.params, dedupe_key=row.dedupe_key, deadline=deadline)
                 found.append((row.position, row.id, work))
     found.sort(key=lambda item: item[:2])
     return [work for _, _, work in found]

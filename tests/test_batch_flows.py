@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -109,13 +110,18 @@ async def test_max_cost_refuses_before_any_request(prefect_api: str, sim: Sim, d
     assert rows(db_url, "SELECT COUNT(*) FROM results") == [(0,)]
 
 
+def submit_without_waiting(count: int, *, env: dict[str, str], cwd: Path) -> dict[str, Any]:
+    """``llm-dispatch run FILE --route all-batch --no-wait`` on ``count`` prompts; its JSON summary."""
+    path = write_prompts(cwd / "p.jsonl", [{"id": i, "prompt": f"question {i}"} for i in range(count)])
+    submitted = cli("run", str(path), "--route", "all-batch", "--no-wait", "--json", env=env, cwd=cwd)
+    assert submitted.returncode == 0, submitted.stderr[-2000:]
+    return json.loads(submitted.stdout)
+
+
 def test_no_wait_run_then_a_later_collect_sweep_finishes_it(cli_env: dict[str, str], sim: Sim, db_url: str,
                                                           tmp_path: Path) -> None:
-    path = write_prompts(tmp_path / "p.jsonl", [{"id": i, "prompt": f"question {i}"} for i in range(30)])
     sim.configure(batch_processing_seconds=2.0)
-    submitted = cli("run", str(path), "--route", "all-batch", "--no-wait", "--json", env=cli_env, cwd=tmp_path)
-    assert submitted.returncode == 0, submitted.stderr[-2000:]
-    summary = json.loads(submitted.stdout)
+    summary = submit_without_waiting(30, env=cli_env, cwd=tmp_path)
     assert summary["counts"] == {"batched": 30}
     assert summary["batch"]["submitted_batches"] == 1
 
@@ -166,11 +172,8 @@ def test_killed_between_upload_and_create_then_rerun_makes_one_batch(cli_env: di
 
 def test_cancel_keeps_what_was_answered_and_fails_the_rest(cli_env: dict[str, str], sim: Sim, db_url: str,
                                                            tmp_path: Path) -> None:
-    path = write_prompts(tmp_path / "p.jsonl", [{"id": i, "prompt": f"question {i}"} for i in range(300)])
     sim.configure(batch_processing_seconds=20.0)
-    submitted = cli("run", str(path), "--route", "all-batch", "--no-wait", "--json", env=cli_env, cwd=tmp_path)
-    assert submitted.returncode == 0, submitted.stderr[-2000:]
-    job_id = json.loads(submitted.stdout)["job_id"]
+    job_id = submit_without_waiting(300, env=cli_env, cwd=tmp_path)["job_id"]
     # Let the provider answer part of it first.
     while provider_batches(sim)[0]["request_counts"]["completed"] < 1:
         time.sleep(0.1)

@@ -40,6 +40,14 @@ from conftest import API_KEY, BASE_URL, FakeTime, make_client
 REQUEST = ChatRequest(model="gpt-4o-mini", messages=[{"role": "user", "content": "Say hi"}], params={"max_tokens": 5})
 
 
+async def chat_error(client: LLMClient, error: type[Exception]) -> Any:
+    """The error ``client.chat(REQUEST)`` raises, which must be an ``error``."""
+    async with client:
+        with pytest.raises(error) as caught:
+            await client.chat(REQUEST)
+    return caught.value
+
+
 def completion(**overrides: Any) -> dict[str, Any]:
     body: dict[str, Any] = {
         "id": "chatcmpl-1",
@@ -149,12 +157,9 @@ async def test_non_retryable_status_raises_its_class_after_one_call(
     route = router.post("/chat/completions", name="chat").respond(
         status, json={"error": {"message": "The model `nope` does not exist"}}, headers={"x-request-id": "req_123"}
     )
-    async with make_client(router, fake_time) as client:
-        with pytest.raises(error_class) as caught:
-            await client.chat(REQUEST)
+    error = await chat_error(make_client(router, fake_time), error_class)
     assert route.call_count == 1
     assert fake_time.sleeps == []
-    error = caught.value
     assert error.status_code == status
     assert error.attempts == 1
     assert error.request_id == "req_123"
@@ -181,22 +186,18 @@ async def test_x_should_retry_false_stops_a_500(router: respx.Router, fake_time:
 
 async def test_retries_exhausted_raises_with_every_attempt_counted(router: respx.Router, fake_time: FakeTime) -> None:
     route = router.post("/chat/completions", name="chat").respond(503, text="upstream overloaded")
-    async with make_client(router, fake_time, max_retries=3) as client:
-        with pytest.raises(InternalServerError) as caught:
-            await client.chat(REQUEST)
+    error = await chat_error(make_client(router, fake_time, max_retries=3), InternalServerError)
     assert route.call_count == 4
-    assert caught.value.attempts == 4
+    assert error.attempts == 4
     assert fake_time.sleeps == [0.5, 1.0, 2.0]
-    assert "upstream overloaded" in str(caught.value)
+    assert "upstream overloaded" in str(error)
 
 
 async def test_max_retries_zero_sends_once(router: respx.Router, fake_time: FakeTime) -> None:
     route = router.post("/chat/completions", name="chat").respond(429)
-    async with make_client(router, fake_time, max_retries=0) as client:
-        with pytest.raises(RateLimitError) as caught:
-            await client.chat(REQUEST)
+    error = await chat_error(make_client(router, fake_time, max_retries=0), RateLimitError)
     assert route.call_count == 1
-    assert caught.value.attempts == 1
+    assert error.attempts == 1
 
 
 # --- timeouts and dropped connections (mocked) ------------------------------------------------
@@ -204,12 +205,10 @@ async def test_max_retries_zero_sends_once(router: respx.Router, fake_time: Fake
 
 async def test_read_timeout_is_retried_then_raised_as_timeout(router: respx.Router, fake_time: FakeTime) -> None:
     route = router.post("/chat/completions", name="chat").mock(side_effect=httpx.ReadTimeout)
-    async with make_client(router, fake_time, max_retries=2) as client:
-        with pytest.raises(APITimeoutError) as caught:
-            await client.chat(REQUEST)
+    error = await chat_error(make_client(router, fake_time, max_retries=2), APITimeoutError)
     assert route.call_count == 3
-    assert caught.value.attempts == 3
-    assert isinstance(caught.value.__cause__, httpx.ReadTimeout)
+    assert error.attempts == 3
+    assert isinstance(error.__cause__, httpx.ReadTimeout)
 
 
 async def test_timeout_then_success(router: respx.Router, fake_time: FakeTime) -> None:
@@ -226,10 +225,8 @@ async def test_remote_protocol_error_is_a_connection_error_not_a_timeout(
     router: respx.Router, fake_time: FakeTime
 ) -> None:
     route = router.post("/chat/completions", name="chat").mock(side_effect=httpx.RemoteProtocolError)
-    async with make_client(router, fake_time, max_retries=1) as client:
-        with pytest.raises(APIConnectionError) as caught:
-            await client.chat(REQUEST)
-    assert not isinstance(caught.value, APITimeoutError)
+    error = await chat_error(make_client(router, fake_time, max_retries=1), APIConnectionError)
+    assert not isinstance(error, APITimeoutError)
     assert route.call_count == 2
 
 
@@ -250,11 +247,9 @@ async def test_transport_errors_are_classified_by_their_cause(
     def handler(request: httpx.Request) -> httpx.Response:
         raise httpx.ConnectTimeout(str(cause)) from cause
 
-    async with make_client(respx.Router(), fake_time, max_retries=0, transport=httpx.MockTransport(handler)) as client:
-        with pytest.raises(APIConnectionError) as caught:
-            await client.chat(REQUEST)
-    assert type(caught.value) is expected
-    assert type(cause).__name__ in str(caught.value)
+    error = await chat_error(make_client(respx.Router(), fake_time, max_retries=0, transport=httpx.MockTransport(handler)), APIConnectionError)
+    assert type(error) is expected
+    assert type(cause).__name__ in str(error)
 
 
 async def test_aiohttp_disconnect_mapped_to_connect_timeout_is_still_a_connection_error(fake_time: FakeTime) -> None:
@@ -264,11 +259,9 @@ async def test_aiohttp_disconnect_mapped_to_connect_timeout_is_still_a_connectio
         except aiohttp.ServerDisconnectedError as exc:
             raise httpx.ConnectTimeout("Server disconnected") from exc
 
-    async with make_client(respx.Router(), fake_time, max_retries=0, transport=httpx.MockTransport(dropped)) as client:
-        with pytest.raises(APIConnectionError) as caught:
-            await client.chat(REQUEST)
-    assert not isinstance(caught.value, APITimeoutError)
-    assert "ServerDisconnectedError" in str(caught.value)
+    error = await chat_error(make_client(respx.Router(), fake_time, max_retries=0, transport=httpx.MockTransport(dropped)), APIConnectionError)
+    assert not isinstance(error, APITimeoutError)
+    assert "ServerDisconnectedError" in str(error)
 
 
 # --- bodies that are not chat completions -----------------------------------------------------
@@ -288,11 +281,9 @@ async def test_malformed_body_is_retried_then_raised(
     router: respx.Router, fake_time: FakeTime, response: httpx.Response
 ) -> None:
     route = router.post("/chat/completions", name="chat").mock(return_value=response)
-    async with make_client(router, fake_time, max_retries=1) as client:
-        with pytest.raises(APIResponseValidationError) as caught:
-            await client.chat(REQUEST)
+    error = await chat_error(make_client(router, fake_time, max_retries=1), APIResponseValidationError)
     assert route.call_count == 2
-    assert caught.value.attempts == 2
+    assert error.attempts == 2
 
 
 async def test_malformed_body_then_success(router: respx.Router, fake_time: FakeTime) -> None:

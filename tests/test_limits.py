@@ -41,8 +41,9 @@ async def test_a_burst_of_429s_from_one_window_halves_once() -> None:
     for _ in permits:
         limiter.release()
     # A request sent after the cut sees the new window, so its 429 cuts again.
-    async with limiter as permit:
-        assert limiter.record_rate_limit(permit)
+    permit = await limiter.acquire()
+    assert limiter.record_rate_limit(permit)
+    limiter.release()
     assert limiter.limit == 2
 
 
@@ -71,7 +72,8 @@ async def test_limit_is_never_exceeded_by_many_concurrent_callers() -> None:
 
     async def caller(i: int) -> None:
         nonlocal inside, peak
-        async with limiter as permit:
+        permit = await limiter.acquire()
+        try:
             inside += 1
             peak = max(peak, inside)
             await asyncio.sleep(0)
@@ -81,6 +83,8 @@ async def test_limit_is_never_exceeded_by_many_concurrent_callers() -> None:
             else:
                 limiter.record_success(permit)
             inside -= 1
+        finally:
+            limiter.release()
 
     await asyncio.gather(*(caller(i) for i in range(300)))
     assert peak == 5
@@ -113,8 +117,8 @@ async def test_a_cancelled_waiter_leaks_no_slot() -> None:
         await waiter
     limiter.release()
     assert limiter.in_flight == 0
-    async with limiter:
-        assert limiter.in_flight == 1
+    await limiter.acquire()
+    assert limiter.in_flight == 1
 
 
 async def test_an_increase_wakes_a_waiter() -> None:

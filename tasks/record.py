@@ -12,7 +12,7 @@ from prefect.cache_policies import NO_CACHE
 from jobs import RecordedJob, Sessions, record_job
 from llm_dispatch import RoutingRules, Settings
 
-from ._names import parameter
+from ._names import parameter, prompts
 
 
 def _run_name() -> str:
@@ -21,7 +21,7 @@ def _run_name() -> str:
         return f"record {Path(source).name}"
     if source is None:
         return f"record the rest of job {parameter('job_id')}"
-    return f"record {len(source)} prompts"
+    return f"record {prompts(len(source))}"
 
 
 @task(name="record-prompts", task_run_name=_run_name, cache_policy=NO_CACHE)

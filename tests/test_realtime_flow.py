@@ -57,6 +57,30 @@ async def test_flow_with_faults_records_every_outcome(prefect_api: str, sim: Sim
     assert set(successes_per_prompt(db_url).values()) <= {0, 1}
 
 
+async def test_the_prefect_ui_shows_the_job_in_words(prefect_api: str, sim: Sim, db_url: str, tmp_path: Path) -> None:
+    """Flow and task runs are named for what they do; the summary stays out of the log lines."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, LogFilter, LogFilterFlowRunId
+    from prefect.logging.handlers import APILogHandler
+
+    path = write_prompts(tmp_path / "questions.jsonl", [{"id": i, "prompt": f"question {i}"} for i in range(25)])
+    state = await realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=db_url, chunk_size=10,
+                                    return_state=True)
+    run_id = state.state_details.flow_run_id
+    await APILogHandler.aflush()  # log lines reach the API in batches
+    async with get_client() as client:
+        run = await client.read_flow_run(run_id)
+        tasks = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))
+        logs = await client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])))
+    assert run.name == "questions.jsonl"
+    names = sorted(task.name for task in tasks)
+    assert names[0] == "record questions.jsonl"
+    assert names[1:] == ["send chunk 1/3 (10 prompts)", "send chunk 2/3 (10 prompts)", "send chunk 3/3 (5 prompts)"]
+    messages = [log.message for log in logs]
+    assert any("25 prompts sent, 25 succeeded, 0 failed" in message for message in messages)
+    assert not any("{" in message for message in messages), "no dicts in the log lines"
+
+
 async def test_same_input_again_sends_nothing_new(prefect_api: str, sim: Sim, db_url: str, tmp_path: Path) -> None:
     path = write_prompts(tmp_path / "p.jsonl", [{"id": i, "prompt": f"q{i}"} for i in range(30)] + [{"id": "bad", "prompt": "[[sim:400]]"}])
     first = await realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=db_url)

@@ -40,7 +40,7 @@ from ._constants import DEFAULT_CONCURRENCY, DEFAULT_CONNECT_TIMEOUT, DEFAULT_MA
 from ._dispatch import ChatSender, DispatchOutcome, Progress, ResultSink, WorkItem, current_progress, send_all
 from ._inputs import PromptSpec, fingerprint, parse_prompt_dicts, read_prompts
 from ._limits import AdaptiveLimiter, RateLimiter, SharedPause
-from ._pricing import CostTotals, PriceTable, estimate_request_cost
+from ._pricing import PICO_PER_USD, CostTotals, PriceTable, RowCost, RowPricer, estimate_request_cost, from_pico
 from ._responses import chat_result_from_body
 from ._retry import DEFAULT_MAX_RETRY_AFTER, backoff_delay
 from ._routing import RoutingRules, decide_route, parse_deadline, prompt_chars
@@ -56,17 +56,21 @@ __all__ = [
     "ChatSender",
     "CostTotals",
     "DispatchOutcome",
+    "PICO_PER_USD",
     "PriceTable",
     "Progress",
     "PromptSpec",
     "ResultSink",
     "RoutingRules",
+    "RowCost",
+    "RowPricer",
     "WorkItem",
     "current_progress",
     "decide_route",
     "dedupe_key",
     "estimate_request_cost",
     "fingerprint",
+    "from_pico",
     "parse_deadline",
     "parse_prompt_dicts",
     "prompt_chars",

@@ -198,8 +198,9 @@ class RowCost(NamedTuple):
     cost: int
     # The same usage at the real-time price: on the Batch API, what the discount saved is the difference.
     list_cost: int
-    # The fraction taken off the list price: the model's batch discount on the Batch API, else 0.
-    discount: Decimal
+    # The fraction taken off the list price as decimal text (stored as such): the model's batch
+    # discount on the Batch API ("0.5"), else "0".
+    discount: str
 
 
 class _Rates(NamedTuple):
@@ -220,7 +221,7 @@ class RowPricer:
 
     def __init__(self, table: PriceTable) -> None:
         self.table = table
-        self._rates: dict[tuple[str, str], tuple[_Rates, _Rates, Decimal] | None] = {}
+        self._rates: dict[tuple[str, str], tuple[_Rates, _Rates, str] | None] = {}
 
     def price(
         self, *, model: str, route: Route, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0
@@ -234,14 +235,17 @@ class RowPricer:
         if found is None:
             return None
         paid, listed, discount = found
-        cached = min(cached_tokens, prompt_tokens)  # cached tokens are part of the prompt
-        cost = _whole((prompt_tokens - cached) * paid.input + cached * paid.cached + completion_tokens * paid.output)
+        cached = cached_tokens if cached_tokens <= prompt_tokens else prompt_tokens  # part of the prompt
+        uncached = prompt_tokens - cached
+        cost = uncached * paid.input + cached * paid.cached + completion_tokens * paid.output
+        if type(cost) is not int:
+            cost = _whole(cost)
         if listed is paid:
             return RowCost(cost, cost, discount)
-        listed_cost = (prompt_tokens - cached) * listed.input + cached * listed.cached + completion_tokens * listed.output
-        return RowCost(cost, _whole(listed_cost), discount)
+        listed_cost = uncached * listed.input + cached * listed.cached + completion_tokens * listed.output
+        return RowCost(cost, listed_cost if type(listed_cost) is int else _whole(listed_cost), discount)
 
-    def _rates_of(self, model: str, route: str) -> tuple[_Rates, _Rates, Decimal] | None:
+    def _rates_of(self, model: str, route: str) -> tuple[_Rates, _Rates, str] | None:
         if route not in _ROUTES:
             raise ValueError(f"route {route!r} is unknown; use 'realtime' or 'batch'")
         price = self.table.price_for(model)
@@ -249,10 +253,10 @@ class RowPricer:
             return None
         listed = _Rates(*(_per_token(value) for value in (price.input, price.cached_input, price.output)))
         if route == "realtime" or price.batch_discount == 0:
-            return listed, listed, Decimal(0) if route == "realtime" else price.batch_discount
+            return listed, listed, "0" if route == "realtime" else str(price.batch_discount)
         keep = 1 - price.batch_discount
         paid = _Rates(*(_per_token(value * keep) for value in (price.input, price.cached_input, price.output)))
-        return paid, listed, price.batch_discount
+        return paid, listed, str(price.batch_discount)
 
 
 def _per_token(price_per_million: Decimal) -> int | Decimal:
@@ -260,8 +264,8 @@ def _per_token(price_per_million: Decimal) -> int | Decimal:
     return int(rate) if rate == rate.to_integral_value() else rate
 
 
-def _whole(picodollars: int | Decimal) -> int:
-    return picodollars if type(picodollars) is int else int(picodollars.to_integral_value())  # type: ignore[union-attr]
+def _whole(picodollars: Decimal) -> int:
+    return int(picodollars.to_integral_value())  # half-even, the context's rounding
 
 
 def from_pico(picodollars: int) -> Decimal:

@@ -24,6 +24,7 @@ __all__ = [
     "NO_PRICES",
     "RESULT_COLUMNS",
     "ResultRow",
+    "Costs",
     "RowLedger",
     "answer_rows",
     "failure_rows",
@@ -98,32 +99,41 @@ def shares(prompt_ids: Sequence[int], route: str, row: Callable[[int, Route, boo
 class RowLedger:
     """The cost fields of a writer's rows, from its price table (None: costs unknown); made once per writer.
 
-    Only the row that paid (``shares``) costs anything; a reused answer or a failed call costs 0
-    whatever the prices, so those rows are priced without a table too.
+    Each is a ``Costs`` tuple. Only the row that paid (``shares``) costs anything; a reused answer or a
+    failed call costs 0 whatever the prices, so those rows are priced without a table too.
     """
 
-    __slots__ = ("free", "pricer", "stamp")
+    __slots__ = ("free", "pricer", "stamp", "unknown")
 
     def __init__(self, pricer: RowPricer | None) -> None:
         self.pricer = pricer
         table = None if pricer is None else pricer.table
-        self.stamp: dict[str, object] = {
-            "prices_as_of": None if table is None else table.prices_as_of,
-            "prices_file": None if table is None else table.prices_file,
-            "cost_basis": "answer",
-        }
-        self.free: dict[str, object] = {"cost_pico_usd": 0, "list_cost_pico_usd": 0, **self.stamp}
+        stamp = (None, None, "answer") if table is None else (table.prices_as_of, table.prices_file, "answer")
+        self.stamp = stamp
+        self.free = Costs(0, 0, None, *stamp)
+        # No table: the cost is unknown, and so is when it would have been worked out.
+        self.unknown = Costs(None, None, None, *stamp) if table is not None else Costs()
 
-    def paid(self, result: ChatResult, *, model: str | None, route: Route) -> dict[str, object]:
+    def paid(self, result: ChatResult, *, model: str | None, route: Route) -> tuple[object, ...]:
         if self.pricer is None:
-            return {}  # no price table: the cost is unknown, and so is when it would have been worked out
+            return self.unknown
         cost = self.pricer.price(model=model or result.model or "", route=route,  # type: ignore[arg-type]
                                  prompt_tokens=result.prompt_tokens, completion_tokens=result.completion_tokens,
                                  cached_tokens=result.cached_tokens)
         if cost is None:  # a model with no price: unknown, never 0
-            return self.stamp
-        return {"cost_pico_usd": cost.cost, "list_cost_pico_usd": cost.list_cost, "discount": str(cost.discount),
-                **self.stamp}
+            return self.unknown
+        return (*cost, *self.stamp)  # as Costs has them: cost, list cost, discount, then the stamp
+
+
+class Costs(NamedTuple):
+    """A row's ledger columns, in ``ResultRow``'s names."""
+
+    cost_pico_usd: int | None = None
+    list_cost_pico_usd: int | None = None
+    discount: str | None = None
+    prices_as_of: str | None = None
+    prices_file: str | None = None
+    cost_basis: CostBasis | None = None
 
 
 NO_PRICES: Final = RowLedger(None)
@@ -147,6 +157,7 @@ def answer_rows(
     paid_cost = ledger.paid(result, model=model, route=route) if route != "reused" else free  # type: ignore[arg-type]
 
     def row(prompt_id: int, route: Route, paid: bool) -> ResultRow:
+        cost, list_cost, discount, as_of, prices_file, basis = paid_cost if paid else free
         return ResultRow(
             prompt_id=prompt_id,
             route=route,
@@ -163,7 +174,12 @@ def answer_rows(
             response_model=result.model,
             response_id=result.response_id,
             http_status=200 if paid else None,
-            **(paid_cost if paid else free),  # type: ignore[arg-type]
+            cost_pico_usd=cost,
+            list_cost_pico_usd=list_cost,
+            discount=discount,
+            prices_as_of=as_of,
+            prices_file=prices_file,
+            cost_basis=basis,
         )
 
     return shares(prompt_ids, route, row)
@@ -188,7 +204,7 @@ def failure_rows(
     status_code = getattr(error, "status_code", None)
     attempts = int(getattr(error, "attempts", 1) or 1)
     retryable = bool(getattr(error, "retryable", False)) if final else None
-    free = ledger.free
+    cost, list_cost, discount, as_of, prices_file, basis = ledger.free
 
     def row(prompt_id: int, route: Route, paid: bool) -> ResultRow:
         return ResultRow(
@@ -202,7 +218,12 @@ def failure_rows(
             error_class=error_class,
             error_message=message,
             retryable=retryable,
-            **free,  # type: ignore[arg-type]
+            cost_pico_usd=cost,
+            list_cost_pico_usd=list_cost,
+            discount=discount,
+            prices_as_of=as_of,
+            prices_file=prices_file,
+            cost_basis=basis,
         )
 
     return shares(prompt_ids, route, row)

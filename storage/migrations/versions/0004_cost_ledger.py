@@ -68,7 +68,7 @@ def _backfill(bind: sa.engine.Connection) -> None:
             # No price (or no usage): the cost stays unknown, NULL, never 0.
             changes.append({"id": id_, "as_of": as_of, "cost": None if cost is None else cost.cost,
                             "list_cost": None if cost is None else cost.list_cost,
-                            "discount": None if cost is None else str(cost.discount)})
+                            "discount": None if cost is None else cost.discount})
         bind.execute(update, changes)
         after = page[-1][0]
 

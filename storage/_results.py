@@ -24,7 +24,6 @@ __all__ = [
     "NO_PRICES",
     "RESULT_COLUMNS",
     "ResultRow",
-    "Costs",
     "RowLedger",
     "answer_rows",
     "failure_rows",
@@ -99,8 +98,10 @@ def shares(prompt_ids: Sequence[int], route: str, row: Callable[[int, Route, boo
 class RowLedger:
     """The cost fields of a writer's rows, from its price table (None: costs unknown); made once per writer.
 
-    Each is a ``Costs`` tuple. Only the row that paid (``shares``) costs anything; a reused answer or a
-    failed call costs 0 whatever the prices, so those rows are priced without a table too.
+    Each is a tuple of ``ResultRow``'s ledger fields in their order, ``cost_pico_usd`` to ``cost_basis``
+    (``row`` in ``answer_rows`` and ``failure_rows`` unpacks them). Only the row that paid (``shares``)
+    costs anything; a reused answer or a failed call costs 0 whatever the prices, so those rows are
+    priced without a table too.
     """
 
     __slots__ = ("free", "pricer", "stamp", "unknown")
@@ -108,11 +109,11 @@ class RowLedger:
     def __init__(self, pricer: RowPricer | None) -> None:
         self.pricer = pricer
         table = None if pricer is None else pricer.table
-        stamp = (None, None, "answer") if table is None else (table.prices_as_of, table.prices_file, "answer")
-        self.stamp = stamp
-        self.free = Costs(0, 0, None, *stamp)
+        self.stamp = stamp = (None, None, "answer") if table is None else (table.prices_as_of, table.prices_file,
+                                                                          "answer")
+        self.free: tuple[object, ...] = (0, 0, None, *stamp)
         # No table: the cost is unknown, and so is when it would have been worked out.
-        self.unknown = Costs(None, None, None, *stamp) if table is not None else Costs()
+        self.unknown: tuple[object, ...] = (None, None, None, *stamp) if table is not None else (None,) * 6
 
     def paid(self, result: ChatResult, *, model: str | None, route: Route) -> tuple[object, ...]:
         if self.pricer is None:
@@ -122,18 +123,7 @@ class RowLedger:
                                  cached_tokens=result.cached_tokens)
         if cost is None:  # a model with no price: unknown, never 0
             return self.unknown
-        return (*cost, *self.stamp)  # as Costs has them: cost, list cost, discount, then the stamp
-
-
-class Costs(NamedTuple):
-    """A row's ledger columns, in ``ResultRow``'s names."""
-
-    cost_pico_usd: int | None = None
-    list_cost_pico_usd: int | None = None
-    discount: str | None = None
-    prices_as_of: str | None = None
-    prices_file: str | None = None
-    cost_basis: CostBasis | None = None
+        return (*cost, *self.stamp)  # cost, list cost, discount (RowCost's order), then the stamp
 
 
 NO_PRICES: Final = RowLedger(None)

@@ -178,7 +178,7 @@ async def batch_path(
     import logging
 
     import storage
-    from llm_dispatch import BatchLimits, LLMClient
+    from llm_dispatch import BatchLimits, LLMClient, PriceTable, RowPricer
     from jobs import ingest_batch, poll_batch
     from jobs import submit_prompts
 
@@ -186,8 +186,12 @@ async def batch_path(
     profiler = _Profile(profile)
     out: dict[str, Any] = {}
     limits = BatchLimits()
-    # The ingest's writer as the flows make it, unless --flush-rows tries another batch size.
-    writer_options = {} if flush_rows is None else {"flush_rows": flush_rows}
+    # The ingest's writer as the flows make it (each answer priced into the cost ledger as it is stored),
+    # unless --flush-rows tries another batch size.
+    pricer = RowPricer(PriceTable.load())
+    writer_options: dict[str, Any] = {"pricer": pricer}
+    if flush_rows is not None:
+        writer_options["flush_rows"] = flush_rows
     engine = storage.create_engine(f"sqlite+aiosqlite:///{workdir / f'batch-{run}.db'}")
     directory = workdir / f"files-{run}"
     try:
@@ -228,7 +232,7 @@ async def batch_path(
             sim_before, threads_before, cpu_before = _sim_cpu(base_url), _thread_cpu(), time.process_time()
             started = time.perf_counter()
             with profiler.run("submit"):
-                async with storage.ResultWriter(sessions, job_id=job_id) as writer:
+                async with storage.ResultWriter(sessions, job_id=job_id, pricer=pricer) as writer:
                     outcome = await submit_prompts(sessions=sessions, client=client, writer=writer, job_id=job_id,
                                                    prompt_ids=prompt_ids, directory=directory, limits=limits)
             out["submit_s"] = time.perf_counter() - started

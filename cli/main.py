@@ -227,15 +227,35 @@ def status(
 def cost(
     job: Annotated[Optional[str], typer.Argument(help="a job id (default: the newest job)")] = None,
     database_url: Annotated[Optional[str], typer.Option(help="SQLAlchemy URL (default: ./llm_dispatch.db)")] = None,
-    prices_file: Annotated[Optional[Path], typer.Option(help="your own price table (JSON), over the bundled one")] = None,
+    prices_file: Annotated[Optional[Path], typer.Option(hidden=True)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print as JSON")] = False,
 ) -> None:
-    """What a job cost per route, from the usage the provider reported, and what the Batch API saved."""
+    """What a job cost per route, as stored with each answer when it came, and what the Batch API saved."""
     from . import reports
 
-    settings = _settings(database_url=database_url, prices_file=str(prices_file) if prices_file else None)
+    if prices_file is not None:
+        raise _fail("cost shows what each answer cost when it was stored; to see a job under other prices, "
+                    f"run `llm-dispatch reprice {job or ''} --prices-file {prices_file}`".replace("  ", " "))
+    settings = _settings(database_url=database_url)
     _report(reports.cost(settings=settings, job_id=job), reports.print_cost, settings=settings, job=job,
             as_json=as_json)
+
+
+@app.command()
+def reprice(
+    job: Annotated[Optional[str], typer.Argument(help="a job id (default: the newest job)")] = None,
+    prices_file: Annotated[Optional[Path], typer.Option(help="the price table (JSON) to try, over the bundled one")] = None,
+    database_url: Annotated[Optional[str], typer.Option(help="SQLAlchemy URL (default: ./llm_dispatch.db)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print as JSON")] = False,
+) -> None:
+    """What a job would cost under another price table, beside its stored cost; changes nothing."""
+    from . import reports
+
+    if prices_file is None:
+        raise _fail("give --prices-file FILE: the price table to reprice the job with")
+    settings = _settings(database_url=database_url)
+    _report(reports.reprice(settings=settings, job_id=job, prices_file=prices_file), reports.print_reprice,
+            settings=settings, job=job, as_json=as_json)
 
 
 def _report(query: Any, show: Any, *, settings: Settings, job: str | None, as_json: bool) -> None:

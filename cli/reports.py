@@ -1,4 +1,5 @@
-"""Reports for the CLI: ``status``, ``cost``, ``export`` and the table a run ends with. Read-only, no Prefect."""
+"""Reports for the CLI: ``status``, ``cost``, ``reprice``, ``export`` and the table a run ends with. Read-only,
+no Prefect: costs are the ones stored with each answer; only ``reprice`` prices with another table."""
 
 from __future__ import annotations
 
@@ -16,15 +17,15 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 import storage
-from jobs import actual_cost
-from llm_dispatch import ConfigError, PriceTable, Settings
+from jobs import actual_cost, money, reprice as reprice_job
+from llm_dispatch import PICO_PER_USD, ConfigError, PriceTable, Settings
 
 Sessions = async_sessionmaker[AsyncSession]
 
 EXPORT_FIELDS = (
     "position", "custom_id", "prompt_id", "model", "status", "planned_route", "route_reason", "route", "text",
-    "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens", "cost_usd", "latency_ms",
-    "error_class", "error_message", "metadata",
+    "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens", "cost_usd", "discount", "prices_as_of",
+    "cost_basis", "latency_ms", "error_class", "error_message", "metadata",
 )
 
 
@@ -36,10 +37,10 @@ def require_database(settings: Settings) -> None:
 
 
 @asynccontextmanager
-async def _database(settings: Settings) -> AsyncIterator[Sessions]:
+async def _database(settings: Settings, *, migrate: bool = True) -> AsyncIterator[Sessions]:
     require_database(settings)
-    # An older database is brought up to date, as a run would.
-    async with storage.open_database(settings.database_url) as sessions:
+    # An older database is brought up to date, as a run would (its past costs back-filled, and marked so).
+    async with storage.open_database(settings.database_url, migrate=migrate) as sessions:
         yield sessions
 
 
@@ -61,9 +62,12 @@ async def status(*, settings: Settings, job_id: str | None) -> dict[str, Any] | 
         if job is None:
             return None
         batches = await storage.job_batches(sessions, job_id=job_id)
+        ledger = await actual_cost(sessions=sessions, job_id=job_id)
         return {
             "job_id": job.id, "name": job.name, "status": job.status, "counts": job.counts,
             "routes": await storage.route_counts(sessions, job_id=job_id),
+            "cost": money(ledger.total), "cost_complete": ledger.complete,
+            "unpriced_models": dict(ledger.totals.unpriced_models),
             "batches": [
                 {"id": b.id, "provider_batch_id": b.provider_batch_id, "status": b.status, "model": b.model,
                  "total": b.request_total, "completed": b.request_completed, "failed": b.request_failed,
@@ -91,6 +95,8 @@ def print_status(console: Console, data: dict[str, Any]) -> None:
         table.add_column(name, justify="right")
     for route, counts in sorted(data["routes"].items()):
         table.add_row(route, *(str(counts.get(name, 0)) for name in statuses))
+    unknown = "" if data["cost_complete"] else f" + unknown (no price for {', '.join(sorted(data['unpriced_models']))})"
+    table.caption = f"cost so far ${data['cost']:.6f}{unknown}; `llm-dispatch cost {data['job_id']}` for details"
     console.print(table)
     if data["batches"]:
         batches = Table(title="batches")
@@ -104,34 +110,91 @@ def print_status(console: Console, data: dict[str, Any]) -> None:
 
 
 async def cost(*, settings: Settings, job_id: str | None) -> dict[str, Any] | None:
-    table = PriceTable.load(path=Path(settings.prices_file) if settings.prices_file else None)
     async with _database(settings) as sessions:
         found = await _job_id(sessions, job_id)
         if found is None:
             return None
-        ledger = await actual_cost(sessions=sessions, job_id=found, table=table)
-    return {"job_id": found, **ledger.as_dict(), "currency": table.currency, "source": table.source}
+        ledger = await actual_cost(sessions=sessions, job_id=found)
+    return {"job_id": found, **ledger.as_dict(), "currency": "USD"}
 
 
 def print_cost(console: Console, data: dict[str, Any]) -> None:
-    table = Table(title=f"job {data['job_id']}: cost in {data['currency']} (prices as of {data['prices_as_of']})")
+    table = Table(title=f"job {data['job_id']}: cost in {data['currency']} as stored (prices as of {data['prices_as_of']})")
     for column in ("route", "requests", "input tokens", "cached", "output tokens", "cost"):
         table.add_column(column, justify="right" if column != "route" else "left")
     for route, r in data["routes"].items():
         unknown = f" + {r['unpriced']} unpriced" if r["unpriced"] else ""
         table.add_row(route, str(r["requests"]), str(r["prompt_tokens"]), str(r["cached_tokens"]),
                       str(r["completion_tokens"]), f"${r['cost']:.6f}{unknown}")
-    table.add_row("total", "", "", "", "", f"${data['total']:.6f}")
+    table.add_row("total", "", "", "", "", f"${data['total']:.6f}" + ("" if data["complete"] else " + unknown"))
     table.add_row("saved by batch", "", "", "", "", f"${data['savings']:.6f}")
     console.print(table)
+    _print_bases(console, data)
     if not data["complete"]:
         console.print(f"[yellow]warning:[/] no price for {', '.join(sorted(data['unpriced_models']))}: their cost is "
-                      "unknown and not in the total; add them with --prices-file", highlight=False)
+                      "unknown and not in the total; `llm-dispatch reprice --prices-file` shows them under "
+                      "your prices", highlight=False)
+
+
+def _print_bases(console: Console, data: dict[str, Any]) -> None:
+    """Which prices the stored costs came from, when it is not one table at answer time."""
+    bases = data["priced_with"]
+    if len(bases) == 1 and bases[0]["cost_basis"] == "answer" and not bases[0]["prices_file"]:
+        return
+    for basis in bases:
+        source = f"{basis['prices_file']} over the bundled prices" if basis["prices_file"] else "the bundled prices"
+        if basis["cost_basis"] == "backfill":
+            how = (f"back-filled at migration from their tokens with the bundled prices of {basis['prices_as_of']} "
+                   "(not recorded when answered)")
+        elif basis["cost_basis"] == "answer":
+            how = f"priced when answered with {source} as of {basis['prices_as_of']}"
+        else:
+            how = "stored without a price table: cost unknown"
+        console.print(f"  {basis['requests']} requests {how}", highlight=False)
+
+
+async def reprice(*, settings: Settings, job_id: str | None, prices_file: Path) -> dict[str, Any] | None:
+    """The job's stored cost beside its cost under ``prices_file``; writes nothing (not even a migration)."""
+    table = PriceTable.load(path=prices_file)
+    async with _database(settings, migrate=False) as sessions:
+        await storage.require_current_schema(sessions)
+        found = await _job_id(sessions, job_id)
+        if found is None:
+            return None
+        what_if = await reprice_job(sessions=sessions, job_id=found, table=table)
+    return what_if.as_dict()
+
+
+def print_reprice(console: Console, data: dict[str, Any]) -> None:
+    table = Table(title=f"job {data['job_id']}: stored cost vs. prices of {data['prices_file']} "
+                        f"(as of {data['prices_as_of']}), USD")
+    for column in ("route", "model", "requests", "tokens in/out", "stored", "repriced", "difference"):
+        table.add_column(column, justify="left" if column in ("route", "model") else "right")
+    for row in data["rows"]:
+        stored = f"${row['stored']:.6f}" + (f" + {row['stored_unpriced']} unknown" if row["stored_unpriced"] else "")
+        table.add_row(row["route"], row["model"], str(row["requests"]),
+                      f"{row['prompt_tokens']}/{row['completion_tokens']}", stored, _dollars(row["repriced"]),
+                      _signed(row["difference"]))
+    stored, repriced = data["stored"], data["repriced"]
+    table.add_section()
+    table.add_row("total", "", "", "", f"${stored['total']:.6f}" + ("" if stored["complete"] else " + unknown"),
+                  f"${repriced['total']:.6f}" + ("" if repriced["complete"] else " + unknown"),
+                  _signed(data["difference"]))
+    table.add_row("saved by batch", "", "", "", f"${stored['savings']:.6f}", f"${repriced['savings']:.6f}", "")
+    table.caption = "a what-if: the stored costs are unchanged"
+    console.print(table)
+
+
+def _dollars(value: float | None) -> str:
+    return "unknown" if value is None else f"${value:.6f}"
+
+
+def _signed(value: float | None) -> str:
+    return "-" if value is None else f"{'+' if value >= 0 else '-'}${abs(value):.6f}"
 
 
 async def export(*, settings: Settings, job_id: str, fmt: str, output: Path | None) -> int:
     """Write the job's rows as ``jsonl`` (one object a line), ``json`` (one array) or ``csv``; returns how many."""
-    table = PriceTable.load(path=Path(settings.prices_file) if settings.prices_file else None)
     async with _database(settings) as sessions:
         if await storage.get_job(sessions, job_id=job_id) is None:
             raise ConfigError(f"no job {job_id!r}; `llm-dispatch status` lists jobs")
@@ -144,7 +207,7 @@ async def export(*, settings: Settings, job_id: str, fmt: str, output: Path | No
                 handle.write("[")
             count = 0
             async for row in storage.export_rows(sessions, job_id=job_id):
-                record = _export_record(row, table)
+                record = _export_record(row)
                 if writer is not None:
                     writer.writerow({**record, "metadata": json.dumps(record["metadata"]) if record["metadata"] else ""})
                 elif fmt == "json":
@@ -161,16 +224,10 @@ async def export(*, settings: Settings, job_id: str, fmt: str, output: Path | No
     return count
 
 
-def _export_record(row: storage.ExportRow, table: PriceTable) -> dict[str, Any]:
-    cost: float | None = None
-    if row.route in storage.SEND_ROUTES and row.status == "succeeded" and row.prompt_tokens is not None:
-        value = table.cost(model=row.model, route=row.route, prompt_tokens=row.prompt_tokens,  # type: ignore[arg-type]
-                           completion_tokens=row.completion_tokens or 0, cached_tokens=row.cached_tokens or 0)
-        cost = None if value is None else float(value)
-    elif row.route == "reused":
-        cost = 0.0  # answered by a request paid for once, elsewhere
-    record = {name: getattr(row, name) for name in EXPORT_FIELDS if name not in ("cost_usd",)}
-    record["cost_usd"] = cost
+def _export_record(row: storage.ExportRow) -> dict[str, Any]:
+    record = {name: getattr(row, name) for name in EXPORT_FIELDS if name != "cost_usd"}
+    # As stored with the answer: 0 for a failure or a reused answer, None when unknown (no price) or not yet answered.
+    record["cost_usd"] = None if row.cost_pico_usd is None else row.cost_pico_usd / PICO_PER_USD
     return {name: record[name] for name in EXPORT_FIELDS}
 
 
@@ -198,6 +255,7 @@ def job_table(summary: dict[str, Any], *, title: str) -> Table:
                   f"${estimate['total']:.6f}" if "total" in estimate else "-")
     table.caption = (
         f"saved by the Batch API: ${cost['savings']:.6f}   prices as of {cost['prices_as_of']}"
+        + (f" ({cost['backfilled']} back-filled at migration)" if cost.get("backfilled") else "")
         + ("" if cost["complete"] else f"   NO PRICE for {', '.join(sorted(cost['unpriced_models']))}")
     )
     for name, count in sorted(summary["failed_by_class"].items()):

@@ -27,7 +27,7 @@ from jobs import (
     open_run,
     routing_rules,
 )
-from llm_dispatch import ConfigError, PriceTable, Settings, current_progress
+from llm_dispatch import ConfigError, Settings, current_progress
 from tasks import record_prompts
 
 from ._artifacts import publish_report
@@ -101,8 +101,8 @@ async def run_dispatch(
     logger = get_run_logger()
     started = time.monotonic()
     settings = await prepare(settings, logger=logger, tag_limit=True)
-    table = PriceTable.load(path=Path(settings.prices_file) if settings.prices_file else None)
     async with open_run(settings) as run:
+        table = run.pricer.table
         job = await record_prompts(source=quote(source), job_id=job_id, settings=settings, sessions=run.sessions,
                                    rules=routing_rules(settings))
         estimate = await estimate_cost(sessions=run.sessions, job_id=job.job_id, table=table,
@@ -132,7 +132,7 @@ async def run_dispatch(
             realtime = group.create_task(realtime_half())
             batch = group.create_task(dispatch_batches(run=run, job_id=job.job_id, wait=wait,
                                                        retry_failed=retry_failed, realtime_done=realtime_done))
-        report = await job_report(run.sessions, job_id=job.job_id, table=table, estimate=estimate)
+        report = await job_report(run.sessions, job_id=job.job_id, estimate=estimate)
         await storage.set_job_status(run.sessions, job_id=job.job_id,
                                      status="running" if report.unfinished else "finished")
     summary = DispatchSummary(report=report, resumed=job.resumed, prompts=job.total, wait=wait,

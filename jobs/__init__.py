@@ -4,9 +4,9 @@ real-time half, submit and collect batches, price the job. Flows call these thro
 from __future__ import annotations
 
 from ._collect import IngestOutcome, cancel_batches, ingest_batch, poll_batch, reroute_for_deadlines
-from ._costs import JobCost, actual_cost, estimate_cost, money
+from ._costs import JobCost, PriceBasis, RepricedRow, Repricing, actual_cost, estimate_cost, money, reprice
 from ._realtime import Chunk, ChunkFeed, ChunkSender, SendChunk
-from ._run import JobRun, Sessions, open_run
+from ._run import JobRun, Sessions, load_prices, open_run
 from ._plan import MAX_CHUNKS_PER_RUN, RealtimePlan, Selection, chunk_groups, chunk_size_for, plan_realtime
 from ._record import RecordedJob, fingerprint_of, load_specs, new_prompts, record_job, routing_rules, store_rest
 from ._summary import (
@@ -41,9 +41,12 @@ __all__ = [
     "JobCost",
     "JobReport",
     "JobRun",
+    "PriceBasis",
     "RealtimePlan",
     "RealtimeSummary",
     "RecordedJob",
+    "RepricedRow",
+    "Repricing",
     "ShardRuns",
     "Selection",
     "SendChunk",
@@ -61,6 +64,7 @@ __all__ = [
     "fingerprint_of",
     "ingest_batch",
     "job_report",
+    "load_prices",
     "load_specs",
     "money",
     "new_prompts",
@@ -68,6 +72,7 @@ __all__ = [
     "plan_realtime",
     "poll_batch",
     "record_job",
+    "reprice",
     "reroute_for_deadlines",
     "routing_rules",
     "store_rest",

@@ -130,8 +130,9 @@ async def ingest_batch(
     again: list[int] = []  # members of retryable error lines, back to pending
 
     async def store_answers() -> None:
-        # Answers go in bulk (thousands a transaction); the rarer failures through the writer.
-        await storage.store_batch_answers(sessions, job_id=record.job_id, answers=answers, latency_s=latency_s)
+        # Answers go in bulk (thousands a transaction), priced as the writer prices; the rarer failures through it.
+        await storage.store_batch_answers(sessions, job_id=record.job_id, answers=answers, model=record.model,
+                                          pricer=writer.pricer, latency_s=latency_s)
         outcome.succeeded += sum(len(ids) for ids, _ in answers)
         answers.clear()
 

@@ -1,5 +1,6 @@
-"""The cost ledger of a job: the estimate before anything is sent, the actual cost from stored usage,
-and what the Batch API saved. Plain async code over storage and the price table (no Prefect)."""
+"""The cost ledger of a job: the estimate before anything is sent, the actual cost as stored with each
+answer, what the Batch API saved, and what the job would cost under another price table (``reprice``).
+Plain async code over storage and the price table (no Prefect)."""
 
 from __future__ import annotations
 
@@ -10,18 +11,36 @@ from typing import Any, Literal
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 import storage
-from llm_dispatch import ChatRequest, CostTotals, PriceTable, estimate_request_cost
+from llm_dispatch import ChatRequest, CostTotals, PriceTable, estimate_request_cost, from_pico
 
-__all__ = ["JobCost", "actual_cost", "estimate_cost", "money"]
+__all__ = ["JobCost", "PriceBasis", "RepricedRow", "Repricing", "actual_cost", "estimate_cost", "money", "reprice"]
 
 Sessions = async_sessionmaker[AsyncSession]
 # Answers of a model this database must hold before the reply length learnt from them replaces the setting.
 CALIBRATION_MIN = 20
 
 
+@dataclass(frozen=True, slots=True)
+class PriceBasis:
+    """Which prices some of a job's stored costs were worked out with, and when."""
+
+    prices_as_of: str | None
+    # The user's price file merged over the bundled table; None: the bundled one.
+    prices_file: str | None
+    # "answer": priced as the answer was stored; "backfill": priced by migration 0004 from the tokens,
+    # with the bundled prices of ``prices_as_of``; None: stored without a price table (cost unknown).
+    cost_basis: str | None
+    requests: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"prices_as_of": self.prices_as_of, "prices_file": self.prices_file, "cost_basis": self.cost_basis,
+                "requests": self.requests}
+
+
 @dataclass(slots=True)
 class JobCost:
-    """A job's cost per route (``totals``), as estimated or as reported by the provider.
+    """A job's cost per route (``totals``), as estimated, or as stored with its answers (``priced_with``
+    says with which prices).
 
     ``max_total`` (estimates) prices every reply at the longest its request allows: its cap, else its
     model's maximum output. It is None, unbounded, when some priced request has neither
@@ -34,6 +53,8 @@ class JobCost:
     reply_tokens: dict[str, int] = field(default_factory=dict)
     # Model name -> priced requests with no max_tokens to a model of unknown maximum output.
     unbounded_models: dict[str, int] = field(default_factory=dict)
+    # Stored costs: the price tables they came from, oldest date first.
+    priced_with: list[PriceBasis] = field(default_factory=list)
 
     @property
     def total(self) -> Decimal:
@@ -48,6 +69,18 @@ class JobCost:
         """False when some model had no price, so ``total`` leaves part of the cost out."""
         return not self.totals.unpriced_models
 
+    @property
+    def prices_as_of(self) -> str:
+        """The date of the prices: the table's, or those the stored costs were worked out with."""
+        if self.totals.table is not None:
+            return self.totals.table.prices_as_of
+        return ", ".join(sorted({basis.prices_as_of for basis in self.priced_with if basis.prices_as_of})) or "-"
+
+    @property
+    def backfilled(self) -> int:
+        """Requests whose stored cost was back-filled at migration, not recorded when answered."""
+        return sum(basis.requests for basis in self.priced_with if basis.cost_basis == "backfill")
+
     def as_dict(self) -> dict[str, Any]:
         routes = {}
         for route in storage.SEND_ROUTES:
@@ -59,7 +92,8 @@ class JobCost:
                 "max_total": None if self.max_total is None else money(self.max_total),
                 "unbounded_models": dict(self.unbounded_models), "savings": money(self.savings),
                 "complete": self.complete, "unpriced_models": dict(self.totals.unpriced_models),
-                "prices_as_of": self.totals.table.prices_as_of, "reply_tokens": dict(self.reply_tokens),
+                "prices_as_of": self.prices_as_of, "reply_tokens": dict(self.reply_tokens),
+                "priced_with": [basis.as_dict() for basis in self.priced_with], "backfilled": self.backfilled,
                 "routes": routes}
 
 
@@ -122,16 +156,98 @@ async def estimate_cost(
     return estimate
 
 
-async def actual_cost(*, sessions: Sessions, job_id: str, table: PriceTable) -> JobCost:
-    """The job's cost from the usage providers reported, cached input priced as cached.
+async def actual_cost(*, sessions: Sessions, job_id: str) -> JobCost:
+    """The job's cost as stored with each answer when it was stored, whatever the price table says now.
 
-    Only answered requests count (failed calls are not billed; ``reused`` answers were paid once).
+    Only answered requests count (failed calls are not billed; ``reused`` answers were paid once); an
+    answer of a model that had no price counts as unknown (``unpriced_models``), never 0.
     """
-    ledger = JobCost(totals=CostTotals(table=table))
+    ledger = JobCost(totals=CostTotals(table=None))
+    bases: dict[tuple[str | None, str | None, str | None], int] = {}
     for usage in await storage.usage_by_route(sessions, job_id=job_id):
-        ledger.totals.add(model=usage.model, route=usage.route, prompt_tokens=usage.prompt_tokens,  # type: ignore[arg-type]
-                          completion_tokens=usage.completion_tokens, cached_tokens=usage.cached_tokens,
-                          requests=usage.prompts)
+        ledger.totals.add_priced(model=usage.model, route=usage.route,  # type: ignore[arg-type]
+                                 prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
+                                 cached_tokens=usage.cached_tokens, requests=usage.prompts,
+                                 cost=from_pico(usage.cost_pico_usd), at_realtime=from_pico(usage.list_cost_pico_usd),
+                                 unpriced=usage.unpriced)
+        key = (usage.prices_as_of, usage.prices_file, usage.cost_basis)
+        bases[key] = bases.get(key, 0) + usage.prompts
+    ledger.priced_with = [PriceBasis(*key, requests=n)
+                          for key, n in sorted(bases.items(), key=lambda item: tuple(v or "" for v in item[0]))]
     # What was paid is its own bound.
     ledger.max_total = ledger.total
     return ledger
+
+
+@dataclass(frozen=True, slots=True)
+class RepricedRow:
+    """One route and model of a job: its stored cost beside what the same usage costs under another table."""
+
+    route: str
+    model: str
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    stored: Decimal
+    # Requests whose stored cost is unknown (no price then); ``stored`` leaves them out.
+    stored_unpriced: int
+    # None when the other table has no price for the model.
+    repriced: Decimal | None
+
+    @property
+    def difference(self) -> Decimal | None:
+        """Repriced minus stored; None when either side leaves some of the requests unpriced."""
+        if self.repriced is None or self.stored_unpriced:
+            return None
+        return self.repriced - self.stored
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"route": self.route, "model": self.model, "requests": self.requests,
+                "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "cached_tokens": self.cached_tokens, "stored": money(self.stored),
+                "stored_unpriced": self.stored_unpriced,
+                "repriced": None if self.repriced is None else money(self.repriced),
+                "difference": None if self.difference is None else money(self.difference)}
+
+
+@dataclass(frozen=True, slots=True)
+class Repricing:
+    """A what-if: the job's stored cost, and what it would cost under ``repriced.totals.table``."""
+
+    job_id: str
+    rows: list[RepricedRow]
+    stored: JobCost
+    repriced: JobCost
+
+    def as_dict(self) -> dict[str, Any]:
+        table = self.repriced.totals.table
+        assert table is not None
+        return {"job_id": self.job_id, "prices_file": table.prices_file, "prices_as_of": table.prices_as_of,
+                "rows": [row.as_dict() for row in self.rows], "stored": self.stored.as_dict(),
+                "repriced": self.repriced.as_dict(),
+                "difference": money(self.repriced.total - self.stored.total)
+                if self.stored.complete and self.repriced.complete else None}
+
+
+async def reprice(*, sessions: Sessions, job_id: str, table: PriceTable) -> Repricing:
+    """What the job's paid usage would cost under ``table``, per route and model, beside its stored cost.
+    Reads only: the stored costs stay as they were."""
+    usage = await storage.usage_by_route(sessions, job_id=job_id)
+    stored = await actual_cost(sessions=sessions, job_id=job_id)
+    repriced = JobCost(totals=CostTotals(table=table))
+    merged: dict[tuple[str, str], list[int]] = {}
+    for row in usage:  # one row per route, model and price table: one per route and model here
+        sums = merged.setdefault((row.route, row.model), [0] * 6)
+        for index, value in enumerate((row.prompts, row.prompt_tokens, row.completion_tokens, row.cached_tokens,
+                                       row.cost_pico_usd, row.unpriced)):
+            sums[index] += value
+    rows = []
+    for (route, model), (requests, prompt_tokens, completion_tokens, cached_tokens, cost, unpriced) in merged.items():
+        again = repriced.totals.add(model=model, route=route, prompt_tokens=prompt_tokens,  # type: ignore[arg-type]
+                                    completion_tokens=completion_tokens, cached_tokens=cached_tokens, requests=requests)
+        rows.append(RepricedRow(route=route, model=model, requests=requests, prompt_tokens=prompt_tokens,
+                                completion_tokens=completion_tokens, cached_tokens=cached_tokens,
+                                stored=from_pico(cost), stored_unpriced=unpriced, repriced=again))
+    repriced.max_total = repriced.total
+    return Repricing(job_id=job_id, rows=rows, stored=stored, repriced=repriced)

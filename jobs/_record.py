@@ -16,7 +16,6 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 import storage
 from llm_dispatch import (
     ConfigError,
-    PriceTable,
     PromptSpec,
     RoutingRules,
     Settings,
@@ -27,6 +26,8 @@ from llm_dispatch import (
     prompt_chars,
     read_prompts,
 )
+
+from ._run import load_prices
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +96,7 @@ def load_specs(source: str | Path | Sequence[Mapping[str, Any]], *, settings: Se
     """Parse and validate prompts from a path or a list of dicts, each against its model's context window
     and maximum output in the price table (the bundled one and ``settings.prices_file``); raises
     ``InputError`` (``ConfigError`` for a bad price file)."""
-    table = PriceTable.load(path=Path(settings.prices_file) if settings.prices_file else None)
+    table = load_prices(settings)
     if isinstance(source, (str, Path)):
         return read_prompts(source, default_model=settings.model, table=table)
     return parse_prompt_dicts(source, default_model=settings.model, table=table)

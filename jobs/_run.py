@@ -1,28 +1,37 @@
-"""A run's resources, set up in one place: the database engine (migrated once), its sessions, and the
-client of the provider, closed together when the run ends."""
+"""A run's resources, set up in one place: the database engine (migrated once), its sessions, the
+client of the provider, closed together when the run ends, and the price table its answers are priced with."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 import storage
-from llm_dispatch import LLMClient, Settings
+from llm_dispatch import LLMClient, PriceTable, RowPricer, Settings
 
 Sessions = async_sessionmaker[AsyncSession]
 
 
 @dataclass(frozen=True, slots=True)
 class JobRun:
-    """What every step of one run shares: its settings, one engine's sessions, one client."""
+    """What every step of one run shares: its settings, one engine's sessions, one client, one price table."""
 
     settings: Settings
     sessions: Sessions
     client: LLMClient
+    # The bundled prices with ``settings.prices_file`` over them: every answer of the run is stored
+    # with its cost under these (``pricer.table``), for every result writer of the run.
+    pricer: RowPricer
+
+
+def load_prices(settings: Settings) -> PriceTable:
+    """The bundled price table, with the user's ``settings.prices_file`` merged over it."""
+    return PriceTable.load(path=Path(settings.prices_file) if settings.prices_file else None)
 
 
 @asynccontextmanager
@@ -32,7 +41,9 @@ async def open_run(
     """Open the run's engine (migrating the schema unless ``migrate`` is False) and its client.
 
     The client is the run's only one, so ``settings.concurrency`` bounds every request the run makes.
+    The price table is read first: a bad price file stops the run before it opens anything.
     """
+    pricer = RowPricer(load_prices(settings))
     async with storage.open_database(settings.database_url, migrate=migrate) as sessions, \
             LLMClient.from_settings(settings, transport=transport) as client:
-        yield JobRun(settings=settings, sessions=sessions, client=client)
+        yield JobRun(settings=settings, sessions=sessions, client=client, pricer=pricer)

@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import storage
-from llm_dispatch import PriceTable
 
 from ._collect import IngestOutcome
 from ._costs import JobCost, actual_cost
@@ -144,11 +143,11 @@ class DispatchSummary:
                 "wall_s": round(self.wall_s, 3), "realtime": self.realtime.as_dict(), "batch": self.batch.as_dict()}
 
 
-async def job_report(sessions: Sessions, *, job_id: str, table: PriceTable, estimate: JobCost | None = None) -> JobReport:
-    """The job as it stands in the database, priced by ``table``."""
+async def job_report(sessions: Sessions, *, job_id: str, estimate: JobCost | None = None) -> JobReport:
+    """The job as it stands in the database, with the costs stored with its answers."""
     counts = await storage.job_counts(sessions, job_id=job_id)
     return JobReport(
         job_id=job_id, counts=counts, routes=await storage.route_counts(sessions, job_id=job_id),
         stats=await storage.result_stats(sessions, job_id=job_id),
-        cost=await actual_cost(sessions=sessions, job_id=job_id, table=table), estimate=estimate,
+        cost=await actual_cost(sessions=sessions, job_id=job_id), estimate=estimate,
     )

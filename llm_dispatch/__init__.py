@@ -20,7 +20,7 @@ from ._constants import DEFAULT_CONCURRENCY, DEFAULT_CONNECT_TIMEOUT, DEFAULT_MA
 from ._dispatch import ChatSender, DispatchOutcome, Progress, ResultSink, WorkItem, current_progress, send_all
 from ._inputs import PromptSpec, fingerprint, parse_prompt_dicts, read_prompts
 from ._limits import AdaptiveLimiter, RateLimiter, SharedPause
-from ._pricing import CostTotals, PriceTable, estimate_request_cost
+from ._pricing import PICO_PER_USD, CostTotals, PriceTable, RowCost, RowPricer, estimate_request_cost, from_pico
 from ._responses import chat_result_from_body
 from ._retry import DEFAULT_MAX_RETRY_AFTER, backoff_delay
 from ._routing import RoutingRules, decide_route, parse_deadline, prompt_chars
@@ -37,6 +37,7 @@ __all__ = [
     "DEFAULT_MAX_RETRY_AFTER",
     "DEFAULT_TIMEOUT",
     "OPENAI_BATCH_LIMITS",
+    "PICO_PER_USD",
     "AdaptiveLimiter",
     "backoff_delay",
     "batch_status_from_api",
@@ -60,6 +61,7 @@ __all__ = [
     "estimate_request_tokens",
     "FileInfo",
     "fingerprint",
+    "from_pico",
     "LLMClient",
     "parse_deadline",
     "parse_prompt_dicts",
@@ -73,6 +75,8 @@ __all__ = [
     "RequestCounts",
     "ResultSink",
     "RoutingRules",
+    "RowCost",
+    "RowPricer",
     "send_all",
     "Settings",
     "SharedPause",

@@ -44,7 +44,10 @@ class ChatSender(Protocol):
 
 
 class ResultSink(Protocol):
-    async def success(self, *, prompt_ids: Sequence[int], result: ChatResult, route: str = "realtime") -> None: ...
+    # ``model`` is the one requested (the price table's name for it); the answer's own may be a dated snapshot.
+    async def success(
+        self, *, prompt_ids: Sequence[int], result: ChatResult, route: str = "realtime", model: str | None = None
+    ) -> None: ...
 
     async def failure(self, *, prompt_ids: Sequence[int], error: BaseException, final: bool = True) -> None: ...
 
@@ -144,7 +147,7 @@ async def send_all(
                 if progress is not None:
                     progress.failed += 1
             else:
-                await sink.success(prompt_ids=item.prompt_ids, result=result)
+                await sink.success(prompt_ids=item.prompt_ids, result=result, model=item.request.model)
                 outcome.succeeded += len(item.prompt_ids)
                 if progress is not None:
                     progress.succeeded += 1

@@ -1,7 +1,9 @@
-"""Model prices, context windows and exact cost arithmetic: a bundled model table, the user's overrides, totals.
+"""Model prices, context windows and exact cost arithmetic: a bundled model table, the user's overrides, totals,
+and the per-row pricing the result writers store.
 
 Prices are Decimals per 1M tokens, so sums over millions of prompts stay exact. A model missing
-from the table has no price (``None``), never a price of zero, and no known limits.
+from the table has no price (``None``), never a price of zero, and no known limits. A stored cost is
+a whole number of picodollars (``PICO_PER_USD``), so SQL sums it exactly on every database.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from decimal import Decimal
 from importlib import resources
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Final, NamedTuple
 
 from ._exceptions import ConfigError
 from ._routing import Route
@@ -27,14 +29,23 @@ __all__ = [
     "CostEstimate",
     "CostTotals",
     "ModelLimits",
+    "PICO_PER_USD",
     "ModelPrice",
     "PriceTable",
     "RouteTotals",
+    "RowCost",
+    "RowPricer",
     "estimate_request_cost",
     "expected_reply_tokens",
+    "from_pico",
 ]
 
 PER_TOKENS = Decimal(1_000_000)
+# Stored costs are integers in this unit: a price per 1M tokens with up to six decimals, after the batch
+# discount, is a whole number of picodollars per token (the bundled gpt-5-nano's cached input on the
+# Batch API is 2.5 nanodollars a token, so nanodollars would not do).
+PICO_PER_USD: Final = 10**12
+_PICO_PER_TOKEN: Final = Decimal(PICO_PER_USD) / PER_TOKENS
 _ROUTES = ("realtime", "batch")
 _TOP_FIELDS = frozenset({"prices_as_of", "source", "currency", "unit", "batch_discount", "models",
                          "limits_as_of", "limits_source"})
@@ -76,6 +87,8 @@ class PriceTable:
     limits: Mapping[str, ModelLimits] = field(default_factory=lambda: MappingProxyType({}))
     limits_as_of: str | None = None
     limits_source: str | None = None
+    # The user's file merged over the bundled table (``load(path=...)``), as given; None for the bundled one.
+    prices_file: str | None = None
 
     @classmethod
     def load(cls, *, path: Path | None = None) -> PriceTable:
@@ -134,6 +147,7 @@ class PriceTable:
             limits=MappingProxyType(limits),
             limits_as_of=merged.get("limits_as_of"),
             limits_source=merged.get("limits_source"),
+            prices_file=None if path is None else str(path),
         )
 
     def price_for(self, model: str) -> ModelPrice | None:
@@ -176,6 +190,87 @@ class PriceTable:
         if route == "batch":
             total *= 1 - price.batch_discount
         return total
+
+
+class RowCost(NamedTuple):
+    """What one answered request cost, in picodollars, as the writers store it."""
+
+    cost: int
+    # The same usage at the real-time price: on the Batch API, what the discount saved is the difference.
+    list_cost: int
+    # The fraction taken off the list price as decimal text (stored as such): the model's batch
+    # discount on the Batch API ("0.5"), else "0".
+    discount: str
+
+
+class _Rates(NamedTuple):
+    """Picodollars per token (an int when whole, the usual case; else a Decimal rounded per row)."""
+
+    input: int | Decimal
+    cached: int | Decimal
+    output: int | Decimal
+
+
+class RowPricer:
+    """A ``PriceTable`` priced per stored row: each model's per-token rates are worked out once, so a row
+    costs three integer products (the writers store thousands a second).
+
+    Exact whenever a price per 1M tokens, after the batch discount, has at most six decimals (every
+    bundled one); a finer price is rounded half-even to the picodollar per row.
+    """
+
+    def __init__(self, table: PriceTable) -> None:
+        self.table = table
+        self._rates: dict[tuple[str, str], tuple[_Rates, _Rates, str] | None] = {}
+
+    def price(
+        self, *, model: str, route: Route, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0
+    ) -> RowCost | None:
+        """The row's cost, or None when ``model`` has no price (an unknown cost, never 0)."""
+        key = (model, route)
+        try:
+            found = self._rates[key]
+        except KeyError:
+            found = self._rates[key] = self._rates_of(model, route)
+        if found is None:
+            return None
+        paid, listed, discount = found
+        cached = cached_tokens if cached_tokens <= prompt_tokens else prompt_tokens  # part of the prompt
+        uncached = prompt_tokens - cached
+        cost = uncached * paid.input + cached * paid.cached + completion_tokens * paid.output
+        if type(cost) is not int:
+            cost = _whole(cost)
+        if listed is paid:
+            return RowCost(cost, cost, discount)
+        listed_cost = uncached * listed.input + cached * listed.cached + completion_tokens * listed.output
+        return RowCost(cost, listed_cost if type(listed_cost) is int else _whole(listed_cost), discount)
+
+    def _rates_of(self, model: str, route: str) -> tuple[_Rates, _Rates, str] | None:
+        if route not in _ROUTES:
+            raise ValueError(f"route {route!r} is unknown; use 'realtime' or 'batch'")
+        price = self.table.price_for(model)
+        if price is None:
+            return None
+        listed = _Rates(*(_per_token(value) for value in (price.input, price.cached_input, price.output)))
+        if route == "realtime" or price.batch_discount == 0:
+            return listed, listed, "0" if route == "realtime" else str(price.batch_discount)
+        keep = 1 - price.batch_discount
+        paid = _Rates(*(_per_token(value * keep) for value in (price.input, price.cached_input, price.output)))
+        return paid, listed, str(price.batch_discount)
+
+
+def _per_token(price_per_million: Decimal) -> int | Decimal:
+    rate = price_per_million * _PICO_PER_TOKEN
+    return int(rate) if rate == rate.to_integral_value() else rate
+
+
+def _whole(picodollars: Decimal) -> int:
+    return int(picodollars.to_integral_value())  # half-even, the context's rounding
+
+
+def from_pico(picodollars: int) -> Decimal:
+    """Dollars, exactly, from a stored cost in picodollars."""
+    return Decimal(picodollars).scaleb(-12)
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,10 +345,11 @@ class RouteTotals:
 class CostTotals:
     """Running totals over many requests, per route, with what the Batch API saved.
 
-    ``add`` one request at a time; costs of models without a price are counted, not guessed.
+    ``add`` prices requests with ``table``; ``add_priced`` counts requests already priced (stored costs,
+    where ``table`` may be None). Costs of models without a price are counted, not guessed.
     """
 
-    table: PriceTable
+    table: PriceTable | None
     realtime: RouteTotals = field(default_factory=RouteTotals)
     batch: RouteTotals = field(default_factory=RouteTotals)
     # Model name -> prompts sent to it without a known price.
@@ -272,24 +368,42 @@ class CostTotals:
         requests: int = 1,
     ) -> Decimal | None:
         """Count ``requests`` requests with these summed tokens; returns their cost (None when the model has no price)."""
+        if self.table is None:
+            raise TypeError("these totals have no price table: count priced requests with add_priced()")
         usage = {"model": model, "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                  "cached_tokens": cached_tokens}
         cost = self.table.cost(route=route, **usage)
+        at_realtime = cost if cost is None or route == "realtime" else self.table.cost(route="realtime", **usage)
+        self.add_priced(**usage, route=route, requests=requests, cost=cost or Decimal(0),
+                        at_realtime=at_realtime or Decimal(0), unpriced=requests if cost is None else 0)
+        return cost
+
+    def add_priced(
+        self,
+        *,
+        model: str,
+        route: Route,
+        prompt_tokens: int,
+        completion_tokens: int,
+        cached_tokens: int = 0,
+        requests: int = 1,
+        cost: Decimal,
+        at_realtime: Decimal,
+        unpriced: int = 0,
+    ) -> None:
+        """Count ``requests`` requests whose known cost is ``cost`` (``at_realtime`` at the real-time price);
+        ``unpriced`` of them have no price and are in neither figure."""
         totals = self.realtime if route == "realtime" else self.batch
         totals.prompts += requests
         totals.prompt_tokens += prompt_tokens
         totals.completion_tokens += completion_tokens
         totals.cached_tokens += cached_tokens
-        if cost is None:
-            totals.unpriced += requests
-            self.unpriced_models[model] = self.unpriced_models.get(model, 0) + requests
-            return None
         totals.cost += cost
+        if unpriced:
+            totals.unpriced += unpriced
+            self.unpriced_models[model] = self.unpriced_models.get(model, 0) + unpriced
         if route == "batch":
-            realtime_cost = self.table.cost(route="realtime", **usage)
-            assert realtime_cost is not None  # same model, so it has a price
-            self.batch_at_realtime += realtime_cost
-        return cost
+            self.batch_at_realtime += at_realtime
 
     @property
     def cost(self) -> Decimal:

@@ -24,7 +24,7 @@ from ._batches import (
     update_batch,
 )
 from ._engine import DATABASE_URL_ENV, create_engine, open_database, session_factory
-from ._migrate import migrate
+from ._migrate import migrate, require_current_schema
 from ._models import Base, Batch, BatchMember, Job, Prompt, Result
 from ._queries import (
     add_prompts,
@@ -105,6 +105,7 @@ __all__ = [
     "open_prompt_ids",
     "open_prompts",
     "release_members",
+    "require_current_schema",
     "reroute_late_prompts",
     "result_stats",
     "session_factory",

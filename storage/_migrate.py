@@ -11,9 +11,11 @@ from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
 
-__all__ = ["migrate"]
+from llm_dispatch import ConfigError
+
+__all__ = ["migrate", "require_current_schema"]
 
 _HERE = Path(__file__).resolve().parent
 # Any fixed 64-bit number works; it only has to be the same in every process.
@@ -35,6 +37,16 @@ async def migrate(engine: AsyncEngine) -> None:
         await _lock(connection)
         await connection.run_sync(_upgrade)
         await connection.commit()
+
+
+async def require_current_schema(sessions: async_sessionmaker[AsyncSession]) -> None:
+    """Raise ``ConfigError`` when the database's schema is not this version's; reads only, for a command
+    that must change nothing (an upgrade writes: it back-fills costs)."""
+    async with sessions() as session:
+        current = await (await session.connection()).run_sync(_at_head)
+    if not current:
+        raise ConfigError("this database's schema is older than this llm-dispatch: run `llm-dispatch cost` "
+                          "once to upgrade it (past costs are back-filled and marked so), then try again")
 
 
 def _config() -> Config:

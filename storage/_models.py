@@ -133,6 +133,20 @@ class Result(Base):
     http_status: Mapped[int | None] = mapped_column(Integer())
     error_class: Mapped[str | None] = mapped_column(String())
     error_message: Mapped[str | None] = mapped_column(Text())
+    # The cost ledger, written with the row and never changed: what this row cost in picodollars
+    # (10**-12 USD, see llm_dispatch.PICO_PER_USD), NULL when its model had no price (unknown, not 0);
+    # 0 for a failure or a reused answer.
+    cost_pico_usd: Mapped[int | None] = mapped_column(BigInteger())
+    # The same usage at the real-time price: the Batch API saved list_cost - cost.
+    list_cost_pico_usd: Mapped[int | None] = mapped_column(BigInteger())
+    # The fraction taken off the list price, as a decimal ("0.5" on the Batch API, "0" real-time); NULL unpaid.
+    discount: Mapped[str | None] = mapped_column(String(16))
+    # The price table's date, and the user's price file merged over the bundled table (NULL: bundled only).
+    prices_as_of: Mapped[str | None] = mapped_column(String(10))
+    prices_file: Mapped[str | None] = mapped_column(String())
+    # When the cost was worked out: "answer" (as the row was stored) or "backfill" (migration 0004, from
+    # the tokens, with the then bundled prices of ``prices_as_of``); NULL when no price table was given.
+    cost_basis: Mapped[str | None] = mapped_column(String(16))
 
 
 class Batch(Base):

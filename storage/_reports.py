@@ -32,7 +32,8 @@ EXPORT_PAGE = 2000
 
 @dataclass(frozen=True, slots=True)
 class UsageRow:
-    """Paid usage of one job on one route and model: successes only, ``reused`` answers left out."""
+    """Paid usage of one job on one route and model, and its stored cost: successes only, ``reused``
+    answers left out (they cost 0). One row per price table the answers were priced with."""
 
     route: str
     model: str
@@ -40,6 +41,13 @@ class UsageRow:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    # Picodollars, over the answers whose cost is known; ``unpriced`` of them have none (NULL).
+    cost_pico_usd: int = 0
+    list_cost_pico_usd: int = 0
+    unpriced: int = 0
+    prices_as_of: str | None = None
+    prices_file: str | None = None
+    cost_basis: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,25 +81,38 @@ class ExportRow:
     latency_ms: float | None
     error_class: str | None
     error_message: str | None
+    # As stored with the result (see ``Result``): None with no result yet, or a cost unknown.
+    cost_pico_usd: int | None = None
+    discount: str | None = None
+    prices_as_of: str | None = None
+    cost_basis: str | None = None
 
 
 async def usage_by_route(sessions: Sessions, *, job_id: str) -> list[UsageRow]:
-    """Tokens paid for per route and requested model (the price table knows the model as asked for)."""
+    """Tokens paid for and their stored cost per route, requested model (the price table knows the model
+    as asked for) and the prices they were priced with."""
+    stamp = (Result.prices_as_of, Result.prices_file, Result.cost_basis)
     stmt = (
         select(
             Result.route, Prompt.model, func.count(),
             func.coalesce(func.sum(Result.prompt_tokens), 0),
             func.coalesce(func.sum(Result.completion_tokens), 0),
             func.coalesce(func.sum(Result.cached_tokens), 0),
+            func.coalesce(func.sum(Result.cost_pico_usd), 0),
+            func.coalesce(func.sum(Result.list_cost_pico_usd), 0),
+            func.count() - func.count(Result.cost_pico_usd),
+            *stamp,
         )
         .join(Prompt, Prompt.id == Result.prompt_id)
         .where(Result.job_id == job_id, Result.status == "succeeded", Result.route != "reused")
-        .group_by(Result.route, Prompt.model)
-        .order_by(Result.route, Prompt.model)
+        .group_by(Result.route, Prompt.model, *stamp)
     )
     async with sessions() as session:
-        return [UsageRow(route, model, int(n), int(p), int(c), int(k))
-                for route, model, n, p, c, k in await session.execute(stmt)]
+        found = [UsageRow(route, model, int(n), int(p), int(c), int(k), int(cost), int(listed), int(unknown),
+                          as_of, file, basis)
+                 for route, model, n, p, c, k, cost, listed, unknown, as_of, file, basis in await session.execute(stmt)]
+    # Sorted here: the databases put NULL stamps at opposite ends.
+    return sorted(found, key=lambda u: (u.route, u.model, u.prices_as_of or "", u.prices_file or "", u.cost_basis or ""))
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,5 +217,9 @@ async def export_rows(sessions: Sessions, *, job_id: str) -> AsyncIterator[Expor
                 latency_ms=result.latency_ms if result else None,
                 error_class=result.error_class if result else None,
                 error_message=result.error_message if result else None,
+                cost_pico_usd=result.cost_pico_usd if result else None,
+                discount=result.discount if result else None,
+                prices_as_of=result.prices_as_of if result else None,
+                cost_basis=result.cost_basis if result else None,
             )
         last_position = page[-1][0].position

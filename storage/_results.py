@@ -13,13 +13,23 @@ from typing import Final, NamedTuple
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from llm_dispatch import ChatResult
+from llm_dispatch import ChatResult, RowPricer
 
 from ._bulk import bind_processor, bind_value, placeholders
 from ._models import Prompt, Result
-from ._status import PROMPT_STATUSES, ROUTES, PromptStatus, Route
+from ._status import PROMPT_STATUSES, ROUTES, CostBasis, PromptStatus, Route
 
-__all__ = ["MAX_ERROR_MESSAGE", "RESULT_COLUMNS", "ResultRow", "answer_rows", "failure_rows", "shares", "write_results"]
+__all__ = [
+    "MAX_ERROR_MESSAGE",
+    "NO_PRICES",
+    "RESULT_COLUMNS",
+    "ResultRow",
+    "RowLedger",
+    "answer_rows",
+    "failure_rows",
+    "shares",
+    "write_results",
+]
 
 MAX_ERROR_MESSAGE: Final = 2_000
 
@@ -49,6 +59,13 @@ class ResultRow(NamedTuple):
     http_status: int | None = None
     error_class: str | None = None
     error_message: str | None = None
+    # The cost ledger (see ``Result``): set by ``_Ledger`` from the run's price table.
+    cost_pico_usd: int | None = None
+    list_cost_pico_usd: int | None = None
+    discount: str | None = None
+    prices_as_of: str | None = None
+    prices_file: str | None = None
+    cost_basis: CostBasis | None = None
     # For a final failure (not a column): whether another try could succeed.
     retryable: bool | None = None
 
@@ -78,14 +95,59 @@ def shares(prompt_ids: Sequence[int], route: str, row: Callable[[int, Route, boo
     return rows
 
 
+class RowLedger:
+    """The cost fields of a writer's rows, from its price table (None: costs unknown); made once per writer.
+
+    Each is a tuple of ``ResultRow``'s ledger fields in their order, ``cost_pico_usd`` to ``cost_basis``
+    (``row`` in ``answer_rows`` and ``failure_rows`` unpacks them). Only the row that paid (``shares``)
+    costs anything; a reused answer or a failed call costs 0 whatever the prices, so those rows are
+    priced without a table too.
+    """
+
+    __slots__ = ("free", "pricer", "stamp", "unknown")
+
+    def __init__(self, pricer: RowPricer | None) -> None:
+        self.pricer = pricer
+        table = None if pricer is None else pricer.table
+        self.stamp = stamp = (None, None, "answer") if table is None else (table.prices_as_of, table.prices_file,
+                                                                          "answer")
+        self.free: tuple[object, ...] = (0, 0, None, *stamp)
+        # No table: the cost is unknown, and so is when it would have been worked out.
+        self.unknown: tuple[object, ...] = (None, None, None, *stamp) if table is not None else (None,) * 6
+
+    def paid(self, result: ChatResult, *, model: str | None, route: Route) -> tuple[object, ...]:
+        if self.pricer is None:
+            return self.unknown
+        cost = self.pricer.price(model=model or result.model or "", route=route,  # type: ignore[arg-type]
+                                 prompt_tokens=result.prompt_tokens, completion_tokens=result.completion_tokens,
+                                 cached_tokens=result.cached_tokens)
+        if cost is None:  # a model with no price: unknown, never 0
+            return self.unknown
+        return (*cost, *self.stamp)  # cost, list cost, discount (RowCost's order), then the stamp
+
+
+NO_PRICES: Final = RowLedger(None)
+
+
 def answer_rows(
-    prompt_ids: Sequence[int], result: ChatResult, *, route: str, now: datetime, latency_s: float | None = None
+    prompt_ids: Sequence[int],
+    result: ChatResult,
+    *,
+    route: str,
+    now: datetime,
+    latency_s: float | None = None,
+    ledger: RowLedger = NO_PRICES,
+    model: str | None = None,
 ) -> list[ResultRow]:
     """The rows of one answer for these prompts; they become ``succeeded``. Only the paid row counts
-    attempts and the HTTP status. ``latency_s`` replaces the call's own (a batch's time to answer)."""
+    attempts and the HTTP status, and costs anything: priced by ``ledger`` as a request to ``model`` (the
+    model asked for; else the answer's). ``latency_s`` replaces the call's own (a batch's time to answer)."""
     latency_ms = (result.latency_s if latency_s is None else latency_s) * 1000
+    free = ledger.free
+    paid_cost = ledger.paid(result, model=model, route=route) if route != "reused" else free  # type: ignore[arg-type]
 
     def row(prompt_id: int, route: Route, paid: bool) -> ResultRow:
+        cost, list_cost, discount, as_of, prices_file, basis = paid_cost if paid else free
         return ResultRow(
             prompt_id=prompt_id,
             route=route,
@@ -102,15 +164,27 @@ def answer_rows(
             response_model=result.model,
             response_id=result.response_id,
             http_status=200 if paid else None,
+            cost_pico_usd=cost,
+            list_cost_pico_usd=list_cost,
+            discount=discount,
+            prices_as_of=as_of,
+            prices_file=prices_file,
+            cost_basis=basis,
         )
 
     return shares(prompt_ids, route, row)
 
 
 def failure_rows(
-    prompt_ids: Sequence[int], error: BaseException, *, route: str, now: datetime, final: bool
+    prompt_ids: Sequence[int],
+    error: BaseException,
+    *,
+    route: str,
+    now: datetime,
+    final: bool,
+    ledger: RowLedger = NO_PRICES,
 ) -> list[ResultRow]:
-    """The rows of one failed call for these prompts: error class, HTTP status, message, attempts.
+    """The rows of one failed call for these prompts: error class, HTTP status, message, attempts, cost 0.
 
     ``final`` fails the prompts (retryable or not, from ``error.retryable``); otherwise the failure is
     kept as history and the prompts go back to ``pending``.
@@ -120,6 +194,7 @@ def failure_rows(
     status_code = getattr(error, "status_code", None)
     attempts = int(getattr(error, "attempts", 1) or 1)
     retryable = bool(getattr(error, "retryable", False)) if final else None
+    cost, list_cost, discount, as_of, prices_file, basis = ledger.free
 
     def row(prompt_id: int, route: Route, paid: bool) -> ResultRow:
         return ResultRow(
@@ -133,6 +208,12 @@ def failure_rows(
             error_class=error_class,
             error_message=message,
             retryable=retryable,
+            cost_pico_usd=cost,
+            list_cost_pico_usd=list_cost,
+            discount=discount,
+            prices_as_of=as_of,
+            prices_file=prices_file,
+            cost_basis=basis,
         )
 
     return shares(prompt_ids, route, row)

@@ -7,6 +7,7 @@ from typing import Final, Literal, get_args
 
 __all__ = [
     "BATCH_STATUSES",
+    "COST_BASES",
     "JOB_STATUSES",
     "OPEN_PROVIDER_BATCH_STATUSES",
     "PROMPT_STATUSES",
@@ -17,6 +18,7 @@ __all__ = [
     "TERMINAL_PROVIDER_BATCH_STATUSES",
     "UNFINISHED_PROMPT_STATUSES",
     "BatchStatus",
+    "CostBasis",
     "JobStatus",
     "PromptStatus",
     "ResultStatus",
@@ -34,6 +36,9 @@ ResultStatus = Literal["succeeded", "failed"]
 # "reused": the row shares the outcome of one HTTP call (or an earlier stored success)
 # recorded elsewhere, so its tokens were not paid for again.
 Route = Literal["realtime", "batch", "reused"]
+# When a result's stored cost was worked out: as the answer was stored, or back-filled from its tokens
+# by migration 0004 (with the bundled prices of its ``prices_as_of``, not those it was paid at).
+CostBasis = Literal["answer", "backfill"]
 # Which failed prompts a new run sends again.
 RetryFailed = Literal["retryable", "all", "none"]
 
@@ -64,6 +69,7 @@ ROUTES: Final[tuple[Route, ...]] = get_args(Route)
 # got on one of them.
 SEND_ROUTES: Final[tuple[Route, ...]] = ("realtime", "batch")
 BATCH_STATUSES: Final[tuple[BatchStatus, ...]] = get_args(BatchStatus)
+COST_BASES: Final[tuple[CostBasis, ...]] = get_args(CostBasis)
 # The provider may still change these; poll them.
 OPEN_PROVIDER_BATCH_STATUSES: Final[tuple[BatchStatus, ...]] = ("validating", "in_progress", "finalizing", "cancelling")
 # The provider is done with these: fetch whatever output and error files there are, then ingest.

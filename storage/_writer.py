@@ -13,12 +13,12 @@ from sqlalchemy import select
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from llm_dispatch import ChatResult
+from llm_dispatch import ChatResult, RowPricer
 
 from ._bulk import IN_CHUNK, chunks
 from ._models import Prompt, utcnow
 from ._queries import mark_in_flight
-from ._results import ResultRow, answer_rows, failure_rows, write_results
+from ._results import ResultRow, RowLedger, answer_rows, failure_rows, write_results
 from ._status import Route
 
 __all__ = ["DEFAULT_FLUSH_INTERVAL", "DEFAULT_FLUSH_ROWS", "RETRY_DELAY", "ResultWriter"]
@@ -48,7 +48,8 @@ class ResultWriter:
     their prompts together. A batch that fails twice is raised (to the next caller and on
     exit) and its rows stay buffered; nothing is dropped silently.
 
-    ``job_id``, when every result belongs to one job, saves looking it up per batch.
+    ``job_id``, when every result belongs to one job, saves looking it up per batch. ``pricer`` (the
+    run's price table) prices each answer as it is stored; without it their costs are unknown (NULL).
     """
 
     def __init__(
@@ -58,6 +59,7 @@ class ResultWriter:
         flush_rows: int = DEFAULT_FLUSH_ROWS,
         flush_interval: float = DEFAULT_FLUSH_INTERVAL,
         job_id: str | None = None,
+        pricer: RowPricer | None = None,
     ) -> None:
         if flush_rows < 1 or flush_interval <= 0:
             raise ValueError("flush_rows must be >= 1 and flush_interval > 0")
@@ -66,6 +68,7 @@ class ResultWriter:
         self._flush_interval = flush_interval
         self._max_buffered = BACKPRESSURE_FACTOR * flush_rows
         self._job_id = job_id
+        self._ledger = RowLedger(pricer)
         self._buffer: deque[_Buffered] = deque()
         self._lock = asyncio.Lock()  # one batch written at a time, in arrival order
         self._wake = asyncio.Event()
@@ -78,6 +81,11 @@ class ResultWriter:
         self.retry_delay = RETRY_DELAY  # tests shorten it
         self.rows_written = 0
         self.flushes = 0
+
+    @property
+    def pricer(self) -> RowPricer | None:
+        """The price table the rows are priced with, for a bulk path writing beside this writer."""
+        return self._ledger.pricer
 
     @property
     def pending_rows(self) -> int:
@@ -110,13 +118,16 @@ class ResultWriter:
         if self._error is not None and exc is None:
             raise self._error
 
-    async def success(self, *, prompt_ids: Sequence[int], result: ChatResult, route: str = "realtime") -> None:
+    async def success(
+        self, *, prompt_ids: Sequence[int], result: ChatResult, route: str = "realtime", model: str | None = None
+    ) -> None:
         """Record one answer for these prompts (one request answered identical prompts).
 
         ``route`` is one of ``ROUTES`` (a plain str, as the core's ``ResultSink`` has it; checked here).
         Which prompt counts the call is ``storage.shares``' rule: the first id paid, the others reused.
+        ``model`` is the model asked for, as the price table names it (default: the answer's own).
         """
-        await self._add(answer_rows(prompt_ids, result, route=route, now=utcnow()))
+        await self._add(answer_rows(prompt_ids, result, route=route, now=utcnow(), ledger=self._ledger, model=model))
 
     async def failure(
         self,
@@ -131,7 +142,7 @@ class ResultWriter:
         ``final`` marks the prompts failed (``failed_retryable`` from ``error.retryable``);
         otherwise the failure is kept as history and the prompts go back to pending.
         """
-        await self._add(failure_rows(prompt_ids, error, route=route, now=utcnow(), final=final))
+        await self._add(failure_rows(prompt_ids, error, route=route, now=utcnow(), final=final, ledger=self._ledger))
 
     async def mark_in_flight(self, *, prompt_ids: Sequence[int]) -> int:
         """Mark prompts as being sent, taking turns with result writes.

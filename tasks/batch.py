@@ -22,7 +22,7 @@ INGEST_FLUSH_ROWS = 2000
 async def submit_batches(*, run: JobRun, job_id: str, prompt_ids: Sequence[int], size: int) -> SubmitOutcome:
     """Write, record, upload and create the batches for these prompts (``size`` of them)."""
     settings = run.settings
-    async with storage.ResultWriter(run.sessions, job_id=job_id) as writer:
+    async with storage.ResultWriter(run.sessions, job_id=job_id, pricer=run.pricer) as writer:
         return await jobs.submit_prompts(
             sessions=run.sessions, client=run.client, writer=writer, job_id=job_id, prompt_ids=prompt_ids,
             directory=Path(settings.batch_dir), dedupe=settings.dedupe,
@@ -50,7 +50,8 @@ async def ingest_batch(*, run: JobRun, batch_id: int) -> IngestOutcome:
     """Store a finished batch's answers and settle its members (resend, re-route or fail)."""
     record = await _stored(run, batch_id=batch_id)
     settings = run.settings
-    async with storage.ResultWriter(run.sessions, job_id=record.job_id, flush_rows=INGEST_FLUSH_ROWS) as writer:
+    async with storage.ResultWriter(run.sessions, job_id=record.job_id, flush_rows=INGEST_FLUSH_ROWS,
+                                    pricer=run.pricer) as writer:
         return await jobs.ingest_batch(
             sessions=run.sessions, client=run.client, writer=writer, record=record,
             directory=Path(settings.batch_dir), max_submissions=settings.batch_max_submissions,

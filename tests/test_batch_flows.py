@@ -209,7 +209,8 @@ def test_status_cost_and_export_report_a_finished_job(cli_env: dict[str, str], s
     assert [line["custom_id"] for line in lines] == [r["id"] for r in records]  # input order
     assert [line["position"] for line in lines] == list(range(6))
     assert lines[0]["metadata"] == {"n": 0} and lines[0]["text"] and lines[0]["cost_usd"] > 0
-    assert (lines[-1]["status"], lines[-1]["error_class"], lines[-1]["cost_usd"]) == ("failed", "BadRequestError", None)
+    # A failed call is not billed: it costs 0, stored so.
+    assert (lines[-1]["status"], lines[-1]["error_class"], lines[-1]["cost_usd"]) == ("failed", "BadRequestError", 0)
 
     out = tmp_path / "out.csv"
     assert cli("export", job_id, "--format", "csv", "-o", str(out), env=cli_env, cwd=tmp_path).returncode == 0

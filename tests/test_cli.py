@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 import storage
 from cli.main import app
+from llm_dispatch import PriceTable, RowPricer
 from llm_dispatch._types import ChatResult, dedupe_key
 from conftest import Sim
 
@@ -119,7 +120,9 @@ def test_export_json_is_one_array_of_the_rows(runner: CliRunner, in_tmp: Path) -
     assert rows == [json.loads(line) for line in as_jsonl.output.splitlines()]
     assert [(r["custom_id"], r["status"], r["text"], r["completion_tokens"]) for r in rows] == [
         ("q-1", "succeeded", "Canberra", 3), ("q-2", "pending", None, None)]
-    assert rows[0]["metadata"] == {"source": "quiz"} and rows[0]["cost_usd"] > 0
+    assert rows[0]["metadata"] == {"source": "quiz"}
+    # 12 x 0.15 + 3 x 0.60 per 1M tokens, as stored when answered.
+    assert (rows[0]["cost_usd"], rows[0]["prices_as_of"], rows[0]["cost_basis"]) == (3.6e-06, "2025-08-07", "answer")
 
     written = runner.invoke(app, ["export", job_id, "--json", "-o", "out.json", "--database-url", url])
     assert written.exit_code == 0 and "wrote 2 rows to out.json" in written.output
@@ -146,8 +149,8 @@ async def _answered_job(url: str) -> str:
                 planned_route="realtime", route_reason="test"))
         await storage.add_prompts(sessions, job_id=job_id, prompts=prompts)
         first = (await storage.open_prompt_ids(sessions, job_id=job_id))[0]
-        async with storage.ResultWriter(sessions, job_id=job_id) as writer:
-            await writer.success(prompt_ids=[first], result=ChatResult(
+        async with storage.ResultWriter(sessions, job_id=job_id, pricer=RowPricer(PriceTable.load())) as writer:
+            await writer.success(prompt_ids=[first], model="gpt-4o-mini", result=ChatResult(
                 text="Canberra", finish_reason="stop", prompt_tokens=12, completion_tokens=3, cached_tokens=0,
                 model="gpt-4o-mini-2024-07-18", response_id="r-1", latency_s=0.1, attempts=1))
         return job_id

@@ -1,4 +1,5 @@
-"""The cost ledger against hand-computed figures: actual cost per route, savings, unknown models, the estimate."""
+"""The cost ledger against hand-computed figures: stored cost per route, savings, unknown models, what
+another price table would say (``reprice``), the estimate."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ from decimal import Decimal
 import pytest
 
 import storage
+from llm_dispatch import RowPricer
 from llm_dispatch._pricing import ModelPrice, PriceTable
 from llm_dispatch._tokens import estimate_prompt_tokens
 from llm_dispatch._types import ChatResult, dedupe_key
-from jobs import actual_cost, estimate_cost
+from jobs import actual_cost, estimate_cost, reprice
 
 M = 1_000_000
 
@@ -44,16 +46,29 @@ def answer(prompt: int, completion: int, cached: int = 0) -> ChatResult:
                       cached_tokens=cached, model="gpt-4o-mini-2024-07-18", response_id="r", latency_s=0.1, attempts=1)
 
 
-async def test_actual_cost_per_route_with_cached_tokens_savings_and_an_unknown_model(sessions) -> None:
-    table = PriceTable.load()
+def doubled(table: PriceTable) -> PriceTable:
+    """Every price twice the bundled one, as a user's price file would give them."""
+    models = {name: replace(price, input=price.input * 2, cached_input=price.cached_input * 2, output=price.output * 2)
+              for name, price in table.models.items()}
+    return replace(table, models=models, prices_as_of="2026-01-01", prices_file="doubled.json")
+
+
+async def answered_job(sessions, table: PriceTable) -> tuple[str, list[int]]:
     job_id, ids = await job(sessions, [("gpt-4o-mini", "realtime", "a"), ("gpt-4o-mini", "batch", "b"),
                                        ("gpt-4o-mini", "batch", "b"), ("mystery-model", "realtime", "c")])
-    async with storage.ResultWriter(sessions, job_id=job_id) as writer:
-        await writer.success(prompt_ids=[ids[0]], result=answer(M, M // 2, cached=200_000))
+    async with storage.ResultWriter(sessions, job_id=job_id, pricer=RowPricer(table)) as writer:
+        await writer.success(prompt_ids=[ids[0]], result=answer(M, M // 2, cached=200_000), model="gpt-4o-mini")
         # One batch line answered two identical prompts: paid once.
-        await writer.success(prompt_ids=[ids[1], ids[2]], result=answer(M, M // 2, cached=200_000), route="batch")
-        await writer.success(prompt_ids=[ids[3]], result=answer(1000, 1000))
-    ledger = await actual_cost(sessions=sessions, job_id=job_id, table=table)
+        await writer.success(prompt_ids=[ids[1], ids[2]], result=answer(M, M // 2, cached=200_000), route="batch",
+                             model="gpt-4o-mini")
+        # Answered under a snapshot name the table does not price as such: the model asked for decides.
+        await writer.success(prompt_ids=[ids[3]], result=answer(1000, 1000), model="mystery-model")
+    return job_id, ids
+
+
+async def test_actual_cost_per_route_with_cached_tokens_savings_and_an_unknown_model(sessions) -> None:
+    job_id, _ = await answered_job(sessions, PriceTable.load())
+    ledger = await actual_cost(sessions=sessions, job_id=job_id)
 
     # gpt-4o-mini: 0.8M x 0.15 + 0.2M x 0.075 + 0.5M x 0.60 = 0.435 real-time; half in a batch.
     assert ledger.totals.realtime.cost == Decimal("0.435")
@@ -64,6 +79,32 @@ async def test_actual_cost_per_route_with_cached_tokens_savings_and_an_unknown_m
     assert not ledger.complete and ledger.totals.unpriced_models == {"mystery-model": 1}
     shown = ledger.as_dict()
     assert shown["total"] == 0.6525 and shown["routes"]["realtime"]["unpriced"] == 1
+    assert shown["priced_with"] == [{"prices_as_of": "2025-08-07", "prices_file": None, "cost_basis": "answer",
+                                     "requests": 3}]
+
+
+async def test_stored_costs_keep_the_prices_of_their_day_and_reprice_shows_another_table(sessions) -> None:
+    bundled = PriceTable.load()
+    old_id, _ = await answered_job(sessions, bundled)
+    new_id, _ = await answered_job(sessions, doubled(bundled))
+
+    old, new = [await actual_cost(sessions=sessions, job_id=job_id) for job_id in (old_id, new_id)]
+    assert (old.total, old.savings, old.prices_as_of) == (Decimal("0.6525"), Decimal("0.2175"), "2025-08-07")
+    assert (new.total, new.savings, new.prices_as_of) == (Decimal("1.305"), Decimal("0.435"), "2026-01-01")
+    assert new.priced_with[0].prices_file == "doubled.json"
+
+    what_if = await reprice(sessions=sessions, job_id=old_id, table=doubled(bundled))
+    rows = {(row.route, row.model): row for row in what_if.rows}
+    assert (rows["realtime", "gpt-4o-mini"].stored, rows["realtime", "gpt-4o-mini"].repriced) == (
+        Decimal("0.435"), Decimal("0.870"))
+    assert rows["batch", "gpt-4o-mini"].difference == Decimal("0.2175")
+    # Unknown stays unknown on both sides: no difference is made up.
+    assert (rows["realtime", "mystery-model"].stored_unpriced, rows["realtime", "mystery-model"].repriced) == (1, None)
+    assert rows["realtime", "mystery-model"].difference is None
+    shown = what_if.as_dict()
+    assert shown["stored"]["total"] == 0.6525 and shown["repriced"]["total"] == 1.305 and shown["difference"] is None
+    # The what-if wrote nothing.
+    assert (await actual_cost(sessions=sessions, job_id=old_id)).total == Decimal("0.6525")
 
 
 async def test_the_estimate_learns_reply_length_from_stored_answers(sessions) -> None:

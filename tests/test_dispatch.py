@@ -43,7 +43,9 @@ class RecordingSink:
         self.failures: list[tuple[tuple[int, ...], str]] = []
         self.fail_after = fail_after
 
-    async def success(self, *, prompt_ids: Sequence[int], result: ChatResult, route: str = "realtime") -> None:
+    async def success(
+        self, *, prompt_ids: Sequence[int], result: ChatResult, route: str = "realtime", model: str | None = None
+    ) -> None:
         if self.fail_after is not None and len(self.successes) >= self.fail_after:
             raise OSError("disk full")
         self.successes.append((tuple(prompt_ids), result.text or ""))

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from llm_dispatch import ChatRequest, ConfigError
+from llm_dispatch import PICO_PER_USD, ChatRequest, ConfigError, RowCost, RowPricer, from_pico
 from llm_dispatch._pricing import (
     CostEstimate,
     CostTotals,
@@ -277,3 +278,23 @@ def test_totals_track_known_cost_unpriced_models_and_savings(table: PriceTable) 
     assert totals.unpriced == 2 and totals.unpriced_models == {"mystery": 2}
     # Batch at real-time prices: 0.435 + 15 = 15.435; it cost 7.7175.
     assert totals.savings == Decimal("7.7175")
+
+
+def test_row_pricer_stores_whole_picodollars_with_the_discount_and_list_price() -> None:
+    table = PriceTable.load()
+    pricer = RowPricer(table)
+    # gpt-5-nano's cached input on the Batch API is 2.5 nanodollars a token: whole picodollars, exact.
+    batch = pricer.price(model="gpt-5-nano-2025-08-07", route="batch", prompt_tokens=3, completion_tokens=1,
+                         cached_tokens=3)
+    assert batch == RowCost(cost=7_500 + 200_000, list_cost=15_000 + 400_000, discount="0.5")
+    assert PICO_PER_USD * table.cost(model="gpt-5-nano", route="batch", prompt_tokens=3, completion_tokens=1,
+                                     cached_tokens=3) == batch.cost
+    realtime = pricer.price(model="gpt-4o-mini", route="realtime", prompt_tokens=10, completion_tokens=5)
+    assert realtime == RowCost(cost=4_500_000, list_cost=4_500_000, discount="0")
+    assert pricer.price(model="mystery", route="realtime", prompt_tokens=1, completion_tokens=1) is None
+
+    # A price finer than a picodollar a token is rounded half-even per row, not truncated.
+    fine = replace(table, models={"m": ModelPrice(input=Decimal("0.0000005"), cached_input=Decimal(0),
+                                                  output=Decimal(0), batch_discount=Decimal("0.5"))})
+    assert RowPricer(fine).price(model="m", route="realtime", prompt_tokens=3, completion_tokens=0).cost == 2
+    assert from_pico(1_387_500) == Decimal("0.0000013875")

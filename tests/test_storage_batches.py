@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -30,7 +31,9 @@ from test_storage import (  # noqa: F401
     results_of,
 )
 
+import jobs
 import storage
+from llm_dispatch import PriceTable, RowPricer
 from llm_dispatch._exceptions import BadRequestError, RateLimitError
 from storage import Batch, BatchConflictError, Prompt, ResultWriter
 from storage._migrate import _config
@@ -106,9 +109,14 @@ async def test_upgrade_from_0001_keeps_the_data(db: Db) -> None:
              "messages": p.messages, "params": p.params, "metadata": p.metadata, "dedupe_key": p.dedupe_key}
             for p in new_prompts(3)])
     ids = await prompt_ids(sessions, job_id)
-    async with ResultWriter(sessions, job_id=job_id) as writer:
-        await writer.success(prompt_ids=[ids["p-0"]], result=answer("kept"))
-        await writer.failure(prompt_ids=[ids["p-1"]], error=BadRequestError("bad", status_code=400))
+    await old_results(engine, job_id, [
+        {"prompt_id": ids["p-0"], "route": "realtime", "status": "succeeded", "text": "kept", "attempts": 1,
+         "prompt_tokens": 10, "completion_tokens": 5, "cached_tokens": 0},
+        {"prompt_id": ids["p-1"], "route": "realtime", "status": "failed", "attempts": 1,
+         "error_class": "BadRequestError"}])
+    async with engine.begin() as conn:
+        await conn.execute(text("UPDATE prompts SET status = 'succeeded' WHERE id = :id"), {"id": ids["p-0"]})
+        await conn.execute(text("UPDATE prompts SET status = 'failed' WHERE id = :id"), {"id": ids["p-1"]})
 
     await storage.migrate(engine)
 
@@ -121,6 +129,62 @@ async def test_upgrade_from_0001_keeps_the_data(db: Db) -> None:
     batch_id = await new_batch(sessions, job_id, ids, ["p-2"])
     assert (await prompt_row(sessions, ids["p-2"])).status == "batched"
     assert await storage.batch_members(sessions, batch_id=batch_id) == {"line-p-2": [ids["p-2"]]}
+
+
+async def old_results(engine: AsyncEngine, job_id: str, rows: list[dict[str, Any]]) -> None:
+    """Result rows as an older schema stored them: 0001's columns only (the writer writes today's)."""
+    now = datetime.now(UTC)
+    blank = dict.fromkeys(("text", "prompt_tokens", "completion_tokens", "cached_tokens", "error_class"))
+    async with engine.begin() as conn:
+        await conn.execute(insert(storage.Result.__table__),
+                           [{**blank, "job_id": job_id, "created_at": now, **row} for row in rows])
+
+
+async def test_upgrade_to_0004_backfills_costs_from_tokens_and_says_so(db: Db) -> None:
+    engine = db.engine()
+    await alembic_to(engine, "0003")
+    sessions = storage.session_factory(engine)
+    job_id = await make_job(sessions, [*new_prompts(4), *new_prompts(1, prefix="q", model="mystery-model", start=4)])
+    ids = await prompt_ids(sessions, job_id)
+    M = 1_000_000
+    await old_results(engine, job_id, [
+        # gpt-4o-mini: 0.8M x 0.15 + 0.2M x 0.075 + 0.5M x 0.60 = $0.435 real-time, half that by batch.
+        {"prompt_id": ids["p-0"], "route": "realtime", "status": "succeeded", "attempts": 1,
+         "prompt_tokens": M, "completion_tokens": M // 2, "cached_tokens": 200_000},
+        {"prompt_id": ids["p-1"], "route": "batch", "status": "succeeded", "attempts": 1,
+         "prompt_tokens": M, "completion_tokens": M // 2, "cached_tokens": 200_000},
+        {"prompt_id": ids["p-2"], "route": "reused", "status": "succeeded", "attempts": 0,
+         "prompt_tokens": M, "completion_tokens": M // 2, "cached_tokens": 200_000},
+        {"prompt_id": ids["p-3"], "route": "realtime", "status": "failed", "attempts": 3, "error_class": "RateLimitError"},
+        {"prompt_id": ids["q-4"], "route": "realtime", "status": "succeeded", "attempts": 1,
+         "prompt_tokens": 100, "completion_tokens": 100, "cached_tokens": 0},
+    ])
+
+    await storage.migrate(engine)
+
+    bundled = storage_prices_as_of()
+    got = {name: (await results_of(sessions, pid))[0] for name, pid in ids.items()}
+    assert [(name, r.cost_pico_usd, r.list_cost_pico_usd, r.discount) for name, r in sorted(got.items())] == [
+        ("p-0", 435_000_000_000, 435_000_000_000, "0"),
+        ("p-1", 217_500_000_000, 435_000_000_000, "0.5"),
+        ("p-2", 0, 0, None),  # paid once, by another row
+        ("p-3", 0, 0, None),  # a failed call is not billed
+        ("q-4", None, None, None),  # no price: unknown, not 0
+    ]
+    # Nobody mistakes them for costs recorded when answered.
+    assert {(r.cost_basis, r.prices_as_of, r.prices_file) for r in got.values()} == {("backfill", bundled, None)}
+    ledger = await jobs.actual_cost(sessions=sessions, job_id=job_id)
+    assert (ledger.total, ledger.savings, ledger.backfilled) == (Decimal("0.6525"), Decimal("0.2175"), 3)
+    assert ledger.totals.unpriced_models == {"mystery-model": 1}
+
+    # Down and up again: the columns go, and come back back-filled the same.
+    await alembic_to(engine, "0003", down=True)
+    await storage.migrate(engine)
+    assert (await results_of(sessions, ids["p-1"]))[0].cost_pico_usd == 217_500_000_000
+
+
+def storage_prices_as_of() -> str:
+    return PriceTable.load().prices_as_of
 
 
 async def test_downgrade_to_0001_sends_batched_prompts_again(sessions: Sessions, engine: AsyncEngine) -> None:
@@ -357,7 +421,7 @@ async def test_bulk_batch_answers_land_like_the_writers(sessions: Sessions) -> N
         members=[(ids["p-0"], "a"), (ids["p-1"], "a"), (ids["p-2"], "b"), (ids["p-3"], "c")])
     before = datetime.now(UTC)
     written = await storage.store_batch_answers(
-        sessions, job_id=job_id, latency_s=60.0,
+        sessions, job_id=job_id, latency_s=60.0, model="gpt-4o-mini", pricer=RowPricer(PriceTable.load()),
         answers=[([ids["p-0"], ids["p-1"]], answer("shared", tokens=7)), ([ids["p-2"]], answer("own", tokens=9))])
     assert written == 3
     assert await statuses(sessions, ids) == {"p-0": "succeeded", "p-1": "succeeded", "p-2": "succeeded",
@@ -366,6 +430,11 @@ async def test_bulk_batch_answers_land_like_the_writers(sessions: Sessions) -> N
     assert [(r.route, r.text, r.prompt_tokens, r.attempts, r.http_status, r.latency_ms) for r in first] == [
         ("batch", "shared", 7, 1, 200, 60_000.0)]
     assert [(r.route, r.attempts, r.http_status) for r in shared] == [("reused", 0, None)]
+    # Priced as the batch's model on the Batch API, the discount stored; the reused row costs nothing.
+    # gpt-4o-mini, half price: (6 x 0.15 + 1 x 0.075 + 3 x 0.60) / 2 per 1M tokens = 1,387,500 picodollars.
+    assert [(r.cost_pico_usd, r.list_cost_pico_usd, r.discount, r.cost_basis) for r in (*first, *shared)] == [
+        (1_387_500, 2_775_000, "0.5", "answer"), (0, 0, None, "answer")]
+    assert first[0].prices_as_of == PriceTable.load().prices_as_of and first[0].prices_file is None
     assert own[0].text == "own" and own[0].job_id == job_id
     assert own[0].created_at.replace(tzinfo=own[0].created_at.tzinfo or UTC) >= before.replace(microsecond=0)
     assert (await prompt_row(sessions, ids["p-0"])).attempts == 1

@@ -19,6 +19,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgres
 
 from llm_dispatch import InputError, LLMDispatchError, Progress, Settings, current_progress
 
+# Options several commands take alike.
+DatabaseUrl = Annotated[Optional[str], typer.Option(help="SQLAlchemy URL (default: ./llm_dispatch.db)")]
+AsJson = Annotated[bool, typer.Option("--json", help="print as JSON")]
+NewestJob = Annotated[Optional[str], typer.Argument(help="a job id (default: the newest job)")]
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Send many prompts to LLM APIs through Prefect flows.")
 err = Console(stderr=True)
 # Piped or captured output gets room for the whole table, not 80 columns.
@@ -65,7 +70,7 @@ def run(
         "--wait/--no-wait", help="follow batches to the end here, or submit them and leave them to `collect`")] = True,
     max_cost: Annotated[Optional[float], typer.Option(help="refuse the run if its estimate is above this many dollars")] = None,
     prices_file: Annotated[Optional[Path], typer.Option(help="your own price table (JSON), over the bundled one")] = None,
-    database_url: Annotated[Optional[str], typer.Option(help="SQLAlchemy URL (default: ./llm_dispatch.db)")] = None,
+    database_url: DatabaseUrl = None,
     sim_latency: Annotated[float, typer.Option(help="with --simulate: seconds per request")] = 0.2,
     as_json: Annotated[bool, typer.Option("--json", help="print the summary as JSON")] = False,
 ) -> None:
@@ -163,7 +168,7 @@ def _flow_call(coroutine: Any) -> Any:
 @app.command()
 def collect(
     job: Annotated[Optional[str], typer.Argument(help="only this job's batches (default: every open batch)")] = None,
-    database_url: Annotated[Optional[str], typer.Option(help="SQLAlchemy URL (default: ./llm_dispatch.db)")] = None,
+    database_url: DatabaseUrl = None,
     stale_after: Annotated[float, typer.Option(help="seconds before a half-submitted batch counts as abandoned")] = 600.0,
     as_json: Annotated[bool, typer.Option("--json", help="print the sweep's summary as JSON")] = False,
 ) -> None:
@@ -191,7 +196,7 @@ def collect(
 @app.command()
 def cancel(
     job: Annotated[str, typer.Argument(help="the job whose open batches to cancel")],
-    database_url: Annotated[Optional[str], typer.Option(help="SQLAlchemy URL (default: ./llm_dispatch.db)")] = None,
+    database_url: DatabaseUrl = None,
     wait_seconds: Annotated[float, typer.Option(help="how long to wait for the provider to stop them")] = 120.0,
 ) -> None:
     """Cancel a job's open batches; what they answered before stopping is still stored (it is billed)."""
@@ -212,8 +217,8 @@ def cancel(
 @app.command()
 def status(
     job: Annotated[Optional[str], typer.Argument(help="a job id (default: the newest jobs)")] = None,
-    database_url: Annotated[Optional[str], typer.Option(help="SQLAlchemy URL (default: ./llm_dispatch.db)")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="print as JSON")] = False,
+    database_url: DatabaseUrl = None,
+    as_json: AsJson = False,
 ) -> None:
     """Jobs, their prompts per route and status, and their batches."""
     from . import reports
@@ -225,10 +230,10 @@ def status(
 
 @app.command()
 def cost(
-    job: Annotated[Optional[str], typer.Argument(help="a job id (default: the newest job)")] = None,
-    database_url: Annotated[Optional[str], typer.Option(help="SQLAlchemy URL (default: ./llm_dispatch.db)")] = None,
+    job: NewestJob = None,
+    database_url: DatabaseUrl = None,
     prices_file: Annotated[Optional[Path], typer.Option(hidden=True)] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="print as JSON")] = False,
+    as_json: AsJson = False,
 ) -> None:
     """What a job cost per route, as stored with each answer when it came, and what the Batch API saved."""
     from . import reports
@@ -243,10 +248,10 @@ def cost(
 
 @app.command()
 def reprice(
-    job: Annotated[Optional[str], typer.Argument(help="a job id (default: the newest job)")] = None,
+    job: NewestJob = None,
     prices_file: Annotated[Optional[Path], typer.Option(help="the price table (JSON) to try, over the bundled one")] = None,
-    database_url: Annotated[Optional[str], typer.Option(help="SQLAlchemy URL (default: ./llm_dispatch.db)")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="print as JSON")] = False,
+    database_url: DatabaseUrl = None,
+    as_json: AsJson = False,
 ) -> None:
     """What a job would cost under another price table, beside its stored cost; changes nothing."""
     from . import reports
@@ -278,7 +283,7 @@ def export(
     job: Annotated[str, typer.Argument(help="the job to export")],
     fmt: Annotated[Optional[str], typer.Option("--format", help="jsonl (default) or csv")] = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="file to write (default: stdout)")] = None,
-    database_url: Annotated[Optional[str], typer.Option(help="SQLAlchemy URL (default: ./llm_dispatch.db)")] = None,
+    database_url: DatabaseUrl = None,
     as_json: Annotated[bool, typer.Option("--json", help="one JSON array of the rows (instead of --format)")] = False,
 ) -> None:
     """Every prompt of JOB in input order with its answer or error, tokens, cost, ids and metadata."""

@@ -18,7 +18,7 @@ from decimal import Decimal
 from importlib import resources
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Final, NamedTuple
+from typing import Any, Final, NamedTuple, Required, TypedDict, Unpack
 
 from ._exceptions import ConfigError
 from ._routing import Route
@@ -341,6 +341,17 @@ class RouteTotals:
     unpriced: int = 0
 
 
+class Usage(TypedDict, total=False):
+    """What ``CostTotals`` counts of some requests: summed tokens of ``requests`` requests to ``model`` by ``route``."""
+
+    model: Required[str]
+    route: Required[Route]
+    prompt_tokens: Required[int]
+    completion_tokens: Required[int]
+    cached_tokens: int
+    requests: int
+
+
 @dataclass(kw_only=True)
 class CostTotals:
     """Running totals over many requests, per route, with what the Batch API saved.
@@ -357,47 +368,28 @@ class CostTotals:
     # What the priced batch-routed requests would have cost real-time.
     batch_at_realtime: Decimal = Decimal(0)
 
-    def add(
-        self,
-        *,
-        model: str,
-        route: Route,
-        prompt_tokens: int,
-        completion_tokens: int,
-        cached_tokens: int = 0,
-        requests: int = 1,
-    ) -> Decimal | None:
+    def add(self, **usage: Unpack[Usage]) -> Decimal | None:
         """Count ``requests`` requests with these summed tokens; returns their cost (None when the model has no price)."""
         if self.table is None:
             raise TypeError("these totals have no price table: count priced requests with add_priced()")
-        usage = {"model": model, "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                 "cached_tokens": cached_tokens}
-        cost = self.table.cost(route=route, **usage)
-        at_realtime = cost if cost is None or route == "realtime" else self.table.cost(route="realtime", **usage)
-        self.add_priced(**usage, route=route, requests=requests, cost=cost or Decimal(0),
-                        at_realtime=at_realtime or Decimal(0), unpriced=requests if cost is None else 0)
+        tokens = {"model": usage["model"], "prompt_tokens": usage["prompt_tokens"],
+                  "completion_tokens": usage["completion_tokens"], "cached_tokens": usage.get("cached_tokens", 0)}
+        route = usage["route"]
+        cost = self.table.cost(route=route, **tokens)
+        at_realtime = cost if cost is None or route == "realtime" else self.table.cost(route="realtime", **tokens)
+        self.add_priced(**usage, cost=cost or Decimal(0), at_realtime=at_realtime or Decimal(0),
+                        unpriced=usage.get("requests", 1) if cost is None else 0)
         return cost
 
-    def add_priced(
-        self,
-        *,
-        model: str,
-        route: Route,
-        prompt_tokens: int,
-        completion_tokens: int,
-        cached_tokens: int = 0,
-        requests: int = 1,
-        cost: Decimal,
-        at_realtime: Decimal,
-        unpriced: int = 0,
-    ) -> None:
+    def add_priced(self, *, cost: Decimal, at_realtime: Decimal, unpriced: int = 0, **usage: Unpack[Usage]) -> None:
         """Count ``requests`` requests whose known cost is ``cost`` (``at_realtime`` at the real-time price);
         ``unpriced`` of them have no price and are in neither figure."""
+        route, model = usage["route"], usage["model"]
         totals = self.realtime if route == "realtime" else self.batch
-        totals.prompts += requests
-        totals.prompt_tokens += prompt_tokens
-        totals.completion_tokens += completion_tokens
-        totals.cached_tokens += cached_tokens
+        totals.prompts += usage.get("requests", 1)
+        totals.prompt_tokens += usage["prompt_tokens"]
+        totals.completion_tokens += usage["completion_tokens"]
+        totals.cached_tokens += usage.get("cached_tokens", 0)
         totals.cost += cost
         if unpriced:
             totals.unpriced += unpriced

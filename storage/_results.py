@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from operator import itemgetter
-from typing import Final, NamedTuple
+from typing import Any, Final, NamedTuple
 
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -71,6 +71,7 @@ class ResultRow(NamedTuple):
 
 
 _NOT_COLUMNS: Final = ("prompt_status", "retryable")
+LEDGER_FIELDS: Final = ("cost_pico_usd", "list_cost_pico_usd", "discount", "prices_as_of", "prices_file", "cost_basis")
 # The INSERT's columns: created_at (converted once per call's rows) and job_id go last.
 _PLAIN_COLUMNS: Final = tuple(name for name in ResultRow._fields if name not in (*_NOT_COLUMNS, "created_at"))
 RESULT_COLUMNS: Final[tuple[str, ...]] = (*_PLAIN_COLUMNS, "created_at", "job_id")
@@ -98,8 +99,8 @@ def shares(prompt_ids: Sequence[int], route: str, row: Callable[[int, Route, boo
 class RowLedger:
     """The cost fields of a writer's rows, from its price table (None: costs unknown); made once per writer.
 
-    Each is a tuple of ``ResultRow``'s ledger fields in their order, ``cost_pico_usd`` to ``cost_basis``
-    (``row`` in ``answer_rows`` and ``failure_rows`` unpacks them). Only the row that paid (``shares``)
+    Each is a mapping of ``ResultRow``'s ledger fields (``LEDGER_FIELDS``) to their values, which the
+    row builders spread into a row. Only the row that paid (``shares``)
     costs anything; a reused answer or a failed call costs 0 whatever the prices, so those rows are
     priced without a table too.
     """
@@ -111,11 +112,11 @@ class RowLedger:
         table = None if pricer is None else pricer.table
         self.stamp = stamp = (None, None, "answer") if table is None else (table.prices_as_of, table.prices_file,
                                                                           "answer")
-        self.free: tuple[object, ...] = (0, 0, None, *stamp)
+        self.free: dict[str, Any] = _ledger(0, 0, None, *stamp)
         # No table: the cost is unknown, and so is when it would have been worked out.
-        self.unknown: tuple[object, ...] = (None, None, None, *stamp) if table is not None else (None,) * 6
+        self.unknown: dict[str, Any] = _ledger(None, None, None, *stamp) if table is not None else _ledger(*(None,) * 6)
 
-    def paid(self, result: ChatResult, *, model: str | None, route: Route) -> tuple[object, ...]:
+    def paid(self, result: ChatResult, *, model: str | None, route: Route) -> dict[str, Any]:
         if self.pricer is None:
             return self.unknown
         cost = self.pricer.price(model=model or result.model or "", route=route,  # type: ignore[arg-type]
@@ -123,7 +124,11 @@ class RowLedger:
                                  cached_tokens=result.cached_tokens)
         if cost is None:  # a model with no price: unknown, never 0
             return self.unknown
-        return (*cost, *self.stamp)  # cost, list cost, discount (RowCost's order), then the stamp
+        return _ledger(*cost, *self.stamp)  # cost, list cost, discount (RowCost's order), then the stamp
+
+
+def _ledger(*values: Any) -> dict[str, Any]:
+    return dict(zip(LEDGER_FIELDS, values, strict=True))
 
 
 NO_PRICES: Final = RowLedger(None)
@@ -147,7 +152,6 @@ def answer_rows(
     paid_cost = ledger.paid(result, model=model, route=route) if route != "reused" else free  # type: ignore[arg-type]
 
     def row(prompt_id: int, route: Route, paid: bool) -> ResultRow:
-        cost, list_cost, discount, as_of, prices_file, basis = paid_cost if paid else free
         return ResultRow(
             prompt_id=prompt_id,
             route=route,
@@ -164,12 +168,7 @@ def answer_rows(
             response_model=result.model,
             response_id=result.response_id,
             http_status=200 if paid else None,
-            cost_pico_usd=cost,
-            list_cost_pico_usd=list_cost,
-            discount=discount,
-            prices_as_of=as_of,
-            prices_file=prices_file,
-            cost_basis=basis,
+            **(paid_cost if paid else free),
         )
 
     return shares(prompt_ids, route, row)
@@ -194,7 +193,7 @@ def failure_rows(
     status_code = getattr(error, "status_code", None)
     attempts = int(getattr(error, "attempts", 1) or 1)
     retryable = bool(getattr(error, "retryable", False)) if final else None
-    cost, list_cost, discount, as_of, prices_file, basis = ledger.free
+    free = ledger.free
 
     def row(prompt_id: int, route: Route, paid: bool) -> ResultRow:
         return ResultRow(
@@ -208,12 +207,7 @@ def failure_rows(
             error_class=error_class,
             error_message=message,
             retryable=retryable,
-            cost_pico_usd=cost,
-            list_cost_pico_usd=list_cost,
-            discount=discount,
-            prices_as_of=as_of,
-            prices_file=prices_file,
-            cost_basis=basis,
+            **free,
         )
 
     return shares(prompt_ids, route, row)

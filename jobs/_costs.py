@@ -114,7 +114,7 @@ async def estimate_cost(
     """What sending the job's open prompts will cost, per planned route, before anything is sent.
 
     Input tokens are estimated offline (see ``llm_dispatch._tokens``); each reply is expected at the
-    model's typical length as cut by the request's cap (``llm_dispatch._pricing.expected_reply_tokens``;
+    model's typical length as cut by the request's cap (``llm_dispatch._costs.expected_reply_tokens``;
     ``max_total`` prices every reply at the longest allowed, see ``JobCost``). The typical length of a model is learnt from its last
     answers in this database once there are ``CALIBRATION_MIN`` of them (``storage.ReplyLengths.typical``:
     answers cut at their cap count as longer), else ``typical_completion_tokens``. Identical requests

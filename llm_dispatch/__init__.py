@@ -17,10 +17,11 @@ from ._batch_types import (
 )
 from ._client import LLMClient
 from ._constants import DEFAULT_CONCURRENCY, DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
+from ._costs import PICO_PER_USD, CostTotals, RowCost, RowPricer, estimate_request_cost, from_pico
 from ._dispatch import ChatSender, DispatchOutcome, Progress, ResultSink, WorkItem, current_progress, send_all
 from ._inputs import PromptSpec, fingerprint, parse_prompt_dicts, read_prompts
 from ._limits import AdaptiveLimiter, RateLimiter, SharedPause
-from ._pricing import PICO_PER_USD, CostTotals, PriceTable, RowCost, RowPricer, estimate_request_cost, from_pico
+from ._pricing import PriceTable
 from ._responses import chat_result_from_body
 from ._retry import DEFAULT_MAX_RETRY_AFTER, backoff_delay
 from ._routing import RoutingRules, decide_route, parse_deadline, prompt_chars

@@ -11,15 +11,8 @@ from typing import Any
 import pytest
 
 from llm_dispatch import PICO_PER_USD, ChatRequest, ConfigError, RowCost, RowPricer, from_pico
-from llm_dispatch._pricing import (
-    CostEstimate,
-    CostTotals,
-    ModelLimits,
-    ModelPrice,
-    PriceTable,
-    estimate_request_cost,
-    expected_reply_tokens,
-)
+from llm_dispatch._costs import CostEstimate, CostTotals, estimate_request_cost, expected_reply_tokens
+from llm_dispatch._pricing import ModelLimits, ModelPrice, PriceTable
 from llm_dispatch._tokens import estimate_prompt_tokens
 
 M = 1_000_000

@@ -90,10 +90,9 @@ def shares(prompt_ids: Sequence[int], route: str, row: Callable[[int, Route, boo
     if not prompt_ids:
         return []
     first: Route = route  # type: ignore[assignment]  # checked above
-    rows = [row(prompt_ids[0], first, first != "reused")]
-    if len(prompt_ids) > 1:
-        rows.extend(row(prompt_id, "reused", False) for prompt_id in prompt_ids[1:])
-    return rows
+    if len(prompt_ids) == 1:
+        return [row(prompt_ids[0], first, first != "reused")]
+    return [row(prompt_ids[0], first, first != "reused"), *(row(pid, "reused", False) for pid in prompt_ids[1:])]
 
 
 class RowLedger:
@@ -127,8 +126,11 @@ class RowLedger:
         return _ledger(*cost, *self.stamp)  # cost, list cost, discount (RowCost's order), then the stamp
 
 
-def _ledger(*values: Any) -> dict[str, Any]:
-    return dict(zip(LEDGER_FIELDS, values, strict=True))
+def _ledger(cost: int | None, list_cost: int | None, discount: str | None, as_of: str | None,
+            prices_file: str | None, basis: str | None) -> dict[str, Any]:
+    """``LEDGER_FIELDS`` with their values (a literal: it is built for every paid row)."""
+    return {"cost_pico_usd": cost, "list_cost_pico_usd": list_cost, "discount": discount, "prices_as_of": as_of,
+            "prices_file": prices_file, "cost_basis": basis}
 
 
 NO_PRICES: Final = RowLedger(None)
@@ -245,7 +247,13 @@ async def write_results(
         params.append((*_plain_values(row), bound, job_id))
     await conn.exec_driver_sql(_insert_sql(dialect), params)  # type: ignore[arg-type]
     updated = bind_value(Prompt.__table__.c.updated_at, now, dialect)
-    settle = [(*state, updated, prompt_id) for prompt_id, state in _prompt_states(rows).items()]
+    states = _prompt_states(rows)
+    if all(state[0] == "succeeded" for state in states.values()):
+        # Every prompt answered (a batch's output, most real-time flushes): no error to keep, fewer bindings.
+        settled = [(attempts, updated, prompt_id) for prompt_id, (_, attempts, _, _) in states.items()]
+        await conn.exec_driver_sql(_succeeded_sql(dialect, only_if=only_if), settled)  # type: ignore[arg-type]
+        return
+    settle = [(*state, updated, prompt_id) for prompt_id, state in states.items()]
     await conn.exec_driver_sql(_settle_sql(dialect, only_if=only_if), settle)  # type: ignore[arg-type]
 
 
@@ -278,6 +286,22 @@ def _insert_sql(dialect: Dialect) -> str:
     return f"INSERT INTO results ({', '.join(RESULT_COLUMNS)}) VALUES ({', '.join(marks)})"
 
 
+def _guard(only_if: PromptStatus | None) -> str:
+    if only_if is not None and only_if not in PROMPT_STATUSES:
+        raise ValueError(f"unknown prompt status {only_if!r}; expected one of {PROMPT_STATUSES}")
+    return f" AND status = '{only_if}'" if only_if is not None else ""
+
+
+def _succeeded_sql(dialect: Dialect, *, only_if: PromptStatus | None) -> str:
+    """``_settle_sql`` when every row succeeded: (attempts to add, now, id); the error class is kept."""
+    attempts, now, pid = placeholders(dialect, 3)
+    return (
+        f"UPDATE prompts SET status = 'succeeded', attempts = attempts + {attempts}, "
+        f"failed_retryable = CASE WHEN status = 'succeeded' THEN failed_retryable END, "
+        f"updated_at = {now} WHERE id = {pid}{_guard(only_if)}"
+    )
+
+
 def _settle_sql(dialect: Dialect, *, only_if: PromptStatus | None) -> str:
     """The prompt's new state after its results: (status, attempts to add, error class, retryable, now, id).
 
@@ -285,10 +309,8 @@ def _settle_sql(dialect: Dialect, *, only_if: PromptStatus | None) -> str:
     it look unpaid and send it a third time. Every SET expression sees the row as it was. An error class
     stays as history until a later error replaces it.
     """
-    if only_if is not None and only_if not in PROMPT_STATUSES:
-        raise ValueError(f"unknown prompt status {only_if!r}; expected one of {PROMPT_STATUSES}")
     status, attempts, error_class, retryable, now, pid = placeholders(dialect, 6)
-    guard = f" AND status = '{only_if}'" if only_if is not None else ""
+    guard = _guard(only_if)
     return (
         f"UPDATE prompts SET status = CASE WHEN status = 'succeeded' THEN status ELSE {status} END, "
         f"attempts = attempts + {attempts}, last_error_class = COALESCE({error_class}, last_error_class), "

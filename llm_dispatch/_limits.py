@@ -51,9 +51,9 @@ _EPSILON = 1e-9
 PACE_HEADROOM = 0.95
 # The most a pace lets through at once, in seconds of its rate: small, so a quantised limit is never overrun.
 PACE_BURST_S = 0.25
-QUOTA_DECREASE = 0.7
+QUOTA_DECREASE = 0.8
 QUOTA_FLOOR = 0.1  # of the ceiling: a pace lowered by a storm of quota 429s still probes the account
-QUOTA_RECOVERY_PER_S = 0.05
+QUOTA_RECOVERY_PER_S = 0.1
 CAPACITY_WINDOW = 100
 CAPACITY_SHARE = 0.5
 CAPACITY_DECREASE = 0.75
@@ -362,7 +362,8 @@ class Pace:
 
     def back_off(self, mark: PaceMark | None) -> bool:
         """A quota 429 for this kind: lower the pace, once for everything let through before the last decrease."""
-        if mark is not None and mark.generation != self._generation:
+        # A request let through before this pace existed belongs to its first generation.
+        if (mark.generation if mark is not None else 0) != self._generation:
             return False
         self._refill()
         self._generation += 1

@@ -420,17 +420,15 @@ async def test_a_quota_429_with_headers_pauses_everyone_and_lowers_the_pace(
         httpx.Response(200, json=completion(), headers=limit_headers(limit=600, remaining=10)),
         httpx.Response(429, json=CAPACITY_BODY, headers={**limit_headers(limit=600, remaining=0, reset="2s"),
                                                          "retry-after": "2"}),
-        httpx.Response(200, json=completion(), headers=limit_headers(limit=600, remaining=10)),
     ])
-    async with make_client(router, fake_time, concurrency=8) as client:
+    async with make_client(router, fake_time, concurrency=8, max_retries=0) as client:
         await client.chat(REQUEST)
-        await client.chat(REQUEST)
-        pace = client._gates.paces["requests"]
-        # Remaining 0 is the evidence, whatever the message says; the concurrency is left alone. (Lowered to 0.7x,
-        # the pace has grown back by 5% of the limit a second over the 2 s pause.)
-        assert pace.per_minute < 600 * 0.95 * 0.85
+        with pytest.raises(RateLimitError):
+            await client.chat(REQUEST)
+        # Remaining 0 is the evidence, whatever the message says; the concurrency is left alone.
+        assert client._gates.paces["requests"].per_minute == pytest.approx(600 * 0.95 * 0.8)
+        assert client.pause.remaining == pytest.approx(2.0)
         assert client.limiter.limit == 8
-    assert max(fake_time.sleeps) >= 2.0
 
 
 async def test_a_quota_429_retry_after_pauses_other_callers(router: respx.Router) -> None:

@@ -319,7 +319,7 @@ async def test_a_quota_429_lowers_the_pace_once_per_burst_and_it_grows_back() ->
     marks = [await pace.acquire() for _ in range(3)]
     assert pace.back_off(marks[0])
     assert not pace.back_off(marks[1])  # let through before the decrease: the same overload
-    assert pace.per_minute == pytest.approx(570 * 0.7)
+    assert pace.per_minute == pytest.approx(570 * 0.8)
     await clock.sleep(10.0)
     await pace.acquire()
     assert pace.per_minute == pytest.approx(570)

@@ -31,7 +31,9 @@ from ._constants import (
 )
 from ._errors import Failure, final_error, scrub
 from ._exceptions import APIResponseValidationError, NotFoundError
-from ._limits import AdaptiveLimiter, Permit, RateLimiter, SharedPause
+from ._gates import Gates
+from ._limits import AdaptiveLimiter, SharedPause
+from ._ratelimit_headers import OPENAI_RATE_LIMIT_HEADERS, RateLimitHeaders
 from ._requests import RequestBuilder
 from ._responses import (
     BatchPage,
@@ -43,7 +45,7 @@ from ._responses import (
     parse_json,
     save_body,
 )
-from ._retry import DEFAULT_MAX_RETRY_AFTER, retry_delay, server_retry_after
+from ._retry import DEFAULT_MAX_RETRY_AFTER, retry_delay
 from ._settings import DEFAULT_BASE_URL, Settings
 from ._tokens import estimate_request_tokens
 from ._transport import default_transport
@@ -84,8 +86,9 @@ _FROM_SETTINGS = ("base_url", "api_key", "auth_header", "request_timeout", "conn
 class LLMClient:
     """An async client for one OpenAI-compatible endpoint, shared by every concurrent caller.
 
-    Every attempt passes the same gates: the shared pause after a 429, the optional RPM/TPM
-    buckets, and the adaptive concurrency limit (whose ceiling is ``concurrency``). ``sleep``,
+    Every attempt passes the same gates: the shared pause after a quota 429, the optional RPM/TPM
+    caps, the pace the provider's rate-limit headers set (``rate_limit_headers`` says where it puts
+    them), and the adaptive concurrency limit (whose ceiling is ``concurrency``). ``sleep``,
     ``random`` and ``clock`` exist for tests; pass ``clock`` together with a ``sleep`` that moves it.
     """
 
@@ -102,6 +105,7 @@ class LLMClient:
         concurrency: int = DEFAULT_CONCURRENCY,
         rpm: int | None = None,
         tpm: int | None = None,
+        rate_limit_headers: RateLimitHeaders = OPENAI_RATE_LIMIT_HEADERS,
         transport: httpx.AsyncBaseTransport | None = None,
         sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
         random: Callable[[], float] = _random.random,
@@ -127,10 +131,11 @@ class LLMClient:
         self._random = random
         self._clock = clock
 
-        self._limiter = AdaptiveLimiter(ceiling=concurrency)
-        self._pause = SharedPause(clock=clock, sleep=sleep)
-        self._rpm = RateLimiter(per_minute=rpm, clock=clock, sleep=sleep) if rpm else None
-        self._tpm = RateLimiter(per_minute=tpm, clock=clock, sleep=sleep) if tpm else None
+        self._gates = Gates(
+            concurrency=concurrency, rpm=rpm, tpm=tpm, max_retry_after=self._max_retry_after,
+            rate_limit_headers=rate_limit_headers, clock=clock, sleep=sleep,
+        )
+        self._limiter = self._gates.limiter
 
         url = httpx.URL(base_url.rstrip("/"))
         self._display_url = str(url.copy_with(userinfo=b"", query=None))
@@ -176,7 +181,7 @@ class LLMClient:
 
     @property
     def pause(self) -> SharedPause:
-        return self._pause
+        return self._gates.pause
 
     async def __aenter__(self) -> LLMClient:
         return self
@@ -192,13 +197,12 @@ class LLMClient:
 
     async def chat(self, request: ChatRequest) -> ChatResult:
         """One chat completion, retried by the house rules; raises an ``APIError`` subclass when it gives up."""
-        estimate = estimate_request_tokens(request) if self._tpm is not None else 0
+        estimate = estimate_request_tokens(request) if self._gates.counts_tokens else 0
         sent = await self._request(
-            "POST", CHAT_COMPLETIONS_PATH, json=request.body(), parse=parse_chat, tokens=estimate
+            "POST", CHAT_COMPLETIONS_PATH, json=request.body(), parse=parse_chat, tokens=estimate, paced=True
         )
         chat: Chat = sent.value
-        if self._tpm is not None:
-            self._tpm.adjust(chat.total_tokens - estimate)
+        self._gates.used_tokens(chat.total_tokens - estimate)
         return chat.finished(latency_s=self._clock() - sent.admitted_at, attempts=sent.attempts)
 
     # --- files and batches (the Batch API) -------------------------------------------------------
@@ -316,6 +320,7 @@ class LLMClient:
         tokens: int = 0,
         timeout: float | None = None,
         max_retries: int | None = None,
+        paced: bool = False,
         **content: Any,
     ) -> _Sent[Any]:
         """Send one API call, retrying by the house rules, and return what ``parse`` makes of the answer.
@@ -325,7 +330,8 @@ class LLMClient:
         use (that is retried); by default it returns the JSON body, or ``stream_to`` once the body has
         been saved there. ``tokens`` is the call's estimated cost against the TPM limit; ``timeout``
         overrides the per-attempt deadline (a large download may need longer than a completion);
-        ``max_retries`` overrides the client's for this call.
+        ``max_retries`` overrides the client's for this call. A ``paced`` call (chat) goes at the pace the
+        provider's rate-limit headers set, and its answers' headers keep that pace.
         """
         retries = self._max_retries if max_retries is None else max_retries
         if retries < 0:
@@ -334,9 +340,10 @@ class LLMClient:
         if parse is None:
             parse = parse_json if stream_to is None else (lambda _response: stream_to)
         attempt = 0
+        delay: float | None = None
         while True:
             attempt += 1
-            permit = await self._admit(tokens)
+            admission = await self._gates.admit(tokens, paced=paced)
             if attempt == 1:
                 admitted_at = self._clock()
             try:
@@ -345,21 +352,24 @@ class LLMClient:
                 outcome = await self._send_once(request, stream_to=stream_to, timeout=deadline)
                 if isinstance(outcome, Failure):
                     failure = outcome
-                elif outcome.is_success:
-                    try:
-                        value = parse(outcome)
-                    except APIResponseValidationError as exc:
-                        failure = Failure("invalid", exc.message, response=outcome, cause=exc)
-                    else:
-                        self._limiter.record_success(permit)
-                        return _Sent(value, attempt, admitted_at)
                 else:
-                    failure = Failure.status(outcome)
-                    if outcome.status_code == 429:
-                        self._on_rate_limited(permit, outcome.headers)
+                    limited = outcome.status_code == 429
+                    limits = self._gates.observe(outcome.headers, admission, counted=not limited) if paced else {}
+                    if outcome.is_success:
+                        try:
+                            value = parse(outcome)
+                        except APIResponseValidationError as exc:
+                            failure = Failure("invalid", exc.message, response=outcome, cause=exc)
+                        else:
+                            self._gates.succeeded(admission)
+                            return _Sent(value, attempt, admitted_at)
+                    else:
+                        failure = Failure.status(outcome)
+                        if limited:
+                            self._gates.rate_limited(failure, admission, limits=limits)
             finally:
                 # Released before any retry sleep, so a waiting request never holds a slot.
-                self._limiter.release()
+                self._gates.release()
 
             if not failure.retryable or attempt > retries:
                 raise final_error(
@@ -368,6 +378,7 @@ class LLMClient:
             delay = retry_delay(
                 retries_taken=attempt - 1,
                 headers=failure.headers,
+                previous=delay,
                 max_retry_after=self._max_retry_after,
                 random=self._random,
             )
@@ -376,32 +387,6 @@ class LLMClient:
                 method, path, scrub(failure.describe(), self._secret), attempt, retries + 1, delay,
             )
             await self._sleep(delay)
-
-    async def _admit(self, tokens: int) -> Permit:
-        """Wait at every gate in turn; a pause is waited out without holding a concurrency slot."""
-        await self._pause.wait()
-        if self._rpm is not None:
-            await self._rpm.acquire(1)
-        if self._tpm is not None and tokens > 0:
-            await self._tpm.acquire(tokens)
-        while True:
-            await self._pause.wait()
-            seen = self._pause.deadline
-            permit = await self._limiter.acquire()
-            # A 429 elsewhere may have paused everyone while we queued for the slot. (Comparing deadlines
-            # rather than reading the clock keeps a test's motionless fake clock from looping here.)
-            if self._pause.deadline == seen or self._pause.remaining <= 0:
-                return permit
-            self._limiter.release()
-
-    def _on_rate_limited(self, permit: Permit, headers: httpx.Headers) -> None:
-        if self._limiter.record_rate_limit(permit):
-            logger.warning(
-                "HTTP 429: concurrency limit lowered to %d of %d", self._limiter.limit, self._limiter.ceiling
-            )
-        wait = server_retry_after(headers, max_retry_after=self._max_retry_after)
-        if wait is not None:
-            self._pause.pause_for(wait)
 
     async def _send_once(
         self, request: httpx.Request, *, stream_to: Path | None, timeout: float

@@ -20,6 +20,7 @@ __all__ = [
     "BatchPage",
     "Chat",
     "chat_result_from_body",
+    "error_code",
     "error_detail",
     "parse_batch_info",
     "parse_batch_page",
@@ -86,6 +87,17 @@ def parse_batch_page(response: httpx.Response) -> BatchPage:
     if not isinstance(data, list):
         raise APIResponseValidationError(f"the body is not a list of batches: {_snippet(response)}")
     return BatchPage([BatchInfo.from_api(item) for item in data], bool(body.get("has_more")))
+
+
+def error_code(response: httpx.Response) -> str | None:
+    """The provider's machine-readable error code (``rate_limit_exceeded``, ``insufficient_quota``), if it gave one."""
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    error = body.get("error") if isinstance(body, dict) else None
+    code = error.get("code") if isinstance(error, dict) else None
+    return code if isinstance(code, str) else None
 
 
 def error_detail(response: httpx.Response) -> str:

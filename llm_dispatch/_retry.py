@@ -17,6 +17,7 @@ __all__ = [
     "DEFAULT_MAX_RETRY_AFTER",
     "INITIAL_RETRY_DELAY",
     "MAX_RETRY_DELAY",
+    "RETRY_AFTER_STEP",
     "RETRYABLE_STATUSES",
     "backoff_delay",
     "parse_retry_after",
@@ -28,6 +29,9 @@ __all__ = [
 INITIAL_RETRY_DELAY = 0.5
 MAX_RETRY_DELAY = 8.0
 MAX_JITTER = 0.25
+# With a Retry-After, each retry adds this share of it times 2**n - 1 (plus up to half a share of jitter): the
+# server's wait stays the minimum, and each retry's band lies clear above the last one's, so no wait repeats.
+RETRY_AFTER_STEP = 0.05
 # openai-python honours up to 60 s; batch-heavy accounts see longer Retry-After values that are still worth obeying.
 DEFAULT_MAX_RETRY_AFTER = 120.0
 RETRYABLE_STATUSES = frozenset({408, 409, 429})
@@ -99,12 +103,23 @@ def retry_delay(
     *,
     retries_taken: int,
     headers: HeadersLike = None,
+    previous: float | None = None,
     max_retry_after: float = DEFAULT_MAX_RETRY_AFTER,
     random: Callable[[], float] = _random.random,
     now: float | None = None,
 ) -> float:
-    """Seconds to wait before the next attempt: the server's Retry-After when sensible, else backoff."""
+    """Seconds to wait before the next attempt; longer than ``previous``, this request's last wait.
+
+    With a Retry-After we honour, that wait grows from it: ``R * (1 + 0.05 * (2**n - 1 + jitter / 2))``. Without
+    one, :func:`backoff_delay`. A wait that would not be longer than the last (backoff at its cap, or a backoff
+    after a longer server wait) is the last one plus 5-10%. Waits stop growing at ``max_retry_after``.
+    """
+    n = min(max(retries_taken, 0), 1000)
     honoured = server_retry_after(headers, max_retry_after=max_retry_after, now=now)
     if honoured is not None:
-        return honoured
-    return backoff_delay(retries_taken, random=random)
+        delay = min(honoured * (1 + RETRY_AFTER_STEP * (math.pow(2.0, n) - 1 + random() / 2)), max_retry_after)
+    else:
+        delay = backoff_delay(n, random=random)
+    if previous is not None and delay <= previous:
+        delay = max(delay, min(previous * (1 + RETRY_AFTER_STEP * (1 + random())), max_retry_after))
+    return delay

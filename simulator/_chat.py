@@ -3,7 +3,8 @@
 A chat request goes through, in order: a fault queued with ``POST /_sim/faults``; auth; body
 validation; the model list; a ``[[sim:FAULT]]`` / ``[[sim:FAULTxN]]`` marker in a message; the
 RPM/TPM quotas; a random fault at the configured rates; then the answer. Injected 4xx and 429s
-answer at once; 5xx, drop, malformed and successes wait the sampled latency first.
+answer at once; 5xx, drop, malformed and successes wait the sampled latency first. With a quota set,
+every answer from the quotas on carries the ``x-ratelimit-*`` headers, as OpenAI's do.
 """
 
 from __future__ import annotations
@@ -114,7 +115,7 @@ class _ChatRoutes:
 
         fault = state.random_fault()
         if fault is not None:
-            return await self._fault(request, fault, model=model)
+            return await self._fault(request, fault, model=model, headers=limit_headers)
 
         body_bytes, cached = render_completion(plan, state=state)
         delay = self._latency(plan.completion_tokens)
@@ -154,18 +155,18 @@ class _ChatRoutes:
         if wait_tokens >= wait_requests and tokens is not None:
             if charge > tokens.limit:
                 message = (f"Request too large for {model} in organization org-simulator on tokens per min (TPM): "
-                           f"Limit {tokens.limit}, Requested {charge}. The input or output tokens must be "
+                           f"Limit {tokens.per_minute}, Requested {charge}. The input or output tokens must be "
                            "reduced in order to run successfully.")
             else:
                 used = tokens.limit - tokens.remaining(now=now)
                 message = (f"Rate limit reached for {model} in organization org-simulator on tokens per min (TPM): "
-                           f"Limit {tokens.limit}, Used {used}, Requested {charge}. "
+                           f"Limit {tokens.per_minute}, Used {used}, Requested {charge}. "
                            f"Please try again in {format_reset(wait)}.")
             limit_type = "tokens"
         else:
             assert requests is not None
             message = (f"Rate limit reached for {model} in organization org-simulator on requests per min (RPM): "
-                       f"Limit {requests.limit}, Used {requests.limit - requests.remaining(now=now)}, Requested 1. "
+                       f"Limit {requests.per_minute}, Used {requests.limit - requests.remaining(now=now)}, Requested 1. "
                        f"Please try again in {format_reset(wait)}.")
             limit_type = "requests"
         refused = rate_limited_response(
@@ -174,10 +175,12 @@ class _ChatRoutes:
         return refused, {}
 
     def _limit_headers(self, now: float) -> dict[str, str]:
+        # The limit per minute, as OpenAI states it; remaining and reset are the window's, which is what a
+        # quota enforced over a shorter window really has left.
         headers: dict[str, str] = {}
         for suffix, window in (("requests", self._state.requests_window), ("tokens", self._state.tokens_window)):
             if window is not None:
-                headers[f"x-ratelimit-limit-{suffix}"] = str(window.limit)
+                headers[f"x-ratelimit-limit-{suffix}"] = str(window.per_minute)
                 headers[f"x-ratelimit-remaining-{suffix}"] = str(window.remaining(now=now))
                 headers[f"x-ratelimit-reset-{suffix}"] = format_reset(window.reset_in(now=now))
         return headers
@@ -192,7 +195,15 @@ class _ChatRoutes:
                 delay *= math.exp(self._state.rng.gauss(0.0, config.latency_spread))
         return delay + config.latency_per_token * completion_tokens
 
-    async def _fault(self, request: web.Request, fault: str, *, model: str | None) -> web.StreamResponse:
+    async def _fault(
+        self, request: web.Request, fault: str, *, model: str | None, headers: dict[str, str] | None = None
+    ) -> web.StreamResponse:
+        response = await self._fault_response(request, fault, model=model)
+        if headers:
+            response.headers.update(headers)
+        return response
+
+    async def _fault_response(self, request: web.Request, fault: str, *, model: str | None) -> web.StreamResponse:
         state = self._state
         config = state.config
         if fault == "400":
@@ -204,8 +215,9 @@ class _ChatRoutes:
         if fault == "404":
             return self._counted(model_not_found(model or "unknown"))
         if fault == "429":
-            message = (f"Rate limit reached for {model or 'the model'} in organization org-simulator on requests "
-                       f"per min (RPM) (simulator fault 429). Please try again in {format_reset(config.retry_after)}.")
+            # A capacity 429 (a busy host, Azure's capacity 429s): it names no quota, whatever the load.
+            message = (f"{model or 'The model'} is receiving more requests than it can serve right now "
+                       f"(simulator fault 429). Please try again in {format_reset(config.retry_after)}.")
             return self._counted(rate_limited_response(
                 message=message, limit_type="requests", retry_after=config.retry_after))
         if fault == "hang":

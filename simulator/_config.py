@@ -45,7 +45,8 @@ DEFAULT_BATCH_PROCESSING_SECONDS = 2.0
 
 # Durations and the like: any finite number from 0 up.
 _NON_NEGATIVE_FIELDS = (
-    "latency", "latency_spread", "latency_per_token", "retry_after", "hang_seconds", "batch_processing_seconds"
+    "latency", "latency_spread", "latency_per_token", "retry_after", "hang_seconds", "batch_processing_seconds",
+    "quota_window",
 )
 _FLOAT_FIELDS = frozenset(_NON_NEGATIVE_FIELDS) | {name for name, _ in RANDOM_FAULT_FIELDS}
 _OPTIONAL_INT_FIELDS = frozenset({"rpm", "tpm"})
@@ -57,7 +58,10 @@ class SimulatorConfig:
 
     Latency of an answer is ``latency`` seconds drawn from ``latency_dist`` (``uniform``: within
     ``latency ± latency_spread``; ``lognormal``: median ``latency``, sigma ``latency_spread``), plus
-    ``latency_per_token`` for each completion token. Quotas count over a sliding 60 s window.
+    ``latency_per_token`` for each completion token. Quotas (``rpm``, ``tpm``) count over a sliding window of
+    ``quota_window`` seconds (a 1 s window enforces 1/60 of each quota per second, as providers may), and every
+    chat answer, errors included, carries OpenAI's ``x-ratelimit-*`` headers for the quotas set. ``rate_429`` is
+    a capacity 429, drawn at random whatever the load, with ``retry_after`` and no quota exhausted.
     A batch runs through its statuses in about ``batch_processing_seconds`` (see ``_batch``).
     """
 
@@ -75,6 +79,7 @@ class SimulatorConfig:
     hang_seconds: float = DEFAULT_HANG_SECONDS  # then the connection is closed without an answer
     rpm: int | None = None
     tpm: int | None = None
+    quota_window: float = 60.0  # seconds
     models: list[str] | None = None  # None accepts any model name
     api_key: str | None = None  # None accepts any or no credentials
     seed: int = 0
@@ -98,6 +103,8 @@ class SimulatorConfig:
         # One uniform draw is split between the faults, so together they cannot exceed certainty.
         if total > 1.0 + 1e-9:
             raise ConfigError(f"simulator fault rates add up to {total:g}; lower them so the sum is at most 1")
+        if self.quota_window <= 0:
+            raise ConfigError(f"simulator quota_window must be positive, got {self.quota_window!r}")
         for name in ("rpm", "tpm"):
             value = getattr(self, name)
             if value is not None and value < 1:

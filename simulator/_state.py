@@ -56,34 +56,43 @@ class SimStats:
 
 
 class QuotaWindow:
-    """Amounts admitted over the last 60 s, for one quota (requests or tokens)."""
+    """Amounts admitted over the last ``span`` seconds, for one quota (requests or tokens) of ``per_minute``.
 
-    __slots__ = ("limit", "_events", "_used")
+    A span shorter than a minute enforces the per-minute quota as providers may, quantised: 6,000 a minute
+    over 1 s is 100 in any second (``limit``, what the window holds).
+    """
 
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
+    __slots__ = ("per_minute", "span", "limit", "_events", "_used")
+
+    def __init__(self, per_minute: int, *, span: float = QUOTA_WINDOW_S) -> None:
         self._events: deque[tuple[float, int]] = deque()
         self._used = 0
+        self.resize(per_minute, span=span)
+
+    def resize(self, per_minute: int, *, span: float) -> None:
+        self.per_minute = per_minute
+        self.span = span
+        self.limit = max(1, round(per_minute * span / QUOTA_WINDOW_S))
 
     def _expire(self, now: float) -> None:
-        cutoff = now - QUOTA_WINDOW_S
+        cutoff = now - self.span
         events = self._events
         while events and events[0][0] <= cutoff:
             self._used -= events.popleft()[1]
 
     def wait_for(self, amount: int, *, now: float) -> float:
-        """Seconds until ``amount`` fits (0 if it fits now, ``QUOTA_WINDOW_S`` if it never can)."""
+        """Seconds until ``amount`` fits (0 if it fits now, the window's span if it never can)."""
         self._expire(now)
         excess = self._used + amount - self.limit
         if excess <= 0:
             return 0.0
         if amount > self.limit:
-            return QUOTA_WINDOW_S
+            return self.span
         for at, size in self._events:
             excess -= size
             if excess <= 0:
-                return at + QUOTA_WINDOW_S - now
-        return QUOTA_WINDOW_S  # unreachable while the window's sum is consistent
+                return at + self.span - now
+        return self.span  # unreachable while the window's sum is consistent
 
     def add(self, amount: int, *, now: float) -> None:
         self._events.append((now, amount))
@@ -96,7 +105,7 @@ class QuotaWindow:
     def reset_in(self, *, now: float) -> float:
         """Seconds until the oldest admitted amount leaves the window and frees its share."""
         self._expire(now)
-        return self._events[0][0] + QUOTA_WINDOW_S - now if self._events else 0.0
+        return self._events[0][0] + self.span - now if self._events else 0.0
 
     def clear(self) -> None:
         self._events.clear()
@@ -136,8 +145,8 @@ class SimState:
             if rate > 0:
                 total += rate
                 self.fault_thresholds.append((total, fault))
-        self.requests_window = _resized(self.requests_window, config.rpm)
-        self.tokens_window = _resized(self.tokens_window, config.tpm)
+        self.requests_window = _resized(self.requests_window, config.rpm, span=config.quota_window)
+        self.tokens_window = _resized(self.tokens_window, config.tpm, span=config.quota_window)
 
     def reset(self) -> None:
         """Back to a fresh start: counters, queues, quota windows, prompt cache, the RNG and what the hooks hold."""
@@ -178,10 +187,10 @@ class SimState:
         return f"req_sim{self.boot_id}{next(self.request_ids):x}"
 
 
-def _resized(window: QuotaWindow | None, limit: int | None) -> QuotaWindow | None:
-    if limit is None:
+def _resized(window: QuotaWindow | None, per_minute: int | None, *, span: float) -> QuotaWindow | None:
+    if per_minute is None:
         return None
     if window is None:
-        return QuotaWindow(limit)
-    window.limit = limit  # keep what was admitted: lowering a quota mid-run bites at once
+        return QuotaWindow(per_minute, span=span)
+    window.resize(per_minute, span=span)  # keep what was admitted: lowering a quota mid-run bites at once
     return window

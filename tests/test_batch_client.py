@@ -64,7 +64,8 @@ async def test_upload_sends_multipart_and_retries_like_chat(
     async with make_client(router, fake_time) as client:
         info = await client.upload_file(source)
 
-    assert route.call_count == 3 and fake_time.sleeps == [0.5, 1.0]
+    # The second retry grows from the Retry-After: 1 s plus 5% (no jitter here).
+    assert route.call_count == 3 and fake_time.sleeps == pytest.approx([0.5, 1.05])
     assert info == FileInfo(id="file-abc", bytes=120, filename="batch.jsonl", purpose="batch",
                             created_at=datetime.fromtimestamp(CREATED, tz=UTC))
     bodies = [multipart_without_boundary(call.request) for call in route.calls]

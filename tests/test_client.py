@@ -365,9 +365,28 @@ async def _no_sleep(seconds: float) -> None:
 # --- shared limits through the client ---------------------------------------------------------
 
 
-async def test_a_429_halves_the_clients_concurrency(router: respx.Router, fake_time: FakeTime) -> None:
+QUOTA_BODY = {"error": {"message": "Rate limit reached for gpt-4o-mini in organization org-x on requests per min "
+                                    "(RPM): Limit 3, Used 3, Requested 1.", "type": "requests",
+                         "code": "rate_limit_exceeded"}}
+CAPACITY_BODY = {"error": {"message": "The model is overloaded; retry later.", "type": "rate_limit_error", "code": None}}
+
+
+async def test_a_capacity_429_retries_that_request_and_slows_no_one(router: respx.Router, fake_time: FakeTime) -> None:
+    router.post("/chat/completions", name="chat").mock(side_effect=[
+        httpx.Response(429, json=CAPACITY_BODY, headers={"retry-after-ms": "300"}),
+        httpx.Response(200, json=completion()),
+    ])
+    async with make_client(router, fake_time, concurrency=8) as client:
+        await client.chat(REQUEST)
+        assert client.limiter.limit == 8
+        assert client.pause.remaining == 0
+    assert fake_time.sleeps == [0.3]
+
+
+async def test_a_quota_429_without_headers_halves_the_concurrency(router: respx.Router, fake_time: FakeTime) -> None:
+    # The provider sends no rate-limit headers, so there is no pace to lower: the concurrency takes the cut.
     router.post("/chat/completions", name="chat").mock(
-        side_effect=[httpx.Response(429), httpx.Response(200, json=completion())]
+        side_effect=[httpx.Response(429, json=QUOTA_BODY), httpx.Response(200, json=completion())]
     )
     async with make_client(router, fake_time, concurrency=8) as client:
         await client.chat(REQUEST)
@@ -375,13 +394,50 @@ async def test_a_429_halves_the_clients_concurrency(router: respx.Router, fake_t
         assert client.limiter.in_flight == 0
 
 
-async def test_a_429_retry_after_pauses_other_callers(router: respx.Router) -> None:
+def limit_headers(*, limit: int, remaining: int, reset: str = "1s") -> dict[str, str]:
+    return {"x-ratelimit-limit-requests": str(limit), "x-ratelimit-remaining-requests": str(remaining),
+            "x-ratelimit-reset-requests": reset}
+
+
+async def test_the_headers_set_the_pace_with_no_rate_configured(router: respx.Router, fake_time: FakeTime) -> None:
+    route = router.post("/chat/completions", name="chat").respond(
+        200, json=completion(), headers=limit_headers(limit=600, remaining=500)
+    )
+    async with make_client(router, fake_time) as client:
+        for _ in range(11):
+            await client.chat(REQUEST)
+        pace = client._gates.paces["requests"]
+        assert pace.per_minute == pytest.approx(600 * 0.95)
+    assert route.call_count == 11
+    # 600 a minute at 0.95 is one request every ~0.105 s: ten requests after the first take ~1.05 s.
+    assert sum(fake_time.sleeps) == pytest.approx(10 * 60 / (600 * 0.95), rel=0.05)
+
+
+async def test_a_quota_429_with_headers_pauses_everyone_and_lowers_the_pace(
+    router: respx.Router, fake_time: FakeTime
+) -> None:
+    router.post("/chat/completions", name="chat").mock(side_effect=[
+        httpx.Response(200, json=completion(), headers=limit_headers(limit=600, remaining=10)),
+        httpx.Response(429, json=CAPACITY_BODY, headers={**limit_headers(limit=600, remaining=0, reset="2s"),
+                                                         "retry-after": "2"}),
+    ])
+    async with make_client(router, fake_time, concurrency=8, max_retries=0) as client:
+        await client.chat(REQUEST)
+        with pytest.raises(RateLimitError):
+            await client.chat(REQUEST)
+        # Remaining 0 is the evidence, whatever the message says; the concurrency is left alone.
+        assert client._gates.paces["requests"].per_minute == pytest.approx(600 * 0.95 * 0.8)
+        assert client.pause.remaining == pytest.approx(2.0)
+        assert client.limiter.limit == 8
+
+
+async def test_a_quota_429_retry_after_pauses_other_callers(router: respx.Router) -> None:
     sent_at: list[tuple[float, str]] = []
 
     def respond(request: httpx.Request) -> httpx.Response:
         sent_at.append((time.monotonic(), json.loads(request.content)["model"]))
         if len(sent_at) == 1:
-            return httpx.Response(429, headers={"retry-after-ms": "200"})
+            return httpx.Response(429, json=QUOTA_BODY, headers={"retry-after-ms": "200"})
         return httpx.Response(200, json=completion())
 
     router.post("/chat/completions", name="chat").mock(side_effect=respond)
@@ -395,6 +451,33 @@ async def test_a_429_retry_after_pauses_other_callers(router: respx.Router) -> N
     t429 = sent_at[0][0]
     second = next(t for t, model in sent_at if model == "second")
     assert second - t429 >= 0.19
+
+
+async def test_a_majority_of_capacity_429s_lowers_concurrency_to_a_quarter_at_most(
+    router: respx.Router, fake_time: FakeTime
+) -> None:
+    router.post("/chat/completions", name="chat").respond(429, json=CAPACITY_BODY, headers={"retry-after-ms": "1"})
+    async with make_client(router, fake_time, concurrency=40, max_retries=0) as client:
+        for _ in range(400):
+            with pytest.raises(RateLimitError):
+                await client.chat(REQUEST)
+        assert client.limiter.limit == 10
+
+
+async def test_a_request_never_waits_the_same_interval_twice(router: respx.Router, fake_time: FakeTime) -> None:
+    router.post("/chat/completions", name="chat").mock(side_effect=[
+        httpx.Response(429, headers={"retry-after": "1"}),
+        httpx.Response(429, headers={"retry-after": "1"}),
+        httpx.Response(500),
+        httpx.Response(429, headers={"retry-after": "1"}),
+        httpx.Response(500),
+        httpx.Response(200, json=completion()),
+    ])
+    async with make_client(router, fake_time, max_retries=5) as client:
+        await client.chat(REQUEST)
+    # No jitter: 1 (the Retry-After), 1.05, backoff 2; then 1.35 would be shorter than the last, so 2 plus 5%.
+    assert fake_time.sleeps == pytest.approx([1.0, 1.05, 2.0, 2.1, 8.0])
+    assert all(later > earlier for earlier, later in zip(fake_time.sleeps, fake_time.sleeps[1:]))
 
 
 async def test_concurrency_cap_holds_across_callers() -> None:

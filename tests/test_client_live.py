@@ -117,7 +117,7 @@ async def test_a_wrong_key_is_an_authentication_error_that_does_not_show_the_key
     assert KEY not in str(caught.value) and KEY[-8:] not in str(caught.value)
 
 
-async def test_a_429_pauses_every_caller_for_the_retry_after(start_sim: StartSim):
+async def test_a_capacity_429_is_retried_after_its_retry_after(start_sim: StartSim):
     url = await start_sim(retry_after=0.3)
     await queue_faults(url, "429")
     async with LLMClient(base_url=url, max_retries=2) as llm:

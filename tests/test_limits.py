@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from llm_dispatch._limits import AdaptiveLimiter, RateLimiter, SharedPause
+from llm_dispatch._limits import AdaptiveLimiter, Pace, RateLimiter, SharedPause
 from llm_dispatch._tokens import (
     DEFAULT_COMPLETION_TOKENS,
     TOKENS_PER_IMAGE,
@@ -283,3 +283,43 @@ def test_request_estimate_adds_the_reply_allowance() -> None:
     tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
     with_tools = ChatRequest(model="m", messages=messages, params={"max_tokens": 50, "tools": tools})
     assert estimate_request_tokens(with_tools) > prompt + 50
+
+
+# --- the pace the provider's headers set ---------------------------------------------------------
+
+
+async def test_a_pace_spaces_requests_evenly_under_the_stated_limit() -> None:
+    clock = FakeTime()
+    started = clock.now
+    pace = Pace(per_minute=600, clock=clock.monotonic, sleep=clock.sleep)
+    for _ in range(20):
+        await pace.acquire()
+    # 0.95 x 600 a minute: one every 60 / 570 s; starting empty, the 20th goes at 20 of those.
+    assert clock.now - started == pytest.approx(20 * 60 / 570, rel=0.01)
+
+
+async def test_a_pace_follows_what_the_account_has_left_when_another_run_spends_it() -> None:
+    clock = FakeTime()
+    pace = Pace(per_minute=6000, clock=clock.monotonic, sleep=clock.sleep)
+    await clock.sleep(1.0)
+    mark = await pace.acquire()
+    # Our pace had 23 to spend; the account says 3 remain after this request: someone else spent the rest.
+    pace.observe(limit=6000, remaining=3, mark=mark, amount=1)
+    started = clock.now
+    for _ in range(3):
+        await pace.acquire()
+    assert clock.now == started  # the three the account had
+    await pace.acquire()
+    assert clock.now > started  # and no more, until the pace refills
+
+
+async def test_a_quota_429_lowers_the_pace_once_per_burst_and_it_grows_back() -> None:
+    clock = FakeTime()
+    pace = Pace(per_minute=600, clock=clock.monotonic, sleep=clock.sleep)
+    marks = [await pace.acquire() for _ in range(3)]
+    assert pace.back_off(marks[0])
+    assert not pace.back_off(marks[1])  # let through before the decrease: the same overload
+    assert pace.per_minute == pytest.approx(570 * 0.8)
+    await clock.sleep(10.0)
+    await pace.acquire()
+    assert pace.per_minute == pytest.approx(570)

@@ -115,7 +115,7 @@ def test_retry_delay_header_forms(headers: dict[str, str], expected: float) -> N
 
 def test_retry_after_cap_is_configurable() -> None:
     headers = {"retry-after": "30"}
-    assert retry_delay(retries_taken=2, headers=headers, max_retry_after=60, random=no_jitter) == 30
+    assert retry_delay(retries_taken=0, headers=headers, max_retry_after=60, random=no_jitter) == 30
     assert retry_delay(retries_taken=2, headers=headers, max_retry_after=10, random=no_jitter) == 2.0
     assert DEFAULT_MAX_RETRY_AFTER == 120
 
@@ -151,3 +151,34 @@ def test_backoff_jitter_actually_varies() -> None:
 def test_retry_delay_backs_off_with_the_attempt_number() -> None:
     delays = [retry_delay(retries_taken=n, headers={"retry-after": "bogus"}, random=no_jitter) for n in range(6)]
     assert delays == [0.5, 1.0, 2.0, 4.0, 8.0, 8.0]
+
+
+def test_a_retry_after_is_the_minimum_and_the_wait_grows_from_it() -> None:
+    headers = {"retry-after": "1"}
+    delays = [retry_delay(retries_taken=n, headers=headers, random=no_jitter) for n in range(6)]
+    assert delays == pytest.approx([1.0, 1.05, 1.15, 1.35, 1.75, 2.55])
+    source = random.Random(3)
+    for n in range(6):
+        # Each retry's band [R(1 + 0.05(2**n - 1)), that + 0.025 R) lies clear above the last one's.
+        delay = retry_delay(retries_taken=n, headers=headers, random=source.random)
+        assert 1 + 0.05 * (2**n - 1) <= delay < 1 + 0.05 * (2**n - 1) + 0.025
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_request_never_waits_the_same_interval_twice_in_a_row(seed: int) -> None:
+    source = random.Random(seed)
+    previous: float | None = None
+    for n in range(8):  # below max_retry_after, where waits stop growing
+        headers = source.choice([{}, {"retry-after": "1"}, {"retry-after-ms": "200"}, {"retry-after": "9"}])
+        delay = retry_delay(retries_taken=n, headers=headers, previous=previous, random=source.random)
+        if previous is not None:
+            assert delay > previous
+        assert delay >= (server_retry_after(headers) or 0)
+        previous = delay
+
+
+def test_past_the_cap_the_wait_still_grows() -> None:
+    delays = []
+    for n in range(7):
+        delays.append(retry_delay(retries_taken=n, previous=delays[-1] if delays else None, random=no_jitter))
+    assert delays == pytest.approx([0.5, 1, 2, 4, 8, 8.4, 8.82])

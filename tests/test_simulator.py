@@ -499,3 +499,26 @@ def test_count_tokens_prices_long_words_and_other_scripts_higher():
     assert count_tokens("Hello, world!") == 4
     assert count_tokens("internationalization") > count_tokens("nation")
     assert count_tokens("日本語のテキスト") > count_tokens("abc")
+
+
+async def test_a_capacity_429_names_no_quota_and_leaves_the_quota_headers_unexhausted(
+    start_sim: StartSim, session: aiohttp.ClientSession
+):
+    url = await start_sim(rpm=600, rate_429=1.0, retry_after=0.2)
+    status, headers, data = await post(session, url, chat("busy"))
+    assert status == 429
+    assert "per min" not in data["error"]["message"] and "quota" not in data["error"]["message"]
+    assert headers["retry-after-ms"] == "200"
+    assert headers["x-ratelimit-limit-requests"] == "600"
+    assert int(headers["x-ratelimit-remaining-requests"]) > 0
+
+
+async def test_a_quota_window_of_a_second_enforces_a_sixtieth_of_the_quota(
+    start_sim: StartSim, session: aiohttp.ClientSession
+):
+    url = await start_sim(rpm=120, quota_window=1.0)
+    first, second, third = [await post(session, url, chat(f"q{i}")) for i in range(3)]
+    assert [first[0], second[0], third[0]] == [200, 200, 429]
+    assert first[1]["x-ratelimit-limit-requests"] == "120"  # stated per minute, as OpenAI does
+    assert second[1]["x-ratelimit-remaining-requests"] == "0"
+    assert int(third[1]["retry-after"]) <= 1

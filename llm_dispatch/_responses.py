@@ -67,10 +67,11 @@ def parse_chat(response: httpx.Response) -> Chat:
 
 def chat_result_from_body(body: Any, *, latency_s: float = 0.0, attempts: int = 1) -> ChatResult:
     """A ``ChatResult`` from a chat.completion body read elsewhere (a batch output line), parsed as ``chat`` does."""
-    chat = _chat_from_body(body)
+    # Built with its latency and attempts at once: a batch output holds tens of thousands of these.
+    chat = _chat_from_body(body, latency_s=latency_s, attempts=attempts)
     if chat is None:
         raise APIResponseValidationError(f"the body has no choices[0].message: {str(body)[:_SNIPPET_CHARS]!r}")
-    return chat.finished(latency_s=latency_s, attempts=attempts)
+    return chat.result
 
 
 def parse_file_info(response: httpx.Response) -> FileInfo:
@@ -135,7 +136,7 @@ def _snippet(response: httpx.Response) -> str:
     return repr(text[:_SNIPPET_CHARS] + ("..." if len(text) > _SNIPPET_CHARS else ""))
 
 
-def _chat_from_body(body: Any) -> Chat | None:
+def _chat_from_body(body: Any, *, latency_s: float = 0.0, attempts: int = 1) -> Chat | None:
     """The parts of a chat.completion body we keep, or None when it has no ``choices[0].message``."""
     choices = body.get("choices") if isinstance(body, dict) else None
     first = choices[0] if isinstance(choices, list) and choices else None
@@ -155,7 +156,8 @@ def _chat_from_body(body: Any) -> Chat | None:
         cached_tokens=_count(details.get("cached_tokens")) if isinstance(details, dict) else 0,
         model=body.get("model"),
         response_id=body.get("id"),
-        latency_s=0.0,
+        latency_s=latency_s,
+        attempts=attempts,
     )
     return Chat(result, _count(usage.get("total_tokens")) or prompt_tokens + completion_tokens)
 

@@ -92,13 +92,14 @@ def run(
             raise _fail(str(exc)) from None
 
     if file is not None:
-        from jobs import load_specs
+        from jobs import prompt_input
 
         try:
-            specs = load_specs(file, settings=settings)  # the whole file, before anything is sent or written
+            # The whole file, before anything is sent or written; streaming, no prompt held.
+            checked = prompt_input(file, settings=settings).check()
         except InputError as exc:
             raise _fail(str(exc)) from None
-        err.print(f"{file}: {len(specs)} prompts valid", highlight=False)
+        err.print(f"{file}: {checked.count} prompts valid", highlight=False)
 
     if not simulate and settings.api_key is None and "api.openai.com" in settings.base_url:
         raise _fail("no API key: set OPENAI_API_KEY (or LLM_DISPATCH_API_KEY), or add --simulate to use the bundled simulator")

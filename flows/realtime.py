@@ -105,7 +105,7 @@ async def send_realtime(
                     _log_plan(logger, job=job, feed=feed)
                     if progress is not None:
                         progress.started_at = first_at
-                sender.start(chunk, of=feed.expected_chunks)
+                await sender.start(chunk, of=feed.expected_chunks)
                 board.retotal(prompts=feed.expected_prompts, chunks=feed.expected_chunks)
                 board.open()
                 if progress is not None:

@@ -8,7 +8,17 @@ from ._costs import JobCost, PriceBasis, RepricedRow, Repricing, actual_cost, es
 from ._realtime import Chunk, ChunkFeed, ChunkSender, SendChunk
 from ._run import JobRun, Sessions, load_prices, open_run
 from ._plan import MAX_CHUNKS_PER_RUN, RealtimePlan, Selection, chunk_groups, chunk_size_for, plan_realtime
-from ._record import RecordedJob, fingerprint_of, load_specs, new_prompts, record_job, routing_rules, store_rest
+from ._record import (
+    PromptInput,
+    RecordedJob,
+    StoredSlice,
+    fingerprint_of,
+    new_prompts,
+    prompt_input,
+    record_job,
+    routing_rules,
+    store_rest,
+)
 from ._summary import (
     BatchHalfSummary,
     CancelSummary,
@@ -42,6 +52,7 @@ __all__ = [
     "JobReport",
     "JobRun",
     "PriceBasis",
+    "PromptInput",
     "RealtimePlan",
     "RealtimeSummary",
     "RecordedJob",
@@ -51,6 +62,7 @@ __all__ = [
     "Selection",
     "SendChunk",
     "Sessions",
+    "StoredSlice",
     "SubmitOutcome",
     "SweepSummary",
     "DispatchSummary",
@@ -65,9 +77,9 @@ __all__ = [
     "ingest_batch",
     "job_report",
     "load_prices",
-    "load_specs",
     "money",
     "new_prompts",
+    "prompt_input",
     "open_run",
     "plan_realtime",
     "poll_batch",

@@ -18,6 +18,8 @@ __all__ = ["JobCost", "PriceBasis", "RepricedRow", "Repricing", "actual_cost", "
 Sessions = async_sessionmaker[AsyncSession]
 # Answers of a model this database must hold before the reply length learnt from them replaces the setting.
 CALIBRATION_MIN = 20
+# Open prompts read per query while estimating (a keyset page; memory stays at one page).
+ESTIMATE_PAGE = 2000
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,38 +124,39 @@ async def estimate_cost(
     """
     estimate = JobCost(totals=CostTotals(table=table))
     bound = Decimal(0)
-    rows_by_route = {}
     for route in storage.SEND_ROUTES:
-        ids = await storage.open_prompt_ids(sessions, job_id=job_id, retry_failed=retry_failed, planned_route=route)
-        rows_by_route[route] = await storage.load_work(sessions, prompt_ids=ids)
-    models = sorted({row.model for rows in rows_by_route.values() for row in rows})
-    seen_lengths = await storage.reply_lengths(sessions, models=models)
-    estimate.reply_tokens = {
-        model: round(seen_lengths[model].typical)
-        if model in seen_lengths and seen_lengths[model].replies >= CALIBRATION_MIN
-        else typical_completion_tokens
-        for model in models
-    }
-    for route in storage.SEND_ROUTES:
-        seen: set[str] = set()
-        for row in rows_by_route[route]:
-            if dedupe:
-                if row.dedupe_key in seen:
-                    continue
-                seen.add(row.dedupe_key)
-            request = ChatRequest(model=row.model, messages=row.messages, params=row.params)
-            guess = estimate_request_cost(request=request, route=route, table=table,  # type: ignore[arg-type]
-                                          typical_completion_tokens=estimate.reply_tokens[row.model])
-            estimate.totals.add(model=row.model, route=route, prompt_tokens=guess.prompt_tokens,  # type: ignore[arg-type]
-                                completion_tokens=guess.completion_tokens)
-            if guess.cost is None:
-                continue  # unpriced: counted in totals.unpriced_models, out of both figures
-            if guess.max_cost is None:
-                estimate.unbounded_models[row.model] = estimate.unbounded_models.get(row.model, 0) + 1
-            else:
-                bound += guess.max_cost
+        # Pages come ordered by request: an identical request is the one just before it, never held.
+        last_key: str | None = None
+        async for rows in storage.open_work_pages(sessions, job_id=job_id, page=ESTIMATE_PAGE,
+                                                  retry_failed=retry_failed, planned_route=route):
+            for row in rows:
+                if dedupe:
+                    if row.dedupe_key == last_key:
+                        continue
+                    last_key = row.dedupe_key
+                if row.model not in estimate.reply_tokens:
+                    estimate.reply_tokens[row.model] = await _typical_reply(
+                        sessions, model=row.model, default=typical_completion_tokens)
+                request = ChatRequest(model=row.model, messages=row.messages, params=row.params)
+                guess = estimate_request_cost(request=request, route=route, table=table,  # type: ignore[arg-type]
+                                              typical_completion_tokens=estimate.reply_tokens[row.model])
+                estimate.totals.add(model=row.model, route=route,  # type: ignore[arg-type]
+                                    prompt_tokens=guess.prompt_tokens, completion_tokens=guess.completion_tokens)
+                if guess.cost is None:
+                    continue  # unpriced: counted in totals.unpriced_models, out of both figures
+                if guess.max_cost is None:
+                    estimate.unbounded_models[row.model] = estimate.unbounded_models.get(row.model, 0) + 1
+                else:
+                    bound += guess.max_cost
+    estimate.reply_tokens = dict(sorted(estimate.reply_tokens.items()))
     estimate.max_total = None if estimate.unbounded_models else bound
     return estimate
+
+
+async def _typical_reply(sessions: Sessions, *, model: str, default: int) -> int:
+    """The typical reply length of ``model``: learnt from this database once it holds enough answers."""
+    seen = (await storage.reply_lengths(sessions, models=[model])).get(model)
+    return round(seen.typical) if seen is not None and seen.replies >= CALIBRATION_MIN else default
 
 
 async def actual_cost(*, sessions: Sessions, job_id: str) -> JobCost:

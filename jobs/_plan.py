@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Container, Sequence
 from dataclasses import dataclass, field
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -42,8 +42,12 @@ class RealtimePlan:
     chunks: list[list[tuple[int, ...]]] = field(default_factory=list)
     open_prompts: int = 0
     reused: int = 0
-    # Prompts left out for now because their request is in ``hold_keys``.
+    # Prompts left out for now because their request is in ``hold_keys``, and those requests.
     held: int = 0
+    held_keys: frozenset[str] = frozenset()
+    # The last prompt looked at, ``(position, id)``, when a page was asked for and filled: the next
+    # page starts after it. None: no prompt is left after this plan's.
+    last: tuple[int, int] | None = None
     # Input position of each planned prompt id, when asked for (``plan_realtime(track_positions=True)``).
     positions: dict[int, int] = field(default_factory=dict)
 
@@ -74,7 +78,8 @@ async def plan_realtime(
     dedupe: bool,
     selection: Selection = Selection(),
     positions: tuple[int, int] | None = None,
-    hold_keys: Collection[str] = frozenset(),
+    page: tuple[tuple[int, int] | None, int] | None = None,
+    hold_keys: Container[str] = frozenset(),
     only_keys: Collection[str] | None = None,
     track_positions: bool = False,
 ) -> RealtimePlan:
@@ -85,26 +90,34 @@ async def plan_realtime(
     ``positions=(start, stop)`` plans only the prompts at those input positions, leaving out (when
     grouping identical requests) those making a request in ``hold_keys``, whose other prompts may
     not be stored yet; ``only_keys`` plans just the prompts making those requests.
+    ``page=(after, limit)``: only the first ``limit`` prompts after ``after`` (a ``RealtimePlan.last``,
+    or None to start), so that a job of any size is planned a keyset page at a time.
     ``track_positions`` fills ``RealtimePlan.positions``, for a caller holding the prompts in memory.
     """
+    after, limit = page if page is not None else (None, None)
     found = await storage.open_prompts(
         sessions, job_id=job_id, retry_failed=selection.retry_failed, planned_route=selection.planned_route,
-        in_flight=selection.in_flight, shard=selection.shard, positions=positions, dedupe_keys=only_keys)
+        in_flight=selection.in_flight, shard=selection.shard, positions=positions, dedupe_keys=only_keys,
+        after=after, limit=limit)
     if not found:
         return RealtimePlan()
+    last = (found[-1].position, found[-1].id) if limit is not None and len(found) == limit else None
     if not dedupe:
         return RealtimePlan(chunks=chunk_groups([(prompt.id,) for prompt in found], chunk_size=chunk_size),
-                            open_prompts=len(found), positions=_positions(found) if track_positions else {})
+                            open_prompts=len(found), positions=_positions(found) if track_positions else {},
+                            last=last)
 
     by_key: dict[str, list[int]] = {}
+    held_keys: set[str] = set()
     held = 0
     for prompt in found:  # in input order, so a group's first id is its earliest prompt
         if prompt.dedupe_key in hold_keys:
             held += 1
+            held_keys.add(prompt.dedupe_key)
             continue
         by_key.setdefault(prompt.dedupe_key, []).append(prompt.id)
     if not by_key:
-        return RealtimePlan(held=held)
+        return RealtimePlan(held=held, held_keys=frozenset(held_keys), last=last)
 
     answered = await reuse_stored_answers(sessions=sessions, sink=sink, groups=by_key)
     reused = sum(len(by_key.pop(key)) for key in answered)
@@ -112,7 +125,8 @@ async def plan_realtime(
         logger.info("%d prompts answered from stored identical requests (no new cost); --no-dedupe turns this off", reused)
     groups = [tuple(ids) for ids in by_key.values()]
     return RealtimePlan(chunks=chunk_groups(groups, chunk_size=chunk_size), open_prompts=len(found) - held, reused=reused,
-                        held=held, positions=_positions(found) if track_positions else {})
+                        held=held, held_keys=frozenset(held_keys), last=last,
+                        positions=_positions(found) if track_positions else {})
 
 
 def _positions(found: Sequence[storage.OpenPrompt]) -> dict[int, int]:

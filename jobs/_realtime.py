@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Container, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Protocol
@@ -14,7 +14,7 @@ import storage
 from llm_dispatch import ChatRequest, ChatSender, DispatchOutcome, ResultSink, RoutingRules
 
 from ._plan import RealtimePlan, Selection, chunk_size_for, plan_realtime
-from ._record import RecordedJob, store_rest
+from ._record import RecordedJob, StoredSlice, store_rest
 from ._run import Sessions
 
 # Chunks begun beyond the lanes: each loads its rows and waits, ready the moment a lane frees.
@@ -35,13 +35,15 @@ class Chunk:
 
 
 class ChunkFeed:
-    """The chunks of a real-time run, in the order to send them.
+    """The chunks of a real-time run, in the order to send them, planned as they are asked for.
 
-    A job recorded whole is planned at once. A job still being recorded (``RecordedJob.rest``) is
-    planned a slice at a time: the prompts stored so far, then each slice as it is stored (after
-    ``before_storing``), and last the identical requests whose prompts fell in different slices,
-    grouped once all of them are stored so that they are paid once. The job leaves ``recording``
-    with its last slice.
+    A job recorded whole is planned a keyset page of its open prompts at a time. A job still being
+    recorded (``RecordedJob.rest``) is planned a slice at a time: the prompts stored so far, then
+    each slice as it is stored (after ``before_storing``). Either way the identical requests whose
+    prompts are in different pages or slices come last, grouped once all of them are stored so that
+    they are paid once. The job leaves ``recording`` with its last slice. What the feed holds is a
+    page or a slice, however large the job: a consumer that takes a chunk only when it can start it
+    keeps the run's memory flat.
     """
 
     def __init__(
@@ -63,8 +65,8 @@ class ChunkFeed:
         self._selection = selection
         self._dedupe, self._rules, self._before_storing = dedupe, rules, before_storing
         self.chunks = self.requests = self.prompts = self.reused = 0
-        # Prompts of the job not planned yet; counted as a request each until they are.
-        self.unplanned = len(job.rest)
+        # Open prompts not planned yet (counted when the feed starts); a request each until they are.
+        self.unplanned = job.total if job.rest else 0
 
     @property
     def expected_chunks(self) -> int:
@@ -80,25 +82,12 @@ class ChunkFeed:
         return self.prompts + self.unplanned
 
     async def __aiter__(self) -> AsyncIterator[Chunk]:
-        job = self._job
-        if not job.rest:
-            for chunk in self._take(await self._plan(size=self._first_size)):
-                yield chunk
-            return
-        held = job.repeated_keys if self._dedupe else frozenset()
-        first = await self._plan(size=self._first_size, positions=(0, job.stored), hold_keys=held)
-        self.unplanned += first.held
-        for chunk in self._take(first):
-            yield chunk
-        if first.chunks and self._before_storing is not None:
-            await self._before_storing()
-        assert job.recorded_at is not None
-        async for start, stop in store_rest(job_id=job.job_id, specs=job.rest, sessions=self._sessions,
-                                             first_slice=job.stored, recorded_at=job.recorded_at,
-                                             then_status="running", rules=self._rules):
-            planned = await self._plan(positions=(start, stop), hold_keys=held)
-            self.unplanned += planned.held - (stop - start)
-            for chunk in self._take(planned):
+        # Requests held back from pages or slices, planned last.
+        held: set[str] = set()
+        plans = self._recording() if self._job.rest else self._pages()
+        async for plan, stored in plans:
+            held |= plan.held_keys
+            for chunk in self._take(plan, stored):
                 yield chunk
         if held:
             last = await self._plan(only_keys=held)
@@ -106,29 +95,67 @@ class ChunkFeed:
             for chunk in self._take(last):
                 yield chunk
 
+    async def _pages(self) -> AsyncIterator[tuple[RealtimePlan, StoredSlice | None]]:
+        """A job recorded whole: its open prompts a keyset page at a time."""
+        job, selection = self._job, self._selection
+        where = {"retry_failed": selection.retry_failed, "planned_route": selection.planned_route,
+                 "in_flight": selection.in_flight, "shard": selection.shard}
+        self.unplanned = await storage.open_prompt_count(self._sessions, job_id=job.job_id, **where)  # type: ignore[arg-type]
+        if not self.unplanned:
+            return
+        self._size = chunk_size_for(self.unplanned, chunk_size=self._first_size)
+        hold: Container[str] = frozenset()
+        if self._dedupe:
+            hold = await storage.open_repeated_keys(self._sessions, job_id=job.job_id, **where)  # type: ignore[arg-type]
+        after: tuple[int, int] | None = None
+        while True:
+            plan = await self._plan(page=(after, self._size), hold_keys=hold)
+            yield plan, None
+            if plan.last is None:
+                return
+            after = plan.last
+
+    async def _recording(self) -> AsyncIterator[tuple[RealtimePlan, StoredSlice | None]]:
+        """A job being recorded: what is stored, then each slice as it is stored."""
+        job = self._job
+        assert job.input is not None and job.recorded_at is not None
+        hold = job.repeated_keys if self._dedupe else frozenset()
+        first = await self._plan(size=self._first_size, positions=(0, job.stored), hold_keys=hold)
+        yield first, None
+        if first.chunks and self._before_storing is not None:
+            await self._before_storing()
+        async for stored in store_rest(job_id=job.job_id, given=job.input, start=job.stored, sessions=self._sessions,
+                                       first_slice=job.stored, recorded_at=job.recorded_at, then_status="running",
+                                       rules=self._rules):
+            yield await self._plan(positions=(stored.start, stored.stop), hold_keys=hold, track_positions=True), stored
+
     async def _plan(self, *, size: int | None = None, **slice_: Any) -> RealtimePlan:
         return await plan_realtime(
             job_id=self._job.job_id, sessions=self._sessions, sink=self._sink, chunk_size=size or self._size,
-            dedupe=self._dedupe, selection=self._selection, track_positions=bool(self._job.specs), **slice_,
+            dedupe=self._dedupe, selection=self._selection, **slice_,
         )
 
-    def _take(self, plan: RealtimePlan) -> list[Chunk]:
+    def _take(self, plan: RealtimePlan, stored: StoredSlice | None = None) -> list[Chunk]:
         self.reused += plan.reused
         self.prompts += plan.open_prompts - plan.reused
         self.requests += plan.requests
+        self.unplanned = max(0, self.unplanned - plan.open_prompts)
         self.chunks += len(plan.chunks)
-        return [Chunk(groups=groups, requests=self._requests_of(plan, groups)) for groups in plan.chunks]
+        return [Chunk(groups=groups, requests=_requests_of(plan, groups, stored)) for groups in plan.chunks]
 
-    def _requests_of(self, plan: RealtimePlan, groups: Sequence[tuple[int, ...]]) -> dict[int, ChatRequest] | None:
-        specs = self._job.specs
-        if not specs:
-            return None
-        requests = {}
-        for ids in groups:
-            spec = specs[plan.positions[ids[0]]]
-            assert spec.position == plan.positions[ids[0]], "specs must be the job's prompts in input order"
-            requests[ids[0]] = ChatRequest(model=spec.model, messages=spec.messages, params=spec.params)
-        return requests
+
+def _requests_of(
+    plan: RealtimePlan, groups: Sequence[tuple[int, ...]], stored: StoredSlice | None
+) -> dict[int, ChatRequest] | None:
+    """Each group's request, from the slice just stored when there is one (else the chunk loads its rows)."""
+    if stored is None:
+        return None
+    requests = {}
+    for ids in groups:
+        spec = stored.specs[plan.positions[ids[0]] - stored.start]
+        assert spec.position == plan.positions[ids[0]], "a slice holds the job's prompts in input order"
+        requests[ids[0]] = ChatRequest(model=spec.model, messages=spec.messages, params=spec.params)
+    return requests
 
 
 class SendChunk(Protocol):
@@ -198,13 +225,14 @@ class ChunkSender:
             return None  # the body's error goes on
         return await self._group.__aexit__(exc_type, exc, tb)
 
-    def start(self, chunk: Chunk, *, of: int) -> None:
-        """Start sending ``chunk`` (the run's chunk number so-many ``of`` about ``of``) when its turn comes."""
+    async def start(self, chunk: Chunk, *, of: int) -> None:
+        """Start sending ``chunk`` (the run's chunk number so-many ``of`` about ``of``); waits until it may
+        begin, so that a caller taking chunks from a feed holds only those begun, not the whole plan."""
+        await self._begun.acquire()
         self._started += 1
         self._group.create_task(self._run(number=self._started, of=of, chunk=chunk))
 
     async def _run(self, *, number: int, of: int, chunk: Chunk) -> None:
-        await self._begun.acquire()
         if number > self._lane_count:
             # A chunk begun ahead loads its rows once the first requests are out, not in their way.
             await self.sending.wait()

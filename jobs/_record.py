@@ -4,10 +4,10 @@ in slices when the job is sent while it is stored."""
 from __future__ import annotations
 
 import logging
-from collections import Counter
-from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Container, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -16,24 +16,52 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 import storage
 from llm_dispatch import (
     ConfigError,
+    InputCheck,
+    PriceTable,
+    PromptSource,
     PromptSpec,
     RoutingRules,
     Settings,
+    check_prompts,
     decide_route,
-    fingerprint,
+    iter_prompts,
     parse_deadline,
-    parse_prompt_dicts,
     prompt_chars,
-    read_prompts,
 )
 
 from ._run import load_prices
 
 logger = logging.getLogger(__name__)
 
-# Slices of the rest grow from the first size to at most this many times it: early ones reach the
-# sender quickly, later ones keep the number of transactions (and planning task runs) small.
-MAX_SLICE_GROWTH = 64
+# Slices of the rest grow from the first size to at most this many prompts: early ones reach the
+# sender quickly; a slice is held in memory while it is planned and its chunks are sent.
+MAX_SLICE = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class PromptInput:
+    """A checked input, read again as a stream whenever its prompts are needed, so that none is held."""
+
+    source: PromptSource
+    default_model: str
+    table: PriceTable | None = field(default=None, repr=False)
+
+    def specs(self, *, start: int = 0) -> Iterator[PromptSpec]:
+        """Its prompts in input order, from input position ``start``."""
+        return islice(iter_prompts(self.source, default_model=self.default_model, table=self.table), start, None)
+
+    def check(self) -> InputCheck:
+        """Validate the whole input (``InputError`` at the first problem): its count, fingerprint, repeats."""
+        return check_prompts(self.source, default_model=self.default_model, table=self.table)
+
+
+@dataclass(frozen=True, slots=True)
+class StoredSlice:
+    """Prompts ``store_rest`` has stored: input positions ``start .. stop - 1``, in order."""
+
+    start: int
+    stop: int
+    specs: list[PromptSpec]
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,26 +69,25 @@ class RecordedJob:
     job_id: str
     total: int
     resumed: bool
-    # A new job stored in slices (``record_job(head=...)``): all its prompts in input order, of
-    # which the first ``head`` are stored; ``store_rest`` stores the others. The job's status stays
-    # ``recording`` until then. Its sender may take requests from here rather than load them again.
-    specs: Sequence[PromptSpec] = ()
+    # A new job stored in slices (``record_job(head=...)``): its input, of which the first ``head``
+    # prompts are stored; ``store_rest`` stores the others. The job's status stays ``recording`` until then.
+    input: PromptInput | None = None
     head: int = 0
     # When the job was recorded: relative deadlines of the rest count from it, as the first ones' did.
     recorded_at: datetime | None = None
     # Requests (dedupe keys) that more than one prompt of the job makes: their prompts may be split
     # between slices, so a sender grouping identical requests waits until all are stored.
-    repeated_keys: frozenset[str] = frozenset()
+    repeated_keys: Container[str] = frozenset()
 
     @property
-    def rest(self) -> Sequence[PromptSpec]:
-        """The prompts ``store_rest`` has to store."""
-        return self.specs[self.head :]
+    def rest(self) -> int:
+        """How many prompts ``store_rest`` has to store."""
+        return self.total - self.head if self.input is not None else 0
 
     @property
     def stored(self) -> int:
         """Prompts stored so far: input positions ``0 .. stored - 1``."""
-        return self.head if self.specs else self.total
+        return self.head if self.input is not None else self.total
 
 
 def routing_rules(settings: Settings) -> RoutingRules:
@@ -68,9 +95,8 @@ def routing_rules(settings: Settings) -> RoutingRules:
                         margin=timedelta(seconds=settings.deadline_margin))
 
 
-def new_prompts(specs: Sequence[PromptSpec], *, rules: RoutingRules | None, now: datetime) -> list[storage.NewPrompt]:
-    """Rows for the specs, each routed by ``rules`` (None: all real-time) with its reason and deadline."""
-    prompts = []
+def new_prompts(specs: Iterable[PromptSpec], *, rules: RoutingRules | None, now: datetime) -> Iterator[storage.NewPrompt]:
+    """Rows for the specs, one at a time, each routed by ``rules`` (None: all real-time) with its reason and deadline."""
     for spec in specs:
         deadline = parse_deadline(spec.deadline, now=now) if spec.deadline else None
         if rules is None:
@@ -79,27 +105,23 @@ def new_prompts(specs: Sequence[PromptSpec], *, rules: RoutingRules | None, now:
             decision = decide_route(urgency=spec.urgency, deadline=deadline, prompt_chars=prompt_chars(spec.messages),
                                     now=now, rules=rules)
             route, reason = decision.route, decision.reason
-        prompts.append(storage.NewPrompt(
+        yield storage.NewPrompt(
             custom_id=spec.custom_id, position=spec.position, model=spec.model, messages=spec.messages,
             params=spec.params, metadata=spec.metadata, dedupe_key=spec.dedupe_key,
             planned_route=route, route_reason=reason, deadline=deadline,
-        ))
-    return prompts
+        )
+
+
+def prompt_input(source: str | Path | Sequence[Mapping[str, Any]], *, settings: Settings) -> PromptInput:
+    """The input at ``source`` (a path or a list of dicts), each prompt to be checked against its model's
+    context window and maximum output in the price table (the bundled one and ``settings.prices_file``);
+    raises ``ConfigError`` for a bad price file."""
+    return PromptInput(source=source, default_model=settings.model, table=load_prices(settings))
 
 
 def fingerprint_of(path: str | Path, *, settings: Settings) -> str:
     """The fingerprint a job of the prompts in ``path`` has (same prompts, same default model)."""
-    return fingerprint(load_specs(path, settings=settings))
-
-
-def load_specs(source: str | Path | Sequence[Mapping[str, Any]], *, settings: Settings) -> list[PromptSpec]:
-    """Parse and validate prompts from a path or a list of dicts, each against its model's context window
-    and maximum output in the price table (the bundled one and ``settings.prices_file``); raises
-    ``InputError`` (``ConfigError`` for a bad price file)."""
-    table = load_prices(settings)
-    if isinstance(source, (str, Path)):
-        return read_prompts(source, default_model=settings.model, table=table)
-    return parse_prompt_dicts(source, default_model=settings.model, table=table)
+    return prompt_input(path, settings=settings).check().fingerprint
 
 
 async def record_job(
@@ -130,13 +152,14 @@ async def record_job(
         if job is None:
             raise ConfigError(f"no job {job_id!r} in {database}; see `llm-dispatch status`")
         if job.status == "recording":
-            job = await _finish_recording(sessions, job=job, specs=_input_of(job, settings=settings), rules=rules)
+            job = await _finish_recording(sessions, job=job, given=_input_of(job, settings=settings), rules=rules)
         total = sum(job.counts.values())
         logger.info("resuming job %s (%d prompts)", job_id, total)
         return RecordedJob(job_id=job_id, total=total, resumed=True)
 
-    specs = load_specs(source, settings=settings)
-    digest = fingerprint(specs)
+    given = prompt_input(source, settings=settings)
+    checked = given.check()
+    digest = checked.fingerprint
     existing = job_id or await storage.find_job(sessions, fingerprint=digest)
     if existing is not None:
         job = await storage.get_job(sessions, job_id=existing)
@@ -146,12 +169,12 @@ async def record_job(
             if job.fingerprint != digest:
                 raise ConfigError(f"job {existing} was cut off while recording other prompts than this input's: "
                                   "run its own input again, or this input without the job id")
-            job = await _finish_recording(sessions, job=job, specs=specs, rules=rules)
+            job = await _finish_recording(sessions, job=job, given=given, rules=rules)
         logger.info("input already recorded as job %s: resuming it (only unfinished prompts are sent)", existing)
         return RecordedJob(job_id=existing, total=sum(job.counts.values()), resumed=True)
 
     input_path = str(Path(source).resolve()) if isinstance(source, (str, Path)) else None
-    split = head is not None and 0 < head < len(specs)
+    split = head is not None and 0 < head < checked.count
     new_id = await storage.create_job(
         sessions,
         name=name or (Path(source).name if isinstance(source, (str, Path)) else "prompts"),
@@ -164,66 +187,69 @@ async def record_job(
     )
     now = datetime.now(UTC)
     if not split:
-        await storage.add_prompts(sessions, job_id=new_id, prompts=new_prompts(specs, rules=rules, now=now),
+        await storage.add_prompts(sessions, job_id=new_id, prompts=new_prompts(given.specs(), rules=rules, now=now),
                                   then_status="created")
-        logger.info("recorded job %s: %d prompts", new_id, len(specs))
-        return RecordedJob(job_id=new_id, total=len(specs), resumed=False)
+        logger.info("recorded job %s: %d prompts", new_id, checked.count)
+        return RecordedJob(job_id=new_id, total=checked.count, resumed=False)
     assert head is not None
-    await storage.add_prompts(sessions, job_id=new_id, prompts=new_prompts(specs[:head], rules=rules, now=now))
-    counts = Counter(spec.dedupe_key for spec in specs)
-    logger.info("recording job %s: %d prompts, the first %d stored", new_id, len(specs), head)
-    return RecordedJob(job_id=new_id, total=len(specs), resumed=False, specs=specs, head=head, recorded_at=now,
-                       repeated_keys=frozenset(key for key, count in counts.items() if count > 1))
+    await storage.add_prompts(sessions, job_id=new_id,
+                              prompts=new_prompts(islice(given.specs(), head), rules=rules, now=now))
+    logger.info("recording job %s: %d prompts, the first %d stored", new_id, checked.count, head)
+    return RecordedJob(job_id=new_id, total=checked.count, resumed=False, input=given, head=head, recorded_at=now,
+                       repeated_keys=checked.repeated_keys)
 
 
 async def store_rest(
     *,
     job_id: str,
-    specs: Sequence[PromptSpec],
+    given: PromptInput,
+    start: int,
     sessions: async_sessionmaker[AsyncSession],
     first_slice: int,
     recorded_at: datetime,
     then_status: storage.JobStatus,
     rules: RoutingRules | None = None,
-) -> AsyncIterator[tuple[int, int]]:
-    """Store the prompts ``record_job`` left for later (``RecordedJob.rest``), yielding after each slice
-    the input positions ``(start, stop)`` it held, so that they can be sent while the next is stored.
+) -> AsyncIterator[StoredSlice]:
+    """Store the prompts of ``given`` from input position ``start`` on (those ``record_job`` left for
+    later), yielding each slice once stored, so that it can be sent while the next is stored.
 
-    Slices start at ``first_slice`` prompts and grow, each its own transaction, routed by ``rules``
-    as of ``recorded_at`` like the first ones. The last slice moves the job on from ``recording`` to
-    ``then_status``.
+    Slices start at ``first_slice`` prompts and grow to ``MAX_SLICE``, each its own transaction, routed
+    by ``rules`` as of ``recorded_at`` like the first ones. The last slice moves the job on from
+    ``recording`` to ``then_status``. Only the slice at hand is in memory.
     """
     if first_slice < 1:
         raise ValueError("first_slice must be at least 1")
-    stored, size = 0, first_slice
-    while stored < len(specs):
-        part = specs[stored : stored + size]
-        last = stored + len(part) == len(specs)
+    specs = given.specs(start=start)
+    size = min(first_slice, MAX_SLICE)
+    part = list(islice(specs, size))
+    while part:
+        size = min(size * 2, MAX_SLICE)
+        # One slice ahead: the last one is known as such, and moves the job on in its own transaction.
+        after = list(islice(specs, size))
         await storage.add_prompts(sessions, job_id=job_id, prompts=new_prompts(part, rules=rules, now=recorded_at),
-                                  skip_existing=True, then_status=then_status if last else None)
-        stored += len(part)
-        yield part[0].position, part[-1].position + 1
-        size = min(size * 2, first_slice * MAX_SLICE_GROWTH)
+                                  skip_existing=True, then_status=None if after else then_status)
+        yield StoredSlice(start=part[0].position, stop=part[-1].position + 1, specs=part)
+        part = after
 
 
-def _input_of(job: storage.JobInfo, *, settings: Settings) -> list[PromptSpec]:
-    """The prompts of a job cut off while recording, read again from its input file."""
+def _input_of(job: storage.JobInfo, *, settings: Settings) -> PromptInput:
+    """The input of a job cut off while recording: its input file, checked to be the same prompts."""
     cut_off = f"job {job.id} was cut off while its prompts were being recorded ({sum(job.counts.values())} stored)"
     if job.input_path is None or not Path(job.input_path).is_file():
         where = f"its input {job.input_path} is gone" if job.input_path else "it was given as a list, not a file"
         raise ConfigError(f"{cut_off} and {where}: run the same prompts again as input (not by job id) to store the rest")
-    specs = load_specs(job.input_path, settings=settings)
-    if fingerprint(specs) != job.fingerprint:
+    given = prompt_input(job.input_path, settings=settings)
+    if given.check().fingerprint != job.fingerprint:
         raise ConfigError(f"{cut_off}, and its input {job.input_path} no longer reads as the same prompts (the file "
                           "or the default model changed): run it with the original input and model")
-    return specs
+    return given
 
 
 async def _finish_recording(
     sessions: async_sessionmaker[AsyncSession],
     *,
     job: storage.JobInfo,
-    specs: Sequence[PromptSpec],
+    given: PromptInput,
     rules: RoutingRules | None,
 ) -> storage.JobInfo:
     """Store the prompts a cut-off recording left out (those stored stay as they are); the job as it is now.
@@ -231,10 +257,10 @@ async def _finish_recording(
     Relative deadlines count from when the job was created, as they did for the prompts stored then.
     """
     stored = sum(job.counts.values())
-    await storage.add_prompts(sessions, job_id=job.id, prompts=new_prompts(specs, rules=rules, now=job.created_at),
+    await storage.add_prompts(sessions, job_id=job.id, prompts=new_prompts(given.specs(), rules=rules, now=job.created_at),
                               skip_existing=True, then_status="created")
-    logger.warning("job %s was cut off while its prompts were being recorded: %d of %d were stored, now all are",
-                   job.id, stored, len(specs))
     finished = await storage.get_job(sessions, job_id=job.id)
     assert finished is not None
+    logger.warning("job %s was cut off while its prompts were being recorded: %d of %d were stored, now all are",
+                   job.id, stored, sum(finished.counts.values()))
     return finished

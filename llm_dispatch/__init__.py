@@ -19,7 +19,17 @@ from ._client import LLMClient
 from ._constants import DEFAULT_CONCURRENCY, DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
 from ._costs import PICO_PER_USD, CostTotals, RowCost, RowPricer, estimate_request_cost, from_pico
 from ._dispatch import ChatSender, DispatchOutcome, Progress, ResultSink, WorkItem, current_progress, send_all
-from ._inputs import PromptSpec, fingerprint, parse_prompt_dicts, read_prompts
+from ._inputs import (
+    InputCheck,
+    PromptSource,
+    PromptSpec,
+    RepeatedKeys,
+    check_prompts,
+    fingerprint,
+    iter_prompts,
+    parse_prompt_dicts,
+    read_prompts,
+)
 from ._limits import AdaptiveLimiter, RateLimiter, SharedPause
 from ._pricing import PriceTable
 from ._responses import chat_result_from_body
@@ -61,7 +71,9 @@ __all__ = [
     "estimate_request_cost",
     "estimate_request_tokens",
     "FileInfo",
+    "check_prompts",
     "fingerprint",
+    "iter_prompts",
     "from_pico",
     "LLMClient",
     "parse_deadline",
@@ -69,7 +81,10 @@ __all__ = [
     "PriceTable",
     "Progress",
     "prompt_chars",
+    "InputCheck",
+    "PromptSource",
     "PromptSpec",
+    "RepeatedKeys",
     "RateLimiter",
     "read_batch_output",
     "read_prompts",

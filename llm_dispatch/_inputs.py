@@ -2,7 +2,9 @@
 
 The whole input is validated before anything is sent or written, known request parameters and,
 given the model table, each prompt against its model's context window included; the first problem
-raises an ``InputError`` that names the file, the line and the field.
+raises an ``InputError`` that names the file, the line and the field. ``check_prompts`` does so in
+one streaming pass, holding 16 bytes per prompt (hashes of ids and requests), so that a job of
+millions of prompts is checked and then read again as a stream (``iter_prompts``) while it is stored.
 """
 
 from __future__ import annotations
@@ -10,20 +12,31 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from ._exceptions import InputError
+from ._hashes import HashBag, RepeatedKeys, key_hash, text_hash
 from ._params import param_problem
 from ._pricing import ModelLimits, PriceTable
 from ._routing import URGENCIES, parse_deadline
 from ._tokens import estimate_input_tokens, reply_cap
 from ._types import ChatRequest, dedupe_key
 
-__all__ = ["PromptSpec", "fingerprint", "read_prompts", "parse_prompt_dicts"]
+__all__ = [
+    "InputCheck",
+    "PromptSource",
+    "PromptSpec",
+    "RepeatedKeys",
+    "check_prompts",
+    "fingerprint",
+    "iter_prompts",
+    "parse_prompt_dicts",
+    "read_prompts",
+]
 
 JSONL_FIELDS = frozenset({"id", "prompt", "messages", "model", "params", "metadata", "urgency", "deadline"})
 CSV_RESERVED = frozenset({"id", "prompt", "model", "urgency", "deadline"})
@@ -32,6 +45,8 @@ _ANY_NOW = datetime(2000, 1, 1, tzinfo=timezone.utc)
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 # Keys the dispatcher sets itself; a prompt may not override them through params.
 FORBIDDEN_PARAMS = frozenset({"model", "messages", "stream", "n"})
+# A prompt file, or prompts given as dicts (a sequence: a second pass reads it again).
+PromptSource = str | Path | Iterable[Mapping[str, Any]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,20 +72,134 @@ class PromptSpec:
             object.__setattr__(self, "dedupe_key", dedupe_key(model=self.model, messages=self.messages, params=self.params))
 
 
-def fingerprint(specs: Sequence[PromptSpec]) -> str:
+def fingerprint(specs: Iterable[PromptSpec]) -> str:
     """A hash of the whole prompt set, so that running the same input again finds its job."""
     digest = hashlib.sha256()
     for spec in specs:
-        digest.update(spec.custom_id.encode())
-        digest.update(b"\x00")
-        digest.update(spec.dedupe_key.encode())
-        # Only when set, so fingerprints of inputs without them stay what they were.
-        if spec.urgency is not None:
-            digest.update(b"\x00urgency=" + spec.urgency.encode())
-        if spec.deadline is not None:
-            digest.update(b"\x00deadline=" + spec.deadline.encode())
-        digest.update(b"\n")
+        _add_to_fingerprint(digest, spec)
     return digest.hexdigest()
+
+
+def _add_to_fingerprint(digest: Any, spec: PromptSpec) -> None:
+    digest.update(spec.custom_id.encode())
+    digest.update(b"\x00")
+    digest.update(spec.dedupe_key.encode())
+    # Only when set, so fingerprints of inputs without them stay what they were.
+    if spec.urgency is not None:
+        digest.update(b"\x00urgency=" + spec.urgency.encode())
+    if spec.deadline is not None:
+        digest.update(b"\x00deadline=" + spec.deadline.encode())
+    digest.update(b"\n")
+
+
+@dataclass(frozen=True, slots=True)
+class InputCheck:
+    """What ``check_prompts`` found in a valid input."""
+
+    count: int
+    fingerprint: str
+    repeated_keys: RepeatedKeys
+
+
+def check_prompts(
+    source: PromptSource,
+    *,
+    default_model: str,
+    default_params: Mapping[str, Any] | None = None,
+    table: PriceTable | None = None,
+) -> InputCheck:
+    """Validate the whole input as ``read_prompts`` does, in one streaming pass (a second one only
+    when two ids may be the same): its count, fingerprint and repeated requests, no prompt held."""
+    digest = hashlib.sha256()
+    ids, keys = HashBag(), HashBag()
+    count = 0
+    where, _ = _records(source)
+    for _, spec in _iter_specs(source, default_model=default_model, default_params=default_params, table=table):
+        _add_to_fingerprint(digest, spec)
+        ids.add(text_hash(spec.custom_id))
+        keys.add(key_hash(spec.dedupe_key))
+        count += 1
+    if not count:
+        raise InputError("no prompts found; each line needs a 'prompt' or 'messages'", path=where)
+    clashes = ids.repeated()
+    if clashes:
+        _raise_duplicate_id(source, clashes=clashes, where=where, default_model=default_model,
+                            default_params=default_params, table=table)
+    return InputCheck(count=count, fingerprint=digest.hexdigest(), repeated_keys=RepeatedKeys(keys.repeated()))
+
+
+def _raise_duplicate_id(
+    source: PromptSource,
+    *,
+    clashes: set[int],
+    where: str,
+    default_model: str,
+    default_params: Mapping[str, Any] | None,
+    table: PriceTable | None,
+) -> None:
+    """Raise for the first id given twice among those whose hashes clash (two ids may share a hash)."""
+    seen: dict[str, int] = {}
+    for line, spec in _iter_specs(source, default_model=default_model, default_params=default_params, table=table):
+        if text_hash(spec.custom_id) not in clashes:
+            continue
+        if spec.custom_id in seen:
+            raise InputError(
+                f"duplicate id {spec.custom_id!r} (first on line {seen[spec.custom_id]}); ids must be unique",
+                path=where, line=line, field="id",
+            )
+        seen[spec.custom_id] = line
+
+
+def iter_prompts(
+    source: PromptSource,
+    *,
+    default_model: str,
+    default_params: Mapping[str, Any] | None = None,
+    table: PriceTable | None = None,
+) -> Iterator[PromptSpec]:
+    """The prompts of ``source`` one at a time, in input order, each validated as it is read.
+
+    Repeated ids are not looked for: read an input checked by ``check_prompts`` first.
+    """
+    for _, spec in _iter_specs(source, default_model=default_model, default_params=default_params, table=table):
+        yield spec
+
+
+def _iter_specs(
+    source: PromptSource,
+    *,
+    default_model: str,
+    default_params: Mapping[str, Any] | None,
+    table: PriceTable | None,
+) -> Iterator[tuple[int, PromptSpec]]:
+    where, records = _records(source)
+    for position, (number, record) in enumerate(records):
+        yield number, _spec(record, where=where, line=number, position=position, default_model=default_model,
+                            default_params=default_params, table=table)
+
+
+def _records(source: PromptSource) -> tuple[str, Iterator[tuple[int, Any]]]:
+    """Where the prompts come from (for messages) and their records by line (or item) number."""
+    if not isinstance(source, (str, Path)):
+        return "prompts", enumerate(source, start=1)
+    path = Path(source)
+    where = str(path)
+    if not path.is_file():
+        raise InputError("no such file; give the path of a .jsonl or .csv prompt file", path=where)
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".ndjson", ".json"):
+        return where, _read_file(path, _jsonl_records, where=where)
+    if suffix == ".csv":
+        return where, _read_file(path, _csv_records, where=where)
+    raise InputError(f"unsupported file type {suffix or '(none)'!r}; use .jsonl or .csv", path=where)
+
+
+def _read_file(path: Path, parse: Any, *, where: str) -> Iterator[tuple[int, Any]]:
+    try:
+        with path.open(encoding="utf-8", newline="") as handle:
+            yield from parse(handle, where=where)
+    except UnicodeDecodeError as exc:
+        raise InputError(f"not UTF-8 text ({exc.reason} at byte {exc.start})", path=where) from exc
 
 
 def read_prompts(
@@ -80,31 +209,12 @@ def read_prompts(
     default_params: Mapping[str, Any] | None = None,
     table: PriceTable | None = None,
 ) -> list[PromptSpec]:
-    """Read and validate a ``.jsonl`` or ``.csv`` prompt file.
+    """Read and validate a ``.jsonl`` or ``.csv`` prompt file, every prompt in a list.
 
     With ``table``, a prompt to a model whose limits it knows is refused when its estimated input
     tokens plus its reply cap exceed the context window, or its cap exceeds the model's maximum output.
     """
-    path = Path(path)
-    where = str(path)
-    if not path.is_file():
-        raise InputError("no such file; give the path of a .jsonl or .csv prompt file", path=where)
-    suffix = path.suffix.lower()
-    try:
-        with path.open(encoding="utf-8", newline="") as handle:
-            if suffix in (".jsonl", ".ndjson", ".json"):
-                records = _jsonl_records(handle, where=where)
-                specs = _specs(records, where=where, default_model=default_model, default_params=default_params,
-                               table=table)
-            elif suffix == ".csv":
-                records = _csv_records(handle, where=where)
-                specs = _specs(records, where=where, default_model=default_model, default_params=default_params,
-                               table=table)
-            else:
-                raise InputError(f"unsupported file type {suffix or '(none)'!r}; use .jsonl or .csv", path=where)
-    except UnicodeDecodeError as exc:
-        raise InputError(f"not UTF-8 text ({exc.reason} at byte {exc.start})", path=where) from exc
-    return specs
+    return _specs(Path(path), default_model=default_model, default_params=default_params, table=table)
 
 
 def parse_prompt_dicts(
@@ -115,8 +225,7 @@ def parse_prompt_dicts(
     table: PriceTable | None = None,
 ) -> list[PromptSpec]:
     """Validate prompts given as dicts (programmatic use), as ``read_prompts`` does; errors name the item number (1-based)."""
-    records = ((number, item) for number, item in enumerate(items, start=1))
-    return _specs(records, where="prompts", default_model=default_model, default_params=default_params, table=table)
+    return _specs(items, default_model=default_model, default_params=default_params, table=table)
 
 
 def _jsonl_records(lines: Iterable[str], *, where: str) -> Iterable[tuple[int, Any]]:
@@ -152,18 +261,16 @@ def _csv_records(handle: Iterable[str], *, where: str) -> Iterable[tuple[int, An
 
 
 def _specs(
-    records: Iterable[tuple[int, Any]],
+    source: PromptSource,
     *,
-    where: str,
     default_model: str,
     default_params: Mapping[str, Any] | None,
     table: PriceTable | None,
 ) -> list[PromptSpec]:
+    where, _ = _records(source)
     specs: list[PromptSpec] = []
     seen: dict[str, int] = {}
-    for number, record in records:
-        spec = _spec(record, where=where, line=number, position=len(specs), default_model=default_model,
-                     default_params=default_params, table=table)
+    for number, spec in _iter_specs(source, default_model=default_model, default_params=default_params, table=table):
         if spec.custom_id in seen:
             raise InputError(
                 f"duplicate id {spec.custom_id!r} (first on line {seen[spec.custom_id]}); ids must be unique",

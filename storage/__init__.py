@@ -26,6 +26,7 @@ from ._batches import (
 from ._engine import DATABASE_URL_ENV, create_engine, open_database, session_factory
 from ._migrate import migrate, require_current_schema
 from ._models import Base, Batch, BatchMember, Job, Prompt, Result
+from ._open import open_prompt_count, open_prompt_ids, open_prompts, open_repeated_keys, open_work_pages
 from ._queries import (
     add_prompts,
     create_job,
@@ -35,8 +36,6 @@ from ._queries import (
     job_counts,
     load_work,
     mark_in_flight,
-    open_prompt_ids,
-    open_prompts,
     reroute_late_prompts,
     result_stats,
     set_job_status,
@@ -102,8 +101,11 @@ __all__ = [
     "migrate",
     "open_batches",
     "open_database",
+    "open_prompt_count",
     "open_prompt_ids",
     "open_prompts",
+    "open_repeated_keys",
+    "open_work_pages",
     "release_members",
     "require_current_schema",
     "reroute_late_prompts",

@@ -84,10 +84,13 @@ class Job(Base):
 
 class Prompt(Base):
     __tablename__ = "prompts"
-    # job_id has no index of its own: both composite indexes below lead with it.
+    # job_id has no index of its own: the composite indexes below lead with it. A job's prompts are
+    # read a keyset page at a time by input position (planning) and by request (the estimate).
     __table_args__ = (
         UniqueConstraint("job_id", "custom_id"),
         Index("ix_prompts_job_id_status", "job_id", "status"),
+        Index("ix_prompts_job_id_position", "job_id", "position"),
+        Index("ix_prompts_job_id_dedupe_key", "job_id", "dedupe_key"),
     )
 
     id: Mapped[int] = mapped_column(BigInt, primary_key=True, autoincrement=True)

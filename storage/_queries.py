@@ -1,21 +1,21 @@
-"""Every read and write of jobs and prompts (results are written by ``storage._results``)."""
+"""Every read and write of jobs and prompts (open prompts: ``storage._open``; results: ``storage._results``)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Collection, Iterable, Sequence
 from datetime import datetime
-from typing import Any, TypedDict, Unpack, get_args
+from typing import Any
 
-from sqlalchemy import and_, case, func, or_, select, update
+from sqlalchemy import and_, case, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from llm_dispatch import ChatResult
 
 from ._bulk import IN_CHUNK, INSERT_BATCH, bind_processor, bind_value, chunks, placeholders
 from ._models import Job, Prompt, Result, aware, new_job_id, utcnow
-from ._records import JobInfo, NewPrompt, OpenPrompt, ResultStats, WorkRow
-from ._status import JOB_STATUSES, SEND_ROUTES, SENDABLE_PROMPT_STATUSES, JobStatus, RetryFailed
+from ._records import JobInfo, NewPrompt, ResultStats, WorkRow
+from ._status import JOB_STATUSES, SEND_ROUTES, SENDABLE_PROMPT_STATUSES, JobStatus
 
 __all__ = [
     "add_prompts",
@@ -26,8 +26,6 @@ __all__ = [
     "job_counts",
     "load_work",
     "mark_in_flight",
-    "open_prompt_ids",
-    "open_prompts",
     "result_stats",
     "set_job_status",
 ]
@@ -179,79 +177,6 @@ async def add_prompts(
                 update(Job).where(Job.id == job_id, Job.status == "recording").values(status=then_status, updated_at=now)
             )
     return total
-
-
-class OpenWhere(TypedDict, total=False):
-    """Which open prompts ``open_prompts`` and ``open_prompt_ids`` return (see ``open_prompts``)."""
-
-    retry_failed: RetryFailed
-    planned_route: str | None
-    in_flight: bool
-    shard: tuple[int, int] | None
-    positions: tuple[int, int] | None
-    dedupe_keys: Collection[str] | None
-
-
-async def open_prompt_ids(sessions: Sessions, *, job_id: str, **where: Unpack[OpenWhere]) -> list[int]:
-    """Ids of the prompts still to send, in input order; see ``open_prompts`` for which are open."""
-    return [prompt.id for prompt in await open_prompts(sessions, job_id=job_id, **where)]
-
-
-async def open_prompts(
-    sessions: Sessions,
-    *,
-    job_id: str,
-    retry_failed: RetryFailed = "retryable",
-    planned_route: str | None = None,
-    in_flight: bool = True,
-    shard: tuple[int, int] | None = None,
-    positions: tuple[int, int] | None = None,
-    dedupe_keys: Collection[str] | None = None,
-) -> list[OpenPrompt]:
-    """The prompts still to send, in input order: id, input position and request (dedupe key).
-
-    Pending and in-flight prompts (a process died holding them) are always open; batched
-    ones (waiting in an open batch) never are, nor succeeded ones; failed
-    ones if ``retry_failed`` is ``"all"``, or ``"retryable"`` and their error was one that
-    may pass on another try. ``planned_route`` keeps only prompts routed there (a prompt
-    with no route recorded counts as real-time). ``in_flight=False`` leaves out in-flight
-    prompts, for a caller that must not take over those another live process is sending.
-    ``shard=(index, count)`` keeps the prompts whose id is ``index`` modulo ``count``: shards of
-    one job never share a prompt. ``positions=(start, stop)`` keeps those at input positions
-    ``start <= position < stop``; ``dedupe_keys`` those making one of these requests.
-    """
-    open_when = [Prompt.status.in_(SENDABLE_PROMPT_STATUSES if in_flight else ("pending",))]
-    if retry_failed == "all":
-        open_when.append(Prompt.status == "failed")
-    elif retry_failed == "retryable":
-        open_when.append(and_(Prompt.status == "failed", Prompt.failed_retryable.is_(True)))
-    elif retry_failed != "none":
-        raise ValueError(f"retry_failed must be one of {get_args(RetryFailed)}, got {retry_failed!r}")
-    stmt = select(Prompt.id, Prompt.position, Prompt.dedupe_key).where(Prompt.job_id == job_id, or_(*open_when))
-    if planned_route == "realtime":
-        stmt = stmt.where(or_(Prompt.planned_route.is_(None), Prompt.planned_route == "realtime"))
-    elif planned_route is not None:
-        stmt = stmt.where(Prompt.planned_route == planned_route)
-    if shard is not None:
-        index, count = shard
-        if not 0 <= index < count:
-            raise ValueError(f"shard index must be in 0..{count - 1}, got {index}")
-        stmt = stmt.where(Prompt.id % count == index)
-    if positions is not None:
-        start, stop = positions
-        stmt = stmt.where(Prompt.position >= start, Prompt.position < stop)
-    # Core on the session's connection, not the ORM: its statement handling would double the cost.
-    async with sessions() as session:
-        conn = await session.connection()
-        if dedupe_keys is None:
-            return [OpenPrompt(*row) for row in await conn.execute(stmt.order_by(Prompt.position, Prompt.id))]
-        # In IN lists of bounded size, so the chunks' rows are merged back into input order.
-        found = [
-            OpenPrompt(*row)
-            for chunk in chunks(set(dedupe_keys), IN_CHUNK)
-            for row in await conn.execute(stmt.where(Prompt.dedupe_key.in_(chunk)))
-        ]
-        return sorted(found, key=lambda prompt: (prompt.position, prompt.id))
 
 
 async def reroute_late_prompts(sessions: Sessions, *, job_id: str, before: datetime, reason: str) -> int:

@@ -1,0 +1,155 @@
+"""Which prompts of a job are still to send: by input order in keyset pages, counted, or by request."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Collection
+from typing import Any, TypedDict, Unpack, get_args
+
+from sqlalchemy import and_, func, or_, select, tuple_
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from ._bulk import IN_CHUNK, chunks
+from ._models import Prompt, aware
+from ._records import OpenPrompt, WorkRow
+from ._status import SENDABLE_PROMPT_STATUSES, RetryFailed
+
+__all__ = ["OpenWhere", "open_prompt_count", "open_prompt_ids", "open_prompts", "open_repeated_keys", "open_work_pages"]
+
+Sessions = async_sessionmaker[AsyncSession]
+
+
+class OpenWhere(TypedDict, total=False):
+    """Which open prompts ``open_prompts`` and its kin return (see ``open_prompts``)."""
+
+    retry_failed: RetryFailed
+    planned_route: str | None
+    in_flight: bool
+    shard: tuple[int, int] | None
+    positions: tuple[int, int] | None
+
+
+async def open_prompt_ids(sessions: Sessions, *, job_id: str, **where: Unpack[OpenWhere]) -> list[int]:
+    """Ids of the prompts still to send, in input order; see ``open_prompts`` for which are open."""
+    return [prompt.id for prompt in await open_prompts(sessions, job_id=job_id, **where)]
+
+
+def _open_filter(
+    *,
+    job_id: str,
+    retry_failed: RetryFailed = "retryable",
+    planned_route: str | None = None,
+    in_flight: bool = True,
+    shard: tuple[int, int] | None = None,
+    positions: tuple[int, int] | None = None,
+) -> list[Any]:
+    """The WHERE clauses of the open prompts; see ``open_prompts``."""
+    open_when = [Prompt.status.in_(SENDABLE_PROMPT_STATUSES if in_flight else ("pending",))]
+    if retry_failed == "all":
+        open_when.append(Prompt.status == "failed")
+    elif retry_failed == "retryable":
+        open_when.append(and_(Prompt.status == "failed", Prompt.failed_retryable.is_(True)))
+    elif retry_failed != "none":
+        raise ValueError(f"retry_failed must be one of {get_args(RetryFailed)}, got {retry_failed!r}")
+    where = [Prompt.job_id == job_id, or_(*open_when)]
+    if planned_route == "realtime":
+        where.append(or_(Prompt.planned_route.is_(None), Prompt.planned_route == "realtime"))
+    elif planned_route is not None:
+        where.append(Prompt.planned_route == planned_route)
+    if shard is not None:
+        index, count = shard
+        if not 0 <= index < count:
+            raise ValueError(f"shard index must be in 0..{count - 1}, got {index}")
+        where.append(Prompt.id % count == index)
+    if positions is not None:
+        start, stop = positions
+        where.extend((Prompt.position >= start, Prompt.position < stop))
+    return where
+
+
+async def open_prompts(
+    sessions: Sessions,
+    *,
+    job_id: str,
+    dedupe_keys: Collection[str] | None = None,
+    after: tuple[int, int] | None = None,
+    limit: int | None = None,
+    **where: Unpack[OpenWhere],
+) -> list[OpenPrompt]:
+    """The prompts still to send, in input order: id, input position and request (dedupe key).
+
+    Pending and in-flight prompts (a process died holding them) are always open; batched
+    ones (waiting in an open batch) never are, nor succeeded ones; failed
+    ones if ``retry_failed`` is ``"all"``, or ``"retryable"`` and their error was one that
+    may pass on another try. ``planned_route`` keeps only prompts routed there (a prompt
+    with no route recorded counts as real-time). ``in_flight=False`` leaves out in-flight
+    prompts, for a caller that must not take over those another live process is sending.
+    ``shard=(index, count)`` keeps the prompts whose id is ``index`` modulo ``count``: shards of
+    one job never share a prompt. ``positions=(start, stop)`` keeps those at input positions
+    ``start <= position < stop``; ``dedupe_keys`` those making one of these requests.
+    ``after=(position, id)`` and ``limit``: one keyset page, the prompts after that one (each
+    page an index range scan on ``(job_id, position)``, however large the job).
+    """
+    stmt = select(Prompt.id, Prompt.position, Prompt.dedupe_key).where(*_open_filter(job_id=job_id, **where))
+    if after is not None:
+        stmt = stmt.where(tuple_(Prompt.position, Prompt.id) > tuple_(*after))
+    # Core on the session's connection, not the ORM: its statement handling would double the cost.
+    async with sessions() as session:
+        conn = await session.connection()
+        if dedupe_keys is None:
+            stmt = stmt.order_by(Prompt.position, Prompt.id)
+            if limit is not None:
+                stmt = stmt.limit(limit)
+            return [OpenPrompt(*row) for row in await conn.execute(stmt)]
+        # In IN lists of bounded size, so the chunks' rows are merged back into input order.
+        found = [
+            OpenPrompt(*row)
+            for chunk in chunks(set(dedupe_keys), IN_CHUNK)
+            for row in await conn.execute(stmt.where(Prompt.dedupe_key.in_(chunk)))
+        ]
+        return sorted(found, key=lambda prompt: (prompt.position, prompt.id))
+
+
+async def open_prompt_count(sessions: Sessions, *, job_id: str, **where: Unpack[OpenWhere]) -> int:
+    """How many prompts ``open_prompts`` would return."""
+    async with sessions() as session:
+        stmt = select(func.count()).select_from(Prompt).where(*_open_filter(job_id=job_id, **where))
+        return int((await session.execute(stmt)).scalar_one())
+
+
+async def open_repeated_keys(sessions: Sessions, *, job_id: str, **where: Unpack[OpenWhere]) -> set[str]:
+    """The requests (dedupe keys) more than one open prompt of the job makes; counted by the database."""
+    stmt = (
+        select(Prompt.dedupe_key)
+        .where(*_open_filter(job_id=job_id, **where))
+        .group_by(Prompt.dedupe_key)
+        .having(func.count() > 1)
+    )
+    async with sessions() as session:
+        return set((await session.execute(stmt)).scalars())
+
+
+async def open_work_pages(
+    sessions: Sessions, *, job_id: str, page: int, **where: Unpack[OpenWhere]
+) -> AsyncIterator[list[WorkRow]]:
+    """The open prompts' requests, a keyset page at a time, ordered by request (dedupe key) then id, so
+    that identical requests come one after another however many pages apart they were stored."""
+    columns = (Prompt.id, Prompt.custom_id, Prompt.model, Prompt.messages, Prompt.params, Prompt.dedupe_key,
+               Prompt.deadline)
+    base = select(*columns).where(*_open_filter(job_id=job_id, **where)).order_by(Prompt.dedupe_key, Prompt.id)
+    after: tuple[str, int] | None = None
+    while True:
+        stmt = base if after is None else base.where(tuple_(Prompt.dedupe_key, Prompt.id) > tuple_(*after))
+        async with sessions() as session:
+            conn = await session.connection()
+            rows = [
+                WorkRow(id=row.id, custom_id=row.custom_id, model=row.model, messages=row.messages,
+                        params=row.params, dedupe_key=row.dedupe_key,
+                        deadline=None if row.deadline is None else aware(row.deadline))
+                for row in await conn.execute(stmt.limit(page))
+            ]
+        if not rows:
+            return
+        yield rows
+        if len(rows) < page:
+            return
+        after = (rows[-1].dedupe_key, rows[-1].id)

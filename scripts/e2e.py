@@ -523,7 +523,10 @@ def run_checks(harness: Harness, phases: Phases, args: argparse.Namespace, secre
             PREFECT_WORKER_QUERY_SECONDS="2",
             LLM_DISPATCH_BASE_URL=sim_url, LLM_DISPATCH_DATABASE_URL=results_db,
             LLM_DISPATCH_BATCH_DIR=str(tmp / "batches"), LLM_DISPATCH_BATCH_POLL_INTERVAL="0.5",
-            LLM_DISPATCH_CONCURRENCY=str(CHUNK_CONCURRENCY), LLM_DISPATCH_CHUNK_SIZE="50",
+            # Two chunks a shard: a shard holds a tag slot for its chunk begun ahead too, so with more chunks
+            # the first shard to start could take turns with itself for both slots; with two, the slot its
+            # first chunk frees can only go to the other shard, while its second chunk is still sending.
+            LLM_DISPATCH_CONCURRENCY=str(CHUNK_CONCURRENCY), LLM_DISPATCH_CHUNK_SIZE="150",
         )
         names = [f"e2e-worker-{n}" for n in (1, 2)]
         for name in names:

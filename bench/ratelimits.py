@@ -165,7 +165,7 @@ async def run_client(*, base_url: str, items: list[dict[str, Any]], concurrency:
     answered: dict[int, int] = defaultdict(int)
 
     class Sink:
-        async def success(self, *, prompt_ids, result, route="realtime") -> None:  # noqa: ANN001
+        async def success(self, *, prompt_ids, result, route="realtime", model=None) -> None:  # noqa: ANN001
             for prompt_id in prompt_ids:
                 answered[prompt_id] += 1
 

@@ -323,3 +323,69 @@ async def test_a_quota_429_lowers_the_pace_once_per_burst_and_it_grows_back() ->
     await clock.sleep(10.0)
     await pace.acquire()
     assert pace.per_minute == pytest.approx(570)
+
+
+class _SteppedTime:
+    """A clock a driver moves in small steps, so that several tasks sleeping on it wait at once (not in turn)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        until = self.now + seconds
+        while self.now < until - 1e-9:
+            await asyncio.sleep(0)
+
+
+async def test_two_paces_on_one_account_converge_to_sharing_it() -> None:
+    clock = _SteppedTime()
+    window: list[float] = []  # when the account admitted each request of its last second (100 a second)
+    sent: dict[str, list[float]] = {"a": [], "b": []}
+    refused: dict[str, list[float]] = {"a": [], "b": []}
+    paces = {name: Pace(per_minute=6000, clock=clock.monotonic, sleep=clock.sleep) for name in sent}
+    end = clock.now + 12.0
+
+    async def run(name: str) -> None:
+        pace = paces[name]
+        while clock.now < end:
+            mark = await pace.acquire()
+            window[:] = [at for at in window if at > clock.now - 1.0]
+            admitted = len(window) < 100
+            if admitted:
+                window.append(clock.now)
+            (sent if admitted else refused)[name].append(clock.now)
+            pace.observe(limit=6000, remaining=100 - len(window), mark=mark, amount=1 if admitted else 0)
+            if not admitted:
+                pace.back_off(mark)
+
+    runs = [asyncio.create_task(run(name)) for name in sent]
+    while not all(task.done() for task in runs):
+        clock.now += 0.002
+        for _ in range(3):
+            await asyncio.sleep(0)
+    await asyncio.gather(*runs)
+    last = {name: sum(at >= end - 4.0 for at in times) / 4.0 for name, times in sent.items()}
+    # Each takes about half of the 95 a second a lone pace would, and together they stop running into 429s.
+    assert all(40 <= rate <= 55 for rate in last.values()), last
+    assert 88 <= sum(last.values()) <= 100, last
+    late_refused = sum(at >= end - 6.0 for times in refused.values() for at in times)
+    late_sent = sum(at >= end - 6.0 for times in sent.values() for at in times)
+    assert late_refused <= 0.01 * late_sent, (late_refused, late_sent)
+    assert paces["a"].others_per_minute / 60 == pytest.approx(last["b"], rel=0.15)
+    assert paces["b"].others_per_minute / 60 == pytest.approx(last["a"], rel=0.15)
+
+
+async def test_a_lone_pace_sees_no_others_and_keeps_its_full_pace() -> None:
+    clock = FakeTime()
+    pace = Pace(per_minute=6000, clock=clock.monotonic, sleep=clock.sleep)
+    window: list[float] = []
+    for _ in range(500):
+        mark = await pace.acquire()
+        window[:] = [at for at in window if at > clock.now - 1.0]
+        window.append(clock.now)
+        pace.observe(limit=6000, remaining=100 - len(window), mark=mark, amount=1)
+    assert pace.others_per_minute < 60
+    assert pace.per_minute == pytest.approx(5700)

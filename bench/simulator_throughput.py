@@ -6,8 +6,8 @@ simulator's own CPU time per request (from ``/_sim/stats``), whose inverse is th
 simulator could serve; then the medians. On a shared machine the client's core, not the
 simulator, is usually what runs out first.
 
-    python bench/simulator.py                      # 3 runs x 20,000 requests, 100 concurrent
-    python bench/simulator.py --runs 5 --requests 50000 --concurrency 200 --latency 0.05
+    python bench/simulator_throughput.py                      # 3 runs x 20,000 requests, 100 concurrent
+    python bench/simulator_throughput.py --runs 5 --requests 50000 --concurrency 200 --latency 0.05
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ the same templates). ``quota_evidence`` tells a 429 of an exhausted account from
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import time
@@ -99,15 +100,34 @@ class RateLimitHeaders:
 
     def parse(self, headers: httpx.Headers | Mapping[str, str], *, now: float | None = None) -> dict[Kind, KindLimit]:
         """The kinds these headers describe (none if the provider sent none)."""
-        found = headers if isinstance(headers, httpx.Headers) else httpx.Headers(dict(headers))
+        # One pass over the raw headers: this runs on every answer, and most carry none of these.
+        wanted = _header_names(self)
+        raw = headers.raw if isinstance(headers, httpx.Headers) else [
+            (name.encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()]
+        said: dict[tuple[Kind, str], str] = {}
+        for name, value in raw:
+            hit = wanted.get(name.lower())
+            if hit is not None:
+                said[hit] = value.decode("latin-1")
+        if not said:
+            return {}
         kinds: dict[Kind, KindLimit] = {}
         for kind in KINDS:
-            limit = _number(found.get(self.limit.format(kind=kind)))
-            remaining = _number(found.get(self.remaining.format(kind=kind)))
-            reset = parse_reset(found.get(self.reset.format(kind=kind)), now=now)
+            limit = _number(said.get((kind, "limit")))
+            remaining = _number(said.get((kind, "remaining")))
+            reset = parse_reset(said.get((kind, "reset")), now=now)
             if limit is not None or remaining is not None:
                 kinds[kind] = KindLimit(limit=limit, remaining=remaining, reset=reset)
         return kinds
+
+
+@functools.cache
+def _header_names(headers: RateLimitHeaders) -> dict[bytes, tuple[Kind, str]]:
+    """Each header name ``headers`` reads, lower-cased as bytes, and the kind and field it gives."""
+    return {
+        getattr(headers, field).format(kind=kind).lower().encode("latin-1"): (kind, field)
+        for kind in KINDS for field in ("limit", "remaining", "reset")
+    }
 
 
 OPENAI_RATE_LIMIT_HEADERS = RateLimitHeaders(

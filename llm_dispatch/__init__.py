@@ -7,6 +7,7 @@ from ._exceptions import *  # noqa: F403 - the error tree, listed in _exceptions
 from ._batch_files import BatchFile, BatchLine, read_batch_output, write_batch_files
 from ._batch_types import (
     DEFAULT_BATCH_LIMITS,
+    MESSAGE_BATCH_LIMITS,
     OPENAI_BATCH_LIMITS,
     BatchInfo,
     BatchLimits,
@@ -32,6 +33,7 @@ from ._inputs import (
 )
 from ._limits import AdaptiveLimiter, RateLimiter, SharedPause
 from ._pricing import PriceTable
+from ._providers import PROVIDERS, provider_for
 from ._responses import chat_result_from_body
 from ._retry import DEFAULT_MAX_RETRY_AFTER, backoff_delay
 from ._routing import RoutingRules, decide_route, parse_deadline, prompt_chars
@@ -47,7 +49,9 @@ __all__ = [
     "DEFAULT_MAX_RETRIES",
     "DEFAULT_MAX_RETRY_AFTER",
     "DEFAULT_TIMEOUT",
+    "MESSAGE_BATCH_LIMITS",
     "OPENAI_BATCH_LIMITS",
+    "PROVIDERS",
     "PICO_PER_USD",
     "AdaptiveLimiter",
     "backoff_delay",
@@ -80,6 +84,7 @@ __all__ = [
     "parse_prompt_dicts",
     "PriceTable",
     "Progress",
+    "provider_for",
     "prompt_chars",
     "InputCheck",
     "PromptSource",

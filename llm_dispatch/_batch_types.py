@@ -20,6 +20,7 @@ __all__ = [
     "BATCH_CHAT_ENDPOINT",
     "DEFAULT_BATCH_LIMITS",
     "DEFAULT_COMPLETION_WINDOW",
+    "MESSAGE_BATCH_LIMITS",
     "OPENAI_BATCH_LIMITS",
     "OPENAI_BATCH_STATUSES",
     "BatchError",
@@ -85,6 +86,8 @@ class BatchLimits:
 
 
 OPENAI_BATCH_LIMITS = BatchLimits()
+# Anthropic's Message Batches: 100,000 requests or 256 MB per batch, whichever comes first.
+MESSAGE_BATCH_LIMITS = BatchLimits(max_requests=100_000, max_bytes=256 * 1024 * 1024)
 DEFAULT_BATCH_LIMITS = OPENAI_BATCH_LIMITS
 
 

@@ -5,12 +5,25 @@ from __future__ import annotations
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
+from pydantic import AliasChoices, Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["DEFAULT_BASE_URL", "DEFAULT_DATABASE_URL", "Settings"]
+__all__ = [
+    "DEFAULT_ANTHROPIC_BASE_URL",
+    "DEFAULT_ANTHROPIC_VERSION",
+    "DEFAULT_BASE_URL",
+    "DEFAULT_DATABASE_URL",
+    "DEFAULT_MAX_TOKENS",
+    "PROVIDERS",
+    "Settings",
+]
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
+DEFAULT_ANTHROPIC_BASE_URL = "https://api.anthropic.com"
+DEFAULT_ANTHROPIC_VERSION = "2023-06-01"
+DEFAULT_MAX_TOKENS = 4096
+# Every provider a prompt can go to; a model's provider is decided by ``provider_for``.
+PROVIDERS: tuple[str, ...] = ("openai", "anthropic")
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///llm_dispatch.db"
 
 
@@ -30,6 +43,25 @@ class Settings(BaseSettings):
     # May carry a password (Postgres): kept out of reprs; recorded only through public_dict().
     database_url: str = Field(default=DEFAULT_DATABASE_URL, repr=False)
     model: str = "gpt-4o-mini"
+
+    # Anthropic (claude-* models, and any the user maps to it with model_providers).
+    anthropic_api_key: SecretStr | None = Field(
+        default=None,
+        validation_alias=AliasChoices("LLM_DISPATCH_ANTHROPIC_API_KEY", "ANTHROPIC_API_KEY"),
+    )
+    anthropic_base_url: str = Field(
+        default=DEFAULT_ANTHROPIC_BASE_URL,
+        validation_alias=AliasChoices("LLM_DISPATCH_ANTHROPIC_BASE_URL", "ANTHROPIC_BASE_URL"),
+    )
+    anthropic_version: str = Field(default=DEFAULT_ANTHROPIC_VERSION, description="the anthropic-version header")
+    model_providers: dict[str, str] = Field(
+        default_factory=dict,
+        description="model name or fnmatch glob -> provider (openai|anthropic), checked before the built-in claude-* rule",
+    )
+    default_max_tokens: int = Field(
+        default=DEFAULT_MAX_TOKENS, ge=1,
+        description="max_tokens sent to Anthropic (which requires one) for a prompt that sets none",
+    )
 
     concurrency: int = Field(default=64, ge=1, le=10_000, description="requests in flight per flow run")
     # Each chunk is a Prefect task run and costs ~60 ms of idle limit at its start; 1,000 keeps
@@ -85,12 +117,23 @@ class Settings(BaseSettings):
         description="mean reply length the cost estimate assumes for a model with no stored answers, before max_tokens cuts it",
     )
 
-    @field_validator("base_url")
+    @field_validator("base_url", "anthropic_base_url")
     @classmethod
-    def _check_url(cls, value: str) -> str:
+    def _check_url(cls, value: str, info: ValidationInfo) -> str:
         if not value.startswith(("http://", "https://")):
-            raise ValueError(f"base_url must start with http:// or https://, got {value!r}; set LLM_DISPATCH_BASE_URL")
+            env = f"LLM_DISPATCH_{str(info.field_name).upper()}"
+            raise ValueError(f"{info.field_name} must start with http:// or https://, got {value!r}; set {env}")
         return value.rstrip("/")
+
+    @field_validator("model_providers")
+    @classmethod
+    def _check_providers(cls, value: dict[str, str]) -> dict[str, str]:
+        for pattern, provider in value.items():
+            if provider not in PROVIDERS:
+                raise ValueError(
+                    f"model_providers maps {pattern!r} to {provider!r}; a provider is one of {', '.join(PROVIDERS)}"
+                )
+        return value
 
     @model_validator(mode="after")
     def _default_chunk_concurrency(self) -> Settings:
@@ -106,7 +149,7 @@ class Settings(BaseSettings):
         unwrapped here, at the edge, and nowhere else.
         """
         values = {
-            key: value.get_secret_value() if isinstance(value, SecretStr) and key != "api_key" else value
+            key: value.get_secret_value() if isinstance(value, SecretStr) and key not in _SECRET_FIELDS else value
             for key, value in overrides.items()
             if value is not None
         }
@@ -119,11 +162,17 @@ class Settings(BaseSettings):
 
     def public_dict(self) -> dict[str, object]:
         """The settings as recorded in the database and artifacts: no key, no credentials in URLs."""
-        data = self.model_dump(exclude={"api_key"})
+        data = self.model_dump(exclude=set(_SECRET_FIELDS))
         data["database_url"] = _redact_url(self.database_url)
         data["base_url"] = _redact_url(self.base_url)
+        data["anthropic_base_url"] = _redact_url(self.anthropic_base_url)
         data["api_key_set"] = self.api_key is not None
+        data["anthropic_key_set"] = self.anthropic_api_key is not None
         return data
+
+
+# Fields that hold a key: kept SecretStr from the edge on, and never in public_dict().
+_SECRET_FIELDS = ("api_key", "anthropic_api_key")
 
 
 def _redact_url(url: str) -> str:

@@ -48,3 +48,6 @@ class ChatResult:
     response_id: str | None
     latency_s: float  # from the first attempt's send to the answer: retries and their waits included, queueing for a slot not
     attempts: int = 1
+    # Input tokens written to the provider's prompt cache (Anthropic's cache_creation_input_tokens); already in
+    # prompt_tokens, as cached_tokens (cache reads) are.
+    cache_creation_tokens: int = 0

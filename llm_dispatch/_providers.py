@@ -1,0 +1,28 @@
+"""Which provider a model's prompts go to: the user's own mapping first, then the built-in rule."""
+
+from __future__ import annotations
+
+from fnmatch import fnmatchcase
+
+from ._settings import PROVIDERS, Settings
+
+__all__ = ["BUILTIN_MODEL_PROVIDERS", "PROVIDERS", "provider_for"]
+
+# Checked after the user's ``model_providers``; a model no pattern matches goes to the OpenAI-compatible endpoint.
+BUILTIN_MODEL_PROVIDERS: tuple[tuple[str, str], ...] = (("claude-*", "anthropic"),)
+
+
+def provider_for(model: str, *, settings: Settings) -> str:
+    """The provider (one of ``PROVIDERS``) for ``model``: an exact name in ``settings.model_providers``, then its
+    globs in the order given, then ``claude-*`` -> anthropic; anything else is ``openai``."""
+    mapping = settings.model_providers
+    exact = mapping.get(model)
+    if exact is not None:
+        return exact
+    for pattern, provider in mapping.items():
+        if fnmatchcase(model, pattern):
+            return provider
+    for pattern, provider in BUILTIN_MODEL_PROVIDERS:
+        if fnmatchcase(model, pattern):
+            return provider
+    return "openai"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from . import _exceptions
 from ._exceptions import *  # noqa: F403 - the error tree, listed in _exceptions.__all__
+from ._anthropic import anthropic_params
+from ._anthropic_answers import read_message_batch_results
 from ._batch_files import BatchFile, BatchLine, read_batch_output, write_batch_files
 from ._batch_types import (
     DEFAULT_BATCH_LIMITS,
@@ -54,6 +56,7 @@ __all__ = [
     "PROVIDERS",
     "PICO_PER_USD",
     "AdaptiveLimiter",
+    "anthropic_params",
     "backoff_delay",
     "batch_status_from_api",
     "BatchFile",
@@ -92,6 +95,7 @@ __all__ = [
     "RepeatedKeys",
     "RateLimiter",
     "read_batch_output",
+    "read_message_batch_results",
     "read_prompts",
     "RequestCounts",
     "ResultSink",

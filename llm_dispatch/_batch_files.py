@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -24,7 +24,9 @@ __all__ = [
     "RETRYABLE_LINE_ERRORS",
     "BatchFile",
     "BatchLine",
+    "garbled_line",
     "read_batch_output",
+    "read_result_lines",
     "write_batch_files",
 ]
 
@@ -171,43 +173,53 @@ def read_batch_output(path: Path) -> Iterator[BatchLine]:
     A line that cannot be read becomes a ``BatchLine`` with ``error_code == INVALID_OUTPUT_LINE``
     (and its custom_id when that much could be read), so one bad line never costs the others.
     """
+    return read_result_lines(path, _read_record)
+
+
+def read_result_lines(path: Path, read: Callable[[dict[str, Any], str, int], BatchLine]) -> Iterator[BatchLine]:
+    """Each non-blank line of a results JSONL file as ``read(record, custom_id, line_number)`` makes it, once it
+    is a JSON object with a custom_id; any other line is a garbled ``BatchLine``."""
     with Path(path).open("rb") as handle:
         for number, raw in enumerate(handle, start=1):
-            if raw.strip():
-                yield _read_line(raw, number=number)
+            if not raw.strip():
+                continue
+            try:
+                record = json.loads(raw)
+            except ValueError as exc:  # also UnicodeDecodeError
+                yield garbled_line(None, number, f"not JSON ({exc})")
+                continue
+            if not isinstance(record, dict):
+                yield garbled_line(None, number, "not a JSON object")
+                continue
+            custom_id = record.get("custom_id")
+            if not isinstance(custom_id, str) or not custom_id:
+                yield garbled_line(None, number, "no custom_id")
+                continue
+            yield read(record, custom_id, number)
 
 
-def _read_line(raw: bytes, *, number: int) -> BatchLine:
-    try:
-        record = json.loads(raw)
-    except ValueError as exc:  # also UnicodeDecodeError
-        return _garbled(None, number, f"not JSON ({exc})")
-    if not isinstance(record, dict):
-        return _garbled(None, number, "not a JSON object")
-    custom_id = record.get("custom_id")
-    if not isinstance(custom_id, str) or not custom_id:
-        return _garbled(None, number, "no custom_id")
+def _read_record(record: dict[str, Any], custom_id: str, number: int) -> BatchLine:
     error = record.get("error")
     response = record.get("response")
     if error is not None:
         if not isinstance(error, dict):
-            return _garbled(custom_id, number, f"error is not an object: {error!r}")
+            return garbled_line(custom_id, number, f"error is not an object: {error!r}")
         code = str(error.get("code") or "unknown_error")
         return BatchLine(
             custom_id=custom_id, result=None, error_code=code, error_message=_text(error.get("message")),
             status_code=None, retryable=code in RETRYABLE_LINE_ERRORS, line=number,
         )
     if not isinstance(response, dict):
-        return _garbled(custom_id, number, "neither a response nor an error")
+        return garbled_line(custom_id, number, "neither a response nor an error")
     status = response.get("status_code")
     if isinstance(status, bool) or not isinstance(status, int):
-        return _garbled(custom_id, number, f"response.status_code is not an integer: {status!r}")
+        return garbled_line(custom_id, number, f"response.status_code is not an integer: {status!r}")
     body = response.get("body")
     if 200 <= status < 300:
         try:
             result = chat_result_from_body(body)
         except APIResponseValidationError as exc:
-            return _garbled(custom_id, number, exc.message)
+            return garbled_line(custom_id, number, exc.message)
         return BatchLine(
             custom_id=custom_id, result=result, error_code=None, error_message=None, status_code=status,
             retryable=False, line=number,
@@ -232,7 +244,7 @@ def _text(value: Any) -> str:
     return value if isinstance(value, str) else "" if value is None else str(value)
 
 
-def _garbled(custom_id: str | None, number: int, reason: str) -> BatchLine:
+def garbled_line(custom_id: str | None, number: int, reason: str) -> BatchLine:
     return BatchLine(
         custom_id=custom_id,
         result=None,

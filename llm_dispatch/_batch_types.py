@@ -30,6 +30,7 @@ __all__ = [
     "FileInfo",
     "RequestCounts",
     "batch_status_from_api",
+    "int_field",
 ]
 
 BATCH_CHAT_ENDPOINT = "/v1/chat/completions"
@@ -123,7 +124,7 @@ class FileInfo:
         data = _object(body, "file")
         return cls(
             id=_required_str(data, "id", "file"),
-            bytes=_int(data, "bytes", "file"),
+            bytes=int_field(data, "bytes", "file"),
             filename=_optional_str(data, "filename", "file") or "",
             purpose=_optional_str(data, "purpose", "file") or "",
             created_at=_timestamp(data, "created_at", "file"),
@@ -182,9 +183,9 @@ class BatchInfo:
             cancelling_at=_timestamp(data, "cancelling_at", "batch"),
             cancelled_at=_timestamp(data, "cancelled_at", "batch"),
             request_counts=RequestCounts(
-                total=_int(counts, "total", "request_counts"),
-                completed=_int(counts, "completed", "request_counts"),
-                failed=_int(counts, "failed", "request_counts"),
+                total=int_field(counts, "total", "request_counts"),
+                completed=int_field(counts, "completed", "request_counts"),
+                failed=int_field(counts, "failed", "request_counts"),
             ),
             errors=_errors(data.get("errors")),
             metadata={str(k): str(v) for k, v in (metadata or {}).items()},
@@ -211,7 +212,7 @@ def _optional_str(data: Mapping[str, Any], key: str, what: str) -> str | None:
     raise APIResponseValidationError(f"the {what} object's {key!r} is not a string: {value!r}")
 
 
-def _int(data: Mapping[str, Any], key: str, what: str) -> int:
+def int_field(data: Mapping[str, Any], key: str, what: str) -> int:
     value = data.get(key)
     if value is None:
         return 0

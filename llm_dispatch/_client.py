@@ -15,7 +15,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Generic, Literal, NamedTuple, TypeVar
-from urllib.parse import quote
 
 import httpx
 from pydantic import SecretStr
@@ -33,23 +32,24 @@ from ._errors import Failure, final_error, scrub
 from ._exceptions import APIResponseValidationError, NotFoundError
 from ._gates import Gates
 from ._limits import AdaptiveLimiter, SharedPause
-from ._ratelimit_headers import OPENAI_RATE_LIMIT_HEADERS, RateLimitHeaders
-from ._requests import RequestBuilder
+from ._message_batches import MessageBatchMethods
+from ._ratelimit_headers import RateLimitHeaders
+from ._requests import RequestBuilder, path_segment
 from ._responses import (
     BatchPage,
     Chat,
     parse_batch_info,
     parse_batch_page,
-    parse_chat,
     parse_file_info,
     parse_json,
     save_body,
 )
 from ._retry import DEFAULT_MAX_RETRY_AFTER, retry_delay
-from ._settings import DEFAULT_BASE_URL, Settings
+from ._settings import DEFAULT_ANTHROPIC_VERSION, DEFAULT_BASE_URL, DEFAULT_MAX_TOKENS, Settings
 from ._tokens import estimate_request_tokens
 from ._transport import default_transport
 from ._types import ChatRequest, ChatResult
+from ._wire import wire_for
 
 __all__ = [
     "DEFAULT_CONCURRENCY",
@@ -64,7 +64,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-CHAT_COMPLETIONS_PATH = "/chat/completions"
 FILES_PATH = "/files"
 BATCHES_PATH = "/batches"
 
@@ -83,8 +82,9 @@ class _Sent(NamedTuple, Generic[_T]):
 _FROM_SETTINGS = ("base_url", "api_key", "auth_header", "request_timeout", "connect_timeout", "max_retries",
                   "max_retry_after", "concurrency", "rpm", "tpm")
 
-class LLMClient:
-    """An async client for one OpenAI-compatible endpoint, shared by every concurrent caller.
+class LLMClient(MessageBatchMethods):
+    """An async client for one provider's endpoint (``provider``: OpenAI-compatible or Anthropic), shared by
+    every concurrent caller. What differs between providers is the ``Wire`` (``_wire``); the send path is one.
 
     Every attempt passes the same gates: the shared pause after a quota 429, the optional RPM/TPM
     caps, the pace the provider's rate-limit headers set (``rate_limit_headers`` says where it puts
@@ -105,7 +105,10 @@ class LLMClient:
         concurrency: int = DEFAULT_CONCURRENCY,
         rpm: int | None = None,
         tpm: int | None = None,
-        rate_limit_headers: RateLimitHeaders = OPENAI_RATE_LIMIT_HEADERS,
+        rate_limit_headers: RateLimitHeaders | None = None,
+        provider: str = "openai",
+        anthropic_version: str = DEFAULT_ANTHROPIC_VERSION,
+        default_max_tokens: int = DEFAULT_MAX_TOKENS,
         transport: httpx.AsyncBaseTransport | None = None,
         sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
         random: Callable[[], float] = _random.random,
@@ -120,9 +123,11 @@ class LLMClient:
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, got {concurrency}")
 
+        self._wire = wire_for(provider, version=anthropic_version, default_max_tokens=default_max_tokens)
         self._api_key = SecretStr(api_key) if isinstance(api_key, str) else api_key
         if self._api_key is not None and not self._api_key.get_secret_value():
             self._api_key = None
+        self._wire.check_key(key_set=self._api_key is not None, base_url=base_url)
         self._auth_header = auth_header
         self._request_timeout = float(request_timeout)
         self._max_retries = max_retries
@@ -133,7 +138,7 @@ class LLMClient:
 
         self._gates = Gates(
             concurrency=concurrency, rpm=rpm, tpm=tpm, max_retry_after=self._max_retry_after,
-            rate_limit_headers=rate_limit_headers, clock=clock, sleep=sleep,
+            rate_limit_headers=rate_limit_headers or self._wire.rate_limit_headers, clock=clock, sleep=sleep,
         )
         self._limiter = self._gates.limiter
 
@@ -144,29 +149,33 @@ class LLMClient:
         )
         self._requests = RequestBuilder(
             base_url=url,
-            headers=self._auth_headers(),
+            headers=self._wire.headers(self._secret, auth_header=auth_header),
             timeout=httpx.Timeout(self._request_timeout, connect=connect_timeout),
         )
 
     @classmethod
-    def from_settings(cls, settings: Settings, *, transport: httpx.AsyncBaseTransport | None = None) -> LLMClient:
-        """The client a flow run uses: one per run, so ``settings.concurrency`` is its ceiling."""
-        return cls(**{name: getattr(settings, name) for name in _FROM_SETTINGS}, transport=transport)
+    def from_settings(
+        cls, settings: Settings, *, provider: str = "openai", transport: httpx.AsyncBaseTransport | None = None
+    ) -> LLMClient:
+        """The client a flow run uses for one provider: one per run and provider, so ``settings.concurrency``
+        is each one's ceiling. Anthropic's takes ``anthropic_base_url`` and ``anthropic_api_key``."""
+        values = {name: getattr(settings, name) for name in _FROM_SETTINGS}
+        if provider == "anthropic":
+            values.update(base_url=settings.anthropic_base_url, api_key=settings.anthropic_api_key,
+                          anthropic_version=settings.anthropic_version,
+                          default_max_tokens=settings.default_max_tokens)
+        return cls(**values, provider=provider, transport=transport)
 
-    def _auth_headers(self) -> dict[str, str]:
-        headers: dict[str, str] = {}
-        if self._api_key is not None:
-            key = self._api_key.get_secret_value()
-            if self._auth_header == "api-key":
-                headers["api-key"] = key
-            else:
-                headers["Authorization"] = f"Bearer {key}"
-        return headers
+    @property
+    def provider(self) -> str:
+        """``openai`` (any OpenAI-compatible endpoint) or ``anthropic``."""
+        return self._wire.provider
 
     def __repr__(self) -> str:
         key = "set" if self._api_key is not None else "none"
         return (
-            f"LLMClient(base_url={self._display_url!r}, api_key={key}, auth_header={self._auth_header!r}, "
+            f"LLMClient(provider={self.provider!r}, base_url={self._display_url!r}, api_key={key}, "
+            f"auth_header={self._auth_header!r}, "
             f"concurrency={self._limiter.limit}/{self._limiter.ceiling}, in_flight={self._limiter.in_flight})"
         )
 
@@ -196,10 +205,12 @@ class LLMClient:
         await self._transport.aclose()
 
     async def chat(self, request: ChatRequest) -> ChatResult:
-        """One chat completion, retried by the house rules; raises an ``APIError`` subclass when it gives up."""
+        """One chat completion (an Anthropic Message, for that provider), retried by the house rules; raises an
+        ``APIError`` subclass when it gives up, or ``ValueError`` for a request the provider's API cannot express."""
         estimate = estimate_request_tokens(request) if self._gates.counts_tokens else 0
+        wire = self._wire
         sent = await self._request(
-            "POST", CHAT_COMPLETIONS_PATH, json=request.body(), parse=parse_chat, tokens=estimate, paced=True
+            "POST", wire.chat_path, json=wire.chat_body(request), parse=wire.parse_chat, tokens=estimate, paced=True
         )
         chat: Chat = sent.value
         self._gates.used_tokens(chat.total_tokens - estimate)
@@ -227,7 +238,7 @@ class LLMClient:
         return sent.value
 
     async def retrieve_file(self, file_id: str) -> FileInfo:
-        sent = await self._request("GET", f"{FILES_PATH}/{_segment(file_id)}", parse=parse_file_info)
+        sent = await self._request("GET", f"{FILES_PATH}/{path_segment(file_id)}", parse=parse_file_info)
         return sent.value
 
     async def download_file(self, file_id: str, *, to: Path, timeout: float | None = None) -> Path:
@@ -236,14 +247,14 @@ class LLMClient:
         # Made up front: a missing directory would otherwise look like a network error and be retried.
         to.parent.mkdir(parents=True, exist_ok=True)
         sent = await self._request(
-            "GET", f"{FILES_PATH}/{_segment(file_id)}/content", stream_to=to, timeout=self._transfer_timeout(timeout)
+            "GET", f"{FILES_PATH}/{path_segment(file_id)}/content", stream_to=to, timeout=self._transfer_timeout(timeout)
         )
         return sent.value
 
     async def delete_file(self, file_id: str, *, missing_ok: bool = False) -> None:
         """Delete a file; with ``missing_ok`` a file that is already gone (say, a retried delete) is no error."""
         try:
-            await self._request("DELETE", f"{FILES_PATH}/{_segment(file_id)}")
+            await self._request("DELETE", f"{FILES_PATH}/{path_segment(file_id)}")
         except NotFoundError:
             if not missing_ok:
                 raise
@@ -270,12 +281,12 @@ class LLMClient:
         return sent.value
 
     async def retrieve_batch(self, batch_id: str) -> BatchInfo:
-        sent = await self._request("GET", f"{BATCHES_PATH}/{_segment(batch_id)}", parse=parse_batch_info)
+        sent = await self._request("GET", f"{BATCHES_PATH}/{path_segment(batch_id)}", parse=parse_batch_info)
         return sent.value
 
     async def cancel_batch(self, batch_id: str) -> BatchInfo:
         """Ask the provider to stop a batch; it answers ``cancelling`` and reaches ``cancelled`` later."""
-        sent = await self._request("POST", f"{BATCHES_PATH}/{_segment(batch_id)}/cancel", parse=parse_batch_info)
+        sent = await self._request("POST", f"{BATCHES_PATH}/{path_segment(batch_id)}/cancel", parse=parse_batch_info)
         return sent.value
 
     async def list_batches(self, *, limit: int = DEFAULT_LIST_LIMIT, after: str | None = None) -> list[BatchInfo]:
@@ -373,7 +384,8 @@ class LLMClient:
 
             if not failure.retryable or attempt > retries:
                 raise final_error(
-                    failure, method=method, path=path, attempts=attempt, base_url=self._display_url, secret=self._secret
+                    failure, method=method, path=path, attempts=attempt, base_url=self._display_url,
+                    secret=self._secret, hints=self._wire.hints, unusable_hint=self._wire.unusable_hint,
                 ) from failure.cause
             delay = retry_delay(
                 retries_taken=attempt - 1,
@@ -412,11 +424,4 @@ class LLMClient:
         except (httpx.TransportError, OSError) as exc:
             return Failure.transport(exc)
         return response
-
-
-def _segment(resource_id: str) -> str:
-    # An id goes into the path as one segment; a stray "/" or "?" must not reach another endpoint.
-    if not resource_id:
-        raise ValueError("an empty id cannot name a file or a batch")
-    return quote(resource_id, safe="")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -18,7 +19,7 @@ from ._exceptions import (
 from ._responses import error_detail
 from ._retry import should_retry_status
 
-__all__ = ["STATUS_HINTS", "Failure", "final_error", "scrub"]
+__all__ = ["STATUS_HINTS", "UNUSABLE_HINT", "Failure", "final_error", "scrub"]
 
 STATUS_HINTS: dict[int, str] = {
     400: "Fix the request: check the model name and the parameters sent.",
@@ -30,6 +31,7 @@ STATUS_HINTS: dict[int, str] = {
     422: "Fix the request parameters.",
     429: "Rate limited: lower LLM_DISPATCH_CONCURRENCY, set LLM_DISPATCH_RPM / LLM_DISPATCH_TPM, or check the quota.",
 }
+UNUSABLE_HINT = "Check that LLM_DISPATCH_BASE_URL points at an OpenAI-compatible API (usually ending in /v1)."
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,16 +83,28 @@ class Failure:
         return self.detail
 
 
-def final_error(failure: Failure, *, method: str, path: str, attempts: int, base_url: str, secret: str | None) -> APIError:
-    """The exception for a call that gives up: what happened, and what to change; ``secret`` never shows in it."""
+def final_error(
+    failure: Failure,
+    *,
+    method: str,
+    path: str,
+    attempts: int,
+    base_url: str,
+    secret: str | None,
+    hints: Mapping[int, str] = STATUS_HINTS,
+    unusable_hint: str = UNUSABLE_HINT,
+) -> APIError:
+    """The exception for a call that gives up: what happened, and what to change (``hints``: the provider's
+    advice per status); ``secret`` never shows in it."""
     where = f"{method} {path}"
     tries = "1 attempt" if attempts == 1 else f"{attempts} attempts"
     if failure.kind == "status":
         response = failure.response
         assert response is not None
         status = response.status_code
-        request_id = response.headers.get("x-request-id") or response.headers.get("apim-request-id")
-        hint = STATUS_HINTS.get(status, "The provider failed; try again later." if status >= 500 else "")
+        request_id = (response.headers.get("x-request-id") or response.headers.get("request-id")
+                      or response.headers.get("apim-request-id"))
+        hint = hints.get(status, "The provider failed; try again later." if status >= 500 else "")
         message = f"HTTP {status} from {where} after {tries}: {failure.detail.rstrip('.')}."
         if request_id:
             message += f" Request id {request_id}."
@@ -111,10 +125,7 @@ def final_error(failure: Failure, *, method: str, path: str, attempts: int, base
             f"({failure.detail}). Check LLM_DISPATCH_BASE_URL and the network."
         )
         return APIConnectionError(scrub(message, secret), attempts=attempts)
-    message = (
-        f"Unusable answer to {where} after {tries}: {failure.detail}. Check that LLM_DISPATCH_BASE_URL "
-        "points at an OpenAI-compatible API (usually ending in /v1)."
-    )
+    message = f"Unusable answer to {where} after {tries}: {failure.detail}. {unusable_hint}"
     return APIResponseValidationError(scrub(message, secret), attempts=attempts)
 
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 import json as _json
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
-__all__ = ["ACCEPT_ENCODING", "USER_AGENT", "RequestBuilder"]
+__all__ = ["ACCEPT_ENCODING", "USER_AGENT", "RequestBuilder", "path_segment"]
 
 USER_AGENT = "llm-dispatch"
 # gzip and deflate only: any transport decodes those two, whatever else is installed.
@@ -74,3 +75,10 @@ class RequestBuilder:
                 self._urls.clear()
             url = self._urls[path] = httpx.URL(self._base + path, params=self._base_params)
         return url
+
+
+def path_segment(resource_id: str) -> str:
+    """An id as one path segment: a stray "/" or "?" in it must not reach another endpoint."""
+    if not resource_id:
+        raise ValueError("an empty id cannot name a file or a batch")
+    return quote(resource_id, safe="")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json as _json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -23,6 +24,7 @@ __all__ = [
     "error_code",
     "error_detail",
     "parse_batch_info",
+    "parse_answer",
     "parse_batch_page",
     "parse_chat",
     "parse_file_info",
@@ -57,11 +59,16 @@ def parse_json(response: httpx.Response) -> Any:
 
 
 def parse_chat(response: httpx.Response) -> Chat:
+    return parse_answer(response, _chat_from_body, what="no choices[0].message")
+
+
+def parse_answer(response: httpx.Response, read: Callable[[Any], Chat | None], *, what: str) -> Chat:
+    """What ``read`` makes of the JSON body; ``None`` from it is an unusable answer (``what``: what it lacks)."""
     body = parse_json(response)
-    chat = _chat_from_body(body)
+    chat = read(body)
     if chat is None:
         detail = error_detail(response) if isinstance(body, dict) and body.get("error") else _snippet(response)
-        raise APIResponseValidationError(f"the body has no choices[0].message: {detail}")
+        raise APIResponseValidationError(f"the body has {what}: {detail}")
     return chat
 
 

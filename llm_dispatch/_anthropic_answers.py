@@ -1,0 +1,185 @@
+"""Reading Anthropic's answers: a Message, a MessageBatch and a page of them, and a batch's results JSONL.
+
+Usage maps onto ``ChatResult`` as OpenAI counts it: ``prompt_tokens`` is all input (uncached, cache reads
+and cache writes), ``cached_tokens`` the cache reads, ``cache_creation_tokens`` the cache writes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from datetime import datetime
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import httpx
+
+from ._batch_files import BatchLine, garbled_line, read_result_lines
+from ._batch_types import BatchInfo, BatchStatus, RequestCounts, batch_status_from_api, int_field
+from ._exceptions import APIResponseValidationError
+from ._responses import BatchPage, Chat, parse_answer, parse_json
+from ._types import ChatResult
+
+__all__ = [
+    "MESSAGE_BATCH_STATUSES",
+    "RETRYABLE_MESSAGE_ERRORS",
+    "message_batch_info",
+    "message_result_from_body",
+    "parse_message",
+    "parse_message_batch",
+    "parse_message_batch_page",
+    "read_message_batch_results",
+]
+
+# ended is COMPLETED even after a cancel: cancelling_at says a cancel was asked, the counts say what it stopped.
+MESSAGE_BATCH_STATUSES: Mapping[str, BatchStatus] = MappingProxyType({
+    "in_progress": BatchStatus.IN_PROGRESS,
+    "canceling": BatchStatus.CANCELLING,
+    "ended": BatchStatus.COMPLETED,
+})
+# Error types of an errored result line worth sending again: the provider's trouble, not the request's.
+RETRYABLE_MESSAGE_ERRORS = frozenset({"api_error", "overloaded_error", "rate_limit_error"})
+_SNIPPET_CHARS = 300
+
+
+def parse_message(response: httpx.Response) -> Chat:
+    return parse_answer(response, _chat, what="no Message content list")
+
+
+def message_result_from_body(body: Any, *, latency_s: float = 0.0, attempts: int = 1) -> ChatResult:
+    """A ``ChatResult`` from a Message read elsewhere (a batch result line), parsed as ``chat`` does."""
+    chat = _chat(body, latency_s=latency_s, attempts=attempts)
+    if chat is None:
+        raise APIResponseValidationError(f"the body is not a Message with content: {str(body)[:_SNIPPET_CHARS]!r}")
+    return chat.result
+
+
+def _chat(body: Any, *, latency_s: float = 0.0, attempts: int = 1) -> Chat | None:
+    content = body.get("content") if isinstance(body, dict) else None
+    if not isinstance(content, list):
+        return None
+    assert isinstance(body, dict)
+    usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
+    cache_read = _count(usage.get("cache_read_input_tokens"))
+    cache_write = _count(usage.get("cache_creation_input_tokens"))
+    prompt_tokens = _count(usage.get("input_tokens")) + cache_read + cache_write
+    completion_tokens = _count(usage.get("output_tokens"))
+    texts = [block.get("text") for block in content if isinstance(block, dict) and block.get("type") == "text"]
+    result = ChatResult(
+        text="".join(text for text in texts if isinstance(text, str)) if texts else None,
+        finish_reason=body.get("stop_reason"),
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        cached_tokens=cache_read,
+        model=body.get("model"),
+        response_id=body.get("id"),
+        latency_s=latency_s,
+        attempts=attempts,
+        cache_creation_tokens=cache_write,
+    )
+    return Chat(result, prompt_tokens + completion_tokens)
+
+
+def _count(value: Any) -> int:
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
+
+
+def message_batch_info(body: Any) -> BatchInfo:
+    """The neutral ``BatchInfo`` for a MessageBatch object; raises ``APIResponseValidationError`` for another body."""
+    if not isinstance(body, dict) or not isinstance(body.get("id"), str) or not body["id"]:
+        raise APIResponseValidationError(f"expected a message batch object, got {str(body)[:200]!r}")
+    counts = body.get("request_counts") or {}
+    if not isinstance(counts, dict):
+        raise APIResponseValidationError(f"the batch's request_counts is not an object: {counts!r}")
+    succeeded = int_field(counts, "succeeded", "request_counts")
+    failed = sum(int_field(counts, key, "request_counts") for key in ("errored", "canceled", "expired"))
+    results_url = body.get("results_url")
+    return BatchInfo(
+        id=body["id"],
+        status=batch_status_from_api(body.get("processing_status"), statuses=MESSAGE_BATCH_STATUSES),
+        endpoint="/v1/messages",
+        completion_window="24h",
+        input_file_id=None,
+        output_file_id=results_url if isinstance(results_url, str) else None,
+        error_file_id=None,
+        created_at=_time(body, "created_at"),
+        in_progress_at=None,
+        expires_at=_time(body, "expires_at"),
+        finalizing_at=None,
+        completed_at=_time(body, "ended_at"),
+        failed_at=None,
+        expired_at=None,
+        cancelling_at=_time(body, "cancel_initiated_at"),
+        cancelled_at=None,
+        request_counts=RequestCounts(
+            total=int_field(counts, "processing", "request_counts") + succeeded + failed,
+            completed=succeeded,
+            failed=failed,
+        ),
+        metadata={},
+    )
+
+
+def _time(body: Mapping[str, Any], key: str) -> datetime | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        moment = None
+    if moment is None or moment.tzinfo is None:
+        raise APIResponseValidationError(f"the message batch's {key!r} is not an RFC 3339 time: {value!r}")
+    return moment
+
+
+def parse_message_batch(response: httpx.Response) -> BatchInfo:
+    return message_batch_info(parse_json(response))
+
+
+def parse_message_batch_page(response: httpx.Response) -> BatchPage:
+    body = parse_json(response)
+    data = body.get("data") if isinstance(body, dict) else None
+    if not isinstance(data, list):
+        raise APIResponseValidationError(f"the body is not a list of message batches: {response.text[:300]!r}")
+    return BatchPage([message_batch_info(item) for item in data], bool(body.get("has_more")))
+
+
+def read_message_batch_results(path: Path) -> Iterator[BatchLine]:
+    """Every line of a Message Batch's results file, in file order; blank lines are skipped.
+
+    ``succeeded`` carries its ``ChatResult``; ``errored`` the error's type (retryable for the provider's own
+    trouble); ``canceled`` and ``expired`` were never answered, so they are retryable (send again). A line that
+    cannot be read becomes ``error_code == INVALID_OUTPUT_LINE``: one bad line never costs the others.
+    """
+    return read_result_lines(path, _result_line)
+
+
+def _result_line(record: dict[str, Any], custom_id: str, number: int) -> BatchLine:
+    result = record.get("result")
+    kind = result.get("type") if isinstance(result, dict) else None
+    if kind == "succeeded":
+        assert isinstance(result, dict)
+        try:
+            chat = message_result_from_body(result.get("message"))
+        except APIResponseValidationError as exc:
+            return garbled_line(custom_id, number, exc.message)
+        return BatchLine(custom_id=custom_id, result=chat, error_code=None, error_message=None, status_code=200,
+                         retryable=False, line=number)
+    if kind == "errored":
+        assert isinstance(result, dict)
+        envelope = result.get("error")
+        error = envelope.get("error") if isinstance(envelope, dict) else None
+        if not isinstance(error, dict):
+            error = envelope if isinstance(envelope, dict) else {}
+        code = str(error.get("type") or "unknown_error")
+        message = error.get("message")
+        return BatchLine(custom_id=custom_id, result=None, error_code=code,
+                         error_message=message if isinstance(message, str) else "", status_code=None,
+                         retryable=code in RETRYABLE_MESSAGE_ERRORS, line=number)
+    if kind in ("canceled", "expired"):
+        return BatchLine(custom_id=custom_id, result=None, error_code=kind,
+                         error_message=f"the batch {'was canceled' if kind == 'canceled' else 'expired'} "
+                                       "before this request was answered",
+                         status_code=None, retryable=True, line=number)
+    return garbled_line(custom_id, number, f"result type {kind!r} is not succeeded, errored, canceled or expired")

@@ -1,0 +1,110 @@
+"""What differs between providers on the wire, in one value the client's one send path reads.
+
+A ``Wire`` says where a chat goes, how the key is sent, how a ``ChatRequest`` becomes a body and an answer a
+``Chat``, where the rate-limit headers are, and what to tell the user for each error status. Retries are the
+same for both (408, 409, 429 and 5xx, Anthropic's 529 included; ``retry-after`` honoured; ``x-should-retry``
+obeyed), as both providers' own SDKs do.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import httpx
+
+from ._anthropic import anthropic_params
+from ._anthropic_answers import parse_message
+from ._errors import STATUS_HINTS, UNUSABLE_HINT
+from ._exceptions import ConfigError
+from ._ratelimit_headers import OPENAI_RATE_LIMIT_HEADERS, RateLimitHeaders
+from ._responses import Chat, parse_chat
+from ._settings import DEFAULT_ANTHROPIC_VERSION, DEFAULT_MAX_TOKENS, PROVIDERS
+from ._types import ChatRequest
+
+__all__ = ["ANTHROPIC_RATE_LIMIT_HEADERS", "OPENAI_WIRE", "Wire", "anthropic_wire", "wire_for"]
+
+ANTHROPIC_RATE_LIMIT_HEADERS = RateLimitHeaders(
+    limit="anthropic-ratelimit-{kind}-limit",
+    remaining="anthropic-ratelimit-{kind}-remaining",
+    reset="anthropic-ratelimit-{kind}-reset",
+)
+ANTHROPIC_HINTS: Mapping[int, str] = {
+    **STATUS_HINTS,
+    401: "Check the Anthropic API key (ANTHROPIC_API_KEY or LLM_DISPATCH_ANTHROPIC_API_KEY).",
+    403: "The Anthropic key may not use this model or endpoint; check the workspace's access.",
+    404: "Check the model name and LLM_DISPATCH_ANTHROPIC_BASE_URL (the host alone, without /v1).",
+    413: "The request is larger than Anthropic accepts; shorten the prompt or its images.",
+    429: "Rate limited: lower LLM_DISPATCH_CONCURRENCY, set LLM_DISPATCH_RPM / LLM_DISPATCH_TPM, "
+         "or check the Anthropic tier's limits.",
+    529: "Anthropic is overloaded; try again later.",
+}
+_LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
+
+AuthHeader = Literal["authorization", "api-key"]
+
+
+@dataclass(frozen=True, slots=True)
+class Wire:
+    """One provider's side of every call. ``chat_body`` and ``parse_chat`` run once per request: keep them lean."""
+
+    provider: str
+    chat_path: str
+    chat_body: Callable[[ChatRequest], dict[str, Any]]
+    parse_chat: Callable[[httpx.Response], Chat]
+    rate_limit_headers: RateLimitHeaders
+    hints: Mapping[int, str] = field(default_factory=lambda: STATUS_HINTS)
+    unusable_hint: str = UNUSABLE_HINT
+    version: str | None = None
+
+    def headers(self, key: str | None, *, auth_header: AuthHeader) -> dict[str, str]:
+        """The fixed headers of every request: the key (when there is one) and, for Anthropic, the API version."""
+        if self.provider == "anthropic":
+            headers = {"anthropic-version": self.version or DEFAULT_ANTHROPIC_VERSION}
+            if key is not None:
+                headers["x-api-key"] = key
+            return headers
+        if key is None:
+            return {}
+        return {"api-key": key} if auth_header == "api-key" else {"Authorization": f"Bearer {key}"}
+
+    def check_key(self, *, key_set: bool, base_url: str) -> None:
+        """Anthropic always wants a key; only a local server (the simulator) goes without."""
+        if self.provider == "anthropic" and not key_set and httpx.URL(base_url).host not in _LOCAL_HOSTS:
+            raise ConfigError(
+                f"No Anthropic API key for {base_url}: set ANTHROPIC_API_KEY (or LLM_DISPATCH_ANTHROPIC_API_KEY), "
+                "or map the claude models elsewhere with LLM_DISPATCH_MODEL_PROVIDERS"
+            )
+
+
+OPENAI_WIRE = Wire(
+    provider="openai",
+    chat_path="/chat/completions",
+    chat_body=ChatRequest.body,
+    parse_chat=parse_chat,
+    rate_limit_headers=OPENAI_RATE_LIMIT_HEADERS,
+)
+
+
+def anthropic_wire(*, version: str = DEFAULT_ANTHROPIC_VERSION, default_max_tokens: int = DEFAULT_MAX_TOKENS) -> Wire:
+    """Anthropic's Messages API; its base URL is the host (``https://api.anthropic.com``), the paths carry /v1."""
+    return Wire(
+        provider="anthropic",
+        chat_path="/v1/messages",
+        chat_body=functools.partial(anthropic_params, default_max_tokens=default_max_tokens),
+        parse_chat=parse_message,
+        rate_limit_headers=ANTHROPIC_RATE_LIMIT_HEADERS,
+        hints=ANTHROPIC_HINTS,
+        unusable_hint="Check that LLM_DISPATCH_ANTHROPIC_BASE_URL points at Anthropic's API (the host, without /v1).",
+        version=version,
+    )
+
+
+def wire_for(provider: str, *, version: str = DEFAULT_ANTHROPIC_VERSION, default_max_tokens: int = DEFAULT_MAX_TOKENS) -> Wire:
+    if provider == "openai":
+        return OPENAI_WIRE
+    if provider == "anthropic":
+        return anthropic_wire(version=version, default_max_tokens=default_max_tokens)
+    raise ValueError(f"provider must be one of {', '.join(PROVIDERS)}, got {provider!r}")

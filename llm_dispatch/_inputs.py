@@ -12,7 +12,8 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
-from collections.abc import Iterable, Iterator, Mapping
+import logging
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -20,9 +21,12 @@ from typing import Any
 
 from ._exceptions import InputError
 from ._hashes import HashBag, RepeatedKeys, key_hash, text_hash
+from ._anthropic import anthropic_param_problem, has_max_tokens
 from ._params import param_problem
 from ._pricing import ModelLimits, PriceTable
+from ._providers import provider_lookup
 from ._routing import URGENCIES, parse_deadline
+from ._settings import DEFAULT_MAX_TOKENS
 from ._tokens import estimate_input_tokens, reply_cap
 from ._types import ChatRequest, dedupe_key
 
@@ -37,6 +41,8 @@ __all__ = [
     "parse_prompt_dicts",
     "read_prompts",
 ]
+
+logger = logging.getLogger(__name__)
 
 JSONL_FIELDS = frozenset({"id", "prompt", "messages", "model", "params", "metadata", "urgency", "deadline"})
 CSV_RESERVED = frozenset({"id", "prompt", "model", "urgency", "deadline"})
@@ -99,6 +105,8 @@ class InputCheck:
     count: int
     fingerprint: str
     repeated_keys: RepeatedKeys
+    # Said once per check (and logged when ``warn``): how many Anthropic prompts get the default max_tokens.
+    warning: str | None = None
 
 
 def check_prompts(
@@ -107,25 +115,45 @@ def check_prompts(
     default_model: str,
     default_params: Mapping[str, Any] | None = None,
     table: PriceTable | None = None,
+    model_providers: Mapping[str, str] | None = None,
+    default_max_tokens: int = DEFAULT_MAX_TOKENS,
+    warn: bool = True,
 ) -> InputCheck:
     """Validate the whole input as ``read_prompts`` does, in one streaming pass (a second one only
-    when two ids may be the same): its count, fingerprint and repeated requests, no prompt held."""
+    when two ids may be the same): its count, fingerprint and repeated requests, no prompt held.
+
+    Prompts whose provider (``model_providers``, then claude-* -> anthropic) is Anthropic are refused any
+    parameter Anthropic cannot take; those with no max_tokens make one warning for the whole input,
+    returned as ``warning`` and logged unless ``warn`` is false (a caller that checks twice warns once)."""
     digest = hashlib.sha256()
     ids, keys = HashBag(), HashBag()
-    count = 0
+    count = uncapped = 0
     where, _ = _records(source)
-    for _, spec in _iter_specs(source, default_model=default_model, default_params=default_params, table=table):
+    provider_of = provider_lookup(model_providers)
+    for _, spec in _iter_specs(source, default_model=default_model, default_params=default_params, table=table,
+                               model_providers=model_providers):
         _add_to_fingerprint(digest, spec)
         ids.add(text_hash(spec.custom_id))
         keys.add(key_hash(spec.dedupe_key))
         count += 1
+        if not has_max_tokens(spec.params) and provider_of(spec.model) == "anthropic":
+            uncapped += 1
     if not count:
         raise InputError("no prompts found; each line needs a 'prompt' or 'messages'", path=where)
     clashes = ids.repeated()
     if clashes:
         _raise_duplicate_id(source, clashes=clashes, where=where, default_model=default_model,
-                            default_params=default_params, table=table)
-    return InputCheck(count=count, fingerprint=digest.hexdigest(), repeated_keys=RepeatedKeys(keys.repeated()))
+                            default_params=default_params, table=table,
+                            model_providers=model_providers)
+    warning = None
+    if uncapped:
+        warning = (f"{where}: {uncapped:,} Anthropic prompt{'s' if uncapped > 1 else ''} set no max_tokens, which "
+                   f"Anthropic requires; sending max_tokens={default_max_tokens:,} (set params.max_tokens, or "
+                   "LLM_DISPATCH_DEFAULT_MAX_TOKENS)")
+        if warn:
+            logger.warning("%s", warning)
+    return InputCheck(count=count, fingerprint=digest.hexdigest(), repeated_keys=RepeatedKeys(keys.repeated()),
+                      warning=warning)
 
 
 def _raise_duplicate_id(
@@ -136,10 +164,12 @@ def _raise_duplicate_id(
     default_model: str,
     default_params: Mapping[str, Any] | None,
     table: PriceTable | None,
+    model_providers: Mapping[str, str] | None = None,
 ) -> None:
     """Raise for the first id given twice among those whose hashes clash (two ids may share a hash)."""
     seen: dict[str, int] = {}
-    for line, spec in _iter_specs(source, default_model=default_model, default_params=default_params, table=table):
+    for line, spec in _iter_specs(source, default_model=default_model, default_params=default_params, table=table,
+                            model_providers=model_providers):
         if text_hash(spec.custom_id) not in clashes:
             continue
         if spec.custom_id in seen:
@@ -156,12 +186,14 @@ def iter_prompts(
     default_model: str,
     default_params: Mapping[str, Any] | None = None,
     table: PriceTable | None = None,
+    model_providers: Mapping[str, str] | None = None,
 ) -> Iterator[PromptSpec]:
     """The prompts of ``source`` one at a time, in input order, each validated as it is read.
 
     Repeated ids are not looked for: read an input checked by ``check_prompts`` first.
     """
-    for _, spec in _iter_specs(source, default_model=default_model, default_params=default_params, table=table):
+    for _, spec in _iter_specs(source, default_model=default_model, default_params=default_params, table=table,
+                            model_providers=model_providers):
         yield spec
 
 
@@ -171,11 +203,13 @@ def _iter_specs(
     default_model: str,
     default_params: Mapping[str, Any] | None,
     table: PriceTable | None,
+    model_providers: Mapping[str, str] | None = None,
 ) -> Iterator[tuple[int, PromptSpec]]:
     where, records = _records(source)
+    provider_of = provider_lookup(model_providers)
     for position, (number, record) in enumerate(records):
         yield number, _spec(record, where=where, line=number, position=position, default_model=default_model,
-                            default_params=default_params, table=table)
+                            default_params=default_params, table=table, provider_of=provider_of)
 
 
 def _records(source: PromptSource) -> tuple[str, Iterator[tuple[int, Any]]]:
@@ -208,13 +242,15 @@ def read_prompts(
     default_model: str,
     default_params: Mapping[str, Any] | None = None,
     table: PriceTable | None = None,
+    model_providers: Mapping[str, str] | None = None,
 ) -> list[PromptSpec]:
     """Read and validate a ``.jsonl`` or ``.csv`` prompt file, every prompt in a list.
 
     With ``table``, a prompt to a model whose limits it knows is refused when its estimated input
     tokens plus its reply cap exceed the context window, or its cap exceeds the model's maximum output.
     """
-    return _specs(Path(path), default_model=default_model, default_params=default_params, table=table)
+    return _specs(Path(path), default_model=default_model, default_params=default_params, table=table,
+                            model_providers=model_providers)
 
 
 def parse_prompt_dicts(
@@ -223,9 +259,11 @@ def parse_prompt_dicts(
     default_model: str,
     default_params: Mapping[str, Any] | None = None,
     table: PriceTable | None = None,
+    model_providers: Mapping[str, str] | None = None,
 ) -> list[PromptSpec]:
     """Validate prompts given as dicts (programmatic use), as ``read_prompts`` does; errors name the item number (1-based)."""
-    return _specs(items, default_model=default_model, default_params=default_params, table=table)
+    return _specs(items, default_model=default_model, default_params=default_params, table=table,
+                            model_providers=model_providers)
 
 
 def _jsonl_records(lines: Iterable[str], *, where: str) -> Iterable[tuple[int, Any]]:
@@ -266,11 +304,13 @@ def _specs(
     default_model: str,
     default_params: Mapping[str, Any] | None,
     table: PriceTable | None,
+    model_providers: Mapping[str, str] | None = None,
 ) -> list[PromptSpec]:
     where, _ = _records(source)
     specs: list[PromptSpec] = []
     seen: dict[str, int] = {}
-    for number, spec in _iter_specs(source, default_model=default_model, default_params=default_params, table=table):
+    for number, spec in _iter_specs(source, default_model=default_model, default_params=default_params, table=table,
+                            model_providers=model_providers):
         if spec.custom_id in seen:
             raise InputError(
                 f"duplicate id {spec.custom_id!r} (first on line {seen[spec.custom_id]}); ids must be unique",
@@ -292,6 +332,7 @@ def _spec(
     default_model: str,
     default_params: Mapping[str, Any] | None,
     table: PriceTable | None,
+    provider_of: Callable[[str], str],
 ) -> PromptSpec:
     def fail(message: str, field_name: str | None = None) -> InputError:
         return InputError(message, path=where, line=line, field=field_name)
@@ -335,6 +376,11 @@ def _spec(
         if problem is not None:
             raise fail(problem, f"params.{name}")
     model = model.strip()
+    if provider_of(model) == "anthropic":
+        for name, value in params.items():
+            problem = anthropic_param_problem(name, value)
+            if problem is not None:
+                raise fail(problem, f"params.{name}")
     limits = table.limits_for(model) if table is not None else None
     if limits is not None:
         _check_limits(ChatRequest(model=model, messages=messages, params=params), limits,

@@ -50,6 +50,7 @@ class _Rates(NamedTuple):
     input: int | Decimal
     cached: int | Decimal
     output: int | Decimal
+    write: int | Decimal  # a token written to the prompt cache (Anthropic's cache_creation_input_tokens)
 
 
 class RowPricer:
@@ -65,9 +66,17 @@ class RowPricer:
         self._rates: dict[tuple[str, str], tuple[_Rates, _Rates, str] | None] = {}
 
     def price(
-        self, *, model: str, route: Route, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0
+        self,
+        *,
+        model: str,
+        route: Route,
+        prompt_tokens: int,
+        completion_tokens: int,
+        cached_tokens: int = 0,
+        cache_creation_tokens: int = 0,
     ) -> RowCost | None:
-        """The row's cost, or None when ``model`` has no price (an unknown cost, never 0)."""
+        """The row's cost, or None when ``model`` has no price (an unknown cost, never 0). Cache reads
+        (``cached_tokens``) and cache writes (``cache_creation_tokens``) are parts of ``prompt_tokens``."""
         key = (model, route)
         try:
             found = self._rates[key]
@@ -79,11 +88,16 @@ class RowPricer:
         cached = cached_tokens if cached_tokens <= prompt_tokens else prompt_tokens  # part of the prompt
         uncached = prompt_tokens - cached
         cost = uncached * paid.input + cached * paid.cached + completion_tokens * paid.output
+        written = cache_creation_tokens if cache_creation_tokens <= uncached else uncached
+        if written:
+            cost += written * (paid.write - paid.input)
         if type(cost) is not int:
             cost = _whole(cost)
         if listed is paid:
             return RowCost(cost, cost, discount)
         listed_cost = uncached * listed.input + cached * listed.cached + completion_tokens * listed.output
+        if written:
+            listed_cost += written * (listed.write - listed.input)
         return RowCost(cost, listed_cost if type(listed_cost) is int else _whole(listed_cost), discount)
 
     def _rates_of(self, model: str, route: str) -> tuple[_Rates, _Rates, str] | None:
@@ -92,11 +106,13 @@ class RowPricer:
         price = self.table.price_for(model)
         if price is None:
             return None
-        listed = _Rates(*(_per_token(value) for value in (price.input, price.cached_input, price.output)))
+        listed = _Rates(*(_per_token(value) for value in (price.input, price.cached_input, price.output,
+                                                          price.cache_write)))
         if route == "realtime" or price.batch_discount == 0:
             return listed, listed, "0" if route == "realtime" else str(price.batch_discount)
         keep = 1 - price.batch_discount
-        paid = _Rates(*(_per_token(value * keep) for value in (price.input, price.cached_input, price.output)))
+        paid = _Rates(*(_per_token(value * keep) for value in (price.input, price.cached_input, price.output,
+                                                               price.cache_write)))
         return paid, listed, str(price.batch_discount)
 
 

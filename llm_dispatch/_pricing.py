@@ -27,9 +27,12 @@ ROUTES = ("realtime", "batch")
 _TOP_FIELDS = frozenset({"prices_as_of", "source", "currency", "unit", "batch_discount", "models",
                          "limits_as_of", "limits_source"})
 _LIMIT_FIELDS = ("context_window", "max_output_tokens")
-_MODEL_FIELDS = frozenset({"input", "cached_input", "output", "batch_discount", *_LIMIT_FIELDS})
-# Snapshot names: "gpt-4o-mini-2024-07-18" and the older "gpt-3.5-turbo-0125".
-_SNAPSHOT = re.compile(r"-(?:\d{4}-\d{2}-\d{2}|\d{4})$")
+_MODEL_FIELDS = frozenset({"input", "cached_input", "cache_write", "output", "batch_discount", *_LIMIT_FIELDS,
+                           *("prices_as_of", "source")})
+# Prices per model (input, cached_input = cache reads, cache_write, output); the rest of an entry is not a price.
+_PRICE_FIELDS = ("input", "cached_input", "cache_write", "output")
+# Snapshot names: "gpt-4o-mini-2024-07-18", the older "gpt-3.5-turbo-0125", and Anthropic's "claude-sonnet-4-5-20250929".
+_SNAPSHOT = re.compile(r"-(?:\d{4}-\d{2}-\d{2}|\d{8}|\d{4})$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +44,12 @@ class ModelPrice:
     output: Decimal
     # Fraction taken off on the Batch API: 0.5 means half price.
     batch_discount: Decimal
+    # An input token written to the prompt cache (Anthropic's 5-minute write); the input price where none is listed.
+    cache_write: Decimal | None = None
+
+    def __post_init__(self) -> None:
+        if self.cache_write is None:
+            object.__setattr__(self, "cache_write", self.input)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +115,7 @@ class PriceTable:
             name: ModelPrice(
                 input=entry["input"],
                 cached_input=entry.get("cached_input", entry["input"]),
+                cache_write=entry.get("cache_write", entry["input"]),
                 output=entry["output"],
                 batch_discount=entry.get("batch_discount", default_discount),
             )
@@ -143,25 +153,30 @@ class PriceTable:
         prompt_tokens: int,
         completion_tokens: int,
         cached_tokens: int = 0,
+        cache_creation_tokens: int = 0,
     ) -> Decimal | None:
-        """What a request cost, in ``currency``; None when the model has no price."""
+        """What a request cost, in ``currency``; None when the model has no price. Cache reads
+        (``cached_tokens``) and writes (``cache_creation_tokens``) are parts of ``prompt_tokens``."""
         if route not in ROUTES:
             raise ValueError(f"route {route!r} is unknown; use 'realtime' or 'batch'")
         for name, count in (("prompt_tokens", prompt_tokens), ("completion_tokens", completion_tokens),
-                            ("cached_tokens", cached_tokens)):
+                            ("cached_tokens", cached_tokens), ("cache_creation_tokens", cache_creation_tokens)):
             if count < 0:
                 raise ValueError(f"{name} must be >= 0, got {count}")
-        if cached_tokens > prompt_tokens:
+        if cached_tokens + cache_creation_tokens > prompt_tokens:
+            both = f" and cache_creation_tokens ({cache_creation_tokens}) together" if cache_creation_tokens else ""
             raise ValueError(
-                f"cached_tokens ({cached_tokens}) cannot exceed prompt_tokens ({prompt_tokens}); "
+                f"cached_tokens ({cached_tokens}){both} cannot exceed prompt_tokens ({prompt_tokens}); "
                 "cached tokens are part of the prompt"
             )
         price = self.price_for(model)
         if price is None:
             return None
+        assert price.cache_write is not None
         total = (
-            (prompt_tokens - cached_tokens) * price.input
+            (prompt_tokens - cached_tokens - cache_creation_tokens) * price.input
             + cached_tokens * price.cached_input
+            + cache_creation_tokens * price.cache_write
             + completion_tokens * price.output
         ) / PER_TOKENS
         if route == "batch":
@@ -236,10 +251,10 @@ def _model(name: str, entry: Any, *, bad: Any) -> dict[str, Decimal | int]:
     if unknown:
         raise bad(f"{prefix}.{unknown[0]}", f"is unknown (allowed: {', '.join(sorted(_MODEL_FIELDS))})")
     parsed: dict[str, Decimal | int] = {}
-    for key in ("input", "cached_input", "output"):
+    for key in _PRICE_FIELDS:
         if key not in entry:
-            if key == "cached_input":
-                continue  # no cache discount: cached tokens cost what input does
+            if key in ("cached_input", "cache_write"):
+                continue  # no cache price: cached tokens cost what input does
             raise bad(f"{prefix}.{key}", "is missing (a price per 1M tokens)")
         value = entry[key]
         if not _is_number(value) or value < 0:
@@ -247,6 +262,10 @@ def _model(name: str, entry: Any, *, bad: Any) -> dict[str, Decimal | int]:
         parsed[key] = Decimal(value)
     if "batch_discount" in entry:
         parsed["batch_discount"] = _discount(entry["batch_discount"], field_name=f"{prefix}.batch_discount", bad=bad)
+    # A model priced from another page than the table's: where and when, kept in the file for the reader.
+    for key in ("prices_as_of", "source"):
+        if key in entry and (not isinstance(entry[key], str) or not entry[key].strip()):
+            raise bad(f"{prefix}.{key}", "must be a non-empty string")
     for key in _LIMIT_FIELDS:
         if key in entry:
             value = entry[key]

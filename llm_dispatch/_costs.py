@@ -65,16 +65,8 @@ class RowPricer:
         self.table = table
         self._rates: dict[tuple[str, str], tuple[_Rates, _Rates, str] | None] = {}
 
-    def price(
-        self,
-        *,
-        model: str,
-        route: Route,
-        prompt_tokens: int,
-        completion_tokens: int,
-        cached_tokens: int = 0,
-        cache_creation_tokens: int = 0,
-    ) -> RowCost | None:
+    def price(self, *, model: str, route: Route, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0,
+              cache_creation_tokens: int = 0) -> RowCost | None:
         """The row's cost, or None when ``model`` has no price (an unknown cost, never 0). Cache reads
         (``cached_tokens``) and cache writes (``cache_creation_tokens``) are parts of ``prompt_tokens``."""
         key = (model, route)

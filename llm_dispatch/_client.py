@@ -386,6 +386,7 @@ class LLMClient(MessageBatchMethods):
                 raise final_error(
                     failure, method=method, path=path, attempts=attempt, base_url=self._display_url,
                     secret=self._secret, hints=self._wire.hints, unusable_hint=self._wire.unusable_hint,
+                    url_setting=self._wire.url_setting,
                 ) from failure.cause
             delay = retry_delay(
                 retries_taken=attempt - 1,

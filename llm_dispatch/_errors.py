@@ -93,6 +93,7 @@ def final_error(
     secret: str | None,
     hints: Mapping[int, str] = STATUS_HINTS,
     unusable_hint: str = UNUSABLE_HINT,
+    url_setting: str = "LLM_DISPATCH_BASE_URL",
 ) -> APIError:
     """The exception for a call that gives up: what happened, and what to change (``hints``: the provider's
     advice per status); ``secret`` never shows in it."""
@@ -122,7 +123,7 @@ def final_error(
     if failure.kind == "connection":
         message = (
             f"Could not get an answer from {base_url} for {where} after {tries} "
-            f"({failure.detail}). Check LLM_DISPATCH_BASE_URL and the network."
+            f"({failure.detail}). Check {url_setting} and the network."
         )
         return APIConnectionError(scrub(message, secret), attempts=attempts)
     message = f"Unusable answer to {where} after {tries}: {failure.detail}. {unusable_hint}"

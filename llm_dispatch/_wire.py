@@ -57,6 +57,8 @@ class Wire:
     rate_limit_headers: RateLimitHeaders
     hints: Mapping[int, str] = field(default_factory=lambda: STATUS_HINTS)
     unusable_hint: str = UNUSABLE_HINT
+    # The setting that names the endpoint, for a message about a connection that failed.
+    url_setting: str = "LLM_DISPATCH_BASE_URL"
     version: str | None = None
 
     def headers(self, key: str | None, *, auth_header: AuthHeader) -> dict[str, str]:
@@ -98,6 +100,7 @@ def anthropic_wire(*, version: str = DEFAULT_ANTHROPIC_VERSION, default_max_toke
         rate_limit_headers=ANTHROPIC_RATE_LIMIT_HEADERS,
         hints=ANTHROPIC_HINTS,
         unusable_hint="Check that LLM_DISPATCH_ANTHROPIC_BASE_URL points at Anthropic's API (the host, without /v1).",
+        url_setting="LLM_DISPATCH_ANTHROPIC_BASE_URL",
         version=version,
     )
 

@@ -310,3 +310,14 @@ async def test_message_batch_calls_need_an_anthropic_client(fake_time: FakeTime)
     async with client_for(router, fake_time, provider="openai") as client:
         with pytest.raises(ValueError, match="Anthropic"):
             await client.retrieve_message_batch("msgbatch_01")
+
+
+async def test_a_connection_failure_names_the_anthropic_url_setting(fake_time: FakeTime) -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused")
+
+    client = LLMClient(provider="anthropic", base_url=BASE, api_key=KEY, transport=httpx.MockTransport(refuse),
+                       sleep=fake_time.sleep, clock=fake_time.monotonic, max_retries=0)
+    async with client:
+        with pytest.raises(Exception, match="LLM_DISPATCH_ANTHROPIC_BASE_URL"):
+            await client.chat(REQUEST)

@@ -95,18 +95,20 @@ def result_file(tmp_path: Path, lines: list[Any]) -> Path:
     return path
 
 
+def errored(custom_id: str, kind: str, message: str) -> dict[str, Any]:
+    return {"custom_id": custom_id, "result": {"type": "errored", "error": {"type": "error", "error": {
+        "type": kind, "message": message}}}}
+
+
 def test_each_result_line_type_is_read(tmp_path: Path) -> None:
     message = {"id": "msg_1", "type": "message", "model": "claude-x", "content": [{"type": "text", "text": "ok"}],
                "stop_reason": "max_tokens",
                "usage": {"input_tokens": 3, "output_tokens": 2, "cache_read_input_tokens": 4}}
     path = result_file(tmp_path, [
         {"custom_id": "s", "result": {"type": "succeeded", "message": message}},
-        {"custom_id": "e1", "result": {"type": "errored", "error": {"type": "error", "error": {
-            "type": "invalid_request_error", "message": "bad"}}}},
-        {"custom_id": "e2", "result": {"type": "errored", "error": {"type": "error", "error": {
-            "type": "overloaded_error", "message": "busy"}}}},
-        {"custom_id": "c", "result": {"type": "canceled"}},
-        {"custom_id": "x", "result": {"type": "expired"}},
+        errored("e1", "invalid_request_error", "bad"),
+        errored("e2", "overloaded_error", "busy"),
+        *({"custom_id": kind[0], "result": {"type": kind}} for kind in ("canceled", "expired")),
         b"",
         b"{not json",
         {"custom_id": "w", "result": {"type": "weird"}},
@@ -119,7 +121,7 @@ def test_each_result_line_type_is_read(tmp_path: Path) -> None:
     assert (ok.result.prompt_tokens, ok.result.cached_tokens, ok.result.finish_reason) == (7, 4, "max_tokens")
     assert [(line.custom_id, line.error_code, line.retryable) for line in lines[1:]] == [
         ("e1", "invalid_request_error", False), ("e2", "overloaded_error", True),
-        ("c", "canceled", True), ("x", "expired", True),
+        ("c", "canceled", True), ("e", "expired", True),
         (None, INVALID_OUTPUT_LINE, False), ("w", INVALID_OUTPUT_LINE, True), (None, INVALID_OUTPUT_LINE, False),
         ("m", INVALID_OUTPUT_LINE, True),
     ]

@@ -21,7 +21,7 @@ from typing import Any
 
 from ._exceptions import InputError
 from ._hashes import HashBag, RepeatedKeys, key_hash, text_hash
-from ._anthropic import anthropic_param_problem, has_max_tokens
+from ._anthropic import anthropic_param_problem, anthropic_params, has_max_tokens
 from ._params import param_problem
 from ._pricing import ModelLimits, PriceTable
 from ._providers import provider_lookup
@@ -381,6 +381,10 @@ def _spec(
             problem = anthropic_param_problem(name, value)
             if problem is not None:
                 raise fail(problem, f"params.{name}")
+        try:  # what is left to go wrong is in the messages (a tool call's arguments, say)
+            anthropic_params(ChatRequest(model=model, messages=messages, params=params), default_max_tokens=1)
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise fail(f"cannot be sent to Anthropic: {exc}", "prompt" if has_prompt else "messages") from None
     limits = table.limits_for(model) if table is not None else None
     if limits is not None:
         _check_limits(ChatRequest(model=model, messages=messages, params=params), limits,

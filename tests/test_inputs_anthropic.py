@@ -60,3 +60,12 @@ def test_a_missing_max_tokens_warns_once_for_the_whole_input(
 def test_no_warning_when_every_claude_prompt_has_a_cap(tmp_path: Path) -> None:
     path = prompts(tmp_path, {"prompt": "a", "model": "claude-haiku-4-5", "params": {"max_tokens": 4}})
     assert check_prompts(path, default_model="gpt-4o-mini").warning is None
+
+
+def test_a_tool_call_whose_arguments_are_not_json_is_refused_for_claude(tmp_path: Path) -> None:
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{oops"}}
+    path = prompts(tmp_path, {"model": "claude-haiku-4-5", "params": {"max_tokens": 5}, "messages": [
+        {"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "1"}]})
+    with pytest.raises(InputError, match=r"in.jsonl:1: cannot be sent to Anthropic: .*not JSON.*\(field 'messages'\)"):
+        check_prompts(path, default_model="gpt-4o-mini")

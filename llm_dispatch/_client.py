@@ -1,8 +1,9 @@
-"""The async client for OpenAI-compatible APIs: one retry loop, under the shared limits, for every call.
+"""The async client for OpenAI-compatible APIs and Anthropic's: one retry loop, under the shared limits, for every call.
 
 ``LLMClient._request`` owns the loop (retry rules from ``_retry``, limits from ``_limits``) and the one
 send path: it builds an ``httpx.Request`` and hands it to the transport (``default_transport``, or
-respx / ``httpx.MockTransport`` in tests), then reads the ``httpx.Response`` with ``_responses``.
+respx / ``httpx.MockTransport`` in tests), then reads the ``httpx.Response`` with ``_responses``. What
+differs by provider (path, auth, body, answer, rate-limit headers, hints) is the client's ``Wire``.
 """
 
 from __future__ import annotations

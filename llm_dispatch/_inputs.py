@@ -130,14 +130,20 @@ def check_prompts(
     count = uncapped = 0
     where, _ = _records(source)
     provider_of = provider_lookup(model_providers)
-    for _, spec in _iter_specs(source, default_model=default_model, default_params=default_params, table=table,
-                               model_providers=model_providers):
+    for line, spec in _iter_specs(source, default_model=default_model, default_params=default_params, table=table,
+                                  model_providers=model_providers):
         _add_to_fingerprint(digest, spec)
         ids.add(text_hash(spec.custom_id))
         keys.add(key_hash(spec.dedupe_key))
         count += 1
         if not has_max_tokens(spec.params) and provider_of(spec.model) == "anthropic":
             uncapped += 1
+            most = table.limits_for(spec.model) if table is not None else None
+            if most is not None and most.max_output_tokens and default_max_tokens > most.max_output_tokens:
+                raise InputError(
+                    f"{spec.model} replies with at most {most.max_output_tokens:,} tokens but the default max_tokens "
+                    f"is {default_max_tokens:,}; set params.max_tokens or lower LLM_DISPATCH_DEFAULT_MAX_TOKENS",
+                    path=where, line=line, field="params.max_tokens")
     if not count:
         raise InputError("no prompts found; each line needs a 'prompt' or 'messages'", path=where)
     clashes = ids.repeated()

@@ -69,3 +69,13 @@ def test_a_tool_call_whose_arguments_are_not_json_is_refused_for_claude(tmp_path
         {"role": "tool", "tool_call_id": "c1", "content": "1"}]})
     with pytest.raises(InputError, match=r"in.jsonl:1: cannot be sent to Anthropic: .*not JSON.*\(field 'messages'\)"):
         check_prompts(path, default_model="gpt-4o-mini")
+
+
+def test_a_default_max_tokens_above_the_models_maximum_is_refused(tmp_path: Path) -> None:
+    from llm_dispatch import PriceTable
+
+    path = prompts(tmp_path, {"prompt": "a", "model": "claude-3-haiku-20240307"})
+    table = PriceTable.load()
+    check_prompts(path, default_model="x", table=table, default_max_tokens=4096)
+    with pytest.raises(InputError, match=r"in.jsonl:1: .*at most 4,096 tokens.*\(field 'params.max_tokens'\)"):
+        check_prompts(path, default_model="x", table=table, default_max_tokens=8192)

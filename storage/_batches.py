@@ -81,6 +81,7 @@ async def create_batch_record(
     members: Sequence[tuple[int, str]],
     file_path: str | None,
     resubmission_of: int | None = None,
+    provider: str = "openai",
 ) -> int:
     """Store a batch (status ``preparing``) with its members, one ``(prompt_id, custom_id)``
     per prompt, and mark those prompts ``batched``; returns our batch id. Identical prompts
@@ -102,6 +103,7 @@ async def create_batch_record(
         batch = Batch(
             job_id=job_id,
             model=model,
+            provider=provider,
             status="preparing",
             file_path=file_path,
             request_total=lines,
@@ -339,7 +341,7 @@ async def _release(session: AsyncSession, *, batch_id: int, prompt_ids: list[int
 
 
 # BatchRecord's fields read from the batches row as they are; the timestamps are made timezone-aware.
-_PLAIN_FIELDS: Final = ("id", "job_id", "model", "status", "provider_batch_id", "input_file_id", "output_file_id",
+_PLAIN_FIELDS: Final = ("id", "job_id", "model", "provider", "status", "provider_batch_id", "input_file_id", "output_file_id",
                         "error_file_id", "file_path", "request_total", "request_completed", "request_failed",
                         "errors", "resubmission_of")
 _OPTIONAL_TIMES: Final = ("submitted_at", "expires_at", "finished_at", "last_polled_at")

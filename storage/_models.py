@@ -160,6 +160,8 @@ class Batch(Base):
     id: Mapped[int] = mapped_column(BigInt, primary_key=True, autoincrement=True)
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
     model: Mapped[str] = mapped_column(String())
+    # llm_dispatch.PROVIDERS: whose Batch API holds it (OpenAI's files and batches, or Anthropic's Message Batches).
+    provider: Mapped[str] = mapped_column(String(16), default="openai", server_default="openai")
     status: Mapped[str] = mapped_column(String(20), index=True)  # a storage.BatchStatus
     # NULL until the provider creates the batch; unique, so one provider batch is never ingested twice.
     provider_batch_id: Mapped[str | None] = mapped_column(String(), unique=True)

@@ -24,6 +24,7 @@ __all__ = [
     "find_reusable",
     "get_job",
     "job_counts",
+    "job_models",
     "load_work",
     "mark_in_flight",
     "result_stats",
@@ -106,6 +107,13 @@ async def job_counts(sessions: Sessions, *, job_id: str) -> dict[str, int]:
     """Prompts of a job by status; statuses no prompt has are left out (use ``.get(s, 0)``)."""
     async with sessions() as session:
         return await _prompt_counts(session, job_id=job_id)
+
+
+async def job_models(sessions: Sessions, *, job_id: str) -> list[str]:
+    """The models a job's prompts name, each once."""
+    async with sessions() as session:
+        found = await session.execute(select(Prompt.model).where(Prompt.job_id == job_id).distinct())
+        return sorted(model for (model,) in found)
 
 
 async def _prompt_counts(session: AsyncSession, *, job_id: str) -> dict[str, int]:

@@ -122,3 +122,4 @@ class BatchRecord:
     created_at: datetime
     updated_at: datetime
     cancel_requested: bool = False
+    provider: str = "openai"

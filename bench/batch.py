@@ -180,7 +180,7 @@ async def batch_path(
     import storage
     from llm_dispatch import BatchLimits, LLMClient, PriceTable, RowPricer
     from jobs import ingest_batch, poll_batch
-    from jobs import submit_prompts
+    from jobs import Clients, submit_prompts
 
     logging.basicConfig(level=logging.WARNING)
     profiler = _Profile(profile)
@@ -233,8 +233,8 @@ async def batch_path(
             started = time.perf_counter()
             with profiler.run("submit"):
                 async with storage.ResultWriter(sessions, job_id=job_id, pricer=pricer) as writer:
-                    outcome = await submit_prompts(sessions=sessions, client=client, writer=writer, job_id=job_id,
-                                                   prompt_ids=prompt_ids, directory=directory, limits=limits)
+                    outcome = await submit_prompts(sessions=sessions, clients=Clients.of(client), writer=writer,
+                                                   job_id=job_id, prompt_ids=prompt_ids, directory=directory)
             out["submit_s"] = time.perf_counter() - started
             out["submit_cpu_s"] = time.process_time() - cpu_before
             out["submit_threads_cpu_s"] = _group_threads(threads_before, _thread_cpu())
@@ -257,7 +257,7 @@ async def batch_path(
                     if time.perf_counter() - started > WAIT_TIMEOUT:
                         raise SystemExit(f"batch {batch_id} still {record.status} after {WAIT_TIMEOUT:.0f} s")
                     await asyncio.sleep(POLL_INTERVAL)
-                    record = await poll_batch(sessions=sessions, client=client, record=record)
+                    record = await poll_batch(sessions=sessions, clients=Clients.of(client), record=record)
                 if record.status != "completed":
                     raise SystemExit(f"batch {batch_id} ended {record.status}: {record.errors}")
                 records.append(record)
@@ -270,7 +270,7 @@ async def batch_path(
             with profiler.run("ingest"):
                 for record in records:
                     async with storage.ResultWriter(sessions, job_id=job_id, **writer_options) as writer:
-                        got = await ingest_batch(sessions=sessions, client=client, writer=writer, record=record,
+                        got = await ingest_batch(sessions=sessions, clients=Clients.of(client), writer=writer, record=record,
                                                  directory=directory, max_submissions=3)
                     succeeded += got.succeeded
             out["ingest_s"] = time.perf_counter() - started

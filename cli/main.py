@@ -96,13 +96,18 @@ def run(
 
         try:
             # The whole file, before anything is sent or written; streaming, no prompt held.
-            checked = prompt_input(file, settings=settings).check()
+            checked = prompt_input(file, settings=settings).check(warn=False)
         except InputError as exc:
             raise _fail(str(exc)) from None
         err.print(f"{file}: {checked.count} prompts valid", highlight=False)
+        if checked.warning:
+            err.print(f"[yellow]warning:[/] {checked.warning}", highlight=False, soft_wrap=True)
+        providers = checked.providers
+    else:
+        providers = frozenset({"openai"})
 
-    if not simulate and settings.api_key is None and "api.openai.com" in settings.base_url:
-        raise _fail("no API key: set OPENAI_API_KEY (or LLM_DISPATCH_API_KEY), or add --simulate to use the bundled simulator")
+    if not simulate:
+        _check_keys(settings, providers=providers)
 
     with contextlib.ExitStack() as stack:
         if simulate:
@@ -110,7 +115,9 @@ def run(
 
             sim = SimulatorConfig(latency=sim_latency, batch_processing_seconds=SIM_BATCH_SECONDS)
             base_url = stack.enter_context(Simulator.in_thread(sim))
-            settings = settings.model_copy(update={"base_url": base_url, "batch_poll_interval": SIM_POLL_SECONDS})
+            # One simulator answers both providers: OpenAI's API under /v1, Anthropic's at the host (its paths carry /v1).
+            settings = settings.model_copy(update={"base_url": base_url, "anthropic_base_url": base_url.removesuffix("/v1"),
+                                                   "batch_poll_interval": SIM_POLL_SECONDS})
             err.print(f"simulator at {base_url} ({sim_latency * 1000:.0f} ms per request, batches take "
                       f"{SIM_BATCH_SECONDS:.0f} s)", highlight=False)
         from prefect.exceptions import TerminationSignal
@@ -146,6 +153,19 @@ def run(
         _print_summary(summary)
     failed = summary["counts"].get("failed", 0)
     raise typer.Exit(1 if failed else 0)
+
+
+def _check_keys(settings: Settings, *, providers: frozenset[str]) -> None:
+    """One line and exit 2 when a provider the prompts go to has no key (before anything is written)."""
+    if "openai" in providers and settings.api_key is None and "api.openai.com" in settings.base_url:
+        raise _fail("no API key: set OPENAI_API_KEY (or LLM_DISPATCH_API_KEY), or add --simulate to use the bundled simulator")
+    if "anthropic" in providers:
+        from llm_dispatch import check_provider_key
+
+        try:
+            check_provider_key(settings, provider="anthropic")
+        except LLMDispatchError as exc:
+            raise _fail(f"{exc}, or add --simulate to use the bundled simulator") from None
 
 
 def _require_database(settings: Settings) -> None:

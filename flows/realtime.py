@@ -59,6 +59,7 @@ async def realtime_dispatch(
     async with open_run(settings) as run:
         job = await record_prompts(source=quote(prompts), job_id=job_id, settings=settings, sessions=run.sessions,
                                    head=head)
+        run.clients.require(job.providers)  # a missing key stops the run here, before anything is sent
         if not job.rest:
             await storage.set_job_status(run.sessions, job_id=job.job_id, status="running")
         selection = Selection(retry_failed=retry_failed, planned_route=planned_route, shard=part)
@@ -90,7 +91,7 @@ async def send_realtime(
     async with storage.ResultWriter(run.sessions, job_id=job.job_id, pricer=run.pricer) as writer:
         board = ProgressBoard(job_id=job.job_id, logger=logger)
         sender = ChunkSender(
-            send=chunk_sender(tag=settings.concurrency_tag), client=run.client, writer=writer, sessions=run.sessions,
+            send=chunk_sender(tag=settings.concurrency_tag), client=run.clients, writer=writer, sessions=run.sessions,
             concurrency=settings.concurrency, per_chunk=settings.per_chunk_concurrency, on_chunk_done=board.update,
         )
         feed = ChunkFeed(

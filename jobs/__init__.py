@@ -3,6 +3,8 @@ real-time half, submit and collect batches, price the job. Flows call these thro
 
 from __future__ import annotations
 
+from ._batch_api import BatchApi, batch_api
+from ._clients import Clients
 from ._collect import IngestOutcome, cancel_batches, ingest_batch, poll_batch, reroute_for_deadlines
 from ._costs import JobCost, PriceBasis, RepricedRow, Repricing, actual_cost, estimate_cost, money, reprice
 from ._realtime import Chunk, ChunkFeed, ChunkSender, SendChunk
@@ -42,9 +44,11 @@ __all__ = [
     "BATCH_ID_KEY",
     "JOB_ID_KEY",
     "MAX_CHUNKS_PER_RUN",
+    "BatchApi",
     "BatchHalfSummary",
     "CancelSummary",
     "Chunk",
+    "Clients",
     "ChunkFeed",
     "ChunkSender",
     "IngestOutcome",
@@ -68,6 +72,7 @@ __all__ = [
     "DispatchSummary",
     "actual_cost",
     "advance_submission",
+    "batch_api",
     "cancel_batches",
     "chunk_groups",
     "chunk_size_for",

@@ -32,10 +32,11 @@ from llm_dispatch import (
     BatchInfo,
     BatchLine,
     BatchLineError,
-    LLMClient,
-    read_batch_output,
     status_error_class,
 )
+
+from ._batch_api import batch_api
+from ._clients import Clients
 
 __all__ = ["IngestOutcome", "cancel_batches", "ingest_batch", "poll_batch", "reroute_for_deadlines"]
 
@@ -47,6 +48,8 @@ BATCH_WINDOW: Final = timedelta(hours=24)
 # Provider errors quoted in a failed batch's message.
 QUOTED_ERRORS: Final = 3
 READ_SLICE: Final = 5000
+# Line errors that mean "never answered, the batch was stopped" (Anthropic's ``canceled`` result lines).
+CANCELLED_LINES: Final = frozenset({"canceled"})
 STORE_SLICE: Final = 5000
 
 
@@ -69,11 +72,11 @@ class IngestOutcome:
         }
 
 
-async def poll_batch(*, sessions: Sessions, client: LLMClient, record: storage.BatchRecord) -> storage.BatchRecord:
+async def poll_batch(*, sessions: Sessions, clients: Clients, record: storage.BatchRecord) -> storage.BatchRecord:
     """Ask the provider how the batch stands and store it (status, counts, file ids, errors)."""
     if record.provider_batch_id is None:
         raise ValueError(f"batch {record.id} has not been created at the provider yet (status {record.status})")
-    info = await client.retrieve_batch(record.provider_batch_id)
+    info = await batch_api(clients.for_provider(record.provider)).retrieve(record.provider_batch_id)
     await storage.update_batch(sessions, batch_id=record.id, **_fields(info))
     updated = await storage.get_batch(sessions, batch_id=record.id)
     assert updated is not None
@@ -106,7 +109,7 @@ def _fields(info: BatchInfo) -> dict[str, Any]:
 async def ingest_batch(
     *,
     sessions: Sessions,
-    client: LLMClient,
+    clients: Clients,
     writer: storage.ResultWriter,
     record: storage.BatchRecord,
     directory: Path,
@@ -136,11 +139,11 @@ async def ingest_batch(
         outcome.succeeded += sum(len(ids) for ids, _ in answers)
         answers.clear()
 
-    for file_id, kind in ((record.output_file_id, "output"), (record.error_file_id, "errors")):
-        if file_id is None or not waiting:
-            continue
-        path = await client.download_file(file_id, to=directory / f"batch-{record.id}-{kind}.jsonl")
-        reader = read_batch_output(path)
+    for results in batch_api(clients.for_provider(record.provider)).result_files(record):
+        if not waiting:
+            break
+        path = await results.download(directory / f"batch-{record.id}-{results.kind}.jsonl")
+        reader = results.read(path)
 
         def take() -> list[BatchLine]:
             return list(itertools.islice(reader, READ_SLICE))
@@ -154,6 +157,8 @@ async def ingest_batch(
                 ids = waiting.pop(line.custom_id, None) if line.custom_id is not None else None
                 if ids is None:
                     outcome.unknown_lines += 1
+                elif line.result is None and record.cancel_requested and line.error_code in CANCELLED_LINES:
+                    waiting[line.custom_id] = ids  # unanswered because the user cancelled: failed below
                 elif line.result is not None:
                     answers.append((ids, line.result))
                 elif await _settle_failure(writer, line, ids, outcome=outcome):
@@ -263,7 +268,7 @@ def _count(outcome: IngestOutcome, code: str, n: int) -> None:
     outcome.failed_by_code[code] = outcome.failed_by_code.get(code, 0) + n
 
 
-async def cancel_batches(*, sessions: Sessions, client: LLMClient, job_id: str) -> list[storage.BatchRecord]:
+async def cancel_batches(*, sessions: Sessions, clients: Clients, job_id: str) -> list[storage.BatchRecord]:
     """Ask the provider to stop every open batch of ``job_id``; returns the batches as they now stand.
 
     Each is marked ``cancel_requested`` first, so whatever it did not answer is failed at ingest rather
@@ -279,14 +284,14 @@ async def cancel_batches(*, sessions: Sessions, client: LLMClient, job_id: str) 
         else:
             provider_id = record.provider_batch_id
             if provider_id is None and record.status == "uploaded":
-                found = await find_provider_batch(client=client, record=record)
+                found = await find_provider_batch(sessions=sessions, clients=clients, record=record)
                 provider_id = found.id if found is not None else None
             await storage.update_batch(sessions, batch_id=record.id, cancel_requested=True)
             if provider_id is None:
                 await storage.update_batch(sessions, batch_id=record.id, status="cancelled",
                                            finished_at=datetime.now(UTC))
             else:
-                info = await client.cancel_batch(provider_id)
+                info = await batch_api(clients.for_provider(record.provider)).cancel(provider_id)
                 await storage.update_batch(sessions, batch_id=record.id, provider_batch_id=provider_id,
                                            **_fields(info))
         updated = await storage.get_batch(sessions, batch_id=record.id)

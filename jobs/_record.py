@@ -23,10 +23,12 @@ from llm_dispatch import (
     RoutingRules,
     Settings,
     check_prompts,
+    DEFAULT_MAX_TOKENS,
     decide_route,
     iter_prompts,
     parse_deadline,
     prompt_chars,
+    provider_lookup,
 )
 
 from ._run import load_prices
@@ -45,14 +47,20 @@ class PromptInput:
     source: PromptSource
     default_model: str
     table: PriceTable | None = field(default=None, repr=False)
+    # Which provider each model goes to (``Settings.model_providers``), and Anthropic's max_tokens when none is set.
+    model_providers: Mapping[str, str] = field(default_factory=dict)
+    default_max_tokens: int = DEFAULT_MAX_TOKENS
 
     def specs(self, *, start: int = 0) -> Iterator[PromptSpec]:
         """Its prompts in input order, from input position ``start``."""
-        return islice(iter_prompts(self.source, default_model=self.default_model, table=self.table), start, None)
+        return islice(iter_prompts(self.source, default_model=self.default_model, table=self.table,
+                                   model_providers=self.model_providers), start, None)
 
-    def check(self) -> InputCheck:
-        """Validate the whole input (``InputError`` at the first problem): its count, fingerprint, repeats."""
-        return check_prompts(self.source, default_model=self.default_model, table=self.table)
+    def check(self, *, warn: bool = True) -> InputCheck:
+        """Validate the whole input (``InputError`` at the first problem): its count, fingerprint, repeats, providers."""
+        return check_prompts(self.source, default_model=self.default_model, table=self.table,
+                             model_providers=self.model_providers, default_max_tokens=self.default_max_tokens,
+                             warn=warn)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +86,8 @@ class RecordedJob:
     # Requests (dedupe keys) that more than one prompt of the job makes: their prompts may be split
     # between slices, so a sender grouping identical requests waits until all are stored.
     repeated_keys: Container[str] = frozenset()
+    # The providers its prompts go to: the run needs a client (a key) for each before it sends anything.
+    providers: frozenset[str] = frozenset()
 
     @property
     def rest(self) -> int:
@@ -116,7 +126,8 @@ def prompt_input(source: str | Path | Sequence[Mapping[str, Any]], *, settings: 
     """The input at ``source`` (a path or a list of dicts), each prompt to be checked against its model's
     context window and maximum output in the price table (the bundled one and ``settings.prices_file``);
     raises ``ConfigError`` for a bad price file."""
-    return PromptInput(source=source, default_model=settings.model, table=load_prices(settings))
+    return PromptInput(source=source, default_model=settings.model, table=load_prices(settings),
+                       model_providers=settings.model_providers, default_max_tokens=settings.default_max_tokens)
 
 
 def fingerprint_of(path: str | Path, *, settings: Settings) -> str:
@@ -155,7 +166,9 @@ async def record_job(
             job = await _finish_recording(sessions, job=job, given=_input_of(job, settings=settings), rules=rules)
         total = sum(job.counts.values())
         logger.info("resuming job %s (%d prompts)", job_id, total)
-        return RecordedJob(job_id=job_id, total=total, resumed=True)
+        provider_of = provider_lookup(settings.model_providers)
+        providers = frozenset(provider_of(model) for model in await storage.job_models(sessions, job_id=job_id))
+        return RecordedJob(job_id=job_id, total=total, resumed=True, providers=providers)
 
     given = prompt_input(source, settings=settings)
     checked = given.check()
@@ -171,7 +184,7 @@ async def record_job(
                                   "run its own input again, or this input without the job id")
             job = await _finish_recording(sessions, job=job, given=given, rules=rules)
         logger.info("input already recorded as job %s: resuming it (only unfinished prompts are sent)", existing)
-        return RecordedJob(job_id=existing, total=sum(job.counts.values()), resumed=True)
+        return RecordedJob(job_id=existing, total=sum(job.counts.values()), resumed=True, providers=checked.providers)
 
     input_path = str(Path(source).resolve()) if isinstance(source, (str, Path)) else None
     split = head is not None and 0 < head < checked.count
@@ -190,13 +203,13 @@ async def record_job(
         await storage.add_prompts(sessions, job_id=new_id, prompts=new_prompts(given.specs(), rules=rules, now=now),
                                   then_status="created")
         logger.info("recorded job %s: %d prompts", new_id, checked.count)
-        return RecordedJob(job_id=new_id, total=checked.count, resumed=False)
+        return RecordedJob(job_id=new_id, total=checked.count, resumed=False, providers=checked.providers)
     assert head is not None
     await storage.add_prompts(sessions, job_id=new_id,
                               prompts=new_prompts(islice(given.specs(), head), rules=rules, now=now))
     logger.info("recording job %s: %d prompts, the first %d stored", new_id, checked.count, head)
     return RecordedJob(job_id=new_id, total=checked.count, resumed=False, input=given, head=head, recorded_at=now,
-                       repeated_keys=checked.repeated_keys)
+                       repeated_keys=checked.repeated_keys, providers=checked.providers)
 
 
 async def store_rest(

@@ -1,5 +1,5 @@
-"""A run's resources, set up in one place: the database engine (migrated once), its sessions, the
-client of the provider, closed together when the run ends, and the price table its answers are priced with."""
+"""A run's resources, set up in one place: the database engine (migrated once), its sessions, a client
+per provider, closed together when the run ends, and the price table its answers are priced with."""
 
 from __future__ import annotations
 
@@ -12,18 +12,20 @@ import httpx
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 import storage
-from llm_dispatch import LLMClient, PriceTable, RowPricer, Settings
+from llm_dispatch import PriceTable, RowPricer, Settings
+
+from ._clients import Clients
 
 Sessions = async_sessionmaker[AsyncSession]
 
 
 @dataclass(frozen=True, slots=True)
 class JobRun:
-    """What every step of one run shares: its settings, one engine's sessions, one client, one price table."""
+    """What every step of one run shares: its settings, one engine's sessions, its clients, one price table."""
 
     settings: Settings
     sessions: Sessions
-    client: LLMClient
+    clients: Clients
     # The bundled prices with ``settings.prices_file`` over them: every answer of the run is stored
     # with its cost under these (``pricer.table``), for every result writer of the run.
     pricer: RowPricer
@@ -38,12 +40,15 @@ def load_prices(settings: Settings) -> PriceTable:
 async def open_run(
     settings: Settings, *, migrate: bool = True, transport: httpx.AsyncBaseTransport | None = None
 ) -> AsyncIterator[JobRun]:
-    """Open the run's engine (migrating the schema unless ``migrate`` is False) and its client.
+    """Open the run's engine (migrating the schema unless ``migrate`` is False) and its clients.
 
-    The client is the run's only one, so ``settings.concurrency`` bounds every request the run makes.
-    The price table is read first: a bad price file stops the run before it opens anything.
+    There is one client per provider the run sends to, so ``settings.concurrency`` bounds the requests the
+    run makes to each. The price table is read first: a bad price file stops the run before it opens anything.
     """
     pricer = RowPricer(load_prices(settings))
-    async with storage.open_database(settings.database_url, migrate=migrate) as sessions, \
-            LLMClient.from_settings(settings, transport=transport) as client:
-        yield JobRun(settings=settings, sessions=sessions, client=client, pricer=pricer)
+    async with storage.open_database(settings.database_url, migrate=migrate) as sessions:
+        clients = Clients(settings=settings, transport=transport)
+        try:
+            yield JobRun(settings=settings, sessions=sessions, clients=clients, pricer=pricer)
+        finally:
+            await clients.aclose()

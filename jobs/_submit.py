@@ -9,10 +9,12 @@ batch got:
     validating / in_progress / ...   provider batch id stored
 
 ``advance_submission`` takes a batch from wherever it stands to created. For ``uploaded`` it first
-looks for a provider batch carrying our batch id in its metadata (a create that reached the
-provider before the process died) and adopts it, so a crash never makes a second batch for the
-same prompts. The create itself is one attempt at a time: after a timeout, a dropped connection or
-a 5xx the batch may exist all the same, so it is looked up again before every retry.
+looks for the provider batch a create that reached the provider before the process died made
+(``BatchApi.find``: by our ids in its metadata on OpenAI, by its size and time on Anthropic) and
+adopts it, so a crash never makes a second batch for the same prompts. The create itself is one
+attempt at a time: after a timeout, a dropped connection or a 5xx the batch may exist all the same,
+so it is looked up again before every retry. Anthropic's Message Batches have no upload: their
+``uploaded`` means only that the create may have been sent.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
@@ -36,12 +38,13 @@ from llm_dispatch import (
     BatchInfo,
     BatchLimits,
     ChatRequest,
-    LLMClient,
     NotFoundError,
     backoff_delay,
     write_batch_files,
 )
 
+from ._batch_api import BATCH_ID_KEY, JOB_ID_KEY, BatchApi, batch_api
+from ._clients import Clients
 from ._reuse import reuse_stored_answers
 
 __all__ = [
@@ -57,13 +60,8 @@ logger = logging.getLogger(__name__)
 
 Sessions = async_sessionmaker[AsyncSession]
 
-# Keys of the provider batch's metadata: how a batch is found again after a crash.
-JOB_ID_KEY: Final = "llm_dispatch_job"
-BATCH_ID_KEY: Final = "llm_dispatch_batch"
 # Uploads and creates in flight at once.
 SUBMIT_CONCURRENCY: Final = 4
-# How far before our record's creation a provider batch may claim to be created (clock skew).
-CLOCK_SLACK: Final = timedelta(minutes=10)
 
 
 @dataclass(slots=True)
@@ -85,19 +83,21 @@ class SubmitOutcome:
 async def submit_prompts(
     *,
     sessions: Sessions,
-    client: LLMClient,
+    clients: Clients,
     writer: storage.ResultWriter,
     job_id: str,
     prompt_ids: Sequence[int],
     directory: Path,
-    limits: BatchLimits,
+    max_requests: int | None = None,
+    max_bytes: int | None = None,
     dedupe: bool = True,
     resubmission_of: int | None = None,
     metadata: Mapping[str, str] | None = None,
     max_retries: int = DEFAULT_MAX_RETRIES,
 ) -> SubmitOutcome:
     """Send these prompts of ``job_id`` as provider batches: one line per distinct request, files
-    split per model and at the provider's limits. Returns our ids of the batches created.
+    split per model and at the provider's limits (or ``max_requests`` / ``max_bytes`` where given), each
+    to its model's provider. Returns our ids of the batches created.
 
     With ``dedupe``, a request already answered in storage is reused and never sent, and identical
     prompts share one line (one paid request). ``max_retries`` bounds the retries of each create.
@@ -119,41 +119,46 @@ async def submit_prompts(
     if not groups:
         return outcome
 
-    # The line's custom_id names the group's first prompt row: traceable, and unique in the file.
+    # The line's custom_id names the group's first prompt row: traceable, unique in the file, and within
+    # Anthropic's custom_id rule (1-64 of [A-Za-z0-9_-]).
     by_line = {f"p{group[0].id}": group for group in groups.values()}
-    directory = Path(directory) / job_id
-    files = await asyncio.to_thread(
-        write_batch_files,
-        ((custom_id, _request(group[0])) for custom_id, group in by_line.items()),
-        directory=directory,
-        limits=limits,
-        prefix=f"in-{time.time_ns()}",
-    )
+    by_provider: dict[str, list[str]] = {}
+    for custom_id, group in by_line.items():
+        by_provider.setdefault(clients.provider_of(group[0].model), []).append(custom_id)
     gate = asyncio.Semaphore(SUBMIT_CONCURRENCY)
 
     async def submit(batch_id: int) -> None:
         async with gate:
             record = await storage.get_batch(sessions, batch_id=batch_id)
             assert record is not None
-            await advance_submission(sessions=sessions, client=client, record=record, metadata=metadata,
+            await advance_submission(sessions=sessions, clients=clients, record=record, metadata=metadata,
                                      max_retries=max_retries)
 
     batch_ids: list[int] = []
-    for file in files:
-        members = [(row.id, custom_id) for custom_id in file.custom_ids for row in by_line[custom_id]]
-        try:
-            batch_id = await storage.create_batch_record(
-                sessions, job_id=job_id, model=file.model, members=members, file_path=str(file.path),
-                resubmission_of=resubmission_of,
-            )
-        except storage.BatchConflictError as exc:
-            # Another run batched some of these meanwhile: they are in good hands; leave this file out.
-            logger.warning("batch file %s not sent: %s", file.path.name, exc)
-            file.path.unlink(missing_ok=True)
-            continue
-        batch_ids.append(batch_id)
-        outcome.lines += file.requests
-        outcome.prompts += len(members)
+    for provider, custom_ids in sorted(by_provider.items()):
+        api = batch_api(clients.for_provider(provider))
+        files = await asyncio.to_thread(
+            write_batch_files,
+            ((custom_id, _request(by_line[custom_id][0])) for custom_id in custom_ids),
+            directory=Path(directory) / job_id,
+            limits=api.limits(max_requests=max_requests, max_bytes=max_bytes),
+            prefix=f"in-{provider}-{time.time_ns()}",
+        )
+        for file in files:
+            members = [(row.id, custom_id) for custom_id in file.custom_ids for row in by_line[custom_id]]
+            try:
+                batch_id = await storage.create_batch_record(
+                    sessions, job_id=job_id, model=file.model, members=members, file_path=str(file.path),
+                    resubmission_of=resubmission_of, provider=provider,
+                )
+            except storage.BatchConflictError as exc:
+                # Another run batched some of these meanwhile: they are in good hands; leave this file out.
+                logger.warning("batch file %s not sent: %s", file.path.name, exc)
+                file.path.unlink(missing_ok=True)
+                continue
+            batch_ids.append(batch_id)
+            outcome.lines += file.requests
+            outcome.prompts += len(members)
     async with asyncio.TaskGroup() as tasks:
         for batch_id in batch_ids:
             tasks.create_task(submit(batch_id))
@@ -164,7 +169,7 @@ async def submit_prompts(
 async def advance_submission(
     *,
     sessions: Sessions,
-    client: LLMClient,
+    clients: Clients,
     record: storage.BatchRecord,
     metadata: Mapping[str, str] | None = None,
     max_retries: int = DEFAULT_MAX_RETRIES,
@@ -175,29 +180,30 @@ async def advance_submission(
     again (the orphan costs only storage), and a create that reached the provider is adopted.
     A batch already created is returned as it is. ``max_retries`` bounds the retries of the create.
     """
+    api = batch_api(clients.for_provider(record.provider))
     if record.status == "preparing":
-        path = await _input_file(sessions=sessions, record=record)
-        uploaded = await client.upload_file(path, purpose="batch")
-        await storage.update_batch(sessions, batch_id=record.id, status="uploaded", input_file_id=uploaded.id)
+        path = await _input_file(sessions=sessions, record=record) if api.uploads else None
+        input_file_id = await api.upload(path) if path is not None else None
+        await storage.update_batch(sessions, batch_id=record.id, status="uploaded", input_file_id=input_file_id)
         record = await _reload(sessions, record.id)
     if record.status != "uploaded":
         return record
-    info = await find_provider_batch(client=client, record=record)
+    info = await api.find(sessions=sessions, record=record)
     if info is not None:
         logger.info("batch %d: adopting provider batch %s, created before this process lost track of it",
                     record.id, info.id)
     else:
-        assert record.input_file_id is not None
-        tags = {**(metadata or {}), JOB_ID_KEY: record.job_id, BATCH_ID_KEY: str(record.id)}
         try:
-            info = await _create_once(client=client, record=record, input_file_id=record.input_file_id,
-                                      tags=tags, max_retries=max_retries)
+            info = await _create_once(sessions=sessions, api=api, record=record, metadata=metadata or {},
+                                      max_retries=max_retries)
         except NotFoundError:
+            if not api.uploads:
+                raise
             # The uploaded file is gone (deleted, or expired at the provider): upload it again.
             path = await _input_file(sessions=sessions, record=record)
-            uploaded = await client.upload_file(path, purpose="batch")
-            await storage.update_batch(sessions, batch_id=record.id, input_file_id=uploaded.id)
-            info = await _create_once(client=client, record=record, input_file_id=uploaded.id, tags=tags,
+            await storage.update_batch(sessions, batch_id=record.id, input_file_id=await api.upload(path))
+            record = await _reload(sessions, record.id)
+            info = await _create_once(sessions=sessions, api=api, record=record, metadata=metadata or {},
                                       max_retries=max_retries)
     await storage.update_batch(
         sessions,
@@ -214,23 +220,24 @@ async def advance_submission(
 
 
 async def _create_once(
-    *, client: LLMClient, record: storage.BatchRecord, input_file_id: str, tags: Mapping[str, str], max_retries: int
+    *, sessions: Sessions, api: BatchApi, record: storage.BatchRecord, metadata: Mapping[str, str], max_retries: int
 ) -> BatchInfo:
     """Create the provider batch for ``record``, never twice: a create whose answer was lost (timeout,
     dropped connection, 5xx) may have made the batch, so after each one the provider's list is read
     (after the backoff, giving it time to show the batch) and a batch found there is adopted.
     A refusal (a 4xx other than 408/409/429) is raised at once."""
+    path = await _input_file(sessions=sessions, record=record) if not api.uploads else None
     attempt = 0
     while True:
         attempt += 1
         try:
-            return await client.create_batch(input_file_id=input_file_id, metadata=tags, max_retries=0)
+            return await api.create(record=record, path=path, input_file_id=record.input_file_id, metadata=metadata)
         except APIError as exc:
             if not exc.retryable:
                 raise
             lost = exc
         await asyncio.sleep(backoff_delay(attempt - 1))
-        found = await find_provider_batch(client=client, record=record)
+        found = await api.find(sessions=sessions, record=record)
         if found is not None:
             logger.info("batch %d: create attempt %d got no answer (%s), but made %s: adopted",
                         record.id, attempt, type(lost).__name__, found.id)
@@ -253,18 +260,10 @@ def _gave_up(error: APIError, *, record: storage.BatchRecord, attempts: int) -> 
     return type(error)(message, attempts=attempts)
 
 
-async def find_provider_batch(*, client: LLMClient, record: storage.BatchRecord) -> BatchInfo | None:
-    """The provider batch created for our batch ``record`` (by the ids in its metadata), if any.
-
-    Lists newest first and stops at batches older than the record, so it reads a page or two.
-    """
-    since = record.created_at - CLOCK_SLACK
-    async for info in client.iter_batches():
-        if info.metadata.get(BATCH_ID_KEY) == str(record.id) and info.metadata.get(JOB_ID_KEY) == record.job_id:
-            return info
-        if info.created_at is not None and info.created_at < since:
-            return None
-    return None
+async def find_provider_batch(*, sessions: Sessions, clients: Clients,
+                              record: storage.BatchRecord) -> BatchInfo | None:
+    """The provider batch created for our batch ``record``, if any (see ``BatchApi.find``)."""
+    return await batch_api(clients.for_provider(record.provider)).find(sessions=sessions, record=record)
 
 
 async def _input_file(*, sessions: Sessions, record: storage.BatchRecord) -> Path:

@@ -20,7 +20,7 @@ from ._batch_types import (
 )
 from ._client import LLMClient
 from ._constants import DEFAULT_CONCURRENCY, DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
-from ._costs import PICO_PER_USD, CostTotals, RowCost, RowPricer, estimate_request_cost, from_pico
+from ._costs import PICO_PER_USD, CostTotals, RouteTotals, RowCost, RowPricer, estimate_request_cost, from_pico
 from ._dispatch import ChatSender, DispatchOutcome, Progress, ResultSink, WorkItem, current_progress, send_all
 from ._inputs import (
     InputCheck,
@@ -35,14 +35,15 @@ from ._inputs import (
 )
 from ._limits import AdaptiveLimiter, RateLimiter, SharedPause
 from ._pricing import PriceTable
-from ._providers import PROVIDERS, provider_for
+from ._providers import PROVIDERS, provider_for, provider_lookup
 from ._responses import chat_result_from_body
 from ._retry import DEFAULT_MAX_RETRY_AFTER, backoff_delay
 from ._routing import RoutingRules, decide_route, parse_deadline, prompt_chars
-from ._settings import Settings
+from ._settings import DEFAULT_MAX_TOKENS, Settings
 from ._tokens import estimate_prompt_tokens, estimate_request_tokens
 from ._transport import default_transport
 from ._types import ChatRequest, ChatResult, dedupe_key
+from ._wire import check_provider_key
 
 __all__ = [
     "DEFAULT_BATCH_LIMITS",
@@ -50,6 +51,7 @@ __all__ = [
     "DEFAULT_CONNECT_TIMEOUT",
     "DEFAULT_MAX_RETRIES",
     "DEFAULT_MAX_RETRY_AFTER",
+    "DEFAULT_MAX_TOKENS",
     "DEFAULT_TIMEOUT",
     "MESSAGE_BATCH_LIMITS",
     "OPENAI_BATCH_LIMITS",
@@ -65,6 +67,7 @@ __all__ = [
     "BatchLine",
     "BatchStatus",
     "chat_result_from_body",
+    "check_provider_key",
     "ChatRequest",
     "ChatResult",
     "ChatSender",
@@ -88,6 +91,7 @@ __all__ = [
     "PriceTable",
     "Progress",
     "provider_for",
+    "provider_lookup",
     "prompt_chars",
     "InputCheck",
     "PromptSource",
@@ -100,6 +104,7 @@ __all__ = [
     "RequestCounts",
     "ResultSink",
     "RoutingRules",
+    "RouteTotals",
     "RowCost",
     "RowPricer",
     "send_all",

@@ -205,6 +205,10 @@ class LLMClient(MessageBatchMethods):
         """Close the connections (and the transport, including one that was passed in)."""
         await self._transport.aclose()
 
+    def request_body(self, request: ChatRequest) -> dict[str, Any]:
+        """The JSON body ``chat`` sends for ``request`` (a Messages body for Anthropic): also one Message Batch request's ``params``."""
+        return self._wire.chat_body(request)
+
     async def chat(self, request: ChatRequest) -> ChatResult:
         """One chat completion (an Anthropic Message, for that provider), retried by the house rules; raises an
         ``APIError`` subclass when it gives up, or ``ValueError`` for a request the provider's API cannot express."""

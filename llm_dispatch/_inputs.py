@@ -107,6 +107,8 @@ class InputCheck:
     repeated_keys: RepeatedKeys
     # Said once per check (and logged when ``warn``): how many Anthropic prompts get the default max_tokens.
     warning: str | None = None
+    # The providers the prompts go to (``provider_for`` of each model): their clients need keys.
+    providers: frozenset[str] = frozenset()
 
 
 def check_prompts(
@@ -130,13 +132,16 @@ def check_prompts(
     count = uncapped = 0
     where, _ = _records(source)
     provider_of = provider_lookup(model_providers)
+    providers: set[str] = set()
     for line, spec in _iter_specs(source, default_model=default_model, default_params=default_params, table=table,
                                   model_providers=model_providers):
         _add_to_fingerprint(digest, spec)
         ids.add(text_hash(spec.custom_id))
         keys.add(key_hash(spec.dedupe_key))
         count += 1
-        if not has_max_tokens(spec.params) and provider_of(spec.model) == "anthropic":
+        provider = provider_of(spec.model)
+        providers.add(provider)
+        if provider == "anthropic" and not has_max_tokens(spec.params):
             uncapped += 1
             most = table.limits_for(spec.model) if table is not None else None
             if most is not None and most.max_output_tokens and default_max_tokens > most.max_output_tokens:
@@ -159,7 +164,7 @@ def check_prompts(
         if warn:
             logger.warning("%s", warning)
     return InputCheck(count=count, fingerprint=digest.hexdigest(), repeated_keys=RepeatedKeys(keys.repeated()),
-                      warning=warning)
+                      warning=warning, providers=frozenset(providers))
 
 
 def _raise_duplicate_id(

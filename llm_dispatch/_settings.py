@@ -98,8 +98,12 @@ class Settings(BaseSettings):
 
     # The Batch API.
     batch_dir: str = Field(default="llm_dispatch_batches", description="where batch input/output files are kept")
-    batch_max_requests: int = Field(default=50_000, ge=1, description="lines per batch file (provider limit)")
-    batch_max_bytes: int = Field(default=200 * 1024 * 1024, ge=1, description="bytes per batch file (provider limit)")
+    batch_max_requests: int | None = Field(
+        default=None, ge=1, description="requests per batch (default: the provider's limit, OpenAI 50,000, Anthropic 100,000)"
+    )
+    batch_max_bytes: int | None = Field(
+        default=None, ge=1, description="bytes per batch (default: the provider's limit, OpenAI 200 MB, Anthropic 256 MB)"
+    )
     batch_poll_interval: float = Field(default=60.0, gt=0, description="first wait between polls, seconds")
     batch_poll_max_interval: float = Field(default=600.0, gt=0, description="longest wait between polls, seconds")
     batch_grace: float = Field(

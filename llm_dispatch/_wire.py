@@ -21,10 +21,10 @@ from ._errors import STATUS_HINTS, UNUSABLE_HINT
 from ._exceptions import ConfigError
 from ._ratelimit_headers import OPENAI_RATE_LIMIT_HEADERS, RateLimitHeaders
 from ._responses import Chat, parse_chat
-from ._settings import DEFAULT_ANTHROPIC_VERSION, DEFAULT_MAX_TOKENS, PROVIDERS
+from ._settings import DEFAULT_ANTHROPIC_VERSION, DEFAULT_MAX_TOKENS, PROVIDERS, Settings
 from ._types import ChatRequest
 
-__all__ = ["ANTHROPIC_RATE_LIMIT_HEADERS", "OPENAI_WIRE", "Wire", "anthropic_wire", "wire_for"]
+__all__ = ["ANTHROPIC_RATE_LIMIT_HEADERS", "OPENAI_WIRE", "Wire", "anthropic_wire", "check_provider_key", "wire_for"]
 
 ANTHROPIC_RATE_LIMIT_HEADERS = RateLimitHeaders(
     limit="anthropic-ratelimit-{kind}-limit",
@@ -111,3 +111,11 @@ def wire_for(provider: str, *, version: str = DEFAULT_ANTHROPIC_VERSION, default
     if provider == "anthropic":
         return anthropic_wire(version=version, default_max_tokens=default_max_tokens)
     raise ValueError(f"provider must be one of {', '.join(PROVIDERS)}, got {provider!r}")
+
+
+def check_provider_key(settings: Settings, *, provider: str) -> None:
+    """Raise ``ConfigError`` when ``provider``'s client could not be made for want of a key, as ``LLMClient`` would."""
+    if provider == "anthropic":
+        key = settings.anthropic_api_key
+        wire_for(provider).check_key(key_set=key is not None and bool(key.get_secret_value()),
+                                     base_url=settings.anthropic_base_url)

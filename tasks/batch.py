@@ -12,7 +12,6 @@ from prefect.cache_policies import NO_CACHE
 import storage
 import jobs
 from jobs import IngestOutcome, JobRun, SubmitOutcome
-from llm_dispatch import BatchLimits
 
 # Output lines arrive in tens of thousands: bigger transactions than the real-time default.
 INGEST_FLUSH_ROWS = 2000
@@ -24,9 +23,9 @@ async def submit_batches(*, run: JobRun, job_id: str, prompt_ids: Sequence[int],
     settings = run.settings
     async with storage.ResultWriter(run.sessions, job_id=job_id, pricer=run.pricer) as writer:
         return await jobs.submit_prompts(
-            sessions=run.sessions, client=run.client, writer=writer, job_id=job_id, prompt_ids=prompt_ids,
+            sessions=run.sessions, clients=run.clients, writer=writer, job_id=job_id, prompt_ids=prompt_ids,
             directory=Path(settings.batch_dir), dedupe=settings.dedupe,
-            limits=BatchLimits(max_requests=settings.batch_max_requests, max_bytes=settings.batch_max_bytes),
+            max_requests=settings.batch_max_requests, max_bytes=settings.batch_max_bytes,
             max_retries=settings.max_retries,
         )
 
@@ -34,7 +33,7 @@ async def submit_batches(*, run: JobRun, job_id: str, prompt_ids: Sequence[int],
 @task(name="finish-submission", task_run_name="finish submitting batch {batch_id}", cache_policy=NO_CACHE)
 async def finish_submission(*, run: JobRun, batch_id: int) -> storage.BatchRecord:
     """Take a batch a crash left in ``preparing`` or ``uploaded`` on to created (adopting a create that got through)."""
-    return await jobs.advance_submission(sessions=run.sessions, client=run.client,
+    return await jobs.advance_submission(sessions=run.sessions, clients=run.clients,
                                          record=await _stored(run, batch_id=batch_id),
                                          max_retries=run.settings.max_retries)
 
@@ -42,7 +41,7 @@ async def finish_submission(*, run: JobRun, batch_id: int) -> storage.BatchRecor
 @task(name="poll-batch", task_run_name="poll batch {batch_id}", cache_policy=NO_CACHE)
 async def poll_batch(*, run: JobRun, batch_id: int) -> storage.BatchRecord:
     """Ask the provider how the batch stands, and store it."""
-    return await jobs.poll_batch(sessions=run.sessions, client=run.client, record=await _stored(run, batch_id=batch_id))
+    return await jobs.poll_batch(sessions=run.sessions, clients=run.clients, record=await _stored(run, batch_id=batch_id))
 
 
 @task(name="ingest-batch", task_run_name="ingest batch {batch_id}", cache_policy=NO_CACHE)
@@ -53,7 +52,7 @@ async def ingest_batch(*, run: JobRun, batch_id: int) -> IngestOutcome:
     async with storage.ResultWriter(run.sessions, job_id=record.job_id, flush_rows=INGEST_FLUSH_ROWS,
                                     pricer=run.pricer) as writer:
         return await jobs.ingest_batch(
-            sessions=run.sessions, client=run.client, writer=writer, record=record,
+            sessions=run.sessions, clients=run.clients, writer=writer, record=record,
             directory=Path(settings.batch_dir), max_submissions=settings.batch_max_submissions,
             deadline_margin=timedelta(seconds=settings.deadline_margin),
         )
@@ -62,7 +61,7 @@ async def ingest_batch(*, run: JobRun, batch_id: int) -> IngestOutcome:
 @task(name="cancel-batches", task_run_name="cancel the open batches of job {job_id}", cache_policy=NO_CACHE)
 async def cancel_batches(*, run: JobRun, job_id: str) -> list[storage.BatchRecord]:
     """Ask the provider to stop every open batch of the job; returns them as they now stand."""
-    return await jobs.cancel_batches(sessions=run.sessions, client=run.client, job_id=job_id)
+    return await jobs.cancel_batches(sessions=run.sessions, clients=run.clients, job_id=job_id)
 
 
 async def _stored(run: JobRun, *, batch_id: int) -> storage.BatchRecord:

@@ -19,7 +19,7 @@ from llm_dispatch import LLMClient
 from llm_dispatch._types import dedupe_key
 from storage import Prompt, Result
 from jobs import ingest_batch, poll_batch
-from jobs import BATCH_ID_KEY, JOB_ID_KEY, advance_submission, submit_prompts
+from jobs import BATCH_ID_KEY, JOB_ID_KEY, Clients, advance_submission, submit_prompts
 
 Sessions = async_sessionmaker[AsyncSession]
 
@@ -30,6 +30,10 @@ class Env:
     client: LLMClient
     directory: Path
     sim: Sim
+
+    @property
+    def clients(self) -> Clients:
+        return Clients.of(self.client)
 
     async def job(self, contents: list[str], *, deadline: datetime | None = None) -> tuple[str, list[int]]:
         job_id = await storage.create_job(
@@ -49,20 +53,20 @@ class Env:
     async def submit(self, job_id: str, ids: list[int], **kwargs: object) -> list[int]:
         async with storage.ResultWriter(self.sessions, job_id=job_id) as writer:
             outcome = await submit_prompts(
-                sessions=self.sessions, client=self.client, writer=writer, job_id=job_id, prompt_ids=ids,
-                directory=self.directory, limits=kwargs.pop("limits", storage_limits()), **kwargs)  # type: ignore[arg-type]
+                sessions=self.sessions, clients=self.clients, writer=writer, job_id=job_id, prompt_ids=ids,
+                directory=self.directory, **kwargs)  # type: ignore[arg-type]
         return outcome.batch_ids
 
     async def finish(self, batch_id: int, *, max_submissions: int = 3, now: datetime | None = None):
         record = await storage.get_batch(self.sessions, batch_id=batch_id)
         assert record is not None
         for _ in range(200):
-            record = await poll_batch(sessions=self.sessions, client=self.client, record=record)
+            record = await poll_batch(sessions=self.sessions, clients=self.clients, record=record)
             if record.status in storage.TERMINAL_PROVIDER_BATCH_STATUSES:
                 break
             await asyncio.sleep(0.05)
         async with storage.ResultWriter(self.sessions, job_id=record.job_id) as writer:
-            return await ingest_batch(sessions=self.sessions, client=self.client, writer=writer, record=record,
+            return await ingest_batch(sessions=self.sessions, clients=self.clients, writer=writer, record=record,
                                       directory=self.directory, max_submissions=max_submissions, now=now)
 
     async def statuses(self, job_id: str) -> dict[str, int]:
@@ -75,12 +79,6 @@ class Env:
     async def prompts(self, job_id: str) -> list[Prompt]:
         async with self.sessions() as session:
             return list((await session.scalars(select(Prompt).where(Prompt.job_id == job_id).order_by(Prompt.position))).all())
-
-
-def storage_limits():
-    from llm_dispatch import BatchLimits
-
-    return BatchLimits()
 
 
 @pytest.fixture
@@ -124,10 +122,8 @@ async def test_happy_path_one_line_per_distinct_request_every_answer_stored(env:
 
 
 async def test_files_split_at_the_providers_limit(env: Env) -> None:
-    from llm_dispatch import BatchLimits
-
     job_id, ids = await env.job([f"q {i}" for i in range(25)])
-    batch_ids = await env.submit(job_id, ids, limits=BatchLimits(max_requests=10))
+    batch_ids = await env.submit(job_id, ids, max_requests=10)
     assert len(batch_ids) == 3
     totals = [(await storage.get_batch(env.sessions, batch_id=b)).request_total for b in batch_ids]  # type: ignore[union-attr]
     assert totals == [10, 10, 5]
@@ -236,7 +232,7 @@ async def test_cancel_keeps_what_completed_and_fails_the_rest(env: Env) -> None:
     [batch_id] = await env.submit(job_id, ids)
     record = await storage.get_batch(env.sessions, batch_id=batch_id)
     assert record is not None
-    while (record := await poll_batch(sessions=env.sessions, client=env.client, record=record)).request_completed < 50:
+    while (record := await poll_batch(sessions=env.sessions, clients=env.clients, record=record)).request_completed < 50:
         await asyncio.sleep(0.05)
     await storage.update_batch(env.sessions, batch_id=batch_id, cancel_requested=True)
     await env.client.cancel_batch(record.provider_batch_id)  # type: ignore[arg-type]
@@ -274,7 +270,7 @@ async def test_a_create_that_reached_the_provider_is_adopted_not_repeated(env: E
     created = await env.client.create_batch(
         input_file_id=record.input_file_id, metadata={JOB_ID_KEY: job_id, BATCH_ID_KEY: str(batch_id)})
 
-    record = await advance_submission(sessions=env.sessions, client=env.client, record=record)
+    record = await advance_submission(sessions=env.sessions, clients=env.clients, record=record)
     assert record.provider_batch_id == created.id
     assert len(provider_batches(env.sim)) == 1
     await env.finish(batch_id)
@@ -313,13 +309,13 @@ async def test_a_create_given_up_says_so_and_the_next_run_creates_it_once(env: E
     queue_fault(env.sim, "hang_create:0.05", "hang_create:0.05")
     with pytest.raises(InternalServerError, match=rf"Batch {record.id} of job {job_id} was not created after 2 "
                                                   "attempts.*never made twice") as raised:
-        await advance_submission(sessions=env.sessions, client=env.client, record=record, max_retries=1)
+        await advance_submission(sessions=env.sessions, clients=env.clients, record=record, max_retries=1)
     assert raised.value.attempts == 2 and raised.value.status_code == 503
     assert provider_batches(env.sim) == []
     record = await storage.get_batch(env.sessions, batch_id=record.id)
     assert record is not None and record.status == "uploaded"
 
-    record = await advance_submission(sessions=env.sessions, client=env.client, record=record)
+    record = await advance_submission(sessions=env.sessions, clients=env.clients, record=record)
     assert [b["id"] for b in provider_batches(env.sim)] == [record.provider_batch_id]
     await env.finish(record.id)
     assert await env.statuses(job_id) == {"succeeded": 3}
@@ -332,7 +328,7 @@ async def test_a_batch_left_preparing_without_its_file_is_written_again(env: Env
         file_path=str(env.directory / "gone.jsonl"))
     record = await storage.get_batch(env.sessions, batch_id=batch_id)
     assert record is not None
-    record = await advance_submission(sessions=env.sessions, client=env.client, record=record)
+    record = await advance_submission(sessions=env.sessions, clients=env.clients, record=record)
     assert record.provider_batch_id is not None and record.request_total == 3
     await env.finish(batch_id)
     assert await env.statuses(job_id) == {"succeeded": 3}
@@ -351,7 +347,7 @@ async def test_ingesting_twice_writes_each_answer_once(env: Env) -> None:
         await session.execute(update(storage.Batch).where(storage.Batch.id == batch_id).values(status="completed"))
     record = await storage.get_batch(env.sessions, batch_id=batch_id)
     async with storage.ResultWriter(env.sessions, job_id=job_id) as writer:
-        outcome = await ingest_batch(sessions=env.sessions, client=env.client, writer=writer, record=record,  # type: ignore[arg-type]
+        outcome = await ingest_batch(sessions=env.sessions, clients=env.clients, writer=writer, record=record,  # type: ignore[arg-type]
                                      directory=env.directory, max_submissions=3)
     assert (outcome.succeeded, outcome.failed, outcome.resend) == (0, 0, 0)
     async with env.sessions() as session:

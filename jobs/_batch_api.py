@@ -1,0 +1,177 @@
+"""One provider's Batch API as the batch steps use it: OpenAI's (a file uploaded, then a batch of it) or
+Anthropic's Message Batches (the requests in the create call). ``batch_api`` picks by the batch's provider.
+
+Both keep a batch's input as a JSONL file on disk in OpenAI's line format (``write_batch_files``): it is
+what a crash leaves to finish from, and what a Message Batch's requests are read back from at create time.
+
+Finding a create whose answer was lost: an OpenAI batch carries our job and batch ids in its metadata.
+A Message Batch carries no metadata, so it is recognised by its shape instead: created no earlier than
+our record (less ``CLOCK_SLACK``), with exactly our number of requests, and not already adopted by
+another of our batches. Its results name our custom ids (``p<prompt id>``), so a batch taken by mistake
+answers none of our members: they go back to pending and are sent again, never lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Final
+
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+import storage
+from llm_dispatch import (
+    BatchInfo,
+    BatchLimits,
+    BatchLine,
+    ChatRequest,
+    LLMClient,
+    MESSAGE_BATCH_LIMITS,
+    OPENAI_BATCH_LIMITS,
+    read_batch_output,
+    read_message_batch_results,
+)
+
+__all__ = ["BATCH_ID_KEY", "CLOCK_SLACK", "JOB_ID_KEY", "BatchApi", "ResultFile", "batch_api"]
+
+Sessions = async_sessionmaker[AsyncSession]
+
+# Keys of an OpenAI batch's metadata: how a batch is found again after a crash.
+JOB_ID_KEY: Final = "llm_dispatch_job"
+BATCH_ID_KEY: Final = "llm_dispatch_batch"
+# How far before our record's creation a provider batch may claim to be created (clock skew).
+CLOCK_SLACK: Final = timedelta(minutes=10)
+
+
+@dataclass(frozen=True, slots=True)
+class ResultFile:
+    """A finished batch's file of answers (or errors), and how to read its lines."""
+
+    kind: str
+    download: Callable[[Path], Any]
+    read: Callable[[Path], Iterator[BatchLine]]
+
+
+class BatchApi:
+    """What the batch steps ask of a provider; this base is OpenAI's Batch API."""
+
+    uploads = True
+
+    def __init__(self, client: LLMClient) -> None:
+        self.client = client
+
+    provider_limits = OPENAI_BATCH_LIMITS
+
+    def limits(self, *, max_requests: int | None = None, max_bytes: int | None = None) -> BatchLimits:
+        """One batch's limits: the provider's, or the configured ones where given."""
+        own = self.provider_limits
+        return BatchLimits(max_requests=max_requests or own.max_requests, max_bytes=max_bytes or own.max_bytes)
+
+    async def upload(self, path: Path) -> str | None:
+        """Make the input file available to the create; returns its provider file id."""
+        return (await self.client.upload_file(path, purpose="batch")).id
+
+    async def create(self, *, record: storage.BatchRecord, path: Path | None, input_file_id: str | None,
+                     metadata: Mapping[str, str]) -> BatchInfo:
+        """One create attempt (no retry: the caller looks a lost create up before trying again)."""
+        assert input_file_id is not None
+        tags = {**metadata, JOB_ID_KEY: record.job_id, BATCH_ID_KEY: str(record.id)}
+        return await self.client.create_batch(input_file_id=input_file_id, metadata=tags, max_retries=0)
+
+    async def find(self, *, sessions: Sessions, record: storage.BatchRecord) -> BatchInfo | None:
+        """The provider batch created for our batch ``record`` (by the ids in its metadata), if any.
+        Lists newest first and stops at batches older than the record, so it reads a page or two."""
+        since = record.created_at - CLOCK_SLACK
+        async for info in self.client.iter_batches():
+            if info.metadata.get(BATCH_ID_KEY) == str(record.id) and info.metadata.get(JOB_ID_KEY) == record.job_id:
+                return info
+            if info.created_at is not None and info.created_at < since:
+                return None
+        return None
+
+    async def retrieve(self, provider_batch_id: str) -> BatchInfo:
+        return await self.client.retrieve_batch(provider_batch_id)
+
+    async def cancel(self, provider_batch_id: str) -> BatchInfo:
+        return await self.client.cancel_batch(provider_batch_id)
+
+    def result_files(self, record: storage.BatchRecord) -> list[ResultFile]:
+        """The files that hold a finished batch's lines: OpenAI's output file, then its error file."""
+        files = []
+        for file_id, kind in ((record.output_file_id, "output"), (record.error_file_id, "errors")):
+            if file_id is not None:
+                files.append(ResultFile(kind=kind, read=read_batch_output,
+                                        download=lambda to, file_id=file_id: self.client.download_file(file_id, to=to)))
+        return files
+
+
+class MessageBatchApi(BatchApi):
+    """Anthropic's Message Batches: no upload, no metadata; the requests travel in the create."""
+
+    uploads = False
+
+    provider_limits = MESSAGE_BATCH_LIMITS
+
+    async def upload(self, path: Path) -> str | None:
+        return None
+
+    async def create(self, *, record: storage.BatchRecord, path: Path | None, input_file_id: str | None,
+                     metadata: Mapping[str, str]) -> BatchInfo:
+        assert path is not None
+        requests = await asyncio.to_thread(_message_requests, path, self.client)
+        return await self.client.create_message_batch(requests=requests, max_retries=0)
+
+    async def find(self, *, sessions: Sessions, record: storage.BatchRecord) -> BatchInfo | None:
+        """A message batch of our record's size, created since the record was (less ``CLOCK_SLACK``), that no
+        other batch of ours holds; the oldest such, as creates are answered in order."""
+        since = record.created_at - CLOCK_SLACK
+        found: BatchInfo | None = None
+        async for info in self._since(since):
+            if info.request_counts.total != record.request_total:
+                continue
+            if await storage.find_batch_by_provider_id(sessions, provider_batch_id=info.id) is None:
+                found = info  # newest first: the last one kept is the oldest
+        return found
+
+    async def _since(self, since: Any) -> AsyncIterator[BatchInfo]:
+        async for info in self.client.iter_message_batches():
+            if info.created_at is not None and info.created_at < since:
+                return
+            yield info
+
+    async def retrieve(self, provider_batch_id: str) -> BatchInfo:
+        return await self.client.retrieve_message_batch(provider_batch_id)
+
+    async def cancel(self, provider_batch_id: str) -> BatchInfo:
+        return await self.client.cancel_message_batch(provider_batch_id)
+
+    def result_files(self, record: storage.BatchRecord) -> list[ResultFile]:
+        """One results file, every line of the batch in it (succeeded, errored, canceled or expired)."""
+        if record.provider_batch_id is None or record.output_file_id is None:
+            return []
+        batch_id = record.provider_batch_id
+        return [ResultFile(kind="results", read=read_message_batch_results,
+                           download=lambda to: self.client.download_message_batch_results(batch_id, to=to))]
+
+
+def batch_api(client: LLMClient) -> BatchApi:
+    """The Batch API of ``client``'s provider."""
+    return MessageBatchApi(client) if client.provider == "anthropic" else BatchApi(client)
+
+
+def _message_requests(path: Path, client: LLMClient) -> list[dict[str, Any]]:
+    """The Message Batch requests of an input file in OpenAI's line format, as Messages bodies."""
+    requests = []
+    with path.open("rb") as handle:
+        for raw in handle:
+            if not raw.strip():
+                continue
+            line = json.loads(raw)
+            body = dict(line["body"])
+            request = ChatRequest(model=body.pop("model"), messages=body.pop("messages"), params=body)
+            requests.append({"custom_id": line["custom_id"], "params": client.request_body(request)})
+    return requests

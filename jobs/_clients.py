@@ -1,0 +1,70 @@
+"""A run's clients, one per provider: a prompt's model decides which one sends it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import httpx
+
+from llm_dispatch import PROVIDERS, ChatRequest, ChatResult, LLMClient, Settings, provider_lookup
+
+__all__ = ["Clients"]
+
+
+class Clients:
+    """The clients of one run, each made the first time its provider is needed and closed with the run.
+
+    Each provider's client has its own limits (``settings.concurrency`` is each one's ceiling), its own
+    pace from its own rate-limit headers, and its own batches. ``chat`` sends a request with the client of
+    its model's provider (``settings.model_providers``, then ``claude-*`` -> Anthropic), so a run's
+    real-time half sends a mixed job through one object. A provider whose key is missing raises
+    ``ConfigError`` when it is first needed, before any of its requests is sent.
+    """
+
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        transport: httpx.AsyncBaseTransport | None = None,
+        clients: Iterable[LLMClient] = (),
+    ) -> None:
+        self._settings = settings
+        self._transport = transport
+        self._clients: dict[str, LLMClient] = {client.provider: client for client in clients}
+        self.provider_of: Callable[[str], str] = provider_lookup(settings.model_providers)
+
+    @classmethod
+    def of(cls, *clients: LLMClient, settings: Settings | None = None) -> Clients:
+        """Clients that are already open (each for its own provider), closed with this object."""
+        return cls(settings=settings or Settings(), clients=clients)
+
+    def for_provider(self, provider: str) -> LLMClient:
+        client = self._clients.get(provider)
+        if client is None:
+            if provider not in PROVIDERS:
+                raise ValueError(f"provider must be one of {', '.join(PROVIDERS)}, got {provider!r}")
+            client = LLMClient.from_settings(self._settings, provider=provider, transport=self._transport)
+            self._clients[provider] = client
+        return client
+
+    def require(self, providers: Iterable[str]) -> None:
+        """Make the client of each provider now: a missing key raises ``ConfigError`` before anything is sent."""
+        for provider in sorted(providers):
+            self.for_provider(provider)
+
+    def for_model(self, model: str) -> LLMClient:
+        return self.for_provider(self.provider_of(model))
+
+    async def chat(self, request: ChatRequest) -> ChatResult:
+        """One request, by the client of its model's provider."""
+        return await self.for_model(request.model).chat(request)
+
+    @property
+    def opened(self) -> dict[str, LLMClient]:
+        """The clients made so far, by provider."""
+        return dict(self._clients)
+
+    async def aclose(self) -> None:
+        clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            await client.aclose()

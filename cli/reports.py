@@ -231,6 +231,25 @@ def _export_record(row: storage.ExportRow) -> dict[str, Any]:
     return {name: record[name] for name in EXPORT_FIELDS}
 
 
+def _provider_rows(table: Table, *, actual: dict[str, Any], estimated: dict[str, Any]) -> None:
+    """A row per provider and route (answered requests, tokens, cost, estimate) when a job spans providers."""
+    providers = sorted({*actual, *estimated})
+    if len(providers) < 2:
+        return
+    table.add_section()
+    for provider in providers:
+        for route in storage.SEND_ROUTES:
+            paid = actual.get(provider, {}).get(route, {})
+            guess = estimated.get(provider, {}).get(route, {})
+            if not paid and not guess:
+                continue
+            table.add_row(
+                f"{provider} {route}", "", str(paid.get("requests", 0)), "", "",
+                f"{paid.get('prompt_tokens', 0)}/{paid.get('completion_tokens', 0)}",
+                f"${paid.get('cost', 0.0):.6f}", f"${guess.get('cost', 0.0):.6f}" if guess else "-",
+            )
+
+
 def job_table(summary: dict[str, Any], *, title: str) -> Table:
     """The table a run ends with: per route, prompts by outcome, tokens, cost and the estimate."""
     table = Table(title=title)
@@ -248,6 +267,7 @@ def job_table(summary: dict[str, Any], *, title: str) -> Table:
             f"${actual.get('cost', 0.0):.6f}", f"${guess.get('cost', 0.0):.6f}" if guess else "-",
         )
     cost = summary["cost"]
+    _provider_rows(table, actual=cost.get("providers") or {}, estimated=estimate.get("providers") or {})
     table.add_section()
     table.add_row("total", str(sum(summary["counts"].values())), str(summary["counts"].get("succeeded", 0)),
                   str(summary["counts"].get("failed", 0)), str(summary["unfinished"]), "",

@@ -105,9 +105,11 @@ async def run_dispatch(
         table = run.pricer.table
         job = await record_prompts(source=quote(source), job_id=job_id, settings=settings, sessions=run.sessions,
                                    rules=routing_rules(settings))
+        run.clients.require(job.providers)  # a missing key stops the run here, before anything is sent
         estimate = await estimate_cost(sessions=run.sessions, job_id=job.job_id, table=table,
                                        typical_completion_tokens=settings.typical_completion_tokens,
-                                       retry_failed=retry_failed, dedupe=settings.dedupe)
+                                       retry_failed=retry_failed, dedupe=settings.dedupe,
+                                       provider_of=run.clients.provider_of)
         described = describe_estimate(estimate)
         logger.info("Job %s: estimated cost %s.", job.job_id, described)
         progress = current_progress.get()
@@ -132,7 +134,8 @@ async def run_dispatch(
             realtime = group.create_task(realtime_half())
             batch = group.create_task(dispatch_batches(run=run, job_id=job.job_id, wait=wait,
                                                        retry_failed=retry_failed, realtime_done=realtime_done))
-        report = await job_report(run.sessions, job_id=job.job_id, estimate=estimate)
+        report = await job_report(run.sessions, job_id=job.job_id, estimate=estimate,
+                                  provider_of=run.clients.provider_of)
         await storage.set_job_status(run.sessions, job_id=job.job_id,
                                      status="running" if report.unfinished else "finished")
     summary = DispatchSummary(report=report, resumed=job.resumed, prompts=job.total, wait=wait,

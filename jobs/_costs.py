@@ -4,6 +4,7 @@ Plain async code over storage and the price table (no Prefect)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Literal
@@ -11,7 +12,7 @@ from typing import Any, Literal
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 import storage
-from llm_dispatch import ChatRequest, CostTotals, PriceTable, estimate_request_cost, from_pico
+from llm_dispatch import ChatRequest, CostTotals, PriceTable, RouteTotals, estimate_request_cost, from_pico, provider_lookup
 
 __all__ = ["JobCost", "PriceBasis", "RepricedRow", "Repricing", "actual_cost", "estimate_cost", "money", "reprice"]
 
@@ -84,19 +85,22 @@ class JobCost:
         return sum(basis.requests for basis in self.priced_with if basis.cost_basis == "backfill")
 
     def as_dict(self) -> dict[str, Any]:
-        routes = {}
-        for route in storage.SEND_ROUTES:
-            r = getattr(self.totals, route)
-            routes[route] = {"requests": r.prompts, "prompt_tokens": r.prompt_tokens,
-                             "completion_tokens": r.completion_tokens, "cached_tokens": r.cached_tokens,
-                             "cost": money(r.cost), "unpriced": r.unpriced}
+        routes = {route: _route_dict(getattr(self.totals, route)) for route in storage.SEND_ROUTES}
+        providers = {provider: {route: _route_dict(totals) for route, totals in sorted(by_route.items())}
+                     for provider, by_route in sorted(self.totals.providers.items())}
         return {"total": money(self.total),
                 "max_total": None if self.max_total is None else money(self.max_total),
                 "unbounded_models": dict(self.unbounded_models), "savings": money(self.savings),
                 "complete": self.complete, "unpriced_models": dict(self.totals.unpriced_models),
                 "prices_as_of": self.prices_as_of, "reply_tokens": dict(self.reply_tokens),
                 "priced_with": [basis.as_dict() for basis in self.priced_with], "backfilled": self.backfilled,
-                "routes": routes}
+                "routes": routes, "providers": providers}
+
+
+def _route_dict(totals: RouteTotals) -> dict[str, Any]:
+    return {"requests": totals.prompts, "prompt_tokens": totals.prompt_tokens,
+            "completion_tokens": totals.completion_tokens, "cached_tokens": totals.cached_tokens,
+            "cost": money(totals.cost), "unpriced": totals.unpriced}
 
 
 def money(value: Decimal) -> float:
@@ -112,6 +116,7 @@ async def estimate_cost(
     typical_completion_tokens: int,
     retry_failed: Literal["retryable", "all", "none"] = "retryable",
     dedupe: bool = True,
+    provider_of: Callable[[str], str] | None = None,
 ) -> JobCost:
     """What sending the job's open prompts will cost, per planned route, before anything is sent.
 
@@ -120,9 +125,10 @@ async def estimate_cost(
     ``max_total`` prices every reply at the longest allowed, see ``JobCost``). The typical length of a model is learnt from its last
     answers in this database once there are ``CALIBRATION_MIN`` of them (``storage.ReplyLengths.typical``:
     answers cut at their cap count as longer), else ``typical_completion_tokens``. Identical requests
-    count once when ``dedupe`` is on, as they are sent once.
+    count once when ``dedupe`` is on, as they are sent once. ``provider_of`` says which provider each
+    model goes to, for the totals per provider (default: the built-in rule, ``claude-*`` -> Anthropic).
     """
-    estimate = JobCost(totals=CostTotals(table=table))
+    estimate = JobCost(totals=CostTotals(table=table, provider_of=provider_of or provider_lookup()))
     bound = Decimal(0)
     for route in storage.SEND_ROUTES:
         # Pages come ordered by request: an identical request is the one just before it, never held.
@@ -159,13 +165,13 @@ async def _typical_reply(sessions: Sessions, *, model: str, default: int) -> int
     return round(seen.typical) if seen is not None and seen.replies >= CALIBRATION_MIN else default
 
 
-async def actual_cost(*, sessions: Sessions, job_id: str) -> JobCost:
+async def actual_cost(*, sessions: Sessions, job_id: str, provider_of: Callable[[str], str] | None = None) -> JobCost:
     """The job's cost as stored with each answer when it was stored, whatever the price table says now.
 
     Only answered requests count (failed calls are not billed; ``reused`` answers were paid once); an
     answer of a model that had no price counts as unknown (``unpriced_models``), never 0.
     """
-    ledger = JobCost(totals=CostTotals(table=None))
+    ledger = JobCost(totals=CostTotals(table=None, provider_of=provider_of or provider_lookup()))
     bases: dict[tuple[str | None, str | None, str | None], int] = {}
     for usage in await storage.usage_by_route(sessions, job_id=job_id):
         ledger.totals.add_priced(model=usage.model, route=usage.route,  # type: ignore[arg-type]

@@ -3,6 +3,7 @@ the CLI's ``--json`` prints and the artifacts show."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -143,11 +144,13 @@ class DispatchSummary:
                 "wall_s": round(self.wall_s, 3), "realtime": self.realtime.as_dict(), "batch": self.batch.as_dict()}
 
 
-async def job_report(sessions: Sessions, *, job_id: str, estimate: JobCost | None = None) -> JobReport:
-    """The job as it stands in the database, with the costs stored with its answers."""
+async def job_report(
+    sessions: Sessions, *, job_id: str, estimate: JobCost | None = None, provider_of: Callable[[str], str] | None = None
+) -> JobReport:
+    """The job as it stands in the database, with the costs stored with its answers (per provider by ``provider_of``)."""
     counts = await storage.job_counts(sessions, job_id=job_id)
     return JobReport(
         job_id=job_id, counts=counts, routes=await storage.route_counts(sessions, job_id=job_id),
         stats=await storage.result_stats(sessions, job_id=job_id),
-        cost=await actual_cost(sessions=sessions, job_id=job_id), estimate=estimate,
+        cost=await actual_cost(sessions=sessions, job_id=job_id, provider_of=provider_of), estimate=estimate,
     )

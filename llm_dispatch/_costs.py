@@ -4,11 +4,13 @@ cost (in whole picodollars, so SQL sums it exactly on every database), and runni
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Final, NamedTuple, Required, TypedDict, Unpack
 
 from ._pricing import PER_TOKENS, ROUTES, PriceTable
+from ._providers import provider_lookup
 from ._routing import Route
 from ._tokens import estimate_input_tokens, reply_cap
 from ._types import ChatRequest
@@ -210,8 +212,12 @@ class CostTotals:
     """
 
     table: PriceTable | None
+    # Which provider a model's requests went to: the totals are also kept per provider and route.
+    provider_of: Callable[[str], str] = field(default_factory=provider_lookup)
     realtime: RouteTotals = field(default_factory=RouteTotals)
     batch: RouteTotals = field(default_factory=RouteTotals)
+    # Provider -> route -> its share of the totals above.
+    providers: dict[str, dict[str, RouteTotals]] = field(default_factory=dict)
     # Model name -> prompts sent to it without a known price.
     unpriced_models: dict[str, int] = field(default_factory=dict)
     # What the priced batch-routed requests would have cost real-time.
@@ -234,14 +240,16 @@ class CostTotals:
         """Count ``requests`` requests whose known cost is ``cost`` (``at_realtime`` at the real-time price);
         ``unpriced`` of them have no price and are in neither figure."""
         route, model = usage["route"], usage["model"]
-        totals = self.realtime if route == "realtime" else self.batch
-        totals.prompts += usage.get("requests", 1)
-        totals.prompt_tokens += usage["prompt_tokens"]
-        totals.completion_tokens += usage["completion_tokens"]
-        totals.cached_tokens += usage.get("cached_tokens", 0)
-        totals.cost += cost
-        if unpriced:
+        by_route = self.providers.setdefault(self.provider_of(model), {})
+        for totals in (self.realtime if route == "realtime" else self.batch,
+                       by_route.get(route) or by_route.setdefault(route, RouteTotals())):
+            totals.prompts += usage.get("requests", 1)
+            totals.prompt_tokens += usage["prompt_tokens"]
+            totals.completion_tokens += usage["completion_tokens"]
+            totals.cached_tokens += usage.get("cached_tokens", 0)
+            totals.cost += cost
             totals.unpriced += unpriced
+        if unpriced:
             self.unpriced_models[model] = self.unpriced_models.get(model, 0) + unpriced
         if route == "batch":
             self.batch_at_realtime += at_realtime

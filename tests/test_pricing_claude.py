@@ -23,12 +23,16 @@ def test_every_claude_entry_says_where_and_when_its_price_was_read() -> None:
     for name, entry in claude.items():
         assert entry["source"].startswith("https://platform.claude.com/"), name
         assert entry["prices_as_of"] == "2026-11-25", name
-        # Anthropic's multipliers: 5-minute write 1.25x input, read 0.1x input (Haiku 3's are listed as $0.30/$0.03).
+        # Anthropic's 5-minute cache write is 1.25x input (Haiku 3's is listed as $0.30); a read costs at most 0.1x
+        # input (the 5.x models read for less: Opus 5.5 and Sonnet 5.5 0.05x, Fable 5.1 0.025x). Fable 5.2 lists no
+        # cache prices: its reads and writes count as input, never less.
         if name == "claude-3-haiku":
             continue
+        if "cache_write" not in entry:
+            assert "cached_input" not in entry and "no cache prices" in entry["source"], name
+            continue
         assert Decimal(str(entry["cache_write"])) == Decimal(str(entry["input"])) * Decimal("1.25"), name
-        assert Decimal(str(entry["cached_input"])) == (Decimal(str(entry["input"])) * Decimal("0.1")).quantize(
-            Decimal(str(entry["cached_input"]))), name
+        assert Decimal(str(entry["cached_input"])) <= Decimal(str(entry["input"])) * Decimal("0.1"), name
 
 
 @pytest.mark.parametrize(("snapshot", "model"), [

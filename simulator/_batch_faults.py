@@ -10,7 +10,7 @@ from aiohttp import web
 
 from ._checks import invalid_request, model_not_found
 from ._config import FAULTS
-from ._http import error_response, server_error_response
+from ._http import client_error_response, error_response, server_error_response
 from ._markers import marker_pattern
 
 __all__ = [
@@ -86,6 +86,8 @@ def line_fault_response(fault: str, *, model: str) -> web.Response:
             status=429, type="requests", code="rate_limit_exceeded",
             message=f"Rate limit reached for {model} in organization org-simulator on requests per min (RPM) "
                     "(simulator fault 429).")
-    if fault == "503":
-        return server_error_response(503)
+    if fault in ("403", "413"):
+        return client_error_response(int(fault))
+    if fault in ("503", "529"):
+        return server_error_response(int(fault))
     return server_error_response(500)

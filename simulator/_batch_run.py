@@ -24,7 +24,7 @@ from ._batch_faults import (
     line_fault_response,
 )
 from ._batch_store import TERMINAL, Batch, BatchStore, Sink, now
-from ._checks import invalid_request, model_not_found, validate_chat_body
+from ._checks import invalid_request, model_not_found, unknown_marker, validate_chat_body
 from ._completions import body_digest, plan_completion, render_completion
 from ._http import json_dumps
 from ._markers import MARKER_BYTES, marker_fault
@@ -268,7 +268,7 @@ class BatchRun:
 
     def _marker_fault(self, body: dict[str, Any], digest: bytes) -> str | web.Response | None:
         return marker_fault(body.get("messages"), digest=digest, hits=self._state.marker_hits, pattern=LINE_MARKER,
-                            allowed=LINE_FAULTS, where="in a batch ")
+                            allowed=LINE_FAULTS, where="in a batch ", refuse=unknown_marker)
 
     def _response_line(self, custom_id: str, status: int, body: Any) -> bytes:
         return b"".join((

@@ -9,7 +9,6 @@ every answer from the quotas on carries the ``x-ratelimit-*`` headers, as OpenAI
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from typing import Any
@@ -20,6 +19,7 @@ from ._checks import (
     check_auth,
     invalid_request,
     model_not_found,
+    unknown_marker,
     validate_chat_body,
 )
 from ._completions import SYSTEM_FINGERPRINT, body_digest, plan_completion, render_completion
@@ -34,7 +34,7 @@ from ._http import (
     server_error_response,
 )
 from ._markers import MARKER_BYTES, marker_fault, marker_pattern
-from ._serving import ANSWERED_AT_ONCE, admit, connection_fault, has_quota, limit_views, sample_latency, tracked
+from ._serving import ANSWERED_AT_ONCE, RealTimeRoutes, admit, connection_fault, limit_views
 from ._state import SimState
 
 __all__ = ["CHAT_COMPLETIONS_PATH", "DEFAULT_MODELS", "register"]
@@ -50,23 +50,16 @@ _MARKER_BODY = marker_pattern(FAULTS)
 def register(app: web.Application, state: SimState) -> None:
     """Add the chat-completions and models routes, bound to ``state``."""
     routes = _ChatRoutes(state)
-    app.router.add_post(CHAT_COMPLETIONS_PATH, routes.chat_completions)
+    app.router.add_post(CHAT_COMPLETIONS_PATH, routes.handle)
     app.router.add_get("/v1/models", routes.list_models)
     app.router.add_get("/v1/models/{model}", routes.get_model)
 
 
-class _ChatRoutes:
-    def __init__(self, state: SimState) -> None:
-        self._state = state
+class _ChatRoutes(RealTimeRoutes):
+    request_id_header = "x-request-id"
 
-    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        return await tracked(self._state, self._answer(request), request_id_header="x-request-id")
-
-    async def _answer(self, request: web.Request) -> web.StreamResponse:
+    async def _answer(self, request: web.Request, raw: bytes) -> web.StreamResponse:
         state = self._state
-        raw = await request.read()
-        if state.forced_faults:
-            return await self._fault(request, state.forced_faults.popleft(), model=None)
         denied = check_auth(request, state)
         if denied is not None:
             return self._counted(denied)
@@ -93,38 +86,24 @@ class _ChatRoutes:
                 return await self._fault(request, forced, model=model)
 
         plan = plan_completion(body, digest=digest)
-        limit_headers: dict[str, str] | None = None
-        if has_quota(state):
-            # Admission is charged like OpenAI does: the prompt plus max_tokens when it is given.
-            charge = plan.prompt_tokens + (plan.cap * plan.n if plan.cap is not None else plan.completion_tokens)
-            refused, limit_headers = self._admit(model=model, charge=charge)
-            if refused is not None:
-                return self._counted(refused)
+        # Admission is charged like OpenAI does: the prompt plus max_tokens when it is given.
+        charge = plan.prompt_tokens + (plan.cap * plan.n if plan.cap is not None else plan.completion_tokens)
 
-        fault = state.random_fault()
-        if fault is not None:
-            return await self._fault(request, fault, model=model, headers=limit_headers)
+        def render() -> bytes:
+            body_bytes, cached = render_completion(plan, state=state)
+            stats = state.stats
+            stats.completions += 1
+            stats.prompt_tokens += plan.prompt_tokens
+            stats.completion_tokens += plan.completion_tokens
+            stats.cached_tokens += cached
+            return body_bytes
 
-        body_bytes, cached = render_completion(plan, state=state)
-        delay = sample_latency(state, completion_tokens=plan.completion_tokens)
-        if delay > 0:
-            await asyncio.sleep(delay)
-        stats = state.stats
-        stats.completions += 1
-        stats.prompt_tokens += plan.prompt_tokens
-        stats.completion_tokens += plan.completion_tokens
-        stats.cached_tokens += cached
-        return self._counted(
-            web.Response(body=body_bytes, headers=limit_headers, content_type="application/json")
-        )
-
-    def _counted(self, response: web.Response) -> web.Response:
-        self._state.stats.count(str(response.status))
-        return response
+        return await self._answer_admitted(request, model=model, charge=charge,
+                                           output_tokens=plan.completion_tokens, render=render)
 
     def _marker_fault(self, messages: list[dict[str, Any]], digest: bytes) -> str | web.Response | None:
         return marker_fault(messages, digest=digest, hits=self._state.marker_hits, pattern=_MARKER_BODY,
-                            allowed=FAULTS, where="")
+                            allowed=FAULTS, where="", refuse=unknown_marker)
 
     def _admit(self, *, model: str, charge: int) -> tuple[web.Response | None, dict[str, str]]:
         now = time.monotonic()
@@ -152,14 +131,6 @@ class _ChatRoutes:
             headers[f"x-ratelimit-remaining-{view.kind}"] = str(view.remaining)
             headers[f"x-ratelimit-reset-{view.kind}"] = format_reset(view.reset_in)
         return headers
-
-    async def _fault(
-        self, request: web.Request, fault: str, *, model: str | None, headers: dict[str, str] | None = None
-    ) -> web.StreamResponse:
-        response = await self._fault_response(request, fault, model=model)
-        if headers:
-            response.headers.update(headers)
-        return response
 
     async def _fault_response(self, request: web.Request, fault: str, *, model: str | None) -> web.StreamResponse:
         state = self._state

@@ -18,7 +18,8 @@ __all__ = ["main"]
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m simulator",
-        description="OpenAI-compatible simulator. Prints the base URL on one line when it is ready.",
+        description="Simulator of OpenAI's and Anthropic's APIs on one port. Prints the (OpenAI) base URL on one line "
+                    "when it is ready, then the Anthropic base URL.",
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000, help="0 picks a free port")

@@ -12,7 +12,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 from aiohttp import web
 
@@ -24,6 +24,7 @@ __all__ = [
     "ANSWERED_AT_ONCE",
     "LimitView",
     "QuotaRefusal",
+    "RealTimeRoutes",
     "admit",
     "connection_fault",
     "has_quota",
@@ -56,6 +57,67 @@ async def tracked(
         stats.in_flight -= 1
     response.headers[request_id_header] = state.next_request_id()
     return response
+
+
+class RealTimeRoutes:
+    """The skeleton of a real-time model route: ``handle`` is the handler; a queued ``/_sim/faults`` fault comes
+    first, then the subclass's ``_answer``. Subclasses answer in their API's shapes."""
+
+    request_id_header: ClassVar[str]
+
+    def __init__(self, state: SimState) -> None:
+        self._state = state
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        return await tracked(self._state, self._serve(request), request_id_header=self.request_id_header)
+
+    async def _serve(self, request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
+        if self._state.forced_faults:
+            return await self._fault(request, self._state.forced_faults.popleft(), model=None)
+        return await self._answer(request, raw)
+
+    async def _answer(self, request: web.Request, raw: bytes) -> web.StreamResponse:
+        raise NotImplementedError
+
+    async def _fault_response(self, request: web.Request, fault: str, *, model: str | None) -> web.StreamResponse:
+        raise NotImplementedError
+
+    def _admit(self, *, model: str, charge: int) -> tuple[web.Response | None, dict[str, str]]:
+        """(the 429 for a request the quotas refuse, or None; the rate-limit headers of every answer)."""
+        raise NotImplementedError
+
+    async def _answer_admitted(
+        self, request: web.Request, *, model: str, charge: int, output_tokens: int, render: Callable[[], bytes]
+    ) -> web.StreamResponse:
+        """The end of every valid request: the quotas (``charge`` tokens), a random fault, then ``render()``'s
+        200 body after the sampled latency; ``render`` also counts the answer in the stats."""
+        state = self._state
+        limit_headers: dict[str, str] | None = None
+        if has_quota(state):
+            refused, limit_headers = self._admit(model=model, charge=charge)
+            if refused is not None:
+                return self._counted(refused)
+        fault = state.random_fault()
+        if fault is not None:
+            return await self._fault(request, fault, model=model, headers=limit_headers)
+        body = render()
+        delay = sample_latency(state, completion_tokens=output_tokens)
+        if delay > 0:
+            await asyncio.sleep(delay)
+        return self._counted(web.Response(body=body, headers=limit_headers, content_type="application/json"))
+
+    def _counted(self, response: web.Response) -> web.Response:
+        self._state.stats.count(str(response.status))
+        return response
+
+    async def _fault(
+        self, request: web.Request, fault: str, *, model: str | None, headers: dict[str, str] | None = None
+    ) -> web.StreamResponse:
+        response = await self._fault_response(request, fault, model=model)
+        if headers:
+            response.headers.update(headers)
+        return response
 
 
 def sample_latency(state: SimState, *, completion_tokens: int) -> float:

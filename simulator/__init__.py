@@ -1,5 +1,12 @@
-"""A local OpenAI-compatible server (chat completions, files and the Batch API) with latency, faults and
-quotas on demand, so llm-dispatch runs and is tested end to end without an API key.
+"""A local server for OpenAI's API (chat completions, files and the Batch API) and Anthropic's (Messages and
+Message Batches) with latency, faults and quotas on demand, so llm-dispatch runs and is tested end to end
+without an API key.
+
+Both APIs share one port: OpenAI's base URL is ``http://HOST:PORT/v1`` (``Simulator.base_url``, what
+``in_thread`` and ``in_process`` yield), Anthropic's the host alone (``Simulator.anthropic_base_url``, or
+``anthropic_base_url(url)``), since its paths carry ``/v1``. They share the config, the ``/_sim`` admin routes,
+the fault queues and one account for the RPM/TPM quotas; ``/_sim/stats`` counts each API's answers apart
+(``completions``, ``batches``; ``messages``, ``message_batches``).
 
 It is a product beside the core, never imported by it: a flow run does not load it.
 """
@@ -8,12 +15,13 @@ from __future__ import annotations
 
 from ._cli import main
 from ._config import SimulatorConfig
-from ._server import Simulator, serve
+from ._server import Simulator, anthropic_base_url, serve
 from ._tokens import completion_text, count_message_tokens, count_tokens
 
 __all__ = [
     "Simulator",
     "SimulatorConfig",
+    "anthropic_base_url",
     "completion_text",
     "count_message_tokens",
     "count_tokens",

@@ -1,4 +1,5 @@
-"""``python -m simulator --port 8000`` serves until stopped and prints the base URL once it listens."""
+"""``python -m simulator --port 8000`` serves until stopped; once it listens it prints the base URL, then a line
+``Anthropic base URL: ...``."""
 
 from __future__ import annotations
 

@@ -50,13 +50,24 @@ from ._batch_faults import (
     SIM_FAULT_KEY,
     BatchFault,
     fault_text,
+    lose_create_answer,
     parse_batch_fault,
 )
 from ._batch_run import BatchRun
-from ._batch_store import COMPLETION_WINDOW, TERMINAL, Batch, BatchStore, StoredFile, now
+from ._batch_store import (
+    COMPLETION_WINDOW,
+    TERMINAL,
+    Batch,
+    BatchStore,
+    StoredFile,
+    batch_store,
+    list_limit,
+    newest_page,
+    now,
+)
 from ._chat import CHAT_COMPLETIONS_PATH
 from ._checks import check_auth, invalid_request
-from ._http import dropped_response, error_response, json_response, read_json_object, server_error_response
+from ._http import error_response, json_response, read_json_object, server_error_response
 from ._state import SimState
 
 __all__ = ["register"]
@@ -69,10 +80,8 @@ _Found = TypeVar("_Found", StoredFile, Batch)
 
 
 def register(app: web.Application, state: SimState) -> None:
-    """Add the files, batches and batch-fault routes, with a store that lives and dies with ``app``."""
-    store = BatchStore(state)
-    state.reset_hooks.append(store.reset)
-    app.on_cleanup.append(store.close)
+    """Add the files, batches and batch-fault routes, with the app's batch store."""
+    store = batch_store(app, state)
     routes = _BatchRoutes(store, state)
     app.router.add_post("/v1/files", routes.upload_file)
     app.router.add_get("/v1/files/{file_id}", routes.get_file)
@@ -240,7 +249,8 @@ class _BatchRoutes:
         self._state.stats.batches += 1
         self._store.start(BatchRun(batch=batch, store=self._store, state=self._state).run())
         if lose_answer is not None:
-            return await _lost_answer(request, lose_answer, batch=batch)
+            return await lose_create_answer(request, lose_answer, answer=lambda: json_response(batch.to_api()),
+                                            bad_gateway=server_error_response(502))
         return json_response(batch.to_api())
 
     def _batch(self, request: web.Request) -> Batch | web.Response:
@@ -266,30 +276,14 @@ class _BatchRoutes:
         denied = check_auth(request, self._state)
         if denied is not None:
             return denied
-        raw_limit = request.query.get("limit", str(_DEFAULT_LIST_LIMIT))
-        try:
-            limit = int(raw_limit)
-        except ValueError:
-            limit = 0
-        if not 1 <= limit <= _MAX_LIST_LIMIT:
+        raw_limit = request.query.get("limit")
+        limit = list_limit(raw_limit, default=_DEFAULT_LIST_LIMIT, maximum=_MAX_LIST_LIMIT)
+        if limit is None:
             return invalid_request(
                 f"Invalid 'limit': expected an integer from 1 to {_MAX_LIST_LIMIT}, but got {raw_limit!r} instead.",
                 param="limit", code="invalid_value")
-        newest_first = list(reversed(self._store.batches.values()))
-        start = 0
-        after = request.query.get("after")
-        if after:
-            ids = [batch.id for batch in newest_first]
-            # An unknown cursor (a batch forgotten by a reset) ends the listing rather than restarting it.
-            start = ids.index(after) + 1 if after in ids else len(ids)
-        page = newest_first[start : start + limit]
-        return json_response({
-            "object": "list",
-            "data": [batch.to_api() for batch in page],
-            "first_id": page[0].id if page else None,
-            "last_id": page[-1].id if page else None,
-            "has_more": start + limit < len(newest_first),
-        })
+        page = newest_page(self._store.batches, after=request.query.get("after"), limit=limit, to_api=Batch.to_api)
+        return json_response({"object": "list", **page})
 
     # --- faults --------------------------------------------------------------------------------
 
@@ -307,17 +301,6 @@ class _BatchRoutes:
             return invalid_request(str(exc), param="faults", code="invalid_value")
         self._store.queued_faults.extend(parsed)
         return json_response({"faults": [fault_text(f) for f in self._store.queued_faults]})
-
-
-async def _lost_answer(request: web.Request, fault: BatchFault, *, batch: Batch) -> web.Response:
-    """The answer to a create that happened, as a ``create_lost_*`` fault loses it."""
-    if fault.name == "create_lost_drop":
-        return dropped_response(request)
-    if fault.name == "create_lost_502":
-        return server_error_response(502)
-    # The client gives up long before this; one that waits gets its batch.
-    await asyncio.sleep(HANG_CREATE_SECONDS if fault.argument is None else fault.argument)
-    return json_response(batch.to_api())
 
 
 def _metadata_problem(metadata: Any) -> str | None:

@@ -3,14 +3,16 @@ the answers a batch line gets for a ``[[sim:FAULT]]`` marker."""
 
 from __future__ import annotations
 
+import asyncio
 import re
+from collections.abc import Callable
 from typing import NamedTuple
 
 from aiohttp import web
 
 from ._checks import invalid_request, model_not_found
 from ._config import FAULTS
-from ._http import error_response, server_error_response
+from ._http import client_error_response, dropped_response, error_response, server_error_response
 from ._markers import marker_pattern
 
 __all__ = [
@@ -25,6 +27,7 @@ __all__ = [
     "BatchFault",
     "fault_text",
     "line_fault_response",
+    "lose_create_answer",
     "parse_batch_fault",
 ]
 
@@ -86,6 +89,21 @@ def line_fault_response(fault: str, *, model: str) -> web.Response:
             status=429, type="requests", code="rate_limit_exceeded",
             message=f"Rate limit reached for {model} in organization org-simulator on requests per min (RPM) "
                     "(simulator fault 429).")
-    if fault == "503":
-        return server_error_response(503)
+    if fault in ("403", "413"):
+        return client_error_response(int(fault))
+    if fault in ("503", "529"):
+        return server_error_response(int(fault))
     return server_error_response(500)
+
+
+async def lose_create_answer(
+    request: web.Request, fault: BatchFault, *, answer: Callable[[], web.Response], bad_gateway: web.Response
+) -> web.Response:
+    """The answer to a create that happened, as a ``create_lost_*`` fault loses it; ``answer()`` is the real one."""
+    if fault.name == "create_lost_drop":
+        return dropped_response(request)
+    if fault.name == "create_lost_502":
+        return bad_gateway
+    # The client gives up long before this; one that waits gets its batch.
+    await asyncio.sleep(HANG_CREATE_SECONDS if fault.argument is None else fault.argument)
+    return answer()

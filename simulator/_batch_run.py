@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import math
@@ -25,10 +24,11 @@ from ._batch_faults import (
     line_fault_response,
 )
 from ._batch_store import TERMINAL, Batch, BatchStore, Sink, now
-from ._checks import invalid_request, model_not_found, validate_chat_body
+from ._checks import invalid_request, model_not_found, unknown_marker, validate_chat_body
 from ._completions import body_digest, plan_completion, render_completion
 from ._http import json_dumps
 from ._markers import MARKER_BYTES, marker_fault
+from ._pacing import CHUNK_LINES, PaceOutcome, answer_paced, hold
 from ._state import SimState
 
 __all__ = ["BatchRun"]
@@ -38,9 +38,6 @@ logger = logging.getLogger(__name__)
 # Shares of batch_processing_seconds spent validating and finalizing; in_progress gets the rest.
 _VALIDATING_SHARE = 0.1
 _FINALIZING_SHARE = 0.1
-# Lines handled between yields to the event loop, and the fewest progress steps a batch shows.
-_CHUNK_LINES = 256
-_MIN_PROGRESS_STEPS = 20
 _MAX_VALIDATION_ERRORS = 100
 
 # Exactly how httpx encodes a JSON body, so a batch line's body hashes to the real-time answer's digest.
@@ -121,10 +118,10 @@ class BatchRun:
             return
         batch.status = "finalizing"
         batch.finalizing_at = now()
-        hold = self._seconds * _FINALIZING_SHARE
+        finalizing = self._seconds * _FINALIZING_SHARE
         if batch.fault is not None and batch.fault.name == "slow_finalizing":
-            hold = batch.fault.argument if batch.fault.argument is not None else self._seconds
-        await self._hold(time.monotonic() + hold)
+            finalizing = batch.fault.argument if batch.fault.argument is not None else self._seconds
+        await self._hold(time.monotonic() + finalizing)
         if batch.cancel_requested.is_set():
             await self._cancelled(output, failures)
             return
@@ -143,7 +140,7 @@ class BatchRun:
             errors.append(_validation_error(code, message, line=line, param=param))
 
         for number, raw in enumerate(handle, start=1):
-            if number % _CHUNK_LINES == 0:
+            if number % CHUNK_LINES == 0:
                 await asyncio.sleep(0)
             if len(errors) >= _MAX_VALIDATION_ERRORS:
                 break
@@ -202,25 +199,16 @@ class BatchRun:
                     f"{self._limits.max_bytes}."))
         return errors, total
 
-    async def _answer_lines(self, handle: IO[bytes], *, output: Sink, failures: Sink) -> str:
-        """Answer lines in chunks, paced over the in_progress share; 'done', 'expired' or 'cancelled'."""
+    async def _answer_lines(self, handle: IO[bytes], *, output: Sink, failures: Sink) -> PaceOutcome:
+        """Answer lines paced over the in_progress share; 'done', 'expired' or 'cancelled'."""
         batch = self._batch
         total = batch.total
-        duration = self._seconds * (1.0 - _VALIDATING_SHARE - _FINALIZING_SHARE)
-        expiring = batch.fault is not None and batch.fault.name == "expire"
-        stop_after = total
-        if expiring:
-            assert batch.fault is not None
+        stop_after: int | None = None
+        if batch.fault is not None and batch.fault.name == "expire":
             fraction = batch.fault.argument if batch.fault.argument is not None else DEFAULT_EXPIRE_FRACTION
             stop_after = math.floor(total * fraction)
-        chunk = max(1, min(_CHUNK_LINES, total // _MIN_PROGRESS_STEPS))
-        started = time.monotonic()
-        answered = 0
-        lines = _records(handle)
-        for record in lines:
-            if answered >= stop_after:
-                await self._expire_rest(record, lines, failures)
-                return "expired"
+
+        def answer(record: dict[str, Any]) -> None:
             ok, line = self._answer(record)
             (output if ok else failures).write(line)
             if ok:
@@ -228,15 +216,14 @@ class BatchRun:
             else:
                 batch.failed += 1
             self._state.stats.batch_lines += 1
-            answered += 1
-            if answered % chunk == 0:
-                await self._hold(started + duration * answered / total)
-                if batch.cancel_requested.is_set():
-                    return "cancelled"
-        if expiring:  # expire:1 answers every line and still expires
-            return "expired"
-        await self._hold(started + duration)
-        return "cancelled" if batch.cancel_requested.is_set() else "done"
+
+        lines = _records(handle)
+        outcome, first_unanswered = await answer_paced(
+            lines, total=total, duration=self._seconds * (1.0 - _VALIDATING_SHARE - _FINALIZING_SHARE),
+            stop_after=stop_after, cancel=batch.cancel_requested, answer=answer)
+        if first_unanswered is not None:
+            await self._expire_rest(first_unanswered, lines, failures)
+        return outcome
 
     async def _expire_rest(self, first: dict[str, Any], rest: Iterator[dict[str, Any]], failures: Sink) -> None:
         error = {"code": "batch_expired",
@@ -244,7 +231,7 @@ class BatchRun:
         failures.write(_error_line(first["custom_id"], error))
         for number, record in enumerate(rest, start=1):
             failures.write(_error_line(record["custom_id"], error))
-            if number % _CHUNK_LINES == 0:
+            if number % CHUNK_LINES == 0:
                 await asyncio.sleep(0)
 
     def _answer(self, record: dict[str, Any]) -> tuple[bool, bytes]:
@@ -281,7 +268,7 @@ class BatchRun:
 
     def _marker_fault(self, body: dict[str, Any], digest: bytes) -> str | web.Response | None:
         return marker_fault(body.get("messages"), digest=digest, hits=self._state.marker_hits, pattern=LINE_MARKER,
-                            allowed=LINE_FAULTS, where="in a batch ")
+                            allowed=LINE_FAULTS, where="in a batch ", refuse=unknown_marker)
 
     def _response_line(self, custom_id: str, status: int, body: Any) -> bytes:
         return b"".join((
@@ -322,14 +309,7 @@ class BatchRun:
             batch.errors = errors
 
     async def _hold(self, until: float) -> None:
-        """Wait until ``until`` (monotonic) or a cancel, whichever is first; always yields once."""
-        delay = until - time.monotonic()
-        if delay <= 0:
-            await asyncio.sleep(0)
-            return
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(delay):
-                await self._batch.cancel_requested.wait()
+        await hold(until, cancel=self._batch.cancel_requested)
 
 
 def _records(handle: IO[bytes]) -> Iterator[dict[str, Any]]:

@@ -1,4 +1,8 @@
-"""Files and batches of one simulator: their API objects, and the temporary directory that holds their bytes."""
+"""Files and batches of one simulator: their API objects, and the temporary directory that holds their bytes.
+
+One store per app (``batch_store``), shared by OpenAI's Batch API and Anthropic's Message Batches: its
+directory, its running batches' tasks and its queue of batch faults serve both.
+"""
 
 from __future__ import annotations
 
@@ -8,22 +12,68 @@ import shutil
 import tempfile
 import time
 from collections import deque
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 from aiohttp import web
 
 from ._batch_faults import BatchFault
 from ._state import SimState
 
-__all__ = ["COMPLETION_WINDOW", "TERMINAL", "Batch", "BatchStore", "Sink", "StoredFile", "now"]
+__all__ = [
+    "COMPLETION_WINDOW",
+    "TERMINAL",
+    "WINDOW_SECONDS",
+    "Batch",
+    "BatchStore",
+    "Sink",
+    "StoredFile",
+    "batch_store",
+    "list_limit",
+    "newest_page",
+    "now",
+]
 
 # The only completion window OpenAI's Batch API offers, and how long it is.
 COMPLETION_WINDOW = "24h"
-_WINDOW_SECONDS = 24 * 3600
+WINDOW_SECONDS = 24 * 3600
 TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
 _WRITE_BUFFER = 1024 * 1024
+
+
+_Listed = TypeVar("_Listed")
+
+
+def list_limit(raw: str | None, *, default: int, maximum: int) -> int | None:
+    """A listing's ``limit`` query value as an integer from 1 to ``maximum`` (``default`` if absent), else None."""
+    if raw is None:
+        return default
+    try:
+        limit = int(raw)
+    except ValueError:
+        return None
+    return limit if 1 <= limit <= maximum else None
+
+
+def newest_page(
+    items: Mapping[str, _Listed], *, after: str | None, limit: int, to_api: Callable[[_Listed], dict[str, Any]]
+) -> dict[str, Any]:
+    """A page of ``items`` (id -> item, in creation order) newest first, after the cursor id, as both providers
+    list batches: ``{"data", "first_id", "last_id", "has_more"}``. An unknown cursor (a batch forgotten by a
+    reset) ends the listing rather than restarting it."""
+    ids = list(reversed(items.keys()))
+    start = 0
+    if after:
+        start = ids.index(after) + 1 if after in items else len(ids)
+    page = ids[start : start + limit]
+    return {
+        "data": [to_api(items[item_id]) for item_id in page],
+        "first_id": page[0] if page else None,
+        "last_id": page[-1] if page else None,
+        "has_more": start + limit < len(ids),
+    }
 
 
 def now() -> int:
@@ -80,7 +130,7 @@ class Batch:
             "input_file_id": self.input_file_id, "completion_window": self.completion_window,
             "status": self.status, "output_file_id": self.output_file_id, "error_file_id": self.error_file_id,
             "created_at": self.created_at, "in_progress_at": self.in_progress_at,
-            "expires_at": self.created_at + _WINDOW_SECONDS, "finalizing_at": self.finalizing_at,
+            "expires_at": self.created_at + WINDOW_SECONDS, "finalizing_at": self.finalizing_at,
             "completed_at": self.completed_at, "failed_at": self.failed_at, "expired_at": self.expired_at,
             "cancelling_at": self.cancelling_at, "cancelled_at": self.cancelled_at,
             "request_counts": {"total": self.total, "completed": self.completed, "failed": self.failed},
@@ -150,3 +200,16 @@ class BatchStore:
         tasks = list(self._tasks)
         self.reset()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+_BATCH_STORE = web.AppKey("batch_store", BatchStore)
+
+
+def batch_store(app: web.Application, state: SimState) -> BatchStore:
+    """The app's one store, made on first use: cleared by ``/_sim/reset``, closed with the app."""
+    store = app.get(_BATCH_STORE)
+    if store is None:
+        store = app[_BATCH_STORE] = BatchStore(state)
+        state.reset_hooks.append(store.reset)
+        app.on_cleanup.append(store.close)
+    return store

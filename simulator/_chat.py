@@ -9,9 +9,7 @@ every answer from the quotas on carries the ``x-ratelimit-*`` headers, as OpenAI
 
 from __future__ import annotations
 
-import asyncio
 import json
-import math
 import time
 from typing import Any
 
@@ -21,13 +19,14 @@ from ._checks import (
     check_auth,
     invalid_request,
     model_not_found,
+    unknown_marker,
     validate_chat_body,
 )
 from ._completions import SYSTEM_FINGERPRINT, body_digest, plan_completion, render_completion
 from ._config import FAULTS
 from ._http import (
+    client_error_response,
     completion_body,
-    dropped_response,
     error_response,
     format_reset,
     json_response,
@@ -35,6 +34,7 @@ from ._http import (
     server_error_response,
 )
 from ._markers import MARKER_BYTES, marker_fault, marker_pattern
+from ._serving import ANSWERED_AT_ONCE, RealTimeRoutes, admit, connection_fault, limit_views
 from ._state import SimState
 
 __all__ = ["CHAT_COMPLETIONS_PATH", "DEFAULT_MODELS", "register"]
@@ -50,35 +50,16 @@ _MARKER_BODY = marker_pattern(FAULTS)
 def register(app: web.Application, state: SimState) -> None:
     """Add the chat-completions and models routes, bound to ``state``."""
     routes = _ChatRoutes(state)
-    app.router.add_post(CHAT_COMPLETIONS_PATH, routes.chat_completions)
+    app.router.add_post(CHAT_COMPLETIONS_PATH, routes.handle)
     app.router.add_get("/v1/models", routes.list_models)
     app.router.add_get("/v1/models/{model}", routes.get_model)
 
 
-class _ChatRoutes:
-    def __init__(self, state: SimState) -> None:
-        self._state = state
+class _ChatRoutes(RealTimeRoutes):
+    request_id_header = "x-request-id"
 
-    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+    async def _answer(self, request: web.Request, raw: bytes) -> web.StreamResponse:
         state = self._state
-        stats = state.stats
-        stats.requests_total += 1
-        stats.in_flight += 1
-        if stats.in_flight > stats.peak_in_flight:
-            stats.peak_in_flight = stats.in_flight
-        try:
-            response = await self._answer(request)
-        finally:
-            # Before the response is written, so a client that sees the answer sees the gauge down.
-            stats.in_flight -= 1
-        response.headers["x-request-id"] = state.next_request_id()
-        return response
-
-    async def _answer(self, request: web.Request) -> web.StreamResponse:
-        state = self._state
-        raw = await request.read()
-        if state.forced_faults:
-            return await self._fault(request, state.forced_faults.popleft(), model=None)
         denied = check_auth(request, state)
         if denied is not None:
             return self._counted(denied)
@@ -105,103 +86,51 @@ class _ChatRoutes:
                 return await self._fault(request, forced, model=model)
 
         plan = plan_completion(body, digest=digest)
-        limit_headers: dict[str, str] | None = None
-        if state.requests_window is not None or state.tokens_window is not None:
-            # Admission is charged like OpenAI does: the prompt plus max_tokens when it is given.
-            charge = plan.prompt_tokens + (plan.cap * plan.n if plan.cap is not None else plan.completion_tokens)
-            refused, limit_headers = self._admit(model=model, charge=charge)
-            if refused is not None:
-                return self._counted(refused)
+        # Admission is charged like OpenAI does: the prompt plus max_tokens when it is given.
+        charge = plan.prompt_tokens + (plan.cap * plan.n if plan.cap is not None else plan.completion_tokens)
 
-        fault = state.random_fault()
-        if fault is not None:
-            return await self._fault(request, fault, model=model, headers=limit_headers)
+        def render() -> bytes:
+            body_bytes, cached = render_completion(plan, state=state)
+            stats = state.stats
+            stats.completions += 1
+            stats.prompt_tokens += plan.prompt_tokens
+            stats.completion_tokens += plan.completion_tokens
+            stats.cached_tokens += cached
+            return body_bytes
 
-        body_bytes, cached = render_completion(plan, state=state)
-        delay = self._latency(plan.completion_tokens)
-        if delay > 0:
-            await asyncio.sleep(delay)
-        stats = state.stats
-        stats.completions += 1
-        stats.prompt_tokens += plan.prompt_tokens
-        stats.completion_tokens += plan.completion_tokens
-        stats.cached_tokens += cached
-        return self._counted(
-            web.Response(body=body_bytes, headers=limit_headers, content_type="application/json")
-        )
-
-    def _counted(self, response: web.Response) -> web.Response:
-        self._state.stats.count(str(response.status))
-        return response
+        return await self._answer_admitted(request, model=model, charge=charge,
+                                           output_tokens=plan.completion_tokens, render=render)
 
     def _marker_fault(self, messages: list[dict[str, Any]], digest: bytes) -> str | web.Response | None:
         return marker_fault(messages, digest=digest, hits=self._state.marker_hits, pattern=_MARKER_BODY,
-                            allowed=FAULTS, where="")
+                            allowed=FAULTS, where="", refuse=unknown_marker)
 
     def _admit(self, *, model: str, charge: int) -> tuple[web.Response | None, dict[str, str]]:
-        state = self._state
         now = time.monotonic()
-        requests, tokens = state.requests_window, state.tokens_window
-        wait_requests = requests.wait_for(1, now=now) if requests is not None else 0.0
-        wait_tokens = tokens.wait_for(charge, now=now) if tokens is not None else 0.0
-        if wait_requests == 0.0 and wait_tokens == 0.0:
-            if requests is not None:
-                requests.add(1, now=now)
-            if tokens is not None:
-                tokens.add(charge, now=now)
-            return None, self._limit_headers(now)
-        state.stats.quota_rejections += 1
-        wait = max(wait_requests, wait_tokens)
-        if wait_tokens >= wait_requests and tokens is not None:
-            if charge > tokens.limit:
-                message = (f"Request too large for {model} in organization org-simulator on tokens per min (TPM): "
-                           f"Limit {tokens.per_minute}, Requested {charge}. The input or output tokens must be "
-                           "reduced in order to run successfully.")
-            else:
-                used = tokens.limit - tokens.remaining(now=now)
-                message = (f"Rate limit reached for {model} in organization org-simulator on tokens per min (TPM): "
-                           f"Limit {tokens.per_minute}, Used {used}, Requested {charge}. "
-                           f"Please try again in {format_reset(wait)}.")
-            limit_type = "tokens"
+        refusal = admit(self._state, charge=charge, now=now)
+        headers = self._limit_headers(now)
+        if refusal is None:
+            return None, headers
+        quota = "tokens per min (TPM)" if refusal.kind == "tokens" else "requests per min (RPM)"
+        where = f"for {model} in organization org-simulator on {quota}: Limit {refusal.per_minute}"
+        if refusal.too_large:
+            message = (f"Request too large {where}, Requested {refusal.charge}. The input or output tokens must be "
+                       "reduced in order to run successfully.")
         else:
-            assert requests is not None
-            message = (f"Rate limit reached for {model} in organization org-simulator on requests per min (RPM): "
-                       f"Limit {requests.per_minute}, Used {requests.limit - requests.remaining(now=now)}, Requested 1. "
-                       f"Please try again in {format_reset(wait)}.")
-            limit_type = "requests"
+            message = (f"Rate limit reached {where}, Used {refusal.used}, Requested {refusal.charge}. "
+                       f"Please try again in {format_reset(refusal.wait)}.")
         refused = rate_limited_response(
-            message=message, limit_type=limit_type, retry_after=wait, headers=self._limit_headers(now)
+            message=message, limit_type=refusal.kind, retry_after=refusal.wait, headers=headers
         )
         return refused, {}
 
     def _limit_headers(self, now: float) -> dict[str, str]:
-        # The limit per minute, as OpenAI states it; remaining and reset are the window's, which is what a
-        # quota enforced over a shorter window really has left.
         headers: dict[str, str] = {}
-        for suffix, window in (("requests", self._state.requests_window), ("tokens", self._state.tokens_window)):
-            if window is not None:
-                headers[f"x-ratelimit-limit-{suffix}"] = str(window.per_minute)
-                headers[f"x-ratelimit-remaining-{suffix}"] = str(window.remaining(now=now))
-                headers[f"x-ratelimit-reset-{suffix}"] = format_reset(window.reset_in(now=now))
+        for view in limit_views(self._state, now=now):
+            headers[f"x-ratelimit-limit-{view.kind}"] = str(view.per_minute)
+            headers[f"x-ratelimit-remaining-{view.kind}"] = str(view.remaining)
+            headers[f"x-ratelimit-reset-{view.kind}"] = format_reset(view.reset_in)
         return headers
-
-    def _latency(self, completion_tokens: int) -> float:
-        config = self._state.config
-        delay = config.latency
-        if config.latency_spread > 0 and delay > 0:
-            if config.latency_dist == "uniform":
-                delay = self._state.rng.uniform(max(0.0, delay - config.latency_spread), delay + config.latency_spread)
-            elif config.latency_dist == "lognormal":
-                delay *= math.exp(self._state.rng.gauss(0.0, config.latency_spread))
-        return delay + config.latency_per_token * completion_tokens
-
-    async def _fault(
-        self, request: web.Request, fault: str, *, model: str | None, headers: dict[str, str] | None = None
-    ) -> web.StreamResponse:
-        response = await self._fault_response(request, fault, model=model)
-        if headers:
-            response.headers.update(headers)
-        return response
 
     async def _fault_response(self, request: web.Request, fault: str, *, model: str | None) -> web.StreamResponse:
         state = self._state
@@ -220,26 +149,19 @@ class _ChatRoutes:
                        f"(simulator fault 429). Please try again in {format_reset(config.retry_after)}.")
             return self._counted(rate_limited_response(
                 message=message, limit_type="requests", retry_after=config.retry_after))
-        if fault == "hang":
-            state.stats.count("hang")
-            # Other requests keep flowing: this only parks this handler. aiohttp cancels it when the
-            # client gives up, which is what ends its share of in_flight.
-            await asyncio.sleep(config.hang_seconds)
-            return dropped_response(request)
-        delay = self._latency(0)
-        if delay > 0:
-            await asyncio.sleep(delay)
-        if fault == "drop":
-            state.stats.count("drop")
-            return dropped_response(request)
-        if fault == "malformed":
-            state.stats.count("malformed")
-            body = completion_body(
+        if fault in ANSWERED_AT_ONCE:
+            return self._counted(client_error_response(int(fault)))
+
+        def garbled() -> bytes:
+            return completion_body(
                 response_id=state.next_response_id(), created=int(time.time()), model=model or "unknown",
                 choices=[("This answer never arrives whole.", "stop")], prompt_tokens=0, completion_tokens=0,
                 cached_tokens=0, system_fingerprint=SYSTEM_FINGERPRINT,
             )
-            return web.Response(body=body[: len(body) // 2], content_type="application/json")
+
+        broken = await connection_fault(request, fault, state=state, garbled=garbled)
+        if broken is not None:
+            return broken
         return self._counted(server_error_response(int(fault)))
 
     async def list_models(self, request: web.Request) -> web.Response:

@@ -10,7 +10,7 @@ from aiohttp import web
 from ._http import error_response
 from ._state import SimState
 
-__all__ = ["check_auth", "invalid_request", "model_not_found", "validate_chat_body"]
+__all__ = ["check_auth", "invalid_request", "model_not_found", "unknown_marker", "validate_chat_body"]
 
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 _MAX_CHOICES = 128
@@ -48,6 +48,10 @@ def model_not_found(model: str) -> web.Response:
 
 def invalid_request(message: str, *, param: str | None, code: str | None) -> web.Response:
     return error_response(status=400, message=message, param=param, code=code)
+
+
+def unknown_marker(message: str) -> web.Response:
+    return invalid_request(message, param="messages", code="invalid_value")
 
 
 def _type_name(value: Any) -> str:

@@ -18,7 +18,8 @@ __all__ = ["main"]
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m simulator",
-        description="OpenAI-compatible simulator. Prints the base URL on one line when it is ready.",
+        description="Simulator of OpenAI's and Anthropic's APIs on one port. Prints the (OpenAI) base URL on one line "
+                    "when it is ready, then the Anthropic base URL.",
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000, help="0 picks a free port")
@@ -27,14 +28,15 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--latency-dist", choices=["fixed", "uniform", "lognormal"])
     parser.add_argument("--latency-spread", type=float)
     parser.add_argument("--latency-per-token", type=float)
-    for fault in ("429", "500", "503", "hang", "drop", "malformed"):
+    for fault in ("429", "500", "503", "529", "hang", "drop", "malformed"):
         parser.add_argument(f"--rate-{fault}", type=float, dest=f"rate_{fault}")
     parser.add_argument("--retry-after", type=float)
     parser.add_argument("--hang-seconds", type=float)
     parser.add_argument("--rpm", type=int)
     parser.add_argument("--tpm", type=int)
     parser.add_argument("--models", help="comma-separated model names to accept (default: any)")
-    parser.add_argument("--api-key", help="require `Authorization: Bearer KEY` (default: accept any)")
+    parser.add_argument("--api-key", help="require this key: `Authorization: Bearer KEY` on OpenAI's routes, "
+                        "`x-api-key` on Anthropic's (default: accept any)")
     parser.add_argument("--seed", type=int)
     parser.add_argument("--batch-processing-seconds", type=float, help="how long one batch takes (default 2)")
     return parser

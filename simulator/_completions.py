@@ -13,14 +13,22 @@ from ._http import completion_body
 from ._state import SimState
 from ._tokens import REPLY_PRIMING_TOKENS, completion_text, message_token_counts, natural_length
 
-__all__ = ["SYSTEM_FINGERPRINT", "PlannedCompletion", "body_digest", "plan_completion", "render_completion"]
+__all__ = [
+    "SYSTEM_FINGERPRINT",
+    "PlannedCompletion",
+    "body_digest",
+    "canonical_json",
+    "plan_completion",
+    "render_completion",
+]
 
 SYSTEM_FINGERPRINT = "fp_llmdsim01"
 _CACHE_MIN_TOKENS = 1024  # OpenAI caches prompts from 1024 tokens on...
 _CACHE_INCREMENT = 128  # ...and reports cache hits in steps of 128 tokens
 _MASK64 = (1 << 64) - 1
 
-_sorted_dumps = json.JSONEncoder(sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode
+# Sorted keys: equal objects encode to equal bytes, whatever order a client wrote them in.
+canonical_json = json.JSONEncoder(sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +112,7 @@ def _cached_tokens(plan: PlannedCompletion, *, state: SimState) -> int:
     prefixes: list[tuple[bytes, int]] = []
     total = 0
     for message, tokens in zip(plan.messages, plan.counts):
-        chain.update(_sorted_dumps(message).encode())
+        chain.update(canonical_json(message).encode())
         total += tokens
         if total >= _CACHE_MIN_TOKENS:
             prefixes.append((chain.copy().digest(), total))

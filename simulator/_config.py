@@ -1,4 +1,4 @@
-"""Settings of the bundled OpenAI-compatible simulator: latency, injected faults, quotas and auth."""
+"""Settings of the bundled simulator (OpenAI's and Anthropic's APIs): latency, injected faults, quotas and auth."""
 
 from __future__ import annotations
 
@@ -20,9 +20,10 @@ __all__ = [
     "SimulatorConfig",
 ]
 
-# What a marker or the admin queue can force. The HTTP statuses answer with OpenAI's error body;
-# "hang" never answers, "drop" closes the connection, "malformed" is a 200 with truncated JSON.
-Fault = Literal["400", "401", "404", "429", "500", "503", "hang", "drop", "malformed"]
+# What a marker or the admin queue can force. The HTTP statuses answer with the API's own error body
+# (OpenAI's for chat, Anthropic's for Messages; 529 is Anthropic's "overloaded"); "hang" never answers,
+# "drop" closes the connection, "malformed" is a 200 with truncated JSON.
+Fault = Literal["400", "401", "403", "404", "413", "429", "500", "503", "529", "hang", "drop", "malformed"]
 FAULTS: frozenset[str] = frozenset(get_args(Fault))
 
 LatencyDist = Literal["fixed", "uniform", "lognormal"]
@@ -33,6 +34,7 @@ RANDOM_FAULT_FIELDS: tuple[tuple[str, str], ...] = (
     ("rate_429", "429"),
     ("rate_500", "500"),
     ("rate_503", "503"),
+    ("rate_529", "529"),
     ("rate_hang", "hang"),
     ("rate_drop", "drop"),
     ("rate_malformed", "malformed"),
@@ -60,8 +62,11 @@ class SimulatorConfig:
     ``latency ± latency_spread``; ``lognormal``: median ``latency``, sigma ``latency_spread``), plus
     ``latency_per_token`` for each completion token. Quotas (``rpm``, ``tpm``) count over a sliding window of
     ``quota_window`` seconds (a 1 s window enforces 1/60 of each quota per second, as providers may), and every
-    chat answer, errors included, carries OpenAI's ``x-ratelimit-*`` headers for the quotas set. ``rate_429`` is
-    a capacity 429, drawn at random whatever the load, with ``retry_after`` and no quota exhausted.
+    chat answer, errors included, carries OpenAI's ``x-ratelimit-*`` headers for the quotas set (a Messages answer
+    Anthropic's ``anthropic-ratelimit-*``); both APIs draw on the same quotas. ``rate_429`` is a capacity 429, drawn
+    at random whatever the load, with ``retry_after`` and no quota exhausted; ``rate_529`` is Anthropic's overloaded
+    (with ``retry_after`` too), an OpenAI-shaped 529 on chat. ``api_key`` is checked in ``Authorization: Bearer``
+    (or ``api-key``) on OpenAI's routes and in ``x-api-key`` on Anthropic's.
     A batch runs through its statuses in about ``batch_processing_seconds`` (see ``_batch``).
     """
 
@@ -72,6 +77,7 @@ class SimulatorConfig:
     rate_429: float = 0.0
     rate_500: float = 0.0
     rate_503: float = 0.0
+    rate_529: float = 0.0
     rate_hang: float = 0.0
     rate_drop: float = 0.0
     rate_malformed: float = 0.0

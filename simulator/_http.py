@@ -9,6 +9,7 @@ from typing import Any
 from aiohttp import web
 
 __all__ = [
+    "client_error_response",
     "completion_body",
     "dropped_response",
     "error_response",
@@ -28,6 +29,12 @@ _SERVER_ERRORS = {
     500: "The server had an error while processing your request. Sorry about that!",
     502: "Bad gateway.",
     503: "The server is overloaded or not ready yet.",
+    529: "The server is overloaded; please try again later.",
+}
+# Statuses a fault can force that OpenAI answers rarely and without a dedicated shape of their own.
+_CLIENT_ERRORS = {
+    403: "You are not allowed to use this model or endpoint (simulator fault 403).",
+    413: "The request is larger than the simulator accepts (simulator fault 413).",
 }
 
 
@@ -92,6 +99,11 @@ def error_response(
 
 def server_error_response(status: int) -> web.Response:
     return error_response(status=status, message=_SERVER_ERRORS[status], type="server_error")
+
+
+def client_error_response(status: int) -> web.Response:
+    """A forced 403 or 413 in OpenAI's error shape."""
+    return error_response(status=status, message=_CLIENT_ERRORS[status])
 
 
 def dropped_response(request: web.Request) -> web.Response:

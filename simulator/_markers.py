@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Collection
-from typing import Any
-
-from aiohttp import web
-
-from ._checks import invalid_request
+from collections.abc import Callable, Collection
+from typing import Any, TypeVar
 
 __all__ = ["MARKER", "MARKER_BYTES", "marker_fault", "marker_pattern"]
 
 MARKER = re.compile(r"\[\[sim:([^\]\s]*)\]\]")
 # A body without these bytes has no marker: most bodies skip the message walk.
 MARKER_BYTES = b"[[sim:"
+
+_Refusal = TypeVar("_Refusal")
 
 
 def marker_pattern(faults: Collection[str]) -> re.Pattern[str]:
@@ -30,11 +28,13 @@ def marker_fault(
     pattern: re.Pattern[str],
     allowed: Collection[str],
     where: str,
-) -> str | web.Response | None:
+    refuse: Callable[[str], _Refusal],
+) -> str | _Refusal | None:
     """The fault a ``[[sim:FAULT]]`` / ``[[sim:FAULTxN]]`` marker asks of this body, if any.
 
     ``FAULTxN`` faults the first N bodies with this ``digest`` (counted in ``hits``); an unknown
-    marker is answered with a 400 that explains the format. Shared by chat and batch lines.
+    marker gets ``refuse(message)``, a 400 in the caller's API that explains the format. Shared by
+    chat, Messages and both APIs' batch lines.
     """
     for message in messages if isinstance(messages, list) else ():
         if not isinstance(message, dict):
@@ -45,10 +45,9 @@ def marker_fault(
                 continue
             parsed = pattern.fullmatch(found.group(1))
             if parsed is None:
-                return invalid_request(
+                return refuse(
                     f"Unknown simulator marker {found.group(0)!r}; {where}write [[sim:FAULT]] or [[sim:FAULTxN]] "
-                    f"with FAULT one of {', '.join(sorted(allowed))}.",
-                    param="messages", code="invalid_value")
+                    f"with FAULT one of {', '.join(sorted(allowed))}.")
             fault, times = parsed.group(1), parsed.group(2)
             if times is None:
                 return fault

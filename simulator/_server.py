@@ -2,10 +2,10 @@
 
 Run it in the current loop (``async with Simulator(...)``), in a background thread
 (``Simulator.in_thread``), in its own process (``Simulator.in_process``, or
-``python -m simulator --port 8000``, which prints the base URL once it listens), or
-blocking with ``serve``. Routes come in groups registered by ``create_app``; see ``_chat``
-for what a chat request can meet, ``_batch`` for files and batches, and ``_admin`` for the
-``/_sim`` control routes.
+``python -m simulator --port 8000``, which prints the base URL once it listens, then the Anthropic base URL),
+or blocking with ``serve``. Routes come in groups registered by ``create_app``; see ``_chat`` for what a chat
+request can meet, ``_batch`` for files and batches, ``_messages_route`` and ``_message_batches`` for Anthropic's
+Messages and Message Batches, and ``_admin`` for the ``/_sim`` control routes.
 """
 
 from __future__ import annotations
@@ -29,19 +29,30 @@ from aiohttp import web
 
 from llm_dispatch import LLMDispatchError
 
-from . import _admin, _batch, _chat
+from . import _admin, _batch, _chat, _message_batches, _messages_route
+from ._anthropic_http import anthropic_error
 from ._config import SimulatorConfig
 from ._http import error_response
 from ._state import SimState
 
-__all__ = ["DEFAULT_SIMULATOR_CONFIG", "SIM_STATE", "RouteGroup", "Simulator", "create_app", "serve"]
+__all__ = [
+    "DEFAULT_SIMULATOR_CONFIG",
+    "SIM_STATE",
+    "RouteGroup",
+    "Simulator",
+    "anthropic_base_url",
+    "create_app",
+    "serve",
+]
 
 DEFAULT_SIMULATOR_CONFIG = SimulatorConfig()
 
-# A route group adds its routes to the app, bound to the shared state; the Batch API's group keeps
-# its files and batches in a store of its own, cleared through SimState.reset_hooks.
+# A route group adds its routes to the app, bound to the shared state; the two batch APIs' groups keep
+# their batches in a store of their own (one per app), cleared through SimState.reset_hooks.
 RouteGroup = Callable[[web.Application, SimState], None]
-_ROUTE_GROUPS: tuple[RouteGroup, ...] = (_admin.register, _chat.register, _batch.register)
+_ROUTE_GROUPS: tuple[RouteGroup, ...] = (
+    _admin.register, _chat.register, _batch.register, _messages_route.register, _message_batches.register,
+)
 
 SIM_STATE = web.AppKey("sim_state", SimState)
 
@@ -59,13 +70,23 @@ def create_app(*, config: SimulatorConfig, route_groups: Sequence[RouteGroup] = 
     app[SIM_STATE] = state
     for register in route_groups:
         register(app, state)
-    # Last, so every group's routes match first: unknown /v1 paths get OpenAI's JSON 404.
+    # Last, so every group's routes match first: unknown /v1 paths get a JSON 404, Anthropic's for a request
+    # that carries anthropic-version, else OpenAI's.
     app.router.add_route("*", "/v1/{tail:.*}", _unknown_url)
     return app
 
 
 async def _unknown_url(request: web.Request) -> web.Response:
-    return error_response(status=404, message=f"Invalid URL ({request.method} {request.path})")
+    message = f"Invalid URL ({request.method} {request.path})"
+    if "anthropic-version" in request.headers:
+        return anthropic_error(404, message)
+    return error_response(status=404, message=message)
+
+
+def anthropic_base_url(base_url: str) -> str:
+    """The Anthropic base URL of a simulator whose (OpenAI) base URL is ``base_url``: the same server, without
+    ``/v1``, since Anthropic's paths carry it. For the URL that ``in_thread`` and ``in_process`` yield."""
+    return base_url.removesuffix("/v1")
 
 
 def _base_url(host: str, port: int) -> str:
@@ -77,10 +98,11 @@ def _base_url(host: str, port: int) -> str:
 
 
 class Simulator:
-    """One simulator server in the current event loop.
+    """One simulator server in the current event loop, speaking OpenAI's and Anthropic's APIs on one port.
 
         async with Simulator(config=SimulatorConfig(latency=0.1)) as sim:
-            client = ...(base_url=sim.base_url)
+            openai = LLMClient(base_url=sim.base_url)  # http://127.0.0.1:PORT/v1
+            claude = LLMClient(provider="anthropic", base_url=sim.anthropic_base_url, api_key="k")  # no /v1
     """
 
     def __init__(self, config: SimulatorConfig = DEFAULT_SIMULATOR_CONFIG) -> None:
@@ -98,6 +120,11 @@ class Simulator:
         if self._base_url is None:
             raise LLMDispatchError("The simulator is not running; call `await simulator.start()` first.")
         return self._base_url
+
+    @property
+    def anthropic_base_url(self) -> str:
+        """The base URL for Anthropic's API on the same server: the host, without ``/v1``."""
+        return anthropic_base_url(self.base_url)
 
     def stats(self) -> dict[str, Any]:
         """The same counters as ``GET /_sim/stats``, without a request."""
@@ -248,7 +275,9 @@ async def _serve_until_stopped(
 
 
 def _print_url(url: str) -> None:
+    # The OpenAI base URL first, alone on its line: in_process (and scripts) read that line as "ready".
     print(url, flush=True)
+    print(f"Anthropic base URL: {anthropic_base_url(url)}", flush=True)
 
 
 def serve(*, host: str, port: int, config: SimulatorConfig, on_ready: Callable[[str], None] = _print_url) -> None:

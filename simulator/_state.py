@@ -25,20 +25,28 @@ _PROMPT_CACHE_ENTRIES = 50_000  # prefixes remembered for cached_tokens, least r
 
 @dataclass(slots=True)
 class SimStats:
-    """Counters behind ``GET /_sim/stats``; ``in_flight`` is a live gauge that a reset keeps."""
+    """Counters behind ``GET /_sim/stats``; ``in_flight`` is a live gauge that a reset keeps.
+
+    ``requests_total``, the gauges, ``by_status``, ``quota_rejections`` and the token sums count both real-time
+    APIs (chat completions and Messages); ``completions`` and ``messages`` count each API's successful answers.
+    """
 
     requests_total: int = 0
     in_flight: int = 0
     peak_in_flight: int = 0
-    completions: int = 0
-    prompt_tokens: int = 0
+    completions: int = 0  # POST /v1/chat/completions answered 200
+    messages: int = 0  # POST /v1/messages answered 200
+    prompt_tokens: int = 0  # all input, a Message's cache reads and writes included
     completion_tokens: int = 0
-    cached_tokens: int = 0
+    cached_tokens: int = 0  # chat's cached_tokens and a Message's cache_read_input_tokens
+    cache_creation_tokens: int = 0  # a Message's cache_creation_input_tokens
     quota_rejections: int = 0
     by_status: dict[str, int] = field(default_factory=dict)
     batches: int = 0  # created through POST /v1/batches
     batch_lines: int = 0  # input lines answered, successes and errors alike
     batch_outcomes: dict[str, int] = field(default_factory=dict)  # final status -> batches
+    message_batches: int = 0  # created through POST /v1/messages/batches
+    message_batch_lines: int = 0  # requests answered (succeeded or errored), not those canceled or expired
 
     def count(self, outcome: str) -> None:
         self.by_status[outcome] = self.by_status.get(outcome, 0) + 1
@@ -178,9 +186,10 @@ class SimState:
         while len(cache) > _PROMPT_CACHE_ENTRIES:
             cache.popitem(last=False)
 
-    def next_response_id(self) -> str:
+    def next_response_id(self, *, prefix: str = "chatcmpl-") -> str:
+        """A unique answer id: ``chatcmpl-sim...`` for chat, ``msg_sim...`` for a Message."""
         self.response_serial += 1
-        return f"chatcmpl-sim{self.boot_id}{self.response_serial:010x}"
+        return f"{prefix}sim{self.boot_id}{self.response_serial:010x}"
 
     def next_request_id(self) -> str:
         """What ``x-request-id`` says of a chat request and ``request_id`` of a batch line."""

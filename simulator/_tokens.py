@@ -100,7 +100,7 @@ def _content_tokens(content: Any) -> int:
         kind = part.get("type")
         if kind == "text":
             total += count_tokens(str(part.get("text", "")))
-        elif kind in ("image_url", "input_image"):
+        elif kind in ("image_url", "input_image", "image"):  # image: an Anthropic image block
             total += _IMAGE_TOKENS
     return total
 

@@ -369,7 +369,8 @@ async def _run_with_progress(
                 prompts=source, job_id=job_id, model=settings.model, route_policy=settings.route_policy,
                 wait=wait, max_cost=max_cost, concurrency=settings.concurrency, chunk_size=settings.chunk_size,
                 chunk_concurrency=settings.chunk_concurrency, dedupe=settings.dedupe, retry_failed=retry_failed,
-                base_url=settings.base_url, database_url=settings.database_url, prices_file=settings.prices_file,
+                base_url=settings.base_url, anthropic_base_url=settings.anthropic_base_url,
+                database_url=settings.database_url, prices_file=settings.prices_file,
                 batch_poll_interval=settings.batch_poll_interval,
             )
     except asyncio.CancelledError:

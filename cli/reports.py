@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 import storage
 from jobs import actual_cost, money, reprice as reprice_job
-from llm_dispatch import PICO_PER_USD, ConfigError, PriceTable, Settings
+from llm_dispatch import PICO_PER_USD, ConfigError, PriceTable, Settings, provider_lookup
 
 Sessions = async_sessionmaker[AsyncSession]
 
@@ -62,14 +62,15 @@ async def status(*, settings: Settings, job_id: str | None) -> dict[str, Any] | 
         if job is None:
             return None
         batches = await storage.job_batches(sessions, job_id=job_id)
-        ledger = await actual_cost(sessions=sessions, job_id=job_id)
+        ledger = await actual_cost(sessions=sessions, job_id=job_id, provider_of=provider_lookup(settings.model_providers))
         return {
             "job_id": job.id, "name": job.name, "status": job.status, "counts": job.counts,
             "routes": await storage.route_counts(sessions, job_id=job_id),
             "cost": money(ledger.total), "cost_complete": ledger.complete,
             "unpriced_models": dict(ledger.totals.unpriced_models),
             "batches": [
-                {"id": b.id, "provider_batch_id": b.provider_batch_id, "status": b.status, "model": b.model,
+                {"id": b.id, "provider": b.provider, "provider_batch_id": b.provider_batch_id, "status": b.status,
+                 "model": b.model,
                  "total": b.request_total, "completed": b.request_completed, "failed": b.request_failed,
                  "expires_at": b.expires_at.isoformat(timespec="seconds") if b.expires_at else None,
                  "cancel_requested": b.cancel_requested}
@@ -100,10 +101,10 @@ def print_status(console: Console, data: dict[str, Any]) -> None:
     console.print(table)
     if data["batches"]:
         batches = Table(title="batches")
-        for column in ("id", "provider id", "model", "status", "completed", "failed", "total", "expires"):
+        for column in ("id", "provider", "provider id", "model", "status", "completed", "failed", "total", "expires"):
             batches.add_column(column)
         for b in data["batches"]:
-            batches.add_row(str(b["id"]), b["provider_batch_id"] or "-", b["model"],
+            batches.add_row(str(b["id"]), b["provider"], b["provider_batch_id"] or "-", b["model"],
                             b["status"] + (" (cancel requested)" if b["cancel_requested"] else ""),
                             str(b["completed"]), str(b["failed"]), str(b["total"]), b["expires_at"] or "-")
         console.print(batches)
@@ -114,7 +115,7 @@ async def cost(*, settings: Settings, job_id: str | None) -> dict[str, Any] | No
         found = await _job_id(sessions, job_id)
         if found is None:
             return None
-        ledger = await actual_cost(sessions=sessions, job_id=found)
+        ledger = await actual_cost(sessions=sessions, job_id=found, provider_of=provider_lookup(settings.model_providers))
     return {"job_id": found, **ledger.as_dict(), "currency": "USD"}
 
 
@@ -122,9 +123,13 @@ def print_cost(console: Console, data: dict[str, Any]) -> None:
     table = Table(title=f"job {data['job_id']}: cost in {data['currency']} as stored (prices as of {data['prices_as_of']})")
     for column in ("route", "requests", "input tokens", "cached", "output tokens", "cost"):
         table.add_column(column, justify="right" if column != "route" else "left")
-    for route, r in data["routes"].items():
+    rows = [(route, r) for route, r in data["routes"].items()]
+    providers = data.get("providers") or {}
+    if len(providers) > 1:  # a job that spans providers: a row per provider and route too
+        rows += [(f"{provider} {route}", r) for provider, by_route in providers.items() for route, r in by_route.items()]
+    for label, r in rows:
         unknown = f" + {r['unpriced']} unpriced" if r["unpriced"] else ""
-        table.add_row(route, str(r["requests"]), str(r["prompt_tokens"]), str(r["cached_tokens"]),
+        table.add_row(label, str(r["requests"]), str(r["prompt_tokens"]), str(r["cached_tokens"]),
                       str(r["completion_tokens"]), f"${r['cost']:.6f}{unknown}")
     table.add_row("total", "", "", "", "", f"${data['total']:.6f}" + ("" if data["complete"] else " + unknown"))
     table.add_row("saved by batch", "", "", "", "", f"${data['savings']:.6f}")

@@ -30,7 +30,7 @@ from ._setup import prepare
 from .realtime import send_realtime
 
 # Settings a flow hands its sub-flows as plain parameters: everything public (no key, no database URL).
-_PRIVATE = frozenset({"api_key", "database_url"})
+_PRIVATE = frozenset({"api_key", "anthropic_api_key", "database_url"})
 POLL_GROWTH = 1.5
 HALF_SUBMITTED: tuple[storage.BatchStatus, ...] = ("preparing", "uploaded")
 # Prompts an ingest re-routed to real-time, not already taken by a live run.
@@ -142,6 +142,7 @@ async def dispatch_batches(
 async def collect_batches(
     database_url: SecretStr | None = None,
     base_url: str | None = None,
+    anthropic_base_url: str | None = None,
     job_id: str | None = None,
     stale_after: float = 600.0,
 ) -> dict[str, Any]:
@@ -153,7 +154,8 @@ async def collect_batches(
     ``stale_after`` seconds: younger ones may belong to a run that is submitting them right now.
     """
     logger = get_run_logger()
-    settings = await prepare(Settings.with_overrides(base_url=base_url, database_url=database_url), logger=logger)
+    settings = await prepare(Settings.with_overrides(base_url=base_url, anthropic_base_url=anthropic_base_url,
+                                                    database_url=database_url), logger=logger)
     async with open_run(settings) as run:
         summary = await sweep(run=run, job_id=job_id, stale_after=stale_after)
     logger.info("Swept %d open batches: %d polled, %d ingested, %d prompts resubmitted, %d sent real-time, "
@@ -221,11 +223,13 @@ async def cancel_job_batches(
     job_id: str,
     database_url: SecretStr | None = None,
     base_url: str | None = None,
+    anthropic_base_url: str | None = None,
     wait_seconds: float = 120.0,
 ) -> dict[str, Any]:
     """Cancel every open batch of a job, then (for up to ``wait_seconds``) wait for the provider to stop
     them and ingest what they completed; whatever is left, ``collect-batches`` finishes."""
-    settings = await prepare(Settings.with_overrides(base_url=base_url, database_url=database_url),
+    settings = await prepare(Settings.with_overrides(base_url=base_url, anthropic_base_url=anthropic_base_url,
+                                                    database_url=database_url),
                              logger=get_run_logger())
     async with open_run(settings) as run:
         if await storage.get_job(run.sessions, job_id=job_id) is None:

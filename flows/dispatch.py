@@ -56,6 +56,7 @@ async def dispatch(
     dedupe: bool | None = None,
     retry_failed: Literal["retryable", "all", "none"] = "retryable",
     base_url: str | None = None,
+    anthropic_base_url: str | None = None,
     database_url: SecretStr | None = None,
     prices_file: str | None = None,
     batch_poll_interval: float | None = None,
@@ -79,7 +80,8 @@ async def dispatch(
     settings = Settings.with_overrides(
         model=model, route_policy=route_policy, urgent_below_chars=urgent_below_chars, concurrency=concurrency,
         chunk_size=chunk_size, chunk_concurrency=chunk_concurrency, concurrency_tag=concurrency_tag, dedupe=dedupe,
-        base_url=base_url, prices_file=prices_file, batch_poll_interval=batch_poll_interval, database_url=database_url,
+        base_url=base_url, anthropic_base_url=anthropic_base_url, prices_file=prices_file,
+        batch_poll_interval=batch_poll_interval, database_url=database_url,
     )
     summary = await run_dispatch(source=prompts, job_id=job_id, settings=settings, wait=wait, max_cost=max_cost,
                                  retry_failed=retry_failed, shards=shards, realtime_deployment=realtime_deployment)
@@ -158,7 +160,7 @@ async def run_shards(
         "job_id": job_id, "planned_route": "realtime", "shards": shards, "retry_failed": retry_failed,
         "model": settings.model, "concurrency": settings.concurrency, "chunk_size": settings.chunk_size,
         "chunk_concurrency": settings.chunk_concurrency, "concurrency_tag": settings.concurrency_tag,
-        "dedupe": settings.dedupe, "base_url": settings.base_url,
+        "dedupe": settings.dedupe, "base_url": settings.base_url, "anthropic_base_url": settings.anthropic_base_url,
     }
     runs = await asyncio.gather(*(
         run_deployment(deployment, parameters={**parameters, "shard": index}, timeout=None)  # type: ignore[misc]

@@ -32,6 +32,7 @@ async def realtime_dispatch(
     dedupe: bool | None = None,
     retry_failed: Literal["retryable", "all", "none"] = "retryable",
     base_url: str | None = None,
+    anthropic_base_url: str | None = None,
     database_url: SecretStr | None = None,
     planned_route: Literal["realtime", "batch"] | None = None,
     shard: int | None = None,
@@ -51,7 +52,8 @@ async def realtime_dispatch(
     # A SecretStr parameter reaches the Prefect API as '**********': a password in the URL stays here.
     settings = Settings.with_overrides(
         model=model, concurrency=concurrency, chunk_size=chunk_size, chunk_concurrency=chunk_concurrency,
-        concurrency_tag=concurrency_tag, dedupe=dedupe, base_url=base_url, database_url=database_url,
+        concurrency_tag=concurrency_tag, dedupe=dedupe, base_url=base_url,
+        anthropic_base_url=anthropic_base_url, database_url=database_url,
     )
     settings = await prepare(settings, logger=get_run_logger(), tag_limit=True)
     # A new job's first chunk per lane goes out while the rest of it is stored; a shard's job is stored already.

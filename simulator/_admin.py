@@ -6,7 +6,8 @@
     GET  /_sim/config   the current config (api_key masked)
     POST /_sim/config   patch config fields, e.g. {"latency": 0.2, "rate_500": 0.1}
     GET  /_sim/faults   faults still queued
-    POST /_sim/faults   {"faults": ["429", "500", "hang"]} answers the next chat requests with these, in order
+    POST /_sim/faults   {"faults": ["429", "500", "hang"]} answers the next real-time requests (chat completions
+                        or Messages, whichever comes) with these, in order, each in its API's shape
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@
     GET    /v1/batches?limit=&after=  newest first, {"data", "first_id", "last_id", "has_more"}
     GET    /_sim/batch_faults       faults still queued for the next batches
     POST   /_sim/batch_faults       {"faults": ["expire", "slow_finalizing:1.5"]} for the next batches, in order
+                                    (OpenAI's or Anthropic's, whichever is created next; see ``_message_batches``)
 
 A batch takes about ``batch_processing_seconds``: a tenth validating, eight tenths in_progress (its
 ``request_counts`` advancing as lines are answered), a tenth finalizing. Every input line must be

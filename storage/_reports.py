@@ -133,6 +133,10 @@ class ReplyLengths:
         return self.tokens / max(self.replies - self.cut, 1)
 
 
+# A reply stopped by its cap: OpenAI's finish_reason "length", Anthropic's stop_reason "max_tokens".
+CUT_FINISH_REASONS = ("length", "max_tokens")
+
+
 async def reply_lengths(sessions: Sessions, *, models: list[str], sample: int = 5000) -> dict[str, ReplyLengths]:
     """Per model, its most recent answered requests (up to ``sample``): what replies from it have been like."""
     lengths: dict[str, ReplyLengths] = {}
@@ -147,7 +151,7 @@ async def reply_lengths(sessions: Sessions, *, models: list[str], sample: int = 
                 .limit(sample)
                 .subquery()
             )
-            cut = func.sum(case((recent.c.finish == "length", 1), else_=0))
+            cut = func.sum(case((recent.c.finish.in_(CUT_FINISH_REASONS), 1), else_=0))
             n, total, n_cut = (await session.execute(
                 select(func.count(), func.coalesce(func.sum(recent.c.tokens), 0), func.coalesce(cut, 0)))).one()
             if n:

@@ -1,0 +1,102 @@
+"""One job, two providers: the mixed example file through `llm-dispatch run --simulate --wait` in its own process,
+and the dispatch flow in a real Prefect flow run, both against the simulator over real sockets."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pydantic import SecretStr
+
+from conftest import Sim, rows, successes_per_prompt
+from flows.dispatch import dispatch
+
+pytestmark = [pytest.mark.prefect]
+
+ROOT = Path(__file__).parent.parent
+EXAMPLE = ROOT / "examples" / "mixed.jsonl"
+
+
+def example_prompts() -> list[dict]:
+    return [json.loads(line) for line in EXAMPLE.read_text().splitlines() if line.strip()]
+
+
+def cli(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "cli.main", *args], env=env, cwd=cwd, capture_output=True, text=True,
+                          timeout=180)
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items()
+           if not key.startswith(("LLM_DISPATCH_", "OPENAI_", "ANTHROPIC_"))}
+    return {**env, "PYTHONPATH": str(ROOT), **extra}
+
+
+def test_the_mixed_example_runs_offline_with_a_row_per_provider_and_route(prefect_api: str, tmp_path: Path) -> None:
+    done = cli("run", str(EXAMPLE), "--simulate", "--wait", "--sim-latency", "0.02", "--json",
+               env=clean_env(PREFECT_API_URL=prefect_api), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads(done.stdout)
+    prompts = example_prompts()
+    assert summary["counts"] == {"succeeded": len(prompts)} and summary["unfinished"] == 0
+    db = f"sqlite+aiosqlite:///{tmp_path / 'llm_dispatch.db'}"
+    assert set(successes_per_prompt(db).values()) == {1}  # every prompt answered exactly once
+    # Each prompt went to its model's provider: Anthropic's answers are Messages, OpenAI's chat completions.
+    answered = {custom_id: (model, route, response_id) for custom_id, model, route, response_id in rows(db, """
+        SELECT p.custom_id, p.model, r.route, r.response_id FROM prompts p JOIN results r ON r.prompt_id = p.id""")}
+    for custom_id, (model, _, response_id) in answered.items():
+        assert response_id.startswith("msg_" if model.startswith("claude-") else "chatcmpl-"), custom_id
+    # Both routes on both providers, each with its actual cost and its estimate.
+    for cost in (summary["cost"], summary["estimate"]):
+        assert set(cost["providers"]) == {"openai", "anthropic"}
+        for provider, by_route in cost["providers"].items():
+            assert set(by_route) == {"realtime", "batch"}, provider
+            assert all(r["requests"] > 0 and r["cost"] > 0 for r in by_route.values()), provider
+    actual = summary["cost"]["providers"]
+    assert sum(r["requests"] for by_route in actual.values() for r in by_route.values()) == len(prompts)
+    assert round(sum(r["cost"] for by_route in actual.values() for r in by_route.values()), 6) == pytest.approx(
+        summary["cost"]["total"], abs=1e-5)
+    [(batches,)] = rows(db, "SELECT COUNT(DISTINCT provider) FROM batches")
+    assert batches == 2
+
+
+def test_claude_prompts_without_an_anthropic_key_exit_2_before_anything_is_written(tmp_path: Path) -> None:
+    done = cli("run", str(EXAMPLE), env=clean_env(OPENAI_API_KEY="sk-test"), cwd=tmp_path)
+    assert done.returncode == 2
+    lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "ANTHROPIC_API_KEY" in lines[0] and "--simulate" in lines[0]
+    assert not (tmp_path / "llm_dispatch.db").exists()
+
+
+def test_a_claude_prompt_with_a_parameter_anthropic_lacks_is_refused_with_its_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"id": "a", "model": "gpt-4o-mini", "prompt": "hi", "params": {"seed": 1}}) + "\n"
+                   + json.dumps({"id": "b", "model": "claude-haiku-4-5", "prompt": "hi", "params": {"seed": 1}}) + "\n")
+    done = cli("run", str(bad), "--simulate", env=clean_env(), cwd=tmp_path)
+    assert done.returncode == 2
+    [line] = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert line.startswith(f"error: {bad}:2:") and "'seed' has no Anthropic equivalent" in line
+    assert not (tmp_path / "llm_dispatch.db").exists()
+
+
+async def test_dispatch_flow_sends_each_provider_through_its_own_api(
+    prefect_api: str, sim: Sim, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sim.configure(batch_processing_seconds=0.5)
+    monkeypatch.setenv("LLM_DISPATCH_ANTHROPIC_BASE_URL", sim.root)
+    prompts = example_prompts()
+    summary = await dispatch(prompts=prompts, base_url=sim.base_url, database_url=SecretStr(db_url), wait=True,
+                             batch_poll_interval=0.1)
+    assert summary["counts"] == {"succeeded": len(prompts)}
+    stats = sim.stats()
+    claude = [p for p in prompts if p["model"].startswith("claude-")]
+    routes = dict(rows(db_url, "SELECT custom_id, planned_route FROM prompts"))
+    assert stats["messages"] == sum(routes[p["id"]] == "realtime" for p in claude)
+    assert stats["completions"] == sum(routes[p["id"]] == "realtime" for p in prompts if p not in claude)
+    assert stats["message_batches"] >= 1 and stats["batches"] >= 1
+    providers = dict(rows(db_url, "SELECT provider, COUNT(*) FROM batches GROUP BY provider"))
+    assert set(providers) == {"openai", "anthropic"}

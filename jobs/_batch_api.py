@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
+from functools import partial
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -52,19 +53,20 @@ class ResultFile:
     """A finished batch's file of answers (or errors), and how to read its lines."""
 
     kind: str
-    download: Callable[[Path], Any]
+    # Called as ``download(to=path)``: streams the file there and returns the path.
+    download: Callable[..., Awaitable[Path]]
     read: Callable[[Path], Iterator[BatchLine]]
 
 
 class BatchApi:
     """What the batch steps ask of a provider; this base is OpenAI's Batch API."""
 
-    uploads = True
+    # Whether the input file is uploaded before the create (OpenAI) or its requests travel in it (Anthropic).
+    uploads: ClassVar[bool] = True
+    provider_limits: ClassVar[BatchLimits] = OPENAI_BATCH_LIMITS
 
     def __init__(self, client: LLMClient) -> None:
         self.client = client
-
-    provider_limits = OPENAI_BATCH_LIMITS
 
     def limits(self, *, max_requests: int | None = None, max_bytes: int | None = None) -> BatchLimits:
         """One batch's limits: the provider's, or the configured ones where given."""
@@ -101,20 +103,16 @@ class BatchApi:
 
     def result_files(self, record: storage.BatchRecord) -> list[ResultFile]:
         """The files that hold a finished batch's lines: OpenAI's output file, then its error file."""
-        files = []
-        for file_id, kind in ((record.output_file_id, "output"), (record.error_file_id, "errors")):
-            if file_id is not None:
-                files.append(ResultFile(kind=kind, read=read_batch_output,
-                                        download=lambda to, file_id=file_id: self.client.download_file(file_id, to=to)))
-        return files
+        return [ResultFile(kind=kind, read=read_batch_output, download=partial(self.client.download_file, file_id))
+                for file_id, kind in ((record.output_file_id, "output"), (record.error_file_id, "errors"))
+                if file_id is not None]
 
 
 class MessageBatchApi(BatchApi):
     """Anthropic's Message Batches: no upload, no metadata; the requests travel in the create."""
 
-    uploads = False
-
-    provider_limits = MESSAGE_BATCH_LIMITS
+    uploads: ClassVar[bool] = False
+    provider_limits: ClassVar[BatchLimits] = MESSAGE_BATCH_LIMITS
 
     async def upload(self, path: Path) -> str | None:
         return None
@@ -137,7 +135,7 @@ class MessageBatchApi(BatchApi):
                 found = info  # newest first: the last one kept is the oldest
         return found
 
-    async def _since(self, since: Any) -> AsyncIterator[BatchInfo]:
+    async def _since(self, since: datetime) -> AsyncIterator[BatchInfo]:
         async for info in self.client.iter_message_batches():
             if info.created_at is not None and info.created_at < since:
                 return
@@ -153,9 +151,8 @@ class MessageBatchApi(BatchApi):
         """One results file, every line of the batch in it (succeeded, errored, canceled or expired)."""
         if record.provider_batch_id is None or record.output_file_id is None:
             return []
-        batch_id = record.provider_batch_id
         return [ResultFile(kind="results", read=read_message_batch_results,
-                           download=lambda to: self.client.download_message_batch_results(batch_id, to=to))]
+                           download=partial(self.client.download_message_batch_results, record.provider_batch_id))]
 
 
 def batch_api(client: LLMClient) -> BatchApi:

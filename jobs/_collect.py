@@ -142,7 +142,7 @@ async def ingest_batch(
     for results in batch_api(clients.for_provider(record.provider)).result_files(record):
         if not waiting:
             break
-        path = await results.download(directory / f"batch-{record.id}-{results.kind}.jsonl")
+        path = await results.download(to=directory / f"batch-{record.id}-{results.kind}.jsonl")
         reader = results.read(path)
 
         def take() -> list[BatchLine]:

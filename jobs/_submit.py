@@ -252,8 +252,8 @@ def _gave_up(error: APIError, *, record: storage.BatchRecord, attempts: int) -> 
     """``error``, its class kept (callers judge retryability by it), saying what became of the batch."""
     message = (
         f"Batch {record.id} of job {record.job_id} was not created after {attempts} attempts, and the provider "
-        f"lists no batch for it; last: {error.message} Its file is uploaded: `llm-dispatch collect` (or running "
-        "the job again) looks the batch up before creating it, so it is never made twice."
+        f"lists no batch for it; last: {error.message} It is recorded as ready to create: `llm-dispatch collect` (or "
+        "running the job again) looks the batch up before creating it, so it is never made twice."
     )
     if isinstance(error, APIStatusError):
         return type(error)(message, status_code=error.status_code, request_id=error.request_id, attempts=attempts)

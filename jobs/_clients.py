@@ -14,8 +14,10 @@ __all__ = ["Clients"]
 class Clients:
     """The clients of one run, each made the first time its provider is needed and closed with the run.
 
-    Each provider's client has its own limits (``settings.concurrency`` is each one's ceiling), its own
-    pace from its own rate-limit headers, and its own batches. ``chat`` sends a request with the client of
+    Each provider's client has its own adaptive limit, its own pace from its own rate-limit headers, and
+    its own batches; the run's real-time requests to all providers together stay within
+    ``settings.concurrency`` (the senders' worker pool), so a provider that pauses holds workers that
+    the other could use until its pause ends. ``chat`` sends a request with the client of
     its model's provider (``settings.model_providers``, then ``claude-*`` -> Anthropic), so a run's
     real-time half sends a mixed job through one object. A provider whose key is missing raises
     ``ConfigError`` when it is first needed, before any of its requests is sent.

@@ -42,8 +42,7 @@ async def open_run(
 ) -> AsyncIterator[JobRun]:
     """Open the run's engine (migrating the schema unless ``migrate`` is False) and its clients.
 
-    There is one client per provider the run sends to, so ``settings.concurrency`` bounds the requests the
-    run makes to each. The price table is read first: a bad price file stops the run before it opens anything.
+    There is one client per provider the run sends to, made when first needed. The price table is read first: a bad price file stops the run before it opens anything.
     """
     pricer = RowPricer(load_prices(settings))
     async with storage.open_database(settings.database_url, migrate=migrate) as sessions:

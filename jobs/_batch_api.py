@@ -7,14 +7,18 @@ what a crash leaves to finish from, and what a Message Batch's requests are read
 Finding a create whose answer was lost: an OpenAI batch carries our job and batch ids in its metadata.
 A Message Batch carries no metadata, so it is recognised by its shape instead: created no earlier than
 our record (less ``CLOCK_SLACK``), with exactly our number of requests, and not already adopted by
-another of our batches. Its results name our custom ids (``p<prompt id>``), so a batch taken by mistake
-answers none of our members: they go back to pending and are sent again, never lost.
+another of our batches. So that two batches of one process, of the same size, never take each other's
+provider batch, a process creates Message Batches one at a time and stores each one's id before the
+next create or look-up (``creating``). Its results name our custom ids (``p<prompt id>``), so a batch
+taken by mistake (another process's, of the same size, in the same minutes) answers none of our
+members: they go back to pending and are sent again, never lost.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+from contextlib import AbstractAsyncContextManager, nullcontext
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -68,6 +72,11 @@ class BatchApi:
     def __init__(self, client: LLMClient) -> None:
         self.client = client
 
+    def creating(self) -> AbstractAsyncContextManager[object]:
+        """Held from a batch's look-up through its create to storing its id: nothing to hold where a batch
+        names itself (OpenAI's metadata)."""
+        return nullcontext()
+
     def limits(self, *, max_requests: int | None = None, max_bytes: int | None = None) -> BatchLimits:
         """One batch's limits: the provider's, or the configured ones where given."""
         own = self.provider_limits
@@ -113,6 +122,14 @@ class MessageBatchApi(BatchApi):
 
     uploads: ClassVar[bool] = False
     provider_limits: ClassVar[BatchLimits] = MESSAGE_BATCH_LIMITS
+
+    def __init__(self, client: LLMClient) -> None:
+        super().__init__(client)
+        self._creating = asyncio.Lock()
+
+    def creating(self) -> AbstractAsyncContextManager[object]:
+        """One create (and look-up) at a time, each batch's id stored before the next: see the module notes."""
+        return self._creating
 
     async def upload(self, path: Path) -> str | None:
         return None

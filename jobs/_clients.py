@@ -8,6 +8,8 @@ import httpx
 
 from llm_dispatch import PROVIDERS, ChatRequest, ChatResult, LLMClient, Settings, provider_lookup
 
+from ._batch_api import BatchApi, batch_api
+
 __all__ = ["Clients"]
 
 
@@ -33,6 +35,7 @@ class Clients:
         self._settings = settings
         self._transport = transport
         self._clients: dict[str, LLMClient] = {client.provider: client for client in clients}
+        self._batch_apis: dict[str, BatchApi] = {}
         self.provider_of: Callable[[str], str] = provider_lookup(settings.model_providers)
 
     @classmethod
@@ -48,6 +51,13 @@ class Clients:
             client = LLMClient.from_settings(self._settings, provider=provider, transport=self._transport)
             self._clients[provider] = client
         return client
+
+    def batch_api(self, provider: str) -> BatchApi:
+        """The provider's Batch API, one per run: its creates take turns where the provider needs them to."""
+        api = self._batch_apis.get(provider)
+        if api is None:
+            api = self._batch_apis[provider] = batch_api(self.for_provider(provider))
+        return api
 
     def require(self, providers: Iterable[str]) -> None:
         """Make the client of each provider now: a missing key raises ``ConfigError`` before anything is sent."""

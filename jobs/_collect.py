@@ -35,7 +35,7 @@ from llm_dispatch import (
     status_error_class,
 )
 
-from ._batch_api import batch_api
+
 from ._clients import Clients
 
 __all__ = ["IngestOutcome", "cancel_batches", "ingest_batch", "poll_batch", "reroute_for_deadlines"]
@@ -76,7 +76,7 @@ async def poll_batch(*, sessions: Sessions, clients: Clients, record: storage.Ba
     """Ask the provider how the batch stands and store it (status, counts, file ids, errors)."""
     if record.provider_batch_id is None:
         raise ValueError(f"batch {record.id} has not been created at the provider yet (status {record.status})")
-    info = await batch_api(clients.for_provider(record.provider)).retrieve(record.provider_batch_id)
+    info = await clients.batch_api(record.provider).retrieve(record.provider_batch_id)
     await storage.update_batch(sessions, batch_id=record.id, **_fields(info))
     updated = await storage.get_batch(sessions, batch_id=record.id)
     assert updated is not None
@@ -139,7 +139,7 @@ async def ingest_batch(
         outcome.succeeded += sum(len(ids) for ids, _ in answers)
         answers.clear()
 
-    for results in batch_api(clients.for_provider(record.provider)).result_files(record):
+    for results in clients.batch_api(record.provider).result_files(record):
         if not waiting:
             break
         path = await results.download(to=directory / f"batch-{record.id}-{results.kind}.jsonl")
@@ -291,7 +291,7 @@ async def cancel_batches(*, sessions: Sessions, clients: Clients, job_id: str) -
                 await storage.update_batch(sessions, batch_id=record.id, status="cancelled",
                                            finished_at=datetime.now(UTC))
             else:
-                info = await batch_api(clients.for_provider(record.provider)).cancel(provider_id)
+                info = await clients.batch_api(record.provider).cancel(provider_id)
                 await storage.update_batch(sessions, batch_id=record.id, provider_batch_id=provider_id,
                                            **_fields(info))
         updated = await storage.get_batch(sessions, batch_id=record.id)

@@ -43,7 +43,7 @@ from llm_dispatch import (
     write_batch_files,
 )
 
-from ._batch_api import BATCH_ID_KEY, JOB_ID_KEY, BatchApi, batch_api
+from ._batch_api import BATCH_ID_KEY, JOB_ID_KEY, BatchApi
 from ._clients import Clients
 from ._reuse import reuse_stored_answers
 
@@ -136,7 +136,7 @@ async def submit_prompts(
 
     batch_ids: list[int] = []
     for provider, custom_ids in sorted(by_provider.items()):
-        api = batch_api(clients.for_provider(provider))
+        api = clients.batch_api(provider)
         files = await asyncio.to_thread(
             write_batch_files,
             ((custom_id, _request(by_line[custom_id][0])) for custom_id in custom_ids),
@@ -180,7 +180,9 @@ async def advance_submission(
     again (the orphan costs only storage), and a create that reached the provider is adopted.
     A batch already created is returned as it is. ``max_retries`` bounds the retries of the create.
     """
-    api = batch_api(clients.for_provider(record.provider))
+    api = clients.batch_api(record.provider)
+    # A create is only ever sent for an ``uploaded`` batch: one that was ``preparing`` has none to look for.
+    sent_before = record.status == "uploaded"
     if record.status == "preparing":
         path = await _input_file(sessions=sessions, record=record) if api.uploads else None
         input_file_id = await api.upload(path) if path is not None else None
@@ -188,33 +190,34 @@ async def advance_submission(
         record = await _reload(sessions, record.id)
     if record.status != "uploaded":
         return record
-    info = await api.find(sessions=sessions, record=record)
-    if info is not None:
-        logger.info("batch %d: adopting provider batch %s, created before this process lost track of it",
-                    record.id, info.id)
-    else:
-        try:
-            info = await _create_once(sessions=sessions, api=api, record=record, metadata=metadata or {},
-                                      max_retries=max_retries)
-        except NotFoundError:
-            if not api.uploads:
-                raise
-            # The uploaded file is gone (deleted, or expired at the provider): upload it again.
-            path = await _input_file(sessions=sessions, record=record)
-            await storage.update_batch(sessions, batch_id=record.id, input_file_id=await api.upload(path))
-            record = await _reload(sessions, record.id)
-            info = await _create_once(sessions=sessions, api=api, record=record, metadata=metadata or {},
-                                      max_retries=max_retries)
-    await storage.update_batch(
-        sessions,
-        batch_id=record.id,
-        status=info.status.value,
-        provider_batch_id=info.id,
-        input_file_id=info.input_file_id or record.input_file_id,
-        submitted_at=info.created_at or datetime.now(UTC),
-        expires_at=info.expires_at,
-        request_total=info.request_counts.total or record.request_total,
-    )
+    async with api.creating():
+        info = await api.find(sessions=sessions, record=record) if sent_before else None
+        if info is not None:
+            logger.info("batch %d: adopting provider batch %s, created before this process lost track of it",
+                        record.id, info.id)
+        else:
+            try:
+                info = await _create_once(sessions=sessions, api=api, record=record, metadata=metadata or {},
+                                          max_retries=max_retries)
+            except NotFoundError:
+                if not api.uploads:
+                    raise
+                # The uploaded file is gone (deleted, or expired at the provider): upload it again.
+                path = await _input_file(sessions=sessions, record=record)
+                await storage.update_batch(sessions, batch_id=record.id, input_file_id=await api.upload(path))
+                record = await _reload(sessions, record.id)
+                info = await _create_once(sessions=sessions, api=api, record=record, metadata=metadata or {},
+                                          max_retries=max_retries)
+        await storage.update_batch(
+            sessions,
+            batch_id=record.id,
+            status=info.status.value,
+            provider_batch_id=info.id,
+            input_file_id=info.input_file_id or record.input_file_id,
+            submitted_at=info.created_at or datetime.now(UTC),
+            expires_at=info.expires_at,
+            request_total=info.request_counts.total or record.request_total,
+        )
     logger.info("batch %d: created %s (%d lines, %s)", record.id, info.id, record.request_total, record.model)
     return await _reload(sessions, record.id)
 
@@ -263,7 +266,7 @@ def _gave_up(error: APIError, *, record: storage.BatchRecord, attempts: int) -> 
 async def find_provider_batch(*, sessions: Sessions, clients: Clients,
                               record: storage.BatchRecord) -> BatchInfo | None:
     """The provider batch created for our batch ``record``, if any (see ``BatchApi.find``)."""
-    return await batch_api(clients.for_provider(record.provider)).find(sessions=sessions, record=record)
+    return await clients.batch_api(record.provider).find(sessions=sessions, record=record)
 
 
 async def _input_file(*, sessions: Sessions, record: storage.BatchRecord) -> Path:

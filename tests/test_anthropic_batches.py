@@ -211,3 +211,18 @@ async def test_a_batch_is_split_at_the_limit_and_each_part_answered(env: Env) ->
         await env.finish(batch_id)
     assert await storage.job_counts(env.sessions, job_id=job_id) == {"succeeded": 7}
     assert env.sim.stats()["message_batches"] == 3
+
+
+async def test_same_size_batches_created_together_each_get_their_own_provider_batch(env: Env) -> None:
+    # Message Batches carry no metadata: a look-up could take a sibling's batch of the same size, unless
+    # creates take turns and each id is stored before the next look-up.
+    job_id, ids = await env.job([f"q {i}" for i in range(8)])
+    queue_fault(env.sim, "create_lost_502")  # the first create's answer is lost: it is looked up among its siblings
+    batch_ids = await env.submit(job_id, ids, max_requests=2)
+    records = [await storage.get_batch(env.sessions, batch_id=b) for b in batch_ids]
+    made = {b["id"] for b in message_batches(env.sim)}
+    assert len(made) == 4 and {r.provider_batch_id for r in records if r is not None} == made
+    for batch_id in batch_ids:
+        await env.finish(batch_id)
+    assert await storage.job_counts(env.sessions, job_id=job_id) == {"succeeded": 8}
+    assert sorted(r.prompt_id for r in await env.results(job_id)) == sorted(ids)

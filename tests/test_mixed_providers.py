@@ -3,6 +3,7 @@ and the dispatch flow in a real Prefect flow run, both against the simulator ove
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -100,3 +101,42 @@ async def test_dispatch_flow_sends_each_provider_through_its_own_api(
     assert stats["message_batches"] >= 1 and stats["batches"] >= 1
     providers = dict(rows(db_url, "SELECT provider, COUNT(*) FROM batches GROUP BY provider"))
     assert set(providers) == {"openai", "anthropic"}
+
+
+async def test_claude_batches_left_by_a_no_wait_run_are_finished_by_collect_sweeps(
+    prefect_api: str, sim: Sim, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import httpx
+
+    from flows.batch import collect_batches
+
+    monkeypatch.setenv("LLM_DISPATCH_BATCH_MAX_SUBMISSIONS", "2")
+    sim.configure(batch_processing_seconds=0.3)
+    # Both Message Batches expire with half their requests answered: the rest goes in a second batch, then real-time.
+    httpx.post(f"{sim.root}/_sim/batch_faults", json={"faults": ["expire:0.5", "expire:0.5"]},
+               timeout=5).raise_for_status()
+    prompts = [{"id": f"c{i}", "model": "claude-haiku-4-5", "prompt": f"question {i}", "params": {"max_tokens": 20}}
+               for i in range(4)]
+    submitted = await dispatch(prompts=prompts, route_policy="all-batch", base_url=sim.base_url,
+                               anthropic_base_url=sim.root, database_url=SecretStr(db_url), wait=False)
+    assert submitted["counts"] == {"batched": 4}
+
+    async def sweep() -> dict:
+        for _ in range(100):  # until Anthropic has ended every batch
+            listed = httpx.get(f"{sim.root}/v1/messages/batches", headers={"anthropic-version": "2023-06-01"},
+                               timeout=5).json()["data"]
+            if all(b["processing_status"] == "ended" for b in listed):
+                break
+            await asyncio.sleep(0.1)
+        return await collect_batches(database_url=SecretStr(db_url), base_url=sim.base_url,
+                                     anthropic_base_url=sim.root)
+
+    first = await sweep()
+    assert (first["resubmitted"], first["realtime"]) == (2, 0)
+    second = await sweep()
+    assert (second["resubmitted"], second["realtime"]) == (0, 1)
+    assert set(successes_per_prompt(db_url).values()) == {1}
+    answered = dict(rows(db_url, "SELECT route, COUNT(*) FROM results WHERE status = 'succeeded' GROUP BY route"))
+    assert answered == {"batch": 3, "realtime": 1}
+    assert sim.stats()["message_batches"] == 2 and sim.stats()["messages"] == 1
+    assert rows(db_url, "SELECT DISTINCT provider FROM batches") == [("anthropic",)]

@@ -480,13 +480,15 @@ def simulate(
     tpm: Annotated[Optional[int], typer.Option(help="tokens-per-minute quota")] = None,
     batch_seconds: Annotated[float, typer.Option(help="how long a batch takes, seconds")] = 30.0,
 ) -> None:
-    """Run the bundled OpenAI-compatible simulator (chat completions, files, batches) until interrupted."""
+    """Run the bundled simulator (OpenAI's chat completions, files and batches; Anthropic's Messages and Message
+    Batches) until interrupted."""
     from simulator import SimulatorConfig, serve
 
     config = SimulatorConfig(latency=latency, rate_429=rate_429, rate_500=rate_500, rpm=rpm, tpm=tpm,
                              batch_processing_seconds=batch_seconds)
     def ready(base_url: str) -> None:
-        err.print(f"simulator on {base_url} — point LLM_DISPATCH_BASE_URL there; Ctrl-C stops it", highlight=False)
+        err.print(f"simulator on {base_url} — point LLM_DISPATCH_BASE_URL there (and LLM_DISPATCH_ANTHROPIC_BASE_URL at "
+                  f"{base_url.removesuffix('/v1')} for claude models); Ctrl-C stops it", highlight=False)
 
     with contextlib.suppress(KeyboardInterrupt):
         serve(host=host, port=port, config=config, on_ready=ready)

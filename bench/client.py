@@ -30,7 +30,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, os.environ.get("BENCH_CLIENT_CODE", str(ROOT)))
 
 from llm_dispatch import ChatRequest, LLMClient  # noqa: E402
-from simulator import Simulator, SimulatorConfig  # noqa: E402
 
 from _child import report, run_measured  # noqa: E402  (bench/ is the script's folder, first on sys.path)
 
@@ -104,6 +103,10 @@ def main() -> None:
     if args.child:
         child(args)
         return
+
+    # Here, not at the top: a child measuring an older tree imports that tree's llm_dispatch, which this
+    # checkout's simulator may no longer work with.
+    from simulator import Simulator, SimulatorConfig
 
     trees = dict(item.split("=", 1) for item in args.code) if args.code else {"client": str(ROOT)}
     variants = [("baseline", "baseline", ROOT)] + [(label, "client", Path(d).resolve()) for label, d in trees.items()]

@@ -48,13 +48,13 @@ def parse_message(response: httpx.Response) -> Chat:
 
 def message_result_from_body(body: Any, *, latency_s: float = 0.0, attempts: int = 1) -> ChatResult:
     """A ``ChatResult`` from a Message read elsewhere (a batch result line), parsed as ``chat`` does."""
-    chat = _chat(body, latency_s=latency_s, attempts=attempts)
+    chat = _chat(body)
     if chat is None:
         raise APIResponseValidationError(f"the body is not a Message with content: {str(body)[:_SNIPPET_CHARS]!r}")
-    return chat.result
+    return chat.finished(latency_s=latency_s, attempts=attempts)
 
 
-def _chat(body: Any, *, latency_s: float = 0.0, attempts: int = 1) -> Chat | None:
+def _chat(body: Any) -> Chat | None:
     content = body.get("content") if isinstance(body, dict) else None
     if not isinstance(content, list):
         return None
@@ -65,7 +65,7 @@ def _chat(body: Any, *, latency_s: float = 0.0, attempts: int = 1) -> Chat | Non
     prompt_tokens = _count(usage.get("input_tokens")) + cache_read + cache_write
     completion_tokens = _count(usage.get("output_tokens"))
     texts = [block.get("text") for block in content if isinstance(block, dict) and block.get("type") == "text"]
-    result = ChatResult(
+    return Chat(
         text="".join(text for text in texts if isinstance(text, str)) if texts else None,
         finish_reason=body.get("stop_reason"),
         prompt_tokens=prompt_tokens,
@@ -73,11 +73,9 @@ def _chat(body: Any, *, latency_s: float = 0.0, attempts: int = 1) -> Chat | Non
         cached_tokens=cache_read,
         model=body.get("model"),
         response_id=body.get("id"),
-        latency_s=latency_s,
-        attempts=attempts,
+        total_tokens=prompt_tokens + completion_tokens,
         cache_creation_tokens=cache_write,
     )
-    return Chat(result, prompt_tokens + completion_tokens)
 
 
 def _count(value: Any) -> int:

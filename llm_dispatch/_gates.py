@@ -8,7 +8,9 @@ is the rule written in ``_limits``'s docstring.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import NamedTuple
 
 import httpx
 
@@ -34,13 +36,16 @@ __all__ = ["Admission", "Gates"]
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class Admission:
+# An attempt that passed no pace: every one, until a provider's headers state a limit.
+_NO_MARKS: Mapping[Kind, PaceMark] = MappingProxyType({})
+
+
+class Admission(NamedTuple):
     """One attempt let through: its concurrency slot, where each pace stood, and its estimated tokens."""
 
     permit: Permit
     tokens: int
-    marks: dict[Kind, PaceMark] = field(default_factory=dict)
+    marks: Mapping[Kind, PaceMark] = _NO_MARKS
 
     def charge(self, kind: Kind) -> int:
         return 1 if kind == "requests" else self.tokens
@@ -79,24 +84,33 @@ class Gates:
         return self._tpm is not None or "tokens" in self.paces
 
     async def admit(self, tokens: int, *, paced: bool) -> Admission:
-        """Wait at every gate in turn; a pause is waited out without holding a concurrency slot."""
-        await self.pause.wait()
+        """Wait at every gate in turn; a pause is waited out without holding a concurrency slot.
+
+        A gate with nothing to wait for is passed without awaiting: most attempts find no pause, no cap set
+        and a free slot.
+        """
+        pause = self.pause
+        if pause.remaining:
+            await pause.wait()
         if self._rpm is not None:
             await self._rpm.acquire(1)
         if self._tpm is not None and tokens > 0:
             await self._tpm.acquire(tokens)
-        marks: dict[Kind, PaceMark] = {}
-        if paced:
-            for kind, pace in list(self.paces.items()):
-                marks[kind] = await pace.acquire(1 if kind == "requests" else tokens)
+        marks = _NO_MARKS
+        if paced and self.paces:
+            marks = {kind: await pace.acquire(1 if kind == "requests" else tokens)
+                     for kind, pace in list(self.paces.items())}
         while True:
-            await self.pause.wait()
-            seen = self.pause.deadline
-            permit = await self.limiter.acquire()
+            if pause.remaining:
+                await pause.wait()
+            seen = pause.deadline
+            permit = self.limiter.try_acquire()
+            if permit is None:
+                permit = await self.limiter.acquire()
             # A 429 elsewhere may have paused everyone while we queued for the slot. (Comparing deadlines
             # rather than reading the clock keeps a test's motionless fake clock from looping here.)
-            if self.pause.deadline == seen or self.pause.remaining <= 0:
-                return Admission(permit=permit, tokens=tokens, marks=marks)
+            if pause.deadline == seen or pause.remaining <= 0:
+                return Admission(permit, tokens, marks)
             self.limiter.release()
 
     def release(self) -> None:

@@ -34,6 +34,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 __all__ = [
     "AdaptiveLimiter",
@@ -70,8 +71,7 @@ CAPACITY_SHARE = 0.5
 CAPACITY_DECREASE = 0.75
 
 
-@dataclass(frozen=True, slots=True)
-class Permit:
+class Permit(NamedTuple):
     """One slot of an :class:`AdaptiveLimiter`; remembers the limit's generation when it was granted."""
 
     generation: int
@@ -129,11 +129,18 @@ class AdaptiveLimiter:
     def waiting(self) -> int:
         return sum(1 for waiter in self._waiters if not waiter.done())
 
-    async def acquire(self) -> Permit:
+    def try_acquire(self) -> Permit | None:
+        """A slot if one is free now and nobody waits for one (``acquire`` without awaiting), else None."""
         # First come, first served: a newcomer never overtakes a caller already waiting.
         if not self._waiters and self._in_flight < self.limit:
             self._in_flight += 1
             return Permit(self._generation)
+        return None
+
+    async def acquire(self) -> Permit:
+        permit = self.try_acquire()
+        if permit is not None:
+            return permit
         waiter = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
         try:

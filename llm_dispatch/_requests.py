@@ -57,14 +57,11 @@ class RequestBuilder:
             headers, content = self._headers, b""
         else:
             headers, content = self._json_headers, _encode_json(json).encode()
+        # Every request gets headers of its own (a transport may change them); the fixed ones are copied, not parsed.
+        headers = httpx.Headers(headers, encoding="ascii")
         if content or method in ("POST", "PUT", "PATCH"):
-            # Headers whose encoding is known need no guess at it when one is added.
-            headers = httpx.Headers(headers, encoding="ascii")
             headers["Content-Length"] = str(len(content))
-        # A ready stream and complete headers: httpx then skips its per-request _prepare().
-        request = httpx.Request(method, url, headers=headers, stream=httpx.ByteStream(content), extensions=self._extensions)
-        request.read()
-        return request
+        return _ReadRequest(method, url, headers=headers, body=content, extensions=self._extensions)
 
     def _url(self, path: str, params: Mapping[str, str] | None) -> httpx.URL:
         if params is not None:
@@ -75,6 +72,25 @@ class RequestBuilder:
                 self._urls.clear()
             url = self._urls[path] = httpx.URL(self._base + path, params=self._base_params)
         return url
+
+
+class _ReadRequest(httpx.Request):
+    """A request made of parts already in their final form: an ``httpx.URL``, its own complete ``httpx.Headers``, the
+    body as bytes (``content`` ready, nothing to ``read()``).
+
+    ``httpx.Request.__init__`` would copy the URL and the headers again, and its ``read()`` drain the stream into a
+    second copy of the body; the attributes it sets are set here as they would end up.
+    """
+
+    def __init__(
+        self, method: str, url: httpx.URL, *, headers: httpx.Headers, body: bytes, extensions: Mapping[str, Any]
+    ) -> None:
+        self.method = method
+        self.url = url
+        self.headers = headers
+        self.extensions = dict(extensions)
+        self.stream = httpx.ByteStream(body)
+        self._content = body
 
 
 def path_segment(resource_id: str) -> str:

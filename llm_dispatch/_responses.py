@@ -5,7 +5,6 @@ A parser raises ``APIResponseValidationError`` for a 2xx body it cannot use, whi
 
 from __future__ import annotations
 
-import dataclasses
 import json as _json
 from collections.abc import Callable
 from pathlib import Path
@@ -37,13 +36,25 @@ _SNIPPET_CHARS = 300
 
 
 class Chat(NamedTuple):
-    """A parsed chat completion: its result (``finished`` adds how the call went) and its total usage."""
+    """A parsed answer's parts and its total usage; ``finished`` builds its one ``ChatResult`` once how the call went is known."""
 
-    result: ChatResult
+    text: str | None
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    model: str | None
+    response_id: str | None
     total_tokens: int
+    cache_creation_tokens: int = 0
 
     def finished(self, *, latency_s: float, attempts: int) -> ChatResult:
-        return dataclasses.replace(self.result, latency_s=latency_s, attempts=attempts)
+        return ChatResult(
+            text=self.text, finish_reason=self.finish_reason, prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.completion_tokens, cached_tokens=self.cached_tokens, model=self.model,
+            response_id=self.response_id, latency_s=latency_s, attempts=attempts,
+            cache_creation_tokens=self.cache_creation_tokens,
+        )
 
 
 class BatchPage(NamedTuple):
@@ -74,11 +85,10 @@ def parse_answer(response: httpx.Response, read: Callable[[Any], Chat | None], *
 
 def chat_result_from_body(body: Any, *, latency_s: float = 0.0, attempts: int = 1) -> ChatResult:
     """A ``ChatResult`` from a chat.completion body read elsewhere (a batch output line), parsed as ``chat`` does."""
-    # Built with its latency and attempts at once: a batch output holds tens of thousands of these.
-    chat = _chat_from_body(body, latency_s=latency_s, attempts=attempts)
+    chat = _chat_from_body(body)
     if chat is None:
         raise APIResponseValidationError(f"the body has no choices[0].message: {str(body)[:_SNIPPET_CHARS]!r}")
-    return chat.result
+    return chat.finished(latency_s=latency_s, attempts=attempts)
 
 
 def parse_file_info(response: httpx.Response) -> FileInfo:
@@ -143,7 +153,7 @@ def _snippet(response: httpx.Response) -> str:
     return repr(text[:_SNIPPET_CHARS] + ("..." if len(text) > _SNIPPET_CHARS else ""))
 
 
-def _chat_from_body(body: Any, *, latency_s: float = 0.0, attempts: int = 1) -> Chat | None:
+def _chat_from_body(body: Any) -> Chat | None:
     """The parts of a chat.completion body we keep, or None when it has no ``choices[0].message``."""
     choices = body.get("choices") if isinstance(body, dict) else None
     first = choices[0] if isinstance(choices, list) and choices else None
@@ -155,7 +165,7 @@ def _chat_from_body(body: Any, *, latency_s: float = 0.0, attempts: int = 1) -> 
     details = usage.get("prompt_tokens_details")
     prompt_tokens = _count(usage.get("prompt_tokens"))
     completion_tokens = _count(usage.get("completion_tokens"))
-    result = ChatResult(
+    return Chat(
         text=_message_text(message.get("content")),
         finish_reason=first.get("finish_reason"),
         prompt_tokens=prompt_tokens,
@@ -163,10 +173,8 @@ def _chat_from_body(body: Any, *, latency_s: float = 0.0, attempts: int = 1) -> 
         cached_tokens=_count(details.get("cached_tokens")) if isinstance(details, dict) else 0,
         model=body.get("model"),
         response_id=body.get("id"),
-        latency_s=latency_s,
-        attempts=attempts,
+        total_tokens=_count(usage.get("total_tokens")) or prompt_tokens + completion_tokens,
     )
-    return Chat(result, _count(usage.get("total_tokens")) or prompt_tokens + completion_tokens)
 
 
 def _count(value: Any) -> int:

@@ -75,8 +75,11 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         self.ssl_context = ssl_context
         self.limits = limits
         self._session: aiohttp.ClientSession | None = None
-        # The client sends the same few URLs and timeouts again and again; each is converted once.
-        self._urls: dict[str, yarl.URL] = {}
+        # The client sends the same few URLs and timeouts again and again; each is converted once. A URL is looked up
+        # by the httpx.URL object itself (kept in its entry, so its id cannot be reused): the client hands the same
+        # one for every request to a path, and an httpx.URL spells itself out afresh on each str().
+        self._urls: dict[int, tuple[httpx.URL, yarl.URL]] = {}
+        self._extensions: dict[str, dict[str, bytes]] = {}
         self._timeouts: dict[tuple[float | None, float | None, float | None], aiohttp.ClientTimeout] = {}
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
@@ -115,9 +118,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         raw_headers = response.raw_headers
         if "Content-Encoding" in response.headers:
             raw_headers = tuple(pair for pair in raw_headers if pair[0].lower() not in _ENCODING_HEADERS)
-        extensions = {"http_version": b"HTTP/1.1"}
-        if response.reason:
-            extensions["reason_phrase"] = response.reason.encode()
+        extensions = self._response_extensions(response.reason)
         if body is None:
             return httpx.Response(
                 response.status, headers=raw_headers, stream=_Streamed(response), request=request, extensions=extensions
@@ -131,13 +132,25 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
             self._session = None
 
     def _url(self, url: httpx.URL) -> yarl.URL:
-        text = str(url)
-        converted = self._urls.get(text)
-        if converted is None:
-            if len(self._urls) >= _URL_CACHE_SIZE:  # paths that name a file or a batch keep coming
-                self._urls.clear()
-            converted = self._urls[text] = yarl.URL(text, encoded=True)
+        known = self._urls.get(id(url))
+        if known is not None and known[0] is url:
+            return known[1]
+        if len(self._urls) >= _URL_CACHE_SIZE:  # paths that name a file or a batch keep coming
+            self._urls.clear()
+        converted = yarl.URL(str(url), encoded=True)
+        self._urls[id(url)] = (url, converted)
         return converted
+
+    def _response_extensions(self, reason: str | None) -> dict[str, bytes]:
+        # Shared by every answer with this reason phrase: httpx.Response copies the extensions it is given.
+        extensions = self._extensions.get(reason or "")
+        if extensions is None:
+            extensions = {"http_version": b"HTTP/1.1"}
+            if reason:
+                extensions["reason_phrase"] = reason.encode()
+            if len(self._extensions) < _URL_CACHE_SIZE:  # a server may write anything after the status
+                self._extensions[reason or ""] = extensions
+        return extensions
 
     def _timeout(self, request: httpx.Request) -> aiohttp.ClientTimeout:
         # aiohttp's socket timeouts bound each connect and each read, as httpx's do.

@@ -229,7 +229,9 @@ async def batch_members(sessions: Sessions, *, batch_id: int, waiting_only: bool
         stmt = stmt.join(Prompt, Prompt.id == BatchMember.prompt_id).where(Prompt.status == "batched")
     members: dict[str, list[int]] = {}
     async with sessions() as session:
-        for custom_id, prompt_id in await session.execute(stmt.order_by(BatchMember.prompt_id)):
+        # Core rows, not the ORM's: a batch has tens of thousands of members, and nothing here is an entity.
+        connection = await session.connection()
+        for custom_id, prompt_id in await connection.execute(stmt.order_by(BatchMember.prompt_id)):
             members.setdefault(custom_id, []).append(prompt_id)
     return members
 
@@ -283,13 +285,7 @@ async def store_batch_answers(
     if not answers:
         return 0
     now = utcnow()
-    ledger = RowLedger(pricer)
-    rows = [
-        row
-        for prompt_ids, result in answers
-        for row in answer_rows(prompt_ids, result, route="batch", now=now, latency_s=latency_s, ledger=ledger,
-                               model=model)
-    ]
+    rows = answer_rows(answers, route="batch", now=now, latency_s=latency_s, ledger=RowLedger(pricer), model=model)
     async with sessions.begin() as session:
         await write_results(await session.connection(), rows, job_ids=job_id, now=now, only_if="batched")
     return len(rows)

@@ -5,7 +5,7 @@ batch ingest (``store_batch_answers``) both write through here.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from operator import itemgetter
 from typing import Any, Final, NamedTuple
@@ -95,50 +95,55 @@ def shares(prompt_ids: Sequence[int], route: str, row: Callable[[int, Route, boo
     return [row(prompt_ids[0], first, first != "reused"), *(row(pid, "reused", False) for pid in prompt_ids[1:])]
 
 
+# ``ResultRow``'s ledger fields (``LEDGER_FIELDS``), in that order.
+LedgerValues = tuple[int | None, int | None, str | None, str | None, str | None, str | None]
+# Distinct usages priced per writer before the memo starts again: a batch's answers repeat a few hundred.
+_PRICED_MEMO = 4096
+
+
 class RowLedger:
     """The cost fields of a writer's rows, from its price table (None: costs unknown); made once per writer.
 
-    Each is a mapping of ``ResultRow``'s ledger fields (``LEDGER_FIELDS``) to their values, which the
-    row builders spread into a row. Only the row that paid (``shares``)
-    costs anything; a reused answer or a failed call costs 0 whatever the prices, so those rows are
-    priced without a table too.
+    Each is a ``LedgerValues``, which the row builders put into a row as they are. Only the row that paid
+    (``shares``) costs anything; a reused answer or a failed call costs 0 whatever the prices, so those rows
+    are priced without a table too. A paid row's values depend on its model, route and token counts alone,
+    so each such usage is priced once.
     """
 
-    __slots__ = ("free", "pricer", "stamp", "unknown")
+    __slots__ = ("_priced", "free", "pricer", "stamp", "unknown")
 
     def __init__(self, pricer: RowPricer | None) -> None:
         self.pricer = pricer
         table = None if pricer is None else pricer.table
-        self.stamp = stamp = (None, None, "answer") if table is None else (table.prices_as_of, table.prices_file,
-                                                                          "answer")
-        self.free: dict[str, Any] = _ledger(0, 0, None, *stamp)
+        self.stamp: tuple[str | None, str | None, str] = (
+            (None, None, "answer") if table is None else (table.prices_as_of, table.prices_file, "answer"))
+        self.free: LedgerValues = (0, 0, None, *self.stamp)
         # No table: the cost is unknown, and so is when it would have been worked out.
-        self.unknown: dict[str, Any] = _ledger(None, None, None, *stamp) if table is not None else _ledger(*(None,) * 6)
+        self.unknown: LedgerValues = (None, None, None, *self.stamp) if table is not None else (None,) * 6
+        self._priced: dict[tuple[str, str, int, int, int], LedgerValues] = {}
 
-    def paid(self, result: ChatResult, *, model: str | None, route: Route) -> dict[str, Any]:
+    def paid(self, result: ChatResult, *, model: str | None, route: Route) -> LedgerValues:
         if self.pricer is None:
             return self.unknown
-        cost = self.pricer.price(model=model or result.model or "", route=route,  # type: ignore[arg-type]
-                                 prompt_tokens=result.prompt_tokens, completion_tokens=result.completion_tokens,
-                                 cached_tokens=result.cached_tokens)
-        if cost is None:  # a model with no price: unknown, never 0
-            return self.unknown
-        return _ledger(*cost, *self.stamp)  # cost, list cost, discount (RowCost's order), then the stamp
-
-
-def _ledger(cost: int | None, list_cost: int | None, discount: str | None, as_of: str | None,
-            prices_file: str | None, basis: str | None) -> dict[str, Any]:
-    """``LEDGER_FIELDS`` with their values (a literal: it is built for every paid row)."""
-    return {"cost_pico_usd": cost, "list_cost_pico_usd": list_cost, "discount": discount, "prices_as_of": as_of,
-            "prices_file": prices_file, "cost_basis": basis}
+        usage = (model or result.model or "", route, result.prompt_tokens, result.completion_tokens,
+                 result.cached_tokens)
+        values = self._priced.get(usage)
+        if values is None:
+            cost = self.pricer.price(model=usage[0], route=route, prompt_tokens=usage[2],  # type: ignore[arg-type]
+                                     completion_tokens=usage[3], cached_tokens=usage[4])
+            # A model with no price: unknown, never 0. Else cost, list cost, discount (RowCost's order), the stamp.
+            values = self.unknown if cost is None else (*cost, *self.stamp)
+            if len(self._priced) >= _PRICED_MEMO:
+                self._priced.clear()
+            self._priced[usage] = values
+        return values
 
 
 NO_PRICES: Final = RowLedger(None)
 
 
 def answer_rows(
-    prompt_ids: Sequence[int],
-    result: ChatResult,
+    answers: Iterable[tuple[Sequence[int], ChatResult]],
     *,
     route: str,
     now: datetime,
@@ -146,34 +151,37 @@ def answer_rows(
     ledger: RowLedger = NO_PRICES,
     model: str | None = None,
 ) -> list[ResultRow]:
-    """The rows of one answer for these prompts; they become ``succeeded``. Only the paid row counts
-    attempts and the HTTP status, and costs anything: priced by ``ledger`` as a request to ``model`` (the
-    model asked for; else the answer's). ``latency_s`` replaces the call's own (a batch's time to answer)."""
-    latency_ms = (result.latency_s if latency_s is None else latency_s) * 1000
+    """The rows of these answers, each ``(prompt_ids, result)``, in order; their prompts become ``succeeded``.
+
+    Each answer's rows follow ``shares``' rule: its first prompt gets ``route`` and paid (unless the route is
+    ``reused``), the others sharing it get ``reused``. Only the paid row counts attempts and the HTTP status, and
+    costs anything: priced by ``ledger`` as a request to ``model`` (the model asked for; else the answer's).
+    ``latency_s`` replaces each call's own (a batch's time to answer). The rule is written out here, not run
+    through ``shares`` and a row function per answer: a batch's ingest builds a row per answered line.
+    """
+    if route not in ROUTES:
+        raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
+    paying = route != "reused"
     free = ledger.free
-    paid_cost = ledger.paid(result, model=model, route=route) if route != "reused" else free  # type: ignore[arg-type]
-
-    def row(prompt_id: int, route: Route, paid: bool) -> ResultRow:
-        return ResultRow(
-            prompt_id=prompt_id,
-            route=route,
-            status="succeeded",
-            attempts=result.attempts if paid else 0,
-            created_at=now,
-            prompt_status="succeeded",
-            text=result.text,
-            finish_reason=result.finish_reason,
-            prompt_tokens=result.prompt_tokens,
-            completion_tokens=result.completion_tokens,
-            cached_tokens=result.cached_tokens,
-            latency_ms=latency_ms,
-            response_model=result.model,
-            response_id=result.response_id,
-            http_status=200 if paid else None,
-            **(paid_cost if paid else free),
-        )
-
-    return shares(prompt_ids, route, row)
+    rows: list[ResultRow] = []
+    for prompt_ids, result in answers:
+        if not prompt_ids:
+            continue
+        latency_ms = (result.latency_s if latency_s is None else latency_s) * 1000
+        # Positional, in ResultRow's field order: text .. response_id, then http_status, error_class, error_message.
+        answer = (result.text, result.finish_reason, result.prompt_tokens, result.completion_tokens,
+                  result.cached_tokens, latency_ms, result.model, result.response_id)
+        if paying:
+            cost = ledger.paid(result, model=model, route=route)  # type: ignore[arg-type]
+            rows.append(ResultRow(prompt_ids[0], route, "succeeded", result.attempts, now, "succeeded", *answer,
+                                  200, None, None, *cost))
+        else:
+            rows.append(ResultRow(prompt_ids[0], route, "succeeded", 0, now, "succeeded", *answer, None, None, None,
+                                  *free))
+        if len(prompt_ids) > 1:
+            rows.extend(ResultRow(pid, "reused", "succeeded", 0, now, "succeeded", *answer, None, None, None, *free)
+                        for pid in prompt_ids[1:])
+    return rows
 
 
 def failure_rows(
@@ -209,7 +217,7 @@ def failure_rows(
             error_class=error_class,
             error_message=message,
             retryable=retryable,
-            **free,
+            **dict(zip(LEDGER_FIELDS, free)),
         )
 
     return shares(prompt_ids, route, row)

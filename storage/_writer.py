@@ -127,7 +127,8 @@ class ResultWriter:
         Which prompt counts the call is ``storage.shares``' rule: the first id paid, the others reused.
         ``model`` is the model asked for, as the price table names it (default: the answer's own).
         """
-        await self._add(answer_rows(prompt_ids, result, route=route, now=utcnow(), ledger=self._ledger, model=model))
+        rows = answer_rows([(prompt_ids, result)], route=route, now=utcnow(), ledger=self._ledger, model=model)
+        await self._add(rows)
 
     async def failure(
         self,

@@ -247,14 +247,16 @@ async def reprice(*, sessions: Sessions, job_id: str, table: PriceTable) -> Repr
     repriced = JobCost(totals=CostTotals(table=table))
     merged: dict[tuple[str, str], list[int]] = {}
     for row in usage:  # one row per route, model and price table: one per route and model here
-        sums = merged.setdefault((row.route, row.model), [0] * 6)
+        sums = merged.setdefault((row.route, row.model), [0] * 7)
         for index, value in enumerate((row.prompts, row.prompt_tokens, row.completion_tokens, row.cached_tokens,
-                                       row.cost_pico_usd, row.unpriced)):
+                                       row.cost_pico_usd, row.unpriced, row.cache_creation_tokens)):
             sums[index] += value
     rows = []
-    for (route, model), (requests, prompt_tokens, completion_tokens, cached_tokens, cost, unpriced) in merged.items():
+    for (route, model), (requests, prompt_tokens, completion_tokens, cached_tokens, cost, unpriced,
+                         written) in merged.items():
         again = repriced.totals.add(model=model, route=route, prompt_tokens=prompt_tokens,  # type: ignore[arg-type]
-                                    completion_tokens=completion_tokens, cached_tokens=cached_tokens, requests=requests)
+                                    completion_tokens=completion_tokens, cached_tokens=cached_tokens,
+                                    cache_creation_tokens=written, requests=requests)
         rows.append(RepricedRow(route=route, model=model, requests=requests, prompt_tokens=prompt_tokens,
                                 completion_tokens=completion_tokens, cached_tokens=cached_tokens,
                                 stored=from_pico(cost), stored_unpriced=unpriced, repriced=again))

@@ -200,6 +200,7 @@ class Usage(TypedDict, total=False):
     prompt_tokens: Required[int]
     completion_tokens: Required[int]
     cached_tokens: int
+    cache_creation_tokens: int
     requests: int
 
 
@@ -228,7 +229,8 @@ class CostTotals:
         if self.table is None:
             raise TypeError("these totals have no price table: count priced requests with add_priced()")
         tokens = {"model": usage["model"], "prompt_tokens": usage["prompt_tokens"],
-                  "completion_tokens": usage["completion_tokens"], "cached_tokens": usage.get("cached_tokens", 0)}
+                  "completion_tokens": usage["completion_tokens"], "cached_tokens": usage.get("cached_tokens", 0),
+                  "cache_creation_tokens": usage.get("cache_creation_tokens", 0)}
         route = usage["route"]
         cost = self.table.cost(route=route, **tokens)
         at_realtime = cost if cost is None or route == "realtime" else self.table.cost(route="realtime", **tokens)

@@ -129,6 +129,8 @@ class Result(Base):
     prompt_tokens: Mapped[int | None] = mapped_column(Integer())
     completion_tokens: Mapped[int | None] = mapped_column(Integer())
     cached_tokens: Mapped[int | None] = mapped_column(Integer())
+    # Prompt-cache writes (Anthropic), part of prompt_tokens like cached_tokens; NULL where none were reported.
+    cache_creation_tokens: Mapped[int | None] = mapped_column(Integer())
     latency_ms: Mapped[float | None] = mapped_column(Float())
     attempts: Mapped[int] = mapped_column(Integer())
     response_model: Mapped[str | None] = mapped_column(String())

@@ -48,6 +48,8 @@ class UsageRow:
     prices_as_of: str | None = None
     prices_file: str | None = None
     cost_basis: str | None = None
+    # Prompt-cache writes (Anthropic's), part of prompt_tokens.
+    cache_creation_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +100,7 @@ async def usage_by_route(sessions: Sessions, *, job_id: str) -> list[UsageRow]:
             func.coalesce(func.sum(Result.prompt_tokens), 0),
             func.coalesce(func.sum(Result.completion_tokens), 0),
             func.coalesce(func.sum(Result.cached_tokens), 0),
+            func.coalesce(func.sum(Result.cache_creation_tokens), 0),
             func.coalesce(func.sum(Result.cost_pico_usd), 0),
             func.coalesce(func.sum(Result.list_cost_pico_usd), 0),
             func.count() - func.count(Result.cost_pico_usd),
@@ -109,8 +112,9 @@ async def usage_by_route(sessions: Sessions, *, job_id: str) -> list[UsageRow]:
     )
     async with sessions() as session:
         found = [UsageRow(route, model, int(n), int(p), int(c), int(k), int(cost), int(listed), int(unknown),
-                          as_of, file, basis)
-                 for route, model, n, p, c, k, cost, listed, unknown, as_of, file, basis in await session.execute(stmt)]
+                          as_of, file, basis, cache_creation_tokens=int(w))
+                 for route, model, n, p, c, k, w, cost, listed, unknown, as_of, file, basis
+                 in await session.execute(stmt)]
     # Sorted here: the databases put NULL stamps at opposite ends.
     return sorted(found, key=lambda u: (u.route, u.model, u.prices_as_of or "", u.prices_file or "", u.cost_basis or ""))
 

@@ -53,6 +53,7 @@ class ResultRow(NamedTuple):
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     cached_tokens: int | None = None
+    cache_creation_tokens: int | None = None
     latency_ms: float | None = None
     response_model: str | None = None
     response_id: str | None = None
@@ -120,17 +121,18 @@ class RowLedger:
         self.free: LedgerValues = (0, 0, None, *self.stamp)
         # No table: the cost is unknown, and so is when it would have been worked out.
         self.unknown: LedgerValues = (None, None, None, *self.stamp) if table is not None else (None,) * 6
-        self._priced: dict[tuple[str, str, int, int, int], LedgerValues] = {}
+        self._priced: dict[tuple[str, str, int, int, int, int], LedgerValues] = {}
 
     def paid(self, result: ChatResult, *, model: str | None, route: Route) -> LedgerValues:
         if self.pricer is None:
             return self.unknown
         usage = (model or result.model or "", route, result.prompt_tokens, result.completion_tokens,
-                 result.cached_tokens)
+                 result.cached_tokens, result.cache_creation_tokens)
         values = self._priced.get(usage)
         if values is None:
             cost = self.pricer.price(model=usage[0], route=route, prompt_tokens=usage[2],  # type: ignore[arg-type]
-                                     completion_tokens=usage[3], cached_tokens=usage[4])
+                                     completion_tokens=usage[3], cached_tokens=usage[4],
+                                     cache_creation_tokens=usage[5])
             # A model with no price: unknown, never 0. Else cost, list cost, discount (RowCost's order), the stamp.
             values = self.unknown if cost is None else (*cost, *self.stamp)
             if len(self._priced) >= _PRICED_MEMO:
@@ -170,7 +172,8 @@ def answer_rows(
         latency_ms = (result.latency_s if latency_s is None else latency_s) * 1000
         # Positional, in ResultRow's field order: text .. response_id, then http_status, error_class, error_message.
         answer = (result.text, result.finish_reason, result.prompt_tokens, result.completion_tokens,
-                  result.cached_tokens, latency_ms, result.model, result.response_id)
+                  result.cached_tokens, result.cache_creation_tokens or None, latency_ms, result.model,
+                  result.response_id)
         if paying:
             cost = ledger.paid(result, model=model, route=route)  # type: ignore[arg-type]
             rows.append(ResultRow(prompt_ids[0], route, "succeeded", result.attempts, now, "succeeded", *answer,

@@ -140,3 +140,34 @@ async def test_claude_batches_left_by_a_no_wait_run_are_finished_by_collect_swee
     assert answered == {"batch": 3, "realtime": 1}
     assert sim.stats()["message_batches"] == 2 and sim.stats()["messages"] == 1
     assert rows(db_url, "SELECT DISTINCT provider FROM batches") == [("anthropic",)]
+
+
+async def test_prompt_cache_writes_and_reads_are_stored_and_priced_at_their_own_prices(
+    prefect_api: str, sim: Sim, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from decimal import Decimal
+
+    from llm_dispatch import PriceTable
+
+    monkeypatch.setenv("LLM_DISPATCH_ANTHROPIC_BASE_URL", sim.root)
+    shared = {"role": "system", "content": [{"type": "text", "text": "A long shared context. " * 40,
+                                             "cache_control": {"type": "ephemeral"}}]}
+    prompts = [{"id": f"c{i}", "model": "claude-haiku-4-5", "messages": [shared, {"role": "user", "content": f"q {i}"}],
+                "params": {"max_tokens": 20}, "urgency": "urgent"} for i in range(2)]
+    await dispatch(prompts=prompts[:1], base_url=sim.base_url, database_url=SecretStr(db_url))
+    await dispatch(prompts=prompts[1:], base_url=sim.base_url, database_url=SecretStr(db_url))
+    stored = rows(db_url, """SELECT p.custom_id, r.prompt_tokens, r.cached_tokens, r.cache_creation_tokens,
+                                    r.completion_tokens, r.cost_pico_usd
+                             FROM results r JOIN prompts p ON p.id = r.prompt_id ORDER BY p.custom_id""")
+    (_, p0, read0, wrote0, out0, cost0), (_, p1, read1, wrote1, out1, cost1) = stored
+    assert wrote0 > 0 and not read0  # the first writes the cache...
+    assert read1 == wrote0 and not wrote1  # ...the second reads what the first wrote
+    price = PriceTable.load().price_for("claude-haiku-4-5")
+    assert price is not None and price.cache_write is not None
+
+    def pico(prompt: int, read: int, wrote: int, out: int) -> int:
+        dollars = ((prompt - read - wrote) * price.input + read * price.cached_input + wrote * price.cache_write
+                   + out * price.output) / Decimal(1_000_000)
+        return int(dollars * 10**12)
+
+    assert cost0 == pico(p0, 0, wrote0, out0) and cost1 == pico(p1, read1, 0, out1)

@@ -24,7 +24,7 @@ Sessions = async_sessionmaker[AsyncSession]
 
 EXPORT_FIELDS = (
     "position", "custom_id", "prompt_id", "model", "status", "planned_route", "route_reason", "route", "text",
-    "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens", "cost_usd", "discount", "prices_as_of",
+    "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens", "cache_creation_tokens", "cost_usd", "discount", "prices_as_of",
     "cost_basis", "latency_ms", "error_class", "error_message", "metadata",
 )
 

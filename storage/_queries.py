@@ -294,6 +294,7 @@ async def find_reusable(sessions: Sessions, *, dedupe_keys: Collection[str]) -> 
                     prompt_tokens=result.prompt_tokens or 0,
                     completion_tokens=result.completion_tokens or 0,
                     cached_tokens=result.cached_tokens or 0,
+                    cache_creation_tokens=result.cache_creation_tokens or 0,
                     model=result.response_model,
                     response_id=result.response_id,
                     latency_s=(result.latency_ms or 0.0) / 1000,

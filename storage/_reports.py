@@ -85,6 +85,7 @@ class ExportRow:
     error_message: str | None
     # As stored with the result (see ``Result``): None with no result yet, or a cost unknown.
     cost_pico_usd: int | None = None
+    cache_creation_tokens: int | None = None
     discount: str | None = None
     prices_as_of: str | None = None
     cost_basis: str | None = None
@@ -222,6 +223,7 @@ async def export_rows(sessions: Sessions, *, job_id: str) -> AsyncIterator[Expor
                 prompt_tokens=result.prompt_tokens if result else None,
                 completion_tokens=result.completion_tokens if result else None,
                 cached_tokens=result.cached_tokens if result else None,
+                cache_creation_tokens=result.cache_creation_tokens if result else None,
                 latency_ms=result.latency_ms if result else None,
                 error_class=result.error_class if result else None,
                 error_message=result.error_message if result else None,

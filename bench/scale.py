@@ -29,6 +29,8 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, nargs="+", default=[10_000, 100_000])
     parser.add_argument("--concurrency", type=int, nargs="+", default=[100, 400])
     parser.add_argument("--latency", type=float, default=0.02)
+    parser.add_argument("--rss-log", type=Path, help="folder for the flow children's RSS over time "
+                        "(flow-PROMPTS-C.jsonl: VmRSS, anonymous, file-backed kB and threads every 0.5 s)")
     args = parser.parse_args()
 
     sys.path.insert(0, str(ROOT))
@@ -46,8 +48,10 @@ def main() -> None:
                 prompts = workdir / "prompts.jsonl"
                 make_prompts(prompts, count)
                 for concurrency in args.concurrency:
+                    logs = {kind: str(args.rss_log.resolve() / f"{kind}-{count}-{concurrency}.jsonl") if args.rss_log else None
+                            for kind in ("baseline", "flow")}
                     runs = {kind: run_child(kind, base_url=base_url, prompts=prompts, concurrency=concurrency,
-                                            workdir=workdir, run=0) for kind in ("baseline", "flow")}
+                                            workdir=workdir, run=0, rss_log=logs[kind]) for kind in ("baseline", "flow")}
                     base, flow = runs["baseline"], runs["flow"]
                     base_rate, flow_rate = count / base["seconds"], count / flow["seconds"]
                     send_rate = count / flow["send_seconds"]

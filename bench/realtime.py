@@ -119,13 +119,13 @@ def child(args: argparse.Namespace) -> None:
 
 def run_child(
     kind: str, *, base_url: str, prompts: Path, concurrency: int, workdir: Path, run: int, record_first: bool = False,
-    rss_log: str | None = None,
+    rss_log: str | None = None, timeout: float = 900,
 ) -> dict[str, float]:
     db = f"sqlite+aiosqlite:///{workdir / f'bench-{kind}-{concurrency}-{run}.db'}"
     env = {**os.environ, "PREFECT_LOGGING_LEVEL": "WARNING", "PYTHONPATH": str(ROOT)}
     argv = [__file__, "--child", kind, "--base-url", base_url, "--prompts-file", str(prompts), "--c", str(concurrency),
             "--db", db, *(["--record-first"] if record_first else []), *(["--rss-log", rss_log] if rss_log else [])]
-    return run_measured(argv, env=env, what=f"{kind} run", cwd=workdir)
+    return run_measured(argv, env=env, what=f"{kind} run", cwd=workdir, timeout=timeout)
 
 
 def main() -> None:

@@ -14,9 +14,11 @@ def report(result: dict[str, Any]) -> None:
     print("RESULT " + json.dumps(result), flush=True)
 
 
-def run_measured(argv: list[str], *, env: dict[str, str], what: str, cwd: Path | None = None) -> dict[str, Any]:
+def run_measured(
+    argv: list[str], *, env: dict[str, str], what: str, cwd: Path | None = None, timeout: float = 900
+) -> dict[str, Any]:
     """In the parent: run ``python ARGV`` and return what it reported; exit saying why when it failed."""
-    proc = subprocess.run([sys.executable, *argv], env=env, capture_output=True, text=True, cwd=cwd, timeout=900)
+    proc = subprocess.run([sys.executable, *argv], env=env, capture_output=True, text=True, cwd=cwd, timeout=timeout)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
     if proc.returncode != 0 or line is None:
         raise SystemExit(f"{what} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")

@@ -102,12 +102,15 @@ async def flow(*, base_url: str, prompts: Path, concurrency: int, db: str, recor
 
 
 def child(args: argparse.Namespace) -> None:
+    from _rss import maybe_sampler
+
     prompts = Path(args.prompts_file)
-    if args.child == "baseline":
-        result = asyncio.run(baseline(base_url=args.base_url, prompts=prompts, concurrency=args.c))
-    else:
-        result = asyncio.run(flow(base_url=args.base_url, prompts=prompts, concurrency=args.c, db=args.db,
-                                  record_first=args.record_first))
+    with maybe_sampler(args.rss_log):
+        if args.child == "baseline":
+            result = asyncio.run(baseline(base_url=args.base_url, prompts=prompts, concurrency=args.c))
+        else:
+            result = asyncio.run(flow(base_url=args.base_url, prompts=prompts, concurrency=args.c, db=args.db,
+                                      record_first=args.record_first))
     usage = resource.getrusage(resource.RUSAGE_SELF)
     result["peak_rss_mb"] = usage.ru_maxrss / 1024
     result["cpu_seconds"] = usage.ru_utime + usage.ru_stime
@@ -115,13 +118,14 @@ def child(args: argparse.Namespace) -> None:
 
 
 def run_child(
-    kind: str, *, base_url: str, prompts: Path, concurrency: int, workdir: Path, run: int, record_first: bool = False
+    kind: str, *, base_url: str, prompts: Path, concurrency: int, workdir: Path, run: int, record_first: bool = False,
+    rss_log: str | None = None, timeout: float = 900,
 ) -> dict[str, float]:
     db = f"sqlite+aiosqlite:///{workdir / f'bench-{kind}-{concurrency}-{run}.db'}"
     env = {**os.environ, "PREFECT_LOGGING_LEVEL": "WARNING", "PYTHONPATH": str(ROOT)}
     argv = [__file__, "--child", kind, "--base-url", base_url, "--prompts-file", str(prompts), "--c", str(concurrency),
-            "--db", db, *(["--record-first"] if record_first else [])]
-    return run_measured(argv, env=env, what=f"{kind} run", cwd=workdir)
+            "--db", db, *(["--record-first"] if record_first else []), *(["--rss-log", rss_log] if rss_log else [])]
+    return run_measured(argv, env=env, what=f"{kind} run", cwd=workdir, timeout=timeout)
 
 
 def main() -> None:
@@ -136,6 +140,7 @@ def main() -> None:
     parser.add_argument("--c", type=int)
     parser.add_argument("--db")
     parser.add_argument("--record-first", action="store_true", help="store a new job whole before sending")
+    parser.add_argument("--rss-log", help="(child) write RSS samples over time to this JSON-lines file")
     args = parser.parse_args()
     if args.child:
         child(args)

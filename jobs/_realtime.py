@@ -183,7 +183,9 @@ class ChunkSender:
     each. A chunk leaves its lane when its last rounds are on the way, so the next one starts
     sending while it drains. Begun: chunks started and not yet done handing out, one more than the
     lanes, so that the next chunk is ready (its rows loaded) before a lane frees. Chunks go in the
-    order started (asyncio's semaphores serve first come, first served).
+    order started (asyncio's semaphores serve first come, first served). "On the way" is counted in
+    answers (``send_all``'s ``on_dispatched``), never in requests still queued for the client's limit:
+    so the chunks alive at once, and the rows they hold, do not grow with the job.
 
     Used as ``async with``: on the way out it waits for every chunk started. When the body fails
     (say, storing a slice of the job), chunks already started still finish, since their requests

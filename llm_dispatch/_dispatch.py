@@ -108,16 +108,20 @@ async def send_all(
     Provider errors are recorded as failures and do not stop the others; an error of the sink
     (the database) does stop everything, since results could no longer be kept.
     ``on_dispatched`` is called once, when at most two rounds (2 x ``concurrency`` items) are left
-    to send: at full speed, two latency periods before this call runs dry, time for a caller to
-    start the next batch of work so the limit never idles between batches.
+    to finish: at full speed, two latency periods before this call runs dry, time for a caller to
+    start the next batch of work so the limit never idles between batches. It is counted in answers
+    (or failures), never in items taken: a worker holding an item may still be waiting for a slot of
+    the client's limit behind another call's requests, and signalling then would have the caller
+    start batch after batch, each waiting with all its items, until the whole job is in memory.
+    A call of at most two rounds signals at its first answer, once its requests are getting slots.
     """
     if concurrency < 1:
         raise ValueError("concurrency must be at least 1")
     outcome = DispatchOutcome()
     work = list(items)
-    low_water = len(work) - 2 * concurrency
+    low_water = max(1, len(work) - 2 * concurrency)
     pending = iter(work)
-    taken = 0
+    finished = 0
     signalled = False
 
     def dispatched() -> None:
@@ -127,11 +131,8 @@ async def send_all(
             on_dispatched()
 
     async def worker() -> None:
-        nonlocal taken
+        nonlocal finished
         for item in pending:
-            taken += 1
-            if taken >= low_water:
-                dispatched()
             if progress is not None:
                 progress.in_flight += 1
             try:
@@ -154,7 +155,9 @@ async def send_all(
             finally:
                 if progress is not None:
                     progress.in_flight -= 1
-        dispatched()  # this worker found the iterator empty: every item has been sent off
+            finished += 1
+            if finished >= low_water:
+                dispatched()
 
     # A fixed pool of workers pulling from one iterator: no task per item.
     try:
@@ -162,5 +165,5 @@ async def send_all(
             for _ in range(concurrency):
                 group.create_task(worker())
     finally:
-        dispatched()  # also when the run fails: the caller must not wait forever
+        dispatched()  # also with nothing to send, or when the run fails: the caller must not wait forever
     return outcome

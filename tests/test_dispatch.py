@@ -92,3 +92,27 @@ async def test_a_sink_error_stops_the_run_loudly() -> None:
         await send_all(client=FakeClient(), items=items(*(f"p{i}" for i in range(20))), sink=RecordingSink(fail_after=3),
                        concurrency=2)
     assert info.group_contains(OSError, match="disk full")
+
+
+async def test_items_waiting_for_the_clients_shared_limit_are_not_dispatched() -> None:
+    # Another call holds every slot of the client's limit: this call's workers hold items but have
+    # sent none, so its caller must not be told to start more work (else every chunk of a run starts).
+    slots = asyncio.Semaphore(0)
+
+    class SharedLimitClient(FakeClient):
+        async def chat(self, request: ChatRequest) -> ChatResult:
+            async with slots:
+                return await super().chat(request)
+
+    sink, dispatched = RecordingSink(), asyncio.Event()
+    task = asyncio.create_task(send_all(client=SharedLimitClient(), items=items(*(f"p{i}" for i in range(10))),
+                                        sink=sink, concurrency=4, on_dispatched=dispatched.set))
+    await asyncio.sleep(0.05)
+    assert not dispatched.is_set()
+
+    for _ in range(2):  # the other call finishes: slots free up, answers come, two rounds are left
+        slots.release()
+    await asyncio.wait_for(dispatched.wait(), timeout=2)
+    assert len(sink.successes) >= 2
+    outcome = await task
+    assert outcome.succeeded == 10

@@ -32,7 +32,7 @@ async def send_chunk(
     Holds one slot of the run's concurrency-limit tag while it runs (Prefect acquires it from the
     task's tags), so across all flow runs: requests in flight <= tag limit x ``concurrency``.
     ``before_send`` is awaited once the chunk is ready (rows loaded, prompts marked in flight) and
-    before its first request; ``on_dispatched`` fires when about two rounds are left to send.
+    before its first request; ``on_dispatched`` fires when about two rounds are left to finish.
     """
     requests = chunk.requests
     if requests is None:

@@ -10,8 +10,9 @@ baselines (over the same bytes the path downloaded). Medians over the repeats ar
 Per repeat, the batch path does:
 
 1. setup (not a target): ``storage.create_job`` + ``storage.add_prompts`` (every prompt routed ``batch``);
-2. submit (target <= 15 s): ``jobs.submit_prompts``: read the prompts, look for reusable
-   answers, write the JSONL files (2 x 50,000 lines at OpenAI's limits), record the batches, upload, create;
+2. submit (target <= 15 s): ``jobs.submit_prompts``: read the prompts a page at a time, look for reusable
+   answers, write the JSONL files (2 x 50,000 lines at OpenAI's limits), record each batch as its file is
+   complete, upload, create;
 3. wait (not a target): ``poll_batch`` until every batch is terminal;
 4. ingest (target >= 20,000 rows/s): ``jobs.ingest_batch`` over every batch, output download
    included (timed apart as well); then ``storage.job_counts`` must say every prompt succeeded.
@@ -203,9 +204,9 @@ async def batch_path(
         job_id = await storage.create_job(sessions, name="bench-batch", fingerprint=f"{run:064d}", input_path=None,
                                           model=MODEL, settings={})
         await storage.add_prompts(sessions, job_id=job_id, prompts=_prompts(count))
-        prompt_ids = await storage.open_prompt_ids(sessions, job_id=job_id, planned_route="batch")
+        recorded = await storage.open_prompt_count(sessions, job_id=job_id, planned_route="batch")
         out["record_s"] = time.perf_counter() - started
-        assert len(prompt_ids) == count, f"recorded {len(prompt_ids)} of {count} prompts"
+        assert recorded == count, f"recorded {recorded} of {count} prompts"
         out["rss_after_setup_mb"] = (_status_kb("VmRSS") or 0) / 1024
         out["peak_rss_setup_mb"] = max(_ru_maxrss_mb(), (_status_kb("VmHWM") or 0) / 1024)
         out["peak_reset"] = _reset_peak_rss()
@@ -234,7 +235,7 @@ async def batch_path(
             with profiler.run("submit"):
                 async with storage.ResultWriter(sessions, job_id=job_id, pricer=pricer) as writer:
                     outcome = await submit_prompts(sessions=sessions, clients=Clients.of(client), writer=writer,
-                                                   job_id=job_id, prompt_ids=prompt_ids, directory=directory)
+                                                   job_id=job_id, directory=directory)
             out["submit_s"] = time.perf_counter() - started
             out["submit_cpu_s"] = time.process_time() - cpu_before
             out["submit_threads_cpu_s"] = _group_threads(threads_before, _thread_cpu())
@@ -245,7 +246,6 @@ async def batch_path(
                                  f"{outcome.lines} lines, {outcome.reused} reused, of {count} prompts")
             out["batches"] = len(outcome.batch_ids)
             out["input_bytes"] = sum(p.stat().st_size for p in (directory / job_id).glob("in-*.jsonl"))
-            del prompt_ids
 
             # 3. wait for the provider.
             started = time.perf_counter()

@@ -1,22 +1,26 @@
-"""Benchmark: the Batch API path (build + upload + create, then ingest) for 100,000 prompts vs plain baselines.
+"""Benchmark: the Batch API path (build + upload + create, then ingest) for 100,000 (or 1M) prompts vs plain baselines.
 
 Runs against the simulator in its own process (``batch_processing_seconds`` small) with a fresh SQLite
 file per repeat. Each repeat runs two fresh child processes, alternating: the batch path, then the
 baselines (over the same bytes the path downloaded). Medians over the repeats are reported.
 
     python bench/batch.py [--prompts 100000] [--repeats 3] [--batch-seconds 1.5] [--json [PATH]]
+    python bench/batch.py --prompts 1000000 --repeats 1   # issue 13's 1M all-batch job (20 files of 50,000)
     python bench/batch.py --prompts 100000 --repeats 1 --profile /tmp/batch-prof   # cProfile of one run
 
 Per repeat, the batch path does:
 
 1. setup (not a target): ``storage.create_job`` + ``storage.add_prompts`` (every prompt routed ``batch``);
-2. submit (target <= 15 s): ``jobs.submit_prompts``: read the prompts, look for reusable
-   answers, write the JSONL files (2 x 50,000 lines at OpenAI's limits), record the batches, upload, create;
+2. submit (target <= 15 s at 100k, <= 60 s at 1M): ``jobs.submit_prompts``: read the prompts a page at a
+   time, look for reusable answers, write the JSONL files (50,000 lines each at OpenAI's limits), record each
+   batch as its file is complete, upload, create;
 3. wait (not a target): ``poll_batch`` until every batch is terminal;
 4. ingest (target >= 20,000 rows/s): ``jobs.ingest_batch`` over every batch, output download
    included (timed apart as well); then ``storage.job_counts`` must say every prompt succeeded.
 
-Peak RSS (target <= 400 MB) is the batch-path child's ``ru_maxrss``; the simulator's is its own process's.
+Peak RSS (target <= 400 MB at 100k, <= 300 MB at 1M) is the batch-path child's ``ru_maxrss`` (its whole life,
+setup included; the table also gives the submit's and the wait + ingest's own peaks, VmHWM reset between
+them); the simulator's is its own process's.
 Baselines: the same JSONL written with ``json.dumps`` (plus a raw ``SELECT`` of the prompts and a raw aiohttp
 upload of the files), the output files parsed with ``json.loads``, and a SQLAlchemy Core executemany
 insert of the result rows (plus the prompts' status update) into the same schema.
@@ -52,9 +56,15 @@ POLL_INTERVAL = 0.2
 WAIT_TIMEOUT = 600.0
 CHILD_TIMEOUT = 1800
 
-TARGET_SUBMIT_S = 15.0
-TARGET_INGEST_ROWS_S = 20_000.0
-TARGET_RSS_MB = 400.0
+# (submit s, ingest rows/s, peak RSS MB) by job size; a size between two takes the larger one's.
+TARGETS: dict[int, tuple[float, float, float]] = {
+    100_000: (15.0, 20_000.0, 400.0),
+    1_000_000: (60.0, 20_000.0, 300.0),  # issue 13: the 1M all-batch job
+}
+
+
+def targets_for(count: int) -> tuple[float, float, float]:
+    return next((TARGETS[size] for size in sorted(TARGETS) if count <= size), TARGETS[max(TARGETS)])
 
 
 def _content(i: int) -> str:
@@ -203,9 +213,9 @@ async def batch_path(
         job_id = await storage.create_job(sessions, name="bench-batch", fingerprint=f"{run:064d}", input_path=None,
                                           model=MODEL, settings={})
         await storage.add_prompts(sessions, job_id=job_id, prompts=_prompts(count))
-        prompt_ids = await storage.open_prompt_ids(sessions, job_id=job_id, planned_route="batch")
+        recorded = await storage.open_prompt_count(sessions, job_id=job_id, planned_route="batch")
         out["record_s"] = time.perf_counter() - started
-        assert len(prompt_ids) == count, f"recorded {len(prompt_ids)} of {count} prompts"
+        assert recorded == count, f"recorded {recorded} of {count} prompts"
         out["rss_after_setup_mb"] = (_status_kb("VmRSS") or 0) / 1024
         out["peak_rss_setup_mb"] = max(_ru_maxrss_mb(), (_status_kb("VmHWM") or 0) / 1024)
         out["peak_reset"] = _reset_peak_rss()
@@ -234,18 +244,19 @@ async def batch_path(
             with profiler.run("submit"):
                 async with storage.ResultWriter(sessions, job_id=job_id, pricer=pricer) as writer:
                     outcome = await submit_prompts(sessions=sessions, clients=Clients.of(client), writer=writer,
-                                                   job_id=job_id, prompt_ids=prompt_ids, directory=directory)
+                                                   job_id=job_id, directory=directory)
             out["submit_s"] = time.perf_counter() - started
             out["submit_cpu_s"] = time.process_time() - cpu_before
             out["submit_threads_cpu_s"] = _group_threads(threads_before, _thread_cpu())
             out["submit_sim_cpu_s"] = _sim_cpu(base_url) - sim_before
+            out["peak_rss_submit_mb"] = (_status_kb("VmHWM") or 0) / 1024  # since the reset after setup
+            _reset_peak_rss()
             expected_batches = math.ceil(count / limits.max_requests)
             if len(outcome.batch_ids) != expected_batches or outcome.lines != count or outcome.reused:
                 raise SystemExit(f"submit: {len(outcome.batch_ids)} batches (expected {expected_batches}), "
                                  f"{outcome.lines} lines, {outcome.reused} reused, of {count} prompts")
             out["batches"] = len(outcome.batch_ids)
             out["input_bytes"] = sum(p.stat().st_size for p in (directory / job_id).glob("in-*.jsonl"))
-            del prompt_ids
 
             # 3. wait for the provider.
             started = time.perf_counter()
@@ -277,6 +288,7 @@ async def batch_path(
             out["ingest_cpu_s"] = time.process_time() - cpu_before
             out["ingest_threads_cpu_s"] = _group_threads(threads_before, _thread_cpu())
             out["ingest_sim_cpu_s"] = _sim_cpu(base_url) - sim_before
+            out["peak_rss_ingest_mb"] = (_status_kb("VmHWM") or 0) / 1024  # wait + ingest, when the reset works
             out["download_s"] = download_s
             out["output_bytes"] = downloaded_bytes
             out["ingested"] = succeeded
@@ -287,7 +299,8 @@ async def batch_path(
         out["output_files"] = [str(p) for p in sorted((directory / job_id).glob("batch-*-output.jsonl"))]
     finally:
         await engine.dispose()
-    out["peak_rss_phases_mb"] = (_status_kb("VmHWM") or 0) / 1024  # since the reset: submit, wait, ingest
+    # Since the reset after setup: submit, then (reset again) wait and ingest.
+    out["peak_rss_phases_mb"] = max(out.get("peak_rss_submit_mb", 0.0), (_status_kb("VmHWM") or 0) / 1024)
     out["peak_rss_mb"] = max(out.get("peak_rss_setup_mb", 0.0), _ru_maxrss_mb(), out["peak_rss_phases_mb"])
     return out
 
@@ -467,6 +480,7 @@ def summarise(runs: list[dict[str, Any]], *, count: int) -> dict[str, Any]:
 
     path = [r["path"] for r in runs]
     base = [r["baseline"] for r in runs]
+    target_submit, target_rows, target_rss = targets_for(count)
     rows_s = [p["ingested"] / p["ingest_s"] for p in path]
     submit_base = [b["read_s"] + b["write_jsonl_s"] + b["upload_s"] for b in base]
     ingest_base = [b["parse_s"] + b["insert_s"] + b["update_s"] for b in base]
@@ -496,24 +510,27 @@ def summarise(runs: list[dict[str, Any]], *, count: int) -> dict[str, Any]:
         },
         "peak_rss_mb": max(p["peak_rss_mb"] for p in path),
         "peak_rss_phases_mb": max(p["peak_rss_phases_mb"] for p in path),
+        "peak_rss_submit_mb": max(p.get("peak_rss_submit_mb", 0.0) for p in path),
+        "peak_rss_ingest_mb": max(p.get("peak_rss_ingest_mb", 0.0) for p in path),
         "rss_after_setup_mb": max(p["rss_after_setup_mb"] for p in path),
         "baseline_peak_rss_mb": max(b["peak_rss_mb"] for b in base),
         "submit_threads_cpu_s": path[len(path) // 2]["submit_threads_cpu_s"],
         "ingest_threads_cpu_s": path[len(path) // 2]["ingest_threads_cpu_s"],
-        "targets": {"submit_s": TARGET_SUBMIT_S, "ingest_rows_per_s": TARGET_INGEST_ROWS_S, "peak_rss_mb": TARGET_RSS_MB},
+        "targets": {"submit_s": target_submit, "ingest_rows_per_s": target_rows, "peak_rss_mb": target_rss},
         "runs": [{k: v for k, v in r["path"].items() if k != "output_files"} | {"baseline": r["baseline"]} for r in runs],
     }
     m = summary["median"]
     summary["met"] = {
-        "submit_s": m["submit_s"] <= TARGET_SUBMIT_S,
-        "ingest_rows_per_s": m["ingest_rows_per_s"] >= TARGET_INGEST_ROWS_S,
-        "peak_rss_mb": summary["peak_rss_mb"] <= TARGET_RSS_MB,
+        "submit_s": m["submit_s"] <= target_submit,
+        "ingest_rows_per_s": m["ingest_rows_per_s"] >= target_rows,
+        "peak_rss_mb": summary["peak_rss_mb"] <= target_rss,
     }
     return summary
 
 
 def print_table(summary: dict[str, Any]) -> None:
     m = summary["median"]
+    t = summary["targets"]
     runs = summary["runs"]
     ok = lambda met: "ok" if met else "MISSED"  # noqa: E731
     each = lambda key: ", ".join(f"{r[key]:.2f}" for r in runs)  # noqa: E731
@@ -521,7 +538,7 @@ def print_table(summary: dict[str, Any]) -> None:
           f"{summary['output_mb']:.1f} MB out); medians of {summary['repeats']} runs, {summary['cores']} cores")
     print(f"  {'phase':<36}{'median':>12}  {'target':>14}  runs")
     print(f"  {'record prompts (setup)':<36}{m['record_s']:>10.2f} s  {'':>14}  {each('record_s')}")
-    print(f"  {'build + upload + create':<36}{m['submit_s']:>10.2f} s  {'<= 15 s':>10} {ok(summary['met']['submit_s']):>3}"
+    print(f"  {'build + upload + create':<36}{m['submit_s']:>10.2f} s  {'<= ' + format(t['submit_s'], 'g') + ' s':>10} {ok(summary['met']['submit_s']):>3}"
           f"  {each('submit_s')}")
     print(f"  {'  CPU: bench process / simulator':<36}{m['submit_cpu_s']:>10.2f} s  {'':>14}  "
           f"sim {m['submit_sim_cpu_s']:.2f} s; threads {summary['submit_threads_cpu_s']}")
@@ -531,11 +548,12 @@ def print_table(summary: dict[str, Any]) -> None:
     print(f"  {'  of which parse + write + settle':<36}{m['ingest_rest_s']:>10.2f} s")
     print(f"  {'  CPU: bench process / simulator':<36}{m['ingest_cpu_s']:>10.2f} s  {'':>14}  "
           f"sim {m['ingest_sim_cpu_s']:.2f} s; threads {summary['ingest_threads_cpu_s']}")
-    print(f"  {'ingest rate':<36}{m['ingest_rows_per_s']:>8,.0f} rows/s  {'>= 20,000':>9} "
+    print(f"  {'ingest rate':<36}{m['ingest_rows_per_s']:>8,.0f} rows/s  {'>= ' + format(t['ingest_rows_per_s'], ',.0f'):>9} "
           f"{ok(summary['met']['ingest_rows_per_s']):>3}  "
           + ", ".join(f"{r['ingested'] / r['ingest_s']:,.0f}" for r in runs))
-    print(f"  {'peak RSS, batch-path process':<36}{summary['peak_rss_mb']:>9.0f} MB  {'<= 400 MB':>10} "
-          f"{ok(summary['met']['peak_rss_mb']):>3}  (submit..ingest alone {summary['peak_rss_phases_mb']:.0f} MB; "
+    print(f"  {'peak RSS, batch-path process':<36}{summary['peak_rss_mb']:>9.0f} MB  {'<= ' + format(t['peak_rss_mb'], 'g') + ' MB':>10} "
+          f"{ok(summary['met']['peak_rss_mb']):>3}  (submit..ingest alone {summary['peak_rss_phases_mb']:.0f} MB: "
+          f"submit {summary.get('peak_rss_submit_mb', 0):.0f}, wait + ingest {summary.get('peak_rss_ingest_mb', 0):.0f}; "
           f"after setup {summary['rss_after_setup_mb']:.0f} MB)")
     sim = summary.get("simulator_peak_rss_mb")
     if sim is not None:

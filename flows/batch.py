@@ -110,10 +110,10 @@ async def dispatch_batches(
         if record.status in HALF_SUBMITTED:
             await finish_submission(run=run, batch_id=record.id)
     for round_ in range(settings.batch_max_submissions + 1):
-        ids = await storage.open_prompt_ids(sessions, job_id=job_id, planned_route="batch",
-                                            retry_failed=retry_failed if round_ == 0 else "none")
-        if ids:
-            submitted = await submit_batches(run=run, job_id=job_id, prompt_ids=ids, size=len(ids))
+        retry = retry_failed if round_ == 0 else "none"
+        size = await storage.open_prompt_count(sessions, job_id=job_id, planned_route="batch", retry_failed=retry)
+        if size:
+            submitted = await submit_batches(run=run, job_id=job_id, retry_failed=retry, size=size)
             summary.submitted.add(submitted)
             logger.info("Job %s: %d prompts sent to the Batch API in %d batches (%d requests); %d answered from "
                         "storage.", job_id, submitted.prompts, len(submitted.batch_ids), submitted.lines,
@@ -186,9 +186,9 @@ async def sweep(*, run: JobRun, job_id: str | None, stale_after: float) -> Sweep
             summary.ingested.append(await ingest_batch(run=run, batch_id=record.id))
             touched.add(record.job_id)
     for job in sorted(touched):
-        ids = await storage.open_prompt_ids(run.sessions, job_id=job, retry_failed="none", planned_route="batch")
-        if ids:
-            submitted = await submit_batches(run=run, job_id=job, prompt_ids=ids, size=len(ids))
+        size = await storage.open_prompt_count(run.sessions, job_id=job, retry_failed="none", planned_route="batch")
+        if size:
+            submitted = await submit_batches(run=run, job_id=job, retry_failed="none", size=size)
             summary.resubmitted += submitted.prompts
         summary.realtime += await send_rerouted(run, job_id=job)
         await _close_if_done(run, job_id=job)
@@ -208,9 +208,8 @@ async def send_rerouted(run: JobRun, *, job_id: str) -> int:
 
 
 async def _rerouted(run: JobRun, *, job_id: str) -> int:
-    ids = await storage.open_prompt_ids(run.sessions, job_id=job_id, retry_failed=REROUTED.retry_failed,
-                                        planned_route=REROUTED.planned_route, in_flight=REROUTED.in_flight)
-    return len(ids)
+    return await storage.open_prompt_count(run.sessions, job_id=job_id, retry_failed=REROUTED.retry_failed,
+                                           planned_route=REROUTED.planned_route, in_flight=REROUTED.in_flight)
 
 
 async def _close_if_done(run: JobRun, *, job_id: str) -> None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -44,6 +44,7 @@ from llm_dispatch import (
 )
 
 from ._batch_api import BATCH_ID_KEY, JOB_ID_KEY, BatchApi
+from ._batch_build import BatchBuilder, BuiltFile, Group, request_groups
 from ._clients import Clients
 from ._reuse import reuse_stored_answers
 
@@ -62,6 +63,8 @@ Sessions = async_sessionmaker[AsyncSession]
 
 # Uploads and creates in flight at once.
 SUBMIT_CONCURRENCY: Final = 4
+# Open prompts read per query while building the files (a keyset page, with its messages).
+SUBMIT_PAGE: Final = 5000
 
 
 @dataclass(slots=True)
@@ -86,84 +89,104 @@ async def submit_prompts(
     clients: Clients,
     writer: storage.ResultWriter,
     job_id: str,
-    prompt_ids: Sequence[int],
     directory: Path,
+    retry_failed: storage.RetryFailed = "retryable",
     max_requests: int | None = None,
     max_bytes: int | None = None,
     dedupe: bool = True,
     resubmission_of: int | None = None,
     metadata: Mapping[str, str] | None = None,
     max_retries: int = DEFAULT_MAX_RETRIES,
+    page: int = SUBMIT_PAGE,
 ) -> SubmitOutcome:
-    """Send these prompts of ``job_id`` as provider batches: one line per distinct request, files
-    split per model and at the provider's limits (or ``max_requests`` / ``max_bytes`` where given), each
-    to its model's provider. Returns our ids of the batches created.
+    """Send the open batch-routed prompts of ``job_id`` (failed ones as ``retry_failed`` says, like
+    ``storage.open_prompts``) as provider batches: one line per distinct request, files split per model
+    and at the provider's limits (or ``max_requests`` / ``max_bytes`` where given), each to its model's
+    provider. Returns our ids of the batches created.
 
     With ``dedupe``, a request already answered in storage is reused and never sent, and identical
     prompts share one line (one paid request). ``max_retries`` bounds the retries of each create.
+
+    The prompts are read ``page`` at a time in input order, and each file is recorded (and its
+    upload begun) as soon as it is complete: memory holds a page and the files being filled. A request
+    too large for any file raises ``ValueError``; the files recorded before it stay recorded.
     """
     outcome = SubmitOutcome()
-    rows = await storage.load_work(sessions, prompt_ids=prompt_ids)
-    if not rows:
-        return outcome
-    groups: dict[str, list[storage.WorkRow]] = {}
-    for row in rows:
-        groups.setdefault(row.dedupe_key if dedupe else f"id:{row.id}", []).append(row)
-    if dedupe:
-        answered = await reuse_stored_answers(
-            sessions=sessions, sink=writer, groups={key: [row.id for row in group] for key, group in groups.items()}
-        )
-        outcome.reused = sum(len(groups.pop(key)) for key in answered)
-        if outcome.reused:
-            await writer.flush()
-    if not groups:
-        return outcome
-
-    # The line's custom_id names the group's first prompt row: traceable, unique in the file, and within
-    # Anthropic's custom_id rule (1-64 of [A-Za-z0-9_-]).
-    by_line = {f"p{group[0].id}": group for group in groups.values()}
-    by_provider: dict[str, list[str]] = {}
-    for custom_id, group in by_line.items():
-        by_provider.setdefault(clients.provider_of(group[0].model), []).append(custom_id)
+    builder = BatchBuilder(directory=Path(directory) / job_id, provider_of=clients.provider_of)
     gate = asyncio.Semaphore(SUBMIT_CONCURRENCY)
 
     async def submit(batch_id: int) -> None:
+        # Batches are created while later files are still built; a provider whose lost creates are found by
+        # size and time (Anthropic) takes one create at a time (``BatchApi.creating``, in advance_submission).
         async with gate:
             record = await storage.get_batch(sessions, batch_id=batch_id)
             assert record is not None
             await advance_submission(sessions=sessions, clients=clients, record=record, metadata=metadata,
                                      max_retries=max_retries)
 
-    batch_ids: list[int] = []
-    for provider, custom_ids in sorted(by_provider.items()):
-        api = clients.batch_api(provider)
-        files = await asyncio.to_thread(
-            write_batch_files,
-            ((custom_id, _request(by_line[custom_id][0])) for custom_id in custom_ids),
-            directory=Path(directory) / job_id,
-            limits=api.limits(max_requests=max_requests, max_bytes=max_bytes),
-            prefix=f"in-{provider}-{time.time_ns()}",
-        )
-        for file in files:
-            members = [(row.id, custom_id) for custom_id in file.custom_ids for row in by_line[custom_id]]
+    async def record(built: list[BuiltFile], tasks: asyncio.TaskGroup) -> None:
+        for item in built:
+            file, members = item.file, item.members
             try:
                 batch_id = await storage.create_batch_record(
                     sessions, job_id=job_id, model=file.model, members=members, file_path=str(file.path),
-                    resubmission_of=resubmission_of, provider=provider,
+                    resubmission_of=resubmission_of, provider=item.provider,
                 )
             except storage.BatchConflictError as exc:
                 # Another run batched some of these meanwhile: they are in good hands; leave this file out.
                 logger.warning("batch file %s not sent: %s", file.path.name, exc)
                 file.path.unlink(missing_ok=True)
                 continue
-            batch_ids.append(batch_id)
+            outcome.batch_ids.append(batch_id)
             outcome.lines += file.requests
             outcome.prompts += len(members)
-    async with asyncio.TaskGroup() as tasks:
-        for batch_id in batch_ids:
             tasks.create_task(submit(batch_id))
-    outcome.batch_ids = batch_ids
+
+    try:
+        async with asyncio.TaskGroup() as tasks:
+            async for groups in request_groups(sessions, job_id=job_id, page=page, dedupe=dedupe,
+                                               retry_failed=retry_failed):
+                if dedupe:
+                    groups = await _unanswered(sessions=sessions, writer=writer, groups=groups, outcome=outcome)
+                for provider in builder.needs(groups):
+                    api = clients.batch_api(provider)
+                    builder.use(provider, limits=api.limits(max_requests=max_requests, max_bytes=max_bytes))
+                await record(await _in_thread(builder.add, groups), tasks)
+            await record(builder.close(), tasks)
+    finally:
+        builder.discard()
+    if outcome.reused:
+        await writer.flush()
     return outcome
+
+
+async def _unanswered(
+    *, sessions: Sessions, writer: storage.ResultWriter, groups: list[Group], outcome: SubmitOutcome
+) -> list[Group]:
+    """The groups whose request has no stored answer; the others are given theirs (``reused``)."""
+    answered = set(await reuse_stored_answers(
+        sessions=sessions, sink=writer, groups={group.first.dedupe_key: group.prompt_ids for group in groups}))
+    if not answered:
+        return groups
+    outcome.reused += sum(len(group.prompt_ids) for group in groups if group.first.dedupe_key in answered)
+    return [group for group in groups if group.first.dedupe_key not in answered]
+
+
+async def _in_thread(add: Callable[[list[Group]], list[BuiltFile]], groups: list[Group]) -> list[BuiltFile]:
+    """``add(groups)`` in a worker thread, so the event loop (uploads, the real-time half) keeps going.
+
+    Cancelled, it still waits for the thread (which cannot be stopped) before the files are discarded,
+    and removes those it completed: no one will record them.
+    """
+    work = asyncio.ensure_future(asyncio.to_thread(add, groups))
+    try:
+        return await asyncio.shield(work)
+    except asyncio.CancelledError:
+        await asyncio.wait([work])
+        if not work.cancelled() and work.exception() is None:
+            for item in work.result():
+                item.file.path.unlink(missing_ok=True)
+        raise
 
 
 async def advance_submission(

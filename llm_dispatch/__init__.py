@@ -6,7 +6,7 @@ from . import _exceptions
 from ._exceptions import *  # noqa: F403 - the error tree, listed in _exceptions.__all__
 from ._anthropic import anthropic_params
 from ._anthropic_answers import read_message_batch_results
-from ._batch_files import BatchFile, BatchLine, read_batch_output, write_batch_files
+from ._batch_files import BatchFile, BatchFileWriter, BatchLine, read_batch_output, write_batch_files
 from ._batch_types import (
     DEFAULT_BATCH_LIMITS,
     MESSAGE_BATCH_LIMITS,
@@ -62,6 +62,7 @@ __all__ = [
     "backoff_delay",
     "batch_status_from_api",
     "BatchFile",
+    "BatchFileWriter",
     "BatchInfo",
     "BatchLimits",
     "BatchLine",

@@ -23,6 +23,7 @@ __all__ = [
     "INVALID_OUTPUT_LINE",
     "RETRYABLE_LINE_ERRORS",
     "BatchFile",
+    "BatchFileWriter",
     "BatchLine",
     "garbled_line",
     "read_batch_output",
@@ -80,6 +81,7 @@ class _Writer:
     path: Path
     handle: IO[bytes]
     custom_ids: list[str] = field(default_factory=list)
+    seen: set[str] = field(default_factory=set)
     size: int = 0
 
     def fits(self, line_bytes: int, limits: BatchLimits) -> bool:
@@ -88,6 +90,7 @@ class _Writer:
     def write(self, custom_id: str, line: bytes) -> None:
         self.handle.write(line)
         self.custom_ids.append(custom_id)
+        self.seen.add(custom_id)
         self.size += len(line)
 
     def finish(self) -> tuple[int, BatchFile]:
@@ -98,6 +101,74 @@ class _Writer:
         return self.index, file
 
 
+class BatchFileWriter:
+    """Batch API input files written a line at a time, for a caller that records each file as it is done.
+
+    Requests are grouped by model (a batch may hold one model only), with one file open per model; a
+    file is closed and the next one started when the next line would pass ``limits.max_requests`` or
+    ``limits.max_bytes``, and ``add`` returns the file it closed. ``close`` returns the files still open,
+    ``discard`` removes them. A duplicate ``custom_id`` within a file, an empty one, or a request too
+    large for any file raises ``ValueError`` and writes nothing. Files are named
+    ``{prefix}-{n:05d}-{model}.jsonl``; an existing file of that name is replaced.
+    """
+
+    def __init__(
+        self,
+        *,
+        directory: Path,
+        limits: BatchLimits = DEFAULT_BATCH_LIMITS,
+        endpoint: str = BATCH_CHAT_ENDPOINT,
+        prefix: str = "batch",
+    ) -> None:
+        self.directory = Path(directory)
+        self.limits = limits
+        self.endpoint = endpoint
+        self.prefix = prefix
+        self._serial = itertools.count(1)
+        self._open: dict[str, _Writer] = {}
+
+    def add(self, custom_id: str, request: ChatRequest) -> BatchFile | None:
+        """Write one line; returns its model's previous file when this line did not fit in it."""
+        if not isinstance(custom_id, str) or not custom_id:
+            raise ValueError(f"custom_id must be a non-empty string, got {custom_id!r}")
+        line = _input_line(custom_id, request, endpoint=self.endpoint)
+        if len(line) > self.limits.max_bytes:
+            raise ValueError(
+                f"request {custom_id!r} is {len(line)} bytes as a batch line, more than the {self.limits.max_bytes} "
+                "bytes a batch file may hold; send it in real time instead"
+            )
+        finished = None
+        writer = self._open.get(request.model)
+        if writer is not None and not writer.fits(len(line), self.limits):
+            finished = self._open.pop(request.model).finish()[1]
+            writer = None
+        if writer is None:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            index = next(self._serial)
+            path = self.directory / f"{self.prefix}-{index:05d}-{_FILE_NAME_UNSAFE.sub('_', request.model)}.jsonl"
+            writer = _Writer(index=index, model=request.model, path=path, handle=path.open("wb", _WRITE_BUFFER))
+            self._open[request.model] = writer
+        if custom_id in writer.seen:
+            raise ValueError(
+                f"duplicate custom_id {custom_id!r}: each request in a batch needs its own id to match its answer"
+            )
+        writer.write(custom_id, line)
+        return finished
+
+    def close(self) -> list[BatchFile]:
+        """Finish the files still open, in creation order."""
+        done = sorted((writer.finish() for writer in self._open.values()), key=lambda item: item[0])
+        self._open.clear()
+        return [file for _, file in done]
+
+    def discard(self) -> None:
+        """Close and remove the files still open (those ``add`` returned are the caller's)."""
+        for writer in self._open.values():
+            writer.handle.close()
+            writer.path.unlink(missing_ok=True)
+        self._open.clear()
+
+
 def write_batch_files(
     requests: Iterable[tuple[str, ChatRequest]],
     *,
@@ -106,56 +177,31 @@ def write_batch_files(
     endpoint: str = BATCH_CHAT_ENDPOINT,
     prefix: str = "batch",
 ) -> list[BatchFile]:
-    """Write ``(custom_id, request)`` pairs as Batch API input files under ``directory``, in creation order.
-
-    Requests are grouped by model (a batch may hold one model only), with one file open per model;
-    a file is closed and the next one started when the next line would pass ``limits.max_requests``
-    or ``limits.max_bytes``. A duplicate or empty ``custom_id``, or a request too large for any file,
-    raises ``ValueError`` and removes every file this call wrote. Files are named
-    ``{prefix}-{n:05d}-{model}.jsonl``; an existing file of that name is replaced.
+    """Write ``(custom_id, request)`` pairs as Batch API input files under ``directory`` (see
+    ``BatchFileWriter``), in creation order. A ``custom_id`` repeated anywhere in ``requests`` raises
+    ``ValueError`` and, like any error, removes every file this call wrote.
     """
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    serial = itertools.count(1)
+    writer = BatchFileWriter(directory=directory, limits=limits, endpoint=endpoint, prefix=prefix)
     seen: set[str] = set()
-    open_writers: dict[str, _Writer] = {}
-    finished: list[tuple[int, BatchFile]] = []
+    finished: list[BatchFile] = []
     try:
         for custom_id, request in requests:
-            if not isinstance(custom_id, str) or not custom_id:
-                raise ValueError(f"custom_id must be a non-empty string, got {custom_id!r}")
             if custom_id in seen:
                 raise ValueError(
                     f"duplicate custom_id {custom_id!r}: each request in a batch needs its own id to match its answer"
                 )
             seen.add(custom_id)
-            line = _input_line(custom_id, request, endpoint=endpoint)
-            if len(line) > limits.max_bytes:
-                raise ValueError(
-                    f"request {custom_id!r} is {len(line)} bytes as a batch line, more than the {limits.max_bytes} "
-                    "bytes a batch file may hold; send it in real time instead"
-                )
-            writer = open_writers.get(request.model)
-            if writer is not None and not writer.fits(len(line), limits):
-                finished.append(writer.finish())
-                writer = None
-            if writer is None:
-                index = next(serial)
-                path = directory / f"{prefix}-{index:05d}-{_FILE_NAME_UNSAFE.sub('_', request.model)}.jsonl"
-                writer = _Writer(index=index, model=request.model, path=path, handle=path.open("wb", _WRITE_BUFFER))
-                open_writers[request.model] = writer
-            writer.write(custom_id, line)
-        while open_writers:
-            finished.append(open_writers.popitem()[1].finish())
+            file = writer.add(custom_id, request)
+            if file is not None:
+                finished.append(file)
+        finished += writer.close()
     except BaseException:
         # Half a set of files is worse than none: a caller might upload what is there and lose the rest.
-        for writer in open_writers.values():
-            writer.handle.close()
-            writer.path.unlink(missing_ok=True)
-        for _, file in finished:
+        writer.discard()
+        for file in finished:
             file.path.unlink(missing_ok=True)
         raise
-    return [file for _, file in sorted(finished, key=lambda item: item[0])]
+    return sorted(finished, key=lambda file: file.path.name)
 
 
 def _input_line(custom_id: str, request: ChatRequest, *, endpoint: str) -> bytes:

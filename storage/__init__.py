@@ -23,6 +23,7 @@ from ._batches import (
     store_batch_answers,
     update_batch,
 )
+from ._batch_work import open_work_in_order
 from ._engine import DATABASE_URL_ENV, create_engine, open_database, session_factory
 from ._migrate import migrate, require_current_schema
 from ._models import Base, Batch, BatchMember, Job, Prompt, Result
@@ -107,6 +108,7 @@ __all__ = [
     "open_prompt_ids",
     "open_prompts",
     "open_repeated_keys",
+    "open_work_in_order",
     "open_work_pages",
     "release_members",
     "require_current_schema",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
 
@@ -18,12 +17,15 @@ INGEST_FLUSH_ROWS = 2000
 
 
 @task(name="submit-batches", task_run_name="submit {size} prompts as batches", cache_policy=NO_CACHE)
-async def submit_batches(*, run: JobRun, job_id: str, prompt_ids: Sequence[int], size: int) -> SubmitOutcome:
-    """Write, record, upload and create the batches for these prompts (``size`` of them)."""
+async def submit_batches(
+    *, run: JobRun, job_id: str, retry_failed: storage.RetryFailed, size: int
+) -> SubmitOutcome:
+    """Write, record, upload and create the batches for the job's open batch-routed prompts (``size`` of
+    them when counted; failed ones as ``retry_failed`` says), reading them a page at a time."""
     settings = run.settings
     async with storage.ResultWriter(run.sessions, job_id=job_id, pricer=run.pricer) as writer:
         return await jobs.submit_prompts(
-            sessions=run.sessions, clients=run.clients, writer=writer, job_id=job_id, prompt_ids=prompt_ids,
+            sessions=run.sessions, clients=run.clients, writer=writer, job_id=job_id, retry_failed=retry_failed,
             directory=Path(settings.batch_dir), dedupe=settings.dedupe,
             max_requests=settings.batch_max_requests, max_bytes=settings.batch_max_bytes,
             max_retries=settings.max_retries,

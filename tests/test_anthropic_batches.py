@@ -49,10 +49,10 @@ class Env:
         await storage.add_prompts(self.sessions, job_id=job_id, prompts=prompts)
         return job_id, await storage.open_prompt_ids(self.sessions, job_id=job_id)
 
-    async def submit(self, job_id: str, ids: list[int], **options: object) -> list[int]:
+    async def submit(self, job_id: str, **options: object) -> list[int]:
         async with storage.ResultWriter(self.sessions, job_id=job_id, pricer=PRICER) as writer:
             outcome = await submit_prompts(sessions=self.sessions, clients=self.clients, writer=writer, job_id=job_id,
-                                           prompt_ids=ids, directory=self.directory, **options)  # type: ignore[arg-type]
+                                           directory=self.directory, **options)  # type: ignore[arg-type]
         return outcome.batch_ids
 
     async def until_done(self, batch_id: int) -> storage.BatchRecord:
@@ -99,7 +99,7 @@ def message_batches(sim: Sim) -> list[dict]:
 
 async def test_a_message_batch_answers_every_prompt_priced_at_half(env: Env) -> None:
     job_id, ids = await env.job([f"question {i}" for i in range(6)] + ["question 0"])  # the last repeats the first
-    [batch_id] = await env.submit(job_id, ids)
+    [batch_id] = await env.submit(job_id)
     record = await storage.get_batch(env.sessions, batch_id=batch_id)
     assert record is not None and record.provider == "anthropic" and record.input_file_id is None
     assert record.provider_batch_id is not None and record.provider_batch_id.startswith("msgbatch_")
@@ -119,7 +119,7 @@ async def test_a_message_batch_answers_every_prompt_priced_at_half(env: Env) -> 
 async def test_result_lines_errored_expired_and_succeeded_each_settle_their_prompt(env: Env) -> None:
     job_id, ids = await env.job(["fine [[sim:400]]", "busy [[sim:529]]", "a", "b", "c", "d"])
     queue_fault(env.sim, "expire:0.5")  # the first half is answered, the rest of the batch ends as expired lines
-    [batch_id] = await env.submit(job_id, ids)
+    [batch_id] = await env.submit(job_id)
     outcome = await env.finish(batch_id)
     assert outcome.status == "completed"  # Anthropic ends every batch as 'ended'; the lines say what happened
     assert outcome.failed == 1 and outcome.failed_by_code == {"invalid_request_error": 1}
@@ -136,12 +136,12 @@ async def test_result_lines_errored_expired_and_succeeded_each_settle_their_prom
 async def test_expired_lines_go_in_the_next_batch_and_are_answered_once(env: Env) -> None:
     job_id, ids = await env.job([f"q {i}" for i in range(8)])
     queue_fault(env.sim, "expire:0.5")
-    [first] = await env.submit(job_id, ids)
+    [first] = await env.submit(job_id)
     outcome = await env.finish(first)
     assert (outcome.succeeded, outcome.resend, outcome.to_realtime) == (4, 4, 0)
     again = await storage.open_prompt_ids(env.sessions, job_id=job_id)
     assert len(again) == 4
-    [second] = await env.submit(job_id, again, resubmission_of=first)
+    [second] = await env.submit(job_id, resubmission_of=first)
     assert (await env.finish(second)).succeeded == 4
     assert await storage.job_counts(env.sessions, job_id=job_id) == {"succeeded": 8}
     answered = [r.prompt_id for r in await env.results(job_id) if r.status == "succeeded"]
@@ -152,7 +152,7 @@ async def test_expired_lines_go_in_the_next_batch_and_are_answered_once(env: Env
 async def test_cancel_keeps_what_was_answered_and_fails_the_canceled_lines(env: Env) -> None:
     env.sim.configure(batch_processing_seconds=3.0)
     job_id, ids = await env.job([f"q {i}" for i in range(200)])
-    [batch_id] = await env.submit(job_id, ids)
+    [batch_id] = await env.submit(job_id)
     record = await storage.get_batch(env.sessions, batch_id=batch_id)
     assert record is not None
     while (record := await poll_batch(sessions=env.sessions, clients=env.clients, record=record)).request_completed < 20:
@@ -174,7 +174,7 @@ async def test_a_lost_create_is_adopted_not_made_twice(env: Env, fault: str) -> 
     queue_fault(env.sim, fault)
     async with LLMClient(provider="anthropic", base_url=env.sim.root, api_key="sk-ant-sim-key", max_retries=2,
                          request_timeout=0.5) as env.client:
-        [batch_id] = await env.submit(job_id, ids)
+        [batch_id] = await env.submit(job_id)
         [made] = message_batches(env.sim)
         record = await storage.get_batch(env.sessions, batch_id=batch_id)
         assert record is not None and record.provider_batch_id == made["id"]
@@ -186,7 +186,7 @@ async def test_a_lost_create_is_adopted_not_made_twice(env: Env, fault: str) -> 
 
 async def test_a_crash_after_the_create_left_uploaded_is_adopted_by_the_next_run(env: Env) -> None:
     job_id, ids = await env.job([f"q {i}" for i in range(4)])
-    [batch_id] = await env.submit(job_id, ids)
+    [batch_id] = await env.submit(job_id)
     record = await storage.get_batch(env.sessions, batch_id=batch_id)
     assert record is not None and record.provider_batch_id is not None
     made = record.provider_batch_id
@@ -205,7 +205,7 @@ async def test_a_crash_after_the_create_left_uploaded_is_adopted_by_the_next_run
 
 async def test_a_batch_is_split_at_the_limit_and_each_part_answered(env: Env) -> None:
     job_id, ids = await env.job([f"q {i}" for i in range(7)])
-    batch_ids = await env.submit(job_id, ids, max_requests=3)
+    batch_ids = await env.submit(job_id, max_requests=3)
     assert len(batch_ids) == 3
     for batch_id in batch_ids:
         await env.finish(batch_id)
@@ -218,7 +218,7 @@ async def test_same_size_batches_created_together_each_get_their_own_provider_ba
     # creates take turns and each id is stored before the next look-up.
     job_id, ids = await env.job([f"q {i}" for i in range(8)])
     queue_fault(env.sim, "create_lost_502")  # the first create's answer is lost: it is looked up among its siblings
-    batch_ids = await env.submit(job_id, ids, max_requests=2)
+    batch_ids = await env.submit(job_id, max_requests=2)
     records = [await storage.get_batch(env.sessions, batch_id=b) for b in batch_ids]
     made = {b["id"] for b in message_batches(env.sim)}
     assert len(made) == 4 and {r.provider_batch_id for r in records if r is not None} == made

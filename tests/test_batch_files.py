@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from llm_dispatch import BatchFileWriter
 from llm_dispatch._batch_files import INVALID_OUTPUT_LINE, read_batch_output, write_batch_files
 from llm_dispatch._batch_types import BatchLimits
 from llm_dispatch._types import ChatRequest
@@ -81,6 +82,22 @@ def test_duplicate_custom_id_raises_and_leaves_no_files(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="duplicate custom_id 'id-1'"):
         write_batch_files(requests, directory=tmp_path, limits=BatchLimits(max_requests=2))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_streaming_writer_hands_back_each_file_as_it_closes(tmp_path: Path) -> None:
+    writer = BatchFileWriter(directory=tmp_path, limits=BatchLimits(max_requests=2))
+    closed = [writer.add(custom_id, req) for custom_id, req in numbered(3)]
+    assert closed[:2] == [None, None] and closed[2] is not None
+    assert closed[2].custom_ids == ["id-0", "id-1"] and closed[2].path.is_file()
+    assert writer.add("other", request("x", model="gpt-4o")) is None  # another model, its own file
+    assert [(f.model, f.custom_ids) for f in writer.close()] == [("gpt-4o-mini", ["id-2"]), ("gpt-4o", ["other"])]
+
+    # discard removes only the files still open: those handed back belong to the caller.
+    writer = BatchFileWriter(directory=tmp_path / "second", limits=BatchLimits(max_requests=1))
+    writer.add("a", request("a"))
+    [done] = [f for f in (writer.add("b", request("b")),) if f is not None]
+    writer.discard()
+    assert list((tmp_path / "second").iterdir()) == [done.path]
 
 
 @pytest.mark.parametrize("custom_id", ["", None])

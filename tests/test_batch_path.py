@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -50,10 +51,10 @@ class Env:
         ids = await storage.open_prompt_ids(self.sessions, job_id=job_id)
         return job_id, ids
 
-    async def submit(self, job_id: str, ids: list[int], **kwargs: object) -> list[int]:
+    async def submit(self, job_id: str, **kwargs: object) -> list[int]:
         async with storage.ResultWriter(self.sessions, job_id=job_id) as writer:
             outcome = await submit_prompts(
-                sessions=self.sessions, clients=self.clients, writer=writer, job_id=job_id, prompt_ids=ids,
+                sessions=self.sessions, clients=self.clients, writer=writer, job_id=job_id,
                 directory=self.directory, **kwargs)  # type: ignore[arg-type]
         return outcome.batch_ids
 
@@ -102,7 +103,7 @@ def provider_batches(sim: Sim) -> list[dict]:
 async def test_happy_path_one_line_per_distinct_request_every_answer_stored(env: Env) -> None:
     contents = [f"question {i}" for i in range(30)] + ["question 3"]  # the last repeats one
     job_id, ids = await env.job(contents)
-    [batch_id] = await env.submit(job_id, ids)
+    [batch_id] = await env.submit(job_id)
 
     record = await storage.get_batch(env.sessions, batch_id=batch_id)
     assert record is not None and record.provider_batch_id and record.request_total == 30
@@ -123,7 +124,7 @@ async def test_happy_path_one_line_per_distinct_request_every_answer_stored(env:
 
 async def test_files_split_at_the_providers_limit(env: Env) -> None:
     job_id, ids = await env.job([f"q {i}" for i in range(25)])
-    batch_ids = await env.submit(job_id, ids, max_requests=10)
+    batch_ids = await env.submit(job_id, max_requests=10)
     assert len(batch_ids) == 3
     totals = [(await storage.get_batch(env.sessions, batch_id=b)).request_total for b in batch_ids]  # type: ignore[union-attr]
     assert totals == [10, 10, 5]
@@ -132,10 +133,69 @@ async def test_files_split_at_the_providers_limit(env: Env) -> None:
     assert await env.statuses(job_id) == {"succeeded": 25}
 
 
+
+async def test_identical_prompts_pages_apart_share_one_line_and_are_reused_later(env: Env) -> None:
+    # Read two prompts a page: the four "same" prompts (stored far apart) span pages, yet make one line.
+    contents = ["same", "a", "b", "same", "c", "same", "d", "same"]
+    job_id, ids = await env.job(contents)
+    [batch_id] = await env.submit(job_id, page=2)
+    record = await storage.get_batch(env.sessions, batch_id=batch_id)
+    assert record is not None and record.request_total == 5
+    members = await storage.batch_members(env.sessions, batch_id=batch_id)
+    assert sorted(len(prompt_ids) for prompt_ids in members.values()) == [1, 1, 1, 1, 4]
+    await env.finish(batch_id)
+    assert await env.statuses(job_id) == {"succeeded": 8}
+    assert sorted(r.route for r in await env.results(job_id)) == ["batch"] * 5 + ["reused"] * 3
+
+    # A later job asking the same, page by page: every stored answer is reused, only the new request is sent.
+    again, _ = await env.job([*contents, "new"])
+    [batch_id] = await env.submit(again, page=2)
+    record = await storage.get_batch(env.sessions, batch_id=batch_id)
+    assert record is not None and record.request_total == 1
+    await env.finish(batch_id)
+    assert sorted(r.route for r in await env.results(again)) == ["batch"] + ["reused"] * 8
+
+
+async def test_a_submission_reads_a_page_of_rows_at_a_time_and_records_each_file_when_complete(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job_id, ids = await env.job([f"q {i % 7}" for i in range(40)])  # 7 requests, each asked 5 or 6 times
+    pages: list[int] = []
+    recorded_after_pages: list[int] = []
+    open_work_in_order, create_batch_record = storage.open_work_in_order, storage.create_batch_record
+
+    async def counted_pages(*args: Any, **kwargs: Any) -> AsyncIterator[list[storage.WorkRow]]:
+        async for rows in open_work_in_order(*args, **kwargs):
+            pages.append(len(rows))
+            yield rows
+
+    async def counted_record(*args: Any, **kwargs: Any) -> int:
+        recorded_after_pages.append(len(pages))
+        return await create_batch_record(*args, **kwargs)
+
+    async def whole_job(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a submission must not load its prompts by id list")
+
+    monkeypatch.setattr(storage, "open_work_in_order", counted_pages)
+    monkeypatch.setattr(storage, "create_batch_record", counted_record)
+    monkeypatch.setattr(storage, "load_work", whole_job)
+    batch_ids = await env.submit(job_id, page=4, max_requests=3)
+
+    assert max(pages) <= 4  # rows with their requests: a page at a time
+    # Each request's other prompts were found by request and batched with its first: later pages skip them.
+    assert sum(pages) < 40 and await env.statuses(job_id) == {"batched": 40}
+    assert len(batch_ids) == 3  # 7 lines, 3 a file
+    # The first file is recorded (and sent) before the last page is read.
+    assert recorded_after_pages[0] < len(pages)
+    monkeypatch.undo()
+    for batch_id in batch_ids:
+        await env.finish(batch_id)
+    assert await env.statuses(job_id) == {"succeeded": 40}
+
 async def test_expired_batch_keeps_every_answer_and_resends_only_the_rest(env: Env) -> None:
     job_id, ids = await env.job([f"question {i}" for i in range(20)])
     queue_fault(env.sim, "expire:0.5")
-    [first] = await env.submit(job_id, ids)
+    [first] = await env.submit(job_id)
     outcome = await env.finish(first)
     assert (outcome.status, outcome.succeeded, outcome.failed) == ("expired", 10, 0)
     assert outcome.resend == 10
@@ -143,7 +203,7 @@ async def test_expired_batch_keeps_every_answer_and_resends_only_the_rest(env: E
 
     rest = await storage.open_prompt_ids(env.sessions, job_id=job_id, planned_route="batch")
     assert len(rest) == 10
-    [second] = await env.submit(job_id, rest, resubmission_of=first)
+    [second] = await env.submit(job_id, resubmission_of=first)
     record = await storage.get_batch(env.sessions, batch_id=second)
     assert record is not None and record.request_total == 10 and record.resubmission_of == first
     await env.finish(second)
@@ -157,7 +217,7 @@ async def test_expired_batch_sends_prompts_real_time_when_their_deadline_is_near
     now = datetime.now(UTC)
     job_id, ids = await env.job([f"q {i}" for i in range(4)], deadline=now + timedelta(hours=30))
     queue_fault(env.sim, "expire:0.5")
-    [batch_id] = await env.submit(job_id, ids)
+    [batch_id] = await env.submit(job_id)
     # Ten hours later another 24 h window would end after the deadline.
     outcome = await env.finish(batch_id, now=now + timedelta(hours=10))
     assert outcome.to_realtime == 2
@@ -171,7 +231,7 @@ async def test_expired_batch_sends_prompts_real_time_when_their_deadline_is_near
 async def test_failed_validation_fails_every_member_with_the_providers_reason(env: Env) -> None:
     job_id, ids = await env.job([f"q {i}" for i in range(5)])
     queue_fault(env.sim, "fail_validation")
-    [batch_id] = await env.submit(job_id, ids)
+    [batch_id] = await env.submit(job_id)
     outcome = await env.finish(batch_id)
     assert (outcome.status, outcome.failed) == ("failed", 5)
     assert await env.statuses(job_id) == {"failed": 5}
@@ -184,14 +244,15 @@ async def test_failed_validation_fails_every_member_with_the_providers_reason(en
 async def test_line_errors_final_ones_fail_retryable_ones_go_again(env: Env) -> None:
     contents = ["fine", "refused [[sim:400]]", "flaky [[sim:500x1]]", "fine too"]
     job_id, ids = await env.job(contents)
-    [first] = await env.submit(job_id, ids)
+    [first] = await env.submit(job_id)
     outcome = await env.finish(first)
     assert (outcome.succeeded, outcome.failed, outcome.resend) == (2, 1, 1)
     prompts = {p.custom_id: p for p in await env.prompts(job_id)}
     assert (prompts["c-1"].status, prompts["c-1"].last_error_class) == ("failed", "BadRequestError")
     assert prompts["c-2"].status == "pending"
 
-    [second] = await env.submit(job_id, [prompts["c-2"].id], resubmission_of=first)
+    assert await storage.open_prompt_ids(env.sessions, job_id=job_id, planned_route="batch") == [prompts["c-2"].id]
+    [second] = await env.submit(job_id, resubmission_of=first)
     await env.finish(second)
     assert await env.statuses(job_id) == {"succeeded": 3, "failed": 1}
     history = [(r.status, r.http_status) for r in await env.results(job_id) if r.prompt_id == prompts["c-2"].id]
@@ -203,7 +264,7 @@ UNANSWERED_IN_1 = "unanswered in 1 batches; sent real-time"
 
 async def test_retryable_line_errors_go_real_time_after_max_submissions(env: Env) -> None:
     job_id, ids = await env.job(["always down [[sim:503]]", "refused [[sim:400]]"])
-    [batch_id] = await env.submit(job_id, ids)
+    [batch_id] = await env.submit(job_id)
     outcome = await env.finish(batch_id, max_submissions=1)
     assert (outcome.failed, outcome.resend, outcome.to_realtime) == (1, 1, 1)
     down, refused = await env.prompts(job_id)
@@ -215,7 +276,7 @@ async def test_retryable_line_errors_go_real_time_after_max_submissions(env: Env
 async def test_expired_batch_past_max_submissions_goes_real_time(env: Env) -> None:
     job_id, ids = await env.job([f"q {i}" for i in range(6)])
     queue_fault(env.sim, "expire:0.5")
-    [batch_id] = await env.submit(job_id, ids)
+    [batch_id] = await env.submit(job_id)
     outcome = await env.finish(batch_id, max_submissions=1)
     assert (outcome.status, outcome.succeeded, outcome.failed, outcome.to_realtime) == ("expired", 3, 0, 3)
     late = await storage.open_prompt_ids(env.sessions, job_id=job_id, planned_route="realtime")
@@ -229,7 +290,7 @@ async def test_expired_batch_past_max_submissions_goes_real_time(env: Env) -> No
 async def test_cancel_keeps_what_completed_and_fails_the_rest(env: Env) -> None:
     env.sim.configure(batch_processing_seconds=3.0)
     job_id, ids = await env.job([f"q {i}" for i in range(400)])
-    [batch_id] = await env.submit(job_id, ids)
+    [batch_id] = await env.submit(job_id)
     record = await storage.get_batch(env.sessions, batch_id=batch_id)
     assert record is not None
     while (record := await poll_batch(sessions=env.sessions, clients=env.clients, record=record)).request_completed < 50:
@@ -282,7 +343,7 @@ async def test_a_lost_create_answer_is_looked_up_not_created_again(env: Env, fau
     job_id, ids = await env.job([f"q {i}" for i in range(5)])
     queue_fault(env.sim, fault)
     async with LLMClient(base_url=env.sim.base_url, max_retries=2, request_timeout=0.5) as env.client:
-        [batch_id] = await env.submit(job_id, ids)
+        [batch_id] = await env.submit(job_id)
         [provider] = provider_batches(env.sim)
         record = await storage.get_batch(env.sessions, batch_id=batch_id)
         assert record is not None and record.provider_batch_id == provider["id"]
@@ -295,7 +356,7 @@ async def test_a_lost_create_answer_is_looked_up_not_created_again(env: Env, fau
 async def test_a_create_that_made_no_batch_is_tried_again(env: Env) -> None:
     job_id, ids = await env.job([f"q {i}" for i in range(3)])
     queue_fault(env.sim, "hang_create:0.05")  # answers 503 and makes nothing
-    [batch_id] = await env.submit(job_id, ids)
+    [batch_id] = await env.submit(job_id)
     assert env.sim.stats()["batches"] == 1
     await env.finish(batch_id)
     assert await env.statuses(job_id) == {"succeeded": 3}
@@ -336,7 +397,7 @@ async def test_a_batch_left_preparing_without_its_file_is_written_again(env: Env
 
 async def test_ingesting_twice_writes_each_answer_once(env: Env) -> None:
     job_id, ids = await env.job([f"q {i}" for i in range(6)])
-    [batch_id] = await env.submit(job_id, ids)
+    [batch_id] = await env.submit(job_id)
     await env.finish(batch_id)
     record = await storage.get_batch(env.sessions, batch_id=batch_id)
     assert record is not None

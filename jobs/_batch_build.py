@@ -1,0 +1,124 @@
+"""A job's batch input files built as its open prompts are read, in input order a page at a time: identical
+requests share one line (all their prompts found by request when the first one is read), and each file is
+handed back with its members once it is complete, so memory holds the files being filled, never the job."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+import storage
+from llm_dispatch import BatchFile, BatchFileWriter, BatchLimits, ChatRequest
+
+__all__ = ["BatchBuilder", "BuiltFile", "Group", "request_groups"]
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """One line: the request of its first (earliest) prompt, and every open prompt making that request."""
+
+    first: storage.WorkRow
+    prompt_ids: Sequence[int]
+
+
+@dataclass(frozen=True, slots=True)
+class BuiltFile:
+    """A complete input file and the prompts its lines answer, ``(prompt_id, custom_id)`` each."""
+
+    provider: str
+    file: BatchFile
+    members: list[tuple[int, str]]
+
+
+async def request_groups(
+    sessions: async_sessionmaker[AsyncSession],
+    *,
+    job_id: str,
+    page: int,
+    dedupe: bool,
+    retry_failed: storage.RetryFailed,
+) -> AsyncIterator[list[Group]]:
+    """The job's open batch-routed prompts as groups of identical requests, a keyset page at a time in input order.
+
+    The requests more than one open prompt makes are counted by the database first; when one of those is
+    first read, all its open prompts (later pages included) are found by request and join its group, and
+    its later prompts are passed over. Memory: a page, and those repeated requests' keys. Input order keeps
+    each batch's prompts side by side in the table, so recording and settling a batch touches few pages.
+    Without ``dedupe`` each prompt is its own group.
+    """
+    where = {"planned_route": "batch", "retry_failed": retry_failed}
+    repeated = await storage.open_repeated_keys(sessions, job_id=job_id, **where) if dedupe else set()
+    grouped: set[str] = set()  # repeated requests whose group is made
+    async for rows in storage.open_work_in_order(sessions, job_id=job_id, page=page, **where):
+        firsts = {row.dedupe_key for row in rows if row.dedupe_key in repeated} - grouped
+        members: dict[str, list[int]] = {}
+        if firsts:
+            for prompt in await storage.open_prompts(sessions, job_id=job_id, dedupe_keys=firsts, **where):
+                members.setdefault(prompt.dedupe_key, []).append(prompt.id)
+        groups: list[Group] = []
+        for row in rows:
+            if row.dedupe_key not in repeated:
+                groups.append(Group(first=row, prompt_ids=(row.id,)))
+            elif row.dedupe_key not in grouped:
+                grouped.add(row.dedupe_key)
+                # Found again by request: a prompt sent meanwhile (by another run) is no longer open.
+                groups.append(Group(first=row, prompt_ids=members.get(row.dedupe_key) or (row.id,)))
+        if groups:
+            yield groups
+
+
+class BatchBuilder:
+    """Input files per provider (at its limits) and model, filled a group at a time.
+
+    ``use`` (on the event loop: it may open a provider's client) readies a provider's files; ``add`` and
+    ``close`` (plain file writing, fine in a worker thread) return the files they completed.
+    """
+
+    def __init__(self, *, directory: Path, provider_of: Callable[[str], str]) -> None:
+        self.directory = Path(directory)
+        self.provider_of = provider_of
+        self._writers: dict[str, BatchFileWriter] = {}
+        # Members of the file being filled, per (provider, model): one open file each.
+        self._members: dict[tuple[str, str], list[tuple[int, str]]] = {}
+
+    def needs(self, groups: Sequence[Group]) -> set[str]:
+        """Providers of these groups with no files yet."""
+        return {self.provider_of(group.first.model) for group in groups} - self._writers.keys()
+
+    def use(self, provider: str, *, limits: BatchLimits) -> None:
+        self._writers[provider] = BatchFileWriter(directory=self.directory, limits=limits,
+                                                  prefix=f"in-{provider}-{time.time_ns()}")
+
+    def add(self, groups: Sequence[Group]) -> list[BuiltFile]:
+        built: list[BuiltFile] = []
+        for group in groups:
+            first = group.first
+            provider = self.provider_of(first.model)
+            # The line's custom_id names the group's first prompt row: traceable, unique in the file, and
+            # within Anthropic's custom_id rule (1-64 of [A-Za-z0-9_-]).
+            custom_id = f"p{first.id}"
+            request = ChatRequest(model=first.model, messages=first.messages, params=first.params)
+            done = self._writers[provider].add(custom_id, request)
+            key = (provider, first.model)
+            if done is not None:
+                built.append(BuiltFile(provider=provider, file=done, members=self._members.pop(key)))
+            self._members.setdefault(key, []).extend((prompt_id, custom_id) for prompt_id in group.prompt_ids)
+        return built
+
+    def close(self) -> list[BuiltFile]:
+        built = []
+        for provider, writer in sorted(self._writers.items()):
+            for file in writer.close():
+                built.append(BuiltFile(provider=provider, file=file,
+                                       members=self._members.pop((provider, file.model))))
+        return built
+
+    def discard(self) -> None:
+        """Remove the files still being filled."""
+        for writer in self._writers.values():
+            writer.discard()
+        self._members.clear()

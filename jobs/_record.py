@@ -52,8 +52,9 @@ class PromptInput:
     default_max_tokens: int = DEFAULT_MAX_TOKENS
 
     def specs(self, *, start: int = 0) -> Iterator[PromptSpec]:
-        """Its prompts in input order, from input position ``start``."""
-        return islice(iter_prompts(self.source, default_model=self.default_model, table=self.table,
+        """Its prompts in input order, from input position ``start``. The input was checked whole
+        (``check``), so the model-limit checks are not run again: each prompt is parsed, not re-estimated."""
+        return islice(iter_prompts(self.source, default_model=self.default_model,
                                    model_providers=self.model_providers), start, None)
 
     def check(self, *, warn: bool = True) -> InputCheck:

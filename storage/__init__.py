@@ -23,11 +23,17 @@ from ._batches import (
     store_batch_answers,
     update_batch,
 )
-from ._batch_work import open_work_in_order
 from ._engine import DATABASE_URL_ENV, create_engine, open_database, session_factory
 from ._migrate import migrate, require_current_schema
 from ._models import Base, Batch, BatchMember, Job, Prompt, Result
-from ._open import open_prompt_count, open_prompt_ids, open_prompts, open_repeated_keys, open_work_pages
+from ._open import (
+    open_prompt_count,
+    open_prompt_ids,
+    open_prompts,
+    open_repeated_keys,
+    open_work_in_order,
+    open_work_pages,
+)
 from ._queries import (
     add_prompts,
     create_job,

@@ -195,6 +195,12 @@ async def list_jobs(sessions: Sessions, *, limit: int = 20) -> list[JobSummary]:
                 for id_, name, created, status, n, b in await session.execute(stmt)]
 
 
+# What an export row takes from the prompt's newest result, column for column (None while it has none).
+_EXPORTED_RESULT_FIELDS = ("route", "text", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens",
+                           "cache_creation_tokens", "latency_ms", "error_class", "error_message", "cost_pico_usd",
+                           "discount", "prices_as_of", "cost_basis")
+
+
 async def export_rows(sessions: Sessions, *, job_id: str) -> AsyncIterator[ExportRow]:
     """Every prompt of the job in input order, with its latest result (or none yet), a page at a time."""
     latest = (
@@ -218,18 +224,6 @@ async def export_rows(sessions: Sessions, *, job_id: str) -> AsyncIterator[Expor
                 position=prompt.position, custom_id=prompt.custom_id, prompt_id=prompt.id, model=prompt.model,
                 metadata=prompt.metadata_, status=prompt.status, planned_route=prompt.planned_route,
                 route_reason=prompt.route_reason,
-                route=result.route if result else None, text=result.text if result else None,
-                finish_reason=result.finish_reason if result else None,
-                prompt_tokens=result.prompt_tokens if result else None,
-                completion_tokens=result.completion_tokens if result else None,
-                cached_tokens=result.cached_tokens if result else None,
-                cache_creation_tokens=result.cache_creation_tokens if result else None,
-                latency_ms=result.latency_ms if result else None,
-                error_class=result.error_class if result else None,
-                error_message=result.error_message if result else None,
-                cost_pico_usd=result.cost_pico_usd if result else None,
-                discount=result.discount if result else None,
-                prices_as_of=result.prices_as_of if result else None,
-                cost_basis=result.cost_basis if result else None,
+                **{name: getattr(result, name) if result is not None else None for name in _EXPORTED_RESULT_FIELDS},
             )
         last_position = page[-1][0].position

@@ -179,3 +179,27 @@ def successes_per_prompt(db_url: str) -> dict[str, int]:
         SELECT p.custom_id, COUNT(r.id) FROM prompts p
         LEFT JOIN results r ON r.prompt_id = p.id AND r.status = 'succeeded'
         GROUP BY p.id"""))
+
+
+@dataclass
+class BatchEnv:
+    """What a test of the batch steps works with: a database's sessions, a client, a batch directory, the simulator."""
+
+    sessions: Any
+    client: LLMClient
+    directory: Path
+    sim: Sim
+
+    @property
+    def clients(self) -> Any:
+        from jobs import Clients
+
+        return Clients.of(self.client)
+
+    async def results(self, job_id: str) -> list[Any]:
+        from sqlalchemy import select
+
+        from storage import Result
+
+        async with self.sessions() as session:
+            return list((await session.scalars(select(Result).where(Result.job_id == job_id).order_by(Result.id))).all())

@@ -10,14 +10,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 import storage
-from conftest import Sim
-from jobs import Clients, IngestOutcome, advance_submission, cancel_batches, ingest_batch, poll_batch, submit_prompts
+from conftest import BatchEnv, Sim
+from jobs import IngestOutcome, advance_submission, cancel_batches, ingest_batch, poll_batch, submit_prompts
 from llm_dispatch import LLMClient, PriceTable, RowPricer, dedupe_key
-from storage import Result
 
 Sessions = async_sessionmaker[AsyncSession]
 MODEL = "claude-haiku-4-5"
@@ -25,15 +23,7 @@ PRICER = RowPricer(PriceTable.load())
 
 
 @dataclass
-class Env:
-    sessions: Sessions
-    client: LLMClient
-    directory: Path
-    sim: Sim
-
-    @property
-    def clients(self) -> Clients:
-        return Clients.of(self.client)
+class Env(BatchEnv):
 
     async def job(self, contents: list[str]) -> tuple[str, list[int]]:
         job_id = await storage.create_job(self.sessions, name="t", fingerprint="a" * 64, input_path=None, model=MODEL,
@@ -71,10 +61,6 @@ class Env:
             return await ingest_batch(sessions=self.sessions, clients=self.clients, writer=writer, record=record,
                                       directory=self.directory, max_submissions=max_submissions)
 
-    async def results(self, job_id: str) -> list[Result]:
-        async with self.sessions() as session:
-            found = await session.scalars(select(Result).where(Result.job_id == job_id).order_by(Result.id))
-            return list(found.all())
 
 
 @pytest.fixture

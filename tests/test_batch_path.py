@@ -15,26 +15,18 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 import storage
-from conftest import Sim
+from conftest import BatchEnv, Sim
 from llm_dispatch import LLMClient
 from llm_dispatch._types import dedupe_key
 from storage import Prompt, Result
 from jobs import ingest_batch, poll_batch
-from jobs import BATCH_ID_KEY, JOB_ID_KEY, Clients, advance_submission, submit_prompts
+from jobs import BATCH_ID_KEY, JOB_ID_KEY, advance_submission, submit_prompts
 
 Sessions = async_sessionmaker[AsyncSession]
 
 
 @dataclass
-class Env:
-    sessions: Sessions
-    client: LLMClient
-    directory: Path
-    sim: Sim
-
-    @property
-    def clients(self) -> Clients:
-        return Clients.of(self.client)
+class Env(BatchEnv):
 
     async def job(self, contents: list[str], *, deadline: datetime | None = None) -> tuple[str, list[int]]:
         job_id = await storage.create_job(
@@ -73,9 +65,6 @@ class Env:
     async def statuses(self, job_id: str) -> dict[str, int]:
         return await storage.job_counts(self.sessions, job_id=job_id)
 
-    async def results(self, job_id: str) -> list[Result]:
-        async with self.sessions() as session:
-            return list((await session.scalars(select(Result).where(Result.job_id == job_id).order_by(Result.id))).all())
 
     async def prompts(self, job_id: str) -> list[Prompt]:
         async with self.sessions() as session:

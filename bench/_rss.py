@@ -75,6 +75,7 @@ class RssSampler:
 
     def __enter__(self) -> RssSampler:
         self._start = time.monotonic()
+        Path(self._path).parent.mkdir(parents=True, exist_ok=True)
         self._out = open(self._path, "w", encoding="utf-8")  # noqa: SIM115 - closed in __exit__
         self._thread.start()
         return self

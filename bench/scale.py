@@ -53,8 +53,8 @@ def main() -> None:
                             if args.rss_log else None for kind in ("baseline", "flow")}
                     runs = {kind: run_child(kind, base_url=base_url, prompts=prompts, concurrency=concurrency,
                                             workdir=workdir, run=0, rss_log=logs[kind],
-                                            # slower than 400 prompts a second is taken for a hung child
-                                            timeout=max(900.0, count / 400)) for kind in ("baseline", "flow")}
+                                            # slower than 250 prompts a second is taken for a hung child
+                                            timeout=max(900.0, count / 250)) for kind in ("baseline", "flow")}
                     base, flow = runs["baseline"], runs["flow"]
                     base_rate, flow_rate = count / base["seconds"], count / flow["seconds"]
                     send_rate = count / flow["send_seconds"]

@@ -9,7 +9,6 @@ every answer from the quotas on carries the ``x-ratelimit-*`` headers, as OpenAI
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
@@ -23,7 +22,6 @@ from ._checks import (
     validate_chat_body,
 )
 from ._completions import SYSTEM_FINGERPRINT, body_digest, plan_completion, render_completion
-from ._config import FAULTS
 from ._http import (
     client_error_response,
     completion_body,
@@ -33,7 +31,6 @@ from ._http import (
     rate_limited_response,
     server_error_response,
 )
-from ._markers import MARKER_BYTES, marker_fault, marker_pattern
 from ._serving import ANSWERED_AT_ONCE, RealTimeRoutes, admit, connection_fault, limit_views
 from ._state import SimState
 
@@ -43,9 +40,6 @@ CHAT_COMPLETIONS_PATH = "/v1/chat/completions"
 
 # What GET /v1/models lists when the simulator accepts any model.
 DEFAULT_MODELS = ("gpt-4o-mini", "gpt-4o", "gpt-4.1", "gpt-4.1-mini", "gpt-4.1-nano", "o4-mini")
-
-_MARKER_BODY = marker_pattern(FAULTS)
-
 
 def register(app: web.Application, state: SimState) -> None:
     """Add the chat-completions and models routes, bound to ``state``."""
@@ -58,33 +52,31 @@ def register(app: web.Application, state: SimState) -> None:
 class _ChatRoutes(RealTimeRoutes):
     request_id_header = "x-request-id"
 
-    async def _answer(self, request: web.Request, raw: bytes) -> web.StreamResponse:
+    def _refuse_headers(self, request: web.Request) -> web.Response | None:
+        return check_auth(request, self._state)
+
+    def _unparsable(self) -> web.Response:
+        return invalid_request(
+            "We could not parse the JSON body of your request. (HINT: This likely means you aren't using "
+            "your HTTP library correctly. The OpenAI API expects a JSON payload, but what was sent was not "
+            "valid JSON.)", param=None, code=None)
+
+    def _invalid_body(self, body: Any) -> web.Response | None:
+        return validate_chat_body(body)
+
+    def _unknown_model(self, model: str) -> web.Response:
+        return model_not_found(model)
+
+    def _unknown_marker(self, message: str) -> web.Response:
+        return unknown_marker(message)
+
+    def _digest(self, raw: bytes, body: dict[str, Any]) -> bytes:
+        return body_digest(raw, state=self._state)
+
+    async def _answer_valid(
+        self, request: web.Request, *, body: dict[str, Any], model: str, digest: bytes
+    ) -> web.StreamResponse:
         state = self._state
-        denied = check_auth(request, state)
-        if denied is not None:
-            return self._counted(denied)
-        try:
-            body = json.loads(raw)
-        except ValueError:
-            return self._counted(invalid_request(
-                "We could not parse the JSON body of your request. (HINT: This likely means you aren't using "
-                "your HTTP library correctly. The OpenAI API expects a JSON payload, but what was sent was not "
-                "valid JSON.)", param=None, code=None))
-        invalid = validate_chat_body(body)
-        if invalid is not None:
-            return self._counted(invalid)
-        model: str = body["model"]
-        if state.allowed_models is not None and model not in state.allowed_models:
-            return self._counted(model_not_found(model))
-
-        digest = body_digest(raw, state=state)
-        if MARKER_BYTES in raw:
-            forced = self._marker_fault(body["messages"], digest)
-            if isinstance(forced, web.Response):
-                return self._counted(forced)
-            if forced is not None:
-                return await self._fault(request, forced, model=model)
-
         plan = plan_completion(body, digest=digest)
         # Admission is charged like OpenAI does: the prompt plus max_tokens when it is given.
         charge = plan.prompt_tokens + (plan.cap * plan.n if plan.cap is not None else plan.completion_tokens)
@@ -100,10 +92,6 @@ class _ChatRoutes(RealTimeRoutes):
 
         return await self._answer_admitted(request, model=model, charge=charge,
                                            output_tokens=plan.completion_tokens, render=render)
-
-    def _marker_fault(self, messages: list[dict[str, Any]], digest: bytes) -> str | web.Response | None:
-        return marker_fault(messages, digest=digest, hits=self._state.marker_hits, pattern=_MARKER_BODY,
-                            allowed=FAULTS, where="", refuse=unknown_marker)
 
     def _admit(self, *, model: str, charge: int) -> tuple[web.Response | None, dict[str, str]]:
         now = time.monotonic()

@@ -11,7 +11,6 @@ malformed and successes wait the sampled latency first. Every error has Anthropi
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
@@ -19,9 +18,7 @@ from aiohttp import web
 
 from ._anthropic_checks import check_headers, messages_body_problem
 from ._anthropic_http import anthropic_error, ratelimit_headers
-from ._config import FAULTS
 from ._http import json_dumps
-from ._markers import MARKER_BYTES, marker_fault, marker_pattern
 from ._messages import message_digest, plan_message, render_message
 from ._serving import ANSWERED_AT_ONCE, RealTimeRoutes, admit, connection_fault, limit_views
 from ._state import SimState
@@ -29,8 +26,6 @@ from ._state import SimState
 __all__ = ["MESSAGES_PATH", "register", "unknown_marker"]
 
 MESSAGES_PATH = "/v1/messages"
-
-_MARKER_BODY = marker_pattern(FAULTS)
 
 
 def register(app: web.Application, state: SimState) -> None:
@@ -45,31 +40,29 @@ def unknown_marker(message: str) -> web.Response:
 class _MessageRoutes(RealTimeRoutes):
     request_id_header = "request-id"
 
-    async def _answer(self, request: web.Request, raw: bytes) -> web.StreamResponse:
-        state = self._state
-        refused = check_headers(request, state)
-        if refused is not None:
-            return self._counted(refused)
-        try:
-            body = json.loads(raw)
-        except ValueError:
-            return self._counted(anthropic_error(400, "There was an error parsing the body of your request as JSON."))
+    def _refuse_headers(self, request: web.Request) -> web.Response | None:
+        return check_headers(request, self._state)
+
+    def _unparsable(self) -> web.Response:
+        return anthropic_error(400, "There was an error parsing the body of your request as JSON.")
+
+    def _invalid_body(self, body: Any) -> web.Response | None:
         problem = messages_body_problem(body)
-        if problem is not None:
-            return self._counted(anthropic_error(400, problem))
-        model: str = body["model"]
-        if state.allowed_models is not None and model not in state.allowed_models:
-            return self._counted(anthropic_error(404, f"model: {model}"))
+        return None if problem is None else anthropic_error(400, problem)
 
-        digest = message_digest(body, state=state)
-        if MARKER_BYTES in raw:
-            forced = marker_fault(body["messages"], digest=digest, hits=state.marker_hits, pattern=_MARKER_BODY,
-                                  allowed=FAULTS, where="", refuse=unknown_marker)
-            if isinstance(forced, web.Response):
-                return self._counted(forced)
-            if forced is not None:
-                return await self._fault(request, forced, model=model)
+    def _unknown_model(self, model: str) -> web.Response:
+        return anthropic_error(404, f"model: {model}")
 
+    def _unknown_marker(self, message: str) -> web.Response:
+        return unknown_marker(message)
+
+    def _digest(self, raw: bytes, body: dict[str, Any]) -> bytes:
+        return message_digest(body, state=self._state)
+
+    async def _answer_valid(
+        self, request: web.Request, *, body: dict[str, Any], model: str, digest: bytes
+    ) -> web.StreamResponse:
+        state = self._state
         plan = plan_message(body, digest=digest)
 
         def render() -> bytes:

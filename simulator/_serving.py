@@ -8,15 +8,18 @@ bodies and headers from what they return. Both draw on one account: the same RPM
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from aiohttp import web
 
+from ._config import FAULTS
 from ._http import dropped_response
+from ._markers import MARKER_BYTES, marker_fault, marker_pattern
 from ._state import QuotaWindow, SimState
 
 __all__ = [
@@ -59,6 +62,9 @@ async def tracked(
     return response
 
 
+_MARKER_BODY = marker_pattern(FAULTS)
+
+
 class RealTimeRoutes:
     """The skeleton of a real-time model route: ``handle`` is the handler; a queued ``/_sim/faults`` fault comes
     first, then the subclass's ``_answer``. Subclasses answer in their API's shapes."""
@@ -78,6 +84,53 @@ class RealTimeRoutes:
         return await self._answer(request, raw)
 
     async def _answer(self, request: web.Request, raw: bytes) -> web.StreamResponse:
+        """The checks in the order the API makes them (headers, JSON, body, model), then a marker's fault, then
+        ``_answer_valid``; each refusal in the subclass's API's shape."""
+        state = self._state
+        refused = self._refuse_headers(request)
+        if refused is not None:
+            return self._counted(refused)
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            return self._counted(self._unparsable())
+        invalid = self._invalid_body(body)
+        if invalid is not None:
+            return self._counted(invalid)
+        model: str = body["model"]
+        if state.allowed_models is not None and model not in state.allowed_models:
+            return self._counted(self._unknown_model(model))
+        digest = self._digest(raw, body)
+        if MARKER_BYTES in raw:
+            forced = marker_fault(body["messages"], digest=digest, hits=state.marker_hits, pattern=_MARKER_BODY,
+                                  allowed=FAULTS, where="", refuse=self._unknown_marker)
+            if isinstance(forced, web.Response):
+                return self._counted(forced)
+            if forced is not None:
+                return await self._fault(request, forced, model=model)
+        return await self._answer_valid(request, body=body, model=model, digest=digest)
+
+    def _refuse_headers(self, request: web.Request) -> web.Response | None:
+        raise NotImplementedError
+
+    def _unparsable(self) -> web.Response:
+        raise NotImplementedError
+
+    def _invalid_body(self, body: Any) -> web.Response | None:
+        raise NotImplementedError
+
+    def _unknown_model(self, model: str) -> web.Response:
+        raise NotImplementedError
+
+    def _unknown_marker(self, message: str) -> web.Response:
+        raise NotImplementedError
+
+    def _digest(self, raw: bytes, body: dict[str, Any]) -> bytes:
+        raise NotImplementedError
+
+    async def _answer_valid(
+        self, request: web.Request, *, body: dict[str, Any], model: str, digest: bytes
+    ) -> web.StreamResponse:
         raise NotImplementedError
 
     async def _fault_response(self, request: web.Request, fault: str, *, model: str | None) -> web.StreamResponse:

@@ -13,15 +13,8 @@ from ._models import Prompt, aware
 from ._records import OpenPrompt, WorkRow
 from ._status import SENDABLE_PROMPT_STATUSES, RetryFailed
 
-__all__ = [
-    "OpenWhere",
-    "open_prompt_count",
-    "open_prompt_ids",
-    "open_prompts",
-    "open_repeated_keys",
-    "open_work_in_order",
-    "open_work_pages",
-]
+__all__ = ["OpenWhere", "open_prompt_count", "open_prompt_ids", "open_prompts", "open_repeated_keys",
+           "open_work_in_order", "open_work_pages"]
 
 Sessions = async_sessionmaker[AsyncSession]
 

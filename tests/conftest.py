@@ -196,6 +196,28 @@ class BatchEnv:
 
         return Clients.of(self.client)
 
+    async def batch(self, batch_id: int) -> Any:
+        """The batch's stored record; it must exist."""
+        import storage
+
+        record = await storage.get_batch(self.sessions, batch_id=batch_id)
+        assert record is not None, f"no batch {batch_id} is stored"
+        return record
+
+    async def poll(self, batch_id: int, *, until: Callable[[Any], bool] | None = None, tries: int = 400) -> Any:
+        """Poll the batch every 50 ms until ``until(record)`` (default: the provider ended it); its last record."""
+        import storage
+        from jobs import poll_batch
+
+        done = until or (lambda r: r.status in storage.TERMINAL_PROVIDER_BATCH_STATUSES)
+        record = await self.batch(batch_id)
+        for _ in range(tries):
+            record = await poll_batch(sessions=self.sessions, clients=self.clients, record=record)
+            if done(record):
+                return record
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"batch {batch_id} is still {record.status} after {tries} polls")
+
     async def results(self, job_id: str) -> list[Any]:
         from sqlalchemy import select
 

@@ -3,7 +3,6 @@ real sockets: every batch state, every result line type, a lost create adopted, 
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 import storage
 from conftest import BatchEnv, Sim
-from jobs import IngestOutcome, advance_submission, cancel_batches, ingest_batch, poll_batch, submit_prompts
+from jobs import IngestOutcome, advance_submission, cancel_batches, ingest_batch, submit_prompts
 from llm_dispatch import LLMClient, PriceTable, RowPricer, dedupe_key
 
 Sessions = async_sessionmaker[AsyncSession]
@@ -45,18 +44,8 @@ class Env(BatchEnv):
                                            directory=self.directory, **options)  # type: ignore[arg-type]
         return outcome.batch_ids
 
-    async def until_done(self, batch_id: int) -> storage.BatchRecord:
-        record = await storage.get_batch(self.sessions, batch_id=batch_id)
-        assert record is not None
-        for _ in range(400):
-            record = await poll_batch(sessions=self.sessions, clients=self.clients, record=record)
-            if record.status in storage.TERMINAL_PROVIDER_BATCH_STATUSES:
-                return record
-            await asyncio.sleep(0.05)
-        raise AssertionError(f"batch {batch_id} did not end: {record.status}")
-
     async def finish(self, batch_id: int, *, max_submissions: int = 3) -> IngestOutcome:
-        record = await self.until_done(batch_id)
+        record = await self.poll(batch_id)
         async with storage.ResultWriter(self.sessions, job_id=record.job_id, pricer=PRICER) as writer:
             return await ingest_batch(sessions=self.sessions, clients=self.clients, writer=writer, record=record,
                                       directory=self.directory, max_submissions=max_submissions)
@@ -86,8 +75,8 @@ def message_batches(sim: Sim) -> list[dict]:
 async def test_a_message_batch_answers_every_prompt_priced_at_half(env: Env) -> None:
     job_id, ids = await env.job([f"question {i}" for i in range(6)] + ["question 0"])  # the last repeats the first
     [batch_id] = await env.submit(job_id)
-    record = await storage.get_batch(env.sessions, batch_id=batch_id)
-    assert record is not None and record.provider == "anthropic" and record.input_file_id is None
+    record = await env.batch(batch_id)
+    assert record.provider == "anthropic" and record.input_file_id is None
     assert record.provider_batch_id is not None and record.provider_batch_id.startswith("msgbatch_")
     assert record.request_total == 6  # identical prompts share one request
     outcome = await env.finish(batch_id)
@@ -139,10 +128,7 @@ async def test_cancel_keeps_what_was_answered_and_fails_the_canceled_lines(env: 
     env.sim.configure(batch_processing_seconds=3.0)
     job_id, ids = await env.job([f"q {i}" for i in range(200)])
     [batch_id] = await env.submit(job_id)
-    record = await storage.get_batch(env.sessions, batch_id=batch_id)
-    assert record is not None
-    while (record := await poll_batch(sessions=env.sessions, clients=env.clients, record=record)).request_completed < 20:
-        await asyncio.sleep(0.05)
+    await env.poll(batch_id, until=lambda r: r.request_completed >= 20)
     [cancelled] = await cancel_batches(sessions=env.sessions, clients=env.clients, job_id=job_id)
     assert cancelled.cancel_requested and cancelled.status in ("cancelling", "completed")
     outcome = await env.finish(batch_id)
@@ -162,8 +148,8 @@ async def test_a_lost_create_is_adopted_not_made_twice(env: Env, fault: str) -> 
                          request_timeout=0.5) as env.client:
         [batch_id] = await env.submit(job_id)
         [made] = message_batches(env.sim)
-        record = await storage.get_batch(env.sessions, batch_id=batch_id)
-        assert record is not None and record.provider_batch_id == made["id"]
+        record = await env.batch(batch_id)
+        assert record.provider_batch_id == made["id"]
         await env.finish(batch_id)
     assert env.sim.stats()["message_batches"] == 1
     assert await storage.job_counts(env.sessions, job_id=job_id) == {"succeeded": 5}
@@ -173,15 +159,14 @@ async def test_a_lost_create_is_adopted_not_made_twice(env: Env, fault: str) -> 
 async def test_a_crash_after_the_create_left_uploaded_is_adopted_by_the_next_run(env: Env) -> None:
     job_id, ids = await env.job([f"q {i}" for i in range(4)])
     [batch_id] = await env.submit(job_id)
-    record = await storage.get_batch(env.sessions, batch_id=batch_id)
-    assert record is not None and record.provider_batch_id is not None
+    record = await env.batch(batch_id)
+    assert record.provider_batch_id is not None
     made = record.provider_batch_id
     # As a process that died after the create reached Anthropic but before its answer was stored leaves it.
     async with env.sessions.begin() as session:
         await session.execute(storage.Batch.__table__.update().where(storage.Batch.id == batch_id)
                               .values(status="uploaded", provider_batch_id=None))
-    record = await storage.get_batch(env.sessions, batch_id=batch_id)
-    assert record is not None
+    record = await env.batch(batch_id)
     record = await advance_submission(sessions=env.sessions, clients=env.clients, record=record)
     assert record.provider_batch_id == made
     assert env.sim.stats()["message_batches"] == 1

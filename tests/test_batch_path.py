@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -19,7 +18,7 @@ from conftest import BatchEnv, Sim
 from llm_dispatch import LLMClient
 from llm_dispatch._types import dedupe_key
 from storage import Prompt, Result
-from jobs import ingest_batch, poll_batch
+from jobs import ingest_batch
 from jobs import BATCH_ID_KEY, JOB_ID_KEY, advance_submission, submit_prompts
 
 Sessions = async_sessionmaker[AsyncSession]
@@ -51,13 +50,7 @@ class Env(BatchEnv):
         return outcome.batch_ids
 
     async def finish(self, batch_id: int, *, max_submissions: int = 3, now: datetime | None = None):
-        record = await storage.get_batch(self.sessions, batch_id=batch_id)
-        assert record is not None
-        for _ in range(200):
-            record = await poll_batch(sessions=self.sessions, clients=self.clients, record=record)
-            if record.status in storage.TERMINAL_PROVIDER_BATCH_STATUSES:
-                break
-            await asyncio.sleep(0.05)
+        record = await self.poll(batch_id)
         async with storage.ResultWriter(self.sessions, job_id=record.job_id) as writer:
             return await ingest_batch(sessions=self.sessions, clients=self.clients, writer=writer, record=record,
                                       directory=self.directory, max_submissions=max_submissions, now=now)
@@ -94,8 +87,8 @@ async def test_happy_path_one_line_per_distinct_request_every_answer_stored(env:
     job_id, ids = await env.job(contents)
     [batch_id] = await env.submit(job_id)
 
-    record = await storage.get_batch(env.sessions, batch_id=batch_id)
-    assert record is not None and record.provider_batch_id and record.request_total == 30
+    record = await env.batch(batch_id)
+    assert record.provider_batch_id and record.request_total == 30
     assert await env.statuses(job_id) == {"batched": 31}
     [provider] = provider_batches(env.sim)
     assert provider["metadata"] == {JOB_ID_KEY: job_id, BATCH_ID_KEY: str(batch_id)}
@@ -107,8 +100,8 @@ async def test_happy_path_one_line_per_distinct_request_every_answer_stored(env:
     assert sorted(r.route for r in results).count("batch") == 30
     assert [r.route for r in results].count("reused") == 1
     assert all(r.text and r.prompt_tokens and r.completion_tokens for r in results if r.route == "batch")
-    record = await storage.get_batch(env.sessions, batch_id=batch_id)
-    assert record is not None and record.status == "ingested" and record.request_completed == 30
+    record = await env.batch(batch_id)
+    assert record.status == "ingested" and record.request_completed == 30
 
 
 async def test_files_split_at_the_providers_limit(env: Env) -> None:
@@ -128,8 +121,8 @@ async def test_identical_prompts_pages_apart_share_one_line_and_are_reused_later
     contents = ["same", "a", "b", "same", "c", "same", "d", "same"]
     job_id, ids = await env.job(contents)
     [batch_id] = await env.submit(job_id, page=2)
-    record = await storage.get_batch(env.sessions, batch_id=batch_id)
-    assert record is not None and record.request_total == 5
+    record = await env.batch(batch_id)
+    assert record.request_total == 5
     members = await storage.batch_members(env.sessions, batch_id=batch_id)
     assert sorted(len(prompt_ids) for prompt_ids in members.values()) == [1, 1, 1, 1, 4]
     await env.finish(batch_id)
@@ -139,8 +132,8 @@ async def test_identical_prompts_pages_apart_share_one_line_and_are_reused_later
     # A later job asking the same, page by page: every stored answer is reused, only the new request is sent.
     again, _ = await env.job([*contents, "new"])
     [batch_id] = await env.submit(again, page=2)
-    record = await storage.get_batch(env.sessions, batch_id=batch_id)
-    assert record is not None and record.request_total == 1
+    record = await env.batch(batch_id)
+    assert record.request_total == 1
     await env.finish(batch_id)
     assert sorted(r.route for r in await env.results(again)) == ["batch"] + ["reused"] * 8
 
@@ -193,8 +186,8 @@ async def test_expired_batch_keeps_every_answer_and_resends_only_the_rest(env: E
     rest = await storage.open_prompt_ids(env.sessions, job_id=job_id, planned_route="batch")
     assert len(rest) == 10
     [second] = await env.submit(job_id, resubmission_of=first)
-    record = await storage.get_batch(env.sessions, batch_id=second)
-    assert record is not None and record.request_total == 10 and record.resubmission_of == first
+    record = await env.batch(second)
+    assert record.request_total == 10 and record.resubmission_of == first
     await env.finish(second)
     assert await env.statuses(job_id) == {"succeeded": 20}
     # Every prompt has exactly one success: none paid twice.
@@ -280,10 +273,7 @@ async def test_cancel_keeps_what_completed_and_fails_the_rest(env: Env) -> None:
     env.sim.configure(batch_processing_seconds=3.0)
     job_id, ids = await env.job([f"q {i}" for i in range(400)])
     [batch_id] = await env.submit(job_id)
-    record = await storage.get_batch(env.sessions, batch_id=batch_id)
-    assert record is not None
-    while (record := await poll_batch(sessions=env.sessions, clients=env.clients, record=record)).request_completed < 50:
-        await asyncio.sleep(0.05)
+    record = await env.poll(batch_id, until=lambda r: r.request_completed >= 50)
     await storage.update_batch(env.sessions, batch_id=batch_id, cancel_requested=True)
     await env.client.cancel_batch(record.provider_batch_id)  # type: ignore[arg-type]
     outcome = await env.finish(batch_id)
@@ -306,8 +296,7 @@ async def uploaded_batch(env: Env, job_id: str, ids: list[int]) -> storage.Batch
                                                  members=[(pid, f"p{pid}") for pid in ids], file_path=str(file.path))
     uploaded = await env.client.upload_file(file.path)
     await storage.update_batch(env.sessions, batch_id=batch_id, status="uploaded", input_file_id=uploaded.id)
-    record = await storage.get_batch(env.sessions, batch_id=batch_id)
-    assert record is not None
+    record = await env.batch(batch_id)
     return record
 
 
@@ -334,8 +323,8 @@ async def test_a_lost_create_answer_is_looked_up_not_created_again(env: Env, fau
     async with LLMClient(base_url=env.sim.base_url, max_retries=2, request_timeout=0.5) as env.client:
         [batch_id] = await env.submit(job_id)
         [provider] = provider_batches(env.sim)
-        record = await storage.get_batch(env.sessions, batch_id=batch_id)
-        assert record is not None and record.provider_batch_id == provider["id"]
+        record = await env.batch(batch_id)
+        assert record.provider_batch_id == provider["id"]
         await env.finish(batch_id)
     assert env.sim.stats()["batches"] == 1
     assert await env.statuses(job_id) == {"succeeded": 5}
@@ -362,8 +351,8 @@ async def test_a_create_given_up_says_so_and_the_next_run_creates_it_once(env: E
         await advance_submission(sessions=env.sessions, clients=env.clients, record=record, max_retries=1)
     assert raised.value.attempts == 2 and raised.value.status_code == 503
     assert provider_batches(env.sim) == []
-    record = await storage.get_batch(env.sessions, batch_id=record.id)
-    assert record is not None and record.status == "uploaded"
+    record = await env.batch(record.id)
+    assert record.status == "uploaded"
 
     record = await advance_submission(sessions=env.sessions, clients=env.clients, record=record)
     assert [b["id"] for b in provider_batches(env.sim)] == [record.provider_batch_id]
@@ -376,8 +365,7 @@ async def test_a_batch_left_preparing_without_its_file_is_written_again(env: Env
     batch_id = await storage.create_batch_record(
         env.sessions, job_id=job_id, model="gpt-4o-mini", members=[(pid, f"p{pid}") for pid in ids],
         file_path=str(env.directory / "gone.jsonl"))
-    record = await storage.get_batch(env.sessions, batch_id=batch_id)
-    assert record is not None
+    record = await env.batch(batch_id)
     record = await advance_submission(sessions=env.sessions, clients=env.clients, record=record)
     assert record.provider_batch_id is not None and record.request_total == 3
     await env.finish(batch_id)
@@ -388,8 +376,7 @@ async def test_ingesting_twice_writes_each_answer_once(env: Env) -> None:
     job_id, ids = await env.job([f"q {i}" for i in range(6)])
     [batch_id] = await env.submit(job_id)
     await env.finish(batch_id)
-    record = await storage.get_batch(env.sessions, batch_id=batch_id)
-    assert record is not None
+    record = await env.batch(batch_id)
     # Say the process died after writing the results and before marking the batch ingested.
     async with env.sessions.begin() as session:
         from sqlalchemy import update

@@ -3,7 +3,7 @@ a Message Batch whose create answer was lost is found again by its size and time
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 

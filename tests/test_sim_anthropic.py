@@ -13,17 +13,8 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from llm_dispatch import (
-    APIStatusError,
-    AuthenticationError,
-    BadRequestError,
-    ChatRequest,
-    InternalServerError,
-    LLMClient,
-    NotFoundError,
-    PermissionDeniedError,
-    RateLimitError,
-)
+from llm_dispatch import (APIStatusError, AuthenticationError, BadRequestError, ChatRequest, InternalServerError,
+                          LLMClient, NotFoundError, PermissionDeniedError, RateLimitError)
 from simulator import Simulator, SimulatorConfig, anthropic_base_url
 
 from conftest import StartSim

@@ -1,19 +1,12 @@
-"""Initial schema: jobs, prompts, results.
-
-Revision ID: 0001
-Revises:
-Create Date: 2025-11-21
-"""
+"""Initial schema: jobs, prompts, results."""
 
 from __future__ import annotations
 
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0001"
-down_revision: str | None = None
-branch_labels: str | None = None
-depends_on: str | None = None
+revision = "0001"
+down_revision = None
 
 # Written out here rather than imported from storage._models: a migration must keep
 # describing the schema as it was at this revision, whatever the models become.

@@ -1,8 +1,4 @@
 """Batch API: batches, their members (prompt per line), and the prompt status ``batched``.
-
-Revision ID: 0002
-Revises: 0001
-Create Date: 2026-11-21
 """
 
 from __future__ import annotations
@@ -10,10 +6,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0002"
-down_revision: str | None = "0001"
-branch_labels: str | None = None
-depends_on: str | None = None
+revision = "0002"
+down_revision = "0001"
 
 # Written out here rather than imported from storage._models, as in 0001.
 BigInt = sa.BigInteger().with_variant(sa.Integer(), "sqlite")

@@ -1,9 +1,5 @@
 """Routing and batch resubmission: each prompt's planned route, its reason and deadline; a batch
 line may answer several identical prompts; a batch remembers that the user cancelled it.
-
-Revision ID: 0003
-Revises: 0002
-Create Date: 2026-11-21
 """
 
 from __future__ import annotations
@@ -11,10 +7,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0003"
-down_revision: str | None = "0002"
-branch_labels: str | None = None
-depends_on: str | None = None
+revision = "0003"
+down_revision = "0002"
 
 
 def upgrade() -> None:

@@ -1,10 +1,6 @@
 """The cost ledger: each result row carries what it cost, the price table it was priced with and the
 discount applied. Existing rows are back-filled from their tokens with the bundled prices installed
 now, and marked ``cost_basis = 'backfill'``: they are not the prices they were paid at.
-
-Revision ID: 0004
-Revises: 0003
-Create Date: 2026-11-24
 """
 
 from __future__ import annotations
@@ -14,10 +10,8 @@ from alembic import op
 
 from llm_dispatch import PriceTable, RowPricer
 
-revision: str = "0004"
-down_revision: str | None = "0003"
-branch_labels: str | None = None
-depends_on: str | None = None
+revision = "0004"
+down_revision = "0003"
 
 # Rows read and updated per round trip while back-filling.
 PAGE = 5000

@@ -1,20 +1,14 @@
 """Indexes for reading a job's prompts a page at a time: by input position (planning, recording in
 slices) and by request (the estimate, which counts identical requests once), so that each page is an
 index range scan however many prompts the job and the table hold.
-
-Revision ID: 0005
-Revises: 0004
-Create Date: 2026-11-25
 """
 
 from __future__ import annotations
 
 from alembic import op
 
-revision: str = "0005"
-down_revision: str | None = "0004"
-branch_labels: str | None = None
-depends_on: str | None = None
+revision = "0005"
+down_revision = "0004"
 
 
 def upgrade() -> None:

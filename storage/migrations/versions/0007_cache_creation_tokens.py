@@ -1,10 +1,6 @@
 """Each answer's prompt-cache writes (Anthropic's ``cache_creation_input_tokens``): part of its prompt tokens,
 priced at the cache-write price, kept so that a report or a reprice can count them again. Rows before it
 wrote no cache (OpenAI reports none): NULL.
-
-Revision ID: 0007
-Revises: 0006
-Create Date: 2026-11-25
 """
 
 from __future__ import annotations
@@ -12,10 +8,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0007"
-down_revision: str | None = "0006"
-branch_labels: str | None = None
-depends_on: str | None = None
+revision = "0007"
+down_revision = "0006"
 
 
 def upgrade() -> None:

@@ -27,7 +27,7 @@ from ._pricing import ModelLimits, PriceTable
 from ._providers import provider_lookup
 from ._routing import URGENCIES, parse_deadline
 from ._settings import DEFAULT_MAX_TOKENS
-from ._tokens import estimate_input_tokens, reply_cap
+from ._tokens import estimate_input_tokens, input_tokens_at_most, reply_cap
 from ._types import ChatRequest, dedupe_key
 
 __all__ = [
@@ -430,6 +430,9 @@ def _check_limits(request: ChatRequest, limits: ModelLimits, *, prompt_field: st
     window = limits.context_window
     if window is None:
         return
+    at_most = input_tokens_at_most(request)
+    if at_most is not None and at_most + (cap or 0) <= window:
+        return  # fits even at its most: no need to estimate it
     prompt = estimate_input_tokens(request)
     if prompt > window:
         raise fail(f"is about {prompt:,} tokens (estimated), more than {model}'s context window of {window:,}; "

@@ -37,6 +37,7 @@ __all__ = [
     "estimate_prompt_tokens",
     "estimate_request_tokens",
     "estimate_text_tokens",
+    "input_tokens_at_most",
 ]
 
 TOKENS_PER_MESSAGE = 3
@@ -63,6 +64,11 @@ _PER_OTHER_SCRIPT = 0.15  # accented Latin, Greek, Cyrillic, Hebrew, Arabic, Ind
 _PER_CJK = 0.63  # kana, Han ideographs, full-width forms
 _PER_HANGUL = 0.42
 _PER_ASTRAL = 1.5  # emoji and rare ideographs (4-byte UTF-8)
+# No character adds more to ``estimate_text_tokens`` than itself, one word start and one kind (a kind is
+# counted by the first byte of its UTF-8 form only): with rounding, a text of n characters is at most 3n tokens.
+_MOST_PER_CHARACTER = 3
+assert _PER_CHARACTER + _PER_WORD + max(_PER_PUNCTUATION, _PER_DIGIT, _PER_NEWLINE, _PER_OTHER_SCRIPT, _PER_CJK,
+                                        _PER_HANGUL, _PER_ASTRAL) + 0.5 <= _MOST_PER_CHARACTER
 
 
 def _byte_kinds() -> bytes:
@@ -163,6 +169,21 @@ def estimate_input_tokens(request: ChatRequest) -> int:
     params = request.params
     prompt = estimate_prompt_tokens(request.messages)
     return prompt + sum(estimate_text_tokens(_dump(params[name])) for name in _PROMPT_PARAMS if params.get(name))
+
+
+def input_tokens_at_most(request: ChatRequest) -> int | None:
+    """An upper bound of ``estimate_input_tokens(request)`` from the messages' lengths alone, for messages of plain
+    text and no parameters rendered into the prompt; None for any other request. It costs no pass over the text."""
+    params = request.params
+    if any(params.get(name) for name in _PROMPT_PARAMS):
+        return None
+    total = TOKENS_PER_REPLY
+    for message in request.messages:
+        content = message.get("content")
+        if not isinstance(content, str) or message.get("name") or message.get("tool_calls"):
+            return None
+        total += TOKENS_PER_MESSAGE + TOKENS_PER_ROLE + _MOST_PER_CHARACTER * len(content)
+    return total
 
 
 def estimate_request_tokens(request: ChatRequest, *, default_completion_tokens: int = DEFAULT_COMPLETION_TOKENS) -> int:

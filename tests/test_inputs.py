@@ -262,3 +262,10 @@ def test_a_users_price_file_adds_a_models_window(tmp_path: Path) -> None:
     assert parse_prompt_dicts([{"prompt": "hi", "params": {"max_tokens": 1024}}], default_model="my-vllm", table=table)
     with pytest.raises(InputError, match="my-vllm's context window of 4,096"):
         parse_prompt_dicts([{"prompt": "word " * 5000}], default_model="my-vllm", table=table)
+    # Too long to pass on its length alone (3 tokens a character), short enough by its estimate: accepted.
+    words = "word " * 500
+    assert 3 * len(words) + 1024 > 4096
+    assert parse_prompt_dicts([{"prompt": words, "params": {"max_tokens": 1024}}], default_model="my-vllm", table=table)
+    with pytest.raises(InputError, match="exceed my-vllm's context window of 4,096"):
+        parse_prompt_dicts([{"prompt": "word " * 3000, "params": {"max_tokens": 1024}}], default_model="my-vllm",
+                           table=table)

@@ -14,11 +14,13 @@ Chat figures add OpenAI's framing: 3 tokens a message plus its role (1 token), 3
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 
 from simulator import count_message_tokens, count_tokens
-from llm_dispatch._tokens import estimate_prompt_tokens, estimate_text_tokens
+from llm_dispatch import ChatRequest
+from llm_dispatch._tokens import estimate_input_tokens, estimate_prompt_tokens, estimate_text_tokens, input_tokens_at_most
 
 PROSE = (
     "Most of the town's water comes from a reservoir in the hills, built in the 1930s when the old wells "
@@ -131,3 +133,21 @@ def test_simulator_reports_chat_usage_as_openai_would() -> None:
 @pytest.mark.parametrize(("text", "exact"), [(JAPANESE, JAPANESE_EXACT), (CHINESE, CHINESE_EXACT)])
 def test_simulator_counts_cjk_in_the_right_range(text: str, exact: int) -> None:
     assert 0.8 * exact <= count_tokens(text) <= 1.5 * exact
+
+
+def test_the_bound_from_lengths_is_never_below_the_estimate() -> None:
+    # The characters each term of the estimate weighs most: word starts, digits, symbols, newlines, every script.
+    pool = [" a", "a", "7", "{", "\n", "é", "ж", "中", "한", "😀", "\ud800", " ", "\t"]
+    rng = random.Random(11)
+    for _ in range(2000):
+        texts = ["".join(rng.choice(pool) for _ in range(rng.randint(1, 60))) for _ in range(rng.randint(1, 3))]
+        request = ChatRequest(model="m", messages=[{"role": "user", "content": text} for text in texts])
+        at_most = input_tokens_at_most(request)
+        assert at_most is not None and estimate_input_tokens(request) <= at_most, texts
+
+
+def test_no_bound_is_given_where_the_estimate_reads_more_than_text() -> None:
+    text = [{"role": "user", "content": "hi"}]
+    assert input_tokens_at_most(ChatRequest(model="m", messages=text, params={"tools": [{"type": "function"}]})) is None
+    parts = [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]
+    assert input_tokens_at_most(ChatRequest(model="m", messages=parts)) is None

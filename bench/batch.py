@@ -75,13 +75,14 @@ def _messages(i: int) -> list[dict[str, Any]]:
     return [{"role": "user", "content": _content(i)}]
 
 
-def _prompts(count: int) -> Iterator[Any]:
-    """NewPrompts as the CLI would store them after routing: distinct, so no line is shared or reused."""
+def _prompts(count: int, *, distinct: int | None = None) -> Iterator[Any]:
+    """NewPrompts as the CLI would store them after routing: distinct (no line shared or reused), or with
+    ``distinct`` requests, prompt i asking question i % distinct (identical prompts share one line)."""
     import storage
     from llm_dispatch import dedupe_key
 
     for i in range(count):
-        messages = _messages(i)
+        messages = _messages(i % distinct if distinct else i)
         yield storage.NewPrompt(
             custom_id=f"c-{i}", position=i, model=MODEL, messages=messages, params=dict(PARAMS),
             dedupe_key=dedupe_key(model=MODEL, messages=messages, params=PARAMS),
@@ -183,7 +184,8 @@ class _Profile:
 
 
 async def batch_path(
-    *, base_url: str, count: int, workdir: Path, run: int, profile: Path | None, flush_rows: int | None
+    *, base_url: str, count: int, workdir: Path, run: int, profile: Path | None, flush_rows: int | None,
+    distinct: int | None = None,
 ) -> dict[str, Any]:
     import logging
 
@@ -212,7 +214,7 @@ async def batch_path(
         started = time.perf_counter()
         job_id = await storage.create_job(sessions, name="bench-batch", fingerprint=f"{run:064d}", input_path=None,
                                           model=MODEL, settings={})
-        await storage.add_prompts(sessions, job_id=job_id, prompts=_prompts(count))
+        await storage.add_prompts(sessions, job_id=job_id, prompts=_prompts(count, distinct=distinct))
         recorded = await storage.open_prompt_count(sessions, job_id=job_id, planned_route="batch")
         out["record_s"] = time.perf_counter() - started
         assert recorded == count, f"recorded {recorded} of {count} prompts"
@@ -251,8 +253,9 @@ async def batch_path(
             out["submit_sim_cpu_s"] = _sim_cpu(base_url) - sim_before
             out["peak_rss_submit_mb"] = (_status_kb("VmHWM") or 0) / 1024  # since the reset after setup
             _reset_peak_rss()
-            expected_batches = math.ceil(count / limits.max_requests)
-            if len(outcome.batch_ids) != expected_batches or outcome.lines != count or outcome.reused:
+            lines = min(count, distinct or count)
+            expected_batches = math.ceil(lines / limits.max_requests)
+            if len(outcome.batch_ids) != expected_batches or outcome.lines != lines or outcome.reused:
                 raise SystemExit(f"submit: {len(outcome.batch_ids)} batches (expected {expected_batches}), "
                                  f"{outcome.lines} lines, {outcome.reused} reused, of {count} prompts")
             out["batches"] = len(outcome.batch_ids)
@@ -423,7 +426,7 @@ def child(args: argparse.Namespace) -> None:
     if args.child == "path":
         result = asyncio.run(batch_path(base_url=args.base_url, count=args.prompts, workdir=workdir, run=args.run,
                                         profile=Path(args.profile) if args.profile else None,
-                                        flush_rows=args.flush_rows))
+                                        flush_rows=args.flush_rows, distinct=args.distinct))
     else:
         result = asyncio.run(baselines(base_url=args.base_url, count=args.prompts, workdir=workdir, run=args.run,
                                        output_files=json.loads(args.output_files)))
@@ -573,6 +576,28 @@ def print_table(summary: dict[str, Any]) -> None:
           f"= {m['baseline_ingest_rows_per_s']:,.0f} rows/s; ingest / this = {m['ingest_vs_baseline']:.2f}x")
 
 
+def repeated_requests(args: argparse.Namespace, *, base_url: str, workdir: Path, extra: list[str]) -> None:
+    """The batch path on a job whose prompts repeat: each identical request one line, its answer stored for each."""
+    target_submit, target_rows, target_rss = targets_for(args.prompts)
+    print(f"{args.prompts:,} prompts making {args.distinct:,} distinct requests, {args.repeats} runs, "
+          f"{os.cpu_count()} cores", flush=True)
+    runs = []
+    for run in range(args.repeats):
+        path = run_child("path", base_url=base_url, count=args.prompts, workdir=workdir, run=run, extra=extra)
+        runs.append(path)
+        print(f"  run {run + 1}: submit {path['submit_s']:.2f} s ({path['batches']} batches), ingest "
+              f"{path['ingest_s']:.2f} s ({path['ingested'] / path['ingest_s']:,.0f} prompts settled/s), peak RSS "
+              f"{path['peak_rss_mb']:.0f} MB (submit {path['peak_rss_submit_mb']:.0f}, ingest "
+              f"{path['peak_rss_ingest_mb']:.0f})", flush=True)
+        for suffix in ("", "-wal", "-shm"):
+            workdir.joinpath(f"batch-{run}.db{suffix}").unlink(missing_ok=True)
+    submit = statistics.median(r["submit_s"] for r in runs)
+    rows = statistics.median(r["ingested"] / r["ingest_s"] for r in runs)
+    rss = max(r["peak_rss_mb"] for r in runs)
+    print(f"  median submit {submit:.2f} s (target <= {target_submit:g}), ingest {rows:,.0f} prompts/s (target >= "
+          f"{target_rows:,.0f}), peak RSS {rss:.0f} MB (target <= {target_rss:g})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=100_000)
@@ -582,6 +607,8 @@ def main() -> None:
     parser.add_argument("--profile", metavar="DIR", help="cProfile the timed phases of one batch-path run instead")
     parser.add_argument("--flush-rows", type=int, metavar="N",
                         help="ResultWriter flush_rows for the ingest (default: the writer's own default)")
+    parser.add_argument("--distinct", type=int, metavar="N",
+                        help="N distinct requests, each made by prompts/N prompts (the batch path alone, no baselines)")
     parser.add_argument("--child", choices=["path", "baseline"], help=argparse.SUPPRESS)
     parser.add_argument("--base-url", help=argparse.SUPPRESS)
     parser.add_argument("--workdir", help=argparse.SUPPRESS)
@@ -599,6 +626,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-batch-") as tmp, Simulator.in_process(config) as base_url:
         workdir = Path(tmp)
         path_extra = [] if args.flush_rows is None else ["--flush-rows", str(args.flush_rows)]
+        if args.distinct:
+            repeated_requests(args, base_url=base_url, workdir=workdir, extra=[*path_extra, "--distinct", str(args.distinct)])
+            return
         if args.profile:
             profile = Path(args.profile).resolve()
             result = run_child("path", base_url=base_url, count=args.prompts, workdir=workdir, run=0,

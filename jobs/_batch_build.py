@@ -12,7 +12,7 @@ from pathlib import Path
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 import storage
-from llm_dispatch import BatchFile, BatchFileWriter, BatchLimits, ChatRequest
+from llm_dispatch import BatchFile, BatchFileWriter, BatchLimits, ChatRequest, RepeatedKeys, key_hash
 
 __all__ = ["BatchBuilder", "BuiltFile", "Group", "request_groups"]
 
@@ -51,10 +51,11 @@ async def request_groups(
     Without ``dedupe`` each prompt is its own group.
     """
     where = {"planned_route": "batch", "retry_failed": retry_failed}
-    repeated = await storage.open_repeated_keys(sessions, job_id=job_id, **where) if dedupe else set()
-    grouped: set[str] = set()  # repeated requests whose group is made
+    repeated = await storage.open_repeated_keys(sessions, job_id=job_id, **where) if dedupe else RepeatedKeys()
+    grouped: set[int] = set()  # the hashes of the repeated requests whose group is made
     async for rows in storage.open_work_in_order(sessions, job_id=job_id, page=page, **where):
-        firsts = {row.dedupe_key for row in rows if row.dedupe_key in repeated} - grouped
+        firsts = {row.dedupe_key for row in rows
+                  if row.dedupe_key in repeated and key_hash(row.dedupe_key) not in grouped}
         members: dict[str, list[int]] = {}
         if firsts:
             for prompt in await storage.open_prompts(sessions, job_id=job_id, dedupe_keys=firsts, **where):
@@ -63,8 +64,8 @@ async def request_groups(
         for row in rows:
             if row.dedupe_key not in repeated:
                 groups.append(Group(first=row, prompt_ids=(row.id,)))
-            elif row.dedupe_key not in grouped:
-                grouped.add(row.dedupe_key)
+            elif (request := key_hash(row.dedupe_key)) not in grouped:
+                grouped.add(request)
                 # Found again by request: a prompt sent meanwhile (by another run) is no longer open.
                 groups.append(Group(first=row, prompt_ids=members.get(row.dedupe_key) or (row.id,)))
         if groups:

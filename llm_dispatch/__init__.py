@@ -22,6 +22,7 @@ from ._client import LLMClient
 from ._constants import DEFAULT_CONCURRENCY, DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
 from ._costs import PICO_PER_USD, CostTotals, RouteTotals, RowCost, RowPricer, estimate_request_cost, from_pico
 from ._dispatch import ChatSender, DispatchOutcome, Progress, ResultSink, WorkItem, current_progress, send_all
+from ._hashes import key_hash
 from ._inputs import (
     InputCheck,
     PromptSource,
@@ -85,6 +86,7 @@ __all__ = [
     "check_prompts",
     "fingerprint",
     "iter_prompts",
+    "key_hash",
     "from_pico",
     "LLMClient",
     "parse_deadline",

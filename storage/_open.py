@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import AsyncIterator, Collection
 from typing import Any, TypedDict, Unpack, get_args
 
 from sqlalchemy import and_, func, or_, select, tuple_
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from llm_dispatch import RepeatedKeys, key_hash
 
 from ._bulk import IN_CHUNK, chunks
 from ._models import Prompt, aware
@@ -117,16 +120,21 @@ async def open_prompt_count(sessions: Sessions, *, job_id: str, **where: Unpack[
         return int((await session.execute(stmt)).scalar_one())
 
 
-async def open_repeated_keys(sessions: Sessions, *, job_id: str, **where: Unpack[OpenWhere]) -> set[str]:
-    """The requests (dedupe keys) more than one open prompt of the job makes; counted by the database."""
+async def open_repeated_keys(sessions: Sessions, *, job_id: str, **where: Unpack[OpenWhere]) -> RepeatedKeys:
+    """The requests (dedupe keys) more than one open prompt of the job makes; counted by the database, read as
+    a stream and held as 8-byte hashes, however many there are."""
     stmt = (
         select(Prompt.dedupe_key)
         .where(*_open_filter(job_id=job_id, **where))
         .group_by(Prompt.dedupe_key)
         .having(func.count() > 1)
+        .execution_options(yield_per=IN_CHUNK * 10)
     )
+    hashes = array("q")
     async with sessions() as session:
-        return set((await session.execute(stmt)).scalars())
+        async for keys in (await session.stream_scalars(stmt)).partitions():
+            hashes.extend(key_hash(key) for key in keys)
+    return RepeatedKeys(hashes)
 
 
 async def open_work_pages(

@@ -157,7 +157,8 @@ def run(
 
 def _check_keys(settings: Settings, *, providers: frozenset[str]) -> None:
     """One line and exit 2 when a provider the prompts go to has no key (before anything is written)."""
-    if "openai" in providers and settings.api_key is None and "api.openai.com" in settings.base_url:
+    if ("openai" in providers and settings.api_key is None and settings.api_key_block is None
+            and "api.openai.com" in settings.base_url):
         raise _fail("no API key: set OPENAI_API_KEY (or LLM_DISPATCH_API_KEY), or add --simulate to use the bundled simulator")
     if "anthropic" in providers:
         from llm_dispatch import check_provider_key

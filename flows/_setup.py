@@ -17,29 +17,41 @@ Logger = logging.Logger | logging.LoggerAdapter  # type: ignore[type-arg]
 GC_THRESHOLD = 10_000
 
 
-async def with_api_key(settings: Settings) -> Settings:
-    """``settings`` with the key read from the Prefect Secret block ``api_key_block``, when one is named.
+# (setting naming a Secret block, the key it holds, the variable that sets the name)
+_KEY_BLOCKS = (("api_key_block", "api_key", "LLM_DISPATCH_API_KEY_BLOCK"),
+               ("anthropic_api_key_block", "anthropic_api_key", "LLM_DISPATCH_ANTHROPIC_API_KEY_BLOCK"))
 
-    The key goes into a ``SecretStr`` and from there only into request headers: never into a log,
+
+async def with_api_key(settings: Settings) -> Settings:
+    """``settings`` with each key read from the Prefect Secret block named for it (``api_key_block``,
+    ``anthropic_api_key_block``), when one is.
+
+    A key goes into a ``SecretStr`` and from there only into request headers: never into a log,
     the database, an artifact or an exception.
     """
-    if settings.api_key_block is None:
-        return settings
+    update: dict[str, object] = {}
+    for block_field, key_field, variable in _KEY_BLOCKS:
+        name = getattr(settings, block_field)
+        if name is not None:
+            update[key_field] = SecretStr(await _secret(name, variable=variable))
+            update[block_field] = None  # resolved: the recipes handed these settings do not read the block again
+    return settings.model_copy(update=update) if update else settings
+
+
+async def _secret(name: str, *, variable: str) -> str:
     from prefect.blocks.system import Secret
 
     try:
-        block = await Secret.aload(settings.api_key_block)
+        block = await Secret.aload(name)
     except ValueError as exc:
         raise ConfigError(
-            f"no Prefect Secret block named {settings.api_key_block!r}: create it "
-            f"(`prefect block create secret` or Secret(value=...).save({settings.api_key_block!r})) "
-            "or unset LLM_DISPATCH_API_KEY_BLOCK"
-        ) from exc
+            f"no Prefect Secret block named {name!r}: create it (`prefect block create secret` or "
+            f"Secret(value=...).save({name!r})) or unset {variable}"
+        ) from None
     value = block.get()
     if not isinstance(value, str) or not value:
-        raise ConfigError(f"the Secret block {settings.api_key_block!r} holds no API key string")
-    # Resolved: recipes handed these settings (the dispatch flow's halves) do not read the block again.
-    return settings.model_copy(update={"api_key": SecretStr(value), "api_key_block": None})
+        raise ConfigError(f"the Secret block {name!r} holds no API key string")
+    return value
 
 
 async def ensure_tag_limit(settings: Settings, *, logger: Logger) -> int | None:

@@ -75,8 +75,10 @@ class Settings(BaseSettings):
         default=None, ge=1,
         description="chunk tasks running at once under concurrency_tag, over all runs; created when missing",
     )
-    # The name of a Prefect Secret block holding the API key, read by the flows instead of the environment.
+    # Names of Prefect Secret blocks holding the keys (OpenAI's, Anthropic's), read by the flows instead of the
+    # environment; a named block stands for its key until a flow reads it.
     api_key_block: str | None = None
+    anthropic_api_key_block: str | None = None
 
     request_timeout: float = Field(default=120.0, gt=0, description="seconds for one HTTP attempt")
     connect_timeout: float = Field(default=10.0, gt=0)

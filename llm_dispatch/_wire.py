@@ -117,5 +117,6 @@ def check_provider_key(settings: Settings, *, provider: str) -> None:
     """Raise ``ConfigError`` when ``provider``'s client could not be made for want of a key, as ``LLMClient`` would."""
     if provider == "anthropic":
         key = settings.anthropic_api_key
-        wire_for(provider).check_key(key_set=key is not None and bool(key.get_secret_value()),
-                                     base_url=settings.anthropic_base_url)
+        # A named Secret block stands for the key: the flow reads it, and says so if it is missing.
+        key_set = (key is not None and bool(key.get_secret_value())) or settings.anthropic_api_key_block is not None
+        wire_for(provider).check_key(key_set=key_set, base_url=settings.anthropic_base_url)

@@ -137,8 +137,7 @@ class MessageBatchApi(BatchApi):
     async def create(self, *, record: storage.BatchRecord, path: Path | None, input_file_id: str | None,
                      metadata: Mapping[str, str]) -> BatchInfo:
         assert path is not None
-        requests = await asyncio.to_thread(_message_requests, path, self.client)
-        return await self.client.create_message_batch(requests=requests, max_retries=0)
+        return await self.client.create_message_batch(requests=_message_requests(path, self.client), max_retries=0)
 
     async def find(self, *, sessions: Sessions, record: storage.BatchRecord) -> BatchInfo | None:
         """A message batch of our record's size, created since the record was (less ``CLOCK_SLACK``), that no
@@ -177,9 +176,8 @@ def batch_api(client: LLMClient) -> BatchApi:
     return MessageBatchApi(client) if client.provider == "anthropic" else BatchApi(client)
 
 
-def _message_requests(path: Path, client: LLMClient) -> list[dict[str, Any]]:
-    """The Message Batch requests of an input file in OpenAI's line format, as Messages bodies."""
-    requests = []
+def _message_requests(path: Path, client: LLMClient) -> Iterator[dict[str, Any]]:
+    """The Message Batch requests of an input file in OpenAI's line format, as Messages bodies, one at a time."""
     with path.open("rb") as handle:
         for raw in handle:
             if not raw.strip():
@@ -187,5 +185,4 @@ def _message_requests(path: Path, client: LLMClient) -> list[dict[str, Any]]:
             line = json.loads(raw)
             body = dict(line["body"])
             request = ChatRequest(model=body.pop("model"), messages=body.pop("messages"), params=body)
-            requests.append({"custom_id": line["custom_id"], "params": client.request_body(request)})
-    return requests
+            yield {"custom_id": line["custom_id"], "params": client.request_body(request)}

@@ -6,15 +6,16 @@ The requests go in the create call itself (no file upload); each is ``{"custom_i
 
 from __future__ import annotations
 
+import asyncio
 import re
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ._anthropic_answers import parse_message_batch, parse_message_batch_page
 from ._batch_types import MESSAGE_BATCH_LIMITS, BatchInfo
 from ._constants import DEFAULT_LIST_LIMIT
-from ._requests import path_segment
+from ._requests import encode_json, path_segment
 
 if TYPE_CHECKING:
     from ._responses import BatchPage
@@ -23,6 +24,29 @@ __all__ = ["CUSTOM_ID_PATTERN", "MESSAGE_BATCHES_PATH", "MessageBatchMethods"]
 
 MESSAGE_BATCHES_PATH = "/v1/messages/batches"
 CUSTOM_ID_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def message_batch_body(requests: Iterable[Mapping[str, Any]]) -> bytes:
+    """The create call's JSON body, encoded a request at a time: what is held is the body's bytes, not the
+    requests as objects (several times their size). ``ValueError`` for a request Anthropic would refuse."""
+    body = bytearray(b'{"requests":[')
+    count = 0
+    for request in requests:
+        custom_id = request.get("custom_id")
+        if not isinstance(custom_id, str) or not CUSTOM_ID_PATTERN.fullmatch(custom_id):
+            raise ValueError(f"custom_id {custom_id!r} must be 1-64 characters of A-Z, a-z, 0-9, _ and -")
+        if not isinstance(request.get("params"), Mapping):
+            raise ValueError(f"request {custom_id!r} has no params object (a Messages body)")
+        count += 1
+        if count > MESSAGE_BATCH_LIMITS.max_requests:
+            raise ValueError(f"a message batch holds at most {MESSAGE_BATCH_LIMITS.max_requests:,} requests; split it")
+        if count > 1:
+            body += b","
+        body += encode_json({"custom_id": custom_id, "params": request["params"]}).encode()
+    if not count:
+        raise ValueError("a message batch needs at least one request")
+    body += b"]}"
+    return bytes(body)
 
 
 class MessageBatchMethods:
@@ -37,24 +61,14 @@ class MessageBatchMethods:
             raise ValueError(f"Message Batches are Anthropic's API; this client speaks {self.provider}")
 
     async def create_message_batch(
-        self, *, requests: Sequence[Mapping[str, Any]], max_retries: int | None = None
+        self, *, requests: Iterable[Mapping[str, Any]], max_retries: int | None = None
     ) -> BatchInfo:
-        """Create a batch of ``requests`` (``{"custom_id", "params"}`` each). ``max_retries`` overrides the client's
-        for this call: a caller that looks a lost create up before trying again passes 0 and runs its own loop."""
+        """Create a batch of ``requests`` (``{"custom_id", "params"}`` each; any iterable, read once, in a worker
+        thread). ``max_retries`` overrides the client's for this call: a caller that looks a lost create up before
+        trying again passes 0 and runs its own loop."""
         self._need_anthropic()
-        if not requests:
-            raise ValueError("a message batch needs at least one request")
-        if len(requests) > MESSAGE_BATCH_LIMITS.max_requests:
-            raise ValueError(f"a message batch holds at most {MESSAGE_BATCH_LIMITS.max_requests:,} requests, "
-                             f"got {len(requests):,}; split it")
-        for request in requests:
-            custom_id = request.get("custom_id")
-            if not isinstance(custom_id, str) or not CUSTOM_ID_PATTERN.fullmatch(custom_id):
-                raise ValueError(f"custom_id {custom_id!r} must be 1-64 characters of A-Z, a-z, 0-9, _ and -")
-            if not isinstance(request.get("params"), Mapping):
-                raise ValueError(f"request {custom_id!r} has no params object (a Messages body)")
-        body = {"requests": [{"custom_id": r["custom_id"], "params": r["params"]} for r in requests]}
-        sent = await self._request("POST", MESSAGE_BATCHES_PATH, json=body, parse=parse_message_batch,
+        body = await asyncio.to_thread(message_batch_body, requests)
+        sent = await self._request("POST", MESSAGE_BATCHES_PATH, json_body=body, parse=parse_message_batch,
                                    max_retries=max_retries)
         return sent.value  # type: ignore[no-any-return]
 

@@ -13,14 +13,14 @@ from urllib.parse import quote
 
 import httpx
 
-__all__ = ["ACCEPT_ENCODING", "USER_AGENT", "RequestBuilder", "path_segment"]
+__all__ = ["ACCEPT_ENCODING", "USER_AGENT", "RequestBuilder", "encode_json", "path_segment"]
 
 USER_AGENT = "llm-dispatch"
 # gzip and deflate only: any transport decodes those two, whatever else is installed.
 ACCEPT_ENCODING = "gzip, deflate"
 _URL_CACHE_SIZE = 256
 # Built once: json.dumps with options builds a new encoder per call.
-_encode_json = _json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+encode_json = _json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
 
 
 class RequestBuilder:
@@ -45,18 +45,22 @@ class RequestBuilder:
         path: str,
         *,
         json: Any = None,
+        json_body: bytes | None = None,
         files: Any = None,
         data: Mapping[str, Any] | None = None,
         params: Mapping[str, str] | None = None,
     ) -> httpx.Request:
-        """A request with its body read and its headers complete; ``params`` merge with the base URL's query."""
+        """A request with its body read and its headers complete; ``params`` merge with the base URL's query.
+        ``json_body`` is a JSON body encoded already (one too large to hold as objects)."""
         url = self._url(path, params)
         if files is not None or data is not None:
             return httpx.Request(method, url, headers=self._headers, files=files, data=data, extensions=self._extensions)
-        if json is None:
+        if json_body is not None:
+            headers, content = self._json_headers, json_body
+        elif json is None:
             headers, content = self._headers, b""
         else:
-            headers, content = self._json_headers, _encode_json(json).encode()
+            headers, content = self._json_headers, encode_json(json).encode()
         # Every request gets headers of its own (a transport may change them); the fixed ones are copied, not parsed.
         headers = httpx.Headers(headers, encoding="ascii")
         if content or method in ("POST", "PUT", "PATCH"):

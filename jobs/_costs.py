@@ -204,6 +204,15 @@ class RepricedRow:
     # None when the other table has no price for the model.
     repriced: Decimal | None
 
+    def plus(self, other: RepricedRow) -> RepricedRow:
+        """This row and ``other`` (the same route and model) as one."""
+        repriced = None if self.repriced is None or other.repriced is None else self.repriced + other.repriced
+        return RepricedRow(route=self.route, model=self.model, requests=self.requests + other.requests,
+                           prompt_tokens=self.prompt_tokens + other.prompt_tokens,
+                           completion_tokens=self.completion_tokens + other.completion_tokens,
+                           cached_tokens=self.cached_tokens + other.cached_tokens, stored=self.stored + other.stored,
+                           stored_unpriced=self.stored_unpriced + other.stored_unpriced, repriced=repriced)
+
     @property
     def difference(self) -> Decimal | None:
         """Repriced minus stored; None when either side leaves some of the requests unpriced."""
@@ -242,23 +251,29 @@ class Repricing:
 async def reprice(*, sessions: Sessions, job_id: str, table: PriceTable) -> Repricing:
     """What the job's paid usage would cost under ``table``, per route and model, beside its stored cost.
     Reads only: the stored costs stay as they were."""
-    usage = await storage.usage_by_route(sessions, job_id=job_id)
+    long_above = {model: price.long_prompt.above for model in await storage.job_models(sessions, job_id=job_id)
+                  if (price := table.price_for(model)) is not None and price.long_prompt is not None}
+    usage = await storage.usage_by_route(sessions, job_id=job_id, long_above=long_above)
     stored = await actual_cost(sessions=sessions, job_id=job_id)
     repriced = JobCost(totals=CostTotals(table=table))
-    merged: dict[tuple[str, str], list[int]] = {}
-    for row in usage:  # one row per route, model and price table: one per route and model here
-        sums = merged.setdefault((row.route, row.model), [0] * 7)
+    # Priced per route, model and long-prompt price; shown per route and model.
+    merged: dict[tuple[str, str, bool], list[int]] = {}
+    for row in usage:  # one row per route, model, length and price table
+        sums = merged.setdefault((row.route, row.model, row.long_prompt), [0] * 7)
         for index, value in enumerate((row.prompts, row.prompt_tokens, row.completion_tokens, row.cached_tokens,
                                        row.cost_pico_usd, row.unpriced, row.cache_creation_tokens)):
             sums[index] += value
-    rows = []
-    for (route, model), (requests, prompt_tokens, completion_tokens, cached_tokens, cost, unpriced,
-                         written) in merged.items():
+    shown: dict[tuple[str, str], RepricedRow] = {}
+    for (route, model, long), (requests, prompt_tokens, completion_tokens, cached_tokens, cost, unpriced,
+                               written) in merged.items():
         again = repriced.totals.add(model=model, route=route, prompt_tokens=prompt_tokens,  # type: ignore[arg-type]
                                     completion_tokens=completion_tokens, cached_tokens=cached_tokens,
-                                    cache_creation_tokens=written, requests=requests)
-        rows.append(RepricedRow(route=route, model=model, requests=requests, prompt_tokens=prompt_tokens,
-                                completion_tokens=completion_tokens, cached_tokens=cached_tokens,
-                                stored=from_pico(cost), stored_unpriced=unpriced, repriced=again))
+                                    cache_creation_tokens=written, requests=requests, long_prompt=long)
+        row = RepricedRow(route=route, model=model, requests=requests, prompt_tokens=prompt_tokens,
+                          completion_tokens=completion_tokens, cached_tokens=cached_tokens,
+                          stored=from_pico(cost), stored_unpriced=unpriced, repriced=again)
+        before = shown.get((route, model))
+        shown[(route, model)] = row if before is None else before.plus(row)
+    rows = list(shown.values())
     repriced.max_total = repriced.total
     return Repricing(job_id=job_id, rows=rows, stored=stored, repriced=repriced)

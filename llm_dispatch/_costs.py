@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Final, NamedTuple, Required, TypedDict, Unpack
 
-from ._pricing import PER_TOKENS, ROUTES, PriceTable
+from ._pricing import PER_TOKENS, ROUTES, ModelPrice, PriceTable
 from ._providers import provider_lookup
 from ._routing import Route
 from ._tokens import estimate_input_tokens, reply_cap
@@ -65,7 +65,7 @@ class RowPricer:
 
     def __init__(self, table: PriceTable) -> None:
         self.table = table
-        self._rates: dict[tuple[str, str], tuple[_Rates, _Rates, str] | None] = {}
+        self._rates: dict[tuple[str, str], _ModelRates | None] = {}
 
     def price(self, *, model: str, route: Route, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0,
               cache_creation_tokens: int = 0) -> RowCost | None:
@@ -78,7 +78,9 @@ class RowPricer:
             found = self._rates[key] = self._rates_of(model, route)
         if found is None:
             return None
-        paid, listed, discount = found
+        paid, listed, discount, long_above, long_rates = found
+        if long_above is not None and prompt_tokens > long_above:
+            paid, listed = long_rates  # type: ignore[misc]
         cached = cached_tokens if cached_tokens <= prompt_tokens else prompt_tokens  # part of the prompt
         uncached = prompt_tokens - cached
         cost = uncached * paid.input + cached * paid.cached + completion_tokens * paid.output
@@ -94,20 +96,34 @@ class RowPricer:
             listed_cost += written * (listed.write - listed.input)
         return RowCost(cost, listed_cost if type(listed_cost) is int else _whole(listed_cost), discount)
 
-    def _rates_of(self, model: str, route: str) -> tuple[_Rates, _Rates, str] | None:
+    def _rates_of(self, model: str, route: str) -> _ModelRates | None:
         if route not in ROUTES:
             raise ValueError(f"route {route!r} is unknown; use 'realtime' or 'batch'")
         price = self.table.price_for(model)
         if price is None:
             return None
-        listed = _Rates(*(_per_token(value) for value in (price.input, price.cached_input, price.output,
-                                                          price.cache_write)))
-        if route == "realtime" or price.batch_discount == 0:
-            return listed, listed, "0" if route == "realtime" else str(price.batch_discount)
-        keep = 1 - price.batch_discount
-        paid = _Rates(*(_per_token(value * keep) for value in (price.input, price.cached_input, price.output,
-                                                               price.cache_write)))
-        return paid, listed, str(price.batch_discount)
+        discount = "0" if route == "realtime" else str(price.batch_discount)
+        long = price.long_prompt
+        return _ModelRates(*_paid_and_listed(price, route=route), discount, None if long is None else long.above,
+                           None if long is None else _paid_and_listed(long.price, route=route))
+
+
+class _ModelRates(NamedTuple):
+    paid: _Rates
+    listed: _Rates  # the same object as ``paid`` when nothing is taken off
+    discount: str
+    # Above this many prompt tokens a request pays ``long_rates`` (paid, listed) instead; None: no such price.
+    long_above: int | None
+    long_rates: tuple[_Rates, _Rates] | None
+
+
+def _paid_and_listed(price: ModelPrice, *, route: str) -> tuple[_Rates, _Rates]:
+    fields = (price.input, price.cached_input, price.output, price.cache_write)
+    listed = _Rates(*(_per_token(value) for value in fields))  # type: ignore[arg-type]
+    if route == "realtime" or price.batch_discount == 0:
+        return listed, listed
+    keep = 1 - price.batch_discount
+    return _Rates(*(_per_token(value * keep) for value in fields)), listed  # type: ignore[operator]
 
 
 def _per_token(price_per_million: Decimal) -> int | Decimal:
@@ -202,6 +218,8 @@ class Usage(TypedDict, total=False):
     cached_tokens: int
     cache_creation_tokens: int
     requests: int
+    # Summed usage of several requests: whether they paid their model's long-prompt price (see ``PriceTable.cost``).
+    long_prompt: bool
 
 
 @dataclass(kw_only=True)
@@ -232,6 +250,9 @@ class CostTotals:
                   "completion_tokens": usage["completion_tokens"], "cached_tokens": usage.get("cached_tokens", 0),
                   "cache_creation_tokens": usage.get("cache_creation_tokens", 0)}
         route = usage["route"]
+        if usage.get("requests", 1) > 1 and "long_prompt" not in usage:
+            raise TypeError("summed usage of several requests needs long_prompt: the price may depend on each's length")
+        tokens["long_prompt"] = usage.get("long_prompt")
         cost = self.table.cost(route=route, **tokens)
         at_realtime = cost if cost is None or route == "realtime" else self.table.cost(route="realtime", **tokens)
         self.add_priced(**usage, cost=cost or Decimal(0), at_realtime=at_realtime or Decimal(0),

@@ -20,7 +20,7 @@ from typing import Any
 from ._exceptions import ConfigError
 from ._routing import Route
 
-__all__ = ["PER_TOKENS", "ROUTES", "ModelLimits", "ModelPrice", "PriceTable"]
+__all__ = ["PER_TOKENS", "ROUTES", "LongPrompt", "ModelLimits", "ModelPrice", "PriceTable"]
 
 PER_TOKENS = Decimal(1_000_000)
 ROUTES = ("realtime", "batch")
@@ -28,7 +28,9 @@ _TOP_FIELDS = frozenset({"prices_as_of", "source", "currency", "unit", "batch_di
                          "limits_as_of", "limits_source"})
 _LIMIT_FIELDS = ("context_window", "max_output_tokens")
 _MODEL_FIELDS = frozenset({"input", "cached_input", "cache_write", "output", "batch_discount", *_LIMIT_FIELDS,
-                           *("prices_as_of", "source")})
+                           *("prices_as_of", "source", "long_prompt")})
+# A model's prices for requests whose prompt is longer than ``above`` tokens (Anthropic's Haiku 5.5 above 100,000).
+_LONG_PROMPT_FIELDS = frozenset({"above", "input", "cached_input", "cache_write", "output"})
 # Prices per model (input, cached_input = cache reads, cache_write, output); the rest of an entry is not a price.
 _PRICE_FIELDS = ("input", "cached_input", "cache_write", "output")
 # Snapshot names: "gpt-4o-mini-2024-07-18", the older "gpt-3.5-turbo-0125", and Anthropic's "claude-sonnet-4-5-20250929".
@@ -47,9 +49,26 @@ class ModelPrice:
     # An input token written to the prompt cache (Anthropic's 5-minute write); the input price where none is listed.
     cache_write: Decimal | None = None
 
+    # Every token of a request whose prompt (cache reads and writes included) is longer than ``long_prompt.above``
+    # tokens is priced at ``long_prompt.price``; None: one price at any length.
+    long_prompt: LongPrompt | None = None
+
     def __post_init__(self) -> None:
         if self.cache_write is None:
             object.__setattr__(self, "cache_write", self.input)
+
+    def for_prompt(self, prompt_tokens: int) -> ModelPrice:
+        """The prices a request with this many prompt tokens pays."""
+        long = self.long_prompt
+        return long.price if long is not None and prompt_tokens > long.above else self
+
+
+@dataclass(frozen=True, slots=True)
+class LongPrompt:
+    """A model's prices above a prompt length."""
+
+    above: int
+    price: ModelPrice
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +137,8 @@ class PriceTable:
                 cache_write=entry.get("cache_write", entry["input"]),
                 output=entry["output"],
                 batch_discount=entry.get("batch_discount", default_discount),
+                long_prompt=_long_prompt(entry.get("long_prompt"),
+                                         batch_discount=entry.get("batch_discount", default_discount)),
             )
             for name, entry in merged["models"].items()
         }
@@ -154,9 +175,13 @@ class PriceTable:
         completion_tokens: int,
         cached_tokens: int = 0,
         cache_creation_tokens: int = 0,
+        long_prompt: bool | None = None,
     ) -> Decimal | None:
         """What a request cost, in ``currency``; None when the model has no price. Cache reads
-        (``cached_tokens``) and writes (``cache_creation_tokens``) are parts of ``prompt_tokens``."""
+        (``cached_tokens``) and writes (``cache_creation_tokens``) are parts of ``prompt_tokens``.
+
+        A model with a long-prompt price uses it when ``prompt_tokens`` is above its threshold; for usage
+        summed over many requests, ``long_prompt`` says which price they paid instead."""
         if route not in ROUTES:
             raise ValueError(f"route {route!r} is unknown; use 'realtime' or 'batch'")
         for name, count in (("prompt_tokens", prompt_tokens), ("completion_tokens", completion_tokens),
@@ -172,6 +197,10 @@ class PriceTable:
         price = self.price_for(model)
         if price is None:
             return None
+        if long_prompt is None:
+            price = price.for_prompt(prompt_tokens)
+        elif long_prompt and price.long_prompt is not None:
+            price = price.long_prompt.price
         assert price.cache_write is not None
         total = (
             (prompt_tokens - cached_tokens - cache_creation_tokens) * price.input
@@ -250,16 +279,7 @@ def _model(name: str, entry: Any, *, bad: Any) -> dict[str, Decimal | int]:
     unknown = sorted(set(entry) - _MODEL_FIELDS)
     if unknown:
         raise bad(f"{prefix}.{unknown[0]}", f"is unknown (allowed: {', '.join(sorted(_MODEL_FIELDS))})")
-    parsed: dict[str, Decimal | int] = {}
-    for key in _PRICE_FIELDS:
-        if key not in entry:
-            if key in ("cached_input", "cache_write"):
-                continue  # no cache price: cached tokens cost what input does
-            raise bad(f"{prefix}.{key}", "is missing (a price per 1M tokens)")
-        value = entry[key]
-        if not _is_number(value) or value < 0:
-            raise bad(f"{prefix}.{key}", f"must be a number >= 0 (price per 1M tokens), got {_shown(value)}")
-        parsed[key] = Decimal(value)
+    parsed: dict[str, Decimal | int] = _prices(entry, prefix=prefix, bad=bad)
     if "batch_discount" in entry:
         parsed["batch_discount"] = _discount(entry["batch_discount"], field_name=f"{prefix}.batch_discount", bad=bad)
     # A model priced from another page than the table's: where and when, kept in the file for the reader.
@@ -268,11 +288,51 @@ def _model(name: str, entry: Any, *, bad: Any) -> dict[str, Decimal | int]:
             raise bad(f"{prefix}.{key}", "must be a non-empty string")
     for key in _LIMIT_FIELDS:
         if key in entry:
-            value = entry[key]
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise bad(f"{prefix}.{key}", f"must be a whole number of tokens >= 1, got {_shown(value)}")
-            parsed[key] = value
+            parsed[key] = _tokens(entry[key], field_name=f"{prefix}.{key}", bad=bad)
+    if "long_prompt" in entry:
+        parsed["long_prompt"] = _long_prompt_entry(entry["long_prompt"], prefix=f"{prefix}.long_prompt", bad=bad)
     return parsed
+
+
+def _tokens(value: Any, *, field_name: str, bad: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise bad(field_name, f"must be a whole number of tokens >= 1, got {_shown(value)}")
+    return value
+
+
+def _long_prompt_entry(entry: Any, *, prefix: str, bad: Any) -> dict[str, Decimal | int]:
+    if not isinstance(entry, dict):
+        raise bad(prefix, "must be an object: {\"above\": tokens, \"input\": ..., \"output\": ...}")
+    unknown = sorted(set(entry) - _LONG_PROMPT_FIELDS)
+    if unknown:
+        raise bad(f"{prefix}.{unknown[0]}", f"is unknown (allowed: {', '.join(sorted(_LONG_PROMPT_FIELDS))})")
+    if "above" not in entry:
+        raise bad(f"{prefix}.above", "is missing (the prompt length in tokens above which these prices apply)")
+    return {"above": _tokens(entry["above"], field_name=f"{prefix}.above", bad=bad), **_prices(entry, prefix=prefix, bad=bad)}
+
+
+def _prices(entry: Mapping[str, Any], *, prefix: str, bad: Any) -> dict[str, Decimal | int]:
+    """The price fields of an entry, checked; a missing cache price is left out (cache tokens cost what input does)."""
+    parsed: dict[str, Decimal | int] = {}
+    for key in _PRICE_FIELDS:
+        if key not in entry:
+            if key in ("cached_input", "cache_write"):
+                continue
+            raise bad(f"{prefix}.{key}", "is missing (a price per 1M tokens)")
+        value = entry[key]
+        if not _is_number(value) or value < 0:
+            raise bad(f"{prefix}.{key}", f"must be a number >= 0 (price per 1M tokens), got {_shown(value)}")
+        parsed[key] = Decimal(value)
+    return parsed
+
+
+def _long_prompt(entry: Mapping[str, Any] | None, *, batch_discount: Decimal) -> LongPrompt | None:
+    if entry is None:
+        return None
+    price = ModelPrice(input=entry["input"], cached_input=entry.get("cached_input", entry["input"]),
+                       cache_write=entry.get("cache_write", entry["input"]), output=entry["output"],
+                       batch_discount=batch_discount)
+    return LongPrompt(above=entry["above"], price=price)
 
 
 def _discount(value: Any, *, field_name: str, bad: Any) -> Decimal:

@@ -3,12 +3,12 @@ and results joined to their inputs for export. The small query API for programma
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import case, func, literal_column, select
+from sqlalchemy import and_, case, func, literal, literal_column, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from ._models import Batch, Job, Prompt, Result, aware
@@ -50,6 +50,8 @@ class UsageRow:
     cost_basis: str | None = None
     # Prompt-cache writes (Anthropic's), part of prompt_tokens.
     cache_creation_tokens: int = 0
+    # Requests whose prompt was longer than their model's long-prompt threshold (``usage_by_route(long_above=)``).
+    long_prompt: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,10 +93,15 @@ class ExportRow:
     cost_basis: str | None = None
 
 
-async def usage_by_route(sessions: Sessions, *, job_id: str) -> list[UsageRow]:
+async def usage_by_route(
+    sessions: Sessions, *, job_id: str, long_above: Mapping[str, int] | None = None
+) -> list[UsageRow]:
     """Tokens paid for and their stored cost per route, requested model (the price table knows the model
-    as asked for) and the prices they were priced with."""
+    as asked for) and the prices they were priced with. ``long_above`` (model -> prompt tokens) splits a
+    model's requests into those at most that long and those longer, which a price table prices apart."""
     stamp = (Result.prices_as_of, Result.prices_file, Result.cost_basis)
+    long = case(*((and_(Prompt.model == model, Result.prompt_tokens > above), True)
+                  for model, above in (long_above or {}).items()), else_=False) if long_above else literal(False)
     stmt = (
         select(
             Result.route, Prompt.model, func.count(),
@@ -105,19 +112,21 @@ async def usage_by_route(sessions: Sessions, *, job_id: str) -> list[UsageRow]:
             func.coalesce(func.sum(Result.cost_pico_usd), 0),
             func.coalesce(func.sum(Result.list_cost_pico_usd), 0),
             func.count() - func.count(Result.cost_pico_usd),
+            long.label("long_prompt"),
             *stamp,
         )
         .join(Prompt, Prompt.id == Result.prompt_id)
         .where(Result.job_id == job_id, Result.status == "succeeded", Result.route != "reused")
-        .group_by(Result.route, Prompt.model, *stamp)
+        .group_by(Result.route, Prompt.model, "long_prompt", *stamp)
     )
     async with sessions() as session:
         found = [UsageRow(route, model, int(n), int(p), int(c), int(k), int(cost), int(listed), int(unknown),
-                          as_of, file, basis, cache_creation_tokens=int(w))
-                 for route, model, n, p, c, k, w, cost, listed, unknown, as_of, file, basis
+                          as_of, file, basis, cache_creation_tokens=int(w), long_prompt=bool(is_long))
+                 for route, model, n, p, c, k, w, cost, listed, unknown, is_long, as_of, file, basis
                  in await session.execute(stmt)]
     # Sorted here: the databases put NULL stamps at opposite ends.
-    return sorted(found, key=lambda u: (u.route, u.model, u.prices_as_of or "", u.prices_file or "", u.cost_basis or ""))
+    return sorted(found, key=lambda u: (u.route, u.model, u.long_prompt, u.prices_as_of or "", u.prices_file or "",
+                                        u.cost_basis or ""))
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import re
 from decimal import Decimal
 from importlib import resources
+from pathlib import Path
 
 import pytest
 
-from llm_dispatch import PriceTable, RowPricer, from_pico
+from llm_dispatch import (ChatRequest, ChatResult, ConfigError, CostTotals, PriceTable, RowPricer, estimate_request_cost,
+                          from_pico)
 
 
 @pytest.fixture(scope="module")
@@ -64,3 +67,89 @@ def test_cache_tokens_cannot_exceed_the_prompt(table: PriceTable) -> None:
     with pytest.raises(ValueError, match="cache_creation_tokens"):
         table.cost(model="claude-haiku-4-5", route="realtime", prompt_tokens=10, completion_tokens=0,
                    cached_tokens=6, cache_creation_tokens=6)
+
+
+def test_a_haiku_5_5_prompt_over_100k_tokens_pays_5x_on_every_token(table: PriceTable) -> None:
+    def usage(prompt: int) -> dict[str, int]:
+        return {"prompt_tokens": prompt, "completion_tokens": 10_000, "cached_tokens": 20_000,
+                "cache_creation_tokens": 30_000}
+
+    # Up to 100,000 prompt tokens (cache reads and writes are part of them): $0.10 in, $0.01 read, $0.125 written,
+    # $0.50 out per 1M; over it, every token of the request at $0.50, $0.05, $0.625 and $2.50.
+    at = (50_000 * Decimal("0.10") + 20_000 * Decimal("0.01") + 30_000 * Decimal("0.125")
+          + 10_000 * Decimal("0.50")) / 1_000_000
+    over = (50_001 * Decimal("0.50") + 20_000 * Decimal("0.05") + 30_000 * Decimal("0.625")
+            + 10_000 * Decimal("2.50")) / 1_000_000
+    assert table.cost(model="claude-haiku-5-5", route="realtime", **usage(100_000)) == at
+    assert table.cost(model="claude-haiku-5-5", route="realtime", **usage(100_001)) == over
+    assert table.cost(model="claude-haiku-5-5", route="batch", **usage(100_001)) == over / 2
+    # The ledger's per-row pricer agrees on both sides of the line, on both routes.
+    pricer = RowPricer(table)
+    for prompt, expected in ((100_000, at), (100_001, over)):
+        for route, paid in (("realtime", expected), ("batch", expected / 2)):
+            row = pricer.price(model="claude-haiku-5-5", route=route, **usage(prompt))
+            assert row is not None and (from_pico(row.cost), from_pico(row.list_cost)) == (paid, expected), (prompt, route)
+
+
+def test_summed_usage_says_which_price_its_requests_paid(table: PriceTable) -> None:
+    totals = CostTotals(table=table)
+    # Three requests of 60,000 prompt tokens each: 180,000 in all, each at the short price.
+    short = totals.add(model="claude-haiku-5-5", route="realtime", prompt_tokens=180_000, completion_tokens=0,
+                       requests=3, long_prompt=False)
+    assert short == Decimal("0.018")
+    with pytest.raises(TypeError, match="long_prompt"):
+        totals.add(model="claude-haiku-5-5", route="realtime", prompt_tokens=180_000, completion_tokens=0, requests=3)
+
+
+def test_the_estimate_prices_a_long_prompt_at_the_long_price(table: PriceTable) -> None:
+    request = ChatRequest(model="claude-haiku-5-5", messages=[{"role": "user", "content": "word " * 120_000}],
+                          params={"max_tokens": 100})
+    guess = estimate_request_cost(request=request, route="realtime", table=table, typical_completion_tokens=100)
+    assert guess.prompt_tokens > 100_000
+    assert guess.cost == (guess.prompt_tokens * Decimal("0.50") + guess.completion_tokens * Decimal("2.50")) / 1_000_000
+
+
+@pytest.mark.parametrize(("long_prompt", "field"), [
+    ({"input": 1, "output": 2}, "models.m.long_prompt.above"),
+    ({"above": 0, "input": 1, "output": 2}, "models.m.long_prompt.above"),
+    ({"above": 10, "output": 2}, "models.m.long_prompt.input"),
+    ({"above": 10, "input": 1, "output": 2, "extra": 1}, "models.m.long_prompt.extra"),
+    ([10, 1, 2], "models.m.long_prompt"),
+])
+def test_a_bad_long_prompt_entry_is_refused_with_its_field(tmp_path: Path, long_prompt: object, field: str) -> None:
+    prices = tmp_path / "prices.json"
+    prices.write_text(json.dumps({"models": {"m": {"input": 1, "output": 2, "long_prompt": long_prompt}}}))
+    with pytest.raises(ConfigError, match=f"field '{re.escape(field)}'"):
+        PriceTable.load(path=prices)
+
+
+async def test_reprice_prices_each_request_at_its_own_length(tmp_path: Path) -> None:
+    import storage
+    from jobs import reprice
+
+    engine = storage.create_engine(f"sqlite+aiosqlite:///{tmp_path / 'r.db'}")
+    await storage.migrate(engine)
+    sessions = storage.session_factory(engine)
+    table = PriceTable.load()
+    try:
+        job_id = await storage.create_job(sessions, name="long", fingerprint="l" * 64, input_path=None,
+                                          model="claude-haiku-5-5", settings={})
+        await storage.add_prompts(sessions, job_id=job_id, prompts=[
+            storage.NewPrompt(custom_id=f"c{i}", position=i, model="claude-haiku-5-5",
+                              messages=[{"role": "user", "content": f"q{i}"}], params={}, dedupe_key=f"{i:064d}",
+                              planned_route="realtime", route_reason="test") for i in range(3)])
+        ids = await storage.open_prompt_ids(sessions, job_id=job_id)
+        async with storage.ResultWriter(sessions, job_id=job_id, pricer=RowPricer(table)) as writer:
+            for pid, prompt in zip(ids, (60_000, 70_000, 150_000), strict=True):
+                await writer.success(prompt_ids=[pid], result=ChatResult(
+                    text="a", finish_reason="end_turn", prompt_tokens=prompt, completion_tokens=1_000, cached_tokens=0,
+                    model="claude-haiku-5-5", response_id=f"msg_{pid}", latency_s=0.1))
+        again = await reprice(sessions=sessions, job_id=job_id, table=table)
+    finally:
+        await engine.dispose()
+    # Two short requests and one long: summed, their 280,000 prompt tokens would all have been priced long.
+    expected = ((130_000 * Decimal("0.10") + 2_000 * Decimal("0.50"))
+                + (150_000 * Decimal("0.50") + 1_000 * Decimal("2.50"))) / 1_000_000
+    [row] = again.rows
+    assert (row.requests, row.prompt_tokens) == (3, 280_000)
+    assert row.stored == row.repriced == expected and row.difference == 0

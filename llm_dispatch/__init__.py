@@ -34,6 +34,7 @@ from ._inputs import (
     parse_prompt_dicts,
     read_prompts,
 )
+from ._json import stored_json
 from ._limits import AdaptiveLimiter, RateLimiter, SharedPause
 from ._pricing import PriceTable
 from ._providers import PROVIDERS, provider_for, provider_lookup
@@ -113,6 +114,7 @@ __all__ = [
     "send_all",
     "Settings",
     "SharedPause",
+    "stored_json",
     "WorkItem",
     "write_batch_files",
     *_exceptions.__all__,

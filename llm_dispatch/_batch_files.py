@@ -17,6 +17,7 @@ from typing import IO, Any
 from ._batch_types import BATCH_CHAT_ENDPOINT, DEFAULT_BATCH_LIMITS, BatchLimits
 from ._responses import chat_result_from_body
 from ._exceptions import APIResponseValidationError
+from ._json import compact_json
 from ._types import ChatRequest, ChatResult
 
 __all__ = [
@@ -38,7 +39,7 @@ RETRYABLE_LINE_ERRORS = frozenset({"batch_expired"})
 
 _WRITE_BUFFER = 1024 * 1024
 _FILE_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
-_encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+_encode = compact_json
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,7 @@ from ._constants import (
     DEFAULT_MAX_RETRIES,
     DEFAULT_TIMEOUT,
 )
+from ._deadlines import Deadlines
 from ._errors import Failure, final_error, scrub
 from ._exceptions import APIResponseValidationError, NotFoundError
 from ._gates import Gates
@@ -142,6 +143,7 @@ class LLMClient(MessageBatchMethods):
             rate_limit_headers=rate_limit_headers or self._wire.rate_limit_headers, clock=clock, sleep=sleep,
         )
         self._limiter = self._gates.limiter
+        self._deadlines = Deadlines()
 
         url = httpx.URL(base_url.rstrip("/"))
         self._display_url = str(url.copy_with(userinfo=b"", query=None))
@@ -364,13 +366,13 @@ class LLMClient(MessageBatchMethods):
                 admitted_at = self._clock()
             try:
                 # Built afresh each attempt: a multipart body is a stream that one attempt consumes.
-                request = self._requests.build(method, path, **content)
+                request = self._requests.build(method, path, deadline=deadline, **content)
                 outcome = await self._send_once(request, stream_to=stream_to, timeout=deadline)
                 if isinstance(outcome, Failure):
                     failure = outcome
                 else:
                     limited = outcome.status_code == 429
-                    limits = self._gates.observe(outcome.headers, admission, counted=not limited) if paced else {}
+                    limits = self._gates.observe(outcome, admission, counted=not limited) if paced else {}
                     if outcome.is_success:
                         try:
                             value = parse(outcome)
@@ -412,7 +414,7 @@ class LLMClient(MessageBatchMethods):
         """One HTTP attempt with a hard deadline over connect, send and the whole body."""
         # The transport only bounds each socket read; a server that trickles bytes, or a pool that
         # never frees a connection, must not stretch an attempt past its deadline.
-        deadline = asyncio.timeout(timeout)
+        deadline = self._deadlines.within(timeout)
         try:
             async with deadline:
                 response = await self._transport.handle_async_request(request)

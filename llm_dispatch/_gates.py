@@ -30,6 +30,7 @@ from ._limits import (
 from ._ratelimit_headers import Kind, KindLimit, RateLimitHeaders, quota_evidence
 from ._responses import error_code
 from ._retry import server_retry_after
+from ._transport import raw_headers
 
 __all__ = ["Admission", "Gates"]
 
@@ -38,6 +39,8 @@ logger = logging.getLogger(__name__)
 
 # An attempt that passed no pace: every one, until a provider's headers state a limit.
 _NO_MARKS: Mapping[Kind, PaceMark] = MappingProxyType({})
+# A pause's deadline before any 429 set one.
+_NEVER = float("-inf")
 
 
 class Admission(NamedTuple):
@@ -79,6 +82,11 @@ class Gates:
         self._capacity_floor = max(1, concurrency // 4)
 
     @property
+    def _free(self) -> bool:
+        """No cap set and no pace stated: an attempt waits for nothing but a slot (and a pause, once there was one)."""
+        return self._rpm is None and self._tpm is None and not self.paces
+
+    @property
     def counts_tokens(self) -> bool:
         """Whether a request's tokens are charged anywhere (a TPM cap, or a tokens pace the provider stated)."""
         return self._tpm is not None or "tokens" in self.paces
@@ -90,6 +98,10 @@ class Gates:
         and a free slot.
         """
         pause = self.pause
+        if self._free and pause.deadline == _NEVER:
+            permit = self.limiter.try_acquire()
+            if permit is not None:
+                return Admission(permit, tokens)
         if pause.remaining:
             await pause.wait()
         if self._rpm is not None:
@@ -125,12 +137,12 @@ class Gates:
         self.limiter.record_success(admission.permit)
         self._capacity.record(limited=False)
 
-    def observe(self, headers: httpx.Headers, admission: Admission, *, counted: bool) -> dict[Kind, KindLimit]:
+    def observe(self, response: httpx.Response, admission: Admission, *, counted: bool) -> dict[Kind, KindLimit]:
         """Keep each kind's pace in step with an answer's headers; the first to state a limit sets the pace.
 
         ``counted``: whether the provider counted this request against its limits (it does not count a 429).
         """
-        limits = self._headers.parse(headers)
+        limits = self._headers.parse(raw_headers(response))
         for kind, seen in limits.items():
             pace = self.paces.get(kind)
             if pace is None:

@@ -12,7 +12,7 @@ import functools
 import math
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
@@ -98,12 +98,18 @@ class RateLimitHeaders:
     remaining: str
     reset: str
 
-    def parse(self, headers: httpx.Headers | Mapping[str, str], *, now: float | None = None) -> dict[Kind, KindLimit]:
-        """The kinds these headers describe (none if the provider sent none)."""
+    def parse(
+        self, headers: httpx.Headers | Mapping[str, str] | Iterable[tuple[bytes, bytes]], *, now: float | None = None
+    ) -> dict[Kind, KindLimit]:
+        """The kinds these headers describe (none if the provider sent none); ``headers`` may be raw byte pairs."""
         # One pass over the raw headers: this runs on every answer, and most carry none of these.
         wanted = _header_names(self)
-        raw = headers.raw if isinstance(headers, httpx.Headers) else [
-            (name.encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()]
+        if isinstance(headers, httpx.Headers):
+            raw: Iterable[tuple[bytes, bytes]] = headers.raw
+        elif isinstance(headers, Mapping):
+            raw = [(name.encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()]
+        else:
+            raw = headers
         said: dict[tuple[Kind, str], str] = {}
         for name, value in raw:
             hit = wanted.get(name.lower())

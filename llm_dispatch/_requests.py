@@ -6,21 +6,21 @@ requests a second that costs more CPU than the exchange itself, so the client bu
 
 from __future__ import annotations
 
-import json as _json
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 
-__all__ = ["ACCEPT_ENCODING", "USER_AGENT", "RequestBuilder", "encode_json", "path_segment"]
+from ._json import compact_json
+
+__all__ = ["ACCEPT_ENCODING", "USER_AGENT", "RequestBuilder", "encode_json", "header_pairs", "path_segment"]
 
 USER_AGENT = "llm-dispatch"
 # gzip and deflate only: any transport decodes those two, whatever else is installed.
 ACCEPT_ENCODING = "gzip, deflate"
 _URL_CACHE_SIZE = 256
-# Built once: json.dumps with options builds a new encoder per call.
-encode_json = _json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+encode_json = compact_json
 
 
 class RequestBuilder:
@@ -37,7 +37,14 @@ class RequestBuilder:
              "User-Agent": USER_AGENT, **headers}
         )
         self._json_headers = httpx.Headers({**self._headers, "Content-Type": "application/json"})
+        # The same, as the str pairs a transport sends: a request built here carries them ready (``header_pairs``).
+        self._pairs = _pairs(self._headers)
+        self._json_pairs = _pairs(self._json_headers)
         self._extensions = {"timeout": timeout.as_dict()}
+        # For an attempt whose deadline is no longer than the read timeout: that deadline bounds every read,
+        # so the transport keeps no per-read timer (only the connect timeout stays).
+        self._deadline_extensions = {"timeout": httpx.Timeout(None, connect=timeout.connect).as_dict()}
+        self.read_timeout = timeout.read
 
     def build(
         self,
@@ -49,23 +56,26 @@ class RequestBuilder:
         files: Any = None,
         data: Mapping[str, Any] | None = None,
         params: Mapping[str, str] | None = None,
+        deadline: float | None = None,
     ) -> httpx.Request:
         """A request with its body read and its headers complete; ``params`` merge with the base URL's query.
-        ``json_body`` is a JSON body encoded already (one too large to hold as objects)."""
+        ``json_body`` is a JSON body encoded already (one too large to hold as objects). ``deadline``: the
+        attempt's own, when it has one (a read timeout no shorter than it is left out)."""
         url = self._url(path, params)
+        extensions = self._extensions
+        if deadline is not None and self.read_timeout is not None and deadline <= self.read_timeout:
+            extensions = self._deadline_extensions
         if files is not None or data is not None:
-            return httpx.Request(method, url, headers=self._headers, files=files, data=data, extensions=self._extensions)
+            return httpx.Request(method, url, headers=self._headers, files=files, data=data, extensions=extensions)
         if json_body is not None:
-            headers, content = self._json_headers, json_body
+            pairs, content = self._json_pairs, json_body
         elif json is None:
-            headers, content = self._headers, b""
+            pairs, content = self._pairs, b""
         else:
-            headers, content = self._json_headers, encode_json(json).encode()
-        # Every request gets headers of its own (a transport may change them); the fixed ones are copied, not parsed.
-        headers = httpx.Headers(headers, encoding="ascii")
+            pairs, content = self._json_pairs, encode_json(json).encode()
         if content or method in ("POST", "PUT", "PATCH"):
-            headers["Content-Length"] = str(len(content))
-        return _ReadRequest(method, url, headers=headers, body=content, extensions=self._extensions)
+            pairs = [*pairs, ("Content-Length", str(len(content)))]
+        return _ReadRequest(method, url, pairs=pairs, body=content, extensions=extensions)
 
     def _url(self, path: str, params: Mapping[str, str] | None) -> httpx.URL:
         if params is not None:
@@ -79,22 +89,45 @@ class RequestBuilder:
 
 
 class _ReadRequest(httpx.Request):
-    """A request made of parts already in their final form: an ``httpx.URL``, its own complete ``httpx.Headers``, the
-    body as bytes (``content`` ready, nothing to ``read()``).
+    """A request made of parts already in their final form: an ``httpx.URL``, its complete headers as str pairs
+    (``httpx.Headers`` made of them when first read), the body as bytes (``content`` ready, nothing to ``read()``).
 
-    ``httpx.Request.__init__`` would copy the URL and the headers again, and its ``read()`` drain the stream into a
-    second copy of the body; the attributes it sets are set here as they would end up.
+    ``httpx.Request.__init__`` would copy the URL and parse the headers again, and its ``read()`` drain the stream
+    into a second copy of the body; the attributes it sets are set here as they would end up.
     """
 
     def __init__(
-        self, method: str, url: httpx.URL, *, headers: httpx.Headers, body: bytes, extensions: Mapping[str, Any]
+        self, method: str, url: httpx.URL, *, pairs: list[tuple[str, str]], body: bytes, extensions: Mapping[str, Any]
     ) -> None:
         self.method = method
         self.url = url
-        self.headers = headers
+        self._pairs = pairs
+        self._headers: httpx.Headers | None = None
         self.extensions = dict(extensions)
         self.stream = httpx.ByteStream(body)
         self._content = body
+
+    @property
+    def headers(self) -> httpx.Headers:  # type: ignore[override]
+        if self._headers is None:
+            self._headers = httpx.Headers(self._pairs, encoding="ascii")
+        return self._headers
+
+    @headers.setter
+    def headers(self, value: httpx.Headers) -> None:
+        self._headers = httpx.Headers(value)
+
+
+def header_pairs(request: httpx.Request) -> list[tuple[str, str]]:
+    """A request's headers as the str pairs that go on the wire; a request built here has them ready until its
+    ``headers`` are read (and so may have been changed)."""
+    if isinstance(request, _ReadRequest) and request._headers is None:
+        return request._pairs
+    return _pairs(request.headers)
+
+
+def _pairs(headers: httpx.Headers) -> list[tuple[str, str]]:
+    return [(name.decode("latin-1"), value.decode("latin-1")) for name, value in headers.raw]
 
 
 def path_segment(resource_id: str) -> str:

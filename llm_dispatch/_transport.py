@@ -8,15 +8,16 @@ instead, and so exercises the very path production takes.
 from __future__ import annotations
 
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import aiohttp
 import httpx
 import yarl
 
 from ._constants import DEFAULT_CONCURRENCY, DEFAULT_KEEPALIVE_EXPIRY
+from ._requests import header_pairs
 
-__all__ = ["AiohttpTransport", "default_transport"]
+__all__ = ["AiohttpTransport", "default_transport", "raw_headers"]
 
 # Bodies up to this size (with a Content-Length) are read in one call; larger or unsized ones stream.
 BUFFER_LIMIT = 8 * 1024 * 1024
@@ -98,7 +99,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
             # A streamed body (a multipart upload); aiohttp frames it itself.
             data = request.stream  # type: ignore[assignment]
             request.headers.pop("transfer-encoding", None)
-        headers = [(name.decode("latin-1"), value.decode("latin-1")) for name, value in request.headers.raw]
+        headers = header_pairs(request)
         try:
             response = await session.request(
                 request.method, self._url(request.url), headers=headers, data=data,
@@ -163,7 +164,8 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
 
 
 class _ReadResponse(httpx.Response):
-    """A response whose body was read whole: ``content`` is ready, with nothing left to drain or decode.
+    """A response whose body was read whole: ``content`` is ready, with nothing left to drain or decode, and its
+    headers as the wire gave them (``raw_headers``, what ``raw_headers()`` reads).
 
     httpx would pass a body given as ``content=`` through its decoders and chunkers once more.
     """
@@ -171,10 +173,31 @@ class _ReadResponse(httpx.Response):
     def __init__(
         self, status_code: int, *, headers: RawHeaders, body: bytes, request: httpx.Request, extensions: dict[str, bytes]
     ) -> None:
-        super().__init__(
-            status_code, headers=headers, stream=httpx.ByteStream(body), request=request, extensions=extensions
-        )
+        # httpx.Response.__init__'s attributes, set as it would leave them for a stream (once per answer).
+        self.status_code = status_code
+        self.raw_headers = headers
+        self._headers: httpx.Headers | None = None
+        self._request = request
+        self.next_request = None
+        self.extensions = dict(extensions)
+        self.history = []
+        self.is_closed = False
+        self.is_stream_consumed = False
+        self.default_encoding = "utf-8"
+        self.stream = httpx.ByteStream(body)
+        self._num_bytes_downloaded = 0
         self._body = body
+
+    @property
+    def headers(self) -> httpx.Headers:  # type: ignore[override]
+        # Parsed when first read: on most answers only the raw pairs are (``raw_headers``).
+        if self._headers is None:
+            self._headers = httpx.Headers(self.raw_headers)
+        return self._headers
+
+    @headers.setter
+    def headers(self, value: httpx.Headers) -> None:
+        self._headers = httpx.Headers(value)
 
     @property
     def content(self) -> bytes:
@@ -209,6 +232,13 @@ class _Streamed(httpx.AsyncByteStream):
             self._response.release()
         else:
             self._response.close()
+
+
+def raw_headers(response: httpx.Response) -> Sequence[tuple[bytes, bytes]]:
+    """A response's headers as byte pairs, without parsing them when this transport's response kept them so."""
+    if isinstance(response, _ReadResponse):
+        return response.raw_headers
+    return response.headers.raw
 
 
 def _httpx_error(exc: Exception) -> Exception:

@@ -3,20 +3,19 @@
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass, field
 from typing import Any
+
+from ._json import canonical_json
 
 __all__ = ["ChatRequest", "ChatResult", "dedupe_key"]
 
 
-# Built once: json.dumps with options builds a new encoder per call, a third of a dedupe key's cost.
-_canonical = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode
 
 
 def dedupe_key(*, model: str, messages: list[dict[str, Any]], params: dict[str, Any]) -> str:
     """A stable hash of everything that decides what a provider answers (not ids or metadata)."""
-    return hashlib.sha256(_canonical({"model": model, "messages": messages, "params": params}).encode()).hexdigest()
+    return hashlib.sha256(canonical_json({"model": model, "messages": messages, "params": params}).encode()).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,9 +34,10 @@ class ChatRequest:
         return dedupe_key(model=self.model, messages=self.messages, params=self.params)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ChatResult:
-    """A successful chat completion, as stored: text, usage and how long it took."""
+    """A successful chat completion, as stored: text, usage and how long it took. A value: nothing changes one
+    once made (not frozen, since a frozen dataclass costs three times as much to make, once per answer)."""
 
     text: str | None
     finish_reason: str | None

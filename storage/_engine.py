@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -20,7 +19,7 @@ try:
 except ImportError:  # SQLAlchemy 2.0
     from sqlalchemy.util import await_only as await_
 
-from llm_dispatch import ConfigError
+from llm_dispatch import ConfigError, stored_json
 
 __all__ = ["DATABASE_URL_ENV", "SQLITE_BUSY_TIMEOUT_MS", "create_engine", "open_database", "session_factory"]
 
@@ -41,9 +40,8 @@ _WAL_RETRIES = int(SQLITE_BUSY_TIMEOUT_MS / 1000 / _WAL_RETRY_SECONDS)
 _ASYNC_DRIVERS = {"sqlite": "aiosqlite", "postgresql": "asyncpg"}
 _EXAMPLES = "sqlite+aiosqlite:///path/to/llm_dispatch.db or postgresql+asyncpg://user:password@host:5432/dbname"
 
-# Prompts are often not English; escaped \uXXXX JSON would double their stored size. One
-# encoder built once: json.dumps(..., ensure_ascii=False) builds a new one per value.
-_json_serializer = json.JSONEncoder(ensure_ascii=False).encode
+# Prompts are often not English; escaped \uXXXX JSON would double their stored size (``stored_json`` keeps them).
+_json_serializer = stored_json
 
 
 def create_engine(url: str, *, echo: bool = False) -> AsyncEngine:

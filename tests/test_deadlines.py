@@ -1,0 +1,83 @@
+"""The client's attempt deadlines: one timer for all attempts, behaving as asyncio.timeout does."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from llm_dispatch._deadlines import Deadlines
+
+
+async def test_an_attempt_past_its_deadline_ends_in_timeout_error_soon_after() -> None:
+    deadlines = Deadlines()
+    started = time.perf_counter()
+    with pytest.raises(TimeoutError, match="0.2s deadline"):
+        async with deadlines.within(0.2) as deadline:
+            await asyncio.sleep(10)
+    assert deadline.expired()
+    # At most a tenth of the deadline late, plus scheduling.
+    assert 0.2 <= time.perf_counter() - started < 0.35
+
+
+async def test_attempts_that_end_in_time_are_not_cancelled_and_leave_no_timer_behind() -> None:
+    deadlines = Deadlines()
+
+    async def attempt(i: int) -> int:
+        async with deadlines.within(5) as deadline:
+            await asyncio.sleep(0.01)
+        assert not deadline.expired()
+        return i
+
+    assert await asyncio.gather(*(attempt(i) for i in range(200))) == list(range(200))
+    assert not deadlines._open
+    await asyncio.sleep(deadlines.resolution * 1.5)  # the next look finds nothing to watch and stops
+    assert deadlines._timer is None
+
+
+async def test_a_cancellation_from_outside_stays_a_cancellation() -> None:
+    deadlines = Deadlines()
+    entered = asyncio.Event()
+
+    async def attempt() -> None:
+        async with deadlines.within(5):
+            entered.set()
+            await asyncio.sleep(10)
+
+    task = asyncio.create_task(attempt())
+    await entered.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert not deadlines._open
+
+
+async def test_only_the_late_attempt_is_cut_the_others_go_on() -> None:
+    deadlines = Deadlines()
+
+    async def attempt(seconds: float, within: float) -> str:
+        try:
+            async with deadlines.within(within):
+                await asyncio.sleep(seconds)
+        except TimeoutError:
+            return "timed out"
+        return "done"
+
+    assert await asyncio.gather(attempt(1.0, 0.2), attempt(0.3, 2.0), attempt(0.05, 0.2)) == [
+        "timed out", "done", "done"]
+
+
+def test_deadlines_hold_in_each_new_event_loop() -> None:
+    """A client kept across event loops (one per test, say) still cuts attempts in the second loop."""
+    deadlines = Deadlines()
+
+    async def hang() -> None:
+        async with deadlines.within(0.1):
+            await asyncio.sleep(5)
+
+    for _ in range(2):
+        started = time.perf_counter()
+        with pytest.raises(TimeoutError):
+            asyncio.run(hang())
+        assert time.perf_counter() - started < 1.0

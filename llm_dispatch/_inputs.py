@@ -9,9 +9,7 @@ millions of prompts is checked and then read again as a stream (``iter_prompts``
 
 from __future__ import annotations
 
-import csv
 import hashlib
-import json
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -20,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ._exceptions import InputError
+from ._input_files import PromptSource, records
 from ._hashes import HashBag, RepeatedKeys, key_hash, text_hash
 from ._anthropic import anthropic_param_problem, anthropic_params, has_max_tokens
 from ._params import param_problem
@@ -45,19 +44,17 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 JSONL_FIELDS = frozenset({"id", "prompt", "messages", "model", "params", "metadata", "urgency", "deadline"})
-CSV_RESERVED = frozenset({"id", "prompt", "model", "urgency", "deadline"})
 # Relative deadlines are resolved when the prompt is recorded; validation only needs some instant.
 _ANY_NOW = datetime(2000, 1, 1, tzinfo=timezone.utc)
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 # Keys the dispatcher sets itself; a prompt may not override them through params.
 FORBIDDEN_PARAMS = frozenset({"model", "messages", "stream", "n"})
-# A prompt file, or prompts given as dicts (a sequence: a second pass reads it again).
-PromptSource = str | Path | Iterable[Mapping[str, Any]]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class PromptSpec:
-    """One validated prompt, as it will be recorded."""
+    """One validated prompt, as it will be recorded. A value: nothing changes one once made (not frozen, since a
+    frozen dataclass costs three times as much to make, twice per prompt)."""
 
     custom_id: str
     position: int
@@ -75,7 +72,7 @@ class PromptSpec:
 
     def __post_init__(self) -> None:
         if not self.dedupe_key:
-            object.__setattr__(self, "dedupe_key", dedupe_key(model=self.model, messages=self.messages, params=self.params))
+            self.dedupe_key = dedupe_key(model=self.model, messages=self.messages, params=self.params)
 
 
 def fingerprint(specs: Iterable[PromptSpec]) -> str:
@@ -130,7 +127,7 @@ def check_prompts(
     digest = hashlib.sha256()
     ids, keys = HashBag(), HashBag()
     count = uncapped = 0
-    where, _ = _records(source)
+    where, _ = records(source)
     provider_of = provider_lookup(model_providers)
     providers: set[str] = set()
     for line, spec in _iter_specs(source, default_model=default_model, default_params=default_params, table=table,
@@ -198,14 +195,28 @@ def iter_prompts(
     default_params: Mapping[str, Any] | None = None,
     table: PriceTable | None = None,
     model_providers: Mapping[str, str] | None = None,
+    checked: bool = False,
 ) -> Iterator[PromptSpec]:
     """The prompts of ``source`` one at a time, in input order, each validated as it is read.
 
-    Repeated ids are not looked for: read an input checked by ``check_prompts`` first.
+    Repeated ids are not looked for: read an input checked by ``check_prompts`` first. ``checked``: it was,
+    so each prompt is only parsed (into the very spec validation makes); one that no longer parses (the
+    file changed since) is validated after all, to say what is wrong with it.
     """
-    for _, spec in _iter_specs(source, default_model=default_model, default_params=default_params, table=table,
-                            model_providers=model_providers):
-        yield spec
+    if not checked:
+        for _, spec in _iter_specs(source, default_model=default_model, default_params=default_params, table=table,
+                                   model_providers=model_providers):
+            yield spec
+        return
+    where, lines = records(source)
+    provider_of = provider_lookup(model_providers)
+    for position, (number, record) in enumerate(lines):
+        try:
+            yield _checked_spec(record, line=number, position=position, default_model=default_model,
+                                default_params=default_params)
+        except (KeyError, TypeError, AttributeError, ValueError):
+            yield _spec(record, where=where, line=number, position=position, default_model=default_model,
+                        default_params=default_params, table=table, provider_of=provider_of)
 
 
 def _iter_specs(
@@ -216,35 +227,11 @@ def _iter_specs(
     table: PriceTable | None,
     model_providers: Mapping[str, str] | None = None,
 ) -> Iterator[tuple[int, PromptSpec]]:
-    where, records = _records(source)
+    where, lines = records(source)
     provider_of = provider_lookup(model_providers)
-    for position, (number, record) in enumerate(records):
+    for position, (number, record) in enumerate(lines):
         yield number, _spec(record, where=where, line=number, position=position, default_model=default_model,
                             default_params=default_params, table=table, provider_of=provider_of)
-
-
-def _records(source: PromptSource) -> tuple[str, Iterator[tuple[int, Any]]]:
-    """Where the prompts come from (for messages) and their records by line (or item) number."""
-    if not isinstance(source, (str, Path)):
-        return "prompts", enumerate(source, start=1)
-    path = Path(source)
-    where = str(path)
-    if not path.is_file():
-        raise InputError("no such file; give the path of a .jsonl or .csv prompt file", path=where)
-    suffix = path.suffix.lower()
-    if suffix in (".jsonl", ".ndjson", ".json"):
-        return where, _read_file(path, _jsonl_records, where=where)
-    if suffix == ".csv":
-        return where, _read_file(path, _csv_records, where=where)
-    raise InputError(f"unsupported file type {suffix or '(none)'!r}; use .jsonl or .csv", path=where)
-
-
-def _read_file(path: Path, parse: Any, *, where: str) -> Iterator[tuple[int, Any]]:
-    try:
-        with path.open(encoding="utf-8", newline="") as handle:
-            yield from parse(handle, where=where)
-    except UnicodeDecodeError as exc:
-        raise InputError(f"not UTF-8 text ({exc.reason} at byte {exc.start})", path=where) from exc
 
 
 def read_prompts(
@@ -277,38 +264,6 @@ def parse_prompt_dicts(
                             model_providers=model_providers)
 
 
-def _jsonl_records(lines: Iterable[str], *, where: str) -> Iterable[tuple[int, Any]]:
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            yield number, json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"invalid JSON ({exc.msg} at column {exc.colno})", path=where, line=number) from exc
-
-
-def _csv_records(handle: Iterable[str], *, where: str) -> Iterable[tuple[int, Any]]:
-    reader = csv.DictReader(handle)
-    header = reader.fieldnames or []
-    if "prompt" not in header:
-        raise InputError(f"CSV header has no 'prompt' column (columns: {', '.join(header) or 'none'})", path=where, line=1)
-    for row in reader:
-        number = reader.line_num
-        if None in row:
-            raise InputError("more cells than header columns", path=where, line=number)
-        record: dict[str, Any] = {"prompt": row["prompt"]}
-        if row.get("id"):
-            record["id"] = row["id"]
-        # An empty cell means "not given", like a missing column.
-        for name in ("model", "urgency", "deadline"):
-            if row.get(name):
-                record[name] = row[name]
-        extra = {key: value for key, value in row.items() if key not in CSV_RESERVED}
-        if extra:
-            record["metadata"] = extra
-        yield number, record
-
-
 def _specs(
     source: PromptSource,
     *,
@@ -317,7 +272,7 @@ def _specs(
     table: PriceTable | None,
     model_providers: Mapping[str, str] | None = None,
 ) -> list[PromptSpec]:
-    where, _ = _records(source)
+    where, _ = records(source)
     specs: list[PromptSpec] = []
     seen: dict[str, int] = {}
     for number, spec in _iter_specs(source, default_model=default_model, default_params=default_params, table=table,
@@ -414,6 +369,31 @@ def _spec(
         metadata=dict(metadata) if metadata is not None else None,
         urgency=_urgency(record.get("urgency"), fail=fail),
         deadline=_deadline(record.get("deadline"), fail=fail),
+    )
+
+
+def _checked_spec(
+    record: Mapping[str, Any], *, line: int, position: int, default_model: str, default_params: Mapping[str, Any] | None
+) -> PromptSpec:
+    """``_spec``'s result for a record that passed it before, made without its checks."""
+    if "prompt" in record:
+        messages: list[dict[str, Any]] = [{"role": "user", "content": record["prompt"]}]
+    else:
+        messages = [dict(message) for message in record["messages"]]
+    params = dict(default_params or {})
+    if "params" in record:
+        params.update(record["params"])
+    metadata = record.get("metadata")
+    urgency, deadline = record.get("urgency"), record.get("deadline")
+    return PromptSpec(
+        custom_id=str(record.get("id", f"line-{line}")),
+        position=position,
+        model=record.get("model", default_model).strip(),
+        messages=messages,
+        params=params,
+        metadata=dict(metadata) if metadata is not None else None,
+        urgency=urgency.strip().lower() if urgency is not None else None,
+        deadline=deadline.strip() if deadline is not None else None,
     )
 
 

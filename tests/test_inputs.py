@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from llm_dispatch import InputError
-from llm_dispatch._inputs import fingerprint, parse_prompt_dicts, read_prompts
+from llm_dispatch._inputs import fingerprint, iter_prompts, parse_prompt_dicts, read_prompts
 from llm_dispatch._pricing import PriceTable
 
 
@@ -269,3 +269,23 @@ def test_a_users_price_file_adds_a_models_window(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="exceed my-vllm's context window of 4,096"):
         parse_prompt_dicts([{"prompt": "word " * 3000, "params": {"max_tokens": 1024}}], default_model="my-vllm",
                            table=table)
+
+
+def test_a_checked_input_reads_again_as_the_very_specs_validation_made(tmp_path: Path) -> None:
+    """The second pass over a checked input parses without checking; what it makes is what the check made."""
+    path = write(tmp_path, "p.jsonl", jsonl(
+        {"id": 7, "prompt": "hi", "params": {"temperature": 0, "max_tokens": 5}, "metadata": {"k": [1]}},
+        {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "ü"}], "model": " m2 "},
+        {"prompt": "later", "urgency": " Bulk ", "deadline": " 2h "},
+    ))
+    csv_path = write(tmp_path, "p.csv", "id,prompt,urgency,lang\n1,Hello,URGENT,en\n2,Bonjour,,fr\n")
+    for source in (path, csv_path, Path(__file__).parents[1] / "examples" / "mixed.jsonl"):
+        validated = list(iter_prompts(source, default_model="m1"))
+        assert list(iter_prompts(source, default_model="m1", checked=True)) == validated
+        assert fingerprint(validated) == fingerprint(iter_prompts(source, default_model="m1", checked=True))
+
+
+def test_a_checked_input_that_changed_since_still_names_the_line(tmp_path: Path) -> None:
+    path = write(tmp_path, "p.jsonl", jsonl({"prompt": "ok"}, {"id": "x"}))
+    with pytest.raises(InputError, match=r"p.jsonl:2: give exactly one of 'prompt' or 'messages'"):
+        list(iter_prompts(path, default_model="m", checked=True))

@@ -270,7 +270,21 @@ async def _schema_diff(engine: AsyncEngine, metadata: MetaData) -> list[Any]:
         return await conn.run_sync(diff)
 
 
-async def test_migrations_and_models_agree(engine: AsyncEngine) -> None:
+def _migrations_up(sync_conn: Any) -> None:
+    """Every migration in turn, as an existing database meets them (a new one gets the models' schema at once)."""
+    from alembic import command
+
+    from storage._migrate import _config
+
+    config = _config()
+    config.attributes["connection"] = sync_conn
+    command.upgrade(config, "head")
+
+
+async def test_migrations_and_models_agree(db: Db) -> None:
+    engine = db.engine()
+    async with engine.begin() as conn:
+        await conn.run_sync(_migrations_up)
     assert await _schema_diff(engine, storage.Base.metadata) == []
 
     # The comparison is not blind: one column more in the models shows up.
@@ -292,6 +306,12 @@ async def test_migrate_again_is_a_no_op_and_keeps_data(db: Db) -> None:
     async with engine.connect() as conn:
         assert (await conn.execute(text("SELECT version_num FROM alembic_version"))).scalars().all() == [HEAD]
     assert (await storage.job_counts(sessions, job_id=job_id))["pending"] == 3
+
+
+async def test_a_new_database_is_made_at_head_and_migrates_from_there(engine: AsyncEngine) -> None:
+    async with engine.connect() as conn:
+        assert (await conn.execute(text("SELECT version_num FROM alembic_version"))).scalars().all() == [HEAD]
+    assert await _schema_diff(engine, storage.Base.metadata) == []
 
 
 async def test_downgrade_to_nothing_and_up_again(engine: AsyncEngine) -> None:

@@ -243,11 +243,7 @@ def status(
     as_json: AsJson = False,
 ) -> None:
     """Jobs, their prompts per route and status, and their batches."""
-    from . import reports
-
-    settings = _settings(database_url=database_url)
-    _report(reports.status(settings=settings, job_id=job), reports.print_status, settings=settings, job=job,
-            as_json=as_json)
+    _report("status", job=job, database_url=database_url, as_json=as_json)
 
 
 @app.command()
@@ -258,14 +254,10 @@ def cost(
     as_json: AsJson = False,
 ) -> None:
     """What a job cost per route, as stored with each answer when it came, and what the Batch API saved."""
-    from . import reports
-
     if prices_file is not None:
         raise _fail("cost shows what each answer cost when it was stored; to see a job under other prices, "
                     f"run `llm-dispatch reprice {job or ''} --prices-file {prices_file}`".replace("  ", " "))
-    settings = _settings(database_url=database_url)
-    _report(reports.cost(settings=settings, job_id=job), reports.print_cost, settings=settings, job=job,
-            as_json=as_json)
+    _report("cost", job=job, database_url=database_url, as_json=as_json)
 
 
 @app.command()
@@ -276,19 +268,20 @@ def reprice(
     as_json: AsJson = False,
 ) -> None:
     """What a job would cost under another price table, beside its stored cost; changes nothing."""
-    from . import reports
-
     if prices_file is None:
         raise _fail("give --prices-file FILE: the price table to reprice the job with")
+    _report("reprice", job=job, database_url=database_url, as_json=as_json, prices_file=prices_file)
+
+
+def _report(name: str, *, job: str | None, database_url: str | None, as_json: bool, **options: Any) -> None:
+    """Run the report ``reports.<name>``; print it as a table (``reports.print_<name>``) or JSON; a missing job or
+    database is one line, exit 2."""
+    from . import reports
+
     settings = _settings(database_url=database_url)
-    _report(reports.reprice(settings=settings, job_id=job, prices_file=prices_file), reports.print_reprice,
-            settings=settings, job=job, as_json=as_json)
-
-
-def _report(query: Any, show: Any, *, settings: Settings, job: str | None, as_json: bool) -> None:
-    """Run a report query; print it as a table or JSON; a missing job or database is one line, exit 2."""
+    query, show = getattr(reports, name), getattr(reports, f"print_{name}")
     try:
-        data = asyncio.run(query)
+        data = asyncio.run(query(settings=settings, job_id=job, **options))
     except LLMDispatchError as exc:
         raise _fail(str(exc)) from None
     if data is None:

@@ -71,6 +71,9 @@ class BatchApi:
 
     def __init__(self, client: LLMClient) -> None:
         self.client = client
+        # A batch's state by its provider id, and asking the provider to stop it (it answers cancelling).
+        self.retrieve: Callable[[str], Awaitable[BatchInfo]] = client.retrieve_batch
+        self.cancel: Callable[[str], Awaitable[BatchInfo]] = client.cancel_batch
 
     def creating(self) -> AbstractAsyncContextManager[object]:
         """Held from a batch's look-up through its create to storing its id: nothing to hold where a batch
@@ -104,12 +107,6 @@ class BatchApi:
                 return None
         return None
 
-    async def retrieve(self, provider_batch_id: str) -> BatchInfo:
-        return await self.client.retrieve_batch(provider_batch_id)
-
-    async def cancel(self, provider_batch_id: str) -> BatchInfo:
-        return await self.client.cancel_batch(provider_batch_id)
-
     def result_files(self, record: storage.BatchRecord) -> list[ResultFile]:
         """The files that hold a finished batch's lines: OpenAI's output file, then its error file."""
         return [ResultFile(kind=kind, read=read_batch_output, download=partial(self.client.download_file, file_id))
@@ -125,6 +122,8 @@ class MessageBatchApi(BatchApi):
 
     def __init__(self, client: LLMClient) -> None:
         super().__init__(client)
+        self.retrieve = client.retrieve_message_batch
+        self.cancel = client.cancel_message_batch
         self._creating = asyncio.Lock()
 
     def creating(self) -> AbstractAsyncContextManager[object]:
@@ -156,12 +155,6 @@ class MessageBatchApi(BatchApi):
             if info.created_at is not None and info.created_at < since:
                 return
             yield info
-
-    async def retrieve(self, provider_batch_id: str) -> BatchInfo:
-        return await self.client.retrieve_message_batch(provider_batch_id)
-
-    async def cancel(self, provider_batch_id: str) -> BatchInfo:
-        return await self.client.cancel_message_batch(provider_batch_id)
 
     def result_files(self, record: storage.BatchRecord) -> list[ResultFile]:
         """One results file, every line of the batch in it (succeeded, errored, canceled or expired)."""

@@ -65,7 +65,7 @@ def _chat(body: Any) -> Chat | None:
     prompt_tokens = _count(usage.get("input_tokens")) + cache_read + cache_write
     completion_tokens = _count(usage.get("output_tokens"))
     texts = [block.get("text") for block in content if isinstance(block, dict) and block.get("type") == "text"]
-    return Chat(
+    result = ChatResult(
         text="".join(text for text in texts if isinstance(text, str)) if texts else None,
         finish_reason=body.get("stop_reason"),
         prompt_tokens=prompt_tokens,
@@ -73,9 +73,10 @@ def _chat(body: Any) -> Chat | None:
         cached_tokens=cache_read,
         model=body.get("model"),
         response_id=body.get("id"),
-        total_tokens=prompt_tokens + completion_tokens,
+        latency_s=0.0,
         cache_creation_tokens=cache_write,
     )
+    return Chat(result, prompt_tokens + completion_tokens)
 
 
 def _count(value: Any) -> int:

@@ -36,25 +36,17 @@ _SNIPPET_CHARS = 300
 
 
 class Chat(NamedTuple):
-    """A parsed answer's parts and its total usage; ``finished`` builds its one ``ChatResult`` once how the call went is known."""
+    """A parsed answer: its ``ChatResult`` (how the call went, latency and attempts, not yet known) and its
+    total usage as the provider counts it."""
 
-    text: str | None
-    finish_reason: str | None
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int
-    model: str | None
-    response_id: str | None
+    result: ChatResult
     total_tokens: int
-    cache_creation_tokens: int = 0
 
     def finished(self, *, latency_s: float, attempts: int) -> ChatResult:
-        return ChatResult(
-            text=self.text, finish_reason=self.finish_reason, prompt_tokens=self.prompt_tokens,
-            completion_tokens=self.completion_tokens, cached_tokens=self.cached_tokens, model=self.model,
-            response_id=self.response_id, latency_s=latency_s, attempts=attempts,
-            cache_creation_tokens=self.cache_creation_tokens,
-        )
+        """The result, once how the call went is known (set on it: nobody else holds it yet)."""
+        result = self.result
+        result.latency_s, result.attempts = latency_s, attempts
+        return result
 
 
 class BatchPage(NamedTuple):
@@ -165,7 +157,7 @@ def _chat_from_body(body: Any) -> Chat | None:
     details = usage.get("prompt_tokens_details")
     prompt_tokens = _count(usage.get("prompt_tokens"))
     completion_tokens = _count(usage.get("completion_tokens"))
-    return Chat(
+    result = ChatResult(
         text=_message_text(message.get("content")),
         finish_reason=first.get("finish_reason"),
         prompt_tokens=prompt_tokens,
@@ -173,8 +165,9 @@ def _chat_from_body(body: Any) -> Chat | None:
         cached_tokens=_count(details.get("cached_tokens")) if isinstance(details, dict) else 0,
         model=body.get("model"),
         response_id=body.get("id"),
-        total_tokens=_count(usage.get("total_tokens")) or prompt_tokens + completion_tokens,
+        latency_s=0.0,
     )
+    return Chat(result, _count(usage.get("total_tokens")) or prompt_tokens + completion_tokens)
 
 
 def _count(value: Any) -> int:

@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -112,6 +113,11 @@ class _BatchRoutes:
     def __init__(self, store: BatchStore, state: SimState) -> None:
         self._store = store
         self._state = state
+        # The file or batch a request's path names, or the 401 or 404 to answer instead.
+        self._file: Callable[[web.Request], StoredFile | web.Response] = partial(
+            self._find, table=store.files, key="file_id", not_found=_not_found_file)
+        self._batch: Callable[[web.Request], Batch | web.Response] = partial(
+            self._find, table=store.batches, key="batch_id", not_found=_not_found_batch)
 
     # --- files ---------------------------------------------------------------------------------
 
@@ -169,12 +175,10 @@ class _BatchRoutes:
         found = table.get(found_id)
         return found if found is not None else not_found(found_id)
 
-    def _file(self, request: web.Request) -> StoredFile | web.Response:
-        return self._find(request, table=self._store.files, key="file_id", not_found=_not_found_file)
-
-    async def get_file(self, request: web.Request) -> web.Response:
-        stored = self._file(request)
-        return stored if isinstance(stored, web.Response) else json_response(stored.to_api())
+    @staticmethod
+    def _shown(found: StoredFile | Batch | web.Response) -> web.Response:
+        """The file or batch as the API shows it (or the refusal found instead)."""
+        return found if isinstance(found, web.Response) else json_response(found.to_api())
 
     async def file_content(self, request: web.Request) -> web.StreamResponse:
         stored = self._file(request)
@@ -190,6 +194,9 @@ class _BatchRoutes:
         # A batch still reading it keeps its open handle; the name goes now.
         stored.path.unlink(missing_ok=True)
         return json_response({"id": stored.id, "object": "file", "deleted": True})
+
+    async def get_file(self, request: web.Request) -> web.Response:
+        return self._shown(self._file(request))
 
     # --- batches -------------------------------------------------------------------------------
 
@@ -254,12 +261,8 @@ class _BatchRoutes:
                                             bad_gateway=server_error_response(502))
         return json_response(batch.to_api())
 
-    def _batch(self, request: web.Request) -> Batch | web.Response:
-        return self._find(request, table=self._store.batches, key="batch_id", not_found=_not_found_batch)
-
     async def get_batch(self, request: web.Request) -> web.Response:
-        batch = self._batch(request)
-        return batch if isinstance(batch, web.Response) else json_response(batch.to_api())
+        return self._shown(self._batch(request))
 
     async def cancel_batch(self, request: web.Request) -> web.Response:
         batch = self._batch(request)

@@ -23,7 +23,7 @@ from ._batch_faults import (
     LINE_MARKER,
     line_fault_response,
 )
-from ._batch_store import TERMINAL, Batch, BatchStore, Sink, now
+from ._batch_store import TERMINAL, Batch, BatchStore, BatchWork, Sink, now
 from ._checks import invalid_request, model_not_found, unknown_marker, validate_chat_body
 from ._completions import body_digest, plan_completion, render_completion
 from ._http import json_dumps
@@ -48,17 +48,14 @@ def _validation_error(code: str, message: str, *, line: int | None = None, param
     return {"code": code, "message": message, "param": param, "line": line}
 
 
-class BatchRun:
+class BatchRun(BatchWork):
     """One batch from validating to its final status, in the simulator's event loop."""
 
     def __init__(self, *, batch: Batch, store: BatchStore, state: SimState,
                  limits: BatchLimits = OPENAI_BATCH_LIMITS) -> None:
+        super().__init__(store=store, state=state)
         self._batch = batch
-        self._store = store
-        self._state = state
         self._limits = limits
-        # Read once: a config change applies to the next batch, not halfway through this one.
-        self._seconds = state.config.batch_processing_seconds
 
     async def run(self) -> None:
         batch = self._batch

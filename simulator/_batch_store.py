@@ -28,6 +28,7 @@ __all__ = [
     "WINDOW_SECONDS",
     "Batch",
     "BatchStore",
+    "BatchWork",
     "Sink",
     "StoredFile",
     "batch_store",
@@ -200,6 +201,16 @@ class BatchStore:
         tasks = list(self._tasks)
         self.reset()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class BatchWork:
+    """What a batch's run works with: the store its files go to, the simulator's state, and how long a batch takes."""
+
+    def __init__(self, *, store: BatchStore, state: SimState) -> None:
+        self._store = store
+        self._state = state
+        # Read once: a config change applies to the next batch, not halfway through this one.
+        self._seconds = state.config.batch_processing_seconds
 
 
 _BATCH_STORE = web.AppKey("batch_store", BatchStore)

@@ -16,7 +16,7 @@ from typing import Any
 
 from ._anthropic_http import error_payload, rfc3339
 from ._batch_faults import DEFAULT_EXPIRE_FRACTION, LINE_ERROR_MARKER, LINE_FAULTS, LINE_MARKER, BatchFault
-from ._batch_store import WINDOW_SECONDS, BatchStore, Sink
+from ._batch_store import WINDOW_SECONDS, BatchStore, BatchWork, Sink
 from ._http import json_dumps
 from ._markers import MARKER_BYTES, marker_fault
 from ._messages import message_digest, plan_message, render_message
@@ -83,15 +83,12 @@ class MessageBatch:
         }
 
 
-class MessageBatchRun:
+class MessageBatchRun(BatchWork):
     """One Message Batch from creation to ``ended``, in the simulator's event loop."""
 
     def __init__(self, *, batch: MessageBatch, store: BatchStore, state: SimState) -> None:
+        super().__init__(store=store, state=state)
         self._batch = batch
-        self._store = store
-        self._state = state
-        # Read once: a config change applies to the next batch, not halfway through this one.
-        self._seconds = state.config.batch_processing_seconds
 
     async def run(self) -> None:
         batch = self._batch

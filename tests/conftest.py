@@ -218,6 +218,39 @@ class BatchEnv:
             await asyncio.sleep(0.05)
         raise AssertionError(f"batch {batch_id} is still {record.status} after {tries} polls")
 
+    def queue_faults(self, *faults: str) -> None:
+        """Batch faults for the simulator's next batches (``expire:0.5``, ``create_lost_drop``...)."""
+        httpx.post(f"{self.sim.root}/_sim/batch_faults", json={"faults": list(faults)}, timeout=5).raise_for_status()
+
+    async def job(self, contents: list[str]) -> tuple[str, list[int]]:
+        """A job of batch-routed prompts, one per content; its id and its prompts' ids (each test file's own)."""
+        raise NotImplementedError
+
+    async def submit(self, job_id: str) -> list[int]:
+        raise NotImplementedError
+
+    async def finish(self, batch_id: int) -> Any:
+        raise NotImplementedError
+
+    async def check_a_lost_create_is_adopted(
+        self, fault: str, *, client: LLMClient, made: Callable[[], list[dict]], counted: str
+    ) -> None:
+        """A create whose answer ``fault`` loses (hang, drop, 502): the batch the provider made is found again and
+        finished, never made twice (``made()``: the provider's batches; ``counted``: the simulator's count of them),
+        and each of five prompts is answered once."""
+        import storage
+
+        job_id, ids = await self.job([f"q {i}" for i in range(5)])
+        self.queue_faults(fault)
+        async with client as self.client:
+            [batch_id] = await self.submit(job_id)
+            [batch] = made()
+            assert (await self.batch(batch_id)).provider_batch_id == batch["id"]
+            await self.finish(batch_id)
+        assert self.sim.stats()[counted] == 1
+        assert await storage.job_counts(self.sessions, job_id=job_id) == {"succeeded": 5}
+        assert sorted(r.prompt_id for r in await self.results(job_id)) == sorted(ids)
+
     async def results(self, job_id: str) -> list[Any]:
         from sqlalchemy import select
 

@@ -62,10 +62,6 @@ async def env(sim: Sim, db_url: str, tmp_path: Path) -> AsyncIterator[Env]:
     await engine.dispose()
 
 
-def queue_fault(sim: Sim, *faults: str) -> None:
-    httpx.post(f"{sim.root}/_sim/batch_faults", json={"faults": list(faults)}, timeout=5).raise_for_status()
-
-
 def message_batches(sim: Sim) -> list[dict]:
     response = httpx.get(f"{sim.root}/v1/messages/batches", params={"limit": 100},
                          headers={"anthropic-version": "2023-06-01"}, timeout=5)
@@ -93,7 +89,7 @@ async def test_a_message_batch_answers_every_prompt_priced_at_half(env: Env) -> 
 
 async def test_result_lines_errored_expired_and_succeeded_each_settle_their_prompt(env: Env) -> None:
     job_id, ids = await env.job(["fine [[sim:400]]", "busy [[sim:529]]", "a", "b", "c", "d"])
-    queue_fault(env.sim, "expire:0.5")  # the first half is answered, the rest of the batch ends as expired lines
+    env.queue_faults("expire:0.5")  # the first half is answered, the rest of the batch ends as expired lines
     [batch_id] = await env.submit(job_id)
     outcome = await env.finish(batch_id)
     assert outcome.status == "completed"  # Anthropic ends every batch as 'ended'; the lines say what happened
@@ -110,7 +106,7 @@ async def test_result_lines_errored_expired_and_succeeded_each_settle_their_prom
 
 async def test_expired_lines_go_in_the_next_batch_and_are_answered_once(env: Env) -> None:
     job_id, ids = await env.job([f"q {i}" for i in range(8)])
-    queue_fault(env.sim, "expire:0.5")
+    env.queue_faults("expire:0.5")
     [first] = await env.submit(job_id)
     outcome = await env.finish(first)
     assert (outcome.succeeded, outcome.resend, outcome.to_realtime) == (4, 4, 0)
@@ -142,18 +138,10 @@ async def test_cancel_keeps_what_was_answered_and_fails_the_canceled_lines(env: 
 
 @pytest.mark.parametrize("fault", ["create_lost_hang:2", "create_lost_drop", "create_lost_502"])
 async def test_a_lost_create_is_adopted_not_made_twice(env: Env, fault: str) -> None:
-    job_id, ids = await env.job([f"q {i}" for i in range(5)])
-    queue_fault(env.sim, fault)
-    async with LLMClient(provider="anthropic", base_url=env.sim.root, api_key="sk-ant-sim-key", max_retries=2,
-                         request_timeout=0.5) as env.client:
-        [batch_id] = await env.submit(job_id)
-        [made] = message_batches(env.sim)
-        record = await env.batch(batch_id)
-        assert record.provider_batch_id == made["id"]
-        await env.finish(batch_id)
-    assert env.sim.stats()["message_batches"] == 1
-    assert await storage.job_counts(env.sessions, job_id=job_id) == {"succeeded": 5}
-    assert sorted(r.prompt_id for r in await env.results(job_id)) == sorted(ids)
+    client = LLMClient(provider="anthropic", base_url=env.sim.root, api_key="sk-ant-sim-key", max_retries=2,
+                       request_timeout=0.5)
+    await env.check_a_lost_create_is_adopted(fault, client=client, made=lambda: message_batches(env.sim),
+                                             counted="message_batches")
 
 
 async def test_a_crash_after_the_create_left_uploaded_is_adopted_by_the_next_run(env: Env) -> None:
@@ -188,7 +176,7 @@ async def test_same_size_batches_created_together_each_get_their_own_provider_ba
     # Message Batches carry no metadata: a look-up could take a sibling's batch of the same size, unless
     # creates take turns and each id is stored before the next look-up.
     job_id, ids = await env.job([f"q {i}" for i in range(8)])
-    queue_fault(env.sim, "create_lost_502")  # the first create's answer is lost: it is looked up among its siblings
+    env.queue_faults("create_lost_502")  # the first create's answer is lost: it is looked up among its siblings
     batch_ids = await env.submit(job_id, max_requests=2)
     records = [await storage.get_batch(env.sessions, batch_id=b) for b in batch_ids]
     made = {b["id"] for b in message_batches(env.sim)}

@@ -74,10 +74,6 @@ async def env(sim: Sim, db_url: str, tmp_path: Path) -> AsyncIterator[Env]:
     await engine.dispose()
 
 
-def queue_fault(sim: Sim, *faults: str) -> None:
-    httpx.post(f"{sim.root}/_sim/batch_faults", json={"faults": list(faults)}, timeout=5).raise_for_status()
-
-
 def provider_batches(sim: Sim) -> list[dict]:
     return httpx.get(f"{sim.base_url}/batches", params={"limit": 100}, timeout=5).raise_for_status().json()["data"]
 
@@ -176,7 +172,7 @@ async def test_a_submission_reads_a_page_of_rows_at_a_time_and_records_each_file
 
 async def test_expired_batch_keeps_every_answer_and_resends_only_the_rest(env: Env) -> None:
     job_id, ids = await env.job([f"question {i}" for i in range(20)])
-    queue_fault(env.sim, "expire:0.5")
+    env.queue_faults("expire:0.5")
     [first] = await env.submit(job_id)
     outcome = await env.finish(first)
     assert (outcome.status, outcome.succeeded, outcome.failed) == ("expired", 10, 0)
@@ -198,7 +194,7 @@ async def test_expired_batch_keeps_every_answer_and_resends_only_the_rest(env: E
 async def test_expired_batch_sends_prompts_real_time_when_their_deadline_is_near(env: Env) -> None:
     now = datetime.now(UTC)
     job_id, ids = await env.job([f"q {i}" for i in range(4)], deadline=now + timedelta(hours=30))
-    queue_fault(env.sim, "expire:0.5")
+    env.queue_faults("expire:0.5")
     [batch_id] = await env.submit(job_id)
     # Ten hours later another 24 h window would end after the deadline.
     outcome = await env.finish(batch_id, now=now + timedelta(hours=10))
@@ -212,7 +208,7 @@ async def test_expired_batch_sends_prompts_real_time_when_their_deadline_is_near
 
 async def test_failed_validation_fails_every_member_with_the_providers_reason(env: Env) -> None:
     job_id, ids = await env.job([f"q {i}" for i in range(5)])
-    queue_fault(env.sim, "fail_validation")
+    env.queue_faults("fail_validation")
     [batch_id] = await env.submit(job_id)
     outcome = await env.finish(batch_id)
     assert (outcome.status, outcome.failed) == ("failed", 5)
@@ -257,7 +253,7 @@ async def test_retryable_line_errors_go_real_time_after_max_submissions(env: Env
 
 async def test_expired_batch_past_max_submissions_goes_real_time(env: Env) -> None:
     job_id, ids = await env.job([f"q {i}" for i in range(6)])
-    queue_fault(env.sim, "expire:0.5")
+    env.queue_faults("expire:0.5")
     [batch_id] = await env.submit(job_id)
     outcome = await env.finish(batch_id, max_submissions=1)
     assert (outcome.status, outcome.succeeded, outcome.failed, outcome.to_realtime) == ("expired", 3, 0, 3)
@@ -318,22 +314,14 @@ async def test_a_create_that_reached_the_provider_is_adopted_not_repeated(env: E
 
 @pytest.mark.parametrize("fault", ["create_lost_hang:2", "create_lost_drop", "create_lost_502"])
 async def test_a_lost_create_answer_is_looked_up_not_created_again(env: Env, fault: str) -> None:
-    job_id, ids = await env.job([f"q {i}" for i in range(5)])
-    queue_fault(env.sim, fault)
-    async with LLMClient(base_url=env.sim.base_url, max_retries=2, request_timeout=0.5) as env.client:
-        [batch_id] = await env.submit(job_id)
-        [provider] = provider_batches(env.sim)
-        record = await env.batch(batch_id)
-        assert record.provider_batch_id == provider["id"]
-        await env.finish(batch_id)
-    assert env.sim.stats()["batches"] == 1
-    assert await env.statuses(job_id) == {"succeeded": 5}
-    assert sorted(r.prompt_id for r in await env.results(job_id)) == sorted(ids)  # one answer each
+    client = LLMClient(base_url=env.sim.base_url, max_retries=2, request_timeout=0.5)
+    await env.check_a_lost_create_is_adopted(fault, client=client, made=lambda: provider_batches(env.sim),
+                                             counted="batches")
 
 
 async def test_a_create_that_made_no_batch_is_tried_again(env: Env) -> None:
     job_id, ids = await env.job([f"q {i}" for i in range(3)])
-    queue_fault(env.sim, "hang_create:0.05")  # answers 503 and makes nothing
+    env.queue_faults("hang_create:0.05")  # answers 503 and makes nothing
     [batch_id] = await env.submit(job_id)
     assert env.sim.stats()["batches"] == 1
     await env.finish(batch_id)
@@ -345,7 +333,7 @@ async def test_a_create_given_up_says_so_and_the_next_run_creates_it_once(env: E
 
     job_id, ids = await env.job([f"q {i}" for i in range(3)])
     record = await uploaded_batch(env, job_id, ids)
-    queue_fault(env.sim, "hang_create:0.05", "hang_create:0.05")
+    env.queue_faults("hang_create:0.05", "hang_create:0.05")
     with pytest.raises(InternalServerError, match=rf"Batch {record.id} of job {job_id} was not created after 2 "
                                                   "attempts.*never made twice") as raised:
         await advance_submission(sessions=env.sessions, clients=env.clients, record=record, max_retries=1)

@@ -35,19 +35,13 @@ def no_jitter() -> float:
     return 0.0
 
 
+# Each status, whether it is retried, and the error it raises.
 STATUSES = [
-    (400, False, BadRequestError),
-    (401, False, AuthenticationError),
-    (403, False, PermissionDeniedError),
-    (404, False, NotFoundError),
-    (408, True, APIStatusError),
-    (409, True, ConflictError),
-    (422, False, UnprocessableEntityError),
-    (429, True, RateLimitError),
-    (500, True, InternalServerError),
-    (502, True, InternalServerError),
-    (503, True, InternalServerError),
-    (504, True, InternalServerError),
+    *((status, False, error) for status, error in ((400, BadRequestError), (401, AuthenticationError),
+                                                    (403, PermissionDeniedError), (404, NotFoundError),
+                                                    (422, UnprocessableEntityError))),
+    (408, True, APIStatusError), (409, True, ConflictError), (429, True, RateLimitError),
+    *((status, True, InternalServerError) for status in (500, 502, 503, 504)),
 ]
 
 

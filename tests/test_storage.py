@@ -608,31 +608,24 @@ async def test_writer_rows_are_visible_after_the_flush_interval(sessions: Sessio
         assert writer.pending_rows == 0 and writer.flushes == 1
 
 
-async def test_writer_batches_by_flush_rows_and_exit_writes_the_tail(sessions: Sessions) -> None:
-    job_id = await make_job(sessions, new_prompts(1_050))
+@pytest.mark.parametrize(("prompts", "flush_rows", "full_batches"), [(1_050, 100, 10), (5, 1_000, 0)])
+async def test_writer_batches_by_flush_rows_and_exit_writes_the_tail(
+    sessions: Sessions, prompts: int, flush_rows: int, full_batches: int
+) -> None:
+    job_id = await make_job(sessions, new_prompts(prompts))
     ids = list((await prompt_ids(sessions, job_id)).values())
-    async with ResultWriter(sessions, flush_rows=100, flush_interval=60) as writer:
+    async with ResultWriter(sessions, flush_rows=flush_rows, flush_interval=3_600) as writer:
         for pid in ids:
             await writer.success(prompt_ids=[pid], result=answer())
         for _ in range(500):  # let the background flusher drain the full batches
-            if writer.flushes == 10:
+            if writer.flushes == full_batches:
                 break
             await asyncio.sleep(0.01)
-        assert (writer.flushes, writer.rows_written, writer.pending_rows) == (10, 1_000, 50)
-        assert await count_results(sessions) == 1_000
-    assert (writer.flushes, writer.rows_written, writer.pending_rows) == (11, 1_050, 0)
-    assert (await storage.job_counts(sessions, job_id=job_id))["succeeded"] == 1_050
-
-
-async def test_writer_exit_flushes_what_is_left(sessions: Sessions) -> None:
-    job_id = await make_job(sessions, new_prompts(5))
-    ids = list((await prompt_ids(sessions, job_id)).values())
-    async with ResultWriter(sessions, flush_rows=1_000, flush_interval=3_600) as writer:
-        for pid in ids:
-            await writer.success(prompt_ids=[pid], result=answer())
-        assert await count_results(sessions) == 0
-    assert (writer.flushes, writer.rows_written) == (1, 5)
-    assert await count_results(sessions) == 5
+        written = full_batches * flush_rows
+        assert (writer.flushes, writer.rows_written, writer.pending_rows) == (full_batches, written, prompts - written)
+        assert await count_results(sessions) == written
+    assert (writer.flushes, writer.rows_written, writer.pending_rows) == (full_batches + 1, prompts, 0)
+    assert (await storage.job_counts(sessions, job_id=job_id))["succeeded"] == prompts
 
 
 async def test_writer_exit_flushes_even_when_the_body_fails(sessions: Sessions) -> None:

@@ -17,8 +17,11 @@ from ._reuse import reuse_stored_answers
 
 logger = logging.getLogger(__name__)
 
-# Prefect task runs cost tens of milliseconds and a server round-trip each: keep a run to a few hundred.
+# Prefect task runs cost tens of milliseconds and a server round-trip each: keep a run to a few hundred...
 MAX_CHUNKS_PER_RUN = 200
+# ...but a chunk's rows are in memory while it is sent (a few chunks at once): chunks stop growing here,
+# so that a job of ten million prompts holds no more than one of a million (more chunks instead).
+MAX_GROWN_CHUNK = 5_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,8 +60,9 @@ class RealtimePlan:
 
 
 def chunk_size_for(requests: int, *, chunk_size: int, max_chunks: int = MAX_CHUNKS_PER_RUN) -> int:
-    """``chunk_size``, grown so that ``requests`` make at most ``max_chunks`` chunks."""
-    return max(chunk_size, math.ceil(requests / max_chunks))
+    """``chunk_size``, grown so that ``requests`` make at most ``max_chunks`` chunks, to at most ``MAX_GROWN_CHUNK``
+    (a larger ``chunk_size`` given is kept)."""
+    return max(chunk_size, min(math.ceil(requests / max_chunks), MAX_GROWN_CHUNK))
 
 
 def chunk_groups(groups: Sequence[tuple[int, ...]], *, chunk_size: int, max_chunks: int = MAX_CHUNKS_PER_RUN) -> list[list[tuple[int, ...]]]:

@@ -60,7 +60,8 @@ class ChunkFeed:
     ) -> None:
         self._job, self._sessions, self._sink = job, sessions, sink
         self._first_size = chunk_size
-        # Every slice's chunks alike, and at most MAX_CHUNKS_PER_RUN of them in all.
+        # Every slice's chunks alike: at most MAX_CHUNKS_PER_RUN of them, unless that would make a chunk
+        # larger than MAX_GROWN_CHUNK prompts (a 10M job: 2,000 chunks of 5,000).
         self._size = chunk_size_for(job.total, chunk_size=chunk_size)
         self._selection = selection
         self._dedupe, self._rules, self._before_storing = dedupe, rules, before_storing

@@ -53,9 +53,9 @@ class PromptInput:
 
     def specs(self, *, start: int = 0) -> Iterator[PromptSpec]:
         """Its prompts in input order, from input position ``start``. The input was checked whole
-        (``check``), so the model-limit checks are not run again: each prompt is parsed, not re-estimated."""
+        (``check``), so the model-limit checks are not run again (no token estimates); every other check is."""
         return islice(iter_prompts(self.source, default_model=self.default_model,
-                                   model_providers=self.model_providers, checked=True), start, None)
+                                   model_providers=self.model_providers), start, None)
 
     def check(self, *, warn: bool = True) -> InputCheck:
         """Validate the whole input (``InputError`` at the first problem): its count, fingerprint, repeats, providers."""

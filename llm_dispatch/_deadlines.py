@@ -24,7 +24,7 @@ class Deadlines:
     """The deadlines of one client's attempts: ``async with deadlines.within(seconds) as deadline:``.
 
     While any attempt is in flight, one timer fires every ``resolution`` seconds (a tenth of the
-    shortest deadline given so far, at most ``MAX_RESOLUTION``) and cancels the attempts whose deadline
+    shortest deadline in flight, at most ``MAX_RESOLUTION``) and cancels the attempts whose deadline
     has passed; with none in flight there is no timer. A look goes over the attempts in flight, which
     the client's concurrency limit bounds.
     """
@@ -65,18 +65,27 @@ class Deadlines:
         loop = self._loop
         assert loop is not None
         now = loop.time()
-        for deadline in [d for d in self._open if d.when <= now]:
+        passed = [d for d in self._open if d.when <= now]
+        for deadline in passed:
             del self._open[deadline]
             deadline.expire(loop)
-        self._timer = loop.call_later(self.resolution, self._look) if self._open else None
+        if not self._open:
+            self._timer = None
+            self.resolution = MAX_RESOLUTION
+            return
+        # The resolution follows the shortest deadline still in flight: one short call does not keep
+        # a busy client's timer fine for the rest of its life.
+        shortest = min(d.seconds for d in self._open)
+        self.resolution = min(MAX_RESOLUTION, max(MIN_RESOLUTION, shortest / LOOKS_PER_DEADLINE))
+        self._timer = loop.call_later(self.resolution, self._look)
 
 
 class _Deadline:
-    __slots__ = ("_owner", "_seconds", "_task", "_cancelling", "_expired", "when")
+    __slots__ = ("_owner", "seconds", "_task", "_cancelling", "_expired", "when")
 
     def __init__(self, owner: Deadlines, seconds: float) -> None:
         self._owner = owner
-        self._seconds = seconds
+        self.seconds = seconds
         self._task: asyncio.Task[object] | None = None
         self._cancelling = 0
         self._expired = False
@@ -98,8 +107,8 @@ class _Deadline:
         loop = task.get_loop()
         self._task = task
         self._cancelling = task.cancelling()
-        self.when = loop.time() + self._seconds
-        self._owner._watch(self, self._seconds, loop)
+        self.when = loop.time() + self.seconds
+        self._owner._watch(self, self.seconds, loop)
         return self
 
     async def __aexit__(
@@ -111,4 +120,4 @@ class _Deadline:
         assert self._task is not None
         # As asyncio.timeout: our own cancellation becomes TimeoutError, anyone else's goes on.
         if self._task.uncancel() <= self._cancelling and exc_type is asyncio.CancelledError:
-            raise TimeoutError(f"the {self._seconds:g}s deadline passed") from exc
+            raise TimeoutError(f"the {self.seconds:g}s deadline passed") from exc

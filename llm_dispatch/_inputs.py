@@ -195,28 +195,16 @@ def iter_prompts(
     default_params: Mapping[str, Any] | None = None,
     table: PriceTable | None = None,
     model_providers: Mapping[str, str] | None = None,
-    checked: bool = False,
 ) -> Iterator[PromptSpec]:
     """The prompts of ``source`` one at a time, in input order, each validated as it is read.
 
-    Repeated ids are not looked for: read an input checked by ``check_prompts`` first. ``checked``: it was,
-    so each prompt is only parsed (into the very spec validation makes); one that no longer parses (the
-    file changed since) is validated after all, to say what is wrong with it.
+    Repeated ids are not looked for: read an input checked by ``check_prompts`` first. Without ``table``
+    the model-limit checks (the token estimate) are skipped; every other check runs, so an input that
+    changed since it was checked still gets its file:line error.
     """
-    if not checked:
-        for _, spec in _iter_specs(source, default_model=default_model, default_params=default_params, table=table,
-                                   model_providers=model_providers):
-            yield spec
-        return
-    where, lines = records(source)
-    provider_of = provider_lookup(model_providers)
-    for position, (number, record) in enumerate(lines):
-        try:
-            yield _checked_spec(record, line=number, position=position, default_model=default_model,
-                                default_params=default_params)
-        except (KeyError, TypeError, AttributeError, ValueError):
-            yield _spec(record, where=where, line=number, position=position, default_model=default_model,
-                        default_params=default_params, table=table, provider_of=provider_of)
+    for _, spec in _iter_specs(source, default_model=default_model, default_params=default_params, table=table,
+                               model_providers=model_providers):
+        yield spec
 
 
 def _iter_specs(
@@ -369,31 +357,6 @@ def _spec(
         metadata=dict(metadata) if metadata is not None else None,
         urgency=_urgency(record.get("urgency"), fail=fail),
         deadline=_deadline(record.get("deadline"), fail=fail),
-    )
-
-
-def _checked_spec(
-    record: Mapping[str, Any], *, line: int, position: int, default_model: str, default_params: Mapping[str, Any] | None
-) -> PromptSpec:
-    """``_spec``'s result for a record that passed it before, made without its checks."""
-    if "prompt" in record:
-        messages: list[dict[str, Any]] = [{"role": "user", "content": record["prompt"]}]
-    else:
-        messages = [dict(message) for message in record["messages"]]
-    params = dict(default_params or {})
-    if "params" in record:
-        params.update(record["params"])
-    metadata = record.get("metadata")
-    urgency, deadline = record.get("urgency"), record.get("deadline")
-    return PromptSpec(
-        custom_id=str(record.get("id", f"line-{line}")),
-        position=position,
-        model=record.get("model", default_model).strip(),
-        messages=messages,
-        params=params,
-        metadata=dict(metadata) if metadata is not None else None,
-        urgency=urgency.strip().lower() if urgency is not None else None,
-        deadline=deadline.strip() if deadline is not None else None,
     )
 
 

@@ -81,3 +81,24 @@ def test_deadlines_hold_in_each_new_event_loop() -> None:
         with pytest.raises(TimeoutError):
             asyncio.run(hang())
         assert time.perf_counter() - started < 1.0
+
+
+async def test_the_timer_slows_again_once_a_short_deadline_is_no_longer_in_flight() -> None:
+    """One call with a short timeout makes the looks frequent only while that call is in flight."""
+    deadlines = Deadlines()
+    release = asyncio.Event()
+
+    async def long_attempt() -> None:
+        async with deadlines.within(30):
+            await release.wait()
+
+    task = asyncio.create_task(long_attempt())
+    await asyncio.sleep(0)
+    assert deadlines.resolution == 1.0
+    async with deadlines.within(0.05):
+        await asyncio.sleep(0.01)
+    assert deadlines.resolution == pytest.approx(0.005)
+    await asyncio.sleep(0.03)  # a look finds only the 30 s attempt in flight
+    assert deadlines.resolution == 1.0
+    release.set()
+    await task

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from jobs import PromptInput
 from llm_dispatch import InputError
 from llm_dispatch._inputs import fingerprint, iter_prompts, parse_prompt_dicts, read_prompts
 from llm_dispatch._pricing import PriceTable
@@ -272,7 +273,7 @@ def test_a_users_price_file_adds_a_models_window(tmp_path: Path) -> None:
 
 
 def test_a_checked_input_reads_again_as_the_very_specs_validation_made(tmp_path: Path) -> None:
-    """The second pass over a checked input parses without checking; what it makes is what the check made."""
+    """The second pass over a checked input (no token estimates) makes what the check made."""
     path = write(tmp_path, "p.jsonl", jsonl(
         {"id": 7, "prompt": "hi", "params": {"temperature": 0, "max_tokens": 5}, "metadata": {"k": [1]}},
         {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "ü"}], "model": " m2 "},
@@ -280,12 +281,27 @@ def test_a_checked_input_reads_again_as_the_very_specs_validation_made(tmp_path:
     ))
     csv_path = write(tmp_path, "p.csv", "id,prompt,urgency,lang\n1,Hello,URGENT,en\n2,Bonjour,,fr\n")
     for source in (path, csv_path, Path(__file__).parents[1] / "examples" / "mixed.jsonl"):
-        validated = list(iter_prompts(source, default_model="m1"))
-        assert list(iter_prompts(source, default_model="m1", checked=True)) == validated
-        assert fingerprint(validated) == fingerprint(iter_prompts(source, default_model="m1", checked=True))
+        prompts = PromptInput(source=source, default_model="m1")
+        prompts.check(warn=False)
+        validated = list(iter_prompts(source, default_model="m1", table=PriceTable.load()))
+        assert list(prompts.specs()) == validated
+        assert fingerprint(validated) == fingerprint(prompts.specs())
 
 
-def test_a_checked_input_that_changed_since_still_names_the_line(tmp_path: Path) -> None:
-    path = write(tmp_path, "p.jsonl", jsonl({"prompt": "ok"}, {"id": "x"}))
-    with pytest.raises(InputError, match=r"p.jsonl:2: give exactly one of 'prompt' or 'messages'"):
-        list(iter_prompts(path, default_model="m", checked=True))
+@pytest.mark.parametrize(("changed", "error"), [
+    ({"prompt": "ok", "params": {"n": 8}}, r"p.jsonl:2: .*'n' cannot be set per prompt"),
+    ({"prompt": "ok", "params": {"stream": True}}, r"p.jsonl:2: .*'stream' cannot be set per prompt"),
+    ({"id": "x"}, r"p.jsonl:2: .*give exactly one of 'prompt' or 'messages'"),
+    ({"prompt": "ok", "urgency": "soonish"}, r"p.jsonl:2: .*urgency"),
+    ({"messages": [{"role": "robot", "content": "hi"}]}, r"p.jsonl:2: .*role"),
+])
+def test_an_input_changed_after_its_check_is_refused_on_the_second_pass(
+    tmp_path: Path, changed: dict[str, object], error: str
+) -> None:
+    """The file is read again while the job is sent: a record edited in between is checked again, not sent as is."""
+    path = write(tmp_path, "p.jsonl", jsonl({"prompt": "first"}, {"prompt": "second"}))
+    prompts = PromptInput(source=path, default_model="gpt-4o-mini")
+    assert prompts.check(warn=False).count == 2
+    path.write_text(jsonl({"prompt": "first"}, changed), encoding="utf-8")
+    with pytest.raises(InputError, match=error):
+        list(prompts.specs())

@@ -39,7 +39,6 @@ RETRYABLE_LINE_ERRORS = frozenset({"batch_expired"})
 
 _WRITE_BUFFER = 1024 * 1024
 _FILE_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
-_encode = compact_json
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,7 +208,7 @@ def _input_line(custom_id: str, request: ChatRequest, *, endpoint: str) -> bytes
     record = {"custom_id": custom_id, "method": "POST", "url": endpoint, "body": request.body()}
     try:
         # Encoded as httpx encodes a chat body, so a batch line and a real-time call send the same bytes.
-        return _encode(record).encode("utf-8") + b"\n"
+        return compact_json(record).encode("utf-8") + b"\n"
     except (ValueError, TypeError) as exc:  # NaN, a lone surrogate, an object JSON cannot hold
         raise ValueError(f"request {custom_id!r} cannot be written as JSON: {exc}") from exc
 

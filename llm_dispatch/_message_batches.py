@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 from ._anthropic_answers import parse_message_batch, parse_message_batch_page
 from ._batch_types import MESSAGE_BATCH_LIMITS, BatchInfo
 from ._constants import DEFAULT_LIST_LIMIT
-from ._requests import encode_json, path_segment
+from ._json import compact_json
+from ._requests import path_segment
 
 if TYPE_CHECKING:
     from ._responses import BatchPage
@@ -42,7 +43,7 @@ def message_batch_body(requests: Iterable[Mapping[str, Any]]) -> bytes:
             raise ValueError(f"a message batch holds at most {MESSAGE_BATCH_LIMITS.max_requests:,} requests; split it")
         if count > 1:
             body += b","
-        body += encode_json({"custom_id": custom_id, "params": request["params"]}).encode()
+        body += compact_json({"custom_id": custom_id, "params": request["params"]}).encode()
     if not count:
         raise ValueError("a message batch needs at least one request")
     body += b"]}"

@@ -14,13 +14,12 @@ import httpx
 
 from ._json import compact_json
 
-__all__ = ["ACCEPT_ENCODING", "USER_AGENT", "RequestBuilder", "encode_json", "header_pairs", "path_segment"]
+__all__ = ["ACCEPT_ENCODING", "USER_AGENT", "RequestBuilder", "header_pairs", "path_segment"]
 
 USER_AGENT = "llm-dispatch"
 # gzip and deflate only: any transport decodes those two, whatever else is installed.
 ACCEPT_ENCODING = "gzip, deflate"
 _URL_CACHE_SIZE = 256
-encode_json = compact_json
 
 
 class RequestBuilder:
@@ -72,7 +71,7 @@ class RequestBuilder:
         elif json is None:
             pairs, content = self._pairs, b""
         else:
-            pairs, content = self._json_pairs, encode_json(json).encode()
+            pairs, content = self._json_pairs, compact_json(json).encode()
         if content or method in ("POST", "PUT", "PATCH"):
             pairs = [*pairs, ("Content-Length", str(len(content)))]
         return _ReadRequest(method, url, pairs=pairs, body=content, extensions=extensions)

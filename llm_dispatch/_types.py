@@ -11,8 +11,6 @@ from ._json import canonical_json
 __all__ = ["ChatRequest", "ChatResult", "dedupe_key"]
 
 
-
-
 def dedupe_key(*, model: str, messages: list[dict[str, Any]], params: dict[str, Any]) -> str:
     """A stable hash of everything that decides what a provider answers (not ids or metadata)."""
     return hashlib.sha256(canonical_json({"model": model, "messages": messages, "params": params}).encode()).hexdigest()

@@ -40,14 +40,12 @@ _WAL_RETRIES = int(SQLITE_BUSY_TIMEOUT_MS / 1000 / _WAL_RETRY_SECONDS)
 _ASYNC_DRIVERS = {"sqlite": "aiosqlite", "postgresql": "asyncpg"}
 _EXAMPLES = "sqlite+aiosqlite:///path/to/llm_dispatch.db or postgresql+asyncpg://user:password@host:5432/dbname"
 
-# Prompts are often not English; escaped \uXXXX JSON would double their stored size (``stored_json`` keeps them).
-_json_serializer = stored_json
-
 
 def create_engine(url: str, *, echo: bool = False) -> AsyncEngine:
     """An async engine for ``url``; the caller disposes of it (``await engine.dispose()``)."""
     parsed = _async_url(url)
-    kwargs: dict[str, Any] = {"echo": echo, "json_serializer": _json_serializer}
+    # Prompts are often not English; escaped \uXXXX JSON would double their stored size.
+    kwargs: dict[str, Any] = {"echo": echo, "json_serializer": stored_json}
     if parsed.get_backend_name() == "sqlite":
         _make_parent_dir(parsed)
     try:

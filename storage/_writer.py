@@ -26,9 +26,9 @@ __all__ = ["DEFAULT_FLUSH_INTERVAL", "DEFAULT_FLUSH_ROWS", "RETRY_DELAY", "Resul
 logger = logging.getLogger(__name__)
 
 DEFAULT_FLUSH_ROWS = 200
-# The most a killed process can lose: answers from the last interval, sent again on resume.
 DEFAULT_FLUSH_INTERVAL = 0.05
-# Buffered rows beyond flush_rows x this make callers wait for the database.
+# Buffered rows beyond flush_rows x this make callers wait for the database; it is also the most rows one
+# transaction writes. What a killed process loses (sent again on resume): the answers not yet committed.
 BACKPRESSURE_FACTOR = 10
 # Pause before the one retry of a batch that failed with OperationalError.
 RETRY_DELAY = 0.5
@@ -44,7 +44,9 @@ class ResultWriter:
 
     A batch is written when ``flush_rows`` results are waiting or the oldest has waited
     ``flush_interval`` seconds, so a result is on disk within about ``flush_interval`` of
-    arriving, however slowly they come. Each batch inserts its result rows and updates
+    arriving, however slowly they come. A batch takes every result waiting (up to
+    ``BACKPRESSURE_FACTOR`` x ``flush_rows``): a writer that fell behind a busy event loop
+    catches up in one transaction. Each batch inserts its result rows and updates
     their prompts together. A batch that fails twice is raised (to the next caller and on
     exit) and its rows stay buffered; nothing is dropped silently.
 
@@ -216,7 +218,7 @@ class ResultWriter:
         async with self._lock:
             if not self._buffer:
                 return
-            batch = [self._buffer.popleft() for _ in range(min(self._flush_rows, len(self._buffer)))]
+            batch = [self._buffer.popleft() for _ in range(min(self._max_buffered, len(self._buffer)))]
             try:
                 try:
                     await self._write(batch)

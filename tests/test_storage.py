@@ -608,23 +608,29 @@ async def test_writer_rows_are_visible_after_the_flush_interval(sessions: Sessio
         assert writer.pending_rows == 0 and writer.flushes == 1
 
 
-@pytest.mark.parametrize(("prompts", "flush_rows", "full_batches"), [(1_050, 100, 10), (5, 1_000, 0)])
-async def test_writer_batches_by_flush_rows_and_exit_writes_the_tail(
-    sessions: Sessions, prompts: int, flush_rows: int, full_batches: int
+@pytest.mark.parametrize(
+    ("prompts", "flush_rows", "written", "flushes"),
+    [
+        (550, 100, 550, (1, 1)),  # fell behind by 5 batches' worth: caught up in one transaction
+        (1_050, 100, 1_000, (1, 2)),  # the caller is held at 10 x flush_rows: one write of 1,000, the tail at exit
+        (5, 1_000, 0, (0, 1)),  # fewer than flush_rows and the interval far off: written at exit
+    ],
+)
+async def test_writer_writes_every_waiting_row_at_once_and_exit_writes_the_tail(
+    sessions: Sessions, prompts: int, flush_rows: int, written: int, flushes: tuple[int, int]
 ) -> None:
     job_id = await make_job(sessions, new_prompts(prompts))
     ids = list((await prompt_ids(sessions, job_id)).values())
     async with ResultWriter(sessions, flush_rows=flush_rows, flush_interval=3_600) as writer:
-        for pid in ids:
+        for pid in ids:  # no await yields to the writer until the back-pressure limit
             await writer.success(prompt_ids=[pid], result=answer())
-        for _ in range(500):  # let the background flusher drain the full batches
-            if writer.flushes == full_batches:
+        for _ in range(500 if written else 20):  # let the background flusher catch up
+            if writer.rows_written == written and written:
                 break
             await asyncio.sleep(0.01)
-        written = full_batches * flush_rows
-        assert (writer.flushes, writer.rows_written, writer.pending_rows) == (full_batches, written, prompts - written)
+        assert (writer.flushes, writer.rows_written, writer.pending_rows) == (flushes[0], written, prompts - written)
         assert await count_results(sessions) == written
-    assert (writer.flushes, writer.rows_written, writer.pending_rows) == (full_batches + 1, prompts, 0)
+    assert (writer.flushes, writer.rows_written, writer.pending_rows) == (flushes[1], prompts, 0)
     assert (await storage.job_counts(sessions, job_id=job_id))["succeeded"] == prompts
 
 

@@ -16,6 +16,7 @@ up); the same command then runs to the end. Checked and reported:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -30,26 +31,41 @@ from pathlib import Path
 from realtime import ROOT, make_prompts  # bench/ is the script's folder, first on sys.path
 
 
-def stored_successes(db: Path) -> int:
+def stored_successes(db: Path, *, strict: bool = False) -> int:
+    """Answers committed so far; 0 while the file or its tables are not made yet (unless ``strict``)."""
     try:
-        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as conn:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)) as conn:
             return conn.execute("SELECT COUNT(*) FROM results WHERE status = 'succeeded'").fetchone()[0]
-    except sqlite3.OperationalError:
-        return 0  # the file or its tables are not made yet
+    except sqlite3.OperationalError as exc:
+        if strict or not ("no such table" in str(exc) or "unable to open" in str(exc)):
+            raise
+        return 0
 
 
-def requests_total(base_url: str) -> int:
-    with urllib.request.urlopen(base_url.removesuffix("/v1") + "/_sim/stats", timeout=10) as answer:
-        return json.load(answer)["requests_total"]
+def settled_requests(base_url: str) -> int:
+    """The simulator's request count once nothing is in flight and it has stopped moving for 0.5 s: requests a
+    killed client wrote before it died may still be on their way into the server."""
+    def stats() -> dict[str, int]:
+        with urllib.request.urlopen(base_url.removesuffix("/v1") + "/_sim/stats", timeout=10) as answer:
+            return json.load(answer)
+
+    last = stats()
+    while True:
+        time.sleep(0.5)
+        now = stats()
+        if now["in_flight"] == 0 and now["requests_total"] == last["requests_total"]:
+            return now["requests_total"]
+        last = now
 
 
 def start(prompts: Path, *, db: Path, base_url: str, concurrency: int, out: Path) -> subprocess.Popen[bytes]:
-    """``llm-dispatch run`` in a child; its stdout to ``out``, its stderr to ``out`` + ``.err``."""
+    """``llm-dispatch run`` in a child, in its own process group (Prefect's temporary server, if it starts
+    one, dies with it); its stdout to ``out``, its stderr to ``out`` + ``.err``."""
     env = {**os.environ, "LLM_DISPATCH_BASE_URL": base_url, "LLM_DISPATCH_DATABASE_URL": f"sqlite+aiosqlite:///{db}",
            "LLM_DISPATCH_CONCURRENCY": str(concurrency), "PREFECT_LOGGING_LEVEL": "WARNING", "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen([sys.executable, "-m", "cli.main", "run", str(prompts), "--route", "all-realtime",
-                             "--json"], env=env, cwd=ROOT, stdout=out.open("wb"),
-                            stderr=Path(f"{out}.err").open("wb"))
+    with out.open("wb") as stdout, Path(f"{out}.err").open("wb") as stderr:  # the child keeps its own copies
+        return subprocess.Popen([sys.executable, "-m", "cli.main", "run", str(prompts), "--route", "all-realtime",
+                                 "--json"], env=env, cwd=ROOT, stdout=stdout, stderr=stderr, start_new_session=True)
 
 
 def reap(proc: subprocess.Popen[bytes]) -> tuple[int, float]:
@@ -86,12 +102,16 @@ def main() -> None:
             if first.poll() is not None:
                 raise SystemExit(f"the first run ended (exit {first.returncode}) before the kill, with {landed} "
                                  f"answers stored:\n{(Path(tmp) / 'first.err').read_text()[-3000:]}")
-            time.sleep(1.0)
-        first.send_signal(signal.SIGKILL)
+            time.sleep(0.2 if args.prompts <= 100_000 else 1.0)  # a COUNT over the results each time
+        if first.poll() is not None:
+            raise SystemExit(f"the first run ended (exit {first.returncode}) before the kill: lower --kill-at")
+        os.killpg(first.pid, signal.SIGKILL)
         _, first_rss = reap(first)
         killed_after = time.perf_counter() - started
-        kept = stored_successes(db)
-        sent_first = requests_total(base_url)
+        kept = stored_successes(db, strict=True)
+        sent_first = settled_requests(base_url)
+        if kept == args.prompts:
+            raise SystemExit("every prompt was answered before the kill: lower --kill-at or give more --prompts")
 
         started = time.perf_counter()
         second = start(prompts, db=db, base_url=base_url, concurrency=args.concurrency, out=Path(tmp) / "second")
@@ -101,9 +121,9 @@ def main() -> None:
             raise SystemExit(f"the second run failed (exit {code}):\n"
                              f"{(Path(tmp) / 'second.err').read_text()[-3000:]}")
         summary = json.loads((Path(tmp) / "second").read_text())
-        sent_second = requests_total(base_url) - sent_first
+        sent_second = settled_requests(base_url) - sent_first
 
-        with sqlite3.connect(db) as conn:
+        with contextlib.closing(sqlite3.connect(db)) as conn:
             per_prompt = dict(conn.execute(
                 "SELECT n, COUNT(*) FROM (SELECT COUNT(*) AS n FROM results WHERE status = 'succeeded' "
                 "GROUP BY prompt_id) GROUP BY n").fetchall())

@@ -25,8 +25,9 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
+
+import httpx
 
 from realtime import ROOT, make_prompts  # bench/ is the script's folder, first on sys.path
 
@@ -46,8 +47,7 @@ def settled_requests(base_url: str) -> int:
     """The simulator's request count once nothing is in flight and it has stopped moving for 0.5 s: requests a
     killed client wrote before it died may still be on their way into the server."""
     def stats() -> dict[str, int]:
-        with urllib.request.urlopen(base_url.removesuffix("/v1") + "/_sim/stats", timeout=10) as answer:
-            return json.load(answer)
+        return httpx.get(base_url.removesuffix("/v1") + "/_sim/stats", timeout=10).raise_for_status().json()
 
     last = stats()
     while True:
@@ -98,13 +98,13 @@ def main() -> None:
         started = time.perf_counter()
         first = start(prompts, db=db, base_url=base_url, concurrency=args.concurrency, out=Path(tmp) / "first")
         target = int(args.prompts * args.kill_at)
-        while (landed := stored_successes(db)) < target:
+        while True:
             if first.poll() is not None:
-                raise SystemExit(f"the first run ended (exit {first.returncode}) before the kill, with {landed} "
-                                 f"answers stored:\n{(Path(tmp) / 'first.err').read_text()[-3000:]}")
+                raise SystemExit(f"the first run ended (exit {first.returncode}) before the kill (lower --kill-at):"
+                                 f"\n{(Path(tmp) / 'first.err').read_text()[-3000:]}")
+            if stored_successes(db) >= target:
+                break
             time.sleep(0.2 if args.prompts <= 100_000 else 1.0)  # a COUNT over the results each time
-        if first.poll() is not None:
-            raise SystemExit(f"the first run ended (exit {first.returncode}) before the kill: lower --kill-at")
         os.killpg(first.pid, signal.SIGKILL)
         _, first_rss = reap(first)
         killed_after = time.perf_counter() - started

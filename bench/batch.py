@@ -78,8 +78,8 @@ def _messages(i: int) -> list[dict[str, Any]]:
 def _prompts(count: int, *, distinct: int | None = None) -> Iterator[Any]:
     """NewPrompts as the CLI would store them after routing: distinct (no line shared or reused), or with
     ``distinct`` requests, prompt i asking question i % distinct (identical prompts share one line)."""
-    import storage
-    from llm_dispatch import dedupe_key
+    from llm_dispatch import storage
+    from llm_dispatch.core import dedupe_key
 
     for i in range(count):
         messages = _messages(i % distinct if distinct else i)
@@ -189,10 +189,10 @@ async def batch_path(
 ) -> dict[str, Any]:
     import logging
 
-    import storage
-    from llm_dispatch import BatchLimits, LLMClient, PriceTable, RowPricer
-    from jobs import ingest_batch, poll_batch
-    from jobs import Clients, submit_prompts
+    from llm_dispatch import storage
+    from llm_dispatch.core import BatchLimits, LLMClient, PriceTable, RowPricer
+    from llm_dispatch.jobs import ingest_batch, poll_batch
+    from llm_dispatch.jobs import Clients, submit_prompts
 
     logging.basicConfig(level=logging.WARNING)
     profiler = _Profile(profile)
@@ -315,10 +315,10 @@ async def baselines(*, base_url: str, count: int, workdir: Path, run: int, outpu
     import aiohttp
     from sqlalchemy import bindparam, func, insert, select, update
 
-    import storage
-    from llm_dispatch import BatchLimits
-    from storage import Prompt, Result
-    from storage._models import utcnow
+    from llm_dispatch import storage
+    from llm_dispatch.core import BatchLimits
+    from llm_dispatch.storage import Prompt, Result
+    from llm_dispatch.storage._models import utcnow
 
     out: dict[str, Any] = {}
     per_file = BatchLimits().max_requests
@@ -418,7 +418,7 @@ async def baselines(*, base_url: str, count: int, workdir: Path, run: int, outpu
 
 
 def child(args: argparse.Namespace) -> None:
-    from flows._setup import tune_gc
+    from llm_dispatch.flows._setup import tune_gc
 
     # As the flows running these steps do (wait-for-batch, collect-batches); the baselines get it too.
     tune_gc()
@@ -434,7 +434,7 @@ def child(args: argparse.Namespace) -> None:
 
 
 def run_child(kind: str, *, base_url: str, count: int, workdir: Path, run: int, extra: list[str]) -> dict[str, Any]:
-    env = {**os.environ, "PREFECT_LOGGING_LEVEL": "WARNING", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PREFECT_LOGGING_LEVEL": "WARNING"}
     proc = subprocess.run(
         [sys.executable, __file__, "--child", kind, "--base-url", base_url, "--prompts", str(count),
          "--workdir", str(workdir), "--run", str(run), *extra],
@@ -619,8 +619,7 @@ def main() -> None:
         child(args)
         return
 
-    sys.path.insert(0, str(ROOT))
-    from simulator import Simulator, SimulatorConfig  # noqa: E402
+    from llm_dispatch.simulator import Simulator, SimulatorConfig
 
     config = SimulatorConfig(batch_processing_seconds=args.batch_seconds)
     with tempfile.TemporaryDirectory(prefix="bench-batch-") as tmp, Simulator.in_process(config) as base_url:

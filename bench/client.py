@@ -26,12 +26,13 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# The child benchmarking another tree gets it first on its path; everyone else gets this checkout.
-sys.path.insert(0, os.environ.get("BENCH_CLIENT_CODE", str(ROOT)))
 
-from llm_dispatch import ChatRequest, LLMClient  # noqa: E402
+try:
+    from llm_dispatch.core import ChatRequest, LLMClient
+except ImportError:  # a tree from before one import root, on PYTHONPATH (see _child.tree_python)
+    from llm_dispatch import ChatRequest, LLMClient  # type: ignore[attr-defined,no-redef]
 
-from _child import report, run_measured  # noqa: E402  (bench/ is the script's folder, first on sys.path)
+from _child import report, run_measured, tree_python  # bench/ is the script's folder, first on sys.path
 
 PER = 10_000  # CPU and wall time are reported per this many requests
 WARM_UP = 500
@@ -83,10 +84,10 @@ def child(args: argparse.Namespace) -> None:
 
 
 def run_child(kind: str, code: Path, *, base_url: str, args: argparse.Namespace) -> dict[str, float]:
-    env = {**os.environ, "BENCH_CLIENT_CODE": str(code), "PYTHONPATH": str(code)}
+    python, extra = tree_python(code)
     argv = [__file__, "--child", kind, "--base-url", base_url, "--requests", str(args.requests),
             "--concurrency", str(args.concurrency)]
-    return run_measured(argv, env=env, what=f"{kind} ({code})")
+    return run_measured(argv, env={**os.environ, **extra}, what=f"{kind} ({code})", python=python)
 
 
 def main() -> None:
@@ -106,7 +107,7 @@ def main() -> None:
 
     # Here, not at the top: a child measuring an older tree imports that tree's llm_dispatch, which this
     # checkout's simulator may no longer work with.
-    from simulator import Simulator, SimulatorConfig
+    from llm_dispatch.simulator import Simulator, SimulatorConfig
 
     trees = dict(item.split("=", 1) for item in args.code) if args.code else {"client": str(ROOT)}
     variants = [("baseline", "baseline", ROOT)] + [(label, "client", Path(d).resolve()) for label, d in trees.items()]

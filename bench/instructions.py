@@ -26,14 +26,15 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from realtime import ROOT, make_prompts  # bench/ is the script's folder, first on sys.path
+from _child import tree_python  # bench/ is the script's folder, first on sys.path
+from realtime import ROOT, make_prompts
 
 _COLLECTED = re.compile(r"Collected : (\d+)")
 
 
 def count(argv: list[str], *, env: dict[str, str], cwd: Path) -> int:
-    """Instructions the command executed (every thread), as callgrind counts them."""
-    done = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, *argv],
+    """Instructions the command executed (every thread), as callgrind counts them; ARGV[0] is the interpreter."""
+    done = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *argv],
                           env=env, cwd=cwd, capture_output=True, text=True, timeout=3600)
     found = _COLLECTED.search(done.stderr)
     if done.returncode != 0 or found is None:
@@ -62,8 +63,7 @@ def main() -> None:
     sizes = tuple(args.sizes or ((500, 2500) if args.what == "client" else (1000, 3000)))
     trees = {"this checkout": ROOT, **{label: Path(d).resolve() for label, d in (c.split("=", 1) for c in args.code)}}
 
-    sys.path.insert(0, str(ROOT))
-    from simulator import Simulator, SimulatorConfig  # noqa: E402
+    from llm_dispatch.simulator import Simulator, SimulatorConfig
 
     bench = Path(__file__).resolve().parent
     with tempfile.TemporaryDirectory(prefix="bench-instructions-") as tmp, \
@@ -72,14 +72,15 @@ def main() -> None:
         jobs: list[tuple[str, dict[int, list[str]], dict[str, str]]] = []
         if args.what == "client":
             common = ["--base-url", base_url, "--concurrency", str(args.concurrency)]
-            jobs.append(("plain aiohttp + Semaphore", {n: [str(bench / "client.py"), "--child", "baseline",
-                                                           "--requests", str(n), *common] for n in sizes},
-                         {**os.environ, "PYTHONPATH": str(ROOT)}))
+            jobs.append(("plain aiohttp + Semaphore", {n: [sys.executable, str(bench / "client.py"), "--child",
+                                                           "baseline", "--requests", str(n), *common] for n in sizes},
+                         dict(os.environ)))
             for label, tree in trees.items():
-                # This checkout's child, importing the tree's llm_dispatch (as bench/client.py --code does).
-                jobs.append((label, {n: [str(bench / "client.py"), "--child", "client", "--requests", str(n),
+                # This checkout's child, importing the tree's llm-dispatch (as bench/client.py --code does).
+                python, extra = tree_python(tree)
+                jobs.append((label, {n: [python, str(bench / "client.py"), "--child", "client", "--requests", str(n),
                                          *common] for n in sizes},
-                             {**os.environ, "BENCH_CLIENT_CODE": str(tree), "PYTHONPATH": str(tree)}))
+                             {**os.environ, **extra}))
             unit = "request"
         else:
             for n in sizes:
@@ -89,11 +90,12 @@ def main() -> None:
                 # The tree's own flow child where it has one: it calls that tree's flow as that tree defines it.
                 child = tree / "bench" / "realtime.py"
                 child = child if child.is_file() else bench / "realtime.py"
-                jobs.append((label, {n: [str(child), "--child", "flow", "--base-url", base_url,
+                python, extra = tree_python(tree)
+                jobs.append((label, {n: [python, str(child), "--child", "flow", "--base-url", base_url,
                                          "--prompts-file", str(work / f"p{n}.jsonl"), "--c", str(args.concurrency),
                                          "--db", f"sqlite+aiosqlite:///{work / str(i) / f'flow-{n}.db'}"]
                                      for n in sizes},
-                             {**os.environ, "PYTHONPATH": str(tree), "PREFECT_LOGGING_LEVEL": "WARNING"}))
+                             {**os.environ, **extra, "PREFECT_LOGGING_LEVEL": "WARNING"}))
             unit = "prompt"
         print(f"{args.what}: instructions per {unit} (callgrind; {sizes[1]} minus {sizes[0]}), concurrency "
               f"{args.concurrency}, simulator latency {args.latency * 1000:.0f} ms", flush=True)

@@ -160,7 +160,7 @@ async def run_baseline(*, base_url: str, items: list[dict[str, Any]], concurrenc
 
 
 async def run_client(*, base_url: str, items: list[dict[str, Any]], concurrency: int, attempts: Attempts) -> dict:
-    from llm_dispatch import ChatRequest, LLMClient, WorkItem, default_transport, send_all
+    from llm_dispatch.core import ChatRequest, LLMClient, WorkItem, default_transport, send_all
 
     answered: dict[int, int] = defaultdict(int)
 
@@ -186,7 +186,7 @@ def child(args: argparse.Namespace) -> None:
     attempts = Attempts()
     run = run_baseline if args.child == "baseline" else run_client
     import aiohttp  # noqa: F401 - imports before the clock, as in a process that has sent before
-    import llm_dispatch  # noqa: F401
+    import llm_dispatch.core  # noqa: F401
 
     started_at = time.time()
     started = time.perf_counter()
@@ -199,7 +199,7 @@ def child(args: argparse.Namespace) -> None:
 def measure(kind: str, scenario: Scenario, *, base_url: str, root: str) -> dict[str, float]:
     """One variant on one scenario: its runs at once, summed; the quota's share from the simulator's count."""
     httpx.post(f"{root}/_sim/reset", timeout=5).raise_for_status()
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = dict(os.environ)
     argv = [__file__, "--child", kind, "--scenario", scenario.name, "--base-url", base_url]
 
     async def together() -> list[dict[str, Any]]:
@@ -234,8 +234,7 @@ def main() -> None:
         child(args)
         return
 
-    sys.path.insert(0, str(ROOT))
-    from simulator import Simulator, SimulatorConfig
+    from llm_dispatch.simulator import Simulator, SimulatorConfig
 
     print(f"{args.repeat} runs of each variant per scenario, medians; {os.cpu_count()} cores")
     header = (f"  {'variant':<9} {'answers/s':>9} {'vs base':>8} {'of quota':>8} {'429 share':>9} {'answered':>9} "

@@ -75,12 +75,12 @@ async def flow(*, base_url: str, prompts: Path, concurrency: int, db: str, recor
 
     from prefect import flow as prefect_flow
 
-    import flows.realtime
-    from flows.realtime import realtime_dispatch
+    from llm_dispatch.flows import realtime as realtime_module
+    from llm_dispatch.flows.realtime import realtime_dispatch
 
     if record_first:
         # A head as large as any job: the whole input is stored before the first chunk is planned.
-        flows.realtime.lane_count = lambda settings: 1 << 40  # type: ignore[assignment]
+        realtime_module.lane_count = lambda settings: 1 << 40  # type: ignore[assignment]
 
     logging.getLogger("prefect").setLevel(logging.WARNING)
 
@@ -122,7 +122,7 @@ def run_child(
     rss_log: str | None = None, timeout: float = 900,
 ) -> dict[str, float]:
     db = f"sqlite+aiosqlite:///{workdir / f'bench-{kind}-{concurrency}-{run}.db'}"
-    env = {**os.environ, "PREFECT_LOGGING_LEVEL": "WARNING", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PREFECT_LOGGING_LEVEL": "WARNING"}
     argv = [__file__, "--child", kind, "--base-url", base_url, "--prompts-file", str(prompts), "--c", str(concurrency),
             "--db", db, *(["--record-first"] if record_first else []), *(["--rss-log", rss_log] if rss_log else [])]
     return run_measured(argv, env=env, what=f"{kind} run", cwd=workdir, timeout=timeout)
@@ -146,8 +146,7 @@ def main() -> None:
         child(args)
         return
 
-    sys.path.insert(0, str(ROOT))
-    from simulator import Simulator, SimulatorConfig  # noqa: E402
+    from llm_dispatch.simulator import Simulator, SimulatorConfig
 
     with tempfile.TemporaryDirectory(prefix="bench-realtime-") as tmp:
         workdir = Path(tmp)

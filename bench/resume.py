@@ -62,9 +62,9 @@ def start(prompts: Path, *, db: Path, base_url: str, concurrency: int, out: Path
     """``llm-dispatch run`` in a child, in its own process group (Prefect's temporary server, if it starts
     one, dies with it); its stdout to ``out``, its stderr to ``out`` + ``.err``."""
     env = {**os.environ, "LLM_DISPATCH_BASE_URL": base_url, "LLM_DISPATCH_DATABASE_URL": f"sqlite+aiosqlite:///{db}",
-           "LLM_DISPATCH_CONCURRENCY": str(concurrency), "PREFECT_LOGGING_LEVEL": "WARNING", "PYTHONPATH": str(ROOT)}
+           "LLM_DISPATCH_CONCURRENCY": str(concurrency), "PREFECT_LOGGING_LEVEL": "WARNING"}
     with out.open("wb") as stdout, Path(f"{out}.err").open("wb") as stderr:  # the child keeps its own copies
-        return subprocess.Popen([sys.executable, "-m", "cli.main", "run", str(prompts), "--route", "all-realtime",
+        return subprocess.Popen([sys.executable, "-m", "llm_dispatch.cli.main", "run", str(prompts), "--route", "all-realtime",
                                  "--json"], env=env, cwd=ROOT, stdout=stdout, stderr=stderr, start_new_session=True)
 
 
@@ -85,8 +85,7 @@ def main() -> None:
     if not 0 < args.kill_at < 1:
         raise SystemExit("--kill-at must be between 0 and 1")
 
-    sys.path.insert(0, str(ROOT))
-    from simulator import Simulator, SimulatorConfig  # noqa: E402
+    from llm_dispatch.simulator import Simulator, SimulatorConfig
 
     print(f"{args.prompts:,} prompts, concurrency {args.concurrency}, simulator latency {args.latency * 1000:.0f} ms, "
           f"kill at {args.kill_at:.0%} answered, PREFECT_API_URL={os.environ.get('PREFECT_API_URL', '(ephemeral)')}")

@@ -34,8 +34,7 @@ def main() -> None:
                         "(flow-PROMPTS-C.jsonl: VmRSS, anonymous, file-backed kB and threads every 0.5 s)")
     args = parser.parse_args()
 
-    sys.path.insert(0, str(ROOT))
-    from simulator import Simulator, SimulatorConfig  # noqa: E402
+    from llm_dispatch.simulator import Simulator, SimulatorConfig
 
     print(f"simulator latency {args.latency * 1000:.0f} ms, {os.cpu_count()} cores, "
           f"PREFECT_API_URL={os.environ.get('PREFECT_API_URL', '(ephemeral)')}")

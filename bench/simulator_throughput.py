@@ -22,9 +22,8 @@ from pathlib import Path
 
 import aiohttp
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout, installed or not
 
-from simulator import Simulator, SimulatorConfig  # noqa: E402
+from llm_dispatch.simulator import Simulator, SimulatorConfig
 
 _BODY = json.dumps(
     {

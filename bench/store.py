@@ -30,9 +30,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, os.environ.get("BENCH_STORE_CODE", str(ROOT)))
 
-from _child import report, run_measured  # noqa: E402  (bench/ is the script's folder, first on sys.path)
+from _child import report, run_measured, tree_python  # bench/ is the script's folder, first on sys.path
 
 MODEL = "gpt-4o-mini"
 SLICE = 5_000  # jobs._collect.STORE_SLICE
@@ -54,10 +53,10 @@ def _thread_cpu() -> tuple[float, float]:
 
 
 async def store(count: int) -> dict[str, float]:
-    import storage
-    from flows._setup import tune_gc
-    from llm_dispatch import ChatResult
-    from llm_dispatch._types import dedupe_key  # older trees do not export it
+    from llm_dispatch import storage
+    from llm_dispatch.flows._setup import tune_gc
+    from llm_dispatch.core import ChatResult
+    from llm_dispatch.core._types import dedupe_key  # older trees do not export it
 
     tune_gc()  # as the flow that ingests does
     engine = storage.create_engine(f"sqlite+aiosqlite:///{tempfile.mkdtemp()}/store.db")
@@ -87,7 +86,7 @@ async def store(count: int) -> dict[str, float]:
         # Priced as the flows price (a tree from before the cost ledger takes neither argument).
         priced: dict[str, Any] = {}
         if "pricer" in inspect.signature(storage.store_batch_answers).parameters:
-            from llm_dispatch import PriceTable, RowPricer
+            from llm_dispatch.core import PriceTable, RowPricer
 
             priced = {"model": MODEL, "pricer": RowPricer(PriceTable.load())}
 
@@ -124,9 +123,10 @@ def main() -> None:
     for run in range(args.repeat):
         for label, directory in trees.items():
             code = str(Path(directory).resolve())
-            env = {**os.environ, "BENCH_STORE_CODE": code, "PYTHONPATH": code}
+            python, extra = tree_python(Path(code))
             argv = [__file__, "--child", "--answers", str(args.answers)]
-            results[label].append(run_measured(argv, env=env, what=f"{label} ({code})", cwd=Path(code)))
+            results[label].append(run_measured(argv, env={**os.environ, **extra}, what=f"{label} ({code})",
+                                               cwd=Path(code), python=python))
         print(f"  run {run + 1}: " + ", ".join(
             f"{label} {r[-1]['cpu']:.2f} s CPU (main {r[-1]['main']:.2f})" for label, r in results.items()), flush=True)
 

@@ -3,7 +3,7 @@
 The reference is ``bpe-openai`` (GitHub's exact Rust BPE with the o200k_base and cl100k_base
 vocabularies embedded; ``pip install bpe-openai`` into the interpreter that runs this script). It
 is a measuring stick only, never a dependency of the project. The script imports just the two
-pure-Python modules it measures (``llm_dispatch/_tokens.py`` and ``simulator/_tokens.py``),
+pure-Python modules it measures (``core/_tokens.py`` and ``simulator/_tokens.py``),
 skipping the packages' ``__init__`` and their httpx/aiohttp imports, so any Python 3.11 that has
 bpe-openai runs it from a checkout, e.g. the throwaway venv::
 
@@ -51,12 +51,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _load_core() -> tuple[types.ModuleType, types.ModuleType]:
     """Import the two counters without running the packages' ``__init__.py`` (httpx, aiohttp, ...)."""
-    for name in ("llm_dispatch", "simulator"):
+    for name, directory in (("llm_dispatch.core", "core"), ("llm_dispatch.simulator", "simulator")):
         package = types.ModuleType(name)
-        package.__path__ = [str(ROOT / name)]
+        package.__path__ = [str(ROOT / directory)]
         sys.modules.setdefault(name, package)
-    from llm_dispatch import _tokens
-    from simulator import _tokens as _sim_tokens
+    from llm_dispatch.core import _tokens
+    from llm_dispatch.simulator import _tokens as _sim_tokens
 
     return _tokens, _sim_tokens
 
@@ -414,7 +414,7 @@ def _code() -> Iterator[Sample]:
 
 
 def _json() -> Iterator[Sample]:
-    yield Sample("JSON", "prices.json", _read(ROOT / "llm_dispatch" / "prices.json"))
+    yield Sample("JSON", "prices.json", _read(ROOT / "core" / "prices.json"))
     for line in _spread((ROOT / "examples" / "prompts.jsonl").read_text(encoding="utf-8").splitlines(), 20):
         yield Sample("JSON", "prompts.jsonl lines", line)
     documents = []

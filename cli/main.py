@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn
 
-from llm_dispatch import InputError, LLMDispatchError, Progress, Settings, current_progress
+from llm_dispatch.core import InputError, LLMDispatchError, Progress, Settings, current_progress
 
 # Options several commands take alike.
 DatabaseUrl = Annotated[Optional[str], typer.Option(help="SQLAlchemy URL (default: ./llm_dispatch.db)")]
@@ -84,7 +84,7 @@ def run(
                          database_url=database_url, route_policy=route,
                          prices_file=str(prices_file) if prices_file else None)
     if prices_file is not None:
-        from llm_dispatch import PriceTable
+        from llm_dispatch.core import PriceTable
 
         try:
             PriceTable.load(path=prices_file)
@@ -92,7 +92,7 @@ def run(
             raise _fail(str(exc)) from None
 
     if file is not None:
-        from jobs import prompt_input
+        from llm_dispatch.jobs import prompt_input
 
         try:
             # The whole file, before anything is sent or written; streaming, no prompt held.
@@ -111,7 +111,7 @@ def run(
 
     with contextlib.ExitStack() as stack:
         if simulate:
-            from simulator import Simulator, SimulatorConfig
+            from llm_dispatch.simulator import Simulator, SimulatorConfig
 
             sim = SimulatorConfig(latency=sim_latency, batch_processing_seconds=SIM_BATCH_SECONDS)
             base_url = stack.enter_context(Simulator.in_thread(sim))
@@ -161,7 +161,7 @@ def _check_keys(settings: Settings, *, providers: frozenset[str]) -> None:
             and "api.openai.com" in settings.base_url):
         raise _fail("no API key: set OPENAI_API_KEY (or LLM_DISPATCH_API_KEY), or add --simulate to use the bundled simulator")
     if "anthropic" in providers:
-        from llm_dispatch import check_provider_key
+        from llm_dispatch.core import check_provider_key
 
         try:
             check_provider_key(settings, provider="anthropic")
@@ -197,7 +197,7 @@ def collect(
     """One sweep over open batches: poll each, ingest what finished, resubmit or send real-time the rest."""
     from pydantic import SecretStr
 
-    from flows.batch import collect_batches
+    from llm_dispatch.flows.batch import collect_batches
 
     settings = _settings(database_url=database_url)
     _require_database(settings)
@@ -224,7 +224,7 @@ def cancel(
     """Cancel a job's open batches; what they answered before stopping is still stored (it is billed)."""
     from pydantic import SecretStr
 
-    from flows.batch import cancel_job_batches
+    from llm_dispatch.flows.batch import cancel_job_batches
 
     settings = _settings(database_url=database_url)
     _require_database(settings)
@@ -337,7 +337,7 @@ async def _run_with_progress(
     wait: bool,
     max_cost: float | None,
 ) -> dict[str, Any]:
-    from flows.dispatch import dispatch
+    from llm_dispatch.flows.dispatch import dispatch
 
     # Per-task "Finished in state Completed" lines would drown the progress bar.
     logging.getLogger("prefect.task_runs").setLevel(logging.WARNING)
@@ -476,7 +476,7 @@ def simulate(
 ) -> None:
     """Run the bundled simulator (OpenAI's chat completions, files and batches; Anthropic's Messages and Message
     Batches) until interrupted."""
-    from simulator import SimulatorConfig, serve
+    from llm_dispatch.simulator import SimulatorConfig, serve
 
     config = SimulatorConfig(latency=latency, rate_429=rate_429, rate_500=rate_500, rpm=rpm, tpm=tpm,
                              batch_processing_seconds=batch_seconds)

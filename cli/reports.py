@@ -16,9 +16,9 @@ from rich.table import Table
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-import storage
-from jobs import actual_cost, money, reprice as reprice_job
-from llm_dispatch import PICO_PER_USD, ConfigError, PriceTable, Settings, provider_lookup
+from llm_dispatch import storage
+from llm_dispatch.jobs import actual_cost, money, reprice as reprice_job
+from llm_dispatch.core import PICO_PER_USD, ConfigError, PriceTable, Settings, provider_lookup
 
 Sessions = async_sessionmaker[AsyncSession]
 

@@ -16,9 +16,9 @@ from prefect.artifacts import (
     aupdate_progress_artifact,
 )
 
-import storage
-from jobs import DispatchSummary
-from llm_dispatch import DispatchOutcome
+from llm_dispatch import storage
+from llm_dispatch.jobs import DispatchSummary
+from llm_dispatch.core import DispatchOutcome
 
 Logger = logging.Logger | logging.LoggerAdapter  # type: ignore[type-arg]
 

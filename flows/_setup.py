@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pydantic import SecretStr
 
-from llm_dispatch import ConfigError, Settings
+from llm_dispatch.core import ConfigError, Settings
 
 Logger = logging.Logger | logging.LoggerAdapter  # type: ignore[type-arg]
 

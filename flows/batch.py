@@ -11,8 +11,8 @@ from typing import Any
 from prefect import flow, get_run_logger
 from pydantic import SecretStr
 
-import storage
-from jobs import (
+from llm_dispatch import storage
+from llm_dispatch.jobs import (
     BatchHalfSummary,
     CancelSummary,
     IngestOutcome,
@@ -22,8 +22,8 @@ from jobs import (
     SweepSummary,
     open_run,
 )
-from llm_dispatch import ConfigError, Settings
-from tasks import cancel_batches, finish_submission, ingest_batch, poll_batch, submit_batches
+from llm_dispatch.core import ConfigError, Settings
+from llm_dispatch.tasks import cancel_batches, finish_submission, ingest_batch, poll_batch, submit_batches
 
 from ._artifacts import show_batch_progress
 from ._setup import prepare

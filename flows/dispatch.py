@@ -13,8 +13,8 @@ from prefect import flow, get_run_logger
 from prefect.utilities.annotations import quote
 from pydantic import SecretStr
 
-import storage
-from jobs import (
+from llm_dispatch import storage
+from llm_dispatch.jobs import (
     DispatchSummary,
     JobCost,
     RealtimeSummary,
@@ -27,8 +27,8 @@ from jobs import (
     open_run,
     routing_rules,
 )
-from llm_dispatch import ConfigError, Settings, current_progress
-from tasks import record_prompts
+from llm_dispatch.core import ConfigError, Settings, current_progress
+from llm_dispatch.tasks import record_prompts
 
 from ._artifacts import publish_report
 from ._setup import input_run_name, prepare

@@ -11,10 +11,10 @@ from prefect import flow, get_run_logger
 from prefect.utilities.annotations import quote
 from pydantic import SecretStr
 
-import storage
-from jobs import ChunkFeed, ChunkSender, JobRun, RealtimeSummary, RecordedJob, Selection, open_run
-from llm_dispatch import ConfigError, Settings, current_progress
-from tasks import chunk_sender, record_prompts
+from llm_dispatch import storage
+from llm_dispatch.jobs import ChunkFeed, ChunkSender, JobRun, RealtimeSummary, RecordedJob, Selection, open_run
+from llm_dispatch.core import ConfigError, Settings, current_progress
+from llm_dispatch.tasks import chunk_sender, record_prompts
 
 from ._artifacts import ProgressBoard
 from ._setup import input_run_name, prepare

@@ -28,8 +28,8 @@ from typing import Any, ClassVar, Final
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-import storage
-from llm_dispatch import (
+from llm_dispatch import storage
+from llm_dispatch.core import (
     BatchInfo,
     BatchLimits,
     BatchLine,

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-import storage
-from llm_dispatch import BatchFile, BatchFileWriter, BatchLimits, ChatRequest, RepeatedKeys, key_hash
+from llm_dispatch import storage
+from llm_dispatch.core import BatchFile, BatchFileWriter, BatchLimits, ChatRequest, RepeatedKeys, key_hash
 
 __all__ = ["BatchBuilder", "BuiltFile", "Group", "request_groups"]
 

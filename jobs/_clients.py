@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterable
 
 import httpx
 
-from llm_dispatch import PROVIDERS, ChatRequest, ChatResult, LLMClient, Settings, provider_lookup
+from llm_dispatch.core import PROVIDERS, ChatRequest, ChatResult, LLMClient, Settings, provider_lookup
 
 from ._batch_api import BatchApi, batch_api
 

@@ -25,8 +25,8 @@ from typing import Any, Final
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-import storage
-from llm_dispatch import (
+from llm_dispatch import storage
+from llm_dispatch.core import (
     BatchCancelledError,
     BatchFailedError,
     BatchInfo,

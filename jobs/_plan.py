@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-import storage
-from llm_dispatch import ResultSink
+from llm_dispatch import storage
+from llm_dispatch.core import ResultSink
 
 from ._reuse import reuse_stored_answers
 

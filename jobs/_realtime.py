@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Protocol
 
-import storage
-from llm_dispatch import ChatRequest, ChatSender, DispatchOutcome, ResultSink, RoutingRules
+from llm_dispatch import storage
+from llm_dispatch.core import ChatRequest, ChatSender, DispatchOutcome, ResultSink, RoutingRules
 
 from ._plan import RealtimePlan, Selection, chunk_size_for, plan_realtime
 from ._record import RecordedJob, StoredSlice, store_rest

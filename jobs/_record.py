@@ -13,8 +13,8 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-import storage
-from llm_dispatch import (
+from llm_dispatch import storage
+from llm_dispatch.core import (
     ConfigError,
     InputCheck,
     PriceTable,

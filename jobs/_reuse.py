@@ -6,8 +6,8 @@ from collections.abc import Mapping, Sequence
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-import storage
-from llm_dispatch import ResultSink
+from llm_dispatch import storage
+from llm_dispatch.core import ResultSink
 
 __all__ = ["reuse_stored_answers"]
 

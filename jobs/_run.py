@@ -11,8 +11,8 @@ from pathlib import Path
 import httpx
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-import storage
-from llm_dispatch import PriceTable, RowPricer, Settings
+from llm_dispatch import storage
+from llm_dispatch.core import PriceTable, RowPricer, Settings
 
 from ._clients import Clients
 

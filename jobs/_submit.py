@@ -30,8 +30,8 @@ from typing import Final
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-import storage
-from llm_dispatch import (
+from llm_dispatch import storage
+from llm_dispatch.core import (
     DEFAULT_MAX_RETRIES,
     APIError,
     APIStatusError,

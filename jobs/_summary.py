@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import storage
+from llm_dispatch import storage
 
 from ._collect import IngestOutcome
 from ._costs import JobCost, actual_cost

@@ -305,7 +305,7 @@ def start_server(harness: Harness, *, database_url: str | None) -> str:
 
 def start_simulator(harness: Harness, *, secret: str, latency: float) -> str:
     config = {"latency": latency, "batch_processing_seconds": 2.0}
-    sim = harness.start("simulator", [sys.executable, "-m", "simulator", "--host", "127.0.0.1",
+    sim = harness.start("simulator", [sys.executable, "-m", "llm_dispatch.simulator", "--host", "127.0.0.1",
                                       "--port", str(free_port()), "--config-json", json.dumps(config)],
                         env=harness.env())
 

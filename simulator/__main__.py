@@ -1,4 +1,4 @@
-"""``python -m simulator --port 8000`` serves until stopped; once it listens it prints the base URL, then a line
+"""``python -m llm_dispatch.simulator --port 8000`` serves until stopped; once it listens it prints the base URL, then a line
 ``Anthropic base URL: ...``."""
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
-from llm_dispatch import ConfigError
+from llm_dispatch.core import ConfigError
 
 from ._config import FAULTS
 from ._http import error_response, json_response, read_json_object

@@ -14,7 +14,7 @@ from typing import IO, Any
 
 from aiohttp import web
 
-from llm_dispatch import OPENAI_BATCH_LIMITS, BatchLimits
+from llm_dispatch.core import OPENAI_BATCH_LIMITS, BatchLimits
 
 from ._batch_faults import (
     DEFAULT_EXPIRE_FRACTION,

@@ -1,4 +1,4 @@
-"""``python -m simulator``: the command line that builds a SimulatorConfig and serves until stopped."""
+"""``python -m llm_dispatch.simulator``: the command line that builds a SimulatorConfig and serves until stopped."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from llm_dispatch import LLMDispatchError
+from llm_dispatch.core import LLMDispatchError
 
 from ._config import SimulatorConfig
 from ._server import DEFAULT_SIMULATOR_CONFIG, serve
@@ -17,7 +17,7 @@ __all__ = ["main"]
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m simulator",
+        prog="python -m llm_dispatch.simulator",
         description="Simulator of OpenAI's and Anthropic's APIs on one port. Prints the (OpenAI) base URL on one line "
                     "when it is ready, then the Anthropic base URL.",
     )

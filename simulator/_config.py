@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Literal, get_args
 
-from llm_dispatch import ConfigError
+from llm_dispatch.core import ConfigError
 
 __all__ = [
     "DEFAULT_BATCH_PROCESSING_SECONDS",

@@ -34,7 +34,7 @@ from typing import Any
 
 from aiohttp import web
 
-from llm_dispatch import MESSAGE_BATCH_LIMITS
+from llm_dispatch.core import MESSAGE_BATCH_LIMITS
 
 from ._anthropic_checks import check_headers, messages_body_problem, required_list
 from ._anthropic_http import anthropic_error

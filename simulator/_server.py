@@ -2,7 +2,7 @@
 
 Run it in the current loop (``async with Simulator(...)``), in a background thread
 (``Simulator.in_thread``), in its own process (``Simulator.in_process``, or
-``python -m simulator --port 8000``, which prints the base URL once it listens, then the Anthropic base URL),
+``python -m llm_dispatch.simulator --port 8000``, which prints the base URL once it listens, then the Anthropic base URL),
 or blocking with ``serve``. Routes come in groups registered by ``create_app``; see ``_chat`` for what a chat
 request can meet, ``_batch`` for files and batches, ``_messages_route`` and ``_message_batches`` for Anthropic's
 Messages and Message Batches, and ``_admin`` for the ``/_sim`` control routes.
@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import queue
 import signal
 import subprocess
@@ -21,13 +20,12 @@ import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
-from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from aiohttp import web
 
-from llm_dispatch import LLMDispatchError
+from llm_dispatch.core import LLMDispatchError
 
 from . import _admin, _batch, _chat, _message_batches, _messages_route
 from ._anthropic_http import anthropic_error
@@ -211,14 +209,10 @@ class Simulator:
     ) -> Iterator[str]:
         """Run a simulator in a child Python process (off the caller's CPU core); yields the base URL."""
         command = [
-            sys.executable, "-m", "simulator",
+            sys.executable, "-m", "llm_dispatch.simulator",
             "--host", host, "--port", str(port), "--config-json", json.dumps(config.to_dict()),
         ]
-        # The child must import this very package, installed or not.
-        package_root = str(Path(__file__).resolve().parent.parent)
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
         try:
             url = _read_ready_line(process, timeout=startup_timeout)
             yield url

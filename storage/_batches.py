@@ -15,7 +15,7 @@ from typing import Any, Final
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from llm_dispatch import ChatResult, LLMDispatchError, RowPricer
+from llm_dispatch.core import ChatResult, LLMDispatchError, RowPricer
 
 from ._bulk import IN_CHUNK, INSERT_BATCH, chunks
 from ._models import Batch, BatchMember, Prompt, aware, utcnow

@@ -19,7 +19,7 @@ try:
 except ImportError:  # SQLAlchemy 2.0
     from sqlalchemy.util import await_only as await_
 
-from llm_dispatch import ConfigError, stored_json
+from llm_dispatch.core import ConfigError, stored_json
 
 __all__ = ["DATABASE_URL_ENV", "SQLITE_BUSY_TIMEOUT_MS", "create_engine", "open_database", "session_factory"]
 

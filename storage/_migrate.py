@@ -13,7 +13,7 @@ from sqlalchemy import inspect, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
 
-from llm_dispatch import ConfigError
+from llm_dispatch.core import ConfigError
 
 from ._models import Base
 

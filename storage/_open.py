@@ -9,7 +9,7 @@ from typing import Any, TypedDict, Unpack, get_args
 from sqlalchemy import and_, func, or_, select, tuple_
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from llm_dispatch import RepeatedKeys, key_hash
+from llm_dispatch.core import RepeatedKeys, key_hash
 
 from ._bulk import IN_CHUNK, chunks
 from ._models import Prompt, aware

@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import and_, case, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from llm_dispatch import ChatResult
+from llm_dispatch.core import ChatResult
 
 from ._bulk import IN_CHUNK, INSERT_BATCH, bind_processor, bind_value, chunks, placeholders
 from ._models import Job, Prompt, Result, aware, new_job_id, utcnow

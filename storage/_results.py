@@ -13,7 +13,7 @@ from typing import Final, NamedTuple
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from llm_dispatch import ChatResult, RowPricer
+from llm_dispatch.core import ChatResult, RowPricer
 
 from ._bulk import bind_processor, bind_value, placeholders
 from ._models import Prompt, Result

@@ -13,7 +13,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from llm_dispatch import ChatResult, RowPricer
+from llm_dispatch.core import ChatResult, RowPricer
 
 from ._bulk import IN_CHUNK, chunks
 from ._models import Prompt, utcnow

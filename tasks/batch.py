@@ -8,9 +8,9 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-import storage
-import jobs
-from jobs import IngestOutcome, JobRun, SubmitOutcome
+from llm_dispatch import storage
+from llm_dispatch import jobs
+from llm_dispatch.jobs import IngestOutcome, JobRun, SubmitOutcome
 
 # Output lines arrive in tens of thousands: bigger transactions than the real-time default.
 INGEST_FLUSH_ROWS = 2000

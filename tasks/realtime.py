@@ -8,9 +8,9 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.utilities.annotations import quote
 
-import storage
-from jobs import Chunk, SendChunk, Sessions
-from llm_dispatch import ChatRequest, ChatSender, DispatchOutcome, WorkItem, current_progress, send_all
+from llm_dispatch import storage
+from llm_dispatch.jobs import Chunk, SendChunk, Sessions
+from llm_dispatch.core import ChatRequest, ChatSender, DispatchOutcome, WorkItem, current_progress, send_all
 
 
 @task(name="send-chunk", task_run_name="send chunk {number}/{of} ({size} prompts)", cache_policy=NO_CACHE)

@@ -9,8 +9,8 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from jobs import RecordedJob, Sessions, record_job
-from llm_dispatch import RoutingRules, Settings
+from llm_dispatch.jobs import RecordedJob, Sessions, record_job
+from llm_dispatch.core import RoutingRules, Settings
 
 from ._names import parameter, prompts
 

@@ -18,7 +18,7 @@ import pytest
 import pytest_asyncio
 import respx
 
-from llm_dispatch import LLMClient
+from llm_dispatch.core import LLMClient
 
 StartSim = Callable[..., Awaitable[str]]
 
@@ -70,7 +70,7 @@ def prefect_api() -> Iterator[str]:
 @pytest_asyncio.fixture(loop_scope="function")
 async def start_sim() -> AsyncIterator[StartSim]:
     """Start a simulator in the test's loop with the given config fields; returns its base URL."""
-    from simulator import Simulator, SimulatorConfig
+    from llm_dispatch.simulator import Simulator, SimulatorConfig
 
     running: list[Simulator] = []
 
@@ -86,7 +86,7 @@ async def start_sim() -> AsyncIterator[StartSim]:
 
 @pytest.fixture(scope="session")
 def sim_server() -> Iterator[Sim]:
-    from simulator import Simulator, SimulatorConfig
+    from llm_dispatch.simulator import Simulator, SimulatorConfig
 
     with Simulator.in_thread(SimulatorConfig(latency=0.01, seed=1)) as base_url:
         yield Sim(base_url=base_url)
@@ -192,13 +192,13 @@ class BatchEnv:
 
     @property
     def clients(self) -> Any:
-        from jobs import Clients
+        from llm_dispatch.jobs import Clients
 
         return Clients.of(self.client)
 
     async def batch(self, batch_id: int) -> Any:
         """The batch's stored record; it must exist."""
-        import storage
+        from llm_dispatch import storage
 
         record = await storage.get_batch(self.sessions, batch_id=batch_id)
         assert record is not None, f"no batch {batch_id} is stored"
@@ -206,8 +206,8 @@ class BatchEnv:
 
     async def poll(self, batch_id: int, *, until: Callable[[Any], bool] | None = None, tries: int = 400) -> Any:
         """Poll the batch every 50 ms until ``until(record)`` (default: the provider ended it); its last record."""
-        import storage
-        from jobs import poll_batch
+        from llm_dispatch import storage
+        from llm_dispatch.jobs import poll_batch
 
         done = until or (lambda r: r.status in storage.TERMINAL_PROVIDER_BATCH_STATUSES)
         record = await self.batch(batch_id)
@@ -238,7 +238,7 @@ class BatchEnv:
         """A create whose answer ``fault`` loses (hang, drop, 502): the batch the provider made is found again and
         finished, never made twice (``made()``: the provider's batches; ``counted``: the simulator's count of them),
         and each of five prompts is answered once."""
-        import storage
+        from llm_dispatch import storage
 
         job_id, ids = await self.job([f"q {i}" for i in range(5)])
         self.queue_faults(fault)
@@ -254,7 +254,7 @@ class BatchEnv:
     async def results(self, job_id: str) -> list[Any]:
         from sqlalchemy import select
 
-        from storage import Result
+        from llm_dispatch.storage import Result
 
         async with self.sessions() as session:
             return list((await session.scalars(select(Result).where(Result.job_id == job_id).order_by(Result.id))).all())

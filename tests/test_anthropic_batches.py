@@ -11,10 +11,10 @@ import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-import storage
+from llm_dispatch import storage
 from conftest import BatchEnv, Sim
-from jobs import IngestOutcome, advance_submission, cancel_batches, ingest_batch, submit_prompts
-from llm_dispatch import LLMClient, PriceTable, RowPricer, dedupe_key
+from llm_dispatch.jobs import IngestOutcome, advance_submission, cancel_batches, ingest_batch, submit_prompts
+from llm_dispatch.core import LLMClient, PriceTable, RowPricer, dedupe_key
 
 Sessions = async_sessionmaker[AsyncSession]
 MODEL = "claude-haiku-4-5"

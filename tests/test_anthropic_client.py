@@ -11,7 +11,7 @@ import httpx
 import pytest
 import respx
 
-from llm_dispatch import (
+from llm_dispatch.core import (
     APIStatusError,
     AuthenticationError,
     BadRequestError,

@@ -15,7 +15,7 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 
-from llm_dispatch import (
+from llm_dispatch.core import (
     APIStatusError,
     AuthenticationError,
     BadRequestError,

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from llm_dispatch import ChatRequest, anthropic_params, read_message_batch_results
-from llm_dispatch._batch_files import INVALID_OUTPUT_LINE
+from llm_dispatch.core import ChatRequest, anthropic_params, read_message_batch_results
+from llm_dispatch.core._batch_files import INVALID_OUTPUT_LINE
 
 
 def body(messages: list[dict[str, Any]], **params: Any) -> dict[str, Any]:

@@ -11,10 +11,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from llm_dispatch import BatchFileWriter
-from llm_dispatch._batch_files import INVALID_OUTPUT_LINE, read_batch_output, write_batch_files
-from llm_dispatch._batch_types import BatchLimits
-from llm_dispatch._types import ChatRequest
+from llm_dispatch.core import BatchFileWriter
+from llm_dispatch.core._batch_files import INVALID_OUTPUT_LINE, read_batch_output, write_batch_files
+from llm_dispatch.core._batch_types import BatchLimits
+from llm_dispatch.core._types import ChatRequest
 
 
 def request(text: str, *, model: str = "gpt-4o-mini") -> ChatRequest:
@@ -114,8 +114,8 @@ def test_a_request_larger_than_a_file_is_refused(tmp_path: Path) -> None:
 _MEASURE_SCRIPT = """
 import json, sys, time
 from pathlib import Path
-from llm_dispatch._batch_files import write_batch_files
-from llm_dispatch._types import ChatRequest
+from llm_dispatch.core._batch_files import write_batch_files
+from llm_dispatch.core._types import ChatRequest
 
 def status_kb(field):
     for line in Path("/proc/self/status").read_text().splitlines():

@@ -21,8 +21,8 @@ import pytest
 from pydantic import SecretStr
 
 from conftest import Sim, rows, successes_per_prompt, write_prompts
-from flows.batch import collect_batches
-from flows.dispatch import dispatch
+from llm_dispatch.flows.batch import collect_batches
+from llm_dispatch.flows.dispatch import dispatch
 
 pytestmark = [pytest.mark.prefect]
 
@@ -36,7 +36,7 @@ def provider_batches(sim: Sim) -> list[dict]:
 
 
 def cli(*args: str, env: dict[str, str], cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "cli.main", *args], env=env, cwd=cwd, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "llm_dispatch.cli.main", *args], env=env, cwd=cwd, capture_output=True,
                           text=True, timeout=timeout)
 
 
@@ -46,7 +46,7 @@ def cli_env(prefect_api: str, sim: Sim, db_url: str, tmp_path: Path) -> dict[str
     sim.configure(batch_processing_seconds=1.0)
     return {**os.environ, "PREFECT_API_URL": prefect_api, "LLM_DISPATCH_BASE_URL": sim.base_url,
             "LLM_DISPATCH_DATABASE_URL": db_url, "LLM_DISPATCH_BATCH_DIR": str(tmp_path / "batches"),
-            "LLM_DISPATCH_BATCH_POLL_INTERVAL": "0.2", "PYTHONPATH": str(ROOT)}
+            "LLM_DISPATCH_BATCH_POLL_INTERVAL": "0.2"}
 
 
 MIXED = [
@@ -102,7 +102,7 @@ async def test_dispatch_routes_each_prompt_sends_both_halves_and_reports_cost(
 
 
 async def test_max_cost_refuses_before_any_request(prefect_api: str, sim: Sim, db_url: str) -> None:
-    from flows.dispatch import BudgetExceededError
+    from llm_dispatch.flows.dispatch import BudgetExceededError
 
     with pytest.raises(BudgetExceededError, match="above --max-cost"):
         await dispatch(prompts=MIXED, base_url=sim.base_url, database_url=SecretStr(db_url), max_cost=0.000001)
@@ -140,7 +140,7 @@ def test_killed_between_upload_and_create_then_rerun_makes_one_batch(cli_env: di
                                                                      tmp_path: Path) -> None:
     path = write_prompts(tmp_path / "p.jsonl", [{"id": i, "prompt": f"question {i}"} for i in range(50)])
     httpx.post(f"{sim.root}/_sim/batch_faults", json={"faults": ["hang_create:60"]}, timeout=5).raise_for_status()
-    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "run", str(path), "--route", "all-batch", "--json"],
+    proc = subprocess.Popen([sys.executable, "-m", "llm_dispatch.cli.main", "run", str(path), "--route", "all-batch", "--json"],
                             env=cli_env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 90
@@ -223,7 +223,7 @@ def test_status_cost_and_export_report_a_finished_job(cli_env: dict[str, str], s
 
 
 async def test_programmatic_use_with_a_list_of_dicts_and_the_query_api(prefect_api: str, sim: Sim, db_url: str) -> None:
-    import storage
+    from llm_dispatch import storage
 
     summary = await dispatch(prompts=[{"id": "a", "prompt": "hello"}], base_url=sim.base_url,
                              database_url=SecretStr(db_url))

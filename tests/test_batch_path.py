@@ -13,13 +13,13 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-import storage
+from llm_dispatch import storage
 from conftest import BatchEnv, Sim
-from llm_dispatch import LLMClient
-from llm_dispatch._types import dedupe_key
-from storage import Prompt, Result
-from jobs import ingest_batch
-from jobs import BATCH_ID_KEY, JOB_ID_KEY, advance_submission, submit_prompts
+from llm_dispatch.core import LLMClient
+from llm_dispatch.core._types import dedupe_key
+from llm_dispatch.storage import Prompt, Result
+from llm_dispatch.jobs import ingest_batch
+from llm_dispatch.jobs import BATCH_ID_KEY, JOB_ID_KEY, advance_submission, submit_prompts
 
 Sessions = async_sessionmaker[AsyncSession]
 
@@ -282,7 +282,7 @@ async def test_cancel_keeps_what_completed_and_fails_the_rest(env: Env) -> None:
 
 async def uploaded_batch(env: Env, job_id: str, ids: list[int]) -> storage.BatchRecord:
     """A batch recorded and uploaded, not yet created: where a process that died before the create left it."""
-    from llm_dispatch import ChatRequest, write_batch_files
+    from llm_dispatch.core import ChatRequest, write_batch_files
 
     [file] = write_batch_files(
         [(f"p{pid}", ChatRequest(model="gpt-4o-mini", messages=[{"role": "user", "content": f"q {i}"}],
@@ -329,7 +329,7 @@ async def test_a_create_that_made_no_batch_is_tried_again(env: Env) -> None:
 
 
 async def test_a_create_given_up_says_so_and_the_next_run_creates_it_once(env: Env) -> None:
-    from llm_dispatch import InternalServerError
+    from llm_dispatch.core import InternalServerError
 
     job_id, ids = await env.job([f"q {i}" for i in range(3)])
     record = await uploaded_batch(env, job_id, ids)

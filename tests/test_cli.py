@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import storage
-from cli.main import app
-from llm_dispatch import PriceTable, RowPricer
-from llm_dispatch._types import ChatResult, dedupe_key
+from llm_dispatch import storage
+from llm_dispatch.cli.main import app
+from llm_dispatch.core import PriceTable, RowPricer
+from llm_dispatch.core._types import ChatResult, dedupe_key
 from conftest import Sim
 
 

@@ -18,8 +18,8 @@ import respx
 from aiohttp import web
 from pydantic import SecretStr
 
-from llm_dispatch._client import LLMClient, default_transport
-from llm_dispatch._exceptions import (
+from llm_dispatch.core._client import LLMClient, default_transport
+from llm_dispatch.core._exceptions import (
     APIConnectionError,
     APIResponseValidationError,
     APIStatusError,
@@ -32,8 +32,8 @@ from llm_dispatch._exceptions import (
     RateLimitError,
     UnprocessableEntityError,
 )
-from llm_dispatch._settings import Settings
-from llm_dispatch._types import ChatRequest
+from llm_dispatch.core._settings import Settings
+from llm_dispatch.core._types import ChatRequest
 
 from conftest import API_KEY, BASE_URL, FakeTime, make_client
 

@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from llm_dispatch import (
+from llm_dispatch.core import (
     APIConnectionError,
     APIResponseValidationError,
     APITimeoutError,
@@ -24,7 +24,7 @@ from llm_dispatch import (
     BadRequestError,
     LLMClient,
 )
-from llm_dispatch._types import ChatRequest
+from llm_dispatch.core._types import ChatRequest
 
 from conftest import StartSim
 KEY = "sk-live-test-0123456789"

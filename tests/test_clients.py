@@ -11,9 +11,9 @@ import httpx
 import pytest
 import respx
 
-import storage
-from jobs import Clients, batch_api
-from llm_dispatch import ChatRequest, ConfigError, LLMClient, Settings
+from llm_dispatch import storage
+from llm_dispatch.jobs import Clients, batch_api
+from llm_dispatch.core import ChatRequest, ConfigError, LLMClient, Settings
 
 OPENAI = "https://api.openai.test/v1"
 ANTHROPIC = "https://api.anthropic.test"

@@ -9,12 +9,12 @@ from decimal import Decimal
 
 import pytest
 
-import storage
-from llm_dispatch import RowPricer
-from llm_dispatch._pricing import ModelPrice, PriceTable
-from llm_dispatch._tokens import estimate_prompt_tokens
-from llm_dispatch._types import ChatResult, dedupe_key
-from jobs import actual_cost, estimate_cost, reprice
+from llm_dispatch import storage
+from llm_dispatch.core import RowPricer
+from llm_dispatch.core._pricing import ModelPrice, PriceTable
+from llm_dispatch.core._tokens import estimate_prompt_tokens
+from llm_dispatch.core._types import ChatResult, dedupe_key
+from llm_dispatch.jobs import actual_cost, estimate_cost, reprice
 
 M = 1_000_000
 
@@ -166,7 +166,7 @@ async def test_the_upper_bound_is_each_cap_else_the_models_maximum_output(sessio
 
 
 async def test_a_model_of_unknown_maximum_output_without_max_tokens_is_unbounded(sessions) -> None:
-    from flows.dispatch import describe_estimate
+    from llm_dispatch.flows.dispatch import describe_estimate
 
     bundled = PriceTable.load()
     price = ModelPrice(input=Decimal(1), cached_input=Decimal(1), output=Decimal(2), batch_discount=Decimal("0.5"))

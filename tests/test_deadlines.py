@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from llm_dispatch._deadlines import Deadlines
+from llm_dispatch.core._deadlines import Deadlines
 
 
 async def test_an_attempt_past_its_deadline_ends_in_timeout_error_soon_after() -> None:

@@ -10,7 +10,7 @@ import pytest
 from pydantic import SecretStr
 
 from conftest import Sim, rows
-from flows.dispatch import dispatch
+from llm_dispatch.flows.dispatch import dispatch
 
 pytestmark = [pytest.mark.prefect]
 
@@ -41,7 +41,7 @@ async def test_api_key_from_a_secret_block_is_used_and_never_stored(
 
 async def test_a_missing_secret_block_says_what_to_do(prefect_api: str, sim: Sim, db_url: str,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    from llm_dispatch import ConfigError
+    from llm_dispatch.core import ConfigError
 
     monkeypatch.setenv("LLM_DISPATCH_API_KEY_BLOCK", "no-such-block")
     with pytest.raises(ConfigError, match="no Prefect Secret block named 'no-such-block'"):
@@ -69,8 +69,8 @@ async def test_the_tag_limit_is_created_when_missing_and_left_alone_when_set(
 
 
 async def test_shards_split_a_job_without_overlap(db_url: str) -> None:
-    import storage
-    from llm_dispatch._types import dedupe_key
+    from llm_dispatch import storage
+    from llm_dispatch.core._types import dedupe_key
 
     engine = storage.create_engine(db_url)
     await storage.migrate(engine)

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from jobs import PromptInput
-from llm_dispatch import InputError
-from llm_dispatch._inputs import fingerprint, iter_prompts, parse_prompt_dicts, read_prompts
-from llm_dispatch._pricing import PriceTable
+from llm_dispatch.jobs import PromptInput
+from llm_dispatch.core import InputError
+from llm_dispatch.core._inputs import fingerprint, iter_prompts, parse_prompt_dicts, read_prompts
+from llm_dispatch.core._pricing import PriceTable
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from llm_dispatch import InputError, check_prompts, iter_prompts
+from llm_dispatch.core import InputError, check_prompts, iter_prompts
 
 
 def prompts(tmp_path: Path, *records: dict) -> Path:
@@ -72,7 +72,7 @@ def test_a_tool_call_whose_arguments_are_not_json_is_refused_for_claude(tmp_path
 
 
 def test_a_default_max_tokens_above_the_models_maximum_is_refused(tmp_path: Path) -> None:
-    from llm_dispatch import PriceTable
+    from llm_dispatch.core import PriceTable
 
     path = prompts(tmp_path, {"prompt": "a", "model": "claude-3-haiku-20240307"})
     table = PriceTable.load()

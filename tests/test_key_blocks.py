@@ -13,9 +13,9 @@ import pytest
 from pydantic import SecretStr
 
 from conftest import successes_per_prompt
-from flows.dispatch import dispatch
-from llm_dispatch import ConfigError, Settings, check_provider_key
-from simulator import Simulator, SimulatorConfig, anthropic_base_url
+from llm_dispatch.flows.dispatch import dispatch
+from llm_dispatch.core import ConfigError, Settings, check_provider_key
+from llm_dispatch.simulator import Simulator, SimulatorConfig, anthropic_base_url
 
 pytestmark = [pytest.mark.prefect]
 
@@ -67,10 +67,10 @@ def test_a_named_block_stands_for_the_anthropic_key_until_the_flow_reads_it() ->
 
 def test_a_missing_block_stops_the_cli_with_its_name_before_anything_is_written(prefect_api: str, tmp_path: Path) -> None:
     env = {key: value for key, value in os.environ.items() if not key.startswith(("LLM_DISPATCH_", "OPENAI_", "ANTHROPIC_"))}
-    env |= {"PYTHONPATH": str(ROOT), "PREFECT_API_URL": prefect_api, "LLM_DISPATCH_API_KEY_BLOCK": "no-such-block"}
+    env |= {"PREFECT_API_URL": prefect_api, "LLM_DISPATCH_API_KEY_BLOCK": "no-such-block"}
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"id": "a", "prompt": "hi"}) + "\n")
-    done = subprocess.run([sys.executable, "-m", "cli.main", "run", str(prompts)], env=env, cwd=tmp_path,
+    done = subprocess.run([sys.executable, "-m", "llm_dispatch.cli.main", "run", str(prompts)], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=180)
     assert done.returncode == 2, done.stderr[-2000:]
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]

@@ -14,9 +14,9 @@ from pydantic import SecretStr
 from click.testing import Result
 from typer.testing import CliRunner
 
-from cli.main import app
+from llm_dispatch.cli.main import app
 from conftest import Sim, rows
-from flows.dispatch import dispatch
+from llm_dispatch.flows.dispatch import dispatch
 
 pytestmark = [pytest.mark.prefect]
 

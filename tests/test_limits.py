@@ -6,15 +6,15 @@ import asyncio
 
 import pytest
 
-from llm_dispatch._limits import AdaptiveLimiter, Pace, RateLimiter, SharedPause
-from llm_dispatch._tokens import (
+from llm_dispatch.core._limits import AdaptiveLimiter, Pace, RateLimiter, SharedPause
+from llm_dispatch.core._tokens import (
     DEFAULT_COMPLETION_TOKENS,
     TOKENS_PER_IMAGE,
     estimate_prompt_tokens,
     estimate_request_tokens,
     estimate_text_tokens,
 )
-from llm_dispatch._types import ChatRequest
+from llm_dispatch.core._types import ChatRequest
 
 from conftest import FakeTime
 

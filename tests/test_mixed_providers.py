@@ -14,7 +14,7 @@ import pytest
 from pydantic import SecretStr
 
 from conftest import Sim, rows, successes_per_prompt
-from flows.dispatch import dispatch
+from llm_dispatch.flows.dispatch import dispatch
 
 pytestmark = [pytest.mark.prefect]
 
@@ -27,14 +27,14 @@ def example_prompts() -> list[dict]:
 
 
 def cli(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "cli.main", *args], env=env, cwd=cwd, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "llm_dispatch.cli.main", *args], env=env, cwd=cwd, capture_output=True, text=True,
                           timeout=180)
 
 
 def clean_env(**extra: str) -> dict[str, str]:
     env = {key: value for key, value in os.environ.items()
            if not key.startswith(("LLM_DISPATCH_", "OPENAI_", "ANTHROPIC_"))}
-    return {**env, "PYTHONPATH": str(ROOT), **extra}
+    return {**env, **extra}
 
 
 def test_the_mixed_example_runs_offline_with_a_row_per_provider_and_route(prefect_api: str, tmp_path: Path) -> None:
@@ -108,7 +108,7 @@ async def test_claude_batches_left_by_a_no_wait_run_are_finished_by_collect_swee
 ) -> None:
     import httpx
 
-    from flows.batch import collect_batches
+    from llm_dispatch.flows.batch import collect_batches
 
     monkeypatch.setenv("LLM_DISPATCH_BATCH_MAX_SUBMISSIONS", "2")
     sim.configure(batch_processing_seconds=0.3)
@@ -147,7 +147,7 @@ async def test_prompt_cache_writes_and_reads_are_stored_and_priced_at_their_own_
 ) -> None:
     from decimal import Decimal
 
-    from llm_dispatch import PriceTable
+    from llm_dispatch.core import PriceTable
 
     monkeypatch.setenv("LLM_DISPATCH_ANTHROPIC_BASE_URL", sim.root)
     shared = {"role": "system", "content": [{"type": "text", "text": "A long shared context. " * 40,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from llm_dispatch import (ChatRequest, ChatResult, ConfigError, CostTotals, PriceTable, RowPricer, estimate_request_cost,
+from llm_dispatch.core import (ChatRequest, ChatResult, ConfigError, CostTotals, PriceTable, RowPricer, estimate_request_cost,
                           from_pico)
 
 
@@ -20,7 +20,7 @@ def table() -> PriceTable:
 
 
 def test_every_claude_entry_says_where_and_when_its_price_was_read() -> None:
-    models = json.loads(resources.files("llm_dispatch").joinpath("prices.json").read_text())["models"]
+    models = json.loads(resources.files("llm_dispatch.core").joinpath("prices.json").read_text())["models"]
     claude = {name: entry for name, entry in models.items() if name.startswith("claude-")}
     assert len(claude) >= 10
     for name, entry in claude.items():
@@ -124,8 +124,8 @@ def test_a_bad_long_prompt_entry_is_refused_with_its_field(tmp_path: Path, long_
 
 
 async def test_reprice_prices_each_request_at_its_own_length(tmp_path: Path) -> None:
-    import storage
-    from jobs import reprice
+    from llm_dispatch import storage
+    from llm_dispatch.jobs import reprice
 
     engine = storage.create_engine(f"sqlite+aiosqlite:///{tmp_path / 'r.db'}")
     await storage.migrate(engine)

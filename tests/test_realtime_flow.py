@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 from prefect import flow
 
-import storage
-from flows.realtime import realtime_dispatch
-from llm_dispatch import Settings
-from tasks import record_prompts
+from llm_dispatch import storage
+from llm_dispatch.flows.realtime import realtime_dispatch
+from llm_dispatch.core import Settings
+from llm_dispatch.tasks import record_prompts
 from conftest import Sim, rows, successes_per_prompt, write_prompts
 
 pytestmark = [pytest.mark.prefect]
@@ -119,7 +119,7 @@ async def test_new_job_is_sent_while_the_rest_is_recorded(
 ) -> None:
     """A job bigger than the first chunks starts sending before all of it is stored, and loses nothing:
     identical requests split between the first prompts and later slices are still paid once."""
-    from llm_dispatch import LLMClient
+    from llm_dispatch.core import LLMClient
 
     same = {"prompt": "asked at the start and at the end", "params": {"temperature": 0}}
     records = [{"id": i, "prompt": f"question {i}"} for i in range(130)]
@@ -178,7 +178,7 @@ async def cut_off_recording(source: str | list[dict[str, Any]], database_url: st
 async def test_recording_cut_off_is_finished_by_the_next_run(prefect_api: str, sim: Sim, db_url: str, tmp_path: Path) -> None:
     """A run killed after storing its first prompts left the job 'recording': the next run of the
     same input (or of the job id, from its input file) stores the rest and sends each prompt once."""
-    from llm_dispatch import ConfigError
+    from llm_dispatch.core import ConfigError
 
     path = write_prompts(tmp_path / "p.jsonl", [{"id": i, "prompt": f"question {i}"} for i in range(30)])
     job_id = await cut_off_recording(source=str(path), database_url=db_url, head=8)
@@ -241,7 +241,7 @@ async def test_recording_failing_midway_keeps_every_answer_already_paid(
 
 
 async def test_recording_cut_off_without_its_file_says_how_to_go_on(prefect_api: str, sim: Sim, db_url: str) -> None:
-    from llm_dispatch import ConfigError
+    from llm_dispatch.core import ConfigError
 
     prompts = [{"id": i, "prompt": f"question {i}"} for i in range(12)]
     job_id = await cut_off_recording(source=prompts, database_url=db_url, head=5)
@@ -283,7 +283,7 @@ def test_killed_run_resumes_without_loss_or_double_pay(prefect_api: str, sim: Si
     sim.configure(latency=0.05)
     env = {**os.environ, "PREFECT_API_URL": prefect_api, "LLM_DISPATCH_BASE_URL": sim.base_url,
            "LLM_DISPATCH_DATABASE_URL": db_url, "LLM_DISPATCH_CONCURRENCY": "8", "LLM_DISPATCH_CHUNK_SIZE": "50"}
-    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "run", str(path), "--json"], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "llm_dispatch.cli.main", "run", str(path), "--json"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=Path(__file__).parent.parent)
     try:
         deadline = time.monotonic() + 90

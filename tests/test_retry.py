@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from llm_dispatch._exceptions import (
+from llm_dispatch.core._exceptions import (
     AuthenticationError,
     BadRequestError,
     ConflictError,
@@ -19,7 +19,7 @@ from llm_dispatch._exceptions import (
     APIStatusError,
     status_error_class,
 )
-from llm_dispatch._retry import (
+from llm_dispatch.core._retry import (
     DEFAULT_MAX_RETRY_AFTER,
     backoff_delay,
     parse_retry_after,

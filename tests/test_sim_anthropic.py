@@ -13,9 +13,9 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from llm_dispatch import (APIStatusError, AuthenticationError, BadRequestError, ChatRequest, InternalServerError,
+from llm_dispatch.core import (APIStatusError, AuthenticationError, BadRequestError, ChatRequest, InternalServerError,
                           LLMClient, NotFoundError, PermissionDeniedError, RateLimitError)
-from simulator import Simulator, SimulatorConfig, anthropic_base_url
+from llm_dispatch.simulator import Simulator, SimulatorConfig, anthropic_base_url
 
 from conftest import StartSim
 
@@ -222,7 +222,7 @@ async def test_the_simulator_names_its_anthropic_base_url() -> None:
 
 
 def test_python_m_simulator_prints_both_base_urls() -> None:
-    process = subprocess.Popen([sys.executable, "-m", "simulator", "--port", "0"], stdout=subprocess.PIPE, text=True)
+    process = subprocess.Popen([sys.executable, "-m", "llm_dispatch.simulator", "--port", "0"], stdout=subprocess.PIPE, text=True)
     try:
         assert process.stdout is not None
         openai_url = process.stdout.readline().strip()

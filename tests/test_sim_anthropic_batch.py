@@ -13,7 +13,7 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from llm_dispatch import (
+from llm_dispatch.core import (
     APIConnectionError,
     APIError,
     APITimeoutError,
@@ -24,7 +24,7 @@ from llm_dispatch import (
     LLMClient,
     read_message_batch_results,
 )
-from simulator import Simulator, SimulatorConfig, anthropic_base_url
+from llm_dispatch.simulator import Simulator, SimulatorConfig, anthropic_base_url
 
 PROCESSING_SECONDS = 0.2
 POLL_SECONDS = 0.01

@@ -12,10 +12,10 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from llm_dispatch._batch_files import BatchFile, read_batch_output, write_batch_files
-from llm_dispatch._batch_types import BatchInfo, BatchStatus
-from llm_dispatch._client import LLMClient
-from llm_dispatch._exceptions import (
+from llm_dispatch.core._batch_files import BatchFile, read_batch_output, write_batch_files
+from llm_dispatch.core._batch_types import BatchInfo, BatchStatus
+from llm_dispatch.core._client import LLMClient
+from llm_dispatch.core._exceptions import (
     APIConnectionError,
     APITimeoutError,
     BadRequestError,
@@ -23,8 +23,8 @@ from llm_dispatch._exceptions import (
     InternalServerError,
     NotFoundError,
 )
-from llm_dispatch._types import ChatRequest
-from simulator import Simulator, SimulatorConfig
+from llm_dispatch.core._types import ChatRequest
+from llm_dispatch.simulator import Simulator, SimulatorConfig
 
 # Short enough for a fast suite, long enough for a poll every 10 ms to see each status.
 PROCESSING_SECONDS = 0.2

@@ -13,9 +13,9 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from llm_dispatch._exceptions import ConfigError
-from simulator import Simulator, SimulatorConfig, completion_text, count_message_tokens, count_tokens
-from simulator._cli import _config_from_args, _parser
+from llm_dispatch.core._exceptions import ConfigError
+from llm_dispatch.simulator import Simulator, SimulatorConfig, completion_text, count_message_tokens, count_tokens
+from llm_dispatch.simulator._cli import _config_from_args, _parser
 
 from conftest import StartSim
 

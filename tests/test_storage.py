@@ -27,10 +27,10 @@ from sqlalchemy import Column, Integer, MetaData, event, select, text
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
-import storage
-from llm_dispatch._exceptions import BadRequestError, ConfigError, RateLimitError
-from llm_dispatch._types import ChatResult, dedupe_key
-from storage import NewPrompt, Prompt, Result, ResultWriter
+from llm_dispatch import storage
+from llm_dispatch.core._exceptions import BadRequestError, ConfigError, RateLimitError
+from llm_dispatch.core._types import ChatResult, dedupe_key
+from llm_dispatch.storage import NewPrompt, Prompt, Result, ResultWriter
 
 
 def _head_revision() -> str:
@@ -274,7 +274,7 @@ def _migrations_up(sync_conn: Any) -> None:
     """Every migration in turn, as an existing database meets them (a new one gets the models' schema at once)."""
     from alembic import command
 
-    from storage._migrate import _config
+    from llm_dispatch.storage._migrate import _config
 
     config = _config()
     config.attributes["connection"] = sync_conn
@@ -317,7 +317,7 @@ async def test_a_new_database_is_made_at_head_and_migrates_from_there(engine: As
 async def test_downgrade_to_nothing_and_up_again(engine: AsyncEngine) -> None:
     from alembic import command
 
-    from storage._migrate import _config
+    from llm_dispatch.storage._migrate import _config
 
     def downgrade(sync_conn: Any) -> None:
         config = _config()
@@ -349,7 +349,7 @@ async def test_concurrent_migrations_on_a_fresh_database(db: Db) -> None:
 
 _MIGRATE_IN_A_PROCESS = """
 import asyncio, sys
-import storage
+from llm_dispatch import storage
 async def main():
     engine = storage.create_engine(sys.argv[1])
     print("ready", flush=True)
@@ -364,7 +364,7 @@ asyncio.run(main())
 
 def test_two_processes_migrate_a_fresh_sqlite_file(tmp_path: Path) -> None:
     path = tmp_path / "shared" / "fresh.db"
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    env = dict(os.environ)
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", _MIGRATE_IN_A_PROCESS, f"sqlite+aiosqlite:///{path}"],
@@ -741,7 +741,7 @@ async def test_writer_retries_once_when_the_database_is_locked(
 ) -> None:
     job_id = await make_job(sessions, new_prompts(20))
     ids = list((await prompt_ids(sessions, job_id)).values())
-    caplog.set_level(logging.WARNING, logger="storage._writer")
+    caplog.set_level(logging.WARNING, logger="llm_dispatch.storage._writer")
     async with ResultWriter(impatient, flush_rows=10, flush_interval=0.01) as writer:
         writer.retry_delay = 1.0
         with sqlite_write_lock(db.path):
@@ -827,6 +827,6 @@ async def test_100k_prompts_and_a_stream_of_results(sessions: Sessions, db: Db) 
 
 def test_result_rows_carry_every_results_column() -> None:
     # A column the row builders do not know would be stored NULL by both writers without a word.
-    from storage._results import RESULT_COLUMNS
+    from llm_dispatch.storage._results import RESULT_COLUMNS
 
     assert sorted(RESULT_COLUMNS) == sorted(column.name for column in storage.Result.__table__.columns if column.name != "id")

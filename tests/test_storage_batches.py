@@ -31,12 +31,12 @@ from test_storage import (  # noqa: F401
     results_of,
 )
 
-import jobs
-import storage
-from llm_dispatch import PriceTable, RowPricer
-from llm_dispatch._exceptions import BadRequestError, RateLimitError
-from storage import Batch, BatchConflictError, Prompt, ResultWriter
-from storage._migrate import _config
+from llm_dispatch import jobs
+from llm_dispatch import storage
+from llm_dispatch.core import PriceTable, RowPricer
+from llm_dispatch.core._exceptions import BadRequestError, RateLimitError
+from llm_dispatch.storage import Batch, BatchConflictError, Prompt, ResultWriter
+from llm_dispatch.storage._migrate import _config
 
 Sessions = async_sessionmaker[AsyncSession]
 

@@ -14,8 +14,8 @@ from logging.config import fileConfig
 from alembic import context
 from sqlalchemy.engine import Connection
 
-from storage._engine import DATABASE_URL_ENV, create_engine
-from storage._models import Base
+from llm_dispatch.storage._engine import DATABASE_URL_ENV, create_engine
+from llm_dispatch.storage._models import Base
 
 config = context.config
 target_metadata = Base.metadata

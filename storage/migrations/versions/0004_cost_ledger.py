@@ -8,7 +8,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from llm_dispatch import PriceTable, RowPricer
+from llm_dispatch.core import PriceTable, RowPricer
 
 revision = "0004"
 down_revision = "0003"

@@ -103,7 +103,7 @@ class PriceTable:
         ``context_window`` and ``max_output_tokens`` unless they give their own; its ``batch_discount``,
         ``prices_as_of``, ``source`` and ``limits_*`` replace the bundled ones. Raises ``ConfigError``.
         """
-        bundled_text = resources.files("llm_dispatch").joinpath("prices.json").read_text(encoding="utf-8")
+        bundled_text = resources.files("llm_dispatch.core").joinpath("prices.json").read_text(encoding="utf-8")
         merged = _parse(bundled_text, where="bundled prices.json", complete=True)
         if path is not None:
             where = str(path)

@@ -1,0 +1,121 @@
+"""llm-dispatch's Prefect-free core: settings, inputs, the HTTP client and its limits, batch files."""
+
+from __future__ import annotations
+
+from . import _exceptions
+from ._exceptions import *  # noqa: F403 - the error tree, listed in _exceptions.__all__
+from ._anthropic import anthropic_params
+from ._anthropic_answers import read_message_batch_results
+from ._batch_files import BatchFile, BatchFileWriter, BatchLine, read_batch_output, write_batch_files
+from ._batch_types import (
+    DEFAULT_BATCH_LIMITS,
+    MESSAGE_BATCH_LIMITS,
+    OPENAI_BATCH_LIMITS,
+    BatchInfo,
+    BatchLimits,
+    BatchStatus,
+    FileInfo,
+    RequestCounts,
+    batch_status_from_api,
+)
+from ._client import LLMClient
+from ._constants import DEFAULT_CONCURRENCY, DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
+from ._costs import PICO_PER_USD, CostTotals, RouteTotals, RowCost, RowPricer, estimate_request_cost, from_pico
+from ._dispatch import ChatSender, DispatchOutcome, Progress, ResultSink, WorkItem, current_progress, send_all
+from ._hashes import key_hash
+from ._inputs import (
+    InputCheck,
+    PromptSource,
+    PromptSpec,
+    RepeatedKeys,
+    check_prompts,
+    fingerprint,
+    iter_prompts,
+    parse_prompt_dicts,
+    read_prompts,
+)
+from ._json import stored_json
+from ._limits import AdaptiveLimiter, RateLimiter, SharedPause
+from ._pricing import PriceTable
+from ._providers import PROVIDERS, provider_for, provider_lookup
+from ._responses import chat_result_from_body
+from ._retry import DEFAULT_MAX_RETRY_AFTER, backoff_delay
+from ._routing import RoutingRules, decide_route, parse_deadline, prompt_chars
+from ._settings import DEFAULT_MAX_TOKENS, Settings
+from ._tokens import estimate_prompt_tokens, estimate_request_tokens
+from ._transport import default_transport
+from ._types import ChatRequest, ChatResult, dedupe_key
+from ._wire import check_provider_key
+
+__all__ = [
+    "DEFAULT_BATCH_LIMITS",
+    "DEFAULT_CONCURRENCY",
+    "DEFAULT_CONNECT_TIMEOUT",
+    "DEFAULT_MAX_RETRIES",
+    "DEFAULT_MAX_RETRY_AFTER",
+    "DEFAULT_MAX_TOKENS",
+    "DEFAULT_TIMEOUT",
+    "MESSAGE_BATCH_LIMITS",
+    "OPENAI_BATCH_LIMITS",
+    "PROVIDERS",
+    "PICO_PER_USD",
+    "AdaptiveLimiter",
+    "anthropic_params",
+    "backoff_delay",
+    "batch_status_from_api",
+    "BatchFile",
+    "BatchFileWriter",
+    "BatchInfo",
+    "BatchLimits",
+    "BatchLine",
+    "BatchStatus",
+    "chat_result_from_body",
+    "check_provider_key",
+    "ChatRequest",
+    "ChatResult",
+    "ChatSender",
+    "CostTotals",
+    "current_progress",
+    "decide_route",
+    "dedupe_key",
+    "default_transport",
+    "DispatchOutcome",
+    "estimate_prompt_tokens",
+    "estimate_request_cost",
+    "estimate_request_tokens",
+    "FileInfo",
+    "check_prompts",
+    "fingerprint",
+    "iter_prompts",
+    "key_hash",
+    "from_pico",
+    "LLMClient",
+    "parse_deadline",
+    "parse_prompt_dicts",
+    "PriceTable",
+    "Progress",
+    "provider_for",
+    "provider_lookup",
+    "prompt_chars",
+    "InputCheck",
+    "PromptSource",
+    "PromptSpec",
+    "RepeatedKeys",
+    "RateLimiter",
+    "read_batch_output",
+    "read_message_batch_results",
+    "read_prompts",
+    "RequestCounts",
+    "ResultSink",
+    "RoutingRules",
+    "RouteTotals",
+    "RowCost",
+    "RowPricer",
+    "send_all",
+    "Settings",
+    "SharedPause",
+    "stored_json",
+    "WorkItem",
+    "write_batch_files",
+    *_exceptions.__all__,
+]

@@ -12,28 +12,88 @@ import sys
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
 
+import click
 import typer
 from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn
+from typer.core import TyperGroup
 
-from llm_dispatch.core import InputError, LLMDispatchError, Progress, Settings, current_progress
+from llm_dispatch.core import APIError, LLMDispatchError, Progress, Settings, current_progress
 
 # Options several commands take alike.
 DatabaseUrl = Annotated[Optional[str], typer.Option(help="SQLAlchemy URL (default: ./llm_dispatch.db)")]
 AsJson = Annotated[bool, typer.Option("--json", help="print as JSON")]
 NewestJob = Annotated[Optional[str], typer.Argument(help="a job id (default: the newest job)")]
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Send many prompts to LLM APIs through Prefect flows.")
 err = Console(stderr=True)
 # Piped or captured output gets room for the whole table, not 80 columns.
 out = Console() if sys.stdout.isatty() else Console(width=160)
 
-EXIT_INPUT = 2
+# Exit codes (README, "Exit codes"); a signal that stops a run exits 128 + its number.
+EXIT_FAILED_PROMPTS = 1  # the run ended with prompts that failed
+EXIT_INPUT = 2  # bad input, settings or database, or a refused --max-cost: nothing was sent
+EXIT_PROVIDER = 3  # a provider call failed after its retries (network, key, refusal); what came back is stored
 EPHEMERAL_STARTUP_TIMEOUT = 120
 # With --simulate the simulator's batches take seconds, not hours; poll them as often.
 SIM_BATCH_SECONDS = 3.0
 SIM_POLL_SECONDS = 0.5
+
+EXIT_CODES = ("Exit codes: 0 done; 1 some prompts failed; 2 bad input, settings or database, or --max-cost refused "
+              "(nothing sent); 3 a provider call failed after its retries (what came back is stored: run again "
+              "later); 128+N stopped by signal N.")
+
+
+def exit_code(error: LLMDispatchError) -> int:
+    """The exit code of a command that stopped on ``error``."""
+    return EXIT_PROVIDER if isinstance(error, APIError) else EXIT_INPUT
+
+
+def expected_error(exc: BaseException) -> LLMDispatchError | None:
+    """``exc`` when it is one of ours; for a group of errors (two halves of a run failing together), its first
+    when every one is ours; else None (a bug: its traceback is worth showing)."""
+    if isinstance(exc, LLMDispatchError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        leaves = [expected_error(inner) for inner in exc.exceptions]
+        if leaves and all(leaf is not None for leaf in leaves):
+            return leaves[0]
+    return None
+
+
+def _debug() -> bool:
+    """Whether ``--debug`` was given (an option of the command group, read from the running command's context)."""
+    context = click.get_current_context(silent=True)
+    return bool(context is not None and context.find_root().params.get("debug"))
+
+
+class _Commands(TyperGroup):
+    """The command group: any error of llm-dispatch's tree becomes one line and its exit code (the traceback with
+    ``--debug``); an error outside it is a bug, shown as Python shows it."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (LLMDispatchError, BaseExceptionGroup) as exc:
+            error = expected_error(exc)
+            if error is None or ctx.params.get("debug"):
+                raise
+            raise _fail(str(error), code=exit_code(error)) from None
+
+
+app = typer.Typer(cls=_Commands, add_completion=False, no_args_is_help=True, epilog=EXIT_CODES,
+                  # Locals may hold a database URL's password; a traceback never shows them.
+                  pretty_exceptions_show_locals=False,
+                  help="Send many prompts to LLM APIs through Prefect flows.")
+
+
+@app.callback()
+def _options(
+    debug: Annotated[bool, typer.Option(
+        "--debug", help="on an error, show its traceback and Prefect's error logs instead of one line")] = False,
+) -> None:
+    # Read where it matters, from the command's context (``_debug``).
+    pass
 
 
 def main() -> None:
@@ -46,12 +106,17 @@ def _fail(message: str, *, code: int = EXIT_INPUT) -> typer.Exit:
 
 
 def _settings(**overrides: Any) -> Settings:
+    """The command's settings; a bad one (a database URL that cannot work included) is one line and exit 2."""
+    from llm_dispatch.storage import check_database_url
+
     try:
-        return Settings(**{key: value for key, value in overrides.items() if value is not None})
+        settings = Settings(**{key: value for key, value in overrides.items() if value is not None})
     except ValidationError as exc:
         first = exc.errors()[0]
         field = ".".join(str(p) for p in first["loc"])
         raise _fail(f"setting {field}: {first['msg']} (env LLM_DISPATCH_{field.upper()})") from None
+    check_database_url(settings.database_url)
+    return settings
 
 
 @app.command()
@@ -86,19 +151,13 @@ def run(
     if prices_file is not None:
         from llm_dispatch.core import PriceTable
 
-        try:
-            PriceTable.load(path=prices_file)
-        except LLMDispatchError as exc:
-            raise _fail(str(exc)) from None
+        PriceTable.load(path=prices_file)
 
     if file is not None:
         from llm_dispatch.jobs import prompt_input
 
-        try:
-            # The whole file, before anything is sent or written; streaming, no prompt held.
-            checked = prompt_input(file, settings=settings).check(warn=False)
-        except InputError as exc:
-            raise _fail(str(exc)) from None
+        # The whole file, before anything is sent or written; streaming, no prompt held.
+        checked = prompt_input(file, settings=settings).check(warn=False)
         err.print(f"{file}: {checked.count} prompts valid", highlight=False)
         if checked.warning:
             err.print(f"[yellow]warning:[/] {checked.warning}", highlight=False, soft_wrap=True)
@@ -126,8 +185,6 @@ def run(
             summary = asyncio.run(_run_with_progress(source=str(file) if file else None, job_id=resume, settings=settings,
                                                      retry_failed=retry_failed, show=not as_json,  # type: ignore[arg-type]
                                                      wait=wait, max_cost=max_cost))
-        except LLMDispatchError as exc:
-            raise _fail(str(exc)) from None
         except (TerminationSignal, BaseExceptionGroup) as exc:
             # Prefect's own SIGTERM handler (installed while a flow runs) raises this wherever the run
             # is, sometimes inside a task group; asyncio.run has cancelled the run on the way out.
@@ -152,7 +209,7 @@ def run(
     else:
         _print_summary(summary)
     failed = summary["counts"].get("failed", 0)
-    raise typer.Exit(1 if failed else 0)
+    raise typer.Exit(EXIT_FAILED_PROMPTS if failed else 0)
 
 
 def _check_keys(settings: Settings, *, providers: frozenset[str]) -> None:
@@ -169,22 +226,10 @@ def _check_keys(settings: Settings, *, providers: frozenset[str]) -> None:
             raise _fail(f"{exc}, or add --simulate to use the bundled simulator") from None
 
 
-def _require_database(settings: Settings) -> None:
-    from .reports import require_database
-
-    try:
-        require_database(settings)
-    except LLMDispatchError as exc:
-        raise _fail(str(exc)) from None
-
-
 def _flow_call(coroutine: Any) -> Any:
-    """Run a flow from a command, with the CLI's Prefect settings; a known error is one line and exit 2."""
+    """Run a flow from a command, with the CLI's Prefect settings."""
     with _prefect_settings():
-        try:
-            return asyncio.run(coroutine)
-        except LLMDispatchError as exc:
-            raise _fail(str(exc)) from None
+        return asyncio.run(coroutine)
 
 
 @app.command()
@@ -199,8 +244,10 @@ def collect(
 
     from llm_dispatch.flows.batch import collect_batches
 
+    from .reports import require_database
+
     settings = _settings(database_url=database_url)
-    _require_database(settings)
+    require_database(settings)
     summary = _flow_call(collect_batches(database_url=SecretStr(settings.database_url), job_id=job,
                                          stale_after=stale_after))
     if as_json:
@@ -226,8 +273,10 @@ def cancel(
 
     from llm_dispatch.flows.batch import cancel_job_batches
 
+    from .reports import require_database
+
     settings = _settings(database_url=database_url)
-    _require_database(settings)
+    require_database(settings)
     summary = _flow_call(cancel_job_batches(job_id=job, database_url=SecretStr(settings.database_url),
                                             wait_seconds=wait_seconds))
     kept = sum(i["succeeded"] for i in summary["ingested"])
@@ -274,16 +323,12 @@ def reprice(
 
 
 def _report(name: str, *, job: str | None, database_url: str | None, as_json: bool, **options: Any) -> None:
-    """Run the report ``reports.<name>``; print it as a table (``reports.print_<name>``) or JSON; a missing job or
-    database is one line, exit 2."""
+    """Run the report ``reports.<name>``; print it as a table (``reports.print_<name>``) or JSON."""
     from . import reports
 
     settings = _settings(database_url=database_url)
     query, show = getattr(reports, name), getattr(reports, f"print_{name}")
-    try:
-        data = asyncio.run(query(settings=settings, job_id=job, **options))
-    except LLMDispatchError as exc:
-        raise _fail(str(exc)) from None
+    data = asyncio.run(query(settings=settings, job_id=job, **options))
     if data is None:
         where = settings.public_dict()["database_url"]
         raise _fail(f"no job {job or ''!r} in {where}; `llm-dispatch status` lists jobs")
@@ -310,10 +355,7 @@ def export(
         raise _fail(f"--format must be jsonl or csv, not {fmt!r}")
     fmt = "json" if as_json else fmt or "jsonl"
     settings = _settings(database_url=database_url)
-    try:
-        written = asyncio.run(reports.export(settings=settings, job_id=job, fmt=fmt, output=output))
-    except LLMDispatchError as exc:
-        raise _fail(str(exc)) from None
+    written = asyncio.run(reports.export(settings=settings, job_id=job, fmt=fmt, output=output))
     if output is not None:
         err.print(f"wrote {written} rows to {output}", highlight=False)
 
@@ -398,8 +440,32 @@ def _prefect_settings() -> Any:
     if "PREFECT_SERVER_ANALYTICS_ENABLED" not in os.environ:
         # A temporary server's telemetry only logs an error on an offline machine.
         updates[PREFECT_SERVER_ANALYTICS_ENABLED] = False
-    with temporary_settings(updates=updates):
+    with temporary_settings(updates=updates), _run_errors_unprinted(unless=_debug()):
         yield
+
+
+class _RunErrors(logging.Filter):
+    """Holds back the ERROR lines of flow and task runs: each is about an error that reaches the command, which
+    says it once (one line, or the traceback of a bug). The Prefect API, and so the UI, still gets them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno < logging.ERROR or not record.name.startswith(("prefect.flow_runs", "prefect.task_runs"))
+
+
+@contextlib.contextmanager
+def _run_errors_unprinted(*, unless: bool) -> Any:
+    """While a command runs a flow, Prefect's console shows no run's ERROR lines (``--debug``: it shows them all)."""
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    consoles = [] if unless else [h for h in logging.getLogger().handlers if isinstance(h, PrefectConsoleHandler)]
+    quiet = _RunErrors()
+    for handler in consoles:
+        handler.addFilter(quiet)
+    try:
+        yield
+    finally:
+        for handler in consoles:
+            handler.removeFilter(quiet)
 
 
 async def _show(progress: Progress) -> None:

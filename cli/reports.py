@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from llm_dispatch import storage
 from llm_dispatch.jobs import actual_cost, money, reprice as reprice_job
-from llm_dispatch.core import PICO_PER_USD, ConfigError, PriceTable, Settings, provider_lookup
+from llm_dispatch.core import PICO_PER_USD, DatabaseError, PriceTable, Settings, UnknownJobError, provider_lookup
 
 Sessions = async_sessionmaker[AsyncSession]
 
@@ -33,7 +33,7 @@ def require_database(settings: Settings) -> None:
     """A SQLite file that is not there is a mistake (a wrong directory or URL), not a new empty database."""
     url = make_url(settings.database_url)
     if url.get_backend_name() == "sqlite" and url.database and not Path(url.database).exists():
-        raise ConfigError(f"no database at {url.database}: run `llm-dispatch run FILE` first, or pass --database-url")
+        raise DatabaseError(f"no database at {url.database}: run `llm-dispatch run FILE` first, or pass --database-url")
 
 
 @asynccontextmanager
@@ -202,7 +202,7 @@ async def export(*, settings: Settings, job_id: str, fmt: str, output: Path | No
     """Write the job's rows as ``jsonl`` (one object a line), ``json`` (one array) or ``csv``; returns how many."""
     async with _database(settings) as sessions:
         if await storage.get_job(sessions, job_id=job_id) is None:
-            raise ConfigError(f"no job {job_id!r}; `llm-dispatch status` lists jobs")
+            raise UnknownJobError(f"no job {job_id!r}; `llm-dispatch status` lists jobs")
         handle: TextIO = output.open("w", encoding="utf-8", newline="") if output else sys.stdout
         try:
             writer = csv.DictWriter(handle, fieldnames=EXPORT_FIELDS) if fmt == "csv" else None

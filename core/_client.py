@@ -30,7 +30,7 @@ from ._constants import (
     DEFAULT_TIMEOUT,
 )
 from ._deadlines import Deadlines
-from ._errors import Failure, final_error, scrub
+from ._failures import Failure, final_error, scrub
 from ._exceptions import APIResponseValidationError, NotFoundError
 from ._gates import Gates
 from ._limits import AdaptiveLimiter, SharedPause

@@ -1,24 +1,39 @@
 """The one exception hierarchy of llm-dispatch; every message says what to do next.
 
-    LLMDispatchError
-    ├── ConfigError                 bad settings (unknown model, missing key, bad URL)
+Every error llm-dispatch raises for a user to read is one of these; the CLI prints any of them as one line
+and an exit code (``llm-dispatch --debug`` shows the traceback). ``tests/test_exceptions.py`` checks that
+this drawing names every class below and nothing else.
+
+    LLMDispatchError                base of them all; never raised itself
+    ├── ConfigError                 bad settings (unknown model, missing key, bad URL, bad price file)
+    │   └── DatabaseError           a database URL that cannot be used, a database that cannot be opened
     ├── InputError                  a prompt file that cannot be used; names file, line, field
+    ├── UnknownJobError             no job of that id in the database
+    ├── UnknownBatchError           no batch of that id in the database
+    ├── BudgetExceededError         the estimate is above --max-cost; nothing was sent
+    ├── ShardRunsFailedError        real-time shard runs (deployment runs) that did not complete
+    ├── BatchConflictError          prompts already wait in another open batch; nothing was stored
     └── APIError                    a provider call that failed after its retries
         ├── APIConnectionError      no HTTP answer: refused, dropped, reset
         │   └── APITimeoutError     no answer within the request timeout
-        ├── APIResponseValidationError  HTTP 200 with a body that is not a chat completion
-        └── APIStatusError          an HTTP error status
-            ├── BadRequestError             400
-            ├── AuthenticationError         401
-            ├── PermissionDeniedError       403
-            ├── NotFoundError               404
-            ├── ConflictError               409
-            ├── UnprocessableEntityError    422
-            ├── RateLimitError              429
-            └── InternalServerError         >= 500
+        ├── APIResponseValidationError  HTTP 200 with a body that is not what was asked for
+        ├── APIStatusError          an HTTP error status
+        │   ├── BadRequestError             400
+        │   ├── AuthenticationError         401
+        │   ├── PermissionDeniedError       403
+        │   ├── NotFoundError               404
+        │   ├── ConflictError               409
+        │   ├── UnprocessableEntityError    422
+        │   ├── RateLimitError              429
+        │   └── InternalServerError         >= 500
+        ├── BatchLineError          one line of a batch's output that carried no answer
+        ├── BatchFailedError        a whole batch refused by the provider (its input failed validation)
+        └── BatchCancelledError     a batch cancelled with ``llm-dispatch cancel`` before answering
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 __all__ = [
     "APIConnectionError",
@@ -28,17 +43,23 @@ __all__ = [
     "APITimeoutError",
     "AuthenticationError",
     "BadRequestError",
+    "BudgetExceededError",
     "BatchCancelledError",
+    "BatchConflictError",
     "BatchFailedError",
     "BatchLineError",
     "ConfigError",
     "ConflictError",
+    "DatabaseError",
     "InputError",
     "InternalServerError",
     "LLMDispatchError",
     "NotFoundError",
     "PermissionDeniedError",
     "RateLimitError",
+    "ShardRunsFailedError",
+    "UnknownBatchError",
+    "UnknownJobError",
     "UnprocessableEntityError",
     "status_error_class",
 ]
@@ -52,6 +73,11 @@ class ConfigError(LLMDispatchError):
     """Settings that cannot work; the message names the setting and its environment variable."""
 
 
+class DatabaseError(ConfigError):
+    """A database URL that cannot be used, or a database that cannot be opened (missing, unreachable, refused,
+    older than this version); the message names the URL's setting, never its password."""
+
+
 class InputError(LLMDispatchError):
     """A prompt file that cannot be used. Raised before anything is sent or written."""
 
@@ -63,6 +89,31 @@ class InputError(LLMDispatchError):
         prefix = f"{where}: " if where else ""
         suffix = f" (field '{field}')" if field else ""
         super().__init__(f"{prefix}{message}{suffix}")
+
+
+class UnknownJobError(LLMDispatchError, LookupError):
+    """A job id that is not in the database."""
+
+
+class UnknownBatchError(LLMDispatchError, LookupError):
+    """A batch id that is not in the database."""
+
+
+class BudgetExceededError(LLMDispatchError):
+    """The estimate before sending is above ``max_cost`` (or cannot be checked against it): nothing was sent."""
+
+
+class ShardRunsFailedError(LLMDispatchError):
+    """Real-time shard runs of a ``dispatch`` run that did not complete; a run of the job again sends what they left."""
+
+
+class BatchConflictError(LLMDispatchError, ValueError):
+    """Some prompts of a new batch already wait in another open batch; nothing was stored."""
+
+    def __init__(self, message: str, *, prompt_ids: Sequence[int], batch_ids: Sequence[int]) -> None:
+        super().__init__(message)
+        self.prompt_ids = list(prompt_ids)
+        self.batch_ids = list(batch_ids)
 
 
 class APIError(LLMDispatchError):

@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import httpx
 
-from ._errors import Failure
+from ._failures import Failure
 from ._limits import (
     CAPACITY_DECREASE,
     AdaptiveLimiter,

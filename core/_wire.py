@@ -17,7 +17,7 @@ import httpx
 
 from ._anthropic import anthropic_params
 from ._anthropic_answers import parse_message
-from ._errors import STATUS_HINTS, UNUSABLE_HINT
+from ._failures import STATUS_HINTS, UNUSABLE_HINT
 from ._exceptions import ConfigError
 from ._ratelimit_headers import OPENAI_RATE_LIMIT_HEADERS, RateLimitHeaders
 from ._responses import Chat, parse_chat

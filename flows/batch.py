@@ -22,7 +22,7 @@ from llm_dispatch.jobs import (
     SweepSummary,
     open_run,
 )
-from llm_dispatch.core import ConfigError, Settings
+from llm_dispatch.core import Settings, UnknownJobError
 from llm_dispatch.tasks import cancel_batches, finish_submission, ingest_batch, poll_batch, submit_batches
 
 from ._artifacts import show_batch_progress
@@ -65,7 +65,7 @@ async def follow_batch(*, run: JobRun, batch_id: int, ingest_when_done: bool = T
     """The recipe behind ``wait-for-batch``: the ingest's outcome, or how the batch stands when left."""
     logger = get_run_logger()
     settings = run.settings
-    record = await _batch(run, batch_id=batch_id)
+    record = await storage.require_batch(run.sessions, batch_id=batch_id)
     if record.status in HALF_SUBMITTED:
         record = await finish_submission(run=run, batch_id=batch_id)
     artifact = None
@@ -232,8 +232,8 @@ async def cancel_job_batches(
                              logger=get_run_logger())
     async with open_run(settings) as run:
         if await storage.get_job(run.sessions, job_id=job_id) is None:
-            raise ConfigError(f"no job {job_id!r} in {settings.public_dict()['database_url']}; "
-                              "`llm-dispatch status` lists jobs")
+            raise UnknownJobError(f"no job {job_id!r} in {settings.public_dict()['database_url']}; "
+                                  "`llm-dispatch status` lists jobs")
         records = await cancel_batches(run=run, job_id=job_id)
         deadline = time.monotonic() + wait_seconds
         ingested = []
@@ -245,11 +245,4 @@ async def cancel_job_batches(
                 ingested.append(await ingest_batch(run=run, batch_id=record.id))
         await _close_if_done(run, job_id=job_id)
     return CancelSummary(job_id=job_id, cancelled=[r.id for r in records], ingested=ingested).as_dict()
-
-
-async def _batch(run: JobRun, *, batch_id: int) -> storage.BatchRecord:
-    record = await storage.get_batch(run.sessions, batch_id=batch_id)
-    if record is None:
-        raise LookupError(f"no batch {batch_id} in the database; see `llm-dispatch status`")
-    return record
 

@@ -27,17 +27,13 @@ from llm_dispatch.jobs import (
     open_run,
     routing_rules,
 )
-from llm_dispatch.core import ConfigError, Settings, current_progress
+from llm_dispatch.core import BudgetExceededError, ConfigError, Settings, ShardRunsFailedError, current_progress
 from llm_dispatch.tasks import record_prompts
 
 from ._artifacts import publish_report
 from ._setup import input_run_name, prepare
 from .batch import dispatch_batches
 from .realtime import send_realtime
-
-
-class BudgetExceededError(ConfigError):
-    """The pre-run estimate is above ``max_cost``: nothing was sent."""
 
 
 @flow(name="dispatch", flow_run_name=input_run_name, log_prints=False)
@@ -168,8 +164,8 @@ async def run_shards(
     ))
     failed = [run.name for run in runs if run.state is None or not run.state.is_completed()]
     if failed:
-        raise RuntimeError(f"real-time shard runs {failed} did not complete; see them in the Prefect UI, "
-                           "then run the job again to send what they left")
+        raise ShardRunsFailedError(f"real-time shard runs {failed} did not complete; see them in the Prefect UI, "
+                                   "then run the job again to send what they left")
     logger.info("Job %s: all %d real-time shard runs completed.", job_id, shards)
     return ShardRuns(flow_run_ids=[str(run.id) for run in runs])
 

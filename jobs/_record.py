@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from llm_dispatch import storage
 from llm_dispatch.core import (
     ConfigError,
+    UnknownJobError,
     InputCheck,
     PriceTable,
     PromptSource,
@@ -162,7 +163,7 @@ async def record_job(
             raise ConfigError("give prompts (a .jsonl/.csv path or a list of dicts) or the job id to resume")
         job = await storage.get_job(sessions, job_id=job_id)
         if job is None:
-            raise ConfigError(f"no job {job_id!r} in {database}; see `llm-dispatch status`")
+            raise UnknownJobError(f"no job {job_id!r} in {database}; `llm-dispatch status` lists jobs")
         if job.status == "recording":
             job = await _finish_recording(sessions, job=job, given=_input_of(job, settings=settings), rules=rules)
         total = sum(job.counts.values())
@@ -178,7 +179,7 @@ async def record_job(
     if existing is not None:
         job = await storage.get_job(sessions, job_id=existing)
         if job is None:
-            raise ConfigError(f"no job {existing!r} to resume in {database}")
+            raise UnknownJobError(f"no job {existing!r} to resume in {database}; `llm-dispatch status` lists jobs")
         if job.status == "recording":
             if job.fingerprint != digest:
                 raise ConfigError(f"job {existing} was cut off while recording other prompts than this input's: "

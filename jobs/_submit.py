@@ -35,6 +35,7 @@ from llm_dispatch.core import (
     DEFAULT_MAX_RETRIES,
     APIError,
     APIStatusError,
+    BatchConflictError,
     BatchInfo,
     BatchLimits,
     ChatRequest,
@@ -119,8 +120,7 @@ async def submit_prompts(
         # Batches are created while later files are still built; a provider whose lost creates are found by
         # size and time (Anthropic) takes one create at a time (``BatchApi.creating``, in advance_submission).
         async with gate:
-            record = await storage.get_batch(sessions, batch_id=batch_id)
-            assert record is not None
+            record = await storage.require_batch(sessions, batch_id=batch_id)
             await advance_submission(sessions=sessions, clients=clients, record=record, metadata=metadata,
                                      max_retries=max_retries)
 
@@ -132,7 +132,7 @@ async def submit_prompts(
                     sessions, job_id=job_id, model=file.model, members=members, file_path=str(file.path),
                     resubmission_of=resubmission_of, provider=item.provider,
                 )
-            except storage.BatchConflictError as exc:
+            except BatchConflictError as exc:
                 # Another run batched some of these meanwhile: they are in good hands; leave this file out.
                 logger.warning("batch file %s not sent: %s", file.path.name, exc)
                 file.path.unlink(missing_ok=True)
@@ -210,7 +210,7 @@ async def advance_submission(
         path = await _input_file(sessions=sessions, record=record) if api.uploads else None
         input_file_id = await api.upload(path) if path is not None else None
         await storage.update_batch(sessions, batch_id=record.id, status="uploaded", input_file_id=input_file_id)
-        record = await _reload(sessions, record.id)
+        record = await storage.require_batch(sessions, batch_id=record.id)
     if record.status != "uploaded":
         return record
     async with api.creating():
@@ -228,7 +228,7 @@ async def advance_submission(
                 # The uploaded file is gone (deleted, or expired at the provider): upload it again.
                 path = await _input_file(sessions=sessions, record=record)
                 await storage.update_batch(sessions, batch_id=record.id, input_file_id=await api.upload(path))
-                record = await _reload(sessions, record.id)
+                record = await storage.require_batch(sessions, batch_id=record.id)
                 info = await _create_once(sessions=sessions, api=api, record=record, metadata=metadata or {},
                                           max_retries=max_retries)
         await storage.update_batch(
@@ -242,7 +242,7 @@ async def advance_submission(
             request_total=info.request_counts.total or record.request_total,
         )
     logger.info("batch %d: created %s (%d lines, %s)", record.id, info.id, record.request_total, record.model)
-    return await _reload(sessions, record.id)
+    return await storage.require_batch(sessions, batch_id=record.id)
 
 
 async def _create_once(
@@ -315,10 +315,3 @@ async def _input_file(*, sessions: Sessions, record: storage.BatchRecord) -> Pat
 
 def _request(row: storage.WorkRow) -> ChatRequest:
     return ChatRequest(model=row.model, messages=row.messages, params=row.params)
-
-
-async def _reload(sessions: Sessions, batch_id: int) -> storage.BatchRecord:
-    record = await storage.get_batch(sessions, batch_id=batch_id)
-    if record is None:
-        raise LookupError(f"batch {batch_id} vanished from the database")
-    return record

@@ -10,7 +10,6 @@ from __future__ import annotations
 from . import _status
 from ._batches import (
     BATCH_FIELDS,
-    BatchConflictError,
     batch_members,
     batch_submissions,
     create_batch_record,
@@ -20,10 +19,11 @@ from ._batches import (
     mark_batch_ingested,
     open_batches,
     release_members,
+    require_batch,
     store_batch_answers,
     update_batch,
 )
-from ._engine import DATABASE_URL_ENV, create_engine, open_database, session_factory
+from ._engine import DATABASE_URL_ENV, check_database_url, create_engine, open_database, session_factory
 from ._migrate import migrate, require_current_schema
 from ._models import Base, Batch, BatchMember, Job, Prompt, Result
 from ._open import (
@@ -69,7 +69,6 @@ __all__ = [
     "DATABASE_URL_ENV",
     "Base",
     "Batch",
-    "BatchConflictError",
     "BatchMember",
     "BatchRecord",
     "ExportRow",
@@ -88,6 +87,7 @@ __all__ = [
     "add_prompts",
     "batch_members",
     "batch_submissions",
+    "check_database_url",
     "create_batch_record",
     "create_engine",
     "create_job",
@@ -117,6 +117,7 @@ __all__ = [
     "open_work_in_order",
     "open_work_pages",
     "release_members",
+    "require_batch",
     "require_current_schema",
     "reroute_late_prompts",
     "result_stats",

@@ -15,7 +15,7 @@ from typing import Any, Final
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from llm_dispatch.core import ChatResult, LLMDispatchError, RowPricer
+from llm_dispatch.core import BatchConflictError, ChatResult, RowPricer, UnknownBatchError
 
 from ._bulk import IN_CHUNK, INSERT_BATCH, chunks
 from ._models import Batch, BatchMember, Prompt, aware, utcnow
@@ -25,7 +25,6 @@ from ._status import BATCH_STATUSES
 
 __all__ = [
     "BATCH_FIELDS",
-    "BatchConflictError",
     "batch_members",
     "batch_submissions",
     "create_batch_record",
@@ -35,6 +34,7 @@ __all__ = [
     "mark_batch_ingested",
     "open_batches",
     "release_members",
+    "require_batch",
     "store_batch_answers",
     "update_batch",
 ]
@@ -62,15 +62,6 @@ BATCH_FIELDS: Final[frozenset[str]] = frozenset(
         "cancel_requested",
     }
 )
-
-
-class BatchConflictError(LLMDispatchError, ValueError):
-    """Some prompts of a new batch already wait in another open batch; nothing was stored."""
-
-    def __init__(self, message: str, *, prompt_ids: Sequence[int], batch_ids: Sequence[int]) -> None:
-        super().__init__(message)
-        self.prompt_ids = list(prompt_ids)
-        self.batch_ids = list(batch_ids)
 
 
 async def create_batch_record(
@@ -180,13 +171,21 @@ async def update_batch(sessions: Sessions, *, batch_id: int, **fields: Any) -> N
         stmt = update(Batch).where(Batch.id == batch_id).values(**fields, updated_at=utcnow())
         done = await session.execute(stmt.execution_options(synchronize_session=False))
         if done.rowcount == 0:
-            raise LookupError(f"no batch with id {batch_id!r}")
+            raise UnknownBatchError(f"no batch with id {batch_id!r}")
 
 
 async def get_batch(sessions: Sessions, *, batch_id: int) -> BatchRecord | None:
     async with sessions() as session:
         batch = await session.get(Batch, batch_id)
     return None if batch is None else _record(batch)
+
+
+async def require_batch(sessions: Sessions, *, batch_id: int) -> BatchRecord:
+    """The stored batch; ``UnknownBatchError`` when there is none (a wrong id, or a row removed by hand)."""
+    record = await get_batch(sessions, batch_id=batch_id)
+    if record is None:
+        raise UnknownBatchError(f"no batch {batch_id} in the database; `llm-dispatch status JOB` lists a job's batches")
+    return record
 
 
 async def find_batch_by_provider_id(sessions: Sessions, *, provider_batch_id: str) -> BatchRecord | None:
@@ -317,7 +316,7 @@ async def mark_batch_ingested(sessions: Sessions, *, batch_id: int) -> int:
             .execution_options(synchronize_session=False)
         )
         if done.rowcount == 0:
-            raise LookupError(f"no batch with id {batch_id!r}")
+            raise UnknownBatchError(f"no batch with id {batch_id!r}")
         return await _release(session, batch_id=batch_id, prompt_ids=None)
 
 

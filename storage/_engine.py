@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy import event
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError
+from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 
 try:
@@ -19,9 +19,10 @@ try:
 except ImportError:  # SQLAlchemy 2.0
     from sqlalchemy.util import await_only as await_
 
-from llm_dispatch.core import ConfigError, stored_json
+from llm_dispatch.core import DatabaseError, stored_json
 
-__all__ = ["DATABASE_URL_ENV", "SQLITE_BUSY_TIMEOUT_MS", "create_engine", "open_database", "session_factory"]
+__all__ = ["DATABASE_URL_ENV", "SQLITE_BUSY_TIMEOUT_MS", "check_database_url", "create_engine", "open_database",
+           "session_factory"]
 
 DATABASE_URL_ENV = "LLM_DISPATCH_DATABASE_URL"
 # Several flow runs (processes) may write one SQLite file; a writer waits this long for
@@ -51,7 +52,7 @@ def create_engine(url: str, *, echo: bool = False) -> AsyncEngine:
     try:
         engine = create_async_engine(parsed, **kwargs)
     except ImportError as exc:
-        raise ConfigError(
+        raise DatabaseError(
             f"The database driver for {parsed.drivername!r} is not installed; "
             "for PostgreSQL install the extra: pip install 'llm-dispatch[postgres]'"
         ) from exc
@@ -65,22 +66,33 @@ def session_factory(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
     return async_sessionmaker(engine, expire_on_commit=False)
 
 
+def check_database_url(url: str) -> None:
+    """Raise ``DatabaseError`` (saying what to give instead) for a URL no engine can be made for; connects to nothing."""
+    _async_url(url)
+
+
 def _async_url(url: str) -> URL:
     try:
         parsed = make_url(url)
     except ArgumentError as exc:
+        if "://" not in url:
+            # A bare path: no password to hide, and the likely fix is plain.
+            raise DatabaseError(
+                f"{url!r} is a path, not a database URL; for a SQLite file give sqlite+aiosqlite:///{url} "
+                f"(--database-url or {DATABASE_URL_ENV})"
+            ) from exc
         # The URL itself is not repeated: it may hold a password.
-        raise ConfigError(f"Cannot parse the database URL; set {DATABASE_URL_ENV} to e.g. {_EXAMPLES}") from exc
+        raise DatabaseError(f"Cannot parse the database URL; set {DATABASE_URL_ENV} to e.g. {_EXAMPLES}") from exc
     backend = "postgresql" if parsed.get_backend_name() == "postgres" else parsed.get_backend_name()
     driver = parsed.get_driver_name() if "+" in parsed.drivername else ""
     wanted = _ASYNC_DRIVERS.get(backend)
     if wanted is None:
-        raise ConfigError(
+        raise DatabaseError(
             f"Unsupported database {backend!r} in {DATABASE_URL_ENV}; use SQLite or PostgreSQL, e.g. {_EXAMPLES}"
         )
     if driver and driver != wanted:
         # Not swapped silently: query options differ between drivers (sslmode vs ssl).
-        raise ConfigError(
+        raise DatabaseError(
             f"The database driver {driver!r} is not supported (llm-dispatch talks to {backend} through "
             f"{wanted}); set {DATABASE_URL_ENV} to a {backend}+{wanted}:// URL instead of {parsed.drivername}://"
         )
@@ -94,7 +106,7 @@ def _make_parent_dir(url: URL) -> None:
     try:
         Path(database).parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise ConfigError(
+        raise DatabaseError(
             f"Cannot create the directory for the SQLite database {database!r} ({exc}); "
             f"check {DATABASE_URL_ENV} and the directory's permissions"
         ) from exc
@@ -137,8 +149,26 @@ async def open_database(url: str, *, migrate: bool = True) -> AsyncIterator[asyn
 
     engine = create_engine(url)
     try:
+        try:
+            # A first connection, kept in the pool for what follows: a database that is missing, unreachable or
+            # refuses us is one clear error here, not a driver's traceback from deep inside a migration.
+            async with engine.connect():
+                pass
+        except (SQLAlchemyError, OSError) as exc:
+            raise DatabaseError(_cannot_open(engine.url, exc)) from exc
         if migrate:
             await upgrade(engine)
         yield session_factory(engine)
     finally:
         await engine.dispose()
+
+
+def _cannot_open(url: URL, exc: BaseException) -> str:
+    """One line on why the database at ``url`` cannot be opened, its password hidden."""
+    reason = getattr(exc, "orig", None) or exc
+    detail = (str(reason).strip().splitlines() or [type(reason).__name__])[0]
+    if url.password:
+        detail = detail.replace(str(url.password), "***")
+    shown = url.render_as_string(hide_password=True)
+    hint = " (llm-dispatch makes the tables, not the database: `createdb NAME` first)" if url.get_backend_name() == "postgresql" else ""
+    return f"cannot open the database {shown}: {detail}; check --database-url or {DATABASE_URL_ENV}{hint}"

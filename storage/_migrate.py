@@ -13,7 +13,7 @@ from sqlalchemy import inspect, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
 
-from llm_dispatch.core import ConfigError
+from llm_dispatch.core import DatabaseError
 
 from ._models import Base
 
@@ -42,12 +42,12 @@ async def migrate(engine: AsyncEngine) -> None:
 
 
 async def require_current_schema(sessions: async_sessionmaker[AsyncSession]) -> None:
-    """Raise ``ConfigError`` when the database's schema is not this version's; reads only, for a command
+    """Raise ``DatabaseError`` when the database's schema is not this version's; reads only, for a command
     that must change nothing (an upgrade writes: it back-fills costs)."""
     async with sessions() as session:
         current = await (await session.connection()).run_sync(_at_head)
     if not current:
-        raise ConfigError("this database's schema is older than this llm-dispatch: run `llm-dispatch cost` "
+        raise DatabaseError("this database's schema is older than this llm-dispatch: run `llm-dispatch cost` "
                           "once to upgrade it (past costs are back-filled and marked so), then try again")
 
 

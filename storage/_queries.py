@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import and_, case, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from llm_dispatch.core import ChatResult
+from llm_dispatch.core import ChatResult, UnknownJobError
 
 from ._bulk import IN_CHUNK, INSERT_BATCH, bind_processor, bind_value, chunks, placeholders
 from ._models import Job, Prompt, Result, aware, new_job_id, utcnow
@@ -100,7 +100,7 @@ async def set_job_status(sessions: Sessions, *, job_id: str, status: JobStatus) 
     async with sessions.begin() as session:
         done = await session.execute(update(Job).where(Job.id == job_id).values(status=status, updated_at=utcnow()))
         if done.rowcount == 0:
-            raise LookupError(f"no job with id {job_id!r}")
+            raise UnknownJobError(f"no job with id {job_id!r}; `llm-dispatch status` lists jobs")
 
 
 async def job_counts(sessions: Sessions, *, job_id: str) -> dict[str, int]:

@@ -36,20 +36,20 @@ async def submit_batches(
 async def finish_submission(*, run: JobRun, batch_id: int) -> storage.BatchRecord:
     """Take a batch a crash left in ``preparing`` or ``uploaded`` on to created (adopting a create that got through)."""
     return await jobs.advance_submission(sessions=run.sessions, clients=run.clients,
-                                         record=await _stored(run, batch_id=batch_id),
+                                         record=await storage.require_batch(run.sessions, batch_id=batch_id),
                                          max_retries=run.settings.max_retries)
 
 
 @task(name="poll-batch", task_run_name="poll batch {batch_id}", cache_policy=NO_CACHE)
 async def poll_batch(*, run: JobRun, batch_id: int) -> storage.BatchRecord:
     """Ask the provider how the batch stands, and store it."""
-    return await jobs.poll_batch(sessions=run.sessions, clients=run.clients, record=await _stored(run, batch_id=batch_id))
+    return await jobs.poll_batch(sessions=run.sessions, clients=run.clients, record=await storage.require_batch(run.sessions, batch_id=batch_id))
 
 
 @task(name="ingest-batch", task_run_name="ingest batch {batch_id}", cache_policy=NO_CACHE)
 async def ingest_batch(*, run: JobRun, batch_id: int) -> IngestOutcome:
     """Store a finished batch's answers and settle its members (resend, re-route or fail)."""
-    record = await _stored(run, batch_id=batch_id)
+    record = await storage.require_batch(run.sessions, batch_id=batch_id)
     settings = run.settings
     async with storage.ResultWriter(run.sessions, job_id=record.job_id, flush_rows=INGEST_FLUSH_ROWS,
                                     pricer=run.pricer) as writer:
@@ -64,10 +64,3 @@ async def ingest_batch(*, run: JobRun, batch_id: int) -> IngestOutcome:
 async def cancel_batches(*, run: JobRun, job_id: str) -> list[storage.BatchRecord]:
     """Ask the provider to stop every open batch of the job; returns them as they now stand."""
     return await jobs.cancel_batches(sessions=run.sessions, clients=run.clients, job_id=job_id)
-
-
-async def _stored(run: JobRun, *, batch_id: int) -> storage.BatchRecord:
-    record = await storage.get_batch(run.sessions, batch_id=batch_id)
-    if record is None:
-        raise LookupError(f"no batch {batch_id} in the database; see `llm-dispatch status`")
-    return record

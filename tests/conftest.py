@@ -6,6 +6,8 @@ import json
 import logging
 import os
 import sqlite3
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -161,6 +163,21 @@ def make_client(router: respx.Router, fake_time: FakeTime, **options: Any) -> LL
 
 
 # --- helpers shared by the flow tests ------------------------------------------------
+
+
+def cli(*args: str, env: dict[str, str], cwd: Path, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    """``llm-dispatch ARGS`` in a process of its own, as a user runs it: the installed command."""
+    return subprocess.run([str(Path(sys.executable).with_name("llm-dispatch")), *args], env=env, cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def cli_env(prefect_api: str, sim: Sim, db_url: str, tmp_path: Path) -> dict[str, str]:
+    """The CLI in its own process, against the session's Prefect API, the simulator and this test's database."""
+    sim.configure(batch_processing_seconds=1.0)
+    return {**os.environ, "PREFECT_API_URL": prefect_api, "LLM_DISPATCH_BASE_URL": sim.base_url,
+            "LLM_DISPATCH_DATABASE_URL": db_url, "LLM_DISPATCH_BATCH_DIR": str(tmp_path / "batches"),
+            "LLM_DISPATCH_BATCH_POLL_INTERVAL": "0.2"}
 
 
 def write_prompts(path: Path, records: list[dict]) -> Path:

@@ -20,7 +20,7 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
-from conftest import Sim, rows, successes_per_prompt, write_prompts
+from conftest import Sim, cli, rows, successes_per_prompt, write_prompts
 from llm_dispatch.flows.batch import collect_batches
 from llm_dispatch.flows.dispatch import dispatch
 
@@ -33,20 +33,6 @@ ROOT = Path(__file__).parent.parent
 
 def provider_batches(sim: Sim) -> list[dict]:
     return httpx.get(f"{sim.base_url}/batches", params={"limit": 100}, timeout=5).raise_for_status().json()["data"]
-
-
-def cli(*args: str, env: dict[str, str], cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "llm_dispatch.cli.main", *args], env=env, cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout)
-
-
-@pytest.fixture
-def cli_env(prefect_api: str, sim: Sim, db_url: str, tmp_path: Path) -> dict[str, str]:
-    """The CLI in its own process, against the session's Prefect API, the simulator and this test's database."""
-    sim.configure(batch_processing_seconds=1.0)
-    return {**os.environ, "PREFECT_API_URL": prefect_api, "LLM_DISPATCH_BASE_URL": sim.base_url,
-            "LLM_DISPATCH_DATABASE_URL": db_url, "LLM_DISPATCH_BATCH_DIR": str(tmp_path / "batches"),
-            "LLM_DISPATCH_BATCH_POLL_INTERVAL": "0.2"}
 
 
 MIXED = [
@@ -102,7 +88,7 @@ async def test_dispatch_routes_each_prompt_sends_both_halves_and_reports_cost(
 
 
 async def test_max_cost_refuses_before_any_request(prefect_api: str, sim: Sim, db_url: str) -> None:
-    from llm_dispatch.flows.dispatch import BudgetExceededError
+    from llm_dispatch.core import BudgetExceededError
 
     with pytest.raises(BudgetExceededError, match="above --max-cost"):
         await dispatch(prompts=MIXED, base_url=sim.base_url, database_url=SecretStr(db_url), max_cost=0.000001)

@@ -6,14 +6,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from pydantic import SecretStr
 
-from conftest import Sim, rows, successes_per_prompt
+from conftest import Sim, cli, rows, successes_per_prompt
 from llm_dispatch.flows.dispatch import dispatch
 
 pytestmark = [pytest.mark.prefect]
@@ -24,11 +22,6 @@ EXAMPLE = ROOT / "examples" / "mixed.jsonl"
 
 def example_prompts() -> list[dict]:
     return [json.loads(line) for line in EXAMPLE.read_text().splitlines() if line.strip()]
-
-
-def cli(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "llm_dispatch.cli.main", *args], env=env, cwd=cwd, capture_output=True, text=True,
-                          timeout=180)
 
 
 def clean_env(**extra: str) -> dict[str, str]:

@@ -35,7 +35,8 @@ from llm_dispatch import jobs
 from llm_dispatch import storage
 from llm_dispatch.core import PriceTable, RowPricer
 from llm_dispatch.core._exceptions import BadRequestError, RateLimitError
-from llm_dispatch.storage import Batch, BatchConflictError, Prompt, ResultWriter
+from llm_dispatch.core import BatchConflictError
+from llm_dispatch.storage import Batch, Prompt, ResultWriter
 from llm_dispatch.storage._migrate import _config
 
 Sessions = async_sessionmaker[AsyncSession]

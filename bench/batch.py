@@ -190,7 +190,7 @@ async def batch_path(
     import logging
 
     from llm_dispatch import storage
-    from llm_dispatch.core import BatchLimits, LLMClient, PriceTable, RowPricer
+    from llm_dispatch.core import BatchLimits, LLMClient, PriceTable
     from llm_dispatch.jobs import ingest_batch, poll_batch
     from llm_dispatch.jobs import Clients, submit_prompts
 
@@ -200,8 +200,8 @@ async def batch_path(
     limits = BatchLimits()
     # The ingest's writer as the flows make it (each answer priced into the cost ledger as it is stored),
     # unless --flush-rows tries another batch size.
-    pricer = RowPricer(PriceTable.load())
-    writer_options: dict[str, Any] = {"pricer": pricer}
+    prices = PriceTable.load()
+    writer_options: dict[str, Any] = {"prices": prices}
     if flush_rows is not None:
         writer_options["flush_rows"] = flush_rows
     engine = storage.create_engine(f"sqlite+aiosqlite:///{workdir / f'batch-{run}.db'}")
@@ -244,7 +244,7 @@ async def batch_path(
             sim_before, threads_before, cpu_before = _sim_cpu(base_url), _thread_cpu(), time.process_time()
             started = time.perf_counter()
             with profiler.run("submit"):
-                async with storage.ResultWriter(sessions, job_id=job_id, pricer=pricer) as writer:
+                async with storage.ResultWriter(sessions, job_id=job_id, prices=prices) as writer:
                     outcome = await submit_prompts(sessions=sessions, clients=Clients.of(client), writer=writer,
                                                    job_id=job_id, directory=directory)
             out["submit_s"] = time.perf_counter() - started

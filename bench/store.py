@@ -85,8 +85,13 @@ async def store(count: int) -> dict[str, float]:
         ]
         # Priced as the flows price (a tree from before the cost ledger takes neither argument).
         priced: dict[str, Any] = {}
-        if "pricer" in inspect.signature(storage.store_batch_answers).parameters:
-            from llm_dispatch.core import PriceTable, RowPricer
+        parameters = inspect.signature(storage.store_batch_answers).parameters
+        if "prices" in parameters:
+            from llm_dispatch.core import PriceTable
+
+            priced = {"model": MODEL, "prices": PriceTable.load()}
+        elif "pricer" in parameters:  # a tree from before the one price formula
+            from llm_dispatch.core import PriceTable, RowPricer  # type: ignore[attr-defined]
 
             priced = {"model": MODEL, "pricer": RowPricer(PriceTable.load())}
 

@@ -20,7 +20,7 @@ from ._batch_types import (
 )
 from ._client import LLMClient
 from ._constants import DEFAULT_CONCURRENCY, DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
-from ._costs import PICO_PER_USD, CostTotals, RouteTotals, RowCost, RowPricer, estimate_request_cost, from_pico
+from ._costs import CostTotals, RouteTotals, estimate_request_cost, worst_case_cost
 from ._dispatch import ChatSender, DispatchOutcome, Progress, ResultSink, WorkItem, current_progress, send_all
 from ._hashes import key_hash
 from ._inputs import (
@@ -36,7 +36,7 @@ from ._inputs import (
 )
 from ._json import stored_json
 from ._limits import AdaptiveLimiter, RateLimiter, SharedPause
-from ._pricing import PriceTable
+from ._pricing import PICO_PER_USD, Charge, ModelInfo, PriceTable, from_pico
 from ._providers import PROVIDERS, provider_for, provider_lookup
 from ._responses import chat_result_from_body
 from ._retry import DEFAULT_MAX_RETRY_AFTER, backoff_delay
@@ -74,6 +74,7 @@ __all__ = [
     "ChatRequest",
     "ChatResult",
     "ChatSender",
+    "Charge",
     "CostTotals",
     "current_progress",
     "decide_route",
@@ -92,6 +93,7 @@ __all__ = [
     "LLMClient",
     "parse_deadline",
     "parse_prompt_dicts",
+    "ModelInfo",
     "PriceTable",
     "Progress",
     "provider_for",
@@ -109,13 +111,12 @@ __all__ = [
     "ResultSink",
     "RoutingRules",
     "RouteTotals",
-    "RowCost",
-    "RowPricer",
     "send_all",
     "Settings",
     "SharedPause",
     "stored_json",
     "WorkItem",
+    "worst_case_cost",
     "write_batch_files",
     *_exceptions.__all__,
 ]

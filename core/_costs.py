@@ -1,5 +1,5 @@
-"""Exact cost arithmetic over the model table: what a request is expected to cost, what a stored row
-cost (in whole picodollars, so SQL sums it exactly on every database), and running totals per route."""
+"""Cost arithmetic over the model table, every figure through its one formula (``PriceTable.price``): what a
+request is expected to cost, the most it can cost, and running totals per route."""
 
 from __future__ import annotations
 
@@ -7,137 +7,23 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Final, NamedTuple, Required, TypedDict, Unpack
+from typing import Any, Final, Required, TypedDict, Unpack
 
-from ._pricing import PER_TOKENS, ROUTES, ModelPrice, PriceTable
+from ._pricing import Charge, PriceTable, billing_tier
 from ._providers import provider_lookup
 from ._routing import Route
 from ._tokens import estimate_input_tokens, reply_cap
 from ._types import ChatRequest
 
 __all__ = [
-    "PICO_PER_USD",
     "CostEstimate",
     "CostTotals",
     "RouteTotals",
-    "RowCost",
-    "RowPricer",
     "Usage",
     "estimate_request_cost",
     "expected_reply_tokens",
-    "from_pico",
+    "worst_case_cost",
 ]
-
-# Stored costs are integers in this unit: a price per 1M tokens with up to six decimals, after the batch
-# discount, is a whole number of picodollars per token (the bundled gpt-5-nano's cached input on the
-# Batch API is 2.5 nanodollars a token, so nanodollars would not do).
-PICO_PER_USD: Final = 10**12
-_PICO_PER_TOKEN: Final = Decimal(PICO_PER_USD) / PER_TOKENS
-
-
-class RowCost(NamedTuple):
-    """What one answered request cost, in picodollars, as the writers store it."""
-
-    cost: int
-    # The same usage at the real-time price: on the Batch API, what the discount saved is the difference.
-    list_cost: int
-    # The fraction taken off the list price as decimal text (stored as such): the model's batch
-    # discount on the Batch API ("0.5"), else "0".
-    discount: str
-
-
-class _Rates(NamedTuple):
-    """Picodollars per token (an int when whole, the usual case; else a Decimal rounded per row)."""
-
-    input: int | Decimal
-    cached: int | Decimal
-    output: int | Decimal
-    write: int | Decimal  # a token written to the prompt cache (Anthropic's cache_creation_input_tokens)
-
-
-class RowPricer:
-    """A ``PriceTable`` priced per stored row: each model's per-token rates are worked out once, so a row
-    costs three integer products (the writers store thousands a second).
-
-    Exact whenever a price per 1M tokens, after the batch discount, has at most six decimals (every
-    bundled one); a finer price is rounded half-even to the picodollar per row.
-    """
-
-    def __init__(self, table: PriceTable) -> None:
-        self.table = table
-        self._rates: dict[tuple[str, str], _ModelRates | None] = {}
-
-    def price(self, *, model: str, route: Route, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0,
-              cache_creation_tokens: int = 0) -> RowCost | None:
-        """The row's cost, or None when ``model`` has no price (an unknown cost, never 0). Cache reads
-        (``cached_tokens``) and cache writes (``cache_creation_tokens``) are parts of ``prompt_tokens``."""
-        key = (model, route)
-        try:
-            found = self._rates[key]
-        except KeyError:
-            found = self._rates[key] = self._rates_of(model, route)
-        if found is None:
-            return None
-        paid, listed, discount, long_above, long_rates = found
-        if long_above is not None and prompt_tokens > long_above:
-            paid, listed = long_rates  # type: ignore[misc]
-        cached = cached_tokens if cached_tokens <= prompt_tokens else prompt_tokens  # part of the prompt
-        uncached = prompt_tokens - cached
-        cost = uncached * paid.input + cached * paid.cached + completion_tokens * paid.output
-        written = cache_creation_tokens if cache_creation_tokens <= uncached else uncached
-        if written:
-            cost += written * (paid.write - paid.input)
-        if type(cost) is not int:
-            cost = _whole(cost)
-        if listed is paid:
-            return RowCost(cost, cost, discount)
-        listed_cost = uncached * listed.input + cached * listed.cached + completion_tokens * listed.output
-        if written:
-            listed_cost += written * (listed.write - listed.input)
-        return RowCost(cost, listed_cost if type(listed_cost) is int else _whole(listed_cost), discount)
-
-    def _rates_of(self, model: str, route: str) -> _ModelRates | None:
-        if route not in ROUTES:
-            raise ValueError(f"route {route!r} is unknown; use 'realtime' or 'batch'")
-        price = self.table.price_for(model)
-        if price is None:
-            return None
-        discount = "0" if route == "realtime" else str(price.batch_discount)
-        long = price.long_prompt
-        return _ModelRates(*_paid_and_listed(price, route=route), discount, None if long is None else long.above,
-                           None if long is None else _paid_and_listed(long.price, route=route))
-
-
-class _ModelRates(NamedTuple):
-    paid: _Rates
-    listed: _Rates  # the same object as ``paid`` when nothing is taken off
-    discount: str
-    # Above this many prompt tokens a request pays ``long_rates`` (paid, listed) instead; None: no such price.
-    long_above: int | None
-    long_rates: tuple[_Rates, _Rates] | None
-
-
-def _paid_and_listed(price: ModelPrice, *, route: str) -> tuple[_Rates, _Rates]:
-    fields = (price.input, price.cached_input, price.output, price.cache_write)
-    listed = _Rates(*(_per_token(value) for value in fields))  # type: ignore[arg-type]
-    if route == "realtime" or price.batch_discount == 0:
-        return listed, listed
-    keep = 1 - price.batch_discount
-    return _Rates(*(_per_token(value * keep) for value in fields)), listed  # type: ignore[operator]
-
-
-def _per_token(price_per_million: Decimal) -> int | Decimal:
-    rate = price_per_million * _PICO_PER_TOKEN
-    return int(rate) if rate == rate.to_integral_value() else rate
-
-
-def _whole(picodollars: Decimal) -> int:
-    return int(picodollars.to_integral_value())  # half-even, the context's rounding
-
-
-def from_pico(picodollars: int) -> Decimal:
-    """Dollars, exactly, from a stored cost in picodollars."""
-    return Decimal(picodollars).scaleb(-12)
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,24 +46,80 @@ class CostEstimate:
 def estimate_request_cost(
     *, request: ChatRequest, route: Route, table: PriceTable, typical_completion_tokens: int
 ) -> CostEstimate:
-    """Estimate a request's cost: heuristic prompt tokens, and the expected reply under the request's cap
-    (see ``expected_reply_tokens``); ``max_cost`` prices the longest reply allowed (see ``CostEstimate``)."""
+    """Estimate a request's cost at the tier it will be billed at: heuristic prompt tokens, and the expected reply
+    under the request's cap (see ``expected_reply_tokens``); ``max_cost`` is its ``worst_case_cost``."""
     params = request.params
     # Tools and response_format included (they are billed as input), counted as the rate limiter counts them.
     prompt_tokens = estimate_input_tokens(request)
-    choices = max(int(params.get("n") or 1), 1)
+    expected = round(expected_reply_tokens(typical=typical_completion_tokens, cap=reply_cap(params))
+                     * _choices(params))
+    charge = table.price(model=request.model, route=route, prompt_tokens=prompt_tokens, completion_tokens=expected,
+                         service_tier=_requested_tier(params))
+    cost = None if charge is None else charge.dollars
+    worst = worst_case_cost(request=request, route=route, table=table, prompt_tokens=prompt_tokens)
+    if worst is None:
+        return CostEstimate(prompt_tokens=prompt_tokens, completion_tokens=expected, cost=cost)
+    ceiling, most = worst
+    return CostEstimate(prompt_tokens=prompt_tokens, completion_tokens=expected, cost=cost,
+                        max_completion_tokens=ceiling, max_cost=None if most is None else most.dollars)
+
+
+def worst_case_cost(
+    *, request: ChatRequest, route: Route, table: PriceTable, prompt_tokens: int | None = None
+) -> tuple[int, Charge | None] | None:
+    """The most a request can cost, at the tier it will be billed at: its estimated prompt tokens (or
+    ``prompt_tokens``) and the longest reply it allows (its cap, else its model's maximum output, per choice).
+
+    Returns (those reply tokens, the charge; None when the model has no price), or None when the reply has no
+    bound (no cap and a model of unknown maximum output). Every prompt token is counted at the dearer of input
+    and a cache write where the request can write the cache: always with OpenAI's automatic caching, on
+    Anthropic when the request marks a ``cache_control`` block (at the 1-hour price when one asks for it).
+    """
+    params = request.params
     cap = reply_cap(params)
     limits = table.limits_for(request.model)
     most = limits.max_output_tokens if limits is not None else None
     longest = min(cap, most) if cap is not None and most is not None else cap if cap is not None else most
-    expected = round(expected_reply_tokens(typical=typical_completion_tokens, cap=cap) * choices)
-    cost = table.cost(model=request.model, route=route, prompt_tokens=prompt_tokens, completion_tokens=expected)
     if longest is None:
-        return CostEstimate(prompt_tokens=prompt_tokens, completion_tokens=expected, cost=cost)
-    ceiling = longest * choices
-    max_cost = table.cost(model=request.model, route=route, prompt_tokens=prompt_tokens, completion_tokens=ceiling)
-    return CostEstimate(prompt_tokens=prompt_tokens, completion_tokens=expected, cost=cost,
-                        max_completion_tokens=ceiling, max_cost=max_cost)
+        return None
+    ceiling = longest * _choices(params)
+    prompt = estimate_input_tokens(request) if prompt_tokens is None else prompt_tokens
+    usage: dict[str, Any] = {"model": request.model, "route": route, "prompt_tokens": prompt,
+                             "completion_tokens": ceiling, "service_tier": _requested_tier(params)}
+    plain = table.price(**usage)
+    info = table.info_for(request.model)
+    marked, extended = _cache_marks(request)
+    if plain is None or not (marked or info is None or info.provider != "anthropic"):
+        return ceiling, plain
+    written = table.price(**usage, cache_creation_tokens=prompt, cache_creation_extended_tokens=prompt * extended)
+    assert written is not None
+    return ceiling, max(plain, written, key=lambda charge: charge.cost)
+
+
+def _choices(params: dict[str, Any]) -> int:
+    return max(int(params.get("n") or 1), 1)
+
+
+def _requested_tier(params: dict[str, Any]) -> str | None:
+    """The service tier a request asks for, as ``PriceTable.price`` names it (None: standard)."""
+    return billing_tier(params.get("service_tier"))
+
+
+def _cache_marks(request: ChatRequest) -> tuple[bool, bool]:
+    """(whether the request marks anything for Anthropic's prompt cache, whether a mark asks for 1 hour)."""
+    marked = extended = False
+    stack: list[Any] = [request.messages, request.params]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            mark = item.get("cache_control")
+            if isinstance(mark, dict):
+                marked = True
+                extended = extended or mark.get("ttl") == "1h"
+            stack.extend(value for value in item.values() if isinstance(value, (dict, list)))
+        elif isinstance(item, list):
+            stack.extend(value for value in item if isinstance(value, (dict, list)))
+    return marked, extended
 
 
 def expected_reply_tokens(*, typical: float, cap: int | None) -> float:
@@ -217,9 +159,16 @@ class Usage(TypedDict, total=False):
     completion_tokens: Required[int]
     cached_tokens: int
     cache_creation_tokens: int
+    cache_creation_extended_tokens: int
+    # The tier the requests were served at (see ``PriceTable.price``).
+    service_tier: str | None
     requests: int
-    # Summed usage of several requests: whether they paid their model's long-prompt price (see ``PriceTable.cost``).
+    # Summed usage of several requests: whether they paid their model's long-prompt price (see ``PriceTable.price``).
     long_prompt: bool
+
+
+# Usage fields that are not token counts, or counted per request.
+_NOT_PRICED: Final = frozenset({"requests"})
 
 
 @dataclass(kw_only=True)
@@ -246,17 +195,12 @@ class CostTotals:
         """Count ``requests`` requests with these summed tokens; returns their cost (None when the model has no price)."""
         if self.table is None:
             raise TypeError("these totals have no price table: count priced requests with add_priced()")
-        tokens = {"model": usage["model"], "prompt_tokens": usage["prompt_tokens"],
-                  "completion_tokens": usage["completion_tokens"], "cached_tokens": usage.get("cached_tokens", 0),
-                  "cache_creation_tokens": usage.get("cache_creation_tokens", 0)}
-        route = usage["route"]
         if usage.get("requests", 1) > 1 and "long_prompt" not in usage:
             raise TypeError("summed usage of several requests needs long_prompt: the price may depend on each's length")
-        tokens["long_prompt"] = usage.get("long_prompt")
-        cost = self.table.cost(route=route, **tokens)
-        at_realtime = cost if cost is None or route == "realtime" else self.table.cost(route="realtime", **tokens)
-        self.add_priced(**usage, cost=cost or Decimal(0), at_realtime=at_realtime or Decimal(0),
-                        unpriced=usage.get("requests", 1) if cost is None else 0)
+        charge = self.table.price(**{key: value for key, value in usage.items() if key not in _NOT_PRICED})
+        cost = None if charge is None else charge.dollars
+        self.add_priced(**usage, cost=cost or Decimal(0), at_realtime=Decimal(0) if charge is None else charge.list_dollars,
+                        unpriced=usage.get("requests", 1) if charge is None else 0)
         return cost
 
     def add_priced(self, *, cost: Decimal, at_realtime: Decimal, unpriced: int = 0, **usage: Unpack[Usage]) -> None:

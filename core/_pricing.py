@@ -1,64 +1,107 @@
-"""The model table: prices, context windows and maximum replies per model, bundled with the user's overrides.
+"""The model table and the one price formula: what a request costs, for estimates, stored costs and ``reprice``.
 
-Prices are Decimals per 1M tokens, so sums over millions of prompts stay exact. A model missing
-from the table has no price (``None``), never a price of zero, and no known limits.
+``PriceTable.load()`` reads the bundled catalog (with the user's file over it, see ``_catalog``) as in effect
+on one day. ``PriceTable.price()`` is the formula every cost goes through: it prices a request's usage at the
+rates its route, service tier and prompt length bill it at, in whole picodollars. A model missing from the
+table has no price (``None``), never a price of zero, and no known limits.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import date
+from datetime import UTC, date, datetime
 from decimal import Decimal
 from importlib import resources
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Final, NamedTuple
 
+from ._catalog import PRICE_FIELDS, merge_catalogs, parse_catalog, prices_on
 from ._exceptions import ConfigError
+from ._providers import provider_lookup
 from ._routing import Route
 
-__all__ = ["PER_TOKENS", "ROUTES", "LongPrompt", "ModelLimits", "ModelPrice", "PriceTable"]
+__all__ = [
+    "PER_TOKENS",
+    "PICO_PER_USD",
+    "ROUTES",
+    "Charge",
+    "LongPrompt",
+    "ModelInfo",
+    "ModelLimits",
+    "ModelPrice",
+    "PriceTable",
+    "Tier",
+    "billing_tier",
+    "from_pico",
+]
 
 PER_TOKENS = Decimal(1_000_000)
 ROUTES = ("realtime", "batch")
-_TOP_FIELDS = frozenset({"prices_as_of", "source", "currency", "unit", "batch_discount", "models",
-                         "limits_as_of", "limits_source"})
-_LIMIT_FIELDS = ("context_window", "max_output_tokens")
-_MODEL_FIELDS = frozenset({"input", "cached_input", "cache_write", "output", "batch_discount", *_LIMIT_FIELDS,
-                           *("prices_as_of", "source", "long_prompt")})
-# A model's prices for requests whose prompt is longer than ``above`` tokens (Anthropic's Haiku 5.5 above 100,000).
-_LONG_PROMPT_FIELDS = frozenset({"above", "input", "cached_input", "cache_write", "output"})
-# Prices per model (input, cached_input = cache reads, cache_write, output); the rest of an entry is not a price.
-_PRICE_FIELDS = ("input", "cached_input", "cache_write", "output")
+# Stored costs are integers in this unit: a price per 1M tokens with up to six decimals, after any discount, is a
+# whole number of picodollars per token (gpt-5-nano's cached input on the Batch API is 2.5 nanodollars a token, so
+# nanodollars would not do).
+PICO_PER_USD: Final = 10**12
+_PICO_PER_TOKEN: Final = Decimal(PICO_PER_USD) / PER_TOKENS
 # Snapshot names: "gpt-4o-mini-2024-07-18", the older "gpt-3.5-turbo-0125", and Anthropic's "claude-sonnet-4-5-20250929".
 _SNAPSHOT = re.compile(r"-(?:\d{4}-\d{2}-\d{2}|\d{8}|\d{4})$")
+# The words an answer (or a request) uses for the standard tier: OpenAI's "default"/"auto", Anthropic's
+# "standard"/"standard_only", and "batch" (Anthropic's word on a batch result, priced by its route).
+_STANDARD_TIERS: Final = frozenset({"", "default", "auto", "standard", "standard_only", "batch"})
+# OpenAI renamed priority processing "Fast mode" on 2026-07-30 and takes either word.
+_TIER_ALIASES: Final = MappingProxyType({"fast": "priority"})
+# Distinct (model, route, tier) billings worked out per table before the memo starts again.
+_RATES_MEMO = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class Tier:
+    """A service tier's prices: a fraction off the standard ones (``discount``; flex is billed at the batch rate),
+    or its own prices per 1M tokens. A cache price it does not list scales with its input price."""
+
+    discount: Decimal = Decimal(0)
+    input: Decimal | None = None
+    cached_input: Decimal | None = None
+    cache_write: Decimal | None = None
+    cache_write_extended: Decimal | None = None
+    output: Decimal | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class ModelPrice:
-    """One model's standard-tier prices in the table's currency per 1M tokens."""
+    """One model's standard-tier prices in the table's currency per 1M tokens, and the rules that change them."""
 
     input: Decimal
     cached_input: Decimal
     output: Decimal
     # Fraction taken off on the Batch API: 0.5 means half price.
     batch_discount: Decimal
-    # An input token written to the prompt cache (Anthropic's 5-minute write); the input price where none is listed.
+    # An input token written to the prompt cache at the provider's default duration (Anthropic 5 minutes, OpenAI
+    # 30 minutes); the input price where none is listed.
     cache_write: Decimal | None = None
-
+    # A write at the longer duration (Anthropic 1 hour, OpenAI 12 hours); the default write's price where none is listed.
+    cache_write_extended: Decimal | None = None
     # Every token of a request whose prompt (cache reads and writes included) is longer than ``long_prompt.above``
-    # tokens is priced at ``long_prompt.price``; None: one price at any length.
+    # tokens is priced at ``long_prompt.price`` (scaled alike on other tiers); None: one price at any length.
     long_prompt: LongPrompt | None = None
+    # Service tiers other than standard, by name ("flex", "priority"...); a tier not listed has no price.
+    tiers: Mapping[str, Tier] = field(default_factory=lambda: MappingProxyType({}))
 
     def __post_init__(self) -> None:
         if self.cache_write is None:
             object.__setattr__(self, "cache_write", self.input)
+        if self.cache_write_extended is None:
+            object.__setattr__(self, "cache_write_extended", self.cache_write)
+
+    @property
+    def rates(self) -> _Prices:
+        return _Prices(self.input, self.cached_input, self.cache_write, self.cache_write_extended,  # type: ignore[arg-type]
+                       self.output)
 
     def for_prompt(self, prompt_tokens: int) -> ModelPrice:
-        """The prices a request with this many prompt tokens pays."""
+        """The standard prices a request with this many prompt tokens pays."""
         long = self.long_prompt
         return long.price if long is not None and prompt_tokens > long.above else self
 
@@ -81,30 +124,98 @@ class ModelLimits:
     max_output_tokens: int | None = None
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelInfo:
+    """What the catalog says about a model besides its prices: what it is, until when it is served, and where and
+    when its figures were read."""
+
+    provider: str | None = None
+    kind: str = "chat"
+    # The day the provider stops serving it; None: no shutdown announced.
+    shutdown: date | None = None
+    replacement: str | None = None
+    aliases: tuple[str, ...] = ()
+    dimensions: int | None = None
+    source: str | None = None
+    prices_as_of: str | None = None
+    # Figures only a secondary source gives: which, and where from.
+    secondary_fields: tuple[str, ...] = ()
+    secondary_source: str | None = None
+    note: str | None = None
+    # Price changes: (the day each takes effect, the prices it sets).
+    changes: tuple[tuple[date, Mapping[str, Decimal]], ...] = ()
+    # From the user's price file.
+    user: bool = False
+
+
+class Charge(NamedTuple):
+    """What one request (or usage summed over requests billed alike) costs, in picodollars."""
+
+    cost: int
+    # The same usage at the standard real-time price: on the Batch API (or flex), what the discount saved is the
+    # difference.
+    list_cost: int
+    # The fraction taken off the list price as decimal text (stored as such): the model's batch discount on the
+    # Batch API ("0.5"), the flex discount on flex, else "0".
+    discount: str
+
+    @property
+    def dollars(self) -> Decimal:
+        return from_pico(self.cost)
+
+    @property
+    def list_dollars(self) -> Decimal:
+        return from_pico(self.list_cost)
+
+
+def from_pico(picodollars: int) -> Decimal:
+    """Dollars, exactly, from a cost in picodollars."""
+    return Decimal(picodollars).scaleb(-12)
+
+
+def billing_tier(service_tier: Any) -> str | None:
+    """The catalog's name for the tier a ``service_tier`` word (an answer's or a request's) bills at; None for
+    the standard tier."""
+    if not isinstance(service_tier, str) or service_tier.strip().lower() in _STANDARD_TIERS:
+        return None
+    word = service_tier.strip().lower()
+    return _TIER_ALIASES.get(word, word)
+
+
 @dataclass(frozen=True, kw_only=True)
 class PriceTable:
-    """Prices and limits by model name; build it with ``PriceTable.load()``."""
+    """Prices, limits and facts by model name, as in effect on ``priced_on``; build it with ``PriceTable.load()``."""
 
     prices_as_of: str
     source: str
     currency: str
     models: Mapping[str, ModelPrice]
     limits: Mapping[str, ModelLimits] = field(default_factory=lambda: MappingProxyType({}))
+    info: Mapping[str, ModelInfo] = field(default_factory=lambda: MappingProxyType({}))
+    # Alias -> the model it names ("gpt-5.6" -> "gpt-5.6-sol").
+    aliases: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     limits_as_of: str | None = None
     limits_source: str | None = None
     # The user's file merged over the bundled table (``load(path=...)``), as given; None for the bundled one.
     prices_file: str | None = None
+    # The day whose prices these are: price changes that take effect later are not in ``models``.
+    priced_on: date | None = None
+    # How each (model, route, tier) is billed, worked out when first priced; a copy (``replace``) starts afresh.
+    _billings: dict[tuple[str, str, str | None], _Billing | None] = field(
+        default_factory=dict, init=False, repr=False, compare=False)
 
     @classmethod
-    def load(cls, *, path: Path | None = None) -> PriceTable:
-        """The bundled table, with the user's file at ``path`` (same format, any subset) on top.
+    def load(cls, *, path: Path | None = None, on: date | None = None) -> PriceTable:
+        """The bundled catalog, with the user's file at ``path`` (same format, any subset) on top, priced as on
+        day ``on`` (default: today, UTC).
 
-        The user's models replace bundled models of the same name, keeping the bundled
-        ``context_window`` and ``max_output_tokens`` unless they give their own; its ``batch_discount``,
+        The user's models replace bundled models of the same name, keeping the bundled facts (``context_window``,
+        ``max_output_tokens``, provider, shutdown...) unless they give their own; its ``batch_discount``,
         ``prices_as_of``, ``source`` and ``limits_*`` replace the bundled ones. Raises ``ConfigError``.
         """
         bundled_text = resources.files("llm_dispatch.core").joinpath("prices.json").read_text(encoding="utf-8")
-        merged = _parse(bundled_text, where="bundled prices.json", complete=True)
+        merged = parse_catalog(bundled_text, where="bundled prices.json", complete=True)
+        user_models: frozenset[str] = frozenset()
         if path is not None:
             where = str(path)
             try:
@@ -113,60 +224,61 @@ class PriceTable:
                 raise ConfigError(f"price file {where}: no such file; give the path of a JSON price table") from exc
             except (OSError, UnicodeDecodeError) as exc:
                 raise ConfigError(f"price file {where}: cannot be read ({exc})") from exc
-            user = _parse(text, where=where, complete=False)
-            for name in ("currency", "unit"):
-                if name in user and user[name] != merged[name]:
-                    raise ConfigError(
-                        f"price file {where}: field '{name}' is {user[name]!r} but prices must be "
-                        f"{merged[name]!r}; convert them or remove the field"
-                    )
-            user_models = user.pop("models", {})
-            for name, entry in user_models.items():
-                # A repriced model still has its window.
-                for key in _LIMIT_FIELDS:
-                    if key not in entry and key in merged["models"].get(name, {}):
-                        entry[key] = merged["models"][name][key]
-            models = {**merged["models"], **user_models}
-            merged.update(user)
-            merged["models"] = models
+            user = parse_catalog(text, where=where, complete=False)
+            user_models = frozenset(user.get("models", {}))
+            merged = merge_catalogs(merged, user, where=where)
+        day = on or datetime.now(UTC).date()
         default_discount = merged["batch_discount"]
-        prices = {
-            name: ModelPrice(
-                input=entry["input"],
-                cached_input=entry.get("cached_input", entry["input"]),
-                cache_write=entry.get("cache_write", entry["input"]),
-                output=entry["output"],
-                batch_discount=entry.get("batch_discount", default_discount),
-                long_prompt=_long_prompt(entry.get("long_prompt"),
-                                         batch_discount=entry.get("batch_discount", default_discount)),
-            )
-            for name, entry in merged["models"].items()
-        }
-        limits = {
-            name: ModelLimits(**{key: entry[key] for key in _LIMIT_FIELDS if key in entry})
-            for name, entry in merged["models"].items()
-            if any(key in entry for key in _LIMIT_FIELDS)
-        }
+        prices, limits, info, aliases = {}, {}, {}, {}
+        # A model whose entry names no provider goes where the built-in rule sends it (claude-* to Anthropic).
+        builtin = provider_lookup()
+        for name, entry in merged["models"].items():
+            prices[name] = _model_price(entry, day=day, default_discount=default_discount)
+            if any(key in entry for key in ("context_window", "max_output_tokens")):
+                limits[name] = ModelLimits(context_window=entry.get("context_window"),
+                                           max_output_tokens=entry.get("max_output_tokens"))
+            info[name] = _model_info(entry, user=name in user_models, provider=entry.get("provider") or builtin(name))
+            for alias in entry.get("aliases", ()):
+                aliases.setdefault(alias, name)
         return cls(
             prices_as_of=merged["prices_as_of"],
             source=merged["source"],
             currency=merged["currency"],
             models=MappingProxyType(prices),
             limits=MappingProxyType(limits),
+            info=MappingProxyType(info),
+            aliases=MappingProxyType(aliases),
             limits_as_of=merged.get("limits_as_of"),
             limits_source=merged.get("limits_source"),
             prices_file=None if path is None else str(path),
+            priced_on=day,
         )
 
+    def model_name(self, model: str) -> str | None:
+        """The table's name for ``model``: itself, the model an alias names, or the model of a dated snapshot."""
+        for name in (model, _SNAPSHOT.sub("", model)):
+            if name in self.models or name in self.info:
+                return name
+            if name in self.aliases:
+                return self.aliases[name]
+        return None
+
     def price_for(self, model: str) -> ModelPrice | None:
-        """The price of ``model``, or of the model a dated snapshot name belongs to; else None."""
-        return _by_model(self.models, model)
+        """The price of ``model`` (see ``model_name``); else None."""
+        name = self.model_name(model)
+        return None if name is None else self.models.get(name)
 
     def limits_for(self, model: str) -> ModelLimits | None:
-        """The context window and maximum reply of ``model`` (or of its dated snapshot's model); else None."""
-        return _by_model(self.limits, model)
+        """The context window and maximum reply of ``model`` (see ``model_name``); else None."""
+        name = self.model_name(model)
+        return None if name is None else self.limits.get(name)
 
-    def cost(
+    def info_for(self, model: str) -> ModelInfo | None:
+        """What the catalog says of ``model`` besides prices (see ``model_name``); else None."""
+        name = self.model_name(model)
+        return None if name is None else self.info.get(name)
+
+    def price(
         self,
         *,
         model: str,
@@ -175,176 +287,156 @@ class PriceTable:
         completion_tokens: int,
         cached_tokens: int = 0,
         cache_creation_tokens: int = 0,
+        cache_creation_extended_tokens: int = 0,
+        service_tier: str | None = None,
         long_prompt: bool | None = None,
-    ) -> Decimal | None:
-        """What a request cost, in ``currency``; None when the model has no price. Cache reads
-        (``cached_tokens``) and writes (``cache_creation_tokens``) are parts of ``prompt_tokens``.
+    ) -> Charge | None:
+        """What a request cost: the one price formula. None when the model (or the tier it was served at) has no
+        price, an unknown cost, never 0.
 
-        A model with a long-prompt price uses it when ``prompt_tokens`` is above its threshold; for usage
-        summed over many requests, ``long_prompt`` says which price they paid instead."""
-        if route not in ROUTES:
-            raise ValueError(f"route {route!r} is unknown; use 'realtime' or 'batch'")
-        for name, count in (("prompt_tokens", prompt_tokens), ("completion_tokens", completion_tokens),
-                            ("cached_tokens", cached_tokens), ("cache_creation_tokens", cache_creation_tokens)):
-            if count < 0:
-                raise ValueError(f"{name} must be >= 0, got {count}")
-        if cached_tokens + cache_creation_tokens > prompt_tokens:
-            both = f" and cache_creation_tokens ({cache_creation_tokens}) together" if cache_creation_tokens else ""
-            raise ValueError(
-                f"cached_tokens ({cached_tokens}){both} cannot exceed prompt_tokens ({prompt_tokens}); "
-                "cached tokens are part of the prompt"
-            )
-        price = self.price_for(model)
-        if price is None:
+        ``cached_tokens`` (cache reads) and ``cache_creation_tokens`` (cache writes, of which
+        ``cache_creation_extended_tokens`` at the longer duration) are parts of ``prompt_tokens``; usage a
+        provider reported beyond that is counted as far as the prompt goes, never refused. ``service_tier`` is the
+        tier the answer reports (or the request asks for); the Batch API has its own rate whatever the tier. A
+        model with a long-prompt price uses it when ``prompt_tokens`` is above its threshold; for usage summed
+        over many requests, ``long_prompt`` says which price they paid instead.
+        """
+        if min(prompt_tokens, completion_tokens, cached_tokens, cache_creation_tokens,
+               cache_creation_extended_tokens) < 0:
+            for name, count in (("prompt_tokens", prompt_tokens), ("completion_tokens", completion_tokens),
+                                ("cached_tokens", cached_tokens), ("cache_creation_tokens", cache_creation_tokens),
+                                ("cache_creation_extended_tokens", cache_creation_extended_tokens)):
+                if count < 0:
+                    raise ValueError(f"{name} must be >= 0, got {count}")
+        tier = None if service_tier is None or route == "batch" else billing_tier(service_tier)
+        key = (model, route, tier)
+        try:
+            billing = self._billings[key]
+        except KeyError:
+            if route not in ROUTES:
+                raise ValueError(f"route {route!r} is unknown; use 'realtime' or 'batch'") from None
+            if len(self._billings) >= _RATES_MEMO:
+                self._billings.clear()
+            billing = self._billings[key] = _billing(self.price_for(model), route=route, tier=tier)
+        if billing is None:
             return None
-        if long_prompt is None:
-            price = price.for_prompt(prompt_tokens)
-        elif long_prompt and price.long_prompt is not None:
-            price = price.long_prompt.price
-        assert price.cache_write is not None
-        total = (
-            (prompt_tokens - cached_tokens - cache_creation_tokens) * price.input
-            + cached_tokens * price.cached_input
-            + cache_creation_tokens * price.cache_write
-            + completion_tokens * price.output
-        ) / PER_TOKENS
-        if route == "batch":
-            total *= 1 - price.batch_discount
-        return total
+        long = prompt_tokens > billing.above if long_prompt is None else long_prompt
+        paid, listed = (billing.long_paid, billing.long_listed) if long else (billing.paid, billing.listed)
+        read = min(cached_tokens, prompt_tokens)
+        written = min(cache_creation_tokens, prompt_tokens - read)
+        extended = min(cache_creation_extended_tokens, written)
+        usage = (prompt_tokens - read - written, read, written - extended, extended, completion_tokens)
+        cost = _charge(paid, usage)
+        return Charge(cost, cost if listed is paid else _charge(listed, usage), billing.discount)
 
 
-def _by_model(table: Mapping[str, Any], model: str) -> Any:
-    """The entry of ``model``, or of the model a dated snapshot name belongs to; else None."""
-    entry = table.get(model)
-    if entry is None:
-        base = _SNAPSHOT.sub("", model)
-        if base != model:
-            entry = table.get(base)
-    return entry
+class _Prices(NamedTuple):
+    """Prices (per 1M tokens) or rates (picodollars per token) of each kind of token, in usage order."""
+
+    input: Any
+    cached_input: Any
+    cache_write: Any
+    cache_write_extended: Any
+    output: Any
 
 
-def _parse(text: str, *, where: str, complete: bool) -> dict[str, Any]:
-    """Validate a price file into plain values; ``complete`` requires every top-level field."""
+class _Billing(NamedTuple):
+    """How one model's requests on one route and tier are billed, in picodollars per token."""
 
-    def bad(field_name: str, problem: str) -> ConfigError:
-        return ConfigError(f"price file {where}: field '{field_name}' {problem}; fix or remove it")
-
-    try:
-        # Decimal straight from the text: 0.075 stays 0.075, not 0.07499999...
-        data = json.loads(text, parse_float=Decimal)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(
-            f"price file {where}: invalid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})"
-        ) from exc
-    if not isinstance(data, dict):
-        raise ConfigError(f"price file {where}: expected a JSON object with a 'models' object, got {type(data).__name__}")
-    unknown = sorted(set(data) - _TOP_FIELDS)
-    if unknown:
-        raise bad(unknown[0], f"is unknown (allowed: {', '.join(sorted(_TOP_FIELDS))})")
-    if complete:
-        missing = sorted(_TOP_FIELDS - set(data))
-        if missing:
-            raise bad(missing[0], "is missing")
-
-    parsed: dict[str, Any] = {}
-    for name in ("source", "currency", "unit", "limits_source"):
-        if name in data:
-            if not isinstance(data[name], str) or not data[name].strip():
-                raise bad(name, "must be a non-empty string")
-            parsed[name] = data[name]
-    for name in ("prices_as_of", "limits_as_of"):
-        if name in data:
-            value = data[name]
-            try:
-                date.fromisoformat(value if isinstance(value, str) else "")
-            except ValueError:
-                raise bad(name, f"must be a date like 2025-08-07, got {_shown(value)}") from None
-            parsed[name] = value
-    if "batch_discount" in data:
-        parsed["batch_discount"] = _discount(data["batch_discount"], field_name="batch_discount", bad=bad)
-    if "models" in data:
-        models = data["models"]
-        if not isinstance(models, dict):
-            raise bad("models", "must be an object of model name -> {input, cached_input, output}")
-        parsed["models"] = {name: _model(name, entry, bad=bad) for name, entry in models.items()}
-    return parsed
+    paid: _Prices
+    listed: _Prices  # the same object as ``paid`` when nothing is taken off or added
+    discount: str
+    # Above this many prompt tokens the ``long_*`` rates apply; a number no prompt exceeds when there are none.
+    above: Any
+    long_paid: _Prices
+    long_listed: _Prices
 
 
-def _model(name: str, entry: Any, *, bad: Any) -> dict[str, Decimal | int]:
-    prefix = f"models.{name}"
-    if not name.strip():
-        raise bad(prefix, "needs a non-empty model name")
-    if not isinstance(entry, dict):
-        raise bad(prefix, "must be an object with 'input' and 'output' prices (and optionally 'cached_input')")
-    unknown = sorted(set(entry) - _MODEL_FIELDS)
-    if unknown:
-        raise bad(f"{prefix}.{unknown[0]}", f"is unknown (allowed: {', '.join(sorted(_MODEL_FIELDS))})")
-    parsed: dict[str, Decimal | int] = _prices(entry, prefix=prefix, bad=bad)
-    if "batch_discount" in entry:
-        parsed["batch_discount"] = _discount(entry["batch_discount"], field_name=f"{prefix}.batch_discount", bad=bad)
-    # A model priced from another page than the table's: where and when, kept in the file for the reader.
-    for key in ("prices_as_of", "source"):
-        if key in entry and (not isinstance(entry[key], str) or not entry[key].strip()):
-            raise bad(f"{prefix}.{key}", "must be a non-empty string")
-    for key in _LIMIT_FIELDS:
-        if key in entry:
-            parsed[key] = _tokens(entry[key], field_name=f"{prefix}.{key}", bad=bad)
-    if "long_prompt" in entry:
-        parsed["long_prompt"] = _long_prompt_entry(entry["long_prompt"], prefix=f"{prefix}.long_prompt", bad=bad)
-    return parsed
+def _charge(rates: _Prices, usage: tuple[int, int, int, int, int]) -> int:
+    """The formula: each kind of token (uncached input, cache reads, default and extended cache writes, output)
+    times its rate; a rate finer than a picodollar rounds half-even once per charge."""
+    total = (usage[0] * rates[0] + usage[1] * rates[1] + usage[2] * rates[2] + usage[3] * rates[3]
+             + usage[4] * rates[4])
+    return total if type(total) is int else int(total.to_integral_value())
 
 
-def _tokens(value: Any, *, field_name: str, bad: Any) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise bad(field_name, f"must be a whole number of tokens >= 1, got {_shown(value)}")
-    return value
-
-
-def _long_prompt_entry(entry: Any, *, prefix: str, bad: Any) -> dict[str, Decimal | int]:
-    if not isinstance(entry, dict):
-        raise bad(prefix, "must be an object: {\"above\": tokens, \"input\": ..., \"output\": ...}")
-    unknown = sorted(set(entry) - _LONG_PROMPT_FIELDS)
-    if unknown:
-        raise bad(f"{prefix}.{unknown[0]}", f"is unknown (allowed: {', '.join(sorted(_LONG_PROMPT_FIELDS))})")
-    if "above" not in entry:
-        raise bad(f"{prefix}.above", "is missing (the prompt length in tokens above which these prices apply)")
-    return {"above": _tokens(entry["above"], field_name=f"{prefix}.above", bad=bad), **_prices(entry, prefix=prefix, bad=bad)}
-
-
-def _prices(entry: Mapping[str, Any], *, prefix: str, bad: Any) -> dict[str, Decimal | int]:
-    """The price fields of an entry, checked; a missing cache price is left out (cache tokens cost what input does)."""
-    parsed: dict[str, Decimal | int] = {}
-    for key in _PRICE_FIELDS:
-        if key not in entry:
-            if key in ("cached_input", "cache_write"):
-                continue
-            raise bad(f"{prefix}.{key}", "is missing (a price per 1M tokens)")
-        value = entry[key]
-        if not _is_number(value) or value < 0:
-            raise bad(f"{prefix}.{key}", f"must be a number >= 0 (price per 1M tokens), got {_shown(value)}")
-        parsed[key] = Decimal(value)
-    return parsed
-
-
-def _long_prompt(entry: Mapping[str, Any] | None, *, batch_discount: Decimal) -> LongPrompt | None:
-    if entry is None:
+def _billing(price: ModelPrice | None, *, route: str, tier: str | None) -> _Billing | None:
+    if price is None:
         return None
-    price = ModelPrice(input=entry["input"], cached_input=entry.get("cached_input", entry["input"]),
-                       cache_write=entry.get("cache_write", entry["input"]), output=entry["output"],
-                       batch_discount=batch_discount)
-    return LongPrompt(above=entry["above"], price=price)
+    standard = price.rates
+    long = price.long_prompt
+    long_standard = long.price.rates if long is not None else standard
+    if route == "batch":
+        keep, discount, base, long_base = 1 - price.batch_discount, price.batch_discount, standard, long_standard
+    elif tier is None:
+        keep, discount, base, long_base = Decimal(1), Decimal(0), standard, long_standard
+    else:
+        found = price.tiers.get(tier)
+        if found is None:
+            return None
+        keep, discount = 1 - found.discount, found.discount
+        base = standard if found.input is None else _tier_prices(found, standard)
+        long_base = long_standard if found.input is None else _Prices(*(
+            at * (longer / plain) if plain else longer for at, longer, plain in zip(base, long_standard, standard)))
+    paid, listed = _rates(base, keep), _rates(standard, Decimal(1))
+    long_paid, long_listed = _rates(long_base, keep), _rates(long_standard, Decimal(1))
+    if paid == listed:
+        paid = listed
+    if long_paid == long_listed:
+        long_paid = long_listed
+    return _Billing(paid, listed, "0" if not discount else str(discount),
+                    long.above if long is not None else float("inf"), long_paid, long_listed)
 
 
-def _discount(value: Any, *, field_name: str, bad: Any) -> Decimal:
-    if not _is_number(value) or not 0 <= value <= 1:
-        raise bad(field_name, f"must be a fraction from 0 to 1 (0.5 = half price), got {_shown(value)}")
-    return Decimal(value)
+def _tier_prices(tier: Tier, standard: _Prices) -> _Prices:
+    """A tier's own prices; a cache price it does not list is the standard one scaled by the tier's input price."""
+    assert tier.input is not None and tier.output is not None
+    scale = tier.input / standard.input if standard.input else Decimal(1)
+    cached = tier.cached_input if tier.cached_input is not None else standard.cached_input * scale
+    write = tier.cache_write if tier.cache_write is not None else standard.cache_write * scale
+    extended = (tier.cache_write_extended if tier.cache_write_extended is not None
+                else standard.cache_write_extended * scale)
+    return _Prices(tier.input, cached, write, extended, tier.output)
 
 
-def _is_number(value: Any) -> bool:
-    # JSON floats arrive as Decimal (parse_float); NaN and Infinity arrive as float and are refused.
-    return isinstance(value, (int, Decimal)) and not isinstance(value, bool)
+def _rates(prices: _Prices, keep: Decimal) -> _Prices:
+    return _Prices(*(_per_token(value * keep) for value in prices))
 
 
-def _shown(value: Any) -> str:
-    return str(value) if _is_number(value) else json.dumps(value, default=str)
+def _per_token(price_per_million: Decimal) -> int | Decimal:
+    rate = price_per_million * _PICO_PER_TOKEN
+    return int(rate) if rate == rate.to_integral_value() else rate
+
+
+def _model_price(entry: Mapping[str, Any], *, day: date, default_discount: Decimal) -> ModelPrice:
+    discount = entry.get("batch_discount", default_discount)
+    now = prices_on(entry, day)
+    long = entry.get("long_prompt")
+    tiers = {name: Tier(**tier) for name, tier in entry.get("tiers", {}).items()}
+    return ModelPrice(
+        **_price_fields(now), batch_discount=discount,
+        long_prompt=None if long is None else LongPrompt(
+            above=long["above"], price=ModelPrice(**_price_fields(long), batch_discount=discount)),
+        tiers=MappingProxyType(tiers),
+    )
+
+
+def _price_fields(entry: Mapping[str, Any]) -> dict[str, Decimal | None]:
+    return {"input": entry["input"], "cached_input": entry.get("cached_input", entry["input"]),
+            "cache_write": entry.get("cache_write"), "cache_write_extended": entry.get("cache_write_extended"),
+            "output": entry["output"]}
+
+
+def _model_info(entry: Mapping[str, Any], *, user: bool, provider: str) -> ModelInfo:
+    secondary = entry.get("secondary") or {}
+    return ModelInfo(
+        provider=provider, kind=entry.get("kind", "chat"), shutdown=entry.get("shutdown"),
+        replacement=entry.get("replacement"), aliases=tuple(entry.get("aliases", ())),
+        dimensions=entry.get("dimensions"), source=entry.get("source"), prices_as_of=entry.get("prices_as_of"),
+        secondary_fields=tuple(secondary.get("fields", ())), secondary_source=secondary.get("source"),
+        note=entry.get("note"), user=user,
+        changes=tuple((change["effective"], MappingProxyType({key: change[key] for key in PRICE_FIELDS
+                                                              if key in change}))
+                      for change in entry.get("changes", ())),
+    )
+

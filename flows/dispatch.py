@@ -100,7 +100,7 @@ async def run_dispatch(
     started = time.monotonic()
     settings = await prepare(settings, logger=logger, tag_limit=True)
     async with open_run(settings) as run:
-        table = run.pricer.table
+        table = run.prices
         job = await record_prompts(source=quote(source), job_id=job_id, settings=settings, sessions=run.sessions,
                                    rules=routing_rules(settings))
         run.clients.require(job.providers)  # a missing key stops the run here, before anything is sent

@@ -90,7 +90,7 @@ async def send_realtime(
     begun = time.monotonic()
     started = begun if started is None else started
     progress = current_progress.get()
-    async with storage.ResultWriter(run.sessions, job_id=job.job_id, pricer=run.pricer) as writer:
+    async with storage.ResultWriter(run.sessions, job_id=job.job_id, prices=run.prices) as writer:
         board = ProgressBoard(job_id=job.job_id, logger=logger)
         sender = ChunkSender(
             send=chunk_sender(tag=settings.concurrency_tag), client=run.clients, writer=writer, sessions=run.sessions,

@@ -135,7 +135,7 @@ async def ingest_batch(
     async def store_answers() -> None:
         # Answers go in bulk (thousands a transaction), priced as the writer prices; the rarer failures through it.
         await storage.store_batch_answers(sessions, job_id=record.job_id, answers=answers, model=record.model,
-                                          pricer=writer.pricer, latency_s=latency_s)
+                                          prices=writer.prices, latency_s=latency_s)
         outcome.succeeded += sum(len(ids) for ids, _ in answers)
         answers.clear()
 

@@ -12,7 +12,7 @@ import httpx
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from llm_dispatch import storage
-from llm_dispatch.core import PriceTable, RowPricer, Settings
+from llm_dispatch.core import PriceTable, Settings
 
 from ._clients import Clients
 
@@ -27,8 +27,8 @@ class JobRun:
     sessions: Sessions
     clients: Clients
     # The bundled prices with ``settings.prices_file`` over them: every answer of the run is stored
-    # with its cost under these (``pricer.table``), for every result writer of the run.
-    pricer: RowPricer
+    # with its cost under these, for every result writer of the run.
+    prices: PriceTable
 
 
 def load_prices(settings: Settings) -> PriceTable:
@@ -44,10 +44,10 @@ async def open_run(
 
     There is one client per provider the run sends to, made when first needed. The price table is read first: a bad price file stops the run before it opens anything.
     """
-    pricer = RowPricer(load_prices(settings))
+    prices = load_prices(settings)
     async with storage.open_database(settings.database_url, migrate=migrate) as sessions:
         clients = Clients(settings=settings, transport=transport)
         try:
-            yield JobRun(settings=settings, sessions=sessions, clients=clients, pricer=pricer)
+            yield JobRun(settings=settings, sessions=sessions, clients=clients, prices=prices)
         finally:
             await clients.aclose()

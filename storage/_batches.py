@@ -15,7 +15,7 @@ from typing import Any, Final
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from llm_dispatch.core import BatchConflictError, ChatResult, RowPricer, UnknownBatchError
+from llm_dispatch.core import BatchConflictError, ChatResult, PriceTable, UnknownBatchError
 
 from ._bulk import IN_CHUNK, INSERT_BATCH, chunks
 from ._models import Batch, BatchMember, Prompt, aware, utcnow
@@ -269,7 +269,7 @@ async def store_batch_answers(
     job_id: str,
     answers: Sequence[tuple[Sequence[int], ChatResult]],
     model: str,
-    pricer: RowPricer | None,
+    prices: PriceTable | None,
     latency_s: float | None = None,
 ) -> int:
     """Store answered batch lines in one transaction; returns the result rows written.
@@ -277,14 +277,14 @@ async def store_batch_answers(
     The bulk path of ingest, for tens of thousands of answers at once, where the ``ResultWriter``
     would cut them into small transactions. Rows are made and written as the writer's are (route
     ``batch`` for a line's first prompt, ``reused`` for the others sharing it), each paid line priced by
-    ``pricer`` as a Batch API request to the batch's ``model`` (None: costs unknown). Only prompts still
+    ``prices`` as a Batch API request to the batch's ``model`` (None: costs unknown). Only prompts still
     ``batched`` change, so storing the same output twice leaves the first answers in place (callers
     pass only members still waiting: see ``batch_members(waiting_only=True)``).
     """
     if not answers:
         return 0
     now = utcnow()
-    rows = answer_rows(answers, route="batch", now=now, latency_s=latency_s, ledger=RowLedger(pricer), model=model)
+    rows = answer_rows(answers, route="batch", now=now, latency_s=latency_s, ledger=RowLedger(prices), model=model)
     async with sessions.begin() as session:
         await write_results(await session.connection(), rows, job_ids=job_id, now=now, only_if="batched")
     return len(rows)

@@ -13,7 +13,7 @@ from typing import Final, NamedTuple
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from llm_dispatch.core import ChatResult, RowPricer
+from llm_dispatch.core import ChatResult, PriceTable
 
 from ._bulk import bind_processor, bind_value, placeholders
 from ._models import Prompt, Result
@@ -107,34 +107,33 @@ class RowLedger:
 
     Each is a ``LedgerValues``, which the row builders put into a row as they are. Only the row that paid
     (``shares``) costs anything; a reused answer or a failed call costs 0 whatever the prices, so those rows
-    are priced without a table too. A paid row's values depend on its model, route and token counts alone,
-    so each such usage is priced once.
+    are priced without a table too. A paid row's values depend on its model, route and usage alone, so each
+    such usage is priced once (``PriceTable.price``, the one formula).
     """
 
-    __slots__ = ("_priced", "free", "pricer", "stamp", "unknown")
+    __slots__ = ("_priced", "free", "prices", "stamp", "unknown")
 
-    def __init__(self, pricer: RowPricer | None) -> None:
-        self.pricer = pricer
-        table = None if pricer is None else pricer.table
+    def __init__(self, prices: PriceTable | None) -> None:
+        self.prices = prices
         self.stamp: tuple[str | None, str | None, str] = (
-            (None, None, "answer") if table is None else (table.prices_as_of, table.prices_file, "answer"))
+            (None, None, "answer") if prices is None else (prices.prices_as_of, prices.prices_file, "answer"))
         self.free: LedgerValues = (0, 0, None, *self.stamp)
         # No table: the cost is unknown, and so is when it would have been worked out.
-        self.unknown: LedgerValues = (None, None, None, *self.stamp) if table is not None else (None,) * 6
+        self.unknown: LedgerValues = (None, None, None, *self.stamp) if prices is not None else (None,) * 6
         self._priced: dict[tuple[str, str, int, int, int, int], LedgerValues] = {}
 
     def paid(self, result: ChatResult, *, model: str | None, route: Route) -> LedgerValues:
-        if self.pricer is None:
+        if self.prices is None:
             return self.unknown
         usage = (model or result.model or "", route, result.prompt_tokens, result.completion_tokens,
                  result.cached_tokens, result.cache_creation_tokens)
         values = self._priced.get(usage)
         if values is None:
-            cost = self.pricer.price(model=usage[0], route=route, prompt_tokens=usage[2],  # type: ignore[arg-type]
-                                     completion_tokens=usage[3], cached_tokens=usage[4],
-                                     cache_creation_tokens=usage[5])
-            # A model with no price: unknown, never 0. Else cost, list cost, discount (RowCost's order), the stamp.
-            values = self.unknown if cost is None else (*cost, *self.stamp)
+            charge = self.prices.price(model=usage[0], route=route, prompt_tokens=usage[2],  # type: ignore[arg-type]
+                                       completion_tokens=usage[3], cached_tokens=usage[4],
+                                       cache_creation_tokens=usage[5])
+            # A model with no price: unknown, never 0. Else cost, list cost, discount (Charge's order), the stamp.
+            values = self.unknown if charge is None else (*charge, *self.stamp)
             if len(self._priced) >= _PRICED_MEMO:
                 self._priced.clear()
             self._priced[usage] = values

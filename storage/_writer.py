@@ -13,7 +13,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from llm_dispatch.core import ChatResult, RowPricer
+from llm_dispatch.core import ChatResult, PriceTable
 
 from ._bulk import IN_CHUNK, chunks
 from ._models import Prompt, utcnow
@@ -50,7 +50,7 @@ class ResultWriter:
     their prompts together. A batch that fails twice is raised (to the next caller and on
     exit) and its rows stay buffered; nothing is dropped silently.
 
-    ``job_id``, when every result belongs to one job, saves looking it up per batch. ``pricer`` (the
+    ``job_id``, when every result belongs to one job, saves looking it up per batch. ``prices`` (the
     run's price table) prices each answer as it is stored; without it their costs are unknown (NULL).
     """
 
@@ -61,7 +61,7 @@ class ResultWriter:
         flush_rows: int = DEFAULT_FLUSH_ROWS,
         flush_interval: float = DEFAULT_FLUSH_INTERVAL,
         job_id: str | None = None,
-        pricer: RowPricer | None = None,
+        prices: PriceTable | None = None,
     ) -> None:
         if flush_rows < 1 or flush_interval <= 0:
             raise ValueError("flush_rows must be >= 1 and flush_interval > 0")
@@ -70,7 +70,7 @@ class ResultWriter:
         self._flush_interval = flush_interval
         self._max_buffered = BACKPRESSURE_FACTOR * flush_rows
         self._job_id = job_id
-        self._ledger = RowLedger(pricer)
+        self._ledger = RowLedger(prices)
         self._buffer: deque[_Buffered] = deque()
         self._lock = asyncio.Lock()  # one batch written at a time, in arrival order
         self._wake = asyncio.Event()
@@ -85,9 +85,9 @@ class ResultWriter:
         self.flushes = 0
 
     @property
-    def pricer(self) -> RowPricer | None:
+    def prices(self) -> PriceTable | None:
         """The price table the rows are priced with, for a bulk path writing beside this writer."""
-        return self._ledger.pricer
+        return self._ledger.prices
 
     @property
     def pending_rows(self) -> int:

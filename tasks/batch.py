@@ -23,7 +23,7 @@ async def submit_batches(
     """Write, record, upload and create the batches for the job's open batch-routed prompts (``size`` of
     them when counted; failed ones as ``retry_failed`` says), reading them a page at a time."""
     settings = run.settings
-    async with storage.ResultWriter(run.sessions, job_id=job_id, pricer=run.pricer) as writer:
+    async with storage.ResultWriter(run.sessions, job_id=job_id, prices=run.prices) as writer:
         return await jobs.submit_prompts(
             sessions=run.sessions, clients=run.clients, writer=writer, job_id=job_id, retry_failed=retry_failed,
             directory=Path(settings.batch_dir), dedupe=settings.dedupe,
@@ -52,7 +52,7 @@ async def ingest_batch(*, run: JobRun, batch_id: int) -> IngestOutcome:
     record = await storage.require_batch(run.sessions, batch_id=batch_id)
     settings = run.settings
     async with storage.ResultWriter(run.sessions, job_id=record.job_id, flush_rows=INGEST_FLUSH_ROWS,
-                                    pricer=run.pricer) as writer:
+                                    prices=run.prices) as writer:
         return await jobs.ingest_batch(
             sessions=run.sessions, clients=run.clients, writer=writer, record=record,
             directory=Path(settings.batch_dir), max_submissions=settings.batch_max_submissions,

@@ -14,11 +14,11 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from llm_dispatch import storage
 from conftest import BatchEnv, Sim
 from llm_dispatch.jobs import IngestOutcome, advance_submission, cancel_batches, ingest_batch, submit_prompts
-from llm_dispatch.core import LLMClient, PriceTable, RowPricer, dedupe_key
+from llm_dispatch.core import LLMClient, PriceTable, dedupe_key
 
 Sessions = async_sessionmaker[AsyncSession]
 MODEL = "claude-haiku-4-5"
-PRICER = RowPricer(PriceTable.load())
+PRICES = PriceTable.load()
 
 
 @dataclass
@@ -39,14 +39,14 @@ class Env(BatchEnv):
         return job_id, await storage.open_prompt_ids(self.sessions, job_id=job_id)
 
     async def submit(self, job_id: str, **options: object) -> list[int]:
-        async with storage.ResultWriter(self.sessions, job_id=job_id, pricer=PRICER) as writer:
+        async with storage.ResultWriter(self.sessions, job_id=job_id, prices=PRICES) as writer:
             outcome = await submit_prompts(sessions=self.sessions, clients=self.clients, writer=writer, job_id=job_id,
                                            directory=self.directory, **options)  # type: ignore[arg-type]
         return outcome.batch_ids
 
     async def finish(self, batch_id: int, *, max_submissions: int = 3) -> IngestOutcome:
         record = await self.poll(batch_id)
-        async with storage.ResultWriter(self.sessions, job_id=record.job_id, pricer=PRICER) as writer:
+        async with storage.ResultWriter(self.sessions, job_id=record.job_id, prices=PRICES) as writer:
             return await ingest_batch(sessions=self.sessions, clients=self.clients, writer=writer, record=record,
                                       directory=self.directory, max_submissions=max_submissions)
 

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from llm_dispatch import storage
 from llm_dispatch.cli.main import app
-from llm_dispatch.core import PriceTable, RowPricer
+from llm_dispatch.core import PriceTable
 from llm_dispatch.core._types import ChatResult, dedupe_key
 from conftest import Sim
 
@@ -149,7 +149,7 @@ async def _answered_job(url: str) -> str:
                 planned_route="realtime", route_reason="test"))
         await storage.add_prompts(sessions, job_id=job_id, prompts=prompts)
         first = (await storage.open_prompt_ids(sessions, job_id=job_id))[0]
-        async with storage.ResultWriter(sessions, job_id=job_id, pricer=RowPricer(PriceTable.load())) as writer:
+        async with storage.ResultWriter(sessions, job_id=job_id, prices=PriceTable.load()) as writer:
             await writer.success(prompt_ids=[first], model="gpt-4o-mini", result=ChatResult(
                 text="Canberra", finish_reason="stop", prompt_tokens=12, completion_tokens=3, cached_tokens=0,
                 model="gpt-4o-mini-2024-07-18", response_id="r-1", latency_s=0.1, attempts=1))

@@ -10,7 +10,6 @@ from decimal import Decimal
 import pytest
 
 from llm_dispatch import storage
-from llm_dispatch.core import RowPricer
 from llm_dispatch.core._pricing import ModelPrice, PriceTable
 from llm_dispatch.core._tokens import estimate_prompt_tokens
 from llm_dispatch.core._types import ChatResult, dedupe_key
@@ -56,7 +55,7 @@ def doubled(table: PriceTable) -> PriceTable:
 async def answered_job(sessions, table: PriceTable) -> tuple[str, list[int]]:
     job_id, ids = await job(sessions, [("gpt-4o-mini", "realtime", "a"), ("gpt-4o-mini", "batch", "b"),
                                        ("gpt-4o-mini", "batch", "b"), ("mystery-model", "realtime", "c")])
-    async with storage.ResultWriter(sessions, job_id=job_id, pricer=RowPricer(table)) as writer:
+    async with storage.ResultWriter(sessions, job_id=job_id, prices=table) as writer:
         await writer.success(prompt_ids=[ids[0]], result=answer(M, M // 2, cached=200_000), model="gpt-4o-mini")
         # One batch line answered two identical prompts: paid once.
         await writer.success(prompt_ids=[ids[1], ids[2]], result=answer(M, M // 2, cached=200_000), route="batch",

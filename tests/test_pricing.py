@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from llm_dispatch.core import PICO_PER_USD, ChatRequest, ConfigError, RowCost, RowPricer, from_pico
+from llm_dispatch.core import PICO_PER_USD, ChatRequest, Charge, ConfigError, from_pico
 from llm_dispatch.core._costs import CostEstimate, CostTotals, estimate_request_cost, expected_reply_tokens
 from llm_dispatch.core._pricing import ModelLimits, ModelPrice, PriceTable
 from llm_dispatch.core._tokens import estimate_prompt_tokens
@@ -21,6 +21,12 @@ M = 1_000_000
 @pytest.fixture(scope="module")
 def table() -> PriceTable:
     return PriceTable.load()
+
+
+def dollars(table: PriceTable, **usage: Any) -> Decimal | None:
+    """What the one formula charges for ``usage``, in dollars."""
+    charge = table.price(**usage)
+    return None if charge is None else charge.dollars
 
 
 def write_prices(tmp_path: Path, data: Any) -> Path:
@@ -80,15 +86,15 @@ def test_user_file_adds_windows_and_a_repriced_model_keeps_its_own(tmp_path: Pat
 )
 def test_cost_matches_hand_computed_table(table: PriceTable, model: str, route: str, prompt: int, cached: int,
                                           completion: int, expected: str) -> None:
-    cost = table.cost(model=model, route=route, prompt_tokens=prompt, cached_tokens=cached,  # type: ignore[arg-type]
-                      completion_tokens=completion)
+    cost = dollars(table, model=model, route=route, prompt_tokens=prompt, cached_tokens=cached,
+                   completion_tokens=completion)
     assert cost == Decimal(expected)
     assert isinstance(cost, Decimal)
 
 
 def test_unknown_model_has_no_cost_not_zero(table: PriceTable) -> None:
     assert table.price_for("my-finetune") is None
-    assert table.cost(model="my-finetune", route="realtime", prompt_tokens=10, completion_tokens=10) is None
+    assert table.price(model="my-finetune", route="realtime", prompt_tokens=10, completion_tokens=10) is None
 
 
 @pytest.mark.parametrize(
@@ -108,7 +114,6 @@ def test_snapshot_of_an_unknown_model_is_unknown(table: PriceTable) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"prompt_tokens": 10, "cached_tokens": 11}, r"cached_tokens \(11\) cannot exceed prompt_tokens \(10\)"),
         ({"prompt_tokens": -1}, "prompt_tokens must be >= 0, got -1"),
         ({"completion_tokens": -1}, "completion_tokens must be >= 0"),
         ({"cached_tokens": -1}, "cached_tokens must be >= 0"),
@@ -119,7 +124,7 @@ def test_impossible_usage_is_refused(table: PriceTable, kwargs: dict[str, Any], 
     usage: dict[str, Any] = {"model": "gpt-4o", "route": "realtime", "prompt_tokens": 10, "completion_tokens": 0,
                              **kwargs}
     with pytest.raises(ValueError, match=message):
-        table.cost(**usage)
+        table.price(**usage)
 
 
 def test_user_file_overrides_and_adds_models(tmp_path: Path) -> None:
@@ -134,14 +139,14 @@ def test_user_file_overrides_and_adds_models(tmp_path: Path) -> None:
     table = PriceTable.load(path=path)
     assert table.prices_as_of == "2025-09-01" and table.currency == "USD"
     # Overridden model, user's global discount: (2 + 8) * 0.75.
-    assert table.cost(model="gpt-4o", route="batch", prompt_tokens=M, completion_tokens=M) == Decimal("7.5")
+    assert dollars(table, model="gpt-4o", route="batch", prompt_tokens=M, completion_tokens=M) == Decimal("7.5")
     # New model without cached_input: cached tokens cost the input price; its own discount of 0.
-    assert table.cost(model="my-finetune", route="batch", prompt_tokens=M, cached_tokens=M,
-                      completion_tokens=0) == Decimal(3)
+    assert dollars(table, model="my-finetune", route="batch", prompt_tokens=M, cached_tokens=M,
+                   completion_tokens=0) == Decimal(3)
     # Untouched bundled model picks up the user's global discount.
-    assert table.cost(model="gpt-4o-mini", route="batch", prompt_tokens=M, completion_tokens=0) == Decimal("0.1125")
+    assert dollars(table, model="gpt-4o-mini", route="batch", prompt_tokens=M, completion_tokens=0) == Decimal("0.1125")
     # The bundled table itself is unchanged.
-    assert PriceTable.load().cost(model="gpt-4o", route="batch", prompt_tokens=M, completion_tokens=M) == Decimal("6.25")
+    assert dollars(PriceTable.load(), model="gpt-4o", route="batch", prompt_tokens=M, completion_tokens=M) == Decimal("6.25")
 
 
 @pytest.mark.parametrize(
@@ -273,21 +278,32 @@ def test_totals_track_known_cost_unpriced_models_and_savings(table: PriceTable) 
     assert totals.savings == Decimal("7.7175")
 
 
-def test_row_pricer_stores_whole_picodollars_with_the_discount_and_list_price() -> None:
+def test_the_formula_stores_whole_picodollars_with_the_discount_and_list_price() -> None:
     table = PriceTable.load()
-    pricer = RowPricer(table)
     # gpt-5-nano's cached input on the Batch API is 2.5 nanodollars a token: whole picodollars, exact.
-    batch = pricer.price(model="gpt-5-nano-2025-08-07", route="batch", prompt_tokens=3, completion_tokens=1,
-                         cached_tokens=3)
-    assert batch == RowCost(cost=7_500 + 200_000, list_cost=15_000 + 400_000, discount="0.5")
-    assert PICO_PER_USD * table.cost(model="gpt-5-nano", route="batch", prompt_tokens=3, completion_tokens=1,
-                                     cached_tokens=3) == batch.cost
-    realtime = pricer.price(model="gpt-4o-mini", route="realtime", prompt_tokens=10, completion_tokens=5)
-    assert realtime == RowCost(cost=4_500_000, list_cost=4_500_000, discount="0")
-    assert pricer.price(model="mystery", route="realtime", prompt_tokens=1, completion_tokens=1) is None
+    batch = table.price(model="gpt-5-nano-2025-08-07", route="batch", prompt_tokens=3, completion_tokens=1,
+                        cached_tokens=3)
+    assert batch == Charge(cost=7_500 + 200_000, list_cost=15_000 + 400_000, discount="0.5")
+    assert batch.dollars * PICO_PER_USD == batch.cost
+    realtime = table.price(model="gpt-4o-mini", route="realtime", prompt_tokens=10, completion_tokens=5)
+    assert realtime == Charge(cost=4_500_000, list_cost=4_500_000, discount="0")
+    assert table.price(model="mystery", route="realtime", prompt_tokens=1, completion_tokens=1) is None
 
-    # A price finer than a picodollar a token is rounded half-even per row, not truncated.
+    # A price finer than a picodollar a token is rounded half-even per charge, not truncated.
     fine = replace(table, models={"m": ModelPrice(input=Decimal("0.0000005"), cached_input=Decimal(0),
                                                   output=Decimal(0), batch_discount=Decimal("0.5"))})
-    assert RowPricer(fine).price(model="m", route="realtime", prompt_tokens=3, completion_tokens=0).cost == 2
+    assert fine.price(model="m", route="realtime", prompt_tokens=3, completion_tokens=0).cost == 2
     assert from_pico(1_387_500) == Decimal("0.0000013875")
+
+
+def test_cache_use_a_provider_reports_beyond_the_prompt_is_counted_as_far_as_the_prompt_goes() -> None:
+    # Usage the ledger stores is never refused when repriced: reads past the prompt count as the whole prompt
+    # read, writes past what is left as the rest written.
+    table = PriceTable.load()
+    over = table.price(model="gpt-4o-mini", route="realtime", prompt_tokens=10, cached_tokens=11, completion_tokens=0)
+    assert over == table.price(model="gpt-4o-mini", route="realtime", prompt_tokens=10, cached_tokens=10,
+                               completion_tokens=0)
+    assert over.cost == 10 * 75_000
+    both = table.price(model="claude-haiku-4-5", route="realtime", prompt_tokens=10, completion_tokens=0,
+                       cached_tokens=6, cache_creation_tokens=6)
+    assert both.cost == 6 * 100_000 + 4 * 1_250_000

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from llm_dispatch.core import (ChatRequest, ChatResult, ConfigError, CostTotals, PriceTable, RowPricer, estimate_request_cost,
+from llm_dispatch.core import (ChatRequest, ChatResult, ConfigError, CostTotals, PriceTable, estimate_request_cost,
                           from_pico)
 
 
@@ -53,20 +53,12 @@ def test_cache_reads_and_writes_are_priced_apart_and_batch_is_half(table: PriceT
              "cache_creation_tokens": 300_000}
     # claude-haiku-4-5: 500k uncached at $1, 200k read at $0.10, 300k written at $1.25, 100k out at $5.
     expected = Decimal("0.5") + Decimal("0.02") + Decimal("0.375") + Decimal("0.5")
-    assert table.cost(model="claude-haiku-4-5", route="realtime", **usage) == expected
-    assert table.cost(model="claude-haiku-4-5", route="batch", **usage) == expected / 2
-    pricer = RowPricer(table)
-    row = pricer.price(model="claude-haiku-4-5-20251001", route="batch", **usage)
+    assert table.price(model="claude-haiku-4-5", route="realtime", **usage).dollars == expected
+    row = table.price(model="claude-haiku-4-5-20251001", route="batch", **usage)
     assert row is not None
     assert from_pico(row.cost) == expected / 2 and from_pico(row.list_cost) == expected and row.discount == "0.5"
-    plain = pricer.price(model="gpt-4o-mini", route="realtime", prompt_tokens=10, completion_tokens=1)
+    plain = table.price(model="gpt-4o-mini", route="realtime", prompt_tokens=10, completion_tokens=1)
     assert plain is not None and plain.cost == plain.list_cost
-
-
-def test_cache_tokens_cannot_exceed_the_prompt(table: PriceTable) -> None:
-    with pytest.raises(ValueError, match="cache_creation_tokens"):
-        table.cost(model="claude-haiku-4-5", route="realtime", prompt_tokens=10, completion_tokens=0,
-                   cached_tokens=6, cache_creation_tokens=6)
 
 
 def test_a_haiku_5_5_prompt_over_100k_tokens_pays_5x_on_every_token(table: PriceTable) -> None:
@@ -80,14 +72,10 @@ def test_a_haiku_5_5_prompt_over_100k_tokens_pays_5x_on_every_token(table: Price
           + 10_000 * Decimal("0.50")) / 1_000_000
     over = (50_001 * Decimal("0.50") + 20_000 * Decimal("0.05") + 30_000 * Decimal("0.625")
             + 10_000 * Decimal("2.50")) / 1_000_000
-    assert table.cost(model="claude-haiku-5-5", route="realtime", **usage(100_000)) == at
-    assert table.cost(model="claude-haiku-5-5", route="realtime", **usage(100_001)) == over
-    assert table.cost(model="claude-haiku-5-5", route="batch", **usage(100_001)) == over / 2
-    # The ledger's per-row pricer agrees on both sides of the line, on both routes.
-    pricer = RowPricer(table)
+    # Both sides of the line, on both routes: the cost, and the list cost (real-time) beside it.
     for prompt, expected in ((100_000, at), (100_001, over)):
         for route, paid in (("realtime", expected), ("batch", expected / 2)):
-            row = pricer.price(model="claude-haiku-5-5", route=route, **usage(prompt))
+            row = table.price(model="claude-haiku-5-5", route=route, **usage(prompt))
             assert row is not None and (from_pico(row.cost), from_pico(row.list_cost)) == (paid, expected), (prompt, route)
 
 
@@ -139,7 +127,7 @@ async def test_reprice_prices_each_request_at_its_own_length(tmp_path: Path) -> 
                               messages=[{"role": "user", "content": f"q{i}"}], params={}, dedupe_key=f"{i:064d}",
                               planned_route="realtime", route_reason="test") for i in range(3)])
         ids = await storage.open_prompt_ids(sessions, job_id=job_id)
-        async with storage.ResultWriter(sessions, job_id=job_id, pricer=RowPricer(table)) as writer:
+        async with storage.ResultWriter(sessions, job_id=job_id, prices=table) as writer:
             for pid, prompt in zip(ids, (60_000, 70_000, 150_000), strict=True):
                 await writer.success(prompt_ids=[pid], result=ChatResult(
                     text="a", finish_reason="end_turn", prompt_tokens=prompt, completion_tokens=1_000, cached_tokens=0,
@@ -153,3 +141,29 @@ async def test_reprice_prices_each_request_at_its_own_length(tmp_path: Path) -> 
     [row] = again.rows
     assert (row.requests, row.prompt_tokens) == (3, 280_000)
     assert row.stored == row.repriced == expected and row.difference == 0
+
+
+def test_the_worst_case_writes_the_prompt_to_the_cache_only_where_the_request_can(table: PriceTable) -> None:
+    from llm_dispatch.core import worst_case_cost
+    from llm_dispatch.core._tokens import estimate_input_tokens
+
+    plain = ChatRequest(model="claude-haiku-4-5", messages=[{"role": "user", "content": "word " * 500}],
+                        params={"max_tokens": 1_000})
+    prompt = estimate_input_tokens(plain)
+    # No cache_control: Anthropic writes nothing, so the prompt is input at $1 and 1,000 tokens out at $5.
+    assert worst_case_cost(request=plain, route="realtime", table=table) == (
+        1_000, table.price(model="claude-haiku-4-5", route="realtime", prompt_tokens=prompt, completion_tokens=1_000))
+    ceiling, charge = worst_case_cost(request=plain, route="realtime", table=table)  # type: ignore[misc]
+    assert charge.dollars == (prompt * Decimal(1) + 1_000 * Decimal(5)) / 1_000_000
+    # A marked block may write the whole prompt: at the 5-minute price ($1.25), on the Batch API half of it.
+    marked = ChatRequest(model="claude-haiku-4-5", params={"max_tokens": 1_000}, messages=[{"role": "user", "content": [
+        {"type": "text", "text": "word " * 500, "cache_control": {"type": "ephemeral"}}]}])
+    prompt = estimate_input_tokens(marked)
+    _, charge = worst_case_cost(request=marked, route="batch", table=table)  # type: ignore[misc]
+    assert charge.dollars == (prompt * Decimal("1.25") + 1_000 * Decimal(5)) / 1_000_000 / 2
+    # No cap: the model's maximum output (64,000 for Haiku 4.5); a model with none and no cap has no bound.
+    ceiling, _ = worst_case_cost(request=ChatRequest(model="claude-haiku-4-5", messages=plain.messages),
+                                 route="realtime", table=table)  # type: ignore[misc]
+    assert ceiling == 64_000
+    assert worst_case_cost(request=ChatRequest(model="my-own", messages=plain.messages), route="realtime",
+                           table=table) is None

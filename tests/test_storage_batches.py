@@ -33,7 +33,7 @@ from test_storage import (  # noqa: F401
 
 from llm_dispatch import jobs
 from llm_dispatch import storage
-from llm_dispatch.core import PriceTable, RowPricer
+from llm_dispatch.core import PriceTable
 from llm_dispatch.core._exceptions import BadRequestError, RateLimitError
 from llm_dispatch.core import BatchConflictError
 from llm_dispatch.storage import Batch, Prompt, ResultWriter
@@ -422,7 +422,7 @@ async def test_bulk_batch_answers_land_like_the_writers(sessions: Sessions) -> N
         members=[(ids["p-0"], "a"), (ids["p-1"], "a"), (ids["p-2"], "b"), (ids["p-3"], "c")])
     before = datetime.now(UTC)
     written = await storage.store_batch_answers(
-        sessions, job_id=job_id, latency_s=60.0, model="gpt-4o-mini", pricer=RowPricer(PriceTable.load()),
+        sessions, job_id=job_id, latency_s=60.0, model="gpt-4o-mini", prices=PriceTable.load(),
         answers=[([ids["p-0"], ids["p-1"]], answer("shared", tokens=7)), ([ids["p-2"]], answer("own", tokens=9))])
     assert written == 3
     assert await statuses(sessions, ids) == {"p-0": "succeeded", "p-1": "succeeded", "p-2": "succeeded",

@@ -8,7 +8,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from llm_dispatch.core import PriceTable, RowPricer
+from llm_dispatch.core import PriceTable
 
 revision = "0004"
 down_revision = "0003"
@@ -30,9 +30,10 @@ def upgrade() -> None:
 
 
 def _backfill(bind: sa.engine.Connection) -> None:
-    """Price every existing row as the writers would have (the same ``RowPricer``), by the model asked for."""
-    pricer = RowPricer(PriceTable.load())
-    as_of = pricer.table.prices_as_of
+    """Price every existing row as the writers would have (the same formula, ``PriceTable.price``), by the model
+    asked for."""
+    prices = PriceTable.load()
+    as_of = prices.prices_as_of
     # A failed call and a reused answer cost 0 under any table.
     bind.execute(
         sa.text("UPDATE results SET cost_pico_usd = 0, list_cost_pico_usd = 0, prices_as_of = :as_of, "
@@ -57,7 +58,7 @@ def _backfill(bind: sa.engine.Connection) -> None:
         for id_, route, model, prompt_tokens, completion_tokens, cached_tokens in page:
             cost = None
             if prompt_tokens is not None and route in ("realtime", "batch"):
-                cost = pricer.price(model=model, route=route, prompt_tokens=prompt_tokens,
+                cost = prices.price(model=model, route=route, prompt_tokens=prompt_tokens,
                                     completion_tokens=completion_tokens or 0, cached_tokens=cached_tokens or 0)
             # No price (or no usage): the cost stays unknown, NULL, never 0.
             changes.append({"id": id_, "as_of": as_of, "cost": None if cost is None else cost.cost,

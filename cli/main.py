@@ -100,8 +100,8 @@ def run(
         except InputError as exc:
             raise _fail(str(exc)) from None
         err.print(f"{file}: {checked.count} prompts valid", highlight=False)
-        if checked.warning:
-            err.print(f"[yellow]warning:[/] {checked.warning}", highlight=False, soft_wrap=True)
+        for warning in checked.warnings:
+            err.print(f"[yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
         providers = checked.providers
     else:
         providers = frozenset({"openai"})

@@ -159,8 +159,8 @@ def run(
         # The whole file, before anything is sent or written; streaming, no prompt held.
         checked = prompt_input(file, settings=settings).check(warn=False)
         err.print(f"{file}: {checked.count} prompts valid", highlight=False)
-        if checked.warning:
-            err.print(f"[yellow]warning:[/] {checked.warning}", highlight=False, soft_wrap=True)
+        for warning in checked.warnings:
+            err.print(f"[yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
         providers = checked.providers
     else:
         providers = frozenset({"openai"})

@@ -79,16 +79,54 @@ class DatabaseError(ConfigError):
 
 
 class InputError(LLMDispatchError):
-    """A prompt file that cannot be used. Raised before anything is sent or written."""
+    """A prompt file that cannot be used. Raised before anything is sent or written.
+
+    Its text is one line of bounded length whatever the input holds (a path, field or message too long is cut
+    short with "..."); ``several`` makes one error of many bad lines, a line each, ``problems`` listing them.
+    """
 
     def __init__(self, message: str, *, path: str | None = None, line: int | None = None, field: str | None = None) -> None:
         self.path = path
         self.line = line
         self.field = field
-        where = ":".join(str(p) for p in (path, line) if p is not None)
+        self.problems: tuple[InputError, ...] = ()
+        where = ":".join(str(p) for p in (_clip_start(path, _MAX_PATH) if path is not None else None, line)
+                         if p is not None)
         prefix = f"{where}: " if where else ""
-        suffix = f" (field '{field}')" if field else ""
-        super().__init__(f"{prefix}{message}{suffix}")
+        suffix = f" (field '{_clip(field, _MAX_FIELD)}')" if field else ""
+        text = f"{prefix}{_clip(' '.join(message.split()), _MAX_MESSAGE)}{suffix}"
+        # A lone surrogate from the input would make the line unprintable: shown as its escape instead.
+        super().__init__(text.encode("utf-8", "backslashreplace").decode("utf-8"))
+
+    @classmethod
+    def several(cls, problems: list[InputError], *, total: int) -> InputError:
+        """One error for ``problems`` (each bad line's, in input order), of ``total`` found in all: the
+        first's path, line and field, its text their lines and, when some are left out, a line saying so."""
+        if len(problems) == 1 and total == 1:
+            return problems[0]
+        first = problems[0]
+        error = cls("", path=first.path, line=first.line, field=first.field)
+        error.problems = tuple(problems)
+        lines = [str(problem) for problem in problems]
+        if total > len(problems):
+            where = f"{_clip_start(first.path, _MAX_PATH)}: " if first.path else ""
+            lines.append(f"{where}{total:,} problems in all, the first {len(problems)} shown; fix them and run again")
+        error.args = ("\n".join(lines),)
+        return error
+
+
+# An input error's parts are cut to these lengths, so that no value in a prompt file makes a long line.
+_MAX_PATH = 120
+_MAX_FIELD = 60
+_MAX_MESSAGE = 240
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _clip_start(text: str, limit: int) -> str:
+    return text if len(text) <= limit else "..." + text[3 - limit:]
 
 
 class UnknownJobError(LLMDispatchError, LookupError):

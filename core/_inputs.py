@@ -1,10 +1,11 @@
 """Reads prompt files (JSONL, CSV) or lists of dicts into validated prompt specs.
 
 The whole input is validated before anything is sent or written, known request parameters and,
-given the model table, each prompt against its model's context window included; the first problem
-raises an ``InputError`` that names the file, the line and the field. ``check_prompts`` does so in
-one streaming pass, holding 16 bytes per prompt (hashes of ids and requests), so that a job of
-millions of prompts is checked and then read again as a stream (``iter_prompts``) while it is stored.
+given the model table, each prompt against its model's context window included. Every bad line is a
+problem of its own: the check goes on to the end and raises one ``InputError`` naming up to
+``MAX_PROBLEMS`` of them (file, line and field each), so a file is fixed in one go. ``check_prompts``
+does so in one streaming pass, holding 16 bytes per prompt (hashes of ids and requests), so that a job
+of millions of prompts is checked and then read again as a stream (``iter_prompts``) while it is stored.
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from ._exceptions import InputError
-from ._input_files import PromptSource, records
+from ._input_files import PromptSource, Record, lone_surrogate_at, records
 from ._hashes import HashBag, RepeatedKeys, key_hash, text_hash
 from ._anthropic import anthropic_param_problem, anthropic_params, has_max_tokens
-from ._params import param_problem
+from ._params import param_problem, shown
 from ._pricing import ModelLimits, PriceTable
 from ._providers import provider_lookup
 from ._routing import URGENCIES, parse_deadline
@@ -30,6 +31,7 @@ from ._tokens import estimate_input_tokens, input_tokens_at_most, reply_cap
 from ._types import ChatRequest, dedupe_key
 
 __all__ = [
+    "MAX_PROBLEMS",
     "InputCheck",
     "PromptSource",
     "PromptSpec",
@@ -44,8 +46,8 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 JSONL_FIELDS = frozenset({"id", "prompt", "messages", "model", "params", "metadata", "urgency", "deadline"})
-# Relative deadlines are resolved when the prompt is recorded; validation only needs some instant.
-_ANY_NOW = datetime(2000, 1, 1, tzinfo=timezone.utc)
+# Bad lines named by one failed check: enough to fix a file in one go, few enough to read.
+MAX_PROBLEMS = 20
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 # Keys the dispatcher sets itself; a prompt may not override them through params.
 FORBIDDEN_PARAMS = frozenset({"model", "messages", "stream", "n"})
@@ -102,10 +104,29 @@ class InputCheck:
     count: int
     fingerprint: str
     repeated_keys: RepeatedKeys
-    # Said once per check (and logged when ``warn``): how many Anthropic prompts get the default max_tokens.
-    warning: str | None = None
+    # Said once per check (and logged when ``warn``), a line each: Anthropic prompts given the default
+    # max_tokens, deadlines already past.
+    warnings: tuple[str, ...] = ()
     # The providers the prompts go to (``provider_for`` of each model): their clients need keys.
     providers: frozenset[str] = frozenset()
+
+
+class _Problems:
+    """The bad lines of one pass: the first ``MAX_PROBLEMS`` kept, the rest counted."""
+
+    def __init__(self) -> None:
+        self.kept: list[InputError] = []
+        self.total = 0
+
+    def add(self, problem: InputError) -> None:
+        self.total += 1
+        if len(self.kept) < MAX_PROBLEMS:
+            self.kept.append(problem)
+
+    def raise_any(self) -> None:
+        if self.total:
+            kept = sorted(self.kept, key=lambda problem: problem.line or 0)
+            raise InputError.several(kept, total=self.total)
 
 
 def check_prompts(
@@ -122,70 +143,91 @@ def check_prompts(
     when two ids may be the same): its count, fingerprint and repeated requests, no prompt held.
 
     Prompts whose provider (``model_providers``, then claude-* -> anthropic) is Anthropic are refused any
-    parameter Anthropic cannot take; those with no max_tokens make one warning for the whole input,
-    returned as ``warning`` and logged unless ``warn`` is false (a caller that checks twice warns once)."""
+    parameter Anthropic cannot take; those with no max_tokens make one warning for the whole input, and
+    deadlines already past another, returned as ``warnings`` and logged unless ``warn`` is false (a caller
+    that checks twice warns once). Raises ``InputError`` naming every bad line (up to ``MAX_PROBLEMS``)."""
     digest = hashlib.sha256()
     ids, keys = HashBag(), HashBag()
-    count = uncapped = 0
+    count = uncapped = past = 0
+    first_past: tuple[int, str] | None = None
+    problems = _Problems()
     where, _ = records(source)
     provider_of = provider_lookup(model_providers)
     providers: set[str] = set()
+    now = datetime.now(timezone.utc)
     for line, spec in _iter_specs(source, default_model=default_model, default_params=default_params, table=table,
-                                  model_providers=model_providers):
+                                  model_providers=model_providers, now=now):
+        if isinstance(spec, InputError):
+            problems.add(spec)
+            continue
+        if spec.deadline is not None and parse_deadline(spec.deadline, now=now) < now:
+            past += 1
+            first_past = first_past or (line, spec.deadline)
+        provider = provider_of(spec.model)
+        if provider == "anthropic" and not has_max_tokens(spec.params):
+            most = table.limits_for(spec.model) if table is not None else None
+            if most is not None and most.max_output_tokens and default_max_tokens > most.max_output_tokens:
+                problems.add(InputError(
+                    f"{spec.model} replies with at most {most.max_output_tokens:,} tokens but the default max_tokens "
+                    f"is {default_max_tokens:,}; set params.max_tokens or lower LLM_DISPATCH_DEFAULT_MAX_TOKENS",
+                    path=where, line=line, field="params.max_tokens"))
+                continue
+            uncapped += 1
         _add_to_fingerprint(digest, spec)
         ids.add(text_hash(spec.custom_id))
         keys.add(key_hash(spec.dedupe_key))
         count += 1
-        provider = provider_of(spec.model)
         providers.add(provider)
-        if provider == "anthropic" and not has_max_tokens(spec.params):
-            uncapped += 1
-            most = table.limits_for(spec.model) if table is not None else None
-            if most is not None and most.max_output_tokens and default_max_tokens > most.max_output_tokens:
-                raise InputError(
-                    f"{spec.model} replies with at most {most.max_output_tokens:,} tokens but the default max_tokens "
-                    f"is {default_max_tokens:,}; set params.max_tokens or lower LLM_DISPATCH_DEFAULT_MAX_TOKENS",
-                    path=where, line=line, field="params.max_tokens")
-    if not count:
-        raise InputError("no prompts found; each line needs a 'prompt' or 'messages'", path=where)
     clashes = ids.repeated()
     if clashes:
-        _raise_duplicate_id(source, clashes=clashes, where=where, default_model=default_model,
-                            default_params=default_params, table=table,
-                            model_providers=model_providers)
-    warning = None
+        for problem in _duplicate_ids(source, clashes=clashes, where=where, default_model=default_model,
+                                      default_params=default_params, model_providers=model_providers):
+            problems.add(problem)
+    problems.raise_any()
+    if not count:
+        raise InputError("no prompts found; each line needs a 'prompt' or 'messages'", path=where)
+    warnings: list[str] = []
     if uncapped:
-        warning = (f"{where}: {uncapped:,} Anthropic prompt{'s' if uncapped > 1 else ''} set no max_tokens, which "
-                   f"Anthropic requires; sending max_tokens={default_max_tokens:,} (set params.max_tokens, or "
-                   "LLM_DISPATCH_DEFAULT_MAX_TOKENS)")
-        if warn:
+        warnings.append(
+            f"{where}: {uncapped:,} Anthropic prompt{'s' if uncapped > 1 else ''} set no max_tokens, which "
+            f"Anthropic requires; sending max_tokens={default_max_tokens:,} (set params.max_tokens, or "
+            "LLM_DISPATCH_DEFAULT_MAX_TOKENS)")
+    if first_past is not None:
+        line, deadline = first_past
+        warnings.append(
+            f"{where}: {past:,} prompt{'s have' if past > 1 else ' has'} a deadline already past (the first on line "
+            f"{line}: {shown(deadline)}); sending {'them' if past > 1 else 'it'} real-time now")
+    if warn:
+        for warning in warnings:
             logger.warning("%s", warning)
     return InputCheck(count=count, fingerprint=digest.hexdigest(), repeated_keys=RepeatedKeys(keys.repeated()),
-                      warning=warning, providers=frozenset(providers))
+                      warnings=tuple(warnings), providers=frozenset(providers))
 
 
-def _raise_duplicate_id(
+def _duplicate_ids(
     source: PromptSource,
     *,
     clashes: set[int],
     where: str,
     default_model: str,
     default_params: Mapping[str, Any] | None,
-    table: PriceTable | None,
     model_providers: Mapping[str, str] | None = None,
-) -> None:
-    """Raise for the first id given twice among those whose hashes clash (two ids may share a hash)."""
+) -> Iterator[InputError]:
+    """Each prompt whose id an earlier one has, among those whose hashes clash (two ids may share a hash)."""
     seen: dict[str, int] = {}
-    for line, spec in _iter_specs(source, default_model=default_model, default_params=default_params, table=table,
-                            model_providers=model_providers):
-        if text_hash(spec.custom_id) not in clashes:
+    for line, spec in _iter_specs(source, default_model=default_model, default_params=default_params, table=None,
+                                  model_providers=model_providers, now=datetime.now(timezone.utc)):
+        if isinstance(spec, InputError) or text_hash(spec.custom_id) not in clashes:
             continue
         if spec.custom_id in seen:
-            raise InputError(
-                f"duplicate id {spec.custom_id!r} (first on line {seen[spec.custom_id]}); ids must be unique",
-                path=where, line=line, field="id",
-            )
-        seen[spec.custom_id] = line
+            yield _duplicate(spec.custom_id, first=seen[spec.custom_id], where=where, line=line)
+        else:
+            seen[spec.custom_id] = line
+
+
+def _duplicate(custom_id: str, *, first: int, where: str, line: int) -> InputError:
+    return InputError(f"duplicate id {shown(custom_id)} (first on line {first}); ids must be unique",
+                      path=where, line=line, field="id")
 
 
 def iter_prompts(
@@ -200,10 +242,12 @@ def iter_prompts(
 
     Repeated ids are not looked for: read an input checked by ``check_prompts`` first. Without ``table``
     the model-limit checks (the token estimate) are skipped; every other check runs, so an input that
-    changed since it was checked still gets its file:line error.
+    changed since it was checked still gets its file:line error (the first one).
     """
     for _, spec in _iter_specs(source, default_model=default_model, default_params=default_params, table=table,
-                               model_providers=model_providers):
+                               model_providers=model_providers, now=datetime.now(timezone.utc)):
+        if isinstance(spec, InputError):
+            raise spec
         yield spec
 
 
@@ -214,12 +258,22 @@ def _iter_specs(
     default_params: Mapping[str, Any] | None,
     table: PriceTable | None,
     model_providers: Mapping[str, str] | None = None,
-) -> Iterator[tuple[int, PromptSpec]]:
+    now: datetime,
+) -> Iterator[tuple[int, PromptSpec | InputError]]:
+    """Each record's line number and its spec, or the ``InputError`` that says why it cannot be one."""
     where, lines = records(source)
     provider_of = provider_lookup(model_providers)
+    from_file = isinstance(source, (str, Path))
     for position, (number, record) in enumerate(lines):
-        yield number, _spec(record, where=where, line=number, position=position, default_model=default_model,
-                            default_params=default_params, table=table, provider_of=provider_of)
+        if isinstance(record, InputError):
+            yield number, record
+            continue
+        try:
+            yield number, _spec(record, where=where, line=number, position=position, default_model=default_model,
+                                default_params=default_params, table=table, provider_of=provider_of, now=now,
+                                from_file=from_file)
+        except InputError as problem:
+            yield number, problem
 
 
 def read_prompts(
@@ -263,15 +317,17 @@ def _specs(
     where, _ = records(source)
     specs: list[PromptSpec] = []
     seen: dict[str, int] = {}
+    problems = _Problems()
     for number, spec in _iter_specs(source, default_model=default_model, default_params=default_params, table=table,
-                            model_providers=model_providers):
-        if spec.custom_id in seen:
-            raise InputError(
-                f"duplicate id {spec.custom_id!r} (first on line {seen[spec.custom_id]}); ids must be unique",
-                path=where, line=number, field="id",
-            )
-        seen[spec.custom_id] = number
-        specs.append(spec)
+                                    model_providers=model_providers, now=datetime.now(timezone.utc)):
+        if isinstance(spec, InputError):
+            problems.add(spec)
+        elif spec.custom_id in seen:
+            problems.add(_duplicate(spec.custom_id, first=seen[spec.custom_id], where=where, line=number))
+        else:
+            seen[spec.custom_id] = number
+            specs.append(spec)
+    problems.raise_any()
     if not specs:
         raise InputError("no prompts found; each line needs a 'prompt' or 'messages'", path=where)
     return specs
@@ -287,6 +343,8 @@ def _spec(
     default_params: Mapping[str, Any] | None,
     table: PriceTable | None,
     provider_of: Callable[[str], str],
+    now: datetime,
+    from_file: bool,
 ) -> PromptSpec:
     def fail(message: str, field_name: str | None = None) -> InputError:
         return InputError(message, path=where, line=line, field=field_name)
@@ -294,8 +352,12 @@ def _spec(
     if not isinstance(record, Mapping):
         raise fail(f"expected an object, got {type(record).__name__}")
     if not JSONL_FIELDS.issuperset(record):
-        unknown = sorted(set(record) - JSONL_FIELDS)
-        raise fail(f"unknown field; allowed: {', '.join(sorted(JSONL_FIELDS))}", unknown[0])
+        unknown = sorted(set(record) - JSONL_FIELDS, key=str)
+        raise fail(f"unknown field; allowed: {', '.join(sorted(JSONL_FIELDS))}", str(unknown[0]))
+    if not from_file:  # a file's lines were read as text already (``records``); dicts may hold anything
+        at = lone_surrogate_at(record)
+        if at is not None:
+            raise fail("holds a lone surrogate (\\ud800-\\udfff), which is not text; fix the string", at)
 
     has_prompt, has_messages = "prompt" in record, "messages" in record
     if has_prompt == has_messages:
@@ -356,7 +418,7 @@ def _spec(
         params=params,
         metadata=dict(metadata) if metadata is not None else None,
         urgency=_urgency(record.get("urgency"), fail=fail),
-        deadline=_deadline(record.get("deadline"), fail=fail),
+        deadline=_deadline(record.get("deadline"), now=now, fail=fail),
     )
 
 
@@ -390,19 +452,20 @@ def _urgency(value: Any, *, fail: Any) -> str | None:
         return None
     urgency = value.strip().lower() if isinstance(value, str) else None
     if urgency not in URGENCIES:
-        raise fail(f"{value!r} is not an urgency; use 'urgent' (real-time) or 'bulk' (Batch API)", "urgency")
+        raise fail(f"{shown(value)} is not an urgency; use 'urgent' (real-time) or 'bulk' (Batch API)", "urgency")
     return urgency
 
 
-def _deadline(value: Any, *, fail: Any) -> str | None:
+def _deadline(value: Any, *, now: datetime, fail: Any) -> str | None:
+    """The deadline as given, once it reads as one from ``now`` (a relative one is resolved when recorded)."""
     if value is None:
         return None
     if not isinstance(value, str):
-        raise fail(f"{value!r} is not a timestamp or a duration like 2h, 30m, 1d; give it as a string", "deadline")
+        raise fail(f"{shown(value)} is not a timestamp or a duration like 2h, 30m, 1d; give it as a string", "deadline")
     try:
-        parse_deadline(value, now=_ANY_NOW)
+        parse_deadline(value, now=now)
     except ValueError as exc:
-        raise fail(str(exc), "deadline") from exc
+        raise fail(str(exc), "deadline") from None
     return value.strip()
 
 

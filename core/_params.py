@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["param_problem"]
+__all__ = ["param_problem", "shown", "shown_json"]
 
 MAX_STOP_SEQUENCES = 4
 MAX_TOP_LOGPROBS = 20
@@ -107,9 +107,26 @@ def param_problem(name: str, value: Any) -> str | None:
     rule = RULES.get(name)
     if rule is None or (value is None and rule.nullable) or rule.valid(value):
         return None
-    return f"must be {rule.expected}, got {_shown(value)}"
+    return f"must be {rule.expected}, got {shown_json(value)}"
 
 
-def _shown(value: Any) -> str:
-    text = json.dumps(value, default=str)
-    return text if len(text) <= 40 else text[:37] + "..."
+def shown_json(value: Any, *, limit: int = 40) -> str:
+    """``value`` as JSON, cut to ``limit`` characters (a parameter's value, as the file gives it)."""
+    try:
+        text = json.dumps(value, default=str, ensure_ascii=False)
+    except (ValueError, RecursionError):
+        text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def shown(value: Any, *, limit: int = 40) -> str:
+    """``value`` as a message quotes it (a string as its repr, anything else as JSON), cut to ``limit``
+    characters: what a one-line message shows of a value from a prompt file, whatever its size."""
+    if isinstance(value, str):
+        text = repr(value[:limit])
+    else:
+        try:
+            text = json.dumps(value, default=str, ensure_ascii=False)
+        except (ValueError, RecursionError):
+            text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Literal, get_args
 
+from ._params import shown
+
 __all__ = [
     "DEFAULT_BATCH_WINDOW",
     "DEFAULT_MARGIN",
@@ -39,8 +41,11 @@ DEFAULT_URGENT_BELOW_CHARS = 1000
 # OpenAI's Batch API promises results within 24 hours.
 DEFAULT_BATCH_WINDOW = timedelta(hours=24)
 DEFAULT_MARGIN = timedelta(hours=1)
+# Any deadline past the batch window routes the same; a longer duration is a typo, and one near year 9999
+# would overflow when the prompt is recorded.
+MAX_DEADLINE_DURATION = timedelta(days=36_525)
 
-_BAD_DEADLINE = "{value!r} is not a timestamp or a duration like 2h, 30m, 1d"
+_BAD_DEADLINE = "{value} is not a timestamp or a duration like 2h, 30m, 1d"
 # "90s", "30m", "2h", "1d", "1h30m": units largest first, each at most once.
 _SHORT_DURATION = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?", re.IGNORECASE)
 # ISO 8601 durations without years or months, whose length depends on the calendar: "PT2H", "P1DT12H".
@@ -58,20 +63,22 @@ def parse_deadline(value: str, *, now: datetime) -> datetime:
     _require_aware(now, name="now")
     text = value.strip()
     if not text:
-        raise ValueError(_BAD_DEADLINE.format(value=value))
+        raise ValueError(_BAD_DEADLINE.format(value=shown(value)))
     try:
         duration = _duration(text)
         if duration is not None:
+            if duration > MAX_DEADLINE_DURATION:
+                raise ValueError(f"{shown(value)} is more than 100 years away; leave the deadline out for none")
             return now.astimezone(timezone.utc) + duration
         try:
             moment = datetime.fromisoformat(text)
         except ValueError:
-            raise ValueError(_BAD_DEADLINE.format(value=value)) from None
+            raise ValueError(_BAD_DEADLINE.format(value=shown(value))) from None
         if moment.tzinfo is None:
             moment = moment.replace(tzinfo=timezone.utc)
         return moment.astimezone(timezone.utc)
     except OverflowError as exc:
-        raise ValueError(f"{value!r} is out of range for a deadline; give a date between years 1 and 9999") from exc
+        raise ValueError(f"{shown(value)} is out of range for a deadline; give a date between years 1 and 9999") from exc
 
 
 def _duration(text: str) -> timedelta | None:

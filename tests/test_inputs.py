@@ -174,7 +174,7 @@ def test_fingerprint_without_urgency_or_deadline_is_unchanged() -> None:
         ({"max_completion_tokens": 12.5}, "must be an integer >= 1, got 12.5 (field 'params.max_completion_tokens')"),
         ({"temperature": "hot"}, "must be a number from 0 to 2, got \"hot\" (field 'params.temperature')"),
         ({"temperature": 2.5}, "must be a number from 0 to 2, got 2.5"),
-        ({"temperature": float("nan")}, "must be a number from 0 to 2, got NaN"),
+        ({"temperature": float("nan")}, "p.jsonl:2: invalid JSON: NaN is not a JSON number; no provider accepts it"),
         ({"top_p": 1.5}, "must be a number from 0 to 1, got 1.5 (field 'params.top_p')"),
         ({"presence_penalty": -3}, "must be a number from -2 to 2, got -3 (field 'params.presence_penalty')"),
         ({"frequency_penalty": False}, "(field 'params.frequency_penalty')"),
@@ -305,3 +305,29 @@ def test_an_input_changed_after_its_check_is_refused_on_the_second_pass(
     path.write_text(jsonl({"prompt": "first"}, changed), encoding="utf-8")
     with pytest.raises(InputError, match=error):
         list(prompts.specs())
+
+
+@pytest.mark.parametrize(("name", "text"), [("p.csv", "\ufeffid,prompt\nq1,hi\n"), ("p.jsonl", '\ufeff{"id": "q1", "prompt": "hi"}\n')])
+def test_a_byte_order_mark_is_not_part_of_the_first_column_or_line(tmp_path: Path, name: str, text: str) -> None:
+    path = write(tmp_path, name, text)
+    assert [spec.custom_id for spec in read_prompts(path, default_model="m")] == ["q1"]
+
+
+def test_every_bad_line_is_a_problem_of_its_own(tmp_path: Path) -> None:
+    path = write(tmp_path, "p.jsonl", jsonl({"prompt": ""}, {"prompt": "ok"}, "{oops", {"prompt": "x", "model": 1}))
+    with pytest.raises(InputError) as info:
+        PromptInput(source=path, default_model="m").check()
+    assert [(problem.line, problem.field) for problem in info.value.problems] == [(1, "prompt"), (3, None), (4, "model")]
+    assert (info.value.line, info.value.field) == (1, "prompt")
+    assert str(info.value).splitlines() == [str(problem) for problem in info.value.problems]
+
+
+def test_a_lone_surrogate_in_prompts_given_as_dicts_is_refused_with_its_field() -> None:
+    with pytest.raises(InputError, match=r"prompts:2: holds a lone surrogate .* \(field 'metadata.note'\)"):
+        parse_prompt_dicts([{"prompt": "a"}, {"prompt": "b", "metadata": {"note": "\ud800"}}], default_model="m")
+
+
+def test_an_input_error_line_is_bounded_whatever_the_values() -> None:
+    error = InputError("x" * 5000, path="/" + "d" * 5000 + "/p.jsonl", line=7, field="params." + "f" * 5000)
+    text = str(error)
+    assert len(text) < 450 and "\n" not in text and text.startswith("...") and "p.jsonl:7: xxx" in text

@@ -49,17 +49,17 @@ def test_a_missing_max_tokens_warns_once_for_the_whole_input(
     caplog.set_level(logging.WARNING)
     check = check_prompts(path, default_model="gpt-4o-mini", default_max_tokens=2048)
     assert check.count == 5
-    assert check.warning is not None and "3 Anthropic prompts set no max_tokens" in check.warning
-    assert "max_tokens=2,048" in check.warning
-    assert [record.getMessage() for record in caplog.records] == [check.warning]
+    [warning] = check.warnings
+    assert "3 Anthropic prompts set no max_tokens" in warning and "max_tokens=2,048" in warning
+    assert [record.getMessage() for record in caplog.records] == [warning]
     caplog.clear()
     again = check_prompts(path, default_model="gpt-4o-mini", warn=False)
-    assert again.warning is not None and caplog.records == []
+    assert len(again.warnings) == 1 and caplog.records == []
 
 
 def test_no_warning_when_every_claude_prompt_has_a_cap(tmp_path: Path) -> None:
     path = prompts(tmp_path, {"prompt": "a", "model": "claude-haiku-4-5", "params": {"max_tokens": 4}})
-    assert check_prompts(path, default_model="gpt-4o-mini").warning is None
+    assert check_prompts(path, default_model="gpt-4o-mini").warnings == ()
 
 
 def test_a_tool_call_whose_arguments_are_not_json_is_refused_for_claude(tmp_path: Path) -> None:

@@ -84,6 +84,10 @@ class _Sent(NamedTuple, Generic[_T]):
 _FROM_SETTINGS = ("base_url", "api_key", "auth_header", "request_timeout", "connect_timeout", "max_retries",
                   "max_retry_after", "concurrency", "rpm", "tpm")
 
+def _plain(value: SecretStr | str | None) -> str | None:
+    return value.get_secret_value() if isinstance(value, SecretStr) else value
+
+
 class LLMClient(MessageBatchMethods):
     """An async client for one provider's endpoint (``provider``: OpenAI-compatible or Anthropic), shared by
     every concurrent caller. What differs between providers is the ``Wire`` (``_wire``); the send path is one.
@@ -100,6 +104,8 @@ class LLMClient(MessageBatchMethods):
         base_url: str = DEFAULT_BASE_URL,
         api_key: SecretStr | str | None = None,
         auth_header: AuthHeader = "authorization",
+        organization: SecretStr | str | None = None,
+        project: SecretStr | str | None = None,
         request_timeout: float = DEFAULT_TIMEOUT,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         max_retries: int = DEFAULT_MAX_RETRIES,
@@ -130,6 +136,10 @@ class LLMClient(MessageBatchMethods):
         if self._api_key is not None and not self._api_key.get_secret_value():
             self._api_key = None
         self._wire.check_key(key_set=self._api_key is not None, base_url=base_url)
+        # Anthropic has no such headers: an OpenAI organization or project never goes there.
+        organization_id, project_id = (
+            (_plain(organization), _plain(project)) if self._wire.provider == "openai" else (None, None))
+        self._account = tuple(value for value in (organization_id, project_id) if value)
         self._auth_header = auth_header
         self._request_timeout = float(request_timeout)
         self._max_retries = max_retries
@@ -152,7 +162,8 @@ class LLMClient(MessageBatchMethods):
         )
         self._requests = RequestBuilder(
             base_url=url,
-            headers=self._wire.headers(self._secret, auth_header=auth_header),
+            headers=self._wire.headers(self._secret, auth_header=auth_header, organization=organization_id,
+                                       project=project_id),
             timeout=httpx.Timeout(self._request_timeout, connect=connect_timeout),
         )
 
@@ -167,6 +178,8 @@ class LLMClient(MessageBatchMethods):
             values.update(base_url=settings.anthropic_base_url, api_key=settings.anthropic_api_key,
                           anthropic_version=settings.anthropic_version,
                           default_max_tokens=settings.default_max_tokens)
+        else:
+            values.update(organization=settings.openai_org_id, project=settings.openai_project_id)
         return cls(**values, provider=provider, transport=transport)
 
     @property
@@ -185,6 +198,12 @@ class LLMClient(MessageBatchMethods):
     @property
     def _secret(self) -> str | None:
         return self._api_key.get_secret_value() if self._api_key is not None else None
+
+    @property
+    def _secrets(self) -> tuple[str, ...]:
+        """What no message, log line or stored error may show: the key, and the organization and project ids."""
+        key = self._secret
+        return (key, *self._account) if key else self._account
 
     @property
     def limiter(self) -> AdaptiveLimiter:
@@ -392,7 +411,7 @@ class LLMClient(MessageBatchMethods):
             if not failure.retryable or attempt > retries:
                 raise final_error(
                     failure, method=method, path=path, attempts=attempt, base_url=self._display_url,
-                    secret=self._secret, hints=self._wire.hints, unusable_hint=self._wire.unusable_hint,
+                    secret=self._secrets, hints=self._wire.hints, unusable_hint=self._wire.unusable_hint,
                     url_setting=self._wire.url_setting,
                 ) from failure.cause
             delay = retry_delay(
@@ -404,7 +423,7 @@ class LLMClient(MessageBatchMethods):
             )
             logger.info(
                 "%s %s: %s on attempt %d of %d; retrying in %.2fs",
-                method, path, scrub(failure.describe(), self._secret), attempt, retries + 1, delay,
+                method, path, scrub(failure.describe(), self._secrets), attempt, retries + 1, delay,
             )
             await self._sleep(delay)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -90,7 +90,7 @@ def final_error(
     path: str,
     attempts: int,
     base_url: str,
-    secret: str | None,
+    secret: str | Sequence[str] | None,
     hints: Mapping[int, str] = STATUS_HINTS,
     unusable_hint: str = UNUSABLE_HINT,
     url_setting: str = "LLM_DISPATCH_BASE_URL",
@@ -130,9 +130,13 @@ def final_error(
     return APIResponseValidationError(scrub(message, secret), attempts=attempts)
 
 
-def scrub(text: str, secret: str | None) -> str:
-    # Some providers echo the key they rejected; it must not reach a log or the database.
-    return text.replace(secret, "***") if secret else text
+def scrub(text: str, secret: str | Sequence[str] | None) -> str:
+    """``text`` without ``secret`` (or any of several): some providers echo the key they rejected, or the project
+    id a key may not use, and neither must reach a log or the database."""
+    for value in (secret,) if isinstance(secret, str) else secret or ():
+        if value:
+            text = text.replace(value, "***")
+    return text
 
 
 def _describe(exc: BaseException) -> str:

@@ -38,6 +38,17 @@ class Settings(BaseSettings):
     base_url: str = Field(
         default=DEFAULT_BASE_URL, validation_alias=AliasChoices("base_url", "LLM_DISPATCH_BASE_URL", "OPENAI_BASE_URL")
     )
+    # Sent as OpenAI-Organization / OpenAI-Project, as openai-python sends OPENAI_ORG_ID / OPENAI_PROJECT_ID: a key
+    # that belongs to several projects bills the one named. Identifiers of the account, so kept out of logs, the
+    # database and artifacts like the key (public_dict says only whether they are set).
+    openai_org_id: SecretStr | None = Field(
+        default=None,
+        validation_alias=AliasChoices("openai_org_id", "LLM_DISPATCH_OPENAI_ORG_ID", "OPENAI_ORG_ID"),
+    )
+    openai_project_id: SecretStr | None = Field(
+        default=None,
+        validation_alias=AliasChoices("openai_project_id", "LLM_DISPATCH_OPENAI_PROJECT_ID", "OPENAI_PROJECT_ID"),
+    )
     # Azure OpenAI takes the key in an ``api-key`` header instead of ``Authorization: Bearer``.
     auth_header: Literal["authorization", "api-key"] = "authorization"
     # May carry a password (Postgres): kept out of reprs; recorded only through public_dict().
@@ -174,11 +185,13 @@ class Settings(BaseSettings):
         data["anthropic_base_url"] = _redact_url(self.anthropic_base_url)
         data["api_key_set"] = self.api_key is not None
         data["anthropic_key_set"] = self.anthropic_api_key is not None
+        data["openai_org_id_set"] = self.openai_org_id is not None
+        data["openai_project_id_set"] = self.openai_project_id is not None
         return data
 
 
-# Fields that hold a key: kept SecretStr from the edge on, and never in public_dict().
-_SECRET_FIELDS = ("api_key", "anthropic_api_key")
+# Fields that hold a key or an account's ids: kept SecretStr from the edge on, and never in public_dict().
+_SECRET_FIELDS = ("api_key", "anthropic_api_key", "openai_org_id", "openai_project_id")
 
 
 def _redact_url(url: str) -> str:

@@ -61,16 +61,24 @@ class Wire:
     url_setting: str = "LLM_DISPATCH_BASE_URL"
     version: str | None = None
 
-    def headers(self, key: str | None, *, auth_header: AuthHeader) -> dict[str, str]:
-        """The fixed headers of every request: the key (when there is one) and, for Anthropic, the API version."""
+    def headers(
+        self, key: str | None, *, auth_header: AuthHeader, organization: str | None = None, project: str | None = None
+    ) -> dict[str, str]:
+        """The fixed headers of every request: the key (when there is one); for Anthropic, the API version; for
+        OpenAI, the organization and project a key of several should bill (as openai-python sends them)."""
         if self.provider == "anthropic":
             headers = {"anthropic-version": self.version or DEFAULT_ANTHROPIC_VERSION}
             if key is not None:
                 headers["x-api-key"] = key
             return headers
-        if key is None:
-            return {}
-        return {"api-key": key} if auth_header == "api-key" else {"Authorization": f"Bearer {key}"}
+        headers = {}
+        if key is not None:
+            headers = {"api-key": key} if auth_header == "api-key" else {"Authorization": f"Bearer {key}"}
+        if organization:
+            headers["OpenAI-Organization"] = organization
+        if project:
+            headers["OpenAI-Project"] = project
+        return headers
 
     def check_key(self, *, key_set: bool, base_url: str) -> None:
         """Anthropic always wants a key; only a local server (the simulator) goes without."""

@@ -358,6 +358,56 @@ async def test_from_settings(router: respx.Router) -> None:
     assert route.calls.last.request.headers["api-key"] == API_KEY
 
 
+ORG_ID, PROJECT_ID = "org-SECRETorg0123", "proj_SECRETproject0123"
+
+
+async def test_organization_and_project_go_as_openai_headers_from_their_environment_names(
+    router: respx.Router, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """OPENAI_ORG_ID / OPENAI_PROJECT_ID are sent as openai-python sends them, on every call (batches and files too),
+    and never show in an error, a log line, the client's repr or the settings a job records."""
+    caplog.set_level(logging.DEBUG)
+    monkeypatch.setenv("OPENAI_ORG_ID", ORG_ID)
+    monkeypatch.setenv("LLM_DISPATCH_OPENAI_PROJECT_ID", PROJECT_ID)
+    settings = Settings(api_key=API_KEY, base_url=BASE_URL, max_retries=1)
+    echo = {"error": {"message": f"Project `{PROJECT_ID}` does not have access to model `gpt-4o-mini`",
+                      "type": "invalid_request_error", "code": "model_not_found"}}
+    chat = router.post("/chat/completions", name="chat").mock(
+        side_effect=[httpx.Response(200, json=completion()), httpx.Response(403, json=echo)])
+    batches = router.get("/batches", name="batches").respond(200, json={"data": [], "has_more": False})
+    async with LLMClient.from_settings(settings, transport=httpx.MockTransport(router.async_handler)) as client:
+        await client.chat(REQUEST)
+        await client.list_batches()
+        with pytest.raises(PermissionDeniedError) as caught:
+            await client.chat(REQUEST)
+        shown = repr(client)
+    for call in (*chat.calls, *batches.calls):
+        assert call.request.headers["OpenAI-Organization"] == ORG_ID
+        assert call.request.headers["OpenAI-Project"] == PROJECT_ID
+    assert "does not have access to model" in str(caught.value)
+    recorded = json.dumps(settings.public_dict(), default=str)
+    for text in (str(caught.value), caplog.text, shown, recorded, repr(settings)):
+        assert ORG_ID not in text and PROJECT_ID not in text
+    assert settings.public_dict()["openai_project_id_set"] is True
+
+
+async def test_anthropic_never_gets_openai_account_headers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_ORG_ID", ORG_ID)
+    seen: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, json={"id": "msg_1", "type": "message", "role": "assistant", "model": "claude-x",
+                                         "content": [{"type": "text", "text": "Hi"}], "stop_reason": "end_turn",
+                                         "usage": {"input_tokens": 3, "output_tokens": 1}})
+
+    settings = Settings(anthropic_api_key="sk-ant-x", anthropic_base_url="https://anthropic.test")
+    async with LLMClient.from_settings(settings, provider="anthropic",
+                                       transport=httpx.MockTransport(answer)) as client:
+        await client.chat(ChatRequest(model="claude-x", messages=[{"role": "user", "content": "hi"}]))
+    assert [name for name in seen[0].headers if name.lower().startswith("openai-")] == []
+
+
 async def _no_sleep(seconds: float) -> None:
     return None
 

@@ -135,6 +135,37 @@ class FakeTime:
         await asyncio.sleep(0)
 
 
+PG_URL_ENV = "LLM_DISPATCH_TEST_PG_URL"
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A PostgreSQL database of this test's own, dropped afterwards: runs of other branches on the same server
+    (another migration head, other rows) never meet it. Skips when ``LLM_DISPATCH_TEST_PG_URL`` is unset."""
+    import uuid
+
+    import asyncpg
+
+    server_url = os.environ.get(PG_URL_ENV)
+    if not server_url:
+        pytest.skip(f"set {PG_URL_ENV} to run on PostgreSQL")
+    admin = server_url.replace("postgresql+asyncpg://", "postgresql://", 1)
+    name = f"llmd_test_{uuid.uuid4().hex[:16]}"
+
+    async def admin_run(sql: str) -> None:
+        connection = await asyncpg.connect(admin)
+        try:
+            await connection.execute(sql)
+        finally:
+            await connection.close()
+
+    asyncio.run(admin_run(f'CREATE DATABASE "{name}"'))
+    try:
+        yield server_url.rsplit("/", 1)[0] + f"/{name}"
+    finally:
+        asyncio.run(admin_run(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
 @pytest.fixture
 def fake_time() -> FakeTime:
     return FakeTime()

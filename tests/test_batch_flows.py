@@ -222,12 +222,11 @@ async def test_programmatic_use_with_a_list_of_dicts_and_the_query_api(prefect_a
     assert (row.custom_id, row.status, row.route) == ("a", "succeeded", "realtime") and row.text
 
 
-@pytest.mark.skipif(not os.environ.get("LLM_DISPATCH_TEST_PG_URL"), reason="set LLM_DISPATCH_TEST_PG_URL to run on PostgreSQL")
-async def test_dispatch_on_postgres_both_halves_and_reports(prefect_api: str, sim: Sim) -> None:
+async def test_dispatch_on_postgres_both_halves_and_reports(prefect_api: str, sim: Sim, pg_url: str) -> None:
     import uuid
 
-    url = os.environ["LLM_DISPATCH_TEST_PG_URL"]
-    marker = uuid.uuid4().hex  # the database outlives the test: make this input new
+    url = pg_url
+    marker = uuid.uuid4().hex
     prompts = [{**p, "id": f"{marker}-{p['id']}", "prompt": f"{marker} {p['prompt']}"} for p in MIXED]
     sim.configure(batch_processing_seconds=1.0)
     summary = await dispatch(prompts=prompts, base_url=sim.base_url, database_url=SecretStr(url), wait=True,

@@ -314,12 +314,11 @@ def test_killed_run_resumes_without_loss_or_double_pay(prefect_api: str, sim: Si
     assert sim.stats()["requests_total"] - sent_before == 400 - kept  # only what had no stored result
 
 
-@pytest.mark.skipif(not os.environ.get("LLM_DISPATCH_TEST_PG_URL"), reason="set LLM_DISPATCH_TEST_PG_URL to run on PostgreSQL")
-async def test_flow_on_postgres(prefect_api: str, sim: Sim, tmp_path: Path) -> None:
+async def test_flow_on_postgres(prefect_api: str, sim: Sim, tmp_path: Path, pg_url: str) -> None:
     import uuid
 
-    url = os.environ["LLM_DISPATCH_TEST_PG_URL"]
-    marker = uuid.uuid4().hex  # the database outlives the test: make this input new
+    url = pg_url
+    marker = uuid.uuid4().hex
     path = write_prompts(tmp_path / "p.jsonl", [{"id": i, "prompt": f"{marker} {i}"} for i in range(50)]
                          + [{"id": "bad", "prompt": f"{marker} [[sim:400]]"}])
 

@@ -222,15 +222,9 @@ async def test_programmatic_use_with_a_list_of_dicts_and_the_query_api(prefect_a
     assert (row.custom_id, row.status, row.route) == ("a", "succeeded", "realtime") and row.text
 
 
-@pytest.mark.skipif(not os.environ.get("LLM_DISPATCH_TEST_PG_URL"), reason="set LLM_DISPATCH_TEST_PG_URL to run on PostgreSQL")
-async def test_dispatch_on_postgres_both_halves_and_reports(prefect_api: str, sim: Sim) -> None:
-    import uuid
-
-    url = os.environ["LLM_DISPATCH_TEST_PG_URL"]
-    marker = uuid.uuid4().hex  # the database outlives the test: make this input new
-    prompts = [{**p, "id": f"{marker}-{p['id']}", "prompt": f"{marker} {p['prompt']}"} for p in MIXED]
+async def test_dispatch_on_postgres_both_halves_and_reports(prefect_api: str, sim: Sim, pg_url: str) -> None:
     sim.configure(batch_processing_seconds=1.0)
-    summary = await dispatch(prompts=prompts, base_url=sim.base_url, database_url=SecretStr(url), wait=True,
+    summary = await dispatch(prompts=MIXED, base_url=sim.base_url, database_url=SecretStr(pg_url), wait=True,
                              batch_poll_interval=0.2)
     assert summary["counts"] == {"succeeded": 6}
     assert summary["routes"] == {"realtime": {"succeeded": 3}, "batch": {"succeeded": 3}}

@@ -314,14 +314,10 @@ def test_killed_run_resumes_without_loss_or_double_pay(prefect_api: str, sim: Si
     assert sim.stats()["requests_total"] - sent_before == 400 - kept  # only what had no stored result
 
 
-@pytest.mark.skipif(not os.environ.get("LLM_DISPATCH_TEST_PG_URL"), reason="set LLM_DISPATCH_TEST_PG_URL to run on PostgreSQL")
-async def test_flow_on_postgres(prefect_api: str, sim: Sim, tmp_path: Path) -> None:
-    import uuid
-
-    url = os.environ["LLM_DISPATCH_TEST_PG_URL"]
-    marker = uuid.uuid4().hex  # the database outlives the test: make this input new
-    path = write_prompts(tmp_path / "p.jsonl", [{"id": i, "prompt": f"{marker} {i}"} for i in range(50)]
-                         + [{"id": "bad", "prompt": f"{marker} [[sim:400]]"}])
+async def test_flow_on_postgres(prefect_api: str, sim: Sim, tmp_path: Path, pg_url: str) -> None:
+    url = pg_url
+    path = write_prompts(tmp_path / "p.jsonl", [{"id": i, "prompt": f"question {i}"} for i in range(50)]
+                         + [{"id": "bad", "prompt": "[[sim:400]]"}])
 
     # Chunks of 10 at 4 at once: the first 10 prompts are stored, the other 41 in slices as they go out.
     summary = await realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=url, concurrency=4,

@@ -190,7 +190,7 @@ async def batch_path(
     import logging
 
     from llm_dispatch import storage
-    from llm_dispatch.core import BatchLimits, LLMClient, PriceTable
+    from llm_dispatch.core import TERMINAL_BATCH_STATUSES, BatchLimits, LLMClient, PriceTable
     from llm_dispatch.jobs import ingest_batch, poll_batch
     from llm_dispatch.jobs import Clients, submit_prompts
 
@@ -267,7 +267,7 @@ async def batch_path(
             for batch_id in outcome.batch_ids:
                 record = await storage.get_batch(sessions, batch_id=batch_id)
                 assert record is not None
-                while record.status not in storage.TERMINAL_PROVIDER_BATCH_STATUSES:
+                while record.status not in TERMINAL_BATCH_STATUSES:
                     if time.perf_counter() - started > WAIT_TIMEOUT:
                         raise SystemExit(f"batch {batch_id} still {record.status} after {WAIT_TIMEOUT:.0f} s")
                     await asyncio.sleep(POLL_INTERVAL)

@@ -10,7 +10,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Optional
 
 import click
 import typer
@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn
 from typer.core import TyperGroup
 
-from llm_dispatch.core import APIError, LLMDispatchError, Progress, Settings, current_progress
+from llm_dispatch.core import RETRY_FAILED, APIError, LLMDispatchError, Progress, RetryFailed, Settings, current_progress
 
 # Options several commands take alike.
 DatabaseUrl = Annotated[Optional[str], typer.Option(help="SQLAlchemy URL (default: ./llm_dispatch.db)")]
@@ -143,7 +143,7 @@ def run(
     at half price. Every result, token count and cost lands in the database."""
     if file is None and resume is None:
         raise _fail("give a prompt FILE (.jsonl or .csv) or --resume JOB_ID")
-    if retry_failed not in ("retryable", "all", "none"):
+    if retry_failed not in RETRY_FAILED:
         raise _fail(f"--retry-failed must be retryable, all or none, not {retry_failed!r}")
     settings = _settings(model=model, concurrency=concurrency, chunk_size=chunk_size, dedupe=dedupe,
                          database_url=database_url, route_policy=route,
@@ -374,7 +374,7 @@ async def _run_with_progress(
     source: str | None,
     job_id: str | None,
     settings: Settings,
-    retry_failed: Literal["retryable", "all", "none"],
+    retry_failed: RetryFailed,
     show: bool,
     wait: bool,
     max_cost: float | None,

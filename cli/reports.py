@@ -14,13 +14,20 @@ from typing import Any, TextIO
 from rich.console import Console
 from rich.table import Table
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from llm_dispatch import storage
 from llm_dispatch.jobs import actual_cost, money, reprice as reprice_job
-from llm_dispatch.core import PICO_PER_USD, DatabaseError, PriceTable, Settings, UnknownJobError, provider_lookup
-
-Sessions = async_sessionmaker[AsyncSession]
+from llm_dispatch.core import (
+    PICO_PER_USD,
+    DatabaseError,
+    PriceTable,
+    Settings,
+    UnknownJobError,
+    provider_lookup,
+    ROUTES,
+    UNFINISHED_PROMPT_STATUSES,
+    unfinished,
+)
 
 EXPORT_FIELDS = (
     "position", "custom_id", "prompt_id", "model", "status", "planned_route", "route_reason", "route", "text",
@@ -37,14 +44,14 @@ def require_database(settings: Settings) -> None:
 
 
 @asynccontextmanager
-async def _database(settings: Settings, *, migrate: bool = True) -> AsyncIterator[Sessions]:
+async def _database(settings: Settings, *, migrate: bool = True) -> AsyncIterator[storage.Sessions]:
     require_database(settings)
     # An older database is brought up to date, as a run would (its past costs back-filled, and marked so).
     async with storage.open_database(settings.database_url, migrate=migrate) as sessions:
         yield sessions
 
 
-async def _job_id(sessions: Sessions, job_id: str | None) -> str | None:
+async def _job_id(sessions: storage.Sessions, job_id: str | None) -> str | None:
     if job_id is not None:
         return job_id if await storage.get_job(sessions, job_id=job_id) is not None else None
     jobs = await storage.list_jobs(sessions, limit=1)
@@ -90,7 +97,7 @@ def print_status(console: Console, data: dict[str, Any]) -> None:
         console.print(table)
         return
     table = Table(title=f"job {data['job_id']} ({data['name']}): {data['status']}")
-    statuses = ("succeeded", "failed", *storage.UNFINISHED_PROMPT_STATUSES)
+    statuses = ("succeeded", "failed", *UNFINISHED_PROMPT_STATUSES)
     table.add_column("route")
     for name in statuses:
         table.add_column(name, justify="right")
@@ -243,7 +250,7 @@ def _provider_rows(table: Table, *, actual: dict[str, Any], estimated: dict[str,
         return
     table.add_section()
     for provider in providers:
-        for route in storage.SEND_ROUTES:
+        for route in ROUTES:
             paid = actual.get(provider, {}).get(route, {})
             guess = estimated.get(provider, {}).get(route, {})
             if not paid and not guess:
@@ -261,13 +268,13 @@ def job_table(summary: dict[str, Any], *, title: str) -> Table:
     for column in ("route", "prompts", "succeeded", "failed", "unfinished", "tokens in/out", "cost", "estimate"):
         table.add_column(column, justify="left" if column == "route" else "right")
     estimate = summary.get("estimate") or {"routes": {}}
-    for route in storage.SEND_ROUTES:
+    for route in ROUTES:
         statuses = summary["routes"].get(route, {})
         actual = summary["cost"]["routes"].get(route, {})
         guess = estimate["routes"].get(route, {})
         table.add_row(
             route, str(sum(statuses.values())), str(statuses.get("succeeded", 0)), str(statuses.get("failed", 0)),
-            str(storage.unfinished(statuses)),
+            str(unfinished(statuses)),
             f"{actual.get('prompt_tokens', 0)}/{actual.get('completion_tokens', 0)}",
             f"${actual.get('cost', 0.0):.6f}", f"${guess.get('cost', 0.0):.6f}" if guess else "-",
         )

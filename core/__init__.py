@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from . import _exceptions
+from . import _exceptions, _status
 from ._exceptions import *  # noqa: F403 - the error tree, listed in _exceptions.__all__
+from ._status import *  # noqa: F403 - every status and route word, listed in _status.__all__
 from ._anthropic import anthropic_params
 from ._anthropic_answers import read_message_batch_results
 from ._batch_files import BatchFile, BatchFileWriter, BatchLine, read_batch_output, write_batch_files
@@ -13,7 +14,6 @@ from ._batch_types import (
     OPENAI_BATCH_LIMITS,
     BatchInfo,
     BatchLimits,
-    BatchStatus,
     FileInfo,
     RequestCounts,
     batch_status_from_api,
@@ -40,7 +40,7 @@ from ._pricing import PICO_PER_USD, Charge, ModelInfo, PriceTable, from_pico
 from ._providers import PROVIDERS, provider_for, provider_lookup
 from ._responses import chat_result_from_body
 from ._retry import DEFAULT_MAX_RETRY_AFTER, backoff_delay
-from ._routing import RoutingRules, decide_route, parse_deadline, prompt_chars
+from ._routing import RoutePolicy, RoutingRules, decide_route, parse_deadline, prompt_chars
 from ._settings import DEFAULT_MAX_TOKENS, Settings
 from ._tokens import estimate_prompt_tokens, estimate_request_tokens
 from ._transport import default_transport
@@ -68,7 +68,6 @@ __all__ = [
     "BatchInfo",
     "BatchLimits",
     "BatchLine",
-    "BatchStatus",
     "chat_result_from_body",
     "check_provider_key",
     "ChatRequest",
@@ -109,6 +108,7 @@ __all__ = [
     "read_prompts",
     "RequestCounts",
     "ResultSink",
+    "RoutePolicy",
     "RoutingRules",
     "RouteTotals",
     "send_all",
@@ -119,4 +119,5 @@ __all__ = [
     "worst_case_cost",
     "write_batch_files",
     *_exceptions.__all__,
+    *_status.__all__,
 ]

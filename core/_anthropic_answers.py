@@ -15,7 +15,8 @@ from typing import Any
 import httpx
 
 from ._batch_files import BatchLine, garbled_line, read_result_lines
-from ._batch_types import BatchInfo, BatchStatus, RequestCounts, batch_status_from_api, int_field
+from ._batch_types import BatchInfo, RequestCounts, batch_status_from_api, int_field
+from ._status import BatchStatus
 from ._exceptions import APIResponseValidationError
 from ._responses import BatchPage, Chat, parse_answer, parse_json
 from ._types import ChatResult

@@ -1,13 +1,12 @@
-"""Provider-neutral values of the Batch API: a batch's status, its file and batch objects, and the limits of one batch.
+"""Provider-neutral values of the Batch API: its file and batch objects, and the limits of one batch.
 
-Each provider's own status words map onto ``BatchStatus``; ``FileInfo`` and ``BatchInfo`` are built
+Each provider's own status words map onto ``BatchStatus`` (``_status``); ``FileInfo`` and ``BatchInfo`` are built
 from the provider's JSON by ``from_api``, which raises ``APIResponseValidationError`` for a body it
 cannot use (so the client retries it like any garbled answer).
 """
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -15,6 +14,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ._exceptions import APIResponseValidationError
+from ._status import PROVIDER_BATCH_STATUSES, BatchStatus
 
 __all__ = [
     "BATCH_CHAT_ENDPOINT",
@@ -26,7 +26,6 @@ __all__ = [
     "BatchError",
     "BatchInfo",
     "BatchLimits",
-    "BatchStatus",
     "FileInfo",
     "RequestCounts",
     "batch_status_from_api",
@@ -37,28 +36,9 @@ BATCH_CHAT_ENDPOINT = "/v1/chat/completions"
 DEFAULT_COMPLETION_WINDOW = "24h"
 
 
-class BatchStatus(enum.StrEnum):
-    """Where a batch is in its life, whatever the provider calls it."""
-
-    VALIDATING = "validating"
-    IN_PROGRESS = "in_progress"
-    FINALIZING = "finalizing"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    EXPIRED = "expired"
-    CANCELLING = "cancelling"
-    CANCELLED = "cancelled"
-
-    @property
-    def is_terminal(self) -> bool:
-        """True once the provider will change nothing more: stop polling and read the files."""
-        return self in _TERMINAL
-
-
-_TERMINAL = frozenset({BatchStatus.COMPLETED, BatchStatus.FAILED, BatchStatus.EXPIRED, BatchStatus.CANCELLED})
-
 # OpenAI's words (Azure OpenAI uses the same ones); another provider passes its own table.
-OPENAI_BATCH_STATUSES: Mapping[str, BatchStatus] = MappingProxyType({status.value: status for status in BatchStatus})
+OPENAI_BATCH_STATUSES: Mapping[str, BatchStatus] = MappingProxyType(
+    {status.value: status for status in BatchStatus if status in PROVIDER_BATCH_STATUSES})
 
 
 def batch_status_from_api(value: Any, *, statuses: Mapping[str, BatchStatus] = OPENAI_BATCH_STATUSES) -> BatchStatus:

@@ -15,7 +15,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Generic, Literal, NamedTuple, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar, get_args
 
 import httpx
 from pydantic import SecretStr
@@ -47,7 +47,7 @@ from ._responses import (
     save_body,
 )
 from ._retry import DEFAULT_MAX_RETRY_AFTER, retry_delay
-from ._settings import DEFAULT_ANTHROPIC_VERSION, DEFAULT_BASE_URL, DEFAULT_MAX_TOKENS, Settings
+from ._settings import DEFAULT_ANTHROPIC_VERSION, DEFAULT_BASE_URL, DEFAULT_MAX_TOKENS, AuthHeader, Settings
 from ._tokens import estimate_request_tokens
 from ._transport import default_transport
 from ._types import ChatRequest, ChatResult
@@ -69,7 +69,6 @@ logger = logging.getLogger(__name__)
 FILES_PATH = "/files"
 BATCHES_PATH = "/batches"
 
-AuthHeader = Literal["authorization", "api-key"]
 _T = TypeVar("_T")
 
 
@@ -122,7 +121,7 @@ class LLMClient(MessageBatchMethods):
         random: Callable[[], float] = _random.random,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if auth_header not in ("authorization", "api-key"):
+        if auth_header not in get_args(AuthHeader):
             raise ValueError(f"auth_header must be 'authorization' or 'api-key', got {auth_header!r}")
         if request_timeout <= 0 or connect_timeout <= 0:
             raise ValueError("request_timeout and connect_timeout must be positive")

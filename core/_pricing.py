@@ -21,12 +21,11 @@ from typing import Any, Final, NamedTuple
 from ._catalog import PRICE_FIELDS, merge_catalogs, parse_catalog, prices_on
 from ._exceptions import ConfigError
 from ._providers import provider_lookup
-from ._routing import Route
+from ._status import ROUTES, Route
 
 __all__ = [
     "PER_TOKENS",
     "PICO_PER_USD",
-    "ROUTES",
     "Charge",
     "LongPrompt",
     "ModelInfo",
@@ -39,7 +38,6 @@ __all__ = [
 ]
 
 PER_TOKENS = Decimal(1_000_000)
-ROUTES = ("realtime", "batch")
 # Stored costs are integers in this unit: a price per 1M tokens with up to six decimals, after any discount, is a
 # whole number of picodollars per token (gpt-5-nano's cached input on the Batch API is 2.5 nanodollars a token, so
 # nanodollars would not do).

@@ -13,13 +13,13 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Literal, get_args
 
 from ._params import shown
+from ._status import Route
 
 __all__ = [
     "DEFAULT_BATCH_WINDOW",
     "DEFAULT_MARGIN",
     "DEFAULT_URGENT_BELOW_CHARS",
     "URGENCIES",
-    "Route",
     "RouteDecision",
     "RoutePolicy",
     "RoutingRules",
@@ -31,7 +31,6 @@ __all__ = [
     "prompt_chars",
 ]
 
-Route = Literal["realtime", "batch"]
 RoutePolicy = Literal["length", "all-realtime", "all-batch"]
 Urgency = Literal["urgent", "bulk"]
 URGENCIES: frozenset[str] = frozenset(get_args(Urgency))

@@ -8,6 +8,8 @@ from urllib.parse import urlsplit, urlunsplit
 from pydantic import AliasChoices, Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from ._routing import RoutePolicy
+
 __all__ = [
     "DEFAULT_ANTHROPIC_BASE_URL",
     "DEFAULT_ANTHROPIC_VERSION",
@@ -15,8 +17,12 @@ __all__ = [
     "DEFAULT_DATABASE_URL",
     "DEFAULT_MAX_TOKENS",
     "PROVIDERS",
+    "AuthHeader",
     "Settings",
 ]
+
+# How the key is sent: ``Authorization: Bearer`` (OpenAI and most), or an ``api-key`` header (Azure OpenAI).
+AuthHeader = Literal["authorization", "api-key"]
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 DEFAULT_ANTHROPIC_BASE_URL = "https://api.anthropic.com"
@@ -50,7 +56,7 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("openai_project_id", "LLM_DISPATCH_OPENAI_PROJECT_ID", "OPENAI_PROJECT_ID"),
     )
     # Azure OpenAI takes the key in an ``api-key`` header instead of ``Authorization: Bearer``.
-    auth_header: Literal["authorization", "api-key"] = "authorization"
+    auth_header: AuthHeader = "authorization"
     # May carry a password (Postgres): kept out of reprs; recorded only through public_dict().
     database_url: str = Field(default=DEFAULT_DATABASE_URL, repr=False)
     model: str = "gpt-4o-mini"
@@ -101,7 +107,7 @@ class Settings(BaseSettings):
     dedupe: bool = Field(default=True, description="reuse a stored success for an identical request")
 
     # Routing: which prompts go real-time and which to the Batch API (see llm_dispatch._routing).
-    route_policy: Literal["length", "all-realtime", "all-batch"] = Field(
+    route_policy: RoutePolicy = Field(
         default="length", description="rule for prompts with no urgency or deadline"
     )
     urgent_below_chars: int = Field(default=1000, ge=0, description="length policy: shorter prompts are urgent")

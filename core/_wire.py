@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import httpx
 
@@ -21,7 +21,7 @@ from ._failures import STATUS_HINTS, UNUSABLE_HINT
 from ._exceptions import ConfigError
 from ._ratelimit_headers import OPENAI_RATE_LIMIT_HEADERS, RateLimitHeaders
 from ._responses import Chat, parse_chat
-from ._settings import DEFAULT_ANTHROPIC_VERSION, DEFAULT_MAX_TOKENS, PROVIDERS, Settings
+from ._settings import DEFAULT_ANTHROPIC_VERSION, DEFAULT_MAX_TOKENS, PROVIDERS, AuthHeader, Settings
 from ._types import ChatRequest
 
 __all__ = ["ANTHROPIC_RATE_LIMIT_HEADERS", "OPENAI_WIRE", "Wire", "anthropic_wire", "check_provider_key", "wire_for"]
@@ -43,7 +43,6 @@ ANTHROPIC_HINTS: Mapping[int, str] = {
 }
 _LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 
-AuthHeader = Literal["authorization", "api-key"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ from prefect.artifacts import (
 
 from llm_dispatch import storage
 from llm_dispatch.jobs import DispatchSummary
-from llm_dispatch.core import DispatchOutcome
+from llm_dispatch.core import DispatchOutcome, ROUTES, unfinished
 
 Logger = logging.Logger | logging.LoggerAdapter  # type: ignore[type-arg]
 
@@ -99,7 +99,7 @@ async def publish_report(summary: DispatchSummary, *, logger: Logger) -> None:
     """A table (one row per route) and a markdown report on the flow run, keyed by the whole job id."""
     report = summary.as_dict()
     rows = []
-    for route in storage.SEND_ROUTES:
+    for route in ROUTES:
         statuses = report["routes"].get(route, {})
         cost = report["cost"]["routes"].get(route, {})
         estimate = (report.get("estimate") or {}).get("routes", {}).get(route, {})
@@ -108,7 +108,7 @@ async def publish_report(summary: DispatchSummary, *, logger: Logger) -> None:
             "prompts": sum(statuses.values()),
             "succeeded": statuses.get("succeeded", 0),
             "failed": statuses.get("failed", 0),
-            "unfinished": storage.unfinished(statuses),
+            "unfinished": unfinished(statuses),
             "prompt_tokens": cost.get("prompt_tokens", 0),
             "completion_tokens": cost.get("completion_tokens", 0),
             "cost_usd": cost.get("cost", 0.0),

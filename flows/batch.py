@@ -22,7 +22,15 @@ from llm_dispatch.jobs import (
     SweepSummary,
     open_run,
 )
-from llm_dispatch.core import Settings, UnknownJobError
+from llm_dispatch.core import (
+    ACTIVE_BATCH_STATUSES,
+    HALF_SUBMITTED_BATCH_STATUSES,
+    TERMINAL_BATCH_STATUSES,
+    RetryFailed,
+    Settings,
+    UnknownJobError,
+    unfinished,
+)
 from llm_dispatch.tasks import cancel_batches, finish_submission, ingest_batch, poll_batch, submit_batches
 
 from ._artifacts import show_batch_progress
@@ -32,7 +40,6 @@ from .realtime import send_realtime
 # Settings a flow hands its sub-flows as plain parameters: everything public (no key, no database URL).
 _PRIVATE = frozenset({"api_key", "anthropic_api_key", "database_url"})
 POLL_GROWTH = 1.5
-HALF_SUBMITTED: tuple[storage.BatchStatus, ...] = ("preparing", "uploaded")
 # Prompts an ingest re-routed to real-time, not already taken by a live run.
 REROUTED = Selection(retry_failed="none", planned_route="realtime", in_flight=False)
 
@@ -66,15 +73,15 @@ async def follow_batch(*, run: JobRun, batch_id: int, ingest_when_done: bool = T
     logger = get_run_logger()
     settings = run.settings
     record = await storage.require_batch(run.sessions, batch_id=batch_id)
-    if record.status in HALF_SUBMITTED:
+    if record.status in HALF_SUBMITTED_BATCH_STATUSES:
         record = await finish_submission(run=run, batch_id=batch_id)
     artifact = None
     interval = settings.batch_poll_interval
     grace = timedelta(seconds=settings.batch_grace)
-    while record.status in storage.OPEN_PROVIDER_BATCH_STATUSES:
+    while record.status in ACTIVE_BATCH_STATUSES:
         record = await poll_batch(run=run, batch_id=batch_id)
         artifact = await show_batch_progress(record, artifact, logger=logger)
-        if record.status not in storage.OPEN_PROVIDER_BATCH_STATUSES:
+        if record.status not in ACTIVE_BATCH_STATUSES:
             break
         if record.expires_at is not None and datetime.now(UTC) > record.expires_at + grace:
             logger.warning("Batch %d is still %s %s after its expiry; leaving it to collect-batches.",
@@ -82,7 +89,7 @@ async def follow_batch(*, run: JobRun, batch_id: int, ingest_when_done: bool = T
             return {"batch_id": batch_id, "status": record.status, "gave_up": True}
         await asyncio.sleep(interval)
         interval = min(interval * POLL_GROWTH, settings.batch_poll_max_interval)
-    if record.status in storage.TERMINAL_PROVIDER_BATCH_STATUSES and ingest_when_done:
+    if record.status in TERMINAL_BATCH_STATUSES and ingest_when_done:
         return await ingest_batch(run=run, batch_id=batch_id)
     return {"batch_id": batch_id, "status": record.status}
 
@@ -92,7 +99,7 @@ async def dispatch_batches(
     run: JobRun,
     job_id: str,
     wait: bool,
-    retry_failed: storage.RetryFailed = "retryable",
+    retry_failed: RetryFailed = "retryable",
     realtime_done: asyncio.Event | None = None,
 ) -> BatchHalfSummary:
     """The batch half of ``dispatch``: finish submissions a crash left behind, submit the job's open
@@ -107,7 +114,7 @@ async def dispatch_batches(
     started = time.monotonic()
     summary = BatchHalfSummary()
     for record in await storage.open_batches(sessions, job_id=job_id):
-        if record.status in HALF_SUBMITTED:
+        if record.status in HALF_SUBMITTED_BATCH_STATUSES:
             await finish_submission(run=run, batch_id=record.id)
     for round_ in range(settings.batch_max_submissions + 1):
         retry = retry_failed if round_ == 0 else "none"
@@ -172,17 +179,17 @@ async def sweep(*, run: JobRun, job_id: str | None, stale_after: float) -> Sweep
     summary.open = len(records)
     cutoff = datetime.now(UTC) - timedelta(seconds=stale_after)
     for record in records:
-        if record.status in HALF_SUBMITTED:
+        if record.status in HALF_SUBMITTED_BATCH_STATUSES:
             if record.updated_at > cutoff:
                 summary.skipped_recent += 1
                 continue
             record = await finish_submission(run=run, batch_id=record.id)
             touched.add(record.job_id)
             continue
-        if record.status in storage.OPEN_PROVIDER_BATCH_STATUSES:
+        if record.status in ACTIVE_BATCH_STATUSES:
             record = await poll_batch(run=run, batch_id=record.id)
             summary.polled += 1
-        if record.status in storage.TERMINAL_PROVIDER_BATCH_STATUSES:
+        if record.status in TERMINAL_BATCH_STATUSES:
             summary.ingested.append(await ingest_batch(run=run, batch_id=record.id))
             touched.add(record.job_id)
     for job in sorted(touched):
@@ -213,7 +220,7 @@ async def _rerouted(run: JobRun, *, job_id: str) -> int:
 
 
 async def _close_if_done(run: JobRun, *, job_id: str) -> None:
-    if not storage.unfinished(await storage.job_counts(run.sessions, job_id=job_id)):
+    if not unfinished(await storage.job_counts(run.sessions, job_id=job_id)):
         await storage.set_job_status(run.sessions, job_id=job_id, status="finished")
 
 
@@ -238,10 +245,10 @@ async def cancel_job_batches(
         deadline = time.monotonic() + wait_seconds
         ingested = []
         for record in records:
-            while record.status in storage.OPEN_PROVIDER_BATCH_STATUSES and time.monotonic() < deadline:
+            while record.status in ACTIVE_BATCH_STATUSES and time.monotonic() < deadline:
                 await asyncio.sleep(min(1.0, settings.batch_poll_interval))
                 record = await poll_batch(run=run, batch_id=record.id)
-            if record.status in storage.TERMINAL_PROVIDER_BATCH_STATUSES:
+            if record.status in TERMINAL_BATCH_STATUSES:
                 ingested.append(await ingest_batch(run=run, batch_id=record.id))
         await _close_if_done(run, job_id=job_id)
     return CancelSummary(job_id=job_id, cancelled=[r.id for r in records], ingested=ingested).as_dict()

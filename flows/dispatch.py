@@ -7,7 +7,7 @@ import asyncio
 import time
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.utilities.annotations import quote
@@ -27,7 +27,15 @@ from llm_dispatch.jobs import (
     open_run,
     routing_rules,
 )
-from llm_dispatch.core import BudgetExceededError, ConfigError, Settings, ShardRunsFailedError, current_progress
+from llm_dispatch.core import (
+    BudgetExceededError,
+    ConfigError,
+    RetryFailed,
+    RoutePolicy,
+    Settings,
+    ShardRunsFailedError,
+    current_progress,
+)
 from llm_dispatch.tasks import record_prompts
 
 from ._artifacts import publish_report
@@ -41,7 +49,7 @@ async def dispatch(
     prompts: str | list[dict[str, Any]] | None = None,
     job_id: str | None = None,
     model: str | None = None,
-    route_policy: Literal["length", "all-realtime", "all-batch"] | None = None,
+    route_policy: RoutePolicy | None = None,
     urgent_below_chars: int | None = None,
     wait: bool = False,
     max_cost: float | None = None,
@@ -50,7 +58,7 @@ async def dispatch(
     chunk_concurrency: int | None = None,
     concurrency_tag: str | None = None,
     dedupe: bool | None = None,
-    retry_failed: Literal["retryable", "all", "none"] = "retryable",
+    retry_failed: RetryFailed = "retryable",
     base_url: str | None = None,
     anthropic_base_url: str | None = None,
     database_url: SecretStr | None = None,
@@ -91,7 +99,7 @@ async def run_dispatch(
     settings: Settings,
     wait: bool,
     max_cost: float | None = None,
-    retry_failed: storage.RetryFailed = "retryable",
+    retry_failed: RetryFailed = "retryable",
     shards: int = 1,
     realtime_deployment: str = "realtime-dispatch/realtime",
 ) -> DispatchSummary:
@@ -209,7 +217,7 @@ async def dispatch_directory(
     pattern: str = "*.jsonl",
     wait: bool = False,
     model: str | None = None,
-    route_policy: Literal["length", "all-realtime", "all-batch"] | None = None,
+    route_policy: RoutePolicy | None = None,
     max_cost: float | None = None,
 ) -> dict[str, Any]:
     """Dispatch every prompt file in ``directory`` matching ``pattern`` that has not been finished yet,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from typing import Any, Literal
+from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.utilities.annotations import quote
@@ -13,7 +13,7 @@ from pydantic import SecretStr
 
 from llm_dispatch import storage
 from llm_dispatch.jobs import ChunkFeed, ChunkSender, JobRun, RealtimeSummary, RecordedJob, Selection, open_run
-from llm_dispatch.core import ConfigError, Settings, current_progress
+from llm_dispatch.core import ConfigError, RetryFailed, Route, Settings, current_progress, unfinished
 from llm_dispatch.tasks import chunk_sender, record_prompts
 
 from ._artifacts import ProgressBoard
@@ -30,11 +30,11 @@ async def realtime_dispatch(
     chunk_concurrency: int | None = None,
     concurrency_tag: str | None = None,
     dedupe: bool | None = None,
-    retry_failed: Literal["retryable", "all", "none"] = "retryable",
+    retry_failed: RetryFailed = "retryable",
     base_url: str | None = None,
     anthropic_base_url: str | None = None,
     database_url: SecretStr | None = None,
-    planned_route: Literal["realtime", "batch"] | None = None,
+    planned_route: Route | None = None,
     shard: int | None = None,
     shards: int | None = None,
 ) -> dict[str, Any]:
@@ -118,12 +118,12 @@ async def send_realtime(
                                             storage.result_stats(run.sessions, job_id=job.job_id),
                                             board.close(sender.outcome))
     await storage.set_job_status(run.sessions, job_id=job.job_id,
-                                 status="running" if storage.unfinished(counts) else "finished")
+                                 status="running" if unfinished(counts) else "finished")
     outcome = sender.outcome
     first_at = sent_at if first_at is None else first_at
     logger.info("Job %s: %d prompts sent, %d succeeded, %d failed; %d answered from storage; %d left unfinished.",
                 job.job_id, outcome.succeeded + outcome.failed, outcome.succeeded, outcome.failed, feed.reused,
-                storage.unfinished(counts))
+                unfinished(counts))
     return RealtimeSummary(
         job_id=job.job_id, resumed=job.resumed, prompts=job.total, sent_prompts=outcome.succeeded + outcome.failed,
         reused=feed.reused, counts=counts, failed_by_class=dict(outcome.failed_by_class), stats=stats,

@@ -8,7 +8,7 @@ from ._clients import Clients
 from ._collect import IngestOutcome, cancel_batches, ingest_batch, poll_batch, reroute_for_deadlines
 from ._costs import JobCost, PriceBasis, RepricedRow, Repricing, actual_cost, estimate_cost, money, reprice
 from ._realtime import Chunk, ChunkFeed, ChunkSender, SendChunk
-from ._run import JobRun, Sessions, load_prices, open_run
+from ._run import JobRun, load_prices, open_run
 from ._plan import MAX_CHUNKS_PER_RUN, RealtimePlan, Selection, chunk_groups, chunk_size_for, plan_realtime
 from ._record import (
     PromptInput,
@@ -65,7 +65,6 @@ __all__ = [
     "ShardRuns",
     "Selection",
     "SendChunk",
-    "Sessions",
     "StoredSlice",
     "SubmitOutcome",
     "SweepSummary",

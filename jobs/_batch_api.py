@@ -26,7 +26,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar, Final
 
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from llm_dispatch import storage
 from llm_dispatch.core import (
@@ -42,8 +41,6 @@ from llm_dispatch.core import (
 )
 
 __all__ = ["BATCH_ID_KEY", "CLOCK_SLACK", "JOB_ID_KEY", "BatchApi", "ResultFile", "batch_api"]
-
-Sessions = async_sessionmaker[AsyncSession]
 
 # Keys of an OpenAI batch's metadata: how a batch is found again after a crash.
 JOB_ID_KEY: Final = "llm_dispatch_job"
@@ -96,7 +93,7 @@ class BatchApi:
         tags = {**metadata, JOB_ID_KEY: record.job_id, BATCH_ID_KEY: str(record.id)}
         return await self.client.create_batch(input_file_id=input_file_id, metadata=tags, max_retries=0)
 
-    async def find(self, *, sessions: Sessions, record: storage.BatchRecord) -> BatchInfo | None:
+    async def find(self, *, sessions: storage.Sessions, record: storage.BatchRecord) -> BatchInfo | None:
         """The provider batch created for our batch ``record`` (by the ids in its metadata), if any.
         Lists newest first and stops at batches older than the record, so it reads a page or two."""
         since = record.created_at - CLOCK_SLACK
@@ -138,7 +135,7 @@ class MessageBatchApi(BatchApi):
         assert path is not None
         return await self.client.create_message_batch(requests=_message_requests(path, self.client), max_retries=0)
 
-    async def find(self, *, sessions: Sessions, record: storage.BatchRecord) -> BatchInfo | None:
+    async def find(self, *, sessions: storage.Sessions, record: storage.BatchRecord) -> BatchInfo | None:
         """A message batch of our record's size, created since the record was (less ``CLOCK_SLACK``), that no
         other batch of ours holds; the oldest such, as creates are answered in order."""
         since = record.created_at - CLOCK_SLACK

@@ -9,10 +9,9 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from llm_dispatch import storage
-from llm_dispatch.core import BatchFile, BatchFileWriter, BatchLimits, ChatRequest, RepeatedKeys, key_hash
+from llm_dispatch.core import BatchFile, BatchFileWriter, BatchLimits, ChatRequest, RepeatedKeys, key_hash, RetryFailed
 
 __all__ = ["BatchBuilder", "BuiltFile", "Group", "request_groups"]
 
@@ -35,12 +34,12 @@ class BuiltFile:
 
 
 async def request_groups(
-    sessions: async_sessionmaker[AsyncSession],
+    sessions: storage.Sessions,
     *,
     job_id: str,
     page: int,
     dedupe: bool,
-    retry_failed: storage.RetryFailed,
+    retry_failed: RetryFailed,
 ) -> AsyncIterator[list[Group]]:
     """The job's open batch-routed prompts as groups of identical requests, a keyset page at a time in input order.
 

@@ -23,7 +23,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
 
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from llm_dispatch import storage
 from llm_dispatch.core import (
@@ -33,6 +32,7 @@ from llm_dispatch.core import (
     BatchLine,
     BatchLineError,
     status_error_class,
+    TERMINAL_BATCH_STATUSES,
 )
 
 
@@ -41,8 +41,6 @@ from ._clients import Clients
 __all__ = ["IngestOutcome", "cancel_batches", "ingest_batch", "poll_batch", "reroute_for_deadlines"]
 
 logger = logging.getLogger(__name__)
-
-Sessions = async_sessionmaker[AsyncSession]
 
 BATCH_WINDOW: Final = timedelta(hours=24)
 # Provider errors quoted in a failed batch's message.
@@ -72,7 +70,7 @@ class IngestOutcome:
         }
 
 
-async def poll_batch(*, sessions: Sessions, clients: Clients, record: storage.BatchRecord) -> storage.BatchRecord:
+async def poll_batch(*, sessions: storage.Sessions, clients: Clients, record: storage.BatchRecord) -> storage.BatchRecord:
     """Ask the provider how the batch stands and store it (status, counts, file ids, errors)."""
     if record.provider_batch_id is None:
         raise ValueError(f"batch {record.id} has not been created at the provider yet (status {record.status})")
@@ -108,7 +106,7 @@ def _fields(info: BatchInfo) -> dict[str, Any]:
 
 async def ingest_batch(
     *,
-    sessions: Sessions,
+    sessions: storage.Sessions,
     clients: Clients,
     writer: storage.ResultWriter,
     record: storage.BatchRecord,
@@ -122,7 +120,7 @@ async def ingest_batch(
     Idempotent: only members still ``batched`` are written, so an ingest cut short by a crash and
     run again writes each answer once. Marks the batch ``ingested`` last.
     """
-    if record.status not in storage.TERMINAL_PROVIDER_BATCH_STATUSES:
+    if record.status not in TERMINAL_BATCH_STATUSES:
         raise ValueError(f"batch {record.id} is {record.status!r}, not finished; poll it until it is")
     outcome = IngestOutcome(batch_id=record.id, status=record.status)
     waiting = await storage.batch_members(sessions, batch_id=record.id, waiting_only=True)
@@ -225,7 +223,7 @@ async def _settle_failure(
 
 
 async def _over_the_limit(
-    sessions: Sessions, *, prompt_ids: Sequence[int], submissions: dict[int, int], max_submissions: int
+    sessions: storage.Sessions, *, prompt_ids: Sequence[int], submissions: dict[int, int], max_submissions: int
 ) -> int:
     spent = [pid for pid in prompt_ids if submissions.get(pid, 1) >= max_submissions]
     if not spent:
@@ -236,7 +234,7 @@ async def _over_the_limit(
     )
 
 
-async def reroute_for_deadlines(sessions: Sessions, *, job_id: str, now: datetime, margin: timedelta) -> int:
+async def reroute_for_deadlines(sessions: storage.Sessions, *, job_id: str, now: datetime, margin: timedelta) -> int:
     """Re-route to real-time the job's batch-routed prompts still to send whose deadline falls before
     another batch window could end; returns how many."""
     return await storage.reroute_late_prompts(
@@ -268,7 +266,7 @@ def _count(outcome: IngestOutcome, code: str, n: int) -> None:
     outcome.failed_by_code[code] = outcome.failed_by_code.get(code, 0) + n
 
 
-async def cancel_batches(*, sessions: Sessions, clients: Clients, job_id: str) -> list[storage.BatchRecord]:
+async def cancel_batches(*, sessions: storage.Sessions, clients: Clients, job_id: str) -> list[storage.BatchRecord]:
     """Ask the provider to stop every open batch of ``job_id``; returns the batches as they now stand.
 
     Each is marked ``cancel_requested`` first, so whatever it did not answer is failed at ingest rather
@@ -279,7 +277,7 @@ async def cancel_batches(*, sessions: Sessions, clients: Clients, job_id: str) -
 
     cancelled = []
     for record in await storage.open_batches(sessions, job_id=job_id):
-        if record.status in storage.TERMINAL_PROVIDER_BATCH_STATUSES or record.status == "cancelling":
+        if record.status in TERMINAL_BATCH_STATUSES or record.status == "cancelling":
             await storage.update_batch(sessions, batch_id=record.id, cancel_requested=True)
         else:
             provider_id = record.provider_batch_id

@@ -7,16 +7,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any, Literal
+from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from llm_dispatch import storage
 from llm_dispatch.core import ChatRequest, CostTotals, PriceTable, RouteTotals, estimate_request_cost, from_pico, provider_lookup
+from llm_dispatch.core import ROUTES, RetryFailed
 
 __all__ = ["JobCost", "PriceBasis", "RepricedRow", "Repricing", "actual_cost", "estimate_cost", "money", "reprice"]
-
-Sessions = async_sessionmaker[AsyncSession]
 # Answers of a model this database must hold before the reply length learnt from them replaces the setting.
 CALIBRATION_MIN = 20
 # Open prompts read per query while estimating (a keyset page; memory stays at one page).
@@ -85,7 +83,7 @@ class JobCost:
         return sum(basis.requests for basis in self.priced_with if basis.cost_basis == "backfill")
 
     def as_dict(self) -> dict[str, Any]:
-        routes = {route: _route_dict(getattr(self.totals, route)) for route in storage.SEND_ROUTES}
+        routes = {route: _route_dict(getattr(self.totals, route)) for route in ROUTES}
         providers = {provider: {route: _route_dict(totals) for route, totals in sorted(by_route.items())}
                      for provider, by_route in sorted(self.totals.providers.items())}
         return {"total": money(self.total),
@@ -110,11 +108,11 @@ def money(value: Decimal) -> float:
 
 async def estimate_cost(
     *,
-    sessions: Sessions,
+    sessions: storage.Sessions,
     job_id: str,
     table: PriceTable,
     typical_completion_tokens: int,
-    retry_failed: Literal["retryable", "all", "none"] = "retryable",
+    retry_failed: RetryFailed = "retryable",
     dedupe: bool = True,
     provider_of: Callable[[str], str] | None = None,
 ) -> JobCost:
@@ -130,7 +128,7 @@ async def estimate_cost(
     """
     estimate = JobCost(totals=CostTotals(table=table, provider_of=provider_of or provider_lookup()))
     bound = Decimal(0)
-    for route in storage.SEND_ROUTES:
+    for route in ROUTES:
         # Pages come ordered by request: an identical request is the one just before it, never held.
         last_key: str | None = None
         async for rows in storage.open_work_pages(sessions, job_id=job_id, page=ESTIMATE_PAGE,
@@ -159,13 +157,13 @@ async def estimate_cost(
     return estimate
 
 
-async def _typical_reply(sessions: Sessions, *, model: str, default: int) -> int:
+async def _typical_reply(sessions: storage.Sessions, *, model: str, default: int) -> int:
     """The typical reply length of ``model``: learnt from this database once it holds enough answers."""
     seen = (await storage.reply_lengths(sessions, models=[model])).get(model)
     return round(seen.typical) if seen is not None and seen.replies >= CALIBRATION_MIN else default
 
 
-async def actual_cost(*, sessions: Sessions, job_id: str, provider_of: Callable[[str], str] | None = None) -> JobCost:
+async def actual_cost(*, sessions: storage.Sessions, job_id: str, provider_of: Callable[[str], str] | None = None) -> JobCost:
     """The job's cost as stored with each answer when it was stored, whatever the price table says now.
 
     Only answered requests count (failed calls are not billed; ``reused`` answers were paid once); an
@@ -248,7 +246,7 @@ class Repricing:
                 if self.stored.complete and self.repriced.complete else None}
 
 
-async def reprice(*, sessions: Sessions, job_id: str, table: PriceTable) -> Repricing:
+async def reprice(*, sessions: storage.Sessions, job_id: str, table: PriceTable) -> Repricing:
     """What the job's paid usage would cost under ``table``, per route and model, beside its stored cost.
     Reads only: the stored costs stay as they were."""
     long_above = {model: price.long_prompt.above for model in await storage.job_models(sessions, job_id=job_id)

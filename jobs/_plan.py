@@ -8,10 +8,9 @@ import math
 from collections.abc import Collection, Container, Sequence
 from dataclasses import dataclass, field
 
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from llm_dispatch import storage
-from llm_dispatch.core import ResultSink
+from llm_dispatch.core import ResultSink, RetryFailed
 
 from ._reuse import reuse_stored_answers
 
@@ -29,7 +28,7 @@ class Selection:
     """Which unfinished prompts of a job a real-time run takes."""
 
     # Which failed prompts go again: those whose error may pass, all, or none.
-    retry_failed: storage.RetryFailed = "retryable"
+    retry_failed: RetryFailed = "retryable"
     # Only prompts routed here; None: any not waiting in a batch.
     planned_route: str | None = None
     # False leaves prompts marked in flight to the live run sending them (a sweep must not take them over).
@@ -76,7 +75,7 @@ def chunk_groups(groups: Sequence[tuple[int, ...]], *, chunk_size: int, max_chun
 async def plan_realtime(
     *,
     job_id: str,
-    sessions: async_sessionmaker[AsyncSession],
+    sessions: storage.Sessions,
     sink: ResultSink,
     chunk_size: int,
     dedupe: bool,

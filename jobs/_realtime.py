@@ -15,7 +15,6 @@ from llm_dispatch.core import ChatRequest, ChatSender, DispatchOutcome, ResultSi
 
 from ._plan import RealtimePlan, Selection, chunk_size_for, plan_realtime
 from ._record import RecordedJob, StoredSlice, store_rest
-from ._run import Sessions
 
 # Chunks begun beyond the lanes: each loads its rows and waits, ready the moment a lane frees.
 CHUNKS_AHEAD = 1
@@ -50,7 +49,7 @@ class ChunkFeed:
         self,
         *,
         job: RecordedJob,
-        sessions: Sessions,
+        sessions: storage.Sessions,
         sink: ResultSink,
         chunk_size: int,
         dedupe: bool,
@@ -170,7 +169,7 @@ class SendChunk(Protocol):
         chunk: Chunk,
         client: ChatSender,
         sink: storage.ResultWriter,
-        sessions: Sessions,
+        sessions: storage.Sessions,
         concurrency: int,
         before_send: Callable[[], Awaitable[None]],
         on_dispatched: Callable[[], None],
@@ -199,7 +198,7 @@ class ChunkSender:
         send: SendChunk,
         client: ChatSender,
         writer: storage.ResultWriter,
-        sessions: Sessions,
+        sessions: storage.Sessions,
         concurrency: int,
         per_chunk: int,
         on_chunk_done: Callable[[DispatchOutcome], Awaitable[object]] | None = None,

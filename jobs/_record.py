@@ -11,7 +11,6 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from llm_dispatch import storage
 from llm_dispatch.core import (
@@ -30,6 +29,7 @@ from llm_dispatch.core import (
     parse_deadline,
     prompt_chars,
     provider_lookup,
+    JobStatus,
 )
 
 from ._run import load_prices
@@ -142,7 +142,7 @@ async def record_job(
     source: str | Sequence[Mapping[str, Any]] | None,
     job_id: str | None,
     settings: Settings,
-    sessions: async_sessionmaker[AsyncSession],
+    sessions: storage.Sessions,
     name: str | None = None,
     rules: RoutingRules | None = None,
     head: int | None = None,
@@ -219,10 +219,10 @@ async def store_rest(
     job_id: str,
     given: PromptInput,
     start: int,
-    sessions: async_sessionmaker[AsyncSession],
+    sessions: storage.Sessions,
     first_slice: int,
     recorded_at: datetime,
-    then_status: storage.JobStatus,
+    then_status: JobStatus,
     rules: RoutingRules | None = None,
 ) -> AsyncIterator[StoredSlice]:
     """Store the prompts of ``given`` from input position ``start`` on (those ``record_job`` left for
@@ -261,7 +261,7 @@ def _input_of(job: storage.JobInfo, *, settings: Settings) -> PromptInput:
 
 
 async def _finish_recording(
-    sessions: async_sessionmaker[AsyncSession],
+    sessions: storage.Sessions,
     *,
     job: storage.JobInfo,
     given: PromptInput,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from llm_dispatch import storage
 from llm_dispatch.core import ResultSink
@@ -13,7 +12,7 @@ __all__ = ["reuse_stored_answers"]
 
 
 async def reuse_stored_answers(
-    *, sessions: async_sessionmaker[AsyncSession], sink: ResultSink, groups: Mapping[str, Sequence[int]]
+    *, sessions: storage.Sessions, sink: ResultSink, groups: Mapping[str, Sequence[int]]
 ) -> list[str]:
     """Give each group of identical prompts (prompt ids by request key) whose request has a stored success
     that answer, with route ``reused`` (no new cost); returns the keys answered, for the caller to leave out."""

@@ -9,14 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from llm_dispatch import storage
 from llm_dispatch.core import PriceTable, Settings
 
 from ._clients import Clients
-
-Sessions = async_sessionmaker[AsyncSession]
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,7 +21,7 @@ class JobRun:
     """What every step of one run shares: its settings, one engine's sessions, its clients, one price table."""
 
     settings: Settings
-    sessions: Sessions
+    sessions: storage.Sessions
     clients: Clients
     # The bundled prices with ``settings.prices_file`` over them: every answer of the run is stored
     # with its cost under these, for every result writer of the run.

@@ -28,7 +28,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from llm_dispatch import storage
 from llm_dispatch.core import (
@@ -42,6 +41,7 @@ from llm_dispatch.core import (
     NotFoundError,
     backoff_delay,
     write_batch_files,
+    RetryFailed,
 )
 
 from ._batch_api import BATCH_ID_KEY, JOB_ID_KEY, BatchApi
@@ -59,8 +59,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-Sessions = async_sessionmaker[AsyncSession]
 
 # Uploads and creates in flight at once.
 SUBMIT_CONCURRENCY: Final = 4
@@ -86,12 +84,12 @@ class SubmitOutcome:
 
 async def submit_prompts(
     *,
-    sessions: Sessions,
+    sessions: storage.Sessions,
     clients: Clients,
     writer: storage.ResultWriter,
     job_id: str,
     directory: Path,
-    retry_failed: storage.RetryFailed = "retryable",
+    retry_failed: RetryFailed = "retryable",
     max_requests: int | None = None,
     max_bytes: int | None = None,
     dedupe: bool = True,
@@ -161,7 +159,7 @@ async def submit_prompts(
 
 
 async def _unanswered(
-    *, sessions: Sessions, writer: storage.ResultWriter, groups: list[Group], outcome: SubmitOutcome
+    *, sessions: storage.Sessions, writer: storage.ResultWriter, groups: list[Group], outcome: SubmitOutcome
 ) -> list[Group]:
     """The groups whose request has no stored answer; the others are given theirs (``reused``)."""
     answered = set(await reuse_stored_answers(
@@ -191,7 +189,7 @@ async def _in_thread(add: Callable[[list[Group]], list[BuiltFile]], groups: list
 
 async def advance_submission(
     *,
-    sessions: Sessions,
+    sessions: storage.Sessions,
     clients: Clients,
     record: storage.BatchRecord,
     metadata: Mapping[str, str] | None = None,
@@ -246,7 +244,7 @@ async def advance_submission(
 
 
 async def _create_once(
-    *, sessions: Sessions, api: BatchApi, record: storage.BatchRecord, metadata: Mapping[str, str], max_retries: int
+    *, sessions: storage.Sessions, api: BatchApi, record: storage.BatchRecord, metadata: Mapping[str, str], max_retries: int
 ) -> BatchInfo:
     """Create the provider batch for ``record``, never twice: a create whose answer was lost (timeout,
     dropped connection, 5xx) may have made the batch, so after each one the provider's list is read
@@ -286,13 +284,13 @@ def _gave_up(error: APIError, *, record: storage.BatchRecord, attempts: int) -> 
     return type(error)(message, attempts=attempts)
 
 
-async def find_provider_batch(*, sessions: Sessions, clients: Clients,
+async def find_provider_batch(*, sessions: storage.Sessions, clients: Clients,
                               record: storage.BatchRecord) -> BatchInfo | None:
     """The provider batch created for our batch ``record``, if any (see ``BatchApi.find``)."""
     return await clients.batch_api(record.provider).find(sessions=sessions, record=record)
 
 
-async def _input_file(*, sessions: Sessions, record: storage.BatchRecord) -> Path:
+async def _input_file(*, sessions: storage.Sessions, record: storage.BatchRecord) -> Path:
     """The batch's input file on disk, written again from its members when it is missing."""
     path = Path(record.file_path) if record.file_path else None
     if path is not None and path.is_file():

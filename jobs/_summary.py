@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llm_dispatch import storage
+from llm_dispatch.core import unfinished
 
 from ._collect import IngestOutcome
 from ._costs import JobCost, actual_cost
-from ._run import Sessions
 from ._submit import SubmitOutcome
 
 
@@ -114,7 +114,7 @@ class JobReport:
 
     @property
     def unfinished(self) -> int:
-        return storage.unfinished(self.counts)
+        return unfinished(self.counts)
 
     def as_dict(self) -> dict[str, Any]:
         report: dict[str, Any] = {
@@ -145,7 +145,7 @@ class DispatchSummary:
 
 
 async def job_report(
-    sessions: Sessions, *, job_id: str, estimate: JobCost | None = None, provider_of: Callable[[str], str] | None = None
+    sessions: storage.Sessions, *, job_id: str, estimate: JobCost | None = None, provider_of: Callable[[str], str] | None = None
 ) -> JobReport:
     """The job as it stands in the database, with the costs stored with its answers (per provider by ``provider_of``)."""
     counts = await storage.job_counts(sessions, job_id=job_id)

@@ -7,7 +7,6 @@ holds a global engine or session.
 
 from __future__ import annotations
 
-from . import _status
 from ._batches import (
     BATCH_FIELDS,
     batch_members,
@@ -23,7 +22,7 @@ from ._batches import (
     store_batch_answers,
     update_batch,
 )
-from ._engine import DATABASE_URL_ENV, check_database_url, create_engine, open_database, session_factory
+from ._engine import DATABASE_URL_ENV, Sessions, check_database_url, create_engine, open_database, session_factory
 from ._migrate import migrate, require_current_schema
 from ._models import Base, Batch, BatchMember, Job, Prompt, Result
 from ._open import (
@@ -61,7 +60,6 @@ from ._reports import (
     route_counts,
     usage_by_route,
 )
-from ._status import *  # noqa: F403  # every status and route name: see _status.__all__
 from ._writer import ResultWriter
 
 __all__ = [
@@ -83,6 +81,7 @@ __all__ = [
     "ResultStats",
     "ReplyLengths",
     "ResultWriter",
+    "Sessions",
     "WorkRow",
     "add_prompts",
     "batch_members",
@@ -127,4 +126,3 @@ __all__ = [
     "store_batch_answers",
     "update_batch",
 ]
-__all__ += _status.__all__

@@ -13,15 +13,15 @@ from datetime import datetime
 from typing import Any, Final
 
 from sqlalchemy import func, insert, select, update
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncSession
 
-from llm_dispatch.core import BatchConflictError, ChatResult, PriceTable, UnknownBatchError
+from llm_dispatch.core import BATCH_STATUSES, BatchConflictError, ChatResult, PriceTable, UnknownBatchError
 
 from ._bulk import IN_CHUNK, INSERT_BATCH, chunks
 from ._models import Batch, BatchMember, Prompt, aware, utcnow
 from ._records import BatchRecord
 from ._results import RowLedger, answer_rows, write_results
-from ._status import BATCH_STATUSES
+from ._engine import Sessions
 
 __all__ = [
     "BATCH_FIELDS",
@@ -38,8 +38,6 @@ __all__ = [
     "store_batch_answers",
     "update_batch",
 ]
-
-Sessions = async_sessionmaker[AsyncSession]
 
 # What update_batch may change; the rest (id, job, model, members, timestamps of the row
 # itself) is fixed when the batch is made.

@@ -21,8 +21,11 @@ except ImportError:  # SQLAlchemy 2.0
 
 from llm_dispatch.core import DatabaseError, stored_json
 
-__all__ = ["DATABASE_URL_ENV", "SQLITE_BUSY_TIMEOUT_MS", "check_database_url", "create_engine", "open_database",
-           "session_factory"]
+__all__ = ["DATABASE_URL_ENV", "SQLITE_BUSY_TIMEOUT_MS", "Sessions", "check_database_url", "create_engine",
+           "open_database", "session_factory"]
+
+# What every query takes: the sessions of one engine (``session_factory``), never a session or an engine.
+Sessions = async_sessionmaker[AsyncSession]
 
 DATABASE_URL_ENV = "LLM_DISPATCH_DATABASE_URL"
 # Several flow runs (processes) may write one SQLite file; a writer waits this long for
@@ -61,7 +64,7 @@ def create_engine(url: str, *, echo: bool = False) -> AsyncEngine:
     return engine
 
 
-def session_factory(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
+def session_factory(engine: AsyncEngine) -> Sessions:
     """Sessions that keep loaded values after commit, so results can be used outside them."""
     return async_sessionmaker(engine, expire_on_commit=False)
 
@@ -142,7 +145,7 @@ def _enable_wal(cursor: Any) -> None:
 
 
 @asynccontextmanager
-async def open_database(url: str, *, migrate: bool = True) -> AsyncIterator[async_sessionmaker[AsyncSession]]:
+async def open_database(url: str, *, migrate: bool = True) -> AsyncIterator[Sessions]:
     """Sessions on the database at ``url``, its schema brought to the newest migration first (unless
     ``migrate`` is False); the engine is disposed of on the way out. The one way a run opens its database."""
     from ._migrate import migrate as upgrade

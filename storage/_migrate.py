@@ -11,11 +11,12 @@ from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import inspect, text
 from sqlalchemy.engine import Connection
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from llm_dispatch.core import DatabaseError
 
 from ._models import Base
+from ._engine import Sessions
 
 __all__ = ["migrate", "require_current_schema"]
 
@@ -41,7 +42,7 @@ async def migrate(engine: AsyncEngine) -> None:
         await connection.commit()
 
 
-async def require_current_schema(sessions: async_sessionmaker[AsyncSession]) -> None:
+async def require_current_schema(sessions: Sessions) -> None:
     """Raise ``DatabaseError`` when the database's schema is not this version's; reads only, for a command
     that must change nothing (an upgrade writes: it back-fills costs)."""
     async with sessions() as session:

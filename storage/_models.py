@@ -164,7 +164,7 @@ class Batch(Base):
     model: Mapped[str] = mapped_column(String())
     # llm_dispatch.PROVIDERS: whose Batch API holds it (OpenAI's files and batches, or Anthropic's Message Batches).
     provider: Mapped[str] = mapped_column(String(16), default="openai", server_default="openai")
-    status: Mapped[str] = mapped_column(String(20), index=True)  # a storage.BatchStatus
+    status: Mapped[str] = mapped_column(String(20), index=True)  # a core BatchStatus
     # NULL until the provider creates the batch; unique, so one provider batch is never ingested twice.
     provider_batch_id: Mapped[str | None] = mapped_column(String(), unique=True)
     input_file_id: Mapped[str | None] = mapped_column(String())

@@ -4,22 +4,19 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import AsyncIterator, Collection
-from typing import Any, TypedDict, Unpack, get_args
+from typing import Any, TypedDict, Unpack
 
 from sqlalchemy import and_, func, or_, select, tuple_
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from llm_dispatch.core import RepeatedKeys, key_hash
+from llm_dispatch.core import RETRY_FAILED, SENDABLE_PROMPT_STATUSES, RepeatedKeys, RetryFailed, key_hash
 
 from ._bulk import IN_CHUNK, chunks
 from ._models import Prompt, aware
 from ._records import OpenPrompt, WorkRow
-from ._status import SENDABLE_PROMPT_STATUSES, RetryFailed
+from ._engine import Sessions
 
 __all__ = ["OpenWhere", "open_prompt_count", "open_prompt_ids", "open_prompts", "open_repeated_keys",
            "open_work_in_order", "open_work_pages"]
-
-Sessions = async_sessionmaker[AsyncSession]
 
 
 class OpenWhere(TypedDict, total=False):
@@ -53,7 +50,7 @@ def _open_filter(
     elif retry_failed == "retryable":
         open_when.append(and_(Prompt.status == "failed", Prompt.failed_retryable.is_(True)))
     elif retry_failed != "none":
-        raise ValueError(f"retry_failed must be one of {get_args(RetryFailed)}, got {retry_failed!r}")
+        raise ValueError(f"retry_failed must be one of {RETRY_FAILED}, got {retry_failed!r}")
     where = [Prompt.job_id == job_id, or_(*open_when)]
     if planned_route == "realtime":
         where.append(or_(Prompt.planned_route.is_(None), Prompt.planned_route == "realtime"))

@@ -8,14 +8,14 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import and_, case, func, select, update
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncSession
 
-from llm_dispatch.core import ChatResult, UnknownJobError
+from llm_dispatch.core import JOB_STATUSES, ROUTES, SENDABLE_PROMPT_STATUSES, ChatResult, JobStatus, UnknownJobError
 
 from ._bulk import IN_CHUNK, INSERT_BATCH, bind_processor, bind_value, chunks, placeholders
 from ._models import Job, Prompt, Result, aware, new_job_id, utcnow
 from ._records import JobInfo, NewPrompt, ResultStats, WorkRow
-from ._status import JOB_STATUSES, SEND_ROUTES, SENDABLE_PROMPT_STATUSES, JobStatus
+from ._engine import Sessions
 
 __all__ = [
     "add_prompts",
@@ -30,8 +30,6 @@ __all__ = [
     "result_stats",
     "set_job_status",
 ]
-
-Sessions = async_sessionmaker[AsyncSession]
 
 
 # --- jobs ---------------------------------------------------------------------------
@@ -278,7 +276,7 @@ async def find_reusable(sessions: Sessions, *, dedupe_keys: Collection[str]) -> 
                 .where(
                     Prompt.dedupe_key.in_(chunk),
                     Result.status == "succeeded",
-                    Result.route.in_(SEND_ROUTES),
+                    Result.route.in_(ROUTES),
                 )
                 .group_by(Prompt.dedupe_key)
             )

@@ -99,7 +99,7 @@ class ResultStats:
 
 @dataclass(frozen=True, slots=True)
 class BatchRecord:
-    """One stored batch, column for column; its lifecycle is ``storage.BatchStatus``."""
+    """One stored batch, column for column; its lifecycle is the core's ``BatchStatus``."""
 
     id: int
     job_id: str

@@ -9,9 +9,9 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import and_, case, func, literal, literal_column, select
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from ._models import Batch, Job, Prompt, Result, aware
+from ._engine import Sessions
 
 __all__ = [
     "ExportRow",
@@ -24,8 +24,6 @@ __all__ = [
     "route_counts",
     "usage_by_route",
 ]
-
-Sessions = async_sessionmaker[AsyncSession]
 
 EXPORT_PAGE = 2000
 

@@ -8,16 +8,15 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from operator import itemgetter
-from typing import Final, NamedTuple
+from typing import Final, Literal, NamedTuple
 
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from llm_dispatch.core import ChatResult, PriceTable
+from llm_dispatch.core import PROMPT_STATUSES, RESULT_ROUTES, ChatResult, PriceTable, PromptStatus, ResultRoute, Route
 
 from ._bulk import bind_processor, bind_value, placeholders
 from ._models import Prompt, Result
-from ._status import PROMPT_STATUSES, ROUTES, CostBasis, PromptStatus, Route
 
 __all__ = [
     "MAX_ERROR_MESSAGE",
@@ -32,6 +31,9 @@ __all__ = [
 ]
 
 MAX_ERROR_MESSAGE: Final = 2_000
+# When a result's stored cost was worked out: as the answer was stored, or back-filled from its tokens
+# by migration 0004 (with the bundled prices of its ``prices_as_of``, not those it was paid at).
+CostBasis = Literal["answer", "backfill"]
 
 
 class ResultRow(NamedTuple):
@@ -79,18 +81,18 @@ RESULT_COLUMNS: Final[tuple[str, ...]] = (*_PLAIN_COLUMNS, "created_at", "job_id
 _plain_values = itemgetter(*(ResultRow._fields.index(name) for name in _PLAIN_COLUMNS))
 
 
-def shares(prompt_ids: Sequence[int], route: str, row: Callable[[int, Route, bool], ResultRow]) -> list[ResultRow]:
+def shares(prompt_ids: Sequence[int], route: str, row: Callable[[int, ResultRoute, bool], ResultRow]) -> list[ResultRow]:
     """The rows of one call that answered (or failed) these identical prompts: ``row(prompt_id, route, paid)``
     for each.
 
     The first id gets ``route`` and is the one that paid; the others get ``reused``, since the call was
     made (and paid) once. With ``route="reused"`` (an answer stored earlier) none paid.
     """
-    if route not in ROUTES:
-        raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
+    if route not in RESULT_ROUTES:
+        raise ValueError(f"route must be one of {RESULT_ROUTES}, got {route!r}")
     if not prompt_ids:
         return []
-    first: Route = route  # type: ignore[assignment]  # checked above
+    first: ResultRoute = route  # type: ignore[assignment]  # checked above
     if len(prompt_ids) == 1:
         return [row(prompt_ids[0], first, first != "reused")]
     return [row(prompt_ids[0], first, first != "reused"), *(row(pid, "reused", False) for pid in prompt_ids[1:])]
@@ -160,8 +162,8 @@ def answer_rows(
     ``latency_s`` replaces each call's own (a batch's time to answer). The rule is written out here, not run
     through ``shares`` and a row function per answer: a batch's ingest builds a row per answered line.
     """
-    if route not in ROUTES:
-        raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
+    if route not in RESULT_ROUTES:
+        raise ValueError(f"route must be one of {RESULT_ROUTES}, got {route!r}")
     paying = route != "reused"
     free = ledger.free
     rows: list[ResultRow] = []
@@ -207,7 +209,7 @@ def failure_rows(
     retryable = bool(getattr(error, "retryable", False)) if final else None
     free = ledger.free
 
-    def row(prompt_id: int, route: Route, paid: bool) -> ResultRow:
+    def row(prompt_id: int, route: ResultRoute, paid: bool) -> ResultRow:
         return ResultRow(
             prompt_id=prompt_id,
             route=route,

@@ -11,15 +11,15 @@ from typing import NamedTuple
 
 from sqlalchemy import select
 from sqlalchemy.exc import OperationalError
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncSession
 
-from llm_dispatch.core import ChatResult, PriceTable
+from llm_dispatch.core import ChatResult, PriceTable, ResultRoute
 
 from ._bulk import IN_CHUNK, chunks
 from ._models import Prompt, utcnow
 from ._queries import mark_in_flight
 from ._results import ResultRow, RowLedger, answer_rows, failure_rows, write_results
-from ._status import Route
+from ._engine import Sessions
 
 __all__ = ["DEFAULT_FLUSH_INTERVAL", "DEFAULT_FLUSH_ROWS", "RETRY_DELAY", "ResultWriter"]
 
@@ -56,7 +56,7 @@ class ResultWriter:
 
     def __init__(
         self,
-        sessions: async_sessionmaker[AsyncSession],
+        sessions: Sessions,
         *,
         flush_rows: int = DEFAULT_FLUSH_ROWS,
         flush_interval: float = DEFAULT_FLUSH_INTERVAL,
@@ -125,7 +125,7 @@ class ResultWriter:
     ) -> None:
         """Record one answer for these prompts (one request answered identical prompts).
 
-        ``route`` is one of ``ROUTES`` (a plain str, as the core's ``ResultSink`` has it; checked here).
+        ``route`` is one of ``RESULT_ROUTES`` (a plain str, as the core's ``ResultSink`` has it; checked here).
         Which prompt counts the call is ``storage.shares``' rule: the first id paid, the others reused.
         ``model`` is the model asked for, as the price table names it (default: the answer's own).
         """
@@ -138,7 +138,7 @@ class ResultWriter:
         prompt_ids: Sequence[int],
         error: BaseException,
         final: bool = True,
-        route: Route = "realtime",
+        route: ResultRoute = "realtime",
     ) -> None:
         """Record a failed call for these prompts: error class, HTTP status, message, attempts.
 

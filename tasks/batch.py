@@ -9,6 +9,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from llm_dispatch import storage
+from llm_dispatch.core import RetryFailed
 from llm_dispatch import jobs
 from llm_dispatch.jobs import IngestOutcome, JobRun, SubmitOutcome
 
@@ -18,7 +19,7 @@ INGEST_FLUSH_ROWS = 2000
 
 @task(name="submit-batches", task_run_name="submit {size} prompts as batches", cache_policy=NO_CACHE)
 async def submit_batches(
-    *, run: JobRun, job_id: str, retry_failed: storage.RetryFailed, size: int
+    *, run: JobRun, job_id: str, retry_failed: RetryFailed, size: int
 ) -> SubmitOutcome:
     """Write, record, upload and create the batches for the job's open batch-routed prompts (``size`` of
     them when counted; failed ones as ``retry_failed`` says), reading them a page at a time."""

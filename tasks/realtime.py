@@ -9,7 +9,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.utilities.annotations import quote
 
 from llm_dispatch import storage
-from llm_dispatch.jobs import Chunk, SendChunk, Sessions
+from llm_dispatch.jobs import Chunk, SendChunk
 from llm_dispatch.core import ChatRequest, ChatSender, DispatchOutcome, WorkItem, current_progress, send_all
 
 
@@ -22,7 +22,7 @@ async def send_chunk(
     chunk: Chunk,
     client: ChatSender,
     sink: storage.ResultWriter,
-    sessions: Sessions,
+    sessions: storage.Sessions,
     concurrency: int,
     before_send: Callable[[], Awaitable[None]] | None = None,
     on_dispatched: Callable[[], None] | None = None,

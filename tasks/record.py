@@ -9,7 +9,8 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from llm_dispatch.jobs import RecordedJob, Sessions, record_job
+from llm_dispatch import storage
+from llm_dispatch.jobs import RecordedJob, record_job
 from llm_dispatch.core import RoutingRules, Settings
 
 from ._names import parameter, prompts
@@ -30,7 +31,7 @@ async def record_prompts(
     source: str | Sequence[Mapping[str, Any]] | None,
     job_id: str | None,
     settings: Settings,
-    sessions: Sessions,
+    sessions: storage.Sessions,
     rules: RoutingRules | None = None,
     head: int | None = None,
 ) -> RecordedJob:

@@ -8,6 +8,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,6 +117,34 @@ def db_url(tmp_path: Path) -> str:
     return f"sqlite+aiosqlite:///{tmp_path / 'test.db'}"
 
 
+PG_URL_ENV = "LLM_DISPATCH_TEST_PG_URL"
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A PostgreSQL database of this test's own on the server of ``LLM_DISPATCH_TEST_PG_URL`` (skipped when unset),
+    dropped afterwards: a flow run migrates the database it is given, and other branches' tests share the server."""
+    import asyncpg
+
+    base = os.environ.get(PG_URL_ENV)
+    if not base:
+        pytest.skip(f"set {PG_URL_ENV} to run on PostgreSQL")
+    name = f"llmd_test_{uuid.uuid4().hex[:16]}"
+
+    async def admin(sql: str) -> None:
+        connection = await asyncpg.connect(base.replace("+asyncpg", ""))
+        try:
+            await connection.execute(sql)
+        finally:
+            await connection.close()
+
+    asyncio.run(admin(f'CREATE DATABASE "{name}"'))
+    try:
+        yield base.rsplit("/", 1)[0] + f"/{name}"
+    finally:
+        asyncio.run(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
 # --- helpers shared by the HTTP client tests -----------------------------------------
 
 
@@ -133,37 +162,6 @@ class FakeTime:
         self.sleeps.append(seconds)
         self.now += max(seconds, 0.0)
         await asyncio.sleep(0)
-
-
-PG_URL_ENV = "LLM_DISPATCH_TEST_PG_URL"
-
-
-@pytest.fixture
-def pg_url() -> Iterator[str]:
-    """A PostgreSQL database of this test's own, dropped afterwards: runs of other branches on the same server
-    (another migration head, other rows) never meet it. Skips when ``LLM_DISPATCH_TEST_PG_URL`` is unset."""
-    import uuid
-
-    import asyncpg
-
-    server_url = os.environ.get(PG_URL_ENV)
-    if not server_url:
-        pytest.skip(f"set {PG_URL_ENV} to run on PostgreSQL")
-    admin = server_url.replace("postgresql+asyncpg://", "postgresql://", 1)
-    name = f"llmd_test_{uuid.uuid4().hex[:16]}"
-
-    async def admin_run(sql: str) -> None:
-        connection = await asyncpg.connect(admin)
-        try:
-            await connection.execute(sql)
-        finally:
-            await connection.close()
-
-    asyncio.run(admin_run(f'CREATE DATABASE "{name}"'))
-    try:
-        yield server_url.rsplit("/", 1)[0] + f"/{name}"
-    finally:
-        asyncio.run(admin_run(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
 @pytest.fixture
@@ -254,10 +252,10 @@ class BatchEnv:
 
     async def poll(self, batch_id: int, *, until: Callable[[Any], bool] | None = None, tries: int = 400) -> Any:
         """Poll the batch every 50 ms until ``until(record)`` (default: the provider ended it); its last record."""
-        from llm_dispatch import storage
+        from llm_dispatch.core import TERMINAL_BATCH_STATUSES
         from llm_dispatch.jobs import poll_batch
 
-        done = until or (lambda r: r.status in storage.TERMINAL_PROVIDER_BATCH_STATUSES)
+        done = until or (lambda r: r.status in TERMINAL_BATCH_STATUSES)
         record = await self.batch(batch_id)
         for _ in range(tries):
             record = await poll_batch(sessions=self.sessions, clients=self.clients, record=record)

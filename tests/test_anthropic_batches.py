@@ -9,14 +9,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from llm_dispatch import storage
 from conftest import BatchEnv, Sim
 from llm_dispatch.jobs import IngestOutcome, advance_submission, cancel_batches, ingest_batch, submit_prompts
 from llm_dispatch.core import LLMClient, PriceTable, dedupe_key
-
-Sessions = async_sessionmaker[AsyncSession]
 MODEL = "claude-haiku-4-5"
 PRICES = PriceTable.load()
 

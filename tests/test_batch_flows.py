@@ -223,13 +223,8 @@ async def test_programmatic_use_with_a_list_of_dicts_and_the_query_api(prefect_a
 
 
 async def test_dispatch_on_postgres_both_halves_and_reports(prefect_api: str, sim: Sim, pg_url: str) -> None:
-    import uuid
-
-    url = pg_url
-    marker = uuid.uuid4().hex
-    prompts = [{**p, "id": f"{marker}-{p['id']}", "prompt": f"{marker} {p['prompt']}"} for p in MIXED]
     sim.configure(batch_processing_seconds=1.0)
-    summary = await dispatch(prompts=prompts, base_url=sim.base_url, database_url=SecretStr(url), wait=True,
+    summary = await dispatch(prompts=MIXED, base_url=sim.base_url, database_url=SecretStr(pg_url), wait=True,
                              batch_poll_interval=0.2)
     assert summary["counts"] == {"succeeded": 6}
     assert summary["routes"] == {"realtime": {"succeeded": 3}, "batch": {"succeeded": 3}}

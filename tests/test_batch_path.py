@@ -11,17 +11,14 @@ from typing import Any
 import httpx
 import pytest
 from sqlalchemy import func, select
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from llm_dispatch import storage
 from conftest import BatchEnv, Sim
 from llm_dispatch.core import LLMClient
 from llm_dispatch.core._types import dedupe_key
-from llm_dispatch.storage import Prompt, Result
+from llm_dispatch.storage import Prompt, Result, Sessions
 from llm_dispatch.jobs import ingest_batch
 from llm_dispatch.jobs import BATCH_ID_KEY, JOB_ID_KEY, advance_submission, submit_prompts
-
-Sessions = async_sessionmaker[AsyncSession]
 
 
 @dataclass

@@ -12,11 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import cli, write_prompts
+from conftest import PG_URL_ENV, cli, write_prompts
 
 pytestmark = [pytest.mark.prefect]
 
-PG_URL_ENV = "LLM_DISPATCH_TEST_PG_URL"
 
 
 def only_line(done: subprocess.CompletedProcess[str], *, code: int, says: str) -> str:

@@ -315,12 +315,9 @@ def test_killed_run_resumes_without_loss_or_double_pay(prefect_api: str, sim: Si
 
 
 async def test_flow_on_postgres(prefect_api: str, sim: Sim, tmp_path: Path, pg_url: str) -> None:
-    import uuid
-
     url = pg_url
-    marker = uuid.uuid4().hex
-    path = write_prompts(tmp_path / "p.jsonl", [{"id": i, "prompt": f"{marker} {i}"} for i in range(50)]
-                         + [{"id": "bad", "prompt": f"{marker} [[sim:400]]"}])
+    path = write_prompts(tmp_path / "p.jsonl", [{"id": i, "prompt": f"question {i}"} for i in range(50)]
+                         + [{"id": "bad", "prompt": "[[sim:400]]"}])
 
     # Chunks of 10 at 4 at once: the first 10 prompts are stored, the other 41 in slices as they go out.
     summary = await realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=url, concurrency=4,

@@ -13,7 +13,7 @@ import pytest
 import pytest_asyncio
 
 from llm_dispatch.core._batch_files import BatchFile, read_batch_output, write_batch_files
-from llm_dispatch.core._batch_types import BatchInfo, BatchStatus
+from llm_dispatch.core import BatchInfo, BatchStatus
 from llm_dispatch.core._client import LLMClient
 from llm_dispatch.core._exceptions import (
     APIConnectionError,

@@ -25,12 +25,12 @@ from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Column, Integer, MetaData, event, select, text
 from sqlalchemy.exc import IntegrityError, OperationalError
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from llm_dispatch import storage
 from llm_dispatch.core._exceptions import BadRequestError, ConfigError, RateLimitError
 from llm_dispatch.core._types import ChatResult, dedupe_key
-from llm_dispatch.storage import NewPrompt, Prompt, Result, ResultWriter
+from llm_dispatch.storage import NewPrompt, Prompt, Result, ResultWriter, Sessions
 
 
 def _head_revision() -> str:
@@ -46,8 +46,6 @@ HEAD = _head_revision()
 
 PG_URL_ENV = "LLM_DISPATCH_TEST_PG_URL"
 REPO_ROOT = Path(__file__).resolve().parents[1]
-
-Sessions = async_sessionmaker[AsyncSession]
 
 
 # --- fixtures -------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import pytest
 from alembic import command
 from sqlalchemy import func, insert, select, text
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncEngine
 # The SQLite / PostgreSQL fixtures are test_storage's own (imported names are what pytest finds).
 from test_storage import (  # noqa: F401
     db,
@@ -35,11 +35,15 @@ from llm_dispatch import jobs
 from llm_dispatch import storage
 from llm_dispatch.core import PriceTable
 from llm_dispatch.core._exceptions import BadRequestError, RateLimitError
-from llm_dispatch.core import BatchConflictError
-from llm_dispatch.storage import Batch, Prompt, ResultWriter
+from llm_dispatch.core import (
+    ACTIVE_BATCH_STATUSES,
+    BATCH_STATUSES,
+    HALF_SUBMITTED_BATCH_STATUSES,
+    TERMINAL_BATCH_STATUSES,
+    BatchConflictError,
+)
+from llm_dispatch.storage import Batch, Prompt, ResultWriter, Sessions
 from llm_dispatch.storage._migrate import _config
-
-Sessions = async_sessionmaker[AsyncSession]
 
 
 # --- fixtures -------------------------------------------------------------------------
@@ -336,7 +340,7 @@ async def test_open_batches_are_all_but_the_ingested(sessions: Sessions) -> None
     job_id, ids = await job_with_prompts(sessions, 12)
     other_job, other = await job_with_prompts(sessions, 1, fingerprint="o" * 64)
     by_status: dict[str, int] = {}
-    for index, status in enumerate(storage.BATCH_STATUSES):
+    for index, status in enumerate(BATCH_STATUSES):
         batch_id = await new_batch(sessions, job_id, ids, [f"p-{index}"])
         if status == "ingested":
             await storage.mark_batch_ingested(sessions, batch_id=batch_id)
@@ -346,13 +350,13 @@ async def test_open_batches_are_all_but_the_ingested(sessions: Sessions) -> None
     other_batch = await new_batch(sessions, other_job, other, ["p-0"])
 
     mine = await storage.open_batches(sessions, job_id=job_id)
-    assert [b.status for b in mine] == [s for s in storage.BATCH_STATUSES if s != "ingested"]
+    assert [b.status for b in mine] == [s for s in BATCH_STATUSES if s != "ingested"]
     assert [b.id for b in mine] == sorted(b.id for b in mine)
     everyone = await storage.open_batches(sessions)
     assert {b.id for b in everyone} == {b.id for b in mine} | {other_batch}
     assert by_status["ingested"] not in {b.id for b in everyone}
-    assert set(storage.OPEN_PROVIDER_BATCH_STATUSES) | set(storage.TERMINAL_PROVIDER_BATCH_STATUSES) == (
-        set(storage.BATCH_STATUSES) - {"preparing", "uploaded", "ingested"})
+    assert ACTIVE_BATCH_STATUSES | TERMINAL_BATCH_STATUSES | HALF_SUBMITTED_BATCH_STATUSES == (
+        set(BATCH_STATUSES) - {"ingested"})
 
 
 async def test_ingesting_a_batch_through_the_writer(sessions: Sessions) -> None:

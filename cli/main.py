@@ -313,13 +313,20 @@ def cost(
 def reprice(
     job: NewestJob = None,
     prices_file: Annotated[Optional[Path], typer.Option(help="the price table (JSON) to try, over the bundled one")] = None,
+    tier: Annotated[Optional[str], typer.Option(
+        help="what if every real-time answer had been served at this service tier (standard, flex, priority...)")] = None,
+    route: Annotated[Optional[str], typer.Option(help="what if every answer had been sent this way: realtime|batch")] = None,
     database_url: DatabaseUrl = None,
     as_json: AsJson = False,
 ) -> None:
-    """What a job would cost under another price table, beside its stored cost; changes nothing."""
-    if prices_file is None:
-        raise _fail("give --prices-file FILE: the price table to reprice the job with")
-    _report("reprice", job=job, database_url=database_url, as_json=as_json, prices_file=prices_file)
+    """What a job would cost under another price table, service tier or route, beside its stored cost; changes
+    nothing."""
+    if prices_file is None and tier is None and route is None:
+        raise _fail("give --prices-file FILE (a price table), --tier TIER or --route ROUTE: what to reprice the job with")
+    if route not in (None, "realtime", "batch"):
+        raise _fail(f"--route must be realtime or batch, not {route!r}")
+    _report("reprice", job=job, database_url=database_url, as_json=as_json, prices_file=prices_file, tier=tier,
+            route=route)
 
 
 def _report(name: str, *, job: str | None, database_url: str | None, as_json: bool, **options: Any) -> None:

@@ -31,7 +31,8 @@ from llm_dispatch.core import (
 
 EXPORT_FIELDS = (
     "position", "custom_id", "prompt_id", "model", "status", "planned_route", "route_reason", "route", "text",
-    "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens", "cache_creation_tokens", "cost_usd", "discount", "prices_as_of",
+    "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens", "cache_creation_tokens",
+    "cache_creation_extended_tokens", "reasoning_tokens", "service_tier", "cost_usd", "discount", "prices_as_of",
     "cost_basis", "latency_ms", "error_class", "error_message", "metadata",
 )
 
@@ -165,21 +166,28 @@ def _print_bases(console: Console, data: dict[str, Any]) -> None:
         console.print(f"  {basis['requests']} requests {how}", highlight=False)
 
 
-async def reprice(*, settings: Settings, job_id: str | None, prices_file: Path) -> dict[str, Any] | None:
-    """The job's stored cost beside its cost under ``prices_file``; writes nothing (not even a migration)."""
+async def reprice(
+    *, settings: Settings, job_id: str | None, prices_file: Path | None, tier: str | None = None,
+    route: str | None = None,
+) -> dict[str, Any] | None:
+    """The job's stored cost beside its cost under ``prices_file`` (else the bundled table), at ``tier`` or by
+    ``route`` when given; writes nothing (not even a migration)."""
     table = PriceTable.load(path=prices_file)
     async with _database(settings, migrate=False) as sessions:
         await storage.require_current_schema(sessions)
         found = await _job_id(sessions, job_id)
         if found is None:
             return None
-        what_if = await reprice_job(sessions=sessions, job_id=found, table=table)
+        what_if = await reprice_job(sessions=sessions, job_id=found, table=table, tier=tier,
+                                    route=route)  # type: ignore[arg-type]
     return what_if.as_dict()
 
 
 def print_reprice(console: Console, data: dict[str, Any]) -> None:
-    table = Table(title=f"job {data['job_id']}: stored cost vs. prices of {data['prices_file']} "
-                        f"(as of {data['prices_as_of']}), USD")
+    what_if = "".join(f", {name} {data[key]}" for name, key in (("at tier", "tier"), ("all by", "route"))
+                      if data.get(key))
+    table = Table(title=f"job {data['job_id']}: stored cost vs. prices of {data['prices_file'] or 'the bundled table'} "
+                        f"(as of {data['prices_as_of']}){what_if}, USD")
     for column in ("route", "model", "requests", "tokens in/out", "stored", "repriced", "difference"):
         table.add_column(column, justify="left" if column in ("route", "model") else "right")
     for row in data["rows"]:

@@ -1,7 +1,8 @@
 """Reading Anthropic's answers: a Message, a MessageBatch and a page of them, and a batch's results JSONL.
 
 Usage maps onto ``ChatResult`` as OpenAI counts it: ``prompt_tokens`` is all input (uncached, cache reads
-and cache writes), ``cached_tokens`` the cache reads, ``cache_creation_tokens`` the cache writes.
+and cache writes), ``cached_tokens`` the cache reads, ``cache_creation_tokens`` the cache writes, of which
+``cache_creation_extended_tokens`` the 1-hour ones; the tier is ``fast`` for fast mode, else ``usage.service_tier``.
 """
 
 from __future__ import annotations
@@ -63,6 +64,11 @@ def _chat(body: Any) -> Chat | None:
     usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
     cache_read = _count(usage.get("cache_read_input_tokens"))
     cache_write = _count(usage.get("cache_creation_input_tokens"))
+    # 5-minute writes cost 1.25x input, 1-hour writes 2x: the breakdown says how many were which.
+    durations = usage.get("cache_creation")
+    hour = _count(durations.get("ephemeral_1h_input_tokens")) if isinstance(durations, dict) else 0
+    thinking = usage.get("output_tokens_details")
+    tier = "fast" if usage.get("speed") == "fast" else usage.get("service_tier")
     prompt_tokens = _count(usage.get("input_tokens")) + cache_read + cache_write
     completion_tokens = _count(usage.get("output_tokens"))
     texts = [block.get("text") for block in content if isinstance(block, dict) and block.get("type") == "text"]
@@ -76,6 +82,9 @@ def _chat(body: Any) -> Chat | None:
         response_id=body.get("id"),
         latency_s=0.0,
         cache_creation_tokens=cache_write,
+        cache_creation_extended_tokens=min(hour, cache_write),
+        reasoning_tokens=_count(thinking.get("thinking_tokens")) if isinstance(thinking, dict) else 0,
+        service_tier=tier if isinstance(tier, str) else None,
     )
     return Chat(result, prompt_tokens + completion_tokens)
 

@@ -28,7 +28,7 @@ _REQUIRED_TOP = frozenset({"prices_as_of", "source", "currency", "unit", "batch_
 # Per 1M tokens. A missing cache price is left out: cache reads and writes then cost what input does, an extended
 # write what a default write does.
 PRICE_FIELDS = ("input", "cached_input", "cache_write", "cache_write_extended", "output")
-LIMIT_FIELDS = ("context_window", "max_output_tokens")
+LIMIT_FIELDS = ("context_window", "max_input_tokens", "max_output_tokens")
 # What a model is rather than what it costs: kept from the bundled entry when a user's file reprices the model.
 FACT_FIELDS = (*LIMIT_FIELDS, "provider", "kind", "shutdown", "replacement", "aliases", "dimensions")
 _RULE_FIELDS = ("batch_discount", "long_prompt", "tiers", "changes")
@@ -36,9 +36,11 @@ _SOURCE_FIELDS = ("prices_as_of", "source", "secondary", "note")
 _MODEL_FIELDS = frozenset({*PRICE_FIELDS, *FACT_FIELDS, *_RULE_FIELDS, *_SOURCE_FIELDS})
 # A model's prices for requests whose prompt is longer than ``above`` tokens.
 _LONG_PROMPT_FIELDS = frozenset({"above", *PRICE_FIELDS})
-# A service tier: its own prices, or a fraction off the standard ones (flex: the batch rate).
-_TIER_FIELDS = frozenset({"discount", *PRICE_FIELDS})
-_CHANGE_FIELDS = frozenset({"effective", *PRICE_FIELDS})
+# A service tier: its own prices, a multiple of the standard ones (priority: 2x), or a fraction off them (flex: the
+# batch rate).
+_TIER_FIELDS = frozenset({"discount", "multiplier", *PRICE_FIELDS})
+# A price change: the prices (and tiers) it sets from the day it takes effect.
+_CHANGE_FIELDS = frozenset({"effective", "tiers", *PRICE_FIELDS})
 KINDS = ("chat", "embedding")
 
 
@@ -103,13 +105,15 @@ def merge_catalogs(bundled: dict[str, Any], user: dict[str, Any], *, where: str)
 
 
 def prices_on(entry: Mapping[str, Any], day: date) -> dict[str, Any]:
-    """The entry's price fields as in effect on ``day``: each change that took effect by then, in date order,
-    over the entry's own prices."""
+    """The entry's price fields and ``tiers`` as in effect on ``day``: each change that took effect by then, in
+    date order, over the entry's own (a change's tiers replace the tiers of the same name)."""
     prices = {key: entry[key] for key in PRICE_FIELDS if key in entry}
+    tiers = dict(entry.get("tiers", {}))
     for change in entry.get("changes", ()):
         if change["effective"] <= day:
             prices.update({key: change[key] for key in PRICE_FIELDS if key in change})
-    return prices
+            tiers.update(change.get("tiers", {}))
+    return {**prices, "tiers": tiers}
 
 
 def _model(name: str, entry: Any, *, bad: Any) -> dict[str, Any]:
@@ -177,10 +181,17 @@ def _tiers(entry: Any, *, prefix: str, bad: Any) -> dict[str, dict[str, Any]]:
         if not isinstance(tier, dict):
             raise bad(where, "must be an object: {\"discount\": 0.5} or {\"input\": ..., \"output\": ...}")
         _known(tier, _TIER_FIELDS, prefix=where, bad=bad)
+        ways = [way for way in ("discount", "multiplier") if way in tier]
+        if len(ways) > 1 or (ways and len(tier) > 1):
+            raise bad(where, "gives more than one of a discount, a multiplier and prices; give one")
         if "discount" in tier:
-            if set(tier) != {"discount"}:
-                raise bad(where, "gives a discount and prices; give one or the other")
             tiers[name] = {"discount": _fraction(tier["discount"], field_name=f"{where}.discount", bad=bad)}
+        elif "multiplier" in tier:
+            value = tier["multiplier"]
+            if not _is_number(value) or value <= 0:
+                raise bad(f"{where}.multiplier", f"must be a number > 0 (2 = twice the standard prices), got "
+                                                 f"{_shown(value)}")
+            tiers[name] = {"multiplier": Decimal(value)}
         else:
             tiers[name] = _prices(tier, prefix=where, bad=bad, required=("input", "output"))
     return tiers
@@ -197,9 +208,11 @@ def _changes(entry: Any, *, prefix: str, bad: Any) -> list[dict[str, Any]]:
         _known(change, _CHANGE_FIELDS, prefix=where, bad=bad)
         if "effective" not in change:
             raise bad(f"{where}.effective", "is missing (the date the new prices take effect)")
-        prices = _prices(change, prefix=where, bad=bad, required=())
+        prices: dict[str, Any] = _prices(change, prefix=where, bad=bad, required=())
+        if "tiers" in change:
+            prices["tiers"] = _tiers(change["tiers"], prefix=f"{where}.tiers", bad=bad)
         if not prices:
-            raise bad(where, f"changes no price (give one of {', '.join(PRICE_FIELDS)})")
+            raise bad(where, f"changes no price (give one of {', '.join(PRICE_FIELDS)}, or tiers)")
         changes.append({"effective": _date(change["effective"], field_name=f"{where}.effective", bad=bad), **prices})
     return sorted(changes, key=lambda change: change["effective"])
 

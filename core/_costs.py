@@ -101,8 +101,9 @@ def _choices(params: dict[str, Any]) -> int:
 
 
 def _requested_tier(params: dict[str, Any]) -> str | None:
-    """The service tier a request asks for, as ``PriceTable.price`` names it (None: standard)."""
-    return billing_tier(params.get("service_tier"))
+    """The service tier a request asks for (OpenAI's ``service_tier``; Anthropic's ``speed: "fast"``), as
+    ``PriceTable.price`` names it (None: standard)."""
+    return billing_tier("fast" if params.get("speed") == "fast" else params.get("service_tier"))
 
 
 def _cache_marks(request: ChatRequest) -> tuple[bool, bool]:

@@ -432,13 +432,19 @@ def _check_limits(request: ChatRequest, limits: ModelLimits, *, prompt_field: st
     if cap is not None and most is not None and cap > most:
         raise fail(f"{cap_name} {cap:,} is above {model}'s maximum output of {most:,} tokens; lower it",
                    f"params.{cap_name}")
-    window = limits.context_window
-    if window is None:
+    window, most_in = limits.context_window, limits.max_input_tokens
+    if window is None and most_in is None:
         return
     at_most = input_tokens_at_most(request)
-    if at_most is not None and at_most + (cap or 0) <= window:
+    if at_most is not None and (window is None or at_most + (cap or 0) <= window) and (
+            most_in is None or at_most <= most_in):
         return  # fits even at its most: no need to estimate it
     prompt = estimate_input_tokens(request)
+    if most_in is not None and prompt > most_in:
+        raise fail(f"is about {prompt:,} tokens (estimated), more than {model}'s maximum input of {most_in:,}; "
+                   "shorten it or send it to a model that takes more", prompt_field)
+    if window is None:
+        return
     if prompt > window:
         raise fail(f"is about {prompt:,} tokens (estimated), more than {model}'s context window of {window:,}; "
                    "shorten it or send it to a model with a larger window", prompt_field)

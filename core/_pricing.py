@@ -18,7 +18,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Final, NamedTuple
 
-from ._catalog import PRICE_FIELDS, merge_catalogs, parse_catalog, prices_on
+from ._catalog import LIMIT_FIELDS, PRICE_FIELDS, merge_catalogs, parse_catalog, prices_on
 from ._exceptions import ConfigError
 from ._providers import provider_lookup
 from ._status import ROUTES, Route
@@ -48,7 +48,8 @@ _SNAPSHOT = re.compile(r"-(?:\d{4}-\d{2}-\d{2}|\d{8}|\d{4})$")
 # The words an answer (or a request) uses for the standard tier: OpenAI's "default"/"auto", Anthropic's
 # "standard"/"standard_only", and "batch" (Anthropic's word on a batch result, priced by its route).
 _STANDARD_TIERS: Final = frozenset({"", "default", "auto", "standard", "standard_only", "batch"})
-# OpenAI renamed priority processing "Fast mode" on 2026-07-30 and takes either word.
+# OpenAI renamed priority processing "Fast mode" on 2026-07-30 and takes either word (and reports "priority");
+# Anthropic's fast mode (``speed: "fast"``) is a tier of its own name.
 _TIER_ALIASES: Final = MappingProxyType({"fast": "priority"})
 # Distinct (model, route, tier) billings worked out per table before the memo starts again.
 _RATES_MEMO = 4096
@@ -57,9 +58,11 @@ _RATES_MEMO = 4096
 @dataclass(frozen=True, slots=True)
 class Tier:
     """A service tier's prices: a fraction off the standard ones (``discount``; flex is billed at the batch rate),
-    or its own prices per 1M tokens. A cache price it does not list scales with its input price."""
+    a multiple of them (``multiplier``; priority at 2x), or its own prices per 1M tokens. A cache price it does not
+    list scales with its input price."""
 
     discount: Decimal = Decimal(0)
+    multiplier: Decimal = Decimal(1)
     input: Decimal | None = None
     cached_input: Decimal | None = None
     cache_write: Decimal | None = None
@@ -118,6 +121,8 @@ class ModelLimits:
 
     # Prompt and reply together.
     context_window: int | None = None
+    # The longest prompt, where the provider gives one below the window (922,000 of gpt-6.2-sol's 1,050,000).
+    max_input_tokens: int | None = None
     # The largest reply (``max_completion_tokens``), reasoning tokens included.
     max_output_tokens: int | None = None
 
@@ -172,12 +177,11 @@ def from_pico(picodollars: int) -> Decimal:
 
 
 def billing_tier(service_tier: Any) -> str | None:
-    """The catalog's name for the tier a ``service_tier`` word (an answer's or a request's) bills at; None for
-    the standard tier."""
+    """The tier a ``service_tier`` word (an answer's or a request's) bills at, as a model's ``tiers`` name it (or
+    an alias: ``fast`` is OpenAI's new name of ``priority``); None for the standard tier."""
     if not isinstance(service_tier, str) or service_tier.strip().lower() in _STANDARD_TIERS:
         return None
-    word = service_tier.strip().lower()
-    return _TIER_ALIASES.get(word, word)
+    return service_tier.strip().lower()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -232,9 +236,8 @@ class PriceTable:
         builtin = provider_lookup()
         for name, entry in merged["models"].items():
             prices[name] = _model_price(entry, day=day, default_discount=default_discount)
-            if any(key in entry for key in ("context_window", "max_output_tokens")):
-                limits[name] = ModelLimits(context_window=entry.get("context_window"),
-                                           max_output_tokens=entry.get("max_output_tokens"))
+            if any(key in entry for key in LIMIT_FIELDS):
+                limits[name] = ModelLimits(**{key: entry.get(key) for key in LIMIT_FIELDS})
             info[name] = _model_info(entry, user=name in user_models, provider=entry.get("provider") or builtin(name))
             for alias in entry.get("aliases", ()):
                 aliases.setdefault(alias, name)
@@ -371,8 +374,10 @@ def _billing(price: ModelPrice | None, *, route: str, tier: str | None) -> _Bill
     else:
         found = price.tiers.get(tier)
         if found is None:
+            found = price.tiers.get(_TIER_ALIASES.get(tier, tier))
+        if found is None:
             return None
-        keep, discount = 1 - found.discount, found.discount
+        keep, discount = found.multiplier * (1 - found.discount), found.discount
         base = standard if found.input is None else _tier_prices(found, standard)
         long_base = long_standard if found.input is None else _Prices(*(
             at * (longer / plain) if plain else longer for at, longer, plain in zip(base, long_standard, standard)))
@@ -410,7 +415,7 @@ def _model_price(entry: Mapping[str, Any], *, day: date, default_discount: Decim
     discount = entry.get("batch_discount", default_discount)
     now = prices_on(entry, day)
     long = entry.get("long_prompt")
-    tiers = {name: Tier(**tier) for name, tier in entry.get("tiers", {}).items()}
+    tiers = {name: Tier(**tier) for name, tier in now["tiers"].items()}
     return ModelPrice(
         **_price_fields(now), batch_discount=discount,
         long_prompt=None if long is None else LongPrompt(
@@ -419,7 +424,7 @@ def _model_price(entry: Mapping[str, Any], *, day: date, default_discount: Decim
     )
 
 
-def _price_fields(entry: Mapping[str, Any]) -> dict[str, Decimal | None]:
+def _price_fields(entry: Mapping[str, Any]) -> dict[str, Any]:
     return {"input": entry["input"], "cached_input": entry.get("cached_input", entry["input"]),
             "cache_write": entry.get("cache_write"), "cache_write_extended": entry.get("cache_write_extended"),
             "output": entry["output"]}
@@ -433,8 +438,8 @@ def _model_info(entry: Mapping[str, Any], *, user: bool, provider: str) -> Model
         dimensions=entry.get("dimensions"), source=entry.get("source"), prices_as_of=entry.get("prices_as_of"),
         secondary_fields=tuple(secondary.get("fields", ())), secondary_source=secondary.get("source"),
         note=entry.get("note"), user=user,
-        changes=tuple((change["effective"], MappingProxyType({key: change[key] for key in PRICE_FIELDS
-                                                              if key in change}))
+        changes=tuple((change["effective"], MappingProxyType({key: value for key, value in change.items()
+                                                              if key != "effective"}))
                       for change in entry.get("changes", ())),
     )
 

@@ -155,17 +155,24 @@ def _chat_from_body(body: Any) -> Chat | None:
     assert isinstance(body, dict) and isinstance(first, dict)
     usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
     details = usage.get("prompt_tokens_details")
+    details = details if isinstance(details, dict) else {}
+    output = usage.get("completion_tokens_details")
     prompt_tokens = _count(usage.get("prompt_tokens"))
     completion_tokens = _count(usage.get("completion_tokens"))
+    tier = body.get("service_tier")
     result = ChatResult(
         text=_message_text(message.get("content")),
         finish_reason=first.get("finish_reason"),
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
-        cached_tokens=_count(details.get("cached_tokens")) if isinstance(details, dict) else 0,
+        cached_tokens=_count(details.get("cached_tokens")),
         model=body.get("model"),
         response_id=body.get("id"),
         latency_s=0.0,
+        # Billed at 1.25x input from gpt-5.6 on; the 30-minute write is the only duration the API reports.
+        cache_creation_tokens=_count(details.get("cache_write_tokens")),
+        reasoning_tokens=_count(output.get("reasoning_tokens")) if isinstance(output, dict) else 0,
+        service_tier=tier if isinstance(tier, str) else None,
     )
     return Chat(result, _count(usage.get("total_tokens")) or prompt_tokens + completion_tokens)
 

@@ -46,6 +46,14 @@ class ChatResult:
     response_id: str | None
     latency_s: float  # from the first attempt's send to the answer: retries and their waits included, queueing for a slot not
     attempts: int = 1
-    # Input tokens written to the provider's prompt cache (Anthropic's cache_creation_input_tokens); already in
-    # prompt_tokens, as cached_tokens (cache reads) are.
+    # Input tokens written to the provider's prompt cache (Anthropic's cache_creation_input_tokens, OpenAI's
+    # cache_write_tokens); already in prompt_tokens, as cached_tokens (cache reads) are.
     cache_creation_tokens: int = 0
+    # Those of them written for the longer duration (Anthropic's 1-hour writes), priced apart.
+    cache_creation_extended_tokens: int = 0
+    # Output tokens spent thinking (OpenAI's reasoning_tokens, Anthropic's thinking_tokens); already in
+    # completion_tokens.
+    reasoning_tokens: int = 0
+    # The service tier the answer says served it (OpenAI's service_tier; Anthropic's usage.service_tier, or
+    # "fast" for its fast mode), which its price follows; None where the answer does not say.
+    service_tier: str | None = None

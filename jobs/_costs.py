@@ -12,7 +12,7 @@ from typing import Any
 
 from llm_dispatch import storage
 from llm_dispatch.core import ChatRequest, CostTotals, PriceTable, RouteTotals, estimate_request_cost, from_pico, provider_lookup
-from llm_dispatch.core import ROUTES, RetryFailed
+from llm_dispatch.core import ROUTES, RetryFailed, Route
 
 __all__ = ["JobCost", "PriceBasis", "RepricedRow", "Repricing", "actual_cost", "estimate_cost", "money", "reprice"]
 # Answers of a model this database must hold before the reply length learnt from them replaces the setting.
@@ -235,43 +235,58 @@ class Repricing:
     rows: list[RepricedRow]
     stored: JobCost
     repriced: JobCost
+    # The what-ifs asked for: every real-time answer at this tier; every answer by this route (None: as they were).
+    tier: str | None = None
+    route: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         table = self.repriced.totals.table
         assert table is not None
         return {"job_id": self.job_id, "prices_file": table.prices_file, "prices_as_of": table.prices_as_of,
+                "tier": self.tier, "route": self.route,
                 "rows": [row.as_dict() for row in self.rows], "stored": self.stored.as_dict(),
                 "repriced": self.repriced.as_dict(),
                 "difference": money(self.repriced.total - self.stored.total)
                 if self.stored.complete and self.repriced.complete else None}
 
 
-async def reprice(*, sessions: storage.Sessions, job_id: str, table: PriceTable) -> Repricing:
+async def reprice(
+    *, sessions: storage.Sessions, job_id: str, table: PriceTable, tier: str | None = None,
+    route: Route | None = None,
+) -> Repricing:
     """What the job's paid usage would cost under ``table``, per route and model, beside its stored cost.
-    Reads only: the stored costs stay as they were."""
+    Reads only: the stored costs stay as they were.
+
+    What-ifs: ``tier`` prices every real-time answer as if served at that service tier ("standard", "flex",
+    "priority"...) instead of the one it reports; ``route`` prices every answer as if sent that way ("batch":
+    through the Batch API). Rows stay per route the answers took."""
     long_above = {model: price.long_prompt.above for model in await storage.job_models(sessions, job_id=job_id)
                   if (price := table.price_for(model)) is not None and price.long_prompt is not None}
     usage = await storage.usage_by_route(sessions, job_id=job_id, long_above=long_above)
     stored = await actual_cost(sessions=sessions, job_id=job_id)
     repriced = JobCost(totals=CostTotals(table=table))
-    # Priced per route, model and long-prompt price; shown per route and model.
-    merged: dict[tuple[str, str, bool], list[int]] = {}
-    for row in usage:  # one row per route, model, length and price table
-        sums = merged.setdefault((row.route, row.model, row.long_prompt), [0] * 7)
+    # Priced per route, model, long-prompt price and tier; shown per route and model.
+    merged: dict[tuple[str, str, bool, str | None], list[int]] = {}
+    for row in usage:  # one row per route, model, length, tier and price table
+        sums = merged.setdefault((row.route, row.model, row.long_prompt, row.service_tier), [0] * 8)
         for index, value in enumerate((row.prompts, row.prompt_tokens, row.completion_tokens, row.cached_tokens,
-                                       row.cost_pico_usd, row.unpriced, row.cache_creation_tokens)):
+                                       row.cost_pico_usd, row.unpriced, row.cache_creation_tokens,
+                                       row.cache_creation_extended_tokens)):
             sums[index] += value
     shown: dict[tuple[str, str], RepricedRow] = {}
-    for (route, model, long), (requests, prompt_tokens, completion_tokens, cached_tokens, cost, unpriced,
-                               written) in merged.items():
-        again = repriced.totals.add(model=model, route=route, prompt_tokens=prompt_tokens,  # type: ignore[arg-type]
-                                    completion_tokens=completion_tokens, cached_tokens=cached_tokens,
-                                    cache_creation_tokens=written, requests=requests, long_prompt=long)
-        row = RepricedRow(route=route, model=model, requests=requests, prompt_tokens=prompt_tokens,
+    for (sent, model, long, served), (requests, prompt_tokens, completion_tokens, cached_tokens, cost, unpriced,
+                                      written, extended) in merged.items():
+        again = repriced.totals.add(model=model, route=route or sent,  # type: ignore[typeddict-item]
+                                    prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                                    cached_tokens=cached_tokens, cache_creation_tokens=written,
+                                    cache_creation_extended_tokens=extended, requests=requests, long_prompt=long,
+                                    service_tier=served if tier is None else tier)
+        route_shown = sent
+        row = RepricedRow(route=route_shown, model=model, requests=requests, prompt_tokens=prompt_tokens,
                           completion_tokens=completion_tokens, cached_tokens=cached_tokens,
                           stored=from_pico(cost), stored_unpriced=unpriced, repriced=again)
-        before = shown.get((route, model))
-        shown[(route, model)] = row if before is None else before.plus(row)
+        before = shown.get((route_shown, model))
+        shown[(route_shown, model)] = row if before is None else before.plus(row)
     rows = list(shown.values())
     repriced.max_total = repriced.total
-    return Repricing(job_id=job_id, rows=rows, stored=stored, repriced=repriced)
+    return Repricing(job_id=job_id, rows=rows, stored=stored, repriced=repriced, tier=tier, route=route)

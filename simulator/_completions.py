@@ -42,6 +42,8 @@ class PlannedCompletion:
     cap: int | None  # max_completion_tokens, else max_tokens
     n: int
     choices: list[tuple[int, int, str]]
+    # What the answer says served it: the tier asked for, as OpenAI reports it ("fast" is reported "priority").
+    service_tier: str = "default"
 
     @property
     def completion_tokens(self) -> int:
@@ -53,6 +55,10 @@ def body_digest(raw: bytes, *, state: SimState) -> bytes:
     return hashlib.blake2b(raw, digest_size=8, key=state.seed_key).digest()
 
 
+# The tiers a request can ask for and what the answer reports (auto and default: the standard tier).
+_SERVED_TIERS = {"flex": "flex", "priority": "priority", "fast": "priority", "scale": "scale"}
+
+
 def plan_completion(body: dict[str, Any], *, digest: bytes) -> PlannedCompletion:
     """The answer to a body that ``validate_chat_body`` accepted."""
     messages: list[dict[str, Any]] = body["messages"]
@@ -62,6 +68,7 @@ def plan_completion(body: dict[str, Any], *, digest: bytes) -> PlannedCompletion
     return PlannedCompletion(
         model=body["model"], messages=messages, counts=counts, prompt_tokens=sum(counts) + REPLY_PRIMING_TOKENS,
         cap=cap, n=n, choices=_plan_choices(int.from_bytes(digest, "little"), cap=cap, n=n),
+        service_tier=_SERVED_TIERS.get(body.get("service_tier"), "default"),
     )
 
 
@@ -80,6 +87,7 @@ def render_completion(plan: PlannedCompletion, *, state: SimState) -> tuple[byte
         completion_tokens=plan.completion_tokens,
         cached_tokens=cached,
         system_fingerprint=SYSTEM_FINGERPRINT,
+        service_tier=plan.service_tier,
     )
     return body, cached
 

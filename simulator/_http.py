@@ -63,6 +63,7 @@ def completion_body(
     completion_tokens: int,
     cached_tokens: int,
     system_fingerprint: str,
+    service_tier: str = "default",
 ) -> bytes:
     """A chat.completion body; ``choices`` are (content, finish_reason) pairs.
 
@@ -80,7 +81,7 @@ def completion_body(
         f'"prompt_tokens_details":{{"cached_tokens":{cached_tokens},"audio_tokens":0}},'
         f'"completion_tokens_details":{{"reasoning_tokens":0,"audio_tokens":0,'
         f'"accepted_prediction_tokens":0,"rejected_prediction_tokens":0}}}},'
-        f'"service_tier":"default","system_fingerprint":"{system_fingerprint}"}}'
+        f'"service_tier":"{service_tier}","system_fingerprint":"{system_fingerprint}"}}'
     ).encode()
 
 

@@ -36,6 +36,8 @@ class PlannedMessage:
     completion: PlannedCompletion
     cache_prefix: bytes | None  # digest of the marked prefix
     cache_prefix_tokens: int
+    # The last mark asks for a 1-hour cache ({"ttl": "1h"}): its writes are 1-hour writes.
+    cache_hour: bool = False
 
     @property
     def prompt_tokens(self) -> int:
@@ -75,7 +77,8 @@ def plan_message(body: dict[str, Any], *, digest: bytes) -> PlannedMessage:
     end = marked[-1] + 1
     prefix = hashlib.blake2b(_CACHE_DOMAIN + canonical_json([body["model"], turns[:end]]).encode(),
                              digest_size=16).digest()
-    return PlannedMessage(completion=completion, cache_prefix=prefix, cache_prefix_tokens=sum(completion.counts[:end]))
+    return PlannedMessage(completion=completion, cache_prefix=prefix, cache_prefix_tokens=sum(completion.counts[:end]),
+                          cache_hour=_cache_ttl(turns[end - 1].get("content")) == "1h")
 
 
 def render_message(plan: PlannedMessage, *, state: SimState) -> tuple[bytes, MessageUsage]:
@@ -106,10 +109,22 @@ def render_message(plan: PlannedMessage, *, state: SimState) -> tuple[bytes, Mes
             "input_tokens": usage.input_tokens,
             "cache_creation_input_tokens": usage.cache_creation_input_tokens,
             "cache_read_input_tokens": usage.cache_read_input_tokens,
+            "cache_creation": {
+                "ephemeral_5m_input_tokens": 0 if plan.cache_hour else usage.cache_creation_input_tokens,
+                "ephemeral_1h_input_tokens": usage.cache_creation_input_tokens if plan.cache_hour else 0,
+            },
             "output_tokens": usage.output_tokens,
+            "service_tier": "standard",
         },
     }
     return json_dumps(message).encode(), usage
+
+
+def _cache_ttl(content: Any) -> str | None:
+    """The ttl of the last cache mark in a turn's content ("5m" when a mark gives none)."""
+    marks = [block["cache_control"] for block in content if isinstance(block, dict) and "cache_control" in block] \
+        if isinstance(content, list) else []
+    return (marks[-1].get("ttl") or "5m") if marks and isinstance(marks[-1], dict) else None
 
 
 def _marks_cache(content: Any) -> bool:

@@ -129,8 +129,15 @@ class Result(Base):
     prompt_tokens: Mapped[int | None] = mapped_column(Integer())
     completion_tokens: Mapped[int | None] = mapped_column(Integer())
     cached_tokens: Mapped[int | None] = mapped_column(Integer())
-    # Prompt-cache writes (Anthropic), part of prompt_tokens like cached_tokens; NULL where none were reported.
+    # Prompt-cache writes, part of prompt_tokens like cached_tokens; NULL where none were reported.
     cache_creation_tokens: Mapped[int | None] = mapped_column(Integer())
+    # Of those, the writes for the longer duration (Anthropic's 1 hour), priced apart; NULL where none.
+    cache_creation_extended_tokens: Mapped[int | None] = mapped_column(Integer())
+    # Output tokens spent reasoning, part of completion_tokens; NULL where none were reported.
+    reasoning_tokens: Mapped[int | None] = mapped_column(Integer())
+    # The service tier the answer says served it ("default", "flex", "priority", Anthropic's "standard" or
+    # "fast"...): the price follows it; NULL where the answer did not say.
+    service_tier: Mapped[str | None] = mapped_column(String(16))
     latency_ms: Mapped[float | None] = mapped_column(Float())
     attempts: Mapped[int] = mapped_column(Integer())
     response_model: Mapped[str | None] = mapped_column(String())

@@ -46,10 +46,13 @@ class UsageRow:
     prices_as_of: str | None = None
     prices_file: str | None = None
     cost_basis: str | None = None
-    # Prompt-cache writes (Anthropic's), part of prompt_tokens.
+    # Prompt-cache writes, part of prompt_tokens; of them, those for the longer duration.
     cache_creation_tokens: int = 0
+    cache_creation_extended_tokens: int = 0
     # Requests whose prompt was longer than their model's long-prompt threshold (``usage_by_route(long_above=)``).
     long_prompt: bool = False
+    # The service tier the answers report (None: they did not say).
+    service_tier: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +89,9 @@ class ExportRow:
     # As stored with the result (see ``Result``): None with no result yet, or a cost unknown.
     cost_pico_usd: int | None = None
     cache_creation_tokens: int | None = None
+    cache_creation_extended_tokens: int | None = None
+    reasoning_tokens: int | None = None
+    service_tier: str | None = None
     discount: str | None = None
     prices_as_of: str | None = None
     cost_basis: str | None = None
@@ -95,8 +101,8 @@ async def usage_by_route(
     sessions: Sessions, *, job_id: str, long_above: Mapping[str, int] | None = None
 ) -> list[UsageRow]:
     """Tokens paid for and their stored cost per route, requested model (the price table knows the model
-    as asked for) and the prices they were priced with. ``long_above`` (model -> prompt tokens) splits a
-    model's requests into those at most that long and those longer, which a price table prices apart."""
+    as asked for), service tier and the prices they were priced with. ``long_above`` (model -> prompt tokens)
+    splits a model's requests into those at most that long and those longer, which a price table prices apart."""
     stamp = (Result.prices_as_of, Result.prices_file, Result.cost_basis)
     long = case(*((and_(Prompt.model == model, Result.prompt_tokens > above), True)
                   for model, above in (long_above or {}).items()), else_=False) if long_above else literal(False)
@@ -107,24 +113,27 @@ async def usage_by_route(
             func.coalesce(func.sum(Result.completion_tokens), 0),
             func.coalesce(func.sum(Result.cached_tokens), 0),
             func.coalesce(func.sum(Result.cache_creation_tokens), 0),
+            func.coalesce(func.sum(Result.cache_creation_extended_tokens), 0),
             func.coalesce(func.sum(Result.cost_pico_usd), 0),
             func.coalesce(func.sum(Result.list_cost_pico_usd), 0),
             func.count() - func.count(Result.cost_pico_usd),
             long.label("long_prompt"),
+            Result.service_tier,
             *stamp,
         )
         .join(Prompt, Prompt.id == Result.prompt_id)
         .where(Result.job_id == job_id, Result.status == "succeeded", Result.route != "reused")
-        .group_by(Result.route, Prompt.model, "long_prompt", *stamp)
+        .group_by(Result.route, Prompt.model, "long_prompt", Result.service_tier, *stamp)
     )
     async with sessions() as session:
         found = [UsageRow(route, model, int(n), int(p), int(c), int(k), int(cost), int(listed), int(unknown),
-                          as_of, file, basis, cache_creation_tokens=int(w), long_prompt=bool(is_long))
-                 for route, model, n, p, c, k, w, cost, listed, unknown, is_long, as_of, file, basis
+                          as_of, file, basis, cache_creation_tokens=int(w), cache_creation_extended_tokens=int(x),
+                          long_prompt=bool(is_long), service_tier=tier)
+                 for route, model, n, p, c, k, w, x, cost, listed, unknown, is_long, tier, as_of, file, basis
                  in await session.execute(stmt)]
     # Sorted here: the databases put NULL stamps at opposite ends.
-    return sorted(found, key=lambda u: (u.route, u.model, u.long_prompt, u.prices_as_of or "", u.prices_file or "",
-                                        u.cost_basis or ""))
+    return sorted(found, key=lambda u: (u.route, u.model, u.long_prompt, u.service_tier or "", u.prices_as_of or "",
+                                        u.prices_file or "", u.cost_basis or ""))
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,7 +213,8 @@ async def list_jobs(sessions: Sessions, *, limit: int = 20) -> list[JobSummary]:
 
 # What an export row takes from the prompt's newest result, column for column (None while it has none).
 _EXPORTED_RESULT_FIELDS = ("route", "text", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens",
-                           "cache_creation_tokens", "latency_ms", "error_class", "error_message", "cost_pico_usd",
+                           "cache_creation_tokens", "cache_creation_extended_tokens", "reasoning_tokens",
+                           "service_tier", "latency_ms", "error_class", "error_message", "cost_pico_usd",
                            "discount", "prices_as_of", "cost_basis")
 
 

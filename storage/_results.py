@@ -59,6 +59,9 @@ class ResultRow(NamedTuple):
     latency_ms: float | None = None
     response_model: str | None = None
     response_id: str | None = None
+    cache_creation_extended_tokens: int | None = None
+    reasoning_tokens: int | None = None
+    service_tier: str | None = None
     http_status: int | None = None
     error_class: str | None = None
     error_message: str | None = None
@@ -122,18 +125,20 @@ class RowLedger:
         self.free: LedgerValues = (0, 0, None, *self.stamp)
         # No table: the cost is unknown, and so is when it would have been worked out.
         self.unknown: LedgerValues = (None, None, None, *self.stamp) if prices is not None else (None,) * 6
-        self._priced: dict[tuple[str, str, int, int, int, int], LedgerValues] = {}
+        self._priced: dict[tuple[str, str, int, int, int, int, int, str | None], LedgerValues] = {}
 
     def paid(self, result: ChatResult, *, model: str | None, route: Route) -> LedgerValues:
         if self.prices is None:
             return self.unknown
         usage = (model or result.model or "", route, result.prompt_tokens, result.completion_tokens,
-                 result.cached_tokens, result.cache_creation_tokens)
+                 result.cached_tokens, result.cache_creation_tokens, result.cache_creation_extended_tokens,
+                 result.service_tier)
         values = self._priced.get(usage)
         if values is None:
             charge = self.prices.price(model=usage[0], route=route, prompt_tokens=usage[2],  # type: ignore[arg-type]
                                        completion_tokens=usage[3], cached_tokens=usage[4],
-                                       cache_creation_tokens=usage[5])
+                                       cache_creation_tokens=usage[5], cache_creation_extended_tokens=usage[6],
+                                       service_tier=usage[7])
             # A model with no price: unknown, never 0. Else cost, list cost, discount (Charge's order), the stamp.
             values = self.unknown if charge is None else (*charge, *self.stamp)
             if len(self._priced) >= _PRICED_MEMO:
@@ -171,10 +176,11 @@ def answer_rows(
         if not prompt_ids:
             continue
         latency_ms = (result.latency_s if latency_s is None else latency_s) * 1000
-        # Positional, in ResultRow's field order: text .. response_id, then http_status, error_class, error_message.
+        # Positional, in ResultRow's field order: text .. service_tier, then http_status, error_class, error_message.
         answer = (result.text, result.finish_reason, result.prompt_tokens, result.completion_tokens,
                   result.cached_tokens, result.cache_creation_tokens or None, latency_ms, result.model,
-                  result.response_id)
+                  result.response_id, result.cache_creation_extended_tokens or None, result.reasoning_tokens or None,
+                  result.service_tier)
         if paying:
             cost = ledger.paid(result, model=model, route=route)  # type: ignore[arg-type]
             rows.append(ResultRow(prompt_ids[0], route, "succeeded", result.attempts, now, "succeeded", *answer,

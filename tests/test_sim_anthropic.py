@@ -85,7 +85,9 @@ async def test_the_message_has_anthropics_exact_shape(start_sim: StartSim, raw: 
     assert [block["type"] for block in message["content"]] == ["text"]
     assert message["stop_reason"] in ("end_turn", "max_tokens")
     assert set(message["usage"]) == {"input_tokens", "output_tokens", "cache_read_input_tokens",
-                                     "cache_creation_input_tokens"}
+                                     "cache_creation_input_tokens", "cache_creation", "service_tier"}
+    assert set(message["usage"]["cache_creation"]) == {"ephemeral_5m_input_tokens", "ephemeral_1h_input_tokens"}
+    assert message["usage"]["service_tier"] == "standard"
 
 
 async def test_a_cache_control_prefix_is_written_once_then_read(start_sim: StartSim) -> None:

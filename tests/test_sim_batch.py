@@ -348,11 +348,14 @@ async def test_a_large_batch_does_not_block_the_event_loop(
         ((f"r{i}", request(f"item {i} " * 20)) for i in range(4000)), directory=tmp_path / "in"
     )
     batch = await submit(client, files[0].path)
-    worst = 0.0
+    worst, polls, began = 0.0, 0, time.monotonic()
     while not batch.status.is_terminal:
         started = time.monotonic()
         batch = await client.retrieve_batch(batch.id)
         worst = max(worst, time.monotonic() - started)
+        polls += 1
+    answering = time.monotonic() - began
     assert batch.status is BatchStatus.COMPLETED and batch.request_counts.completed == 4000
-    # 4,000 lines take a good part of a second to answer; a poll never waits for more than a chunk of them.
-    assert worst < 0.25
+    # Answering 4,000 lines takes many polls' time; a poll waits for a chunk of them at most, never the whole batch
+    # (relative to the batch's own time, so a loaded machine slows both sides alike).
+    assert polls >= 3 and worst < answering / 2

@@ -36,18 +36,20 @@ from ._inputs import (
 )
 from ._json import stored_json
 from ._limits import AdaptiveLimiter, RateLimiter, SharedPause
+from ._model_rules import Refusal, anthropic_refusal, batch_metadata_problem, openai_params, openai_refusal
 from ._pricing import PICO_PER_USD, Charge, ModelInfo, PriceTable, from_pico
 from ._providers import PROVIDERS, provider_for, provider_lookup
 from ._responses import chat_result_from_body
 from ._retry import DEFAULT_MAX_RETRY_AFTER, backoff_delay
 from ._routing import RoutePolicy, RoutingRules, decide_route, parse_deadline, prompt_chars
-from ._settings import DEFAULT_MAX_TOKENS, Settings
+from ._settings import DEFAULT_ANTHROPIC_VERSION, DEFAULT_MAX_TOKENS, Settings
 from ._tokens import estimate_prompt_tokens, estimate_request_tokens
 from ._transport import default_transport
 from ._types import ChatRequest, ChatResult, dedupe_key
 from ._wire import check_provider_key
 
 __all__ = [
+    "DEFAULT_ANTHROPIC_VERSION",
     "DEFAULT_BATCH_LIMITS",
     "DEFAULT_CONCURRENCY",
     "DEFAULT_CONNECT_TIMEOUT",
@@ -61,6 +63,8 @@ __all__ = [
     "PICO_PER_USD",
     "AdaptiveLimiter",
     "anthropic_params",
+    "anthropic_refusal",
+    "batch_metadata_problem",
     "backoff_delay",
     "batch_status_from_api",
     "BatchFile",
@@ -90,6 +94,8 @@ __all__ = [
     "key_hash",
     "from_pico",
     "LLMClient",
+    "openai_params",
+    "openai_refusal",
     "parse_deadline",
     "parse_prompt_dicts",
     "ModelInfo",
@@ -103,6 +109,7 @@ __all__ = [
     "PromptSpec",
     "RepeatedKeys",
     "RateLimiter",
+    "Refusal",
     "read_batch_output",
     "read_message_batch_results",
     "read_prompts",

@@ -5,10 +5,12 @@
 parameter with no Anthropic equivalent is refused with the file, never request by request.
 
 Rules: system (and developer) messages go to the top-level ``system`` in order; ``max_tokens`` or
-``max_completion_tokens`` becomes ``max_tokens``, else the default; ``stop`` -> ``stop_sequences``;
-``user`` -> ``metadata.user_id``; OpenAI function tools, ``tool_choice``, assistant ``tool_calls`` and
-``tool`` messages become Anthropic tools, tool_use and tool_result blocks; ``image_url`` parts become
-image blocks. Anthropic's own blocks and parameters pass through unchanged.
+``max_completion_tokens`` becomes ``max_tokens``, else the default (a larger one when the request thinks,
+``_model_rules.anthropic_max_tokens``); ``stop`` -> ``stop_sequences``; ``user`` -> ``metadata.user_id``;
+OpenAI function tools, ``tool_choice``, assistant ``tool_calls`` and ``tool`` messages become Anthropic tools,
+tool_use and tool_result blocks; ``image_url`` parts become image blocks. Anthropic's own blocks and parameters
+(``thinking``, ``output_config``, top-level ``cache_control``, ``container``, ``inference_geo``, ``service_tier``,
+``speed``, ...) pass through unchanged; what a model refuses is ``_model_rules``' to say.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from ._model_rules import DEFAULT_THINKING_MAX_TOKENS, anthropic_max_tokens
+from ._params import shown, suggestion
 from ._types import ChatRequest
 
 __all__ = [
@@ -27,8 +31,12 @@ __all__ = [
     "has_max_tokens",
 ]
 
-# Sent as they are: Anthropic's own names, or OpenAI's where they mean the same.
-_PASSTHROUGH = frozenset({"temperature", "top_p", "top_k", "stop_sequences", "thinking", "service_tier", "system"})
+# Sent as they are: Anthropic's own names (its Messages API's parameters: anthropic-sdk-python
+# ``types/message_create_params.py``), or OpenAI's where they mean the same.
+_PASSTHROUGH = frozenset({
+    "temperature", "top_p", "top_k", "stop_sequences", "thinking", "service_tier", "system", "output_config",
+    "cache_control", "container", "inference_geo", "speed", "diagnostics",
+})
 # Translated by a rule of their own.
 _TRANSLATED = frozenset({"max_tokens", "max_completion_tokens", "stop", "user", "metadata", "tools", "tool_choice",
                          "parallel_tool_calls", "n"})
@@ -40,6 +48,11 @@ OPENAI_ONLY_PARAMS = frozenset({
     "function_call", "stream", "stream_options", "prompt_cache_key", "safety_identifier", "verbosity",
 })
 _IMAGE_DATA_PREFIX = "data:"
+# OpenAI content parts with no Anthropic block to become.
+_NO_EQUIVALENT = {
+    "input_audio": "an input_audio part has no Anthropic equivalent (Claude takes no audio)",
+    "file": "a 'file' part does not translate to Anthropic: give Anthropic's own 'document' block instead",
+}
 _TOOL_CHOICES = {"auto": {"type": "auto"}, "required": {"type": "any"}, "none": {"type": "none"}}
 
 
@@ -47,12 +60,24 @@ def has_max_tokens(params: Mapping[str, Any]) -> bool:
     return params.get("max_tokens") is not None or params.get("max_completion_tokens") is not None
 
 
+# What to give instead of an OpenAI parameter that has a near Anthropic equivalent.
+_INSTEAD = {
+    "reasoning_effort": "give output_config: {effort: ...} instead",
+    "response_format": "give output_config: {format: {type: 'json_schema', schema: ...}} instead",
+}
+_OBJECTS = frozenset({"thinking", "output_config", "cache_control"})
+
+
 def anthropic_param_problem(name: str, value: Any) -> str | None:
     """Why the request parameter ``name`` cannot go to Anthropic, or None when it translates."""
     if name in OPENAI_ONLY_PARAMS:
-        return f"'{name}' has no Anthropic equivalent; remove it for claude models (or map the model to openai)"
+        instead = _INSTEAD.get(name, "remove it for claude models (or map the model to openai)")
+        return f"'{name}' has no Anthropic equivalent; {instead}"
     if name not in ANTHROPIC_PARAMS:
-        return f"'{name}' is not a parameter of Anthropic's Messages API"
+        likely = suggestion(name, ANTHROPIC_PARAMS)
+        if likely is not None:
+            return f"{shown(name)} is not a parameter of Anthropic's Messages API; did you mean '{likely}'?"
+        return f"{shown(name)} is not a parameter of Anthropic's Messages API"
     if name == "n" and value not in (None, 1):
         return "Anthropic answers once per request: n must be 1 (send the prompt n times instead)"
     if name == "temperature" and isinstance(value, int | float) and value > 1:
@@ -60,7 +85,9 @@ def anthropic_param_problem(name: str, value: Any) -> str | None:
     if name == "metadata" and isinstance(value, Mapping) and set(value) - {"user_id"}:
         return "Anthropic's metadata holds only 'user_id'"
     if name == "tool_choice" and isinstance(value, str) and value not in _TOOL_CHOICES:
-        return f"tool_choice {value!r} is not one of {', '.join(_TOOL_CHOICES)}"
+        return f"tool_choice {shown(value)} is not one of {', '.join(_TOOL_CHOICES)}"
+    if name in _OBJECTS and value is not None and not isinstance(value, Mapping):
+        return f"{name} must be an object"
     return None
 
 
@@ -72,7 +99,10 @@ def anthropic_params(request: ChatRequest, *, default_max_tokens: int) -> dict[s
     cap = params.get("max_tokens")
     if cap is None:
         cap = params.get("max_completion_tokens")
-    body["max_tokens"] = default_max_tokens if cap is None else cap
+    if cap is None:
+        cap = anthropic_max_tokens(request.model, params, default=default_max_tokens,
+                                   thinking_default=max(default_max_tokens, DEFAULT_THINKING_MAX_TOKENS))
+    body["max_tokens"] = cap
     body["messages"] = messages
     if system is not None:
         body["system"] = system
@@ -164,6 +194,10 @@ def _block(part: dict[str, Any]) -> dict[str, Any]:
         if "cache_control" in part:
             block["cache_control"] = part["cache_control"]
         return block
+    if kind == "refusal":  # a refusal an earlier answer made, given back as that turn's text
+        return {"type": "text", "text": part.get("refusal")}
+    if kind in _NO_EQUIVALENT:
+        raise ValueError(_NO_EQUIVALENT[kind])
     # text parts are the same in both APIs (cache_control kept); Anthropic's own blocks pass through.
     return part
 
@@ -177,6 +211,8 @@ def _image_source(url: str) -> dict[str, str]:
 
 
 def _tool(tool: Mapping[str, Any]) -> dict[str, Any]:
+    if tool.get("type") == "custom" and "custom" in tool:
+        raise ValueError("OpenAI's custom (free-form) tools have no Anthropic equivalent: give a function tool")
     if tool.get("type") != "function":
         return dict(tool)  # already Anthropic's (input_schema, or a server tool)
     function = tool.get("function") or {}
@@ -184,6 +220,8 @@ def _tool(tool: Mapping[str, Any]) -> dict[str, Any]:
                                  "input_schema": function.get("parameters") or {"type": "object", "properties": {}}}
     if function.get("description"):
         converted["description"] = function["description"]
+    if function.get("strict") is not None:  # both APIs: the input matches the schema
+        converted["strict"] = function["strict"]
     return converted
 
 
@@ -196,10 +234,12 @@ def _tool_choice(choice: Any) -> dict[str, Any]:
 
 
 def _tool_use(call: Mapping[str, Any]) -> dict[str, Any]:
+    if call.get("type") == "custom":
+        raise ValueError(f"tool call {shown(call.get('id'))} is OpenAI's custom kind, which has no Anthropic equivalent")
     function = call.get("function") or {}
     arguments = function.get("arguments") or "{}"
     try:
         tool_input = json.loads(arguments) if isinstance(arguments, str) else arguments
     except ValueError:
-        raise ValueError(f"tool call {call.get('id')!r}: arguments are not JSON: {arguments[:60]!r}") from None
+        raise ValueError(f"tool call {shown(call.get('id'))}: arguments are not JSON: {shown(arguments)}") from None
     return {"type": "tool_use", "id": call.get("id"), "name": function.get("name"), "input": tool_input}

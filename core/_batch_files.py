@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ._batch_types import BATCH_CHAT_ENDPOINT, DEFAULT_BATCH_LIMITS, BatchLimits
+from ._model_rules import openai_body
 from ._responses import chat_result_from_body
 from ._exceptions import APIResponseValidationError
 from ._json import compact_json
@@ -205,7 +206,7 @@ def write_batch_files(
 
 
 def _input_line(custom_id: str, request: ChatRequest, *, endpoint: str) -> bytes:
-    record = {"custom_id": custom_id, "method": "POST", "url": endpoint, "body": request.body()}
+    record = {"custom_id": custom_id, "method": "POST", "url": endpoint, "body": openai_body(request)}
     try:
         # Encoded as httpx encodes a chat body, so a batch line and a real-time call send the same bytes.
         return compact_json(record).encode("utf-8") + b"\n"

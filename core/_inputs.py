@@ -22,11 +22,13 @@ from ._exceptions import InputError
 from ._input_files import PromptSource, Record, lone_surrogate_at, records
 from ._hashes import HashBag, RepeatedKeys, key_hash, text_hash
 from ._anthropic import anthropic_param_problem, anthropic_params, has_max_tokens
-from ._params import param_problem, shown
+from ._model_rules import DEFAULT_THINKING_MAX_TOKENS, anthropic_max_tokens, anthropic_refusal, anthropic_thinks, \
+    openai_params, openai_refusal
+from ._params import misspelling, param_problem, shown
 from ._pricing import ModelLimits, PriceTable
 from ._providers import provider_lookup
 from ._routing import URGENCIES, parse_deadline
-from ._settings import DEFAULT_MAX_TOKENS
+from ._settings import DEFAULT_ANTHROPIC_VERSION, DEFAULT_MAX_TOKENS
 from ._tokens import estimate_input_tokens, input_tokens_at_most, reply_cap
 from ._types import ChatRequest, dedupe_key
 
@@ -137,18 +139,21 @@ def check_prompts(
     table: PriceTable | None = None,
     model_providers: Mapping[str, str] | None = None,
     default_max_tokens: int = DEFAULT_MAX_TOKENS,
+    anthropic_version: str = DEFAULT_ANTHROPIC_VERSION,
     warn: bool = True,
 ) -> InputCheck:
     """Validate the whole input as ``read_prompts`` does, in one streaming pass (a second one only
     when two ids may be the same): its count, fingerprint and repeated requests, no prompt held.
 
-    Prompts whose provider (``model_providers``, then claude-* -> anthropic) is Anthropic are refused any
-    parameter Anthropic cannot take; those with no max_tokens make one warning for the whole input, and
-    deadlines already past another, returned as ``warnings`` and logged unless ``warn`` is false (a caller
-    that checks twice warns once). Raises ``InputError`` naming every bad line (up to ``MAX_PROBLEMS``)."""
+    Each prompt is refused what its model refuses (``_model_rules``; Anthropic's under ``anthropic_version``),
+    and one whose provider (``model_providers``, then claude-* -> anthropic) is Anthropic any parameter Anthropic
+    cannot take. Anthropic prompts with no max_tokens make one warning for the whole input, and deadlines already
+    past another, returned as ``warnings`` and logged unless ``warn`` is false (a caller that checks twice warns
+    once). Raises ``InputError`` naming every bad line (up to ``MAX_PROBLEMS``)."""
     digest = hashlib.sha256()
     ids, keys = HashBag(), HashBag()
-    count = uncapped = past = 0
+    count = uncapped = thinking = past = 0
+    thinking_default = max(default_max_tokens, DEFAULT_THINKING_MAX_TOKENS)
     first_past: tuple[int, str] | None = None
     problems = _Problems()
     where, _ = records(source)
@@ -156,7 +161,7 @@ def check_prompts(
     providers: set[str] = set()
     now = datetime.now(timezone.utc)
     for line, spec in _iter_specs(source, default_model=default_model, default_params=default_params, table=table,
-                                  model_providers=model_providers, now=now):
+                                  model_providers=model_providers, now=now, anthropic_version=anthropic_version):
         if isinstance(spec, InputError):
             problems.add(spec)
             continue
@@ -165,14 +170,17 @@ def check_prompts(
             first_past = first_past or (line, spec.deadline)
         provider = provider_of(spec.model)
         if provider == "anthropic" and not has_max_tokens(spec.params):
+            cap = anthropic_max_tokens(spec.model, spec.params, default=default_max_tokens,
+                                       thinking_default=thinking_default)
             most = table.limits_for(spec.model) if table is not None else None
-            if most is not None and most.max_output_tokens and default_max_tokens > most.max_output_tokens:
+            if most is not None and most.max_output_tokens and cap > most.max_output_tokens:
                 problems.add(InputError(
                     f"{spec.model} replies with at most {most.max_output_tokens:,} tokens but the default max_tokens "
-                    f"is {default_max_tokens:,}; set params.max_tokens or lower LLM_DISPATCH_DEFAULT_MAX_TOKENS",
+                    f"is {cap:,}; set params.max_tokens or lower LLM_DISPATCH_DEFAULT_MAX_TOKENS",
                     path=where, line=line, field="params.max_tokens"))
                 continue
             uncapped += 1
+            thinking += anthropic_thinks(spec.model, spec.params)
         _add_to_fingerprint(digest, spec)
         ids.add(text_hash(spec.custom_id))
         keys.add(key_hash(spec.dedupe_key))
@@ -181,17 +189,21 @@ def check_prompts(
     clashes = ids.repeated()
     if clashes:
         for problem in _duplicate_ids(source, clashes=clashes, where=where, default_model=default_model,
-                                      default_params=default_params, model_providers=model_providers):
+                                      default_params=default_params, model_providers=model_providers,
+                                      anthropic_version=anthropic_version):
             problems.add(problem)
     problems.raise_any()
     if not count:
         raise InputError("no prompts found; each line needs a 'prompt' or 'messages'", path=where)
     warnings: list[str] = []
     if uncapped:
+        sent = f"max_tokens={default_max_tokens:,}" if thinking < uncapped else ""
+        if thinking:
+            those = "them" if thinking == uncapped else f"the {thinking:,} that think"
+            sent += f"{', and ' if sent else ''}{thinking_default:,} to {those} (thinking counts against it)"
         warnings.append(
             f"{where}: {uncapped:,} Anthropic prompt{'s' if uncapped > 1 else ''} set no max_tokens, which "
-            f"Anthropic requires; sending max_tokens={default_max_tokens:,} (set params.max_tokens, or "
-            "LLM_DISPATCH_DEFAULT_MAX_TOKENS)")
+            f"Anthropic requires; sending {sent} (set params.max_tokens, or LLM_DISPATCH_DEFAULT_MAX_TOKENS)")
     if first_past is not None:
         line, deadline = first_past
         warnings.append(
@@ -212,11 +224,13 @@ def _duplicate_ids(
     default_model: str,
     default_params: Mapping[str, Any] | None,
     model_providers: Mapping[str, str] | None = None,
+    anthropic_version: str,
 ) -> Iterator[InputError]:
     """Each prompt whose id an earlier one has, among those whose hashes clash (two ids may share a hash)."""
     seen: dict[str, int] = {}
     for line, spec in _iter_specs(source, default_model=default_model, default_params=default_params, table=None,
-                                  model_providers=model_providers, now=datetime.now(timezone.utc)):
+                                  model_providers=model_providers, now=datetime.now(timezone.utc),
+                                  anthropic_version=anthropic_version):
         if isinstance(spec, InputError) or text_hash(spec.custom_id) not in clashes:
             continue
         if spec.custom_id in seen:
@@ -237,6 +251,7 @@ def iter_prompts(
     default_params: Mapping[str, Any] | None = None,
     table: PriceTable | None = None,
     model_providers: Mapping[str, str] | None = None,
+    anthropic_version: str = DEFAULT_ANTHROPIC_VERSION,
 ) -> Iterator[PromptSpec]:
     """The prompts of ``source`` one at a time, in input order, each validated as it is read.
 
@@ -245,7 +260,8 @@ def iter_prompts(
     changed since it was checked still gets its file:line error (the first one).
     """
     for _, spec in _iter_specs(source, default_model=default_model, default_params=default_params, table=table,
-                               model_providers=model_providers, now=datetime.now(timezone.utc)):
+                               model_providers=model_providers, now=datetime.now(timezone.utc),
+                               anthropic_version=anthropic_version):
         if isinstance(spec, InputError):
             raise spec
         yield spec
@@ -259,6 +275,7 @@ def _iter_specs(
     table: PriceTable | None,
     model_providers: Mapping[str, str] | None = None,
     now: datetime,
+    anthropic_version: str = DEFAULT_ANTHROPIC_VERSION,
 ) -> Iterator[tuple[int, PromptSpec | InputError]]:
     """Each record's line number and its spec, or the ``InputError`` that says why it cannot be one."""
     where, lines = records(source)
@@ -271,7 +288,7 @@ def _iter_specs(
         try:
             yield number, _spec(record, where=where, line=number, position=position, default_model=default_model,
                                 default_params=default_params, table=table, provider_of=provider_of, now=now,
-                                from_file=from_file)
+                                from_file=from_file, anthropic_version=anthropic_version)
         except InputError as problem:
             yield number, problem
 
@@ -283,6 +300,7 @@ def read_prompts(
     default_params: Mapping[str, Any] | None = None,
     table: PriceTable | None = None,
     model_providers: Mapping[str, str] | None = None,
+    anthropic_version: str = DEFAULT_ANTHROPIC_VERSION,
 ) -> list[PromptSpec]:
     """Read and validate a ``.jsonl`` or ``.csv`` prompt file, every prompt in a list.
 
@@ -290,7 +308,7 @@ def read_prompts(
     tokens plus its reply cap exceed the context window, or its cap exceeds the model's maximum output.
     """
     return _specs(Path(path), default_model=default_model, default_params=default_params, table=table,
-                            model_providers=model_providers)
+                  model_providers=model_providers, anthropic_version=anthropic_version)
 
 
 def parse_prompt_dicts(
@@ -300,10 +318,11 @@ def parse_prompt_dicts(
     default_params: Mapping[str, Any] | None = None,
     table: PriceTable | None = None,
     model_providers: Mapping[str, str] | None = None,
+    anthropic_version: str = DEFAULT_ANTHROPIC_VERSION,
 ) -> list[PromptSpec]:
     """Validate prompts given as dicts (programmatic use), as ``read_prompts`` does; errors name the item number (1-based)."""
     return _specs(items, default_model=default_model, default_params=default_params, table=table,
-                            model_providers=model_providers)
+                  model_providers=model_providers, anthropic_version=anthropic_version)
 
 
 def _specs(
@@ -313,13 +332,15 @@ def _specs(
     default_params: Mapping[str, Any] | None,
     table: PriceTable | None,
     model_providers: Mapping[str, str] | None = None,
+    anthropic_version: str = DEFAULT_ANTHROPIC_VERSION,
 ) -> list[PromptSpec]:
     where, _ = records(source)
     specs: list[PromptSpec] = []
     seen: dict[str, int] = {}
     problems = _Problems()
     for number, spec in _iter_specs(source, default_model=default_model, default_params=default_params, table=table,
-                                    model_providers=model_providers, now=datetime.now(timezone.utc)):
+                                    model_providers=model_providers, now=datetime.now(timezone.utc),
+                                    anthropic_version=anthropic_version):
         if isinstance(spec, InputError):
             problems.add(spec)
         elif spec.custom_id in seen:
@@ -345,6 +366,7 @@ def _spec(
     provider_of: Callable[[str], str],
     now: datetime,
     from_file: bool,
+    anthropic_version: str,
 ) -> PromptSpec:
     def fail(message: str, field_name: str | None = None) -> InputError:
         return InputError(message, path=where, line=line, field=field_name)
@@ -398,9 +420,18 @@ def _spec(
             if problem is not None:
                 raise fail(problem, f"params.{name}")
         try:  # what is left to go wrong is in the messages (a tool call's arguments, say)
-            anthropic_params(ChatRequest(model=model, messages=messages, params=params), default_max_tokens=1)
+            body = anthropic_params(ChatRequest(model=model, messages=messages, params=params), default_max_tokens=1)
         except (ValueError, TypeError, AttributeError) as exc:
             raise fail(f"cannot be sent to Anthropic: {exc}", "prompt" if has_prompt else "messages") from None
+        refusal = anthropic_refusal(body, version=anthropic_version)
+    else:
+        for name in params:
+            problem = misspelling(name)
+            if problem is not None:
+                raise fail(problem, f"params.{name}")
+        refusal = openai_refusal(model, openai_params(model, params))
+    if refusal is not None:
+        raise fail(refusal.message, refusal.field)
     limits = table.limits_for(model) if table is not None else None
     if limits is not None:
         _check_limits(ChatRequest(model=model, messages=messages, params=params), limits,

@@ -2,8 +2,10 @@
 refused with the file rather than sent (and billed, or failed) request by request.
 
 The rules are those of OpenAI's chat completions reference (``CompletionCreateParams`` in
-openai-python, generated from its OpenAPI spec). Parameters not named here pass through unchecked:
-providers add their own, and a newer OpenAI parameter must not be refused by an older llm-dispatch.
+openai-python, generated from its OpenAPI spec). Parameters not named there pass through unchecked:
+providers add their own, and a newer OpenAI parameter must not be refused by an older llm-dispatch;
+only a near miss of a known name (``max_token``, ``temprature``: one letter off) is refused, naming
+the parameter it likely means (``misspelling``). What a given model refuses is ``_model_rules``'.
 """
 
 from __future__ import annotations
@@ -14,8 +16,24 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["param_problem", "shown", "shown_json"]
+__all__ = ["MAX_METADATA_KEY", "MAX_METADATA_PAIRS", "MAX_METADATA_VALUE", "OPENAI_PARAMS", "misspelling", "param_problem", "shown", "shown_json", "suggestion"]
 
+# Every chat-completions request parameter (openai-python 3.3.1, ``types/chat/completion_create_params.py``).
+OPENAI_PARAMS = frozenset({
+    "messages", "model", "audio", "frequency_penalty", "function_call", "functions", "logit_bias", "logprobs",
+    "max_completion_tokens", "max_tokens", "metadata", "modalities", "moderation", "n", "parallel_tool_calls",
+    "prediction", "presence_penalty", "prompt_cache_key", "prompt_cache_options", "prompt_cache_retention",
+    "reasoning_effort", "response_format", "safety_identifier", "seed", "service_tier", "stop", "store", "stream",
+    "stream_options", "temperature", "tool_choice", "tools", "top_logprobs", "top_p", "user", "verbosity",
+    "web_search_options",
+})
+# Parameters of OpenAI-compatible servers (vLLM, Ollama, OpenRouter) and of Anthropic one letter off a name above:
+# never a typo of it.
+_EXTENSIONS = frozenset({"top_k", "top_a", "min_p", "min_tokens", "speed"})
+# Requests carry at most 16 metadata pairs, keys up to 64 characters, values up to 512 (the same reference).
+MAX_METADATA_PAIRS = 16
+MAX_METADATA_KEY = 64
+MAX_METADATA_VALUE = 512
 MAX_STOP_SEQUENCES = 4
 MAX_TOP_LOGPROBS = 20
 LOGIT_BIAS_LIMIT = 100
@@ -90,8 +108,11 @@ RULES: dict[str, _Rule] = {
     "parallel_tool_calls": _Rule(lambda value: isinstance(value, bool), "true or false", nullable=False),
     "reasoning_effort": _Rule(_string, "a string"),
     "service_tier": _Rule(_string, "a string"),
-    "metadata": _Rule(lambda value: _object(value) and all(_string(v) for v in value.values()),
-                      "an object of string values"),
+    "metadata": _Rule(lambda value: _object(value) and len(value) <= MAX_METADATA_PAIRS
+                      and all(_string(k) and len(k) <= MAX_METADATA_KEY and _string(v) and len(v) <= MAX_METADATA_VALUE
+                              for k, v in value.items()),
+                      f"an object of at most {MAX_METADATA_PAIRS} string values (keys up to {MAX_METADATA_KEY} "
+                      f"characters, values up to {MAX_METADATA_VALUE})"),
     "store": _Rule(lambda value: isinstance(value, bool), "true or false"),
     "modalities": _Rule(lambda value: isinstance(value, list) and all(_string(v) for v in value), "a list of strings"),
     "prediction": _Rule(_object, "an object"),
@@ -108,6 +129,46 @@ def param_problem(name: str, value: Any) -> str | None:
     if rule is None or (value is None and rule.nullable) or rule.valid(value):
         return None
     return f"must be {rule.expected}, got {shown_json(value)}"
+
+
+def misspelling(name: str) -> str | None:
+    """What is wrong with an OpenAI request parameter named ``name`` that is not one: "did you mean" the known
+    name it is one letter (or case, or a dash) away from; None when it is known or near none."""
+    if name in OPENAI_PARAMS or name in _EXTENSIONS:
+        return None
+    likely = suggestion(name, OPENAI_PARAMS)
+    if likely is None:
+        return None
+    return f"{shown(name)} is not a request parameter; did you mean '{likely}'?"
+
+
+def suggestion(name: str, known: frozenset[str]) -> str | None:
+    """The name in ``known`` that ``name`` most likely misspells: the same but for case and dashes, or one
+    letter added, dropped, changed or two swapped (names of 4 letters or more); None when there is none."""
+    if not isinstance(name, str) or len(name) > 64:
+        return None
+    normal = name.lower().replace("-", "_").replace(" ", "_")
+    if normal in known:
+        return normal
+    if len(normal) < 4:
+        return None
+    near = sorted(candidate for candidate in known if len(candidate) >= 4 and _one_edit(normal, candidate))
+    return near[0] if near else None
+
+
+def _one_edit(a: str, b: str) -> bool:
+    """Whether ``a`` and ``b`` differ by one insertion, deletion, substitution or swap of two neighbours."""
+    if abs(len(a) - len(b)) > 1 or a == b:
+        return False
+    if len(a) == len(b):
+        diff = [i for i in range(len(a)) if a[i] != b[i]]
+        return len(diff) == 1 or (len(diff) == 2 and diff[1] == diff[0] + 1
+                                  and a[diff[0]] == b[diff[1]] and a[diff[1]] == b[diff[0]])
+    short, long = (a, b) if len(a) < len(b) else (b, a)
+    i = 0
+    while i < len(short) and short[i] == long[i]:
+        i += 1
+    return short[i:] == long[i + 1:]
 
 
 def shown_json(value: Any, *, limit: int = 40) -> str:

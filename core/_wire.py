@@ -19,6 +19,7 @@ from ._anthropic import anthropic_params
 from ._anthropic_answers import parse_message
 from ._failures import STATUS_HINTS, UNUSABLE_HINT
 from ._exceptions import ConfigError
+from ._model_rules import openai_body
 from ._ratelimit_headers import OPENAI_RATE_LIMIT_HEADERS, RateLimitHeaders
 from ._responses import Chat, parse_chat
 from ._settings import DEFAULT_ANTHROPIC_VERSION, DEFAULT_MAX_TOKENS, PROVIDERS, AuthHeader, Settings
@@ -91,7 +92,7 @@ class Wire:
 OPENAI_WIRE = Wire(
     provider="openai",
     chat_path="/chat/completions",
-    chat_body=ChatRequest.body,
+    chat_body=openai_body,
     parse_chat=parse_chat,
     rate_limit_headers=OPENAI_RATE_LIMIT_HEADERS,
 )

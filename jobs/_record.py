@@ -23,6 +23,7 @@ from llm_dispatch.core import (
     RoutingRules,
     Settings,
     check_prompts,
+    DEFAULT_ANTHROPIC_VERSION,
     DEFAULT_MAX_TOKENS,
     decide_route,
     iter_prompts,
@@ -51,18 +52,21 @@ class PromptInput:
     # Which provider each model goes to (``Settings.model_providers``), and Anthropic's max_tokens when none is set.
     model_providers: Mapping[str, str] = field(default_factory=dict)
     default_max_tokens: int = DEFAULT_MAX_TOKENS
+    # What Anthropic's models refuse depends on the API version sent (``Settings.anthropic_version``).
+    anthropic_version: str = DEFAULT_ANTHROPIC_VERSION
 
     def specs(self, *, start: int = 0) -> Iterator[PromptSpec]:
         """Its prompts in input order, from input position ``start``. The input was checked whole
         (``check``), so the model-limit checks are not run again (no token estimates); every other check is."""
         return islice(iter_prompts(self.source, default_model=self.default_model,
-                                   model_providers=self.model_providers), start, None)
+                                   model_providers=self.model_providers, anthropic_version=self.anthropic_version),
+                      start, None)
 
     def check(self, *, warn: bool = True) -> InputCheck:
-        """Validate the whole input (``InputError`` at the first problem): its count, fingerprint, repeats, providers."""
+        """Validate the whole input (``InputError`` naming its bad lines): its count, fingerprint, repeats, providers."""
         return check_prompts(self.source, default_model=self.default_model, table=self.table,
                              model_providers=self.model_providers, default_max_tokens=self.default_max_tokens,
-                             warn=warn)
+                             anthropic_version=self.anthropic_version, warn=warn)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +133,8 @@ def prompt_input(source: str | Path | Sequence[Mapping[str, Any]], *, settings: 
     context window and maximum output in the price table (the bundled one and ``settings.prices_file``);
     raises ``ConfigError`` for a bad price file."""
     return PromptInput(source=source, default_model=settings.model, table=load_prices(settings),
-                       model_providers=settings.model_providers, default_max_tokens=settings.default_max_tokens)
+                       model_providers=settings.model_providers, default_max_tokens=settings.default_max_tokens,
+                       anthropic_version=settings.anthropic_version)
 
 
 def fingerprint_of(path: str | Path, *, settings: Settings) -> str:

@@ -38,8 +38,10 @@ from llm_dispatch.core import (
     BatchInfo,
     BatchLimits,
     ChatRequest,
+    InputError,
     NotFoundError,
     backoff_delay,
+    batch_metadata_problem,
     write_batch_files,
     RetryFailed,
 )
@@ -108,8 +110,13 @@ async def submit_prompts(
 
     The prompts are read ``page`` at a time in input order, and each file is recorded (and its
     upload begun) as soon as it is complete: memory holds a page and the files being filled. A request
-    too large for any file raises ``ValueError``; the files recorded before it stay recorded.
+    too large for any file raises ``ValueError``; the files recorded before it stay recorded. ``metadata`` goes on
+    each OpenAI batch beside llm-dispatch's own two keys: more than OpenAI takes raises ``InputError`` first.
     """
+    if metadata:
+        problem = batch_metadata_problem(metadata, added=len((JOB_ID_KEY, BATCH_ID_KEY)))
+        if problem is not None:
+            raise InputError(problem, field="metadata")
     outcome = SubmitOutcome()
     builder = BatchBuilder(directory=Path(directory) / job_id, provider_of=clients.provider_of)
     gate = asyncio.Semaphore(SUBMIT_CONCURRENCY)

@@ -193,7 +193,8 @@ def test_fingerprint_without_urgency_or_deadline_is_unchanged() -> None:
         ({"service_tier": ["flex"]}, "(field 'params.service_tier')"),
         ({"parallel_tool_calls": "yes"}, "must be true or false"),
         ({"parallel_tool_calls": None}, "must be true or false, got null"),
-        ({"metadata": {"run": 3}}, "must be an object of string values, got {\"run\": 3} (field 'params.metadata')"),
+        ({"metadata": {"run": 3}}, "must be an object of at most 16 string values (keys up to 64 characters, values up to 512), got "
+         "{\"run\": 3} (field 'params.metadata')"),
     ],
 )
 def test_known_parameters_are_checked_for_type_and_range(tmp_path: Path, params: dict, expected: str) -> None:

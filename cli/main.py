@@ -296,6 +296,32 @@ def status(
 
 
 @app.command()
+def models(
+    prices_file: Annotated[Optional[Path], typer.Option(help="your own price table (JSON), over the bundled one")] = None,
+    provider: Annotated[Optional[str], typer.Option(help="only this provider's models: openai|anthropic")] = None,
+    as_json: AsJson = False,
+) -> None:
+    """The model catalog: each model's prices, context window, maximum output, shutdown date and where its figures
+    come from, as a run prices them today."""
+    from llm_dispatch.core import PROVIDERS, PriceTable
+
+    from .catalog import catalog, print_catalog
+
+    if provider is not None and provider not in PROVIDERS:
+        raise _fail(f"--provider must be one of {', '.join(PROVIDERS)}, not {provider!r}")
+    prices = prices_file if prices_file is not None else _settings().prices_file
+    try:
+        table = PriceTable.load(path=Path(prices) if prices else None)
+    except LLMDispatchError as exc:
+        raise _fail(str(exc)) from None
+    data = catalog(table, provider=provider)
+    if as_json:
+        print(json.dumps(data, indent=2))
+    else:
+        print_catalog(out, data)
+
+
+@app.command()
 def cost(
     job: NewestJob = None,
     database_url: DatabaseUrl = None,

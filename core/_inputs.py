@@ -107,7 +107,7 @@ class InputCheck:
     fingerprint: str
     repeated_keys: RepeatedKeys
     # Said once per check (and logged when ``warn``), a line each: Anthropic prompts given the default
-    # max_tokens, deadlines already past.
+    # max_tokens, deadlines already past, models whose shutdown is announced.
     warnings: tuple[str, ...] = ()
     # The providers the prompts go to (``provider_for`` of each model): their clients need keys.
     providers: frozenset[str] = frozenset()
@@ -160,6 +160,8 @@ def check_prompts(
     provider_of = provider_lookup(model_providers)
     providers: set[str] = set()
     now = datetime.now(timezone.utc)
+    # Model -> prompts, for models whose provider has announced a shutdown.
+    retiring: dict[str, int] = {}
     for line, spec in _iter_specs(source, default_model=default_model, default_params=default_params, table=table,
                                   model_providers=model_providers, now=now, anthropic_version=anthropic_version):
         if isinstance(spec, InputError):
@@ -186,6 +188,8 @@ def check_prompts(
         keys.add(key_hash(spec.dedupe_key))
         count += 1
         providers.add(provider)
+        if table is not None and table.shutdown_ahead(spec.model) is not None:
+            retiring[spec.model] = retiring.get(spec.model, 0) + 1
     clashes = ids.repeated()
     if clashes:
         for problem in _duplicate_ids(source, clashes=clashes, where=where, default_model=default_model,
@@ -209,6 +213,13 @@ def check_prompts(
         warnings.append(
             f"{where}: {past:,} prompt{'s have' if past > 1 else ' has'} a deadline already past (the first on line "
             f"{line}: {shown(deadline)}); sending {'them' if past > 1 else 'it'} real-time now")
+    for model, prompts in sorted(retiring.items()):
+        assert table is not None
+        info, day = table.info_for(model), table.shutdown_ahead(model)
+        assert info is not None and day is not None and table.priced_on is not None
+        instead = f"move them to {info.replacement}" if info.replacement else "move them to a current model"
+        warnings.append(f"{where}: {prompts:,} prompt{'s use' if prompts > 1 else ' uses'} {model}, which shuts down "
+                        f"on {day.isoformat()} (in {(day - table.priced_on).days} days); {instead} before then")
     if warn:
         for warning in warnings:
             logger.warning("%s", warning)
@@ -414,6 +425,9 @@ def _spec(
         if problem is not None:
             raise fail(problem, f"params.{name}")
     model = model.strip()
+    shut = table.shutdown_problem(model) if table is not None else None
+    if shut is not None:
+        raise fail(shut, "model")
     if provider_of(model) == "anthropic":
         for name, value in params.items():
             problem = anthropic_param_problem(name, value)

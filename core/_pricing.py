@@ -51,6 +51,7 @@ _STANDARD_TIERS: Final = frozenset({"", "default", "auto", "standard", "standard
 # OpenAI renamed priority processing "Fast mode" on 2026-07-30 and takes either word (and reports "priority");
 # Anthropic's fast mode (``speed: "fast"``) is a tier of its own name.
 _TIER_ALIASES: Final = MappingProxyType({"fast": "priority"})
+_PROVIDER_NAMES: Final = MappingProxyType({"openai": "OpenAI", "anthropic": "Anthropic"})
 # Distinct (model, route, tier) billings worked out per table before the memo starts again.
 _RATES_MEMO = 4096
 
@@ -205,6 +206,8 @@ class PriceTable:
     # How each (model, route, tier) is billed, worked out when first priced; a copy (``replace``) starts afresh.
     _billings: dict[tuple[str, str, str | None], _Billing | None] = field(
         default_factory=dict, init=False, repr=False, compare=False)
+    # Model names as asked -> the table's name (``model_name``), found once each.
+    _names: dict[str, str | None] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @classmethod
     def load(cls, *, path: Path | None = None, on: date | None = None) -> PriceTable:
@@ -257,12 +260,22 @@ class PriceTable:
 
     def model_name(self, model: str) -> str | None:
         """The table's name for ``model``: itself, the model an alias names, or the model of a dated snapshot."""
+        try:
+            return self._names[model]
+        except KeyError:
+            pass
+        found = None
         for name in (model, _SNAPSHOT.sub("", model)):
             if name in self.models or name in self.info:
-                return name
+                found = name
+                break
             if name in self.aliases:
-                return self.aliases[name]
-        return None
+                found = self.aliases[name]
+                break
+        if len(self._names) >= _RATES_MEMO:
+            self._names.clear()
+        self._names[model] = found
+        return found
 
     def price_for(self, model: str) -> ModelPrice | None:
         """The price of ``model`` (see ``model_name``); else None."""
@@ -278,6 +291,23 @@ class PriceTable:
         """What the catalog says of ``model`` besides prices (see ``model_name``); else None."""
         name = self.model_name(model)
         return None if name is None else self.info.get(name)
+
+    def shutdown_problem(self, model: str) -> str | None:
+        """Why ``model`` cannot be used on ``priced_on`` (its provider has shut it down), as one line; else None."""
+        info = self.info_for(model)
+        if info is None or info.shutdown is None or self.priced_on is None or self.priced_on < info.shutdown:
+            return None
+        instead = f"use {info.replacement} instead" if info.replacement else "pick a current model"
+        provider = _PROVIDER_NAMES.get(info.provider or "", "its provider")
+        return (f"{model} was shut down on {info.shutdown.isoformat()} ({provider} no longer serves it); {instead} "
+                "(`llm-dispatch models` lists the catalog)")
+
+    def shutdown_ahead(self, model: str) -> date | None:
+        """The day ``model`` is to be shut down when that is after ``priced_on``; else None."""
+        info = self.info_for(model)
+        if info is None or info.shutdown is None or self.priced_on is None or self.priced_on >= info.shutdown:
+            return None
+        return info.shutdown
 
     def price(
         self,

@@ -59,7 +59,7 @@ class Settings(BaseSettings):
     auth_header: AuthHeader = "authorization"
     # May carry a password (Postgres): kept out of reprs; recorded only through public_dict().
     database_url: str = Field(default=DEFAULT_DATABASE_URL, repr=False)
-    model: str = "gpt-4o-mini"
+    model: str = "gpt-6-luna"
 
     # Anthropic (claude-* models, and any the user maps to it with model_providers).
     anthropic_api_key: SecretStr | None = Field(

@@ -122,7 +122,7 @@ def test_export_json_is_one_array_of_the_rows(runner: CliRunner, in_tmp: Path) -
         ("q-1", "succeeded", "Canberra", 3), ("q-2", "pending", None, None)]
     assert rows[0]["metadata"] == {"source": "quiz"}
     # 12 x 0.15 + 3 x 0.60 per 1M tokens, as stored when answered.
-    assert (rows[0]["cost_usd"], rows[0]["prices_as_of"], rows[0]["cost_basis"]) == (3.6e-06, "2025-08-07", "answer")
+    assert (rows[0]["cost_usd"], rows[0]["prices_as_of"], rows[0]["cost_basis"]) == (3.6e-06, "2026-11-26", "answer")
 
     written = runner.invoke(app, ["export", job_id, "--json", "-o", "out.json", "--database-url", url])
     assert written.exit_code == 0 and "wrote 2 rows to out.json" in written.output

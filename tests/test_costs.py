@@ -78,7 +78,7 @@ async def test_actual_cost_per_route_with_cached_tokens_savings_and_an_unknown_m
     assert not ledger.complete and ledger.totals.unpriced_models == {"mystery-model": 1}
     shown = ledger.as_dict()
     assert shown["total"] == 0.6525 and shown["routes"]["realtime"]["unpriced"] == 1
-    assert shown["priced_with"] == [{"prices_as_of": "2025-08-07", "prices_file": None, "cost_basis": "answer",
+    assert shown["priced_with"] == [{"prices_as_of": "2026-11-26", "prices_file": None, "cost_basis": "answer",
                                      "requests": 3}]
 
 
@@ -88,7 +88,7 @@ async def test_stored_costs_keep_the_prices_of_their_day_and_reprice_shows_anoth
     new_id, _ = await answered_job(sessions, doubled(bundled))
 
     old, new = [await actual_cost(sessions=sessions, job_id=job_id) for job_id in (old_id, new_id)]
-    assert (old.total, old.savings, old.prices_as_of) == (Decimal("0.6525"), Decimal("0.2175"), "2025-08-07")
+    assert (old.total, old.savings, old.prices_as_of) == (Decimal("0.6525"), Decimal("0.2175"), "2026-11-26")
     assert (new.total, new.savings, new.prices_as_of) == (Decimal("1.305"), Decimal("0.435"), "2026-01-01")
     assert new.priced_with[0].prices_file == "doubled.json"
 

@@ -29,9 +29,9 @@ PROMPTS = [
     {"id": "bulk-3", "prompt": SAME, "urgency": "bulk"},  # one batch line answers both: paid once
     {"id": "house", "prompt": "a question for our own model", "urgency": "urgent", "model": "house-model"},
 ]
-# Ten times the bundled gpt-4o-mini, and a price for the model the bundled table does not know.
+# Ten times the bundled gpt-6-luna (the default model), and a price for the model the bundled table does not know.
 NEW_PRICES = {"prices_as_of": "2026-06-01", "models": {
-    "gpt-4o-mini": {"input": 1.5, "cached_input": 0.75, "output": 6.0},
+    "gpt-6-luna": {"input": 1.0, "cached_input": 0.1, "cache_write": 1.25, "output": 5.0},
     "house-model": {"input": 1, "output": 2},
 }}
 
@@ -99,10 +99,10 @@ async def test_past_costs_survive_a_price_change_and_reprice_shows_the_differenc
     what_if = await report("reprice", job_id, "--prices-file", str(prices), db_url=db_url)
     assert every_row(db_url) == before
     by_route = {(r["route"], r["model"]): r for r in what_if["rows"]}
-    realtime = by_route["realtime", "gpt-4o-mini"]
+    realtime = by_route["realtime", "gpt-6-luna"]
     # Ten times the price (each figure is shown to a millionth of a dollar).
     assert realtime["repriced"] == pytest.approx(10 * realtime["stored"], abs=1e-5) and realtime["difference"] > 0
-    assert by_route["batch", "gpt-4o-mini"]["requests"] == 2  # the shared answer was not paid again
+    assert by_route["batch", "gpt-6-luna"]["requests"] == 2  # the shared answer was not paid again
     house = by_route["realtime", "house-model"]
     assert (house["stored_unpriced"], house["repriced"] is not None, house["difference"]) == (1, True, None)
     assert what_if["stored"]["total"] == cost["total"] and what_if["repriced"]["total"] > cost["total"]

@@ -36,20 +36,29 @@ def write_prices(tmp_path: Path, data: Any) -> Path:
 
 
 def test_bundled_table_says_where_and_when_prices_are_from(table: PriceTable) -> None:
-    assert (table.prices_as_of, table.source, table.currency) == ("2025-08-07", "https://openai.com/api/pricing", "USD")
+    assert (table.prices_as_of, table.currency) == ("2026-11-26", "USD")
+    assert "developers.openai.com" in table.source and "platform.claude.com" in table.source
     assert table.price_for("gpt-4o-mini") == ModelPrice(
-        input=Decimal("0.15"), cached_input=Decimal("0.075"), output=Decimal("0.60"), batch_discount=Decimal("0.5"))
-    assert {name for name in table.models if not name.startswith("claude-")} == {"gpt-4o-mini", "gpt-4o", "gpt-4.1", "gpt-4.1-mini", "gpt-4.1-nano", "o3",
-                                 "o4-mini", "gpt-5", "gpt-5-mini", "gpt-5-nano"}
+        input=Decimal("0.15"), cached_input=Decimal("0.075"), output=Decimal("0.60"), batch_discount=Decimal("0.5"),
+        tiers=table.price_for("gpt-4o-mini").tiers)
+    assert {"gpt-6.2-astra", "gpt-6.2-sol", "gpt-6.1-sol", "gpt-6.1-terra", "gpt-6-astra", "gpt-6-sol", "gpt-6-luna",
+            "gpt-5.6-sol", "gpt-5.6-terra", "gpt-5.6-luna", "gpt-5.5", "gpt-5.4", "gpt-5.4-mini", "gpt-5.4-nano",
+            "gpt-5.2", "gpt-5.1", "gpt-5", "gpt-5-mini", "gpt-5-nano", "gpt-4.1", "gpt-4o", "gpt-4o-mini", "o3",
+            "text-embedding-3-small", "text-embedding-3-large"} <= set(table.models)
 
 
 def test_bundled_table_has_each_models_window_and_maximum_output_with_their_date(table: PriceTable) -> None:
-    assert table.limits_as_of == "2026-11-23" and "platform.openai.com/docs/models" in (table.limits_source or "")
-    assert set(table.limits) == set(table.models)
+    assert table.limits_as_of == "2026-11-26"
+    chat = {name for name, info in table.info.items() if info.kind == "chat"}
+    assert chat <= set(table.limits)
     assert table.limits_for("gpt-4o") == ModelLimits(context_window=128_000, max_output_tokens=16_384)
-    assert table.limits_for("gpt-4.1-nano") == ModelLimits(context_window=1_047_576, max_output_tokens=32_768)
+    assert table.limits_for("gpt-6.2-sol") == ModelLimits(context_window=1_050_000, max_input_tokens=922_000,
+                                                          max_output_tokens=128_000)
     assert table.limits_for("o3") == ModelLimits(context_window=200_000, max_output_tokens=100_000)
-    assert table.limits_for("gpt-5-mini") == ModelLimits(context_window=400_000, max_output_tokens=128_000)
+    assert table.limits_for("gpt-5-mini") == ModelLimits(context_window=400_000, max_input_tokens=272_000,
+                                                         max_output_tokens=128_000)
+    # The finding, on Anthropic's own page: Sonnet 4.6 answers up to 128K tokens, not 64K.
+    assert table.limits_for("claude-sonnet-4-6") == ModelLimits(context_window=1_000_000, max_output_tokens=128_000)
     assert table.limits_for("gpt-4o-mini-2024-07-18") == table.limits_for("gpt-4o-mini")
     assert table.limits_for("llama3.1") is None
 
@@ -100,7 +109,7 @@ def test_unknown_model_has_no_cost_not_zero(table: PriceTable) -> None:
 @pytest.mark.parametrize(
     ("name", "base"),
     [("gpt-4o-mini-2024-07-18", "gpt-4o-mini"), ("gpt-4o-2024-08-06", "gpt-4o"), ("gpt-4.1-nano-0125", "gpt-4.1-nano"),
-     ("gpt-5", "gpt-5")],
+     ("gpt-5", "gpt-5"), ("gpt-6.1-sol-2026-09-29", "gpt-6.1-sol"), ("gpt-5.6", "gpt-5.6-sol")],
 )
 def test_dated_snapshot_names_use_their_model_price(table: PriceTable, name: str, base: str) -> None:
     assert table.price_for(name) == table.price_for(base)

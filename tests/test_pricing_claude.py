@@ -22,20 +22,24 @@ def table() -> PriceTable:
 def test_every_claude_entry_says_where_and_when_its_price_was_read() -> None:
     models = json.loads(resources.files("llm_dispatch.core").joinpath("prices.json").read_text())["models"]
     claude = {name: entry for name, entry in models.items() if name.startswith("claude-")}
-    assert len(claude) >= 10
+    assert len(claude) >= 15
     for name, entry in claude.items():
-        assert entry["source"].startswith("https://platform.claude.com/"), name
-        assert entry["prices_as_of"] == "2026-11-25", name
-        # Anthropic's 5-minute cache write is 1.25x input (Haiku 3's is listed as $0.30); a read costs at most 0.1x
-        # input (the 5.x models read for less: Opus 5.5 and Sonnet 5.5 0.05x, Fable 5.1 0.025x). Fable 5.2 lists no
-        # cache prices: its reads and writes count as input, never less.
+        secondary = entry.get("secondary", {}).get("fields", [])
+        assert entry["source"].startswith("https://platform.claude.com/") or "input" in secondary, name
+        assert entry["prices_as_of"] in ("2026-11-26", "2026-11-25"), name
+        # Anthropic's 5-minute cache write is 1.25x input, the 1-hour one 2x (Haiku 3's are listed as $0.30 and
+        # $0.50); a read costs at most 0.1x input (the 5.x models read for less: Opus 5.5 and Sonnet 5.5 0.05x,
+        # the Fables 5.1 and 5.2 0.025x).
         if name == "claude-3-haiku":
             continue
-        if "cache_write" not in entry:
-            assert "cached_input" not in entry and "no cache prices" in entry["source"], name
-            continue
         assert Decimal(str(entry["cache_write"])) == Decimal(str(entry["input"])) * Decimal("1.25"), name
+        assert Decimal(str(entry["cache_write_extended"])) == Decimal(str(entry["input"])) * 2, name
         assert Decimal(str(entry["cached_input"])) <= Decimal(str(entry["input"])) * Decimal("0.1"), name
+    # The issue's finding: Fable 5.2 has cache prices (read $0.20, not its $8 input, 40x less), from a
+    # secondary source only, and marked so.
+    fable = claude["claude-fable-5-2"]
+    assert (fable["cached_input"], fable["cache_write"], fable["cache_write_extended"]) == (0.2, 10, 16)
+    assert {"cached_input", "cache_write"} <= set(fable["secondary"]["fields"])
 
 
 @pytest.mark.parametrize(("snapshot", "model"), [

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from llm_dispatch.jobs import PromptInput
-from llm_dispatch.core import InputError
+from llm_dispatch.core import InputError, Settings
 from llm_dispatch.core._inputs import fingerprint, iter_prompts, parse_prompt_dicts, read_prompts
 from llm_dispatch.core._pricing import PriceTable
 
@@ -100,7 +100,7 @@ def test_fingerprint_follows_content_not_metadata() -> None:
 
 
 def test_examples_file_is_valid() -> None:
-    specs = read_prompts(Path(__file__).parent.parent / "examples" / "prompts.jsonl", default_model="gpt-4o-mini")
+    specs = read_prompts(Path(__file__).parent.parent / "examples" / "prompts.jsonl", default_model=Settings().model)
     assert len(specs) >= 50
 
 

@@ -97,7 +97,7 @@ async def test_same_input_again_sends_nothing_new(prefect_api: str, sim: Sim, db
 
 
 async def test_identical_requests_are_paid_once(prefect_api: str, sim: Sim, db_url: str, tmp_path: Path) -> None:
-    same = {"prompt": "the same question", "params": {"temperature": 0}}
+    same = {"prompt": "the same question", "params": {"temperature": 0, "reasoning_effort": "none"}}
     path = write_prompts(tmp_path / "a.jsonl", [{"id": f"a{i}", **same} for i in range(5)] + [{"id": "x", "prompt": "other"}])
     await realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=db_url)
     assert sim.stats()["requests_total"] == 2
@@ -121,7 +121,7 @@ async def test_new_job_is_sent_while_the_rest_is_recorded(
     identical requests split between the first prompts and later slices are still paid once."""
     from llm_dispatch.core import LLMClient
 
-    same = {"prompt": "asked at the start and at the end", "params": {"temperature": 0}}
+    same = {"prompt": "asked at the start and at the end", "params": {"temperature": 0, "reasoning_effort": "none"}}
     records = [{"id": i, "prompt": f"question {i}"} for i in range(130)]
     records[3] = {"id": 3, **same}
     records[120] = {"id": 120, **same}

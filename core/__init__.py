@@ -40,7 +40,7 @@ from ._model_rules import Refusal, anthropic_refusal, batch_metadata_problem, op
 from ._pricing import PICO_PER_USD, Charge, ModelInfo, PriceTable, from_pico
 from ._providers import PROVIDERS, provider_for, provider_lookup
 from ._responses import chat_result_from_body
-from ._retry import DEFAULT_MAX_RETRY_AFTER, backoff_delay
+from ._retry import DEFAULT_MAX_RETRY_AFTER
 from ._routing import RoutePolicy, RoutingRules, decide_route, parse_deadline, prompt_chars
 from ._settings import DEFAULT_ANTHROPIC_VERSION, DEFAULT_MAX_TOKENS, Settings
 from ._tokens import estimate_prompt_tokens, estimate_request_tokens
@@ -65,7 +65,6 @@ __all__ = [
     "anthropic_params",
     "anthropic_refusal",
     "batch_metadata_problem",
-    "backoff_delay",
     "batch_status_from_api",
     "BatchFile",
     "BatchFileWriter",

@@ -19,6 +19,7 @@ from ._model_rules import openai_body
 from ._responses import chat_result_from_body
 from ._exceptions import APIResponseValidationError
 from ._json import compact_json
+from ._retry import should_retry_status
 from ._types import ChatRequest, ChatResult
 
 __all__ = [
@@ -274,8 +275,8 @@ def _read_record(record: dict[str, Any], custom_id: str, number: int) -> BatchLi
     code, message = _body_error(body, status)
     return BatchLine(
         custom_id=custom_id, result=None, error_code=code, error_message=message, status_code=status,
-        # The client's own rule for an HTTP status (see APIStatusError.retryable).
-        retryable=status in (408, 409, 429) or status >= 500, line=number,
+        # The client's rule for an HTTP status; a batch line carries no headers to say otherwise.
+        retryable=should_retry_status(status), line=number,
     )
 
 

@@ -31,7 +31,7 @@ from ._constants import (
 )
 from ._deadlines import Deadlines
 from ._failures import Failure, final_error, scrub
-from ._exceptions import APIResponseValidationError, NotFoundError
+from ._exceptions import APIError, APIResponseValidationError, NotFoundError
 from ._gates import Gates
 from ._limits import AdaptiveLimiter, SharedPause
 from ._message_batches import MessageBatchMethods
@@ -70,6 +70,8 @@ FILES_PATH = "/files"
 BATCHES_PATH = "/batches"
 
 _T = TypeVar("_T")
+# What a create that may have worked without saying so is looked up with (``create_batch``'s ``find_lost``).
+FindLost = Callable[[], Awaitable[_T | None]]
 
 
 class _Sent(NamedTuple, Generic[_T]):
@@ -243,7 +245,7 @@ class LLMClient(MessageBatchMethods):
 
     # --- files and batches (the Batch API) -------------------------------------------------------
     # Same loop, same rules as chat: a 5xx or timeout on create_batch is retried, so a create that did
-    # reach the provider may be sent twice; callers that care tag batches through ``metadata``.
+    # reach the provider may be sent twice, unless the caller gives ``find_lost`` to look it up first.
 
     async def upload_file(self, path: Path, *, purpose: str = "batch", timeout: float | None = None) -> FileInfo:
         """Upload ``path`` as multipart form data, streamed from disk; a retry sends the whole file again.
@@ -292,9 +294,11 @@ class LLMClient(MessageBatchMethods):
         completion_window: str = DEFAULT_COMPLETION_WINDOW,
         metadata: Mapping[str, str] | None = None,
         max_retries: int | None = None,
+        find_lost: FindLost[BatchInfo] | None = None,
     ) -> BatchInfo:
-        """Create a batch. ``max_retries`` overrides the client's for this call: a caller that looks a lost
-        create up before trying again (``jobs``) passes 0 and runs its own loop."""
+        """Create a batch. ``max_retries`` overrides the client's for this call. ``find_lost`` is awaited after each
+        attempt that may have made the batch without saying so (a timeout, a dropped connection, a 5xx), once the
+        wait before the next has passed; a batch it finds is the answer, and no attempt follows."""
         body: dict[str, Any] = {
             "input_file_id": input_file_id,
             "endpoint": endpoint,
@@ -302,7 +306,8 @@ class LLMClient(MessageBatchMethods):
         }
         if metadata is not None:
             body["metadata"] = dict(metadata)
-        sent = await self._request("POST", BATCHES_PATH, json=body, parse=parse_batch_info, max_retries=max_retries)
+        sent = await self._request("POST", BATCHES_PATH, json=body, parse=parse_batch_info, max_retries=max_retries,
+                                   find_lost=find_lost)
         return sent.value
 
     async def retrieve_batch(self, batch_id: str) -> BatchInfo:
@@ -357,6 +362,7 @@ class LLMClient(MessageBatchMethods):
         timeout: float | None = None,
         max_retries: int | None = None,
         paced: bool = False,
+        find_lost: FindLost[Any] | None = None,
         **content: Any,
     ) -> _Sent[Any]:
         """Send one API call, retrying by the house rules, and return what ``parse`` makes of the answer.
@@ -367,7 +373,8 @@ class LLMClient(MessageBatchMethods):
         been saved there. ``tokens`` is the call's estimated cost against the TPM limit; ``timeout``
         overrides the per-attempt deadline (a large download may need longer than a completion);
         ``max_retries`` overrides the client's for this call. A ``paced`` call (chat) goes at the pace the
-        provider's rate-limit headers set, and its answers' headers keep that pace.
+        provider's rate-limit headers set, and its answers' headers keep that pace. ``find_lost`` (a create) is
+        awaited after each retryable failure and its wait, the last one's too: what it finds is the answer.
         """
         retries = self._max_retries if max_retries is None else max_retries
         if retries < 0:
@@ -407,12 +414,9 @@ class LLMClient(MessageBatchMethods):
                 # Released before any retry sleep, so a waiting request never holds a slot.
                 self._gates.release()
 
-            if not failure.retryable or attempt > retries:
-                raise final_error(
-                    failure, method=method, path=path, attempts=attempt, base_url=self._display_url,
-                    secret=self._secrets, hints=self._wire.hints, unusable_hint=self._wire.unusable_hint,
-                    url_setting=self._wire.url_setting,
-                ) from failure.cause
+            last = attempt > retries
+            if not failure.retryable or (last and find_lost is None):
+                raise self._gave_up(failure, method=method, path=path, attempts=attempt) from failure.cause
             delay = retry_delay(
                 retries_taken=attempt - 1,
                 headers=failure.headers,
@@ -421,10 +425,24 @@ class LLMClient(MessageBatchMethods):
                 random=self._random,
             )
             logger.info(
-                "%s %s: %s on attempt %d of %d; retrying in %.2fs",
-                method, path, scrub(failure.describe(), self._secrets), attempt, retries + 1, delay,
+                "%s %s: %s on attempt %d of %d; %s in %.2fs",
+                method, path, scrub(failure.describe(), self._secrets), attempt, retries + 1,
+                "looking for what it did" if last else "retrying", delay,
             )
             await self._sleep(delay)
+            if find_lost is not None:
+                found = await find_lost()
+                if found is not None:
+                    return _Sent(found, attempt, admitted_at)
+                if last:
+                    raise self._gave_up(failure, method=method, path=path, attempts=attempt) from failure.cause
+
+    def _gave_up(self, failure: Failure, *, method: str, path: str, attempts: int) -> APIError:
+        """The error a call that gives up raises: what happened, and what to change."""
+        return final_error(
+            failure, method=method, path=path, attempts=attempts, base_url=self._display_url, secret=self._secrets,
+            hints=self._wire.hints, unusable_hint=self._wire.unusable_hint, url_setting=self._wire.url_setting,
+        )
 
     async def _send_once(
         self, request: httpx.Request, *, stream_to: Path | None, timeout: float

@@ -35,6 +35,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ._retry import should_retry_status
+
 __all__ = [
     "APIConnectionError",
     "APIError",
@@ -179,14 +181,15 @@ class APIResponseValidationError(APIError):
 
 
 class APIStatusError(APIError):
-    def __init__(self, message: str, *, status_code: int, request_id: str | None = None, attempts: int = 1) -> None:
+    def __init__(
+        self, message: str, *, status_code: int, request_id: str | None = None, attempts: int = 1,
+        retryable: bool | None = None,
+    ) -> None:
         super().__init__(message, attempts=attempts)
         self.status_code = status_code
         self.request_id = request_id
-
-    @property
-    def retryable(self) -> bool:  # type: ignore[override]
-        return self.status_code in (408, 409, 429) or self.status_code >= 500
+        # The client's own decision (the provider's x-should-retry included) when it made this; else the status's.
+        self.retryable = should_retry_status(status_code) if retryable is None else retryable  # type: ignore[misc]
 
 
 class BadRequestError(APIStatusError): ...

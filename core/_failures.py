@@ -112,7 +112,8 @@ def final_error(
         if hint:
             message += f" {hint}"
         return status_error_class(status)(
-            scrub(message, secret), status_code=status, request_id=request_id, attempts=attempts
+            scrub(message, secret), status_code=status, request_id=request_id, attempts=attempts,
+            retryable=failure.retryable,
         )
     if failure.kind == "timeout":
         message = (

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -62,15 +62,19 @@ class MessageBatchMethods:
             raise ValueError(f"Message Batches are Anthropic's API; this client speaks {self.provider}")
 
     async def create_message_batch(
-        self, *, requests: Iterable[Mapping[str, Any]], max_retries: int | None = None
+        self,
+        *,
+        requests: Iterable[Mapping[str, Any]],
+        max_retries: int | None = None,
+        find_lost: Callable[[], Awaitable[BatchInfo | None]] | None = None,
     ) -> BatchInfo:
         """Create a batch of ``requests`` (``{"custom_id", "params"}`` each; any iterable, read once, in a worker
-        thread). ``max_retries`` overrides the client's for this call: a caller that looks a lost create up before
-        trying again passes 0 and runs its own loop."""
+        thread). ``max_retries`` and ``find_lost`` are ``create_batch``'s: a create that may have worked without
+        saying so is looked up before it is tried again."""
         self._need_anthropic()
         body = await asyncio.to_thread(message_batch_body, requests)
         sent = await self._request("POST", MESSAGE_BATCHES_PATH, json_body=body, parse=parse_message_batch,
-                                   max_retries=max_retries)
+                                   max_retries=max_retries, find_lost=find_lost)
         return sent.value  # type: ignore[no-any-return]
 
     async def retrieve_message_batch(self, batch_id: str) -> BatchInfo:

@@ -1,6 +1,11 @@
-"""When to retry a provider call and how long to wait first: openai-python's rules as pure functions.
+"""The one retry policy: when a provider call is worth another attempt and how long to wait first (openai-python's
+rules, as pure functions).
 
-Nothing here sleeps or reads a clock it was not given, so every rule can be checked from a table.
+Everything retried follows it: the client's one loop (``LLMClient._request``: chat, files, batch creates, whose
+``find_lost`` looks a lost create up in the wait), the retryable flag of every ``APIStatusError``, and the
+retryable flag of a batch output line (``_batch_files``). Retry-After is read in ``parse_retry_after`` and judged
+in ``server_retry_after``, nowhere else. Nothing here sleeps or reads a clock it was not given, so every rule can
+be checked from a table; the client sleeps on its own injectable clock.
 """
 
 from __future__ import annotations

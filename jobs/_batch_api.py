@@ -45,6 +45,8 @@ __all__ = ["BATCH_ID_KEY", "CLOCK_SLACK", "JOB_ID_KEY", "BatchApi", "ResultFile"
 # Keys of an OpenAI batch's metadata: how a batch is found again after a crash.
 JOB_ID_KEY: Final = "llm_dispatch_job"
 BATCH_ID_KEY: Final = "llm_dispatch_batch"
+# Looks a create up that may have worked without saying so (see ``LLMClient.create_batch``).
+FindLost = Callable[[], Awaitable[BatchInfo | None]]
 # How far before our record's creation a provider batch may claim to be created (clock skew).
 CLOCK_SLACK: Final = timedelta(minutes=10)
 
@@ -87,11 +89,12 @@ class BatchApi:
         return (await self.client.upload_file(path, purpose="batch")).id
 
     async def create(self, *, record: storage.BatchRecord, path: Path | None, input_file_id: str | None,
-                     metadata: Mapping[str, str]) -> BatchInfo:
-        """One create attempt (no retry: the caller looks a lost create up before trying again)."""
+                     metadata: Mapping[str, str], max_retries: int, find_lost: FindLost) -> BatchInfo:
+        """Create the batch, retried by the client's rules, ``find_lost`` looking it up before each retry."""
         assert input_file_id is not None
         tags = {**metadata, JOB_ID_KEY: record.job_id, BATCH_ID_KEY: str(record.id)}
-        return await self.client.create_batch(input_file_id=input_file_id, metadata=tags, max_retries=0)
+        return await self.client.create_batch(input_file_id=input_file_id, metadata=tags, max_retries=max_retries,
+                                              find_lost=find_lost)
 
     async def find(self, *, sessions: storage.Sessions, record: storage.BatchRecord) -> BatchInfo | None:
         """The provider batch created for our batch ``record`` (by the ids in its metadata), if any.
@@ -131,9 +134,10 @@ class MessageBatchApi(BatchApi):
         return None
 
     async def create(self, *, record: storage.BatchRecord, path: Path | None, input_file_id: str | None,
-                     metadata: Mapping[str, str]) -> BatchInfo:
+                     metadata: Mapping[str, str], max_retries: int, find_lost: FindLost) -> BatchInfo:
         assert path is not None
-        return await self.client.create_message_batch(requests=_message_requests(path, self.client), max_retries=0)
+        return await self.client.create_message_batch(requests=_message_requests(path, self.client),
+                                                      max_retries=max_retries, find_lost=find_lost)
 
     async def find(self, *, sessions: storage.Sessions, record: storage.BatchRecord) -> BatchInfo | None:
         """A message batch of our record's size, created since the record was (less ``CLOCK_SLACK``), that no

@@ -40,7 +40,6 @@ from llm_dispatch.core import (
     ChatRequest,
     InputError,
     NotFoundError,
-    backoff_delay,
     batch_metadata_problem,
     write_batch_files,
     RetryFailed,
@@ -225,8 +224,8 @@ async def advance_submission(
                         record.id, info.id)
         else:
             try:
-                info = await _create_once(sessions=sessions, api=api, record=record, metadata=metadata or {},
-                                          max_retries=max_retries)
+                info = await _create(sessions=sessions, api=api, record=record, metadata=metadata or {},
+                                     max_retries=max_retries)
             except NotFoundError:
                 if not api.uploads:
                     raise
@@ -234,8 +233,8 @@ async def advance_submission(
                 path = await _input_file(sessions=sessions, record=record)
                 await storage.update_batch(sessions, batch_id=record.id, input_file_id=await api.upload(path))
                 record = await storage.require_batch(sessions, batch_id=record.id)
-                info = await _create_once(sessions=sessions, api=api, record=record, metadata=metadata or {},
-                                          max_retries=max_retries)
+                info = await _create(sessions=sessions, api=api, record=record, metadata=metadata or {},
+                                     max_retries=max_retries)
         await storage.update_batch(
             sessions,
             batch_id=record.id,
@@ -250,45 +249,42 @@ async def advance_submission(
     return await storage.require_batch(sessions, batch_id=record.id)
 
 
-async def _create_once(
-    *, sessions: storage.Sessions, api: BatchApi, record: storage.BatchRecord, metadata: Mapping[str, str], max_retries: int
+async def _create(
+    *, sessions: storage.Sessions, api: BatchApi, record: storage.BatchRecord, metadata: Mapping[str, str],
+    max_retries: int,
 ) -> BatchInfo:
-    """Create the provider batch for ``record``, never twice: a create whose answer was lost (timeout,
-    dropped connection, 5xx) may have made the batch, so after each one the provider's list is read
-    (after the backoff, giving it time to show the batch) and a batch found there is adopted.
-    A refusal (a 4xx other than 408/409/429) is raised at once."""
+    """Create the provider batch for ``record``, never twice: the client's one retry loop (its waits, Retry-After
+    and clock) sends the create, and after each attempt whose answer was lost (timeout, dropped connection, 5xx)
+    it reads the provider's list (after the wait, giving the batch time to show) and adopts a batch found there
+    instead of trying again. A refusal (a 4xx other than 408/409/429) is raised at once."""
     path = await _input_file(sessions=sessions, record=record) if not api.uploads else None
-    attempt = 0
-    while True:
-        attempt += 1
-        try:
-            return await api.create(record=record, path=path, input_file_id=record.input_file_id, metadata=metadata)
-        except APIError as exc:
-            if not exc.retryable:
-                raise
-            lost = exc
-        await asyncio.sleep(backoff_delay(attempt - 1))
+
+    async def find_lost() -> BatchInfo | None:
         found = await api.find(sessions=sessions, record=record)
         if found is not None:
-            logger.info("batch %d: create attempt %d got no answer (%s), but made %s: adopted",
-                        record.id, attempt, type(lost).__name__, found.id)
-            return found
-        if attempt > max_retries:
-            raise _gave_up(lost, record=record, attempts=attempt) from lost
-        logger.info("batch %d: create attempt %d of %d failed (%s) and made no batch; trying again",
-                    record.id, attempt, max_retries + 1, type(lost).__name__)
+            logger.info("batch %d: a create attempt got no answer, but made %s: adopted", record.id, found.id)
+        return found
+
+    try:
+        return await api.create(record=record, path=path, input_file_id=record.input_file_id, metadata=metadata,
+                                max_retries=max_retries, find_lost=find_lost)
+    except APIError as exc:
+        if not exc.retryable:
+            raise
+        raise _gave_up(exc, record=record) from exc
 
 
-def _gave_up(error: APIError, *, record: storage.BatchRecord, attempts: int) -> APIError:
+def _gave_up(error: APIError, *, record: storage.BatchRecord) -> APIError:
     """``error``, its class kept (callers judge retryability by it), saying what became of the batch."""
     message = (
-        f"Batch {record.id} of job {record.job_id} was not created after {attempts} attempts, and the provider "
+        f"Batch {record.id} of job {record.job_id} was not created after {error.attempts} attempts, and the provider "
         f"lists no batch for it; last: {error.message} It is recorded as ready to create: `llm-dispatch collect` (or "
         "running the job again) looks the batch up before creating it, so it is never made twice."
     )
     if isinstance(error, APIStatusError):
-        return type(error)(message, status_code=error.status_code, request_id=error.request_id, attempts=attempts)
-    return type(error)(message, attempts=attempts)
+        return type(error)(message, status_code=error.status_code, request_id=error.request_id,
+                           attempts=error.attempts, retryable=error.retryable)
+    return type(error)(message, attempts=error.attempts)
 
 
 async def find_provider_batch(*, sessions: storage.Sessions, clients: Clients,

@@ -147,6 +147,56 @@ async def test_create_batch_without_metadata_and_a_400_is_final(router: respx.Ro
     assert "metadata" not in json.loads(route.calls.last.request.content)
 
 
+async def test_a_lost_create_is_looked_up_after_the_servers_wait_on_the_clients_clock(
+    router: respx.Router, fake_time: FakeTime
+) -> None:
+    """One retry loop for chat and creates: a 503 asking for 7 s is waited out on the client's clock, then the batch
+    is looked for; the second attempt's 502 made the batch, so the look-up finds it and no third attempt is sent."""
+    route = router.post("/batches", name="create").mock(side_effect=[
+        httpx.Response(503, headers={"retry-after": "7"}, json={"error": {}}), httpx.Response(502, json={"error": {}}),
+    ])
+    made = BatchInfo.from_api(batch_object(id="batch_made"))
+    looked: list[float] = []
+
+    async def find_lost() -> BatchInfo | None:
+        looked.append(fake_time.now)
+        return made if len(looked) == 2 else None
+
+    async with make_client(router, fake_time) as client:
+        batch = await client.create_batch(input_file_id="file-abc", find_lost=find_lost)
+    assert batch is made and route.call_count == 2
+    # The second wait is the house rule's after a server's wait: the last one plus 5% (no jitter here).
+    assert fake_time.sleeps == pytest.approx([7.0, 7.35]) and looked == pytest.approx([1007.0, 1014.35])
+
+
+async def test_a_create_that_gives_up_looks_once_more_after_its_last_attempt(
+    router: respx.Router, fake_time: FakeTime
+) -> None:
+    route = router.post("/batches", name="create").mock(side_effect=[httpx.Response(500, json={"error": {}})] * 2)
+    looked: list[int] = []
+
+    async def find_lost() -> BatchInfo | None:
+        looked.append(route.call_count)
+        return None
+
+    async with make_client(router, fake_time, max_retries=5) as client:
+        with pytest.raises(InternalServerError, match="after 2 attempts") as caught:
+            await client.create_batch(input_file_id="file-abc", max_retries=1, find_lost=find_lost)
+    assert looked == [1, 2] and fake_time.sleeps == [0.5, 1.0] and caught.value.retryable
+
+
+async def test_a_400_is_final_and_nothing_is_looked_up(router: respx.Router, fake_time: FakeTime) -> None:
+    router.post("/batches", name="create").respond(400, json={"error": {"message": "bad file"}})
+
+    async def find_lost() -> BatchInfo | None:
+        raise AssertionError("a refused create made nothing to look for")
+
+    async with make_client(router, fake_time) as client:
+        with pytest.raises(BadRequestError, match="bad file"):
+            await client.create_batch(input_file_id="file-abc", find_lost=find_lost)
+    assert fake_time.sleeps == []
+
+
 async def test_retrieve_and_cancel(router: respx.Router, fake_time: FakeTime) -> None:
     done = batch_object(
         status="completed", output_file_id="file-out", error_file_id="file-err", in_progress_at=CREATED + 5,

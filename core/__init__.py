@@ -36,6 +36,7 @@ from ._inputs import (
 )
 from ._json import stored_json
 from ._limits import AdaptiveLimiter, RateLimiter, SharedPause
+from ._message_shapes import anthropic_messages_refusal, openai_messages_refusal
 from ._model_rules import Refusal, anthropic_refusal, batch_metadata_problem, openai_params, openai_refusal
 from ._pricing import PICO_PER_USD, Charge, ModelInfo, PriceTable, from_pico
 from ._providers import PROVIDERS, provider_for, provider_lookup
@@ -62,6 +63,7 @@ __all__ = [
     "PROVIDERS",
     "PICO_PER_USD",
     "AdaptiveLimiter",
+    "anthropic_messages_refusal",
     "anthropic_params",
     "anthropic_refusal",
     "batch_metadata_problem",
@@ -93,6 +95,7 @@ __all__ = [
     "key_hash",
     "from_pico",
     "LLMClient",
+    "openai_messages_refusal",
     "openai_params",
     "openai_refusal",
     "parse_deadline",

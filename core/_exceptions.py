@@ -91,7 +91,7 @@ class InputError(LLMDispatchError):
         self.path = path
         self.line = line
         self.field = field
-        self.problems: tuple[InputError, ...] = ()
+        self.problems: tuple[InputError, ...] = (self,)
         where = ":".join(str(p) for p in (_clip_start(path, _MAX_PATH) if path is not None else None, line)
                          if p is not None)
         prefix = f"{where}: " if where else ""

@@ -22,8 +22,9 @@ from ._exceptions import InputError
 from ._input_files import PromptSource, Record, lone_surrogate_at, records
 from ._hashes import HashBag, RepeatedKeys, key_hash, text_hash
 from ._anthropic import anthropic_param_problem, anthropic_params, has_max_tokens
+from ._message_shapes import anthropic_messages_refusal, openai_messages_refusal
 from ._model_rules import DEFAULT_THINKING_MAX_TOKENS, anthropic_max_tokens, anthropic_refusal, anthropic_thinks, \
-    openai_params, openai_refusal
+    is_openai_model, openai_params, openai_refusal
 from ._params import misspelling, param_problem, shown
 from ._pricing import ModelLimits, PriceTable
 from ._providers import provider_lookup
@@ -50,7 +51,6 @@ logger = logging.getLogger(__name__)
 JSONL_FIELDS = frozenset({"id", "prompt", "messages", "model", "params", "metadata", "urgency", "deadline"})
 # Bad lines named by one failed check: enough to fix a file in one go, few enough to read.
 MAX_PROBLEMS = 20
-ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 # Keys the dispatcher sets itself; a prompt may not override them through params.
 FORBIDDEN_PARAMS = frozenset({"model", "messages", "stream", "n"})
 
@@ -395,13 +395,6 @@ def _spec(
     has_prompt, has_messages = "prompt" in record, "messages" in record
     if has_prompt == has_messages:
         raise fail("give exactly one of 'prompt' or 'messages'", "prompt" if not has_prompt else "messages")
-    if has_prompt:
-        prompt = record["prompt"]
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise fail("must be a non-empty string", "prompt")
-        messages: list[dict[str, Any]] = [{"role": "user", "content": prompt}]
-    else:
-        messages = _messages(record["messages"], fail=fail)
 
     raw_id = record.get("id", f"line-{line}")
     if isinstance(raw_id, bool) or not isinstance(raw_id, (str, int)) or str(raw_id).strip() == "":
@@ -410,6 +403,22 @@ def _spec(
     model = record.get("model", default_model)
     if not isinstance(model, str) or not model.strip():
         raise fail("must be a non-empty string", "model")
+    model = model.strip()
+    anthropic = provider_of(model) == "anthropic"
+
+    if has_prompt:
+        prompt = record["prompt"]
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise fail("must be a non-empty string", "prompt")
+        messages: list[dict[str, Any]] = [{"role": "user", "content": prompt}]
+    else:
+        # OpenAI's shapes, to the letter for OpenAI's own models; other content kinds are left to the provider (and
+        # to the check of the translated body for Anthropic's).
+        parts = "openai" if not anthropic and is_openai_model(model) else "any"
+        shape = openai_messages_refusal(record["messages"], parts=parts)
+        if shape is not None:
+            raise fail(shape.message, shape.field)
+        messages = [dict(message) for message in record["messages"]]
 
     params = dict(default_params or {})
     if "params" in record:
@@ -424,11 +433,10 @@ def _spec(
         problem = param_problem(name, value)
         if problem is not None:
             raise fail(problem, f"params.{name}")
-    model = model.strip()
     shut = table.shutdown_problem(model) if table is not None else None
     if shut is not None:
         raise fail(shut, "model")
-    if provider_of(model) == "anthropic":
+    if anthropic:
         for name, value in params.items():
             problem = anthropic_param_problem(name, value)
             if problem is not None:
@@ -437,7 +445,8 @@ def _spec(
             body = anthropic_params(ChatRequest(model=model, messages=messages, params=params), default_max_tokens=1)
         except (ValueError, TypeError, AttributeError) as exc:
             raise fail(f"cannot be sent to Anthropic: {exc}", "prompt" if has_prompt else "messages") from None
-        refusal = anthropic_refusal(body, version=anthropic_version)
+        refusal = anthropic_refusal(body, version=anthropic_version) or anthropic_messages_refusal(
+            body, version=anthropic_version)
     else:
         for name in params:
             problem = misspelling(name)
@@ -518,21 +527,3 @@ def _deadline(value: Any, *, now: datetime, fail: Any) -> str | None:
     except ValueError as exc:
         raise fail(str(exc), "deadline") from None
     return value.strip()
-
-
-def _messages(value: Any, *, fail: Any) -> list[dict[str, Any]]:
-    if not isinstance(value, list) or not value:
-        raise fail("must be a non-empty list of {role, content} objects", "messages")
-    messages = []
-    for index, message in enumerate(value):
-        name = f"messages[{index}]"
-        if not isinstance(message, Mapping):
-            raise fail("must be an object with 'role' and 'content'", name)
-        role = message.get("role")
-        if role not in ROLES:
-            raise fail(f"role must be one of {', '.join(sorted(ROLES))}", f"{name}.role")
-        content = message.get("content")
-        if not (isinstance(content, str) or (isinstance(content, list) and content)):
-            raise fail("content must be a string or a list of content parts", f"{name}.content")
-        messages.append(dict(message))
-    return messages

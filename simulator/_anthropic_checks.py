@@ -1,5 +1,9 @@
 """What a simulated Anthropic request must satisfy: the ``x-api-key`` and ``anthropic-version`` headers, and a
-Messages body. A problem is said in Anthropic's words (``field.path: what is wrong``) for a 400 or 401."""
+Messages body. A problem is said in Anthropic's words (``field.path: what is wrong``) for a 400 or 401.
+
+What each model refuses, and the message shapes past the basic ones here, are the core's rules
+(``anthropic_refusal``, ``anthropic_messages_refusal``, under the request's ``anthropic-version``): the input
+check refuses the same with the file."""
 
 from __future__ import annotations
 
@@ -8,10 +12,12 @@ from typing import Any
 
 from aiohttp import web
 
+from llm_dispatch.core import DEFAULT_ANTHROPIC_VERSION, anthropic_messages_refusal, anthropic_refusal
+
 from ._anthropic_http import anthropic_error
 from ._state import SimState
 
-__all__ = ["check_headers", "messages_body_problem", "required_list"]
+__all__ = ["api_version", "check_headers", "messages_body_problem", "model_refusal", "required_list"]
 
 _ROLES = frozenset({"user", "assistant"})
 
@@ -31,10 +37,22 @@ def check_headers(request: web.Request, state: SimState) -> web.Response | None:
     return None
 
 
+def api_version(request: web.Request) -> str:
+    """The ``anthropic-version`` a request was sent under (``check_headers`` has refused one without)."""
+    return request.headers.get("anthropic-version") or DEFAULT_ANTHROPIC_VERSION
+
+
 def messages_body_problem(body: Any, *, where: str = "") -> str | None:
-    """What is wrong with a Messages body, prefixed with ``where`` (``requests.3.params.`` in a batch), or None."""
+    """What is wrong with the shape of a Messages body, prefixed with ``where`` (``requests.3.params.`` in a batch),
+    or None. What its model refuses is ``model_refusal``'s (a batch answers it per request, not at the create)."""
     problem = _problem(body)
     return None if problem is None else f"{where}{problem}"
+
+
+def model_refusal(body: dict[str, Any], *, version: str) -> str | None:
+    """What the Messages API refuses in a well-shaped ``body`` for its model under ``version``, or None."""
+    refusal = anthropic_refusal(body, version=version) or anthropic_messages_refusal(body, version=version)
+    return None if refusal is None else refusal.api_message
 
 
 def required_list(body: dict[str, Any], name: str) -> list[Any] | str:

@@ -61,7 +61,7 @@ class _ChatRoutes(RealTimeRoutes):
             "your HTTP library correctly. The OpenAI API expects a JSON payload, but what was sent was not "
             "valid JSON.)", param=None, code=None)
 
-    def _invalid_body(self, body: Any) -> web.Response | None:
+    def _invalid_body(self, body: Any, request: web.Request) -> web.Response | None:
         return validate_chat_body(body)
 
     def _unknown_model(self, model: str) -> web.Response:

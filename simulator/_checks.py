@@ -1,4 +1,9 @@
-"""What a simulated chat request must satisfy, and the 400/401/404 bodies OpenAI answers when it does not."""
+"""What a simulated chat request must satisfy, and the 400/401/404 bodies OpenAI answers when it does not.
+
+Message shapes and what each model refuses are the core's rules (``openai_messages_refusal``, ``openai_refusal``:
+the input check refuses the same with the file), answered here in OpenAI's own words, so a body the real API
+would refuse is refused here too.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +12,13 @@ from typing import Any
 
 from aiohttp import web
 
+from llm_dispatch.core import openai_messages_refusal, openai_refusal
+
 from ._http import error_response
 from ._state import SimState
 
 __all__ = ["check_auth", "invalid_request", "model_not_found", "unknown_marker", "validate_chat_body"]
 
-_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 _MAX_CHOICES = 128
 
 
@@ -69,7 +75,7 @@ def validate_chat_body(body: Any) -> web.Response | None:
     return invalid_request(message, param=param, code=code)
 
 
-def _problem(body: Any) -> tuple[str, str | None, str] | None:
+def _problem(body: Any) -> tuple[str, str | None, str | None] | None:
     """(message, param, code) of the first thing wrong with a chat body, in OpenAI's words."""
     if not isinstance(body, dict):
         return f"Invalid type for body: expected an object, but got {_type_name(body)} instead.", None, "invalid_type"
@@ -79,36 +85,9 @@ def _problem(body: Any) -> tuple[str, str | None, str] | None:
     messages = body.get("messages")
     if messages is None:
         return "Missing required parameter: 'messages'.", "messages", "missing_required_parameter"
-    if not isinstance(messages, list):
-        got = _type_name(messages)
-        return f"Invalid type for 'messages': expected an array, but got {got} instead.", "messages", "invalid_type"
-    if not messages:
-        message = "Invalid 'messages': empty array. Expected an array with minimum length 1, but got an empty array."
-        return message, "messages", "empty_array"
-    for i, message in enumerate(messages):
-        where = f"messages[{i}]"
-        if not isinstance(message, dict):
-            got = _type_name(message)
-            return f"Invalid type for '{where}': expected an object, but got {got} instead.", where, "invalid_type"
-        role = message.get("role")
-        if role is None:
-            return f"Missing required parameter: '{where}.role'.", f"{where}.role", "missing_required_parameter"
-        if role not in _ROLES:
-            supported = ", ".join(sorted(_ROLES))
-            return f"Invalid value: '{role}'. Supported values are: {supported}.", f"{where}.role", "invalid_value"
-        content = message.get("content")
-        if content is None:
-            # An assistant turn that only calls tools legitimately has no content.
-            if role == "assistant" and (message.get("tool_calls") or message.get("function_call")):
-                continue
-            return f"Missing required parameter: '{where}.content'.", f"{where}.content", "missing_required_parameter"
-        if not isinstance(content, str | list):
-            got = _type_name(content)
-            return (
-                f"Invalid type for '{where}.content': expected a string or an array, but got {got} instead.",
-                f"{where}.content",
-                "invalid_type",
-            )
+    shape = openai_messages_refusal(messages, parts="openai")
+    if shape is not None:
+        return shape.api_message, shape.api_param, shape.api_code
     for name in ("max_completion_tokens", "max_tokens"):
         value = body.get(name)
         if value is None:
@@ -125,4 +104,7 @@ def _problem(body: Any) -> tuple[str, str | None, str] | None:
     if body.get("stream"):
         message = "The llm-dispatch simulator does not stream; send the request with stream=false."
         return message, "stream", "unsupported_value"
+    refusal = openai_refusal(model, body)
+    if refusal is not None:
+        return refusal.api_message, refusal.api_param, refusal.api_code
     return None

@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from llm_dispatch.core import DEFAULT_ANTHROPIC_VERSION
+
+from ._anthropic_checks import model_refusal
 from ._anthropic_http import error_payload, rfc3339
 from ._batch_faults import DEFAULT_EXPIRE_FRACTION, LINE_ERROR_MARKER, LINE_FAULTS, LINE_MARKER, BatchFault
 from ._batch_store import WINDOW_SECONDS, BatchStore, BatchWork, Sink
@@ -58,6 +61,8 @@ class MessageBatch:
     cancel_initiated_at: float | None = None
     results_path: Path | None = None
     cancel_requested: asyncio.Event = field(default_factory=asyncio.Event)
+    # The anthropic-version of the create: what a request's model refuses depends on it.
+    version: str = DEFAULT_ANTHROPIC_VERSION
 
     @property
     def processing(self) -> int:
@@ -172,6 +177,12 @@ class MessageBatchRun(BatchWork):
                 error = error_payload(_LINE_STATUS.get(forced) or int(forced))
         if error is None and state.allowed_models is not None and params["model"] not in state.allowed_models:
             error = error_payload(404, f"model: {params['model']}")
+        if error is None:
+            # What the model refuses is an errored result of its own, as a Message Batch answers it: the create
+            # checks only the shape of each request.
+            refused = model_refusal(params, version=self._batch.version)
+            if refused is not None:
+                error = error_payload(400, refused)
         custom_id = json_dumps(request.custom_id).encode()
         if error is not None:
             return False, b'{"custom_id":%s,"result":{"type":"errored","error":%s}}\n' % (

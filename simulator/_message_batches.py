@@ -36,7 +36,7 @@ from aiohttp import web
 
 from llm_dispatch.core import MESSAGE_BATCH_LIMITS
 
-from ._anthropic_checks import check_headers, messages_body_problem, required_list
+from ._anthropic_checks import api_version, check_headers, messages_body_problem, required_list
 from ._anthropic_http import anthropic_error
 from ._batch_faults import CREATE_ANSWER_FAULTS, HANG_CREATE_SECONDS, BatchFault, lose_create_answer
 from ._batch_store import BatchStore, batch_store, list_limit, newest_page
@@ -96,7 +96,7 @@ class _MessageBatchRoutes:
             return anthropic_error(400, "This batch failed validation on purpose (simulator fault fail_validation).")
         lose_answer = fault if fault is not None and fault.name in CREATE_ANSWER_FAULTS else None
         batch = MessageBatch(id=new_batch_id(), requests=parsed, fault=None if lose_answer else fault,
-                             created_at=time.time())
+                             created_at=time.time(), version=api_version(request))
         self.batches[batch.id] = batch
         self._state.stats.message_batches += 1
         store.start(MessageBatchRun(batch=batch, store=store, state=self._state).run())

@@ -16,7 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
-from ._anthropic_checks import check_headers, messages_body_problem
+from ._anthropic_checks import api_version, check_headers, messages_body_problem, model_refusal
 from ._anthropic_http import anthropic_error, ratelimit_headers
 from ._http import json_dumps
 from ._messages import message_digest, plan_message, render_message
@@ -46,8 +46,8 @@ class _MessageRoutes(RealTimeRoutes):
     def _unparsable(self) -> web.Response:
         return anthropic_error(400, "There was an error parsing the body of your request as JSON.")
 
-    def _invalid_body(self, body: Any) -> web.Response | None:
-        problem = messages_body_problem(body)
+    def _invalid_body(self, body: Any, request: web.Request) -> web.Response | None:
+        problem = messages_body_problem(body) or model_refusal(body, version=api_version(request))
         return None if problem is None else anthropic_error(400, problem)
 
     def _unknown_model(self, model: str) -> web.Response:

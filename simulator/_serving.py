@@ -94,7 +94,7 @@ class RealTimeRoutes:
             body = json.loads(raw)
         except ValueError:
             return self._counted(self._unparsable())
-        invalid = self._invalid_body(body)
+        invalid = self._invalid_body(body, request)
         if invalid is not None:
             return self._counted(invalid)
         model: str = body["model"]
@@ -116,7 +116,7 @@ class RealTimeRoutes:
     def _unparsable(self) -> web.Response:
         raise NotImplementedError
 
-    def _invalid_body(self, body: Any) -> web.Response | None:
+    def _invalid_body(self, body: Any, request: web.Request) -> web.Response | None:
         raise NotImplementedError
 
     def _unknown_model(self, model: str) -> web.Response:

@@ -100,3 +100,40 @@ def test_an_excel_csv_keeps_its_ids_and_a_past_deadline_warns_and_goes_real_time
     exported = run(tmp_path, "export", summary["job_id"])
     rows = [json.loads(line) for line in exported.stdout.splitlines()]
     assert [(row["custom_id"], row["route"]) for row in rows] == [("q1", "realtime"), ("q2", "realtime")]
+
+
+def test_max_tokens_to_a_reasoning_model_is_answered_under_simulate(tmp_path: Path) -> None:
+    # Issue 24's first row: 20 of 25 prompts to gpt-6-luna set max_tokens, which the model refuses (the simulator
+    # answers that 400 as OpenAI does); llm-dispatch sends it as max_completion_tokens, so all 25 are answered.
+    records = [{"id": f"p{i}", "prompt": f"Question {i}?", "model": "gpt-6-luna", "urgency": "urgent",
+                **({"params": {"max_tokens": 50}} if i < 20 else {})} for i in range(25)]
+    (tmp_path / "luna.jsonl").write_bytes(jsonl(*records))
+    result = run(tmp_path, "run", "luna.jsonl", "--simulate", "--sim-latency", "0.01", "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["counts"] == {"succeeded": 25}
+
+
+@pytest.mark.parametrize(
+    ("record", "expected"),
+    [
+        ({"prompt": "x", "model": "gpt-6-luna", "params": {"temperature": 0.2}},
+         "error: rules.jsonl:2: gpt-6-luna takes no temperature at its default reasoning_effort: set reasoning_effort "
+         "to 'none' or remove temperature (field 'params.temperature')"),
+        ({"prompt": "x", "model": "claude-sonnet-5-5", "params": {"max_tokens": 9, "tool_choice": "required",
+                                                                   "tools": [{"type": "function", "function": {
+                                                                       "name": "f", "parameters": {}}}]}},
+         "error: rules.jsonl:2: claude-sonnet-5-5 refuses forced tool use"),
+        ({"prompt": "x", "params": {"max_token": 9}},
+         "error: rules.jsonl:2: 'max_token' is not a request parameter; did you mean 'max_tokens'? "
+         "(field 'params.max_token')"),
+        ({"messages": [{"role": "user", "content": "x"}, {"role": "tool", "content": "18 C"}]},
+         "error: rules.jsonl:2: a tool message needs 'tool_call_id'"),
+    ],
+    ids=["sampling at the default effort", "forced tool use on sonnet 5.5", "misspelled parameter",
+         "tool message without id"],
+)
+def test_a_prompt_the_provider_would_refuse_is_refused_with_the_file(
+    tmp_path: Path, record: dict, expected: str
+) -> None:
+    [line] = refused(tmp_path, "rules.jsonl", jsonl({"prompt": "fine"}, record))
+    assert line.startswith(expected)

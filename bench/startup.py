@@ -105,11 +105,20 @@ def child_cli(argv: list[str]) -> None:
     import re
     import threading
 
-    born = time.time()
+    born, born_cpu = time.time(), time.thread_time()
+    # (wall, main thread's CPU seconds) at every stamp taken on the main thread: rows in CPU seconds too.
+    clock: list[tuple[float, float]] = [(born, born_cpu)]
     events: list[tuple[str, float, float]] = []  # (label, start, end), wall clock
     imports: list[tuple[float, float, bool]] = []  # (start, end, main thread) of imports that loaded modules
     main = threading.main_thread()
     local = threading.local()
+
+    def stamp() -> float:
+        now = time.time()
+        if threading.current_thread() is main:
+            clock.append((now, time.thread_time()))
+        return now
+
     uuid = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
     profiler = None
@@ -124,14 +133,14 @@ def child_cli(argv: list[str]) -> None:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             if getattr(local, "depth", 0):
                 return original(*args, **kwargs)
-            before, start = len(sys.modules), time.time()
+            before, start = len(sys.modules), stamp()
             local.depth = 1
             try:
                 return original(*args, **kwargs)
             finally:
                 local.depth = 0
                 if len(sys.modules) != before:
-                    imports.append((start, time.time(), threading.current_thread() is main))
+                    imports.append((start, stamp(), threading.current_thread() is main))
         return wrapper
 
     builtins.__import__ = timed_import(builtins.__import__)
@@ -149,32 +158,32 @@ def child_cli(argv: list[str]) -> None:
         if kind == "async":
             @functools.wraps(function)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                start = time.time()
+                start = stamp()
                 try:
                     return await function(*args, **kwargs)
                 finally:
-                    events.append((label_of(label, args), start, time.time()))
+                    events.append((label_of(label, args), start, stamp()))
             return async_wrapper
         if kind == "gen":
             @functools.wraps(function)
             def gen_wrapper(*args: Any, **kwargs: Any) -> Any:
-                start, lines = time.time(), 0
+                start, lines = stamp(), 0
                 try:
                     for item in function(*args, **kwargs):
                         lines += 1
                         yield item
                 finally:
-                    events.append((f"{label} {lines}", start, time.time()))
+                    events.append((f"{label} {lines}", start, stamp()))
             return gen_wrapper
         if kind == "acm":
             @functools.wraps(function)
             def acm_wrapper(*args: Any, **kwargs: Any) -> Any:
-                return _TimedContext(function(*args, **kwargs), label, events)
+                return _TimedContext(function(*args, **kwargs), label, events, stamp)
             return acm_wrapper
 
         @functools.wraps(function)
         def sync_wrapper(*args: Any, **kwargs: Any) -> Any:
-            start = time.time()
+            start = stamp()
             result = function(*args, **kwargs)
             name = label_of(label, args)
             if kind == "call" and inspect.isawaitable(result):
@@ -182,9 +191,9 @@ def child_cli(argv: list[str]) -> None:
                     try:
                         return await result
                     finally:
-                        events.append((name, start, time.time()))
+                        events.append((name, start, stamp()))
                 return awaited()
-            events.append((name, start, time.time()))
+            events.append((name, start, stamp()))
             return result
         return sync_wrapper
 
@@ -236,9 +245,9 @@ def child_cli(argv: list[str]) -> None:
             folder.mkdir(parents=True, exist_ok=True)
             (folder / "profile.txt").write_text(profiler.output_text(unicode=True, color=False, show_all=False))
             (folder / "profile.html").write_text(profiler.output_html())
-        done = time.time()
+        done = stamp()
         Path(os.environ[TIMELINE_ENV]).write_text(json.dumps({
-            "born": born, "done": done, "events": events, "imports": imports,
+            "born": born, "born_cpu": born_cpu, "done": done, "clock": clock, "events": events, "imports": imports,
             "modules": len(sys.modules), "prefect_imported": "prefect" in sys.modules,
         }))
 
@@ -250,22 +259,22 @@ def child_cli(argv: list[str]) -> None:
 
 
 class _TimedContext:
-    def __init__(self, inner: Any, label: str, events: list[tuple[str, float, float]]) -> None:
-        self._inner, self._label, self._events = inner, label, events
+    def __init__(self, inner: Any, label: str, events: list[tuple[str, float, float]], stamp: Any) -> None:
+        self._inner, self._label, self._events, self._stamp = inner, label, events, stamp
 
     async def __aenter__(self) -> Any:
-        start = time.time()
+        start = self._stamp()
         try:
             return await self._inner.__aenter__()
         finally:
-            self._events.append((f"{self._label} acquire", start, time.time()))
+            self._events.append((f"{self._label} acquire", start, self._stamp()))
 
     async def __aexit__(self, *exc: Any) -> Any:
-        start = time.time()
+        start = self._stamp()
         try:
             return await self._inner.__aexit__(*exc)
         finally:
-            self._events.append((f"{self._label} release", start, time.time()))
+            self._events.append((f"{self._label} release", start, self._stamp()))
 
 
 def child_baseline(args: argparse.Namespace) -> None:
@@ -343,14 +352,43 @@ def child_cpu(run: dict[str, Any], before: Any) -> None:
     run["cpu"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
-def overlap(start: float, end: float, spans: list[tuple[float, float]]) -> float:
-    return sum(max(0.0, min(end, b) - max(start, a)) for a, b in spans)
-
-
 def rows_of(run: dict[str, Any], timeline: dict[str, Any]) -> dict[str, Any]:
-    """The run's seconds per row (each less the main-thread imports inside it), and its counts."""
+    """The run's rows in wall seconds and in CPU seconds (each less the main-thread imports inside it), its counts."""
+    import bisect
+
+    clock = sorted(timeline["clock"])
+    walls = [wall for wall, _ in clock]
+
+    def cpu_at(t: float) -> float:
+        """The main thread's CPU seconds at wall time T, between the two stamps around it."""
+        i = bisect.bisect_left(walls, t)
+        if i <= 0:
+            return clock[0][1]
+        if i >= len(clock):
+            return clock[-1][1]
+        (w0, c0), (w1, c1) = clock[i - 1], clock[i]
+        return c0 + (c1 - c0) * ((t - w0) / (w1 - w0) if w1 > w0 else 1.0)
+
+    wall_rows, counts, api_before = _rows(run, timeline, length=lambda a, b: b - a)
+    cpu_rows, _, _ = _rows(run, timeline, length=lambda a, b: cpu_at(b) - cpu_at(a))
+    cpu_rows["interpreter start-up"] = timeline["born_cpu"]  # the main thread's CPU before the script's first line
+    cpu_rows["process exit (after the command returned)"] = 0.0  # not seen: in "other", with the other threads
+    cpu_rows["TOTAL (whole process)"] = run["cpu"]
+    covered = sum(v for k, v in cpu_rows.items() if not k.startswith("  ") and k not in (
+        "other (between the rows)", "TOTAL (whole process)"))
+    cpu_rows["other (between the rows)"] = run["cpu"] - covered
+    cpu_rows = {k: cpu_rows[k] for k in wall_rows}
+    return {"rows": wall_rows, "cpu_rows": cpu_rows, "counts": counts, "api_before": api_before}
+
+
+def _rows(
+    run: dict[str, Any], timeline: dict[str, Any], *, length: Any
+) -> tuple[dict[str, float], dict[str, Any], dict[str, tuple[int, float]]]:
     events = [(label, a, b) for label, a, b in timeline["events"]]
     main_imports = sorted((a, b) for a, b, on_main in timeline["imports"] if on_main)
+
+    def overlap(start: float, end: float) -> float:
+        return sum(length(max(start, a), min(end, b)) for a, b in main_imports if min(end, b) > max(start, a))
 
     def spans(*prefixes: str, before: float | None = None, after: float | None = None) -> list[tuple[float, float]]:
         """Spans of these labels, clipped to end by ``before`` / begin at ``after``."""
@@ -363,7 +401,7 @@ def rows_of(run: dict[str, Any], timeline: dict[str, Any]) -> dict[str, Any]:
         return found
 
     def seconds(found: list[tuple[float, float]]) -> float:
-        return sum(b - a - overlap(a, b, main_imports) for a, b in found)
+        return sum(length(a, b) - overlap(a, b) for a, b in found)
 
     send_starts = [a for a, _ in spans("send_all")]
     send_from = min(send_starts)
@@ -380,7 +418,7 @@ def rows_of(run: dict[str, Any], timeline: dict[str, Any]) -> dict[str, Any]:
     cli_call = spans("cli flow call")[0]
     row: dict[str, float] = {
         "interpreter start-up": timeline["born"] - run["started"],
-        "imports (main thread, new modules)": sum(b - a for a, b in main_imports),
+        "imports (main thread, new modules)": sum(length(a, b) for a, b in main_imports),
         "settings": seconds(spans("settings")),
         "price table (x{n})".format(n=len(spans("price table"))): seconds(spans("price table")),
         "input check: the CLI's": seconds(checks[:1]),
@@ -399,7 +437,7 @@ def rows_of(run: dict[str, Any], timeline: dict[str, Any]) -> dict[str, Any]:
         "  of which the tag-limit slot (task)": seconds(first_tag),
         "first chunk's body until its first request": seconds([(chunk_bodies[0][0], send_from)])
         - seconds(spans("store", before=send_from, after=chunk_bodies[0][0])),
-        "send phase (first request to last result stored)": send_to - send_from,
+        "send phase (first request to last result stored)": length(send_from, send_to),
         "report queries (after sending)": seconds(spans("report queries", after=send_to))
         + seconds(spans("job rows", after=send_to)),
         "artifacts (report, progress close)": seconds(spans("artifacts", after=send_to)),
@@ -418,7 +456,7 @@ def rows_of(run: dict[str, Any], timeline: dict[str, Any]) -> dict[str, Any]:
         "imports: from the first request on": (send_from, timeline["done"]),
     }
     for name, (a, b) in windows.items():
-        row["  " + name] = overlap(a, b, main_imports)
+        row["  " + name] = overlap(a, b)
     row["TOTAL (whole process)"] = total
     order = [k for k in row if not k.startswith("  imports:")]
     at = order.index("imports (main thread, new modules)") + 1
@@ -440,7 +478,7 @@ def rows_of(run: dict[str, Any], timeline: dict[str, Any]) -> dict[str, Any]:
     calls: dict[str, list[float]] = {}
     for label, a, b in api_before:
         calls.setdefault(label, []).append(b - a)
-    return {"rows": row, "counts": counts, "api_before": {k: (len(v), sum(v)) for k, v in calls.items()}}
+    return row, counts, {k: (len(v), sum(v)) for k, v in calls.items()}
 
 
 def import_times(argv: list[str], *, env: dict[str, str], cwd: Path, out: Path) -> None:
@@ -595,13 +633,20 @@ def report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]]) -> N
     base, cli = runs["baseline"], runs["cli"]
     med = statistics.median
     count = args.prompts
-    print(f"\nwhere the seconds go (median of {len(cli)} runs; each row less the imports inside it)")
+    print(f"\nwhere the seconds go (median of {len(cli)} runs; each row less the imports inside it; CPU: the main "
+          "thread's, the total the whole process's)")
+    print(f"  {'':<52} {'wall s':>7} {'CPU s':>7}   (wall, each run)")
     for name in cli[0]["rows"]:
         values = [r["rows"].get(name, 0.0) for r in cli]
-        print(f"  {name:<52} {med(values):7.3f}   ({', '.join(f'{v:.3f}' for v in values)})")
+        cpu = med(r["cpu_rows"].get(name, 0.0) for r in cli)
+        print(f"  {name:<52} {med(values):7.3f} {cpu:7.3f}   ({', '.join(f'{v:.3f}' for v in values)})")
     fixed = [r["rows"]["TOTAL (whole process)"] - r["rows"]["send phase (first request to last result stored)"]
              for r in cli]
-    print(f"  {'fixed cost (total less the send phase)':<52} {med(fixed):7.3f}   ({', '.join(f'{v:.3f}' for v in fixed)})")
+    # The main thread's CPU in the fixed rows (the total and "other" count every thread).
+    fixed_cpu = med(sum(v for k, v in r["cpu_rows"].items() if not k.startswith(("  ", "send phase", "TOTAL", "other")))
+                    for r in cli)
+    print(f"  {'fixed cost (total less the send phase)':<52} {med(fixed):7.3f} {fixed_cpu:7.3f}   "
+          f"({', '.join(f'{v:.3f}' for v in fixed)})")
     print("\ncounts (median)")
     for name in cli[0]["counts"]:
         values = [r["counts"][name] for r in cli]

@@ -433,7 +433,9 @@ def main() -> int:
     parser.add_argument("--long-prompts", type=int, default=20, help="prompts over 1000 characters (Batch API)")
     # Long enough that a shard keeps its 16 requests in flight for seconds: both shards then overlap for
     # sure, and the peak shows the bound is reached, not only respected.
-    parser.add_argument("--latency", type=float, default=0.2, help="simulator latency, seconds")
+    parser.add_argument("--latency", type=float, default=None,
+                        help="simulator latency, seconds (default 0.2; 1.0 with a SQLite-backed Prefect server, whose "
+                             "runs start further apart: each shard then sends for longer than that gap)")
     for which in ("server", "results"):
         parser.add_argument(f"--{which}-db", choices=("auto", "postgres", "sqlite"), default="auto",
                             help=f"database of the {'Prefect server' if which == 'server' else 'results'} "
@@ -501,7 +503,8 @@ def run_checks(harness: Harness, phases: Phases, args: argparse.Namespace, secre
         client_env = harness.env(PREFECT_API_URL=api, PREFECT_HOME=str(tmp / "client-home"))
 
     with phases.phase("simulator"):
-        sim_url = start_simulator(harness, secret=secret, latency=args.latency)
+        latency = args.latency if args.latency is not None else 0.2 if server_pg else 1.0
+        sim_url = start_simulator(harness, secret=secret, latency=latency)
         sim_root = sim_url.removesuffix("/v1")
 
     with phases.phase("pool, secret, limit, deploy"):

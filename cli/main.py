@@ -122,7 +122,12 @@ def _settings(**overrides: Any) -> Settings:
 @app.command()
 def run(
     file: Annotated[Optional[Path], typer.Argument(help="a .jsonl or .csv file of prompts")] = None,
-    resume: Annotated[Optional[str], typer.Option("--resume", help="job id to resume (no FILE needed)")] = None,
+    resume: Annotated[Optional[str], typer.Option(
+        "--resume", help="the job to resume: its id (or the id's first characters) or its name; no FILE needed")] = None,
+    new_job: Annotated[bool, typer.Option(
+        "--new-job", help="start a new job even if FILE was run before (default: resume the job FILE already is)")] = False,
+    job_name: Annotated[Optional[str], typer.Option(
+        "--job-name", help="name the job; a run with the same name and FILE resumes it, another name starts a new one")] = None,
     simulate: Annotated[bool, typer.Option("--simulate", help="send to the bundled simulator: no key, no network")] = False,
     model: Annotated[Optional[str], typer.Option(help="default model for prompts that name none")] = None,
     concurrency: Annotated[Optional[int], typer.Option(help="requests in flight per run")] = None,
@@ -143,6 +148,16 @@ def run(
     at half price. Every result, token count and cost lands in the database."""
     if file is None and resume is None:
         raise _fail("give a prompt FILE (.jsonl or .csv) or --resume JOB_ID")
+    if resume is not None and (new_job or job_name is not None):
+        raise _fail("--resume continues a job; --new-job and --job-name choose or start one from FILE: give one or the other")
+    if job_name is not None and not job_name.strip():
+        raise _fail("--job-name must not be empty")
+    if simulate and not wait:
+        # The simulator lives in this process: its batches would end with the command, leaving batches open in
+        # the database that no provider knows.
+        raise _fail("--no-wait cannot go with --simulate: the simulator stops with this command and its batches with "
+                    f"it; drop --no-wait (its batches take {SIM_BATCH_SECONDS:.0f} s), or run `llm-dispatch simulate` "
+                    "apart, point LLM_DISPATCH_BASE_URL at it and leave out --simulate")
     if retry_failed not in RETRY_FAILED:
         raise _fail(f"--retry-failed must be retryable, all or none, not {retry_failed!r}")
     settings = _settings(model=model, concurrency=concurrency, chunk_size=chunk_size, dedupe=dedupe,
@@ -184,7 +199,8 @@ def run(
         try:
             summary = asyncio.run(_run_with_progress(source=str(file) if file else None, job_id=resume, settings=settings,
                                                      retry_failed=retry_failed, show=not as_json,  # type: ignore[arg-type]
-                                                     wait=wait, max_cost=max_cost))
+                                                     wait=wait, max_cost=max_cost, new_job=new_job,
+                                                     job_name=job_name))
         except (TerminationSignal, BaseExceptionGroup) as exc:
             # Prefect's own SIGTERM handler (installed while a flow runs) raises this wherever the run
             # is, sometimes inside a task group; asyncio.run has cancelled the run on the way out.
@@ -204,6 +220,7 @@ def run(
                 code=128 + stop.signum,
             ) from None
 
+    _say_which_job(summary)
     if as_json:
         out.print_json(json.dumps(summary, default=str))
     else:
@@ -373,13 +390,17 @@ def _report(name: str, *, job: str | None, database_url: str | None, as_json: bo
 
 @app.command()
 def export(
-    job: Annotated[str, typer.Argument(help="the job to export")],
+    job: Annotated[str, typer.Argument(help="the job to export: its id (or the id's first characters) or its name")],
     fmt: Annotated[Optional[str], typer.Option("--format", help="jsonl (default) or csv")] = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="file to write (default: stdout)")] = None,
+    fields: Annotated[Optional[str], typer.Option(
+        "--fields", help="columns, comma-separated: built-in names, metadata keys, or all (default: id, prompt, "
+                         "answer, status, error, model, tokens, cost_usd, latency_ms, then each metadata key)")] = None,
     database_url: DatabaseUrl = None,
     as_json: Annotated[bool, typer.Option("--json", help="one JSON array of the rows (instead of --format)")] = False,
 ) -> None:
-    """Every prompt of JOB in input order with its answer or error, tokens, cost, ids and metadata."""
+    """Every prompt of JOB in input order, ready for scoring: the user's id, the prompt, the answer, status, error,
+    tokens, cost, latency and the prompt's metadata as columns."""
     from . import reports
 
     if as_json and fmt is not None:
@@ -387,8 +408,11 @@ def export(
     if fmt not in (None, "jsonl", "csv"):
         raise _fail(f"--format must be jsonl or csv, not {fmt!r}")
     fmt = "json" if as_json else fmt or "jsonl"
+    chosen = [name.strip() for name in fields.split(",") if name.strip()] if fields is not None else None
+    if chosen == []:
+        raise _fail("--fields names no column; give names separated by commas, or leave it out for the default ones")
     settings = _settings(database_url=database_url)
-    written = asyncio.run(reports.export(settings=settings, job_id=job, fmt=fmt, output=output))
+    written = asyncio.run(reports.export(settings=settings, job_id=job, fmt=fmt, output=output, fields=chosen))
     if output is not None:
         err.print(f"wrote {written} rows to {output}", highlight=False)
 
@@ -411,6 +435,8 @@ async def _run_with_progress(
     show: bool,
     wait: bool,
     max_cost: float | None,
+    new_job: bool = False,
+    job_name: str | None = None,
 ) -> dict[str, Any]:
     from llm_dispatch.flows.dispatch import dispatch
 
@@ -440,7 +466,7 @@ async def _run_with_progress(
                 chunk_concurrency=settings.chunk_concurrency, dedupe=settings.dedupe, retry_failed=retry_failed,
                 base_url=settings.base_url, anthropic_base_url=settings.anthropic_base_url,
                 database_url=settings.database_url, prices_file=settings.prices_file,
-                batch_poll_interval=settings.batch_poll_interval,
+                batch_poll_interval=settings.batch_poll_interval, new_job=new_job, job_name=job_name,
             )
     except asyncio.CancelledError:
         if received:
@@ -543,11 +569,26 @@ def _quiet_prefect_info() -> Any:
             logger.setLevel(level)
 
 
+def _say_which_job(summary: dict[str, Any]) -> None:
+    """One line when the run did not start a job from scratch: which job it resumed, and what it sent."""
+    job = f"job {summary['job_id'][:8]} ({summary['job_name']})"
+    realtime, batch = summary.get("realtime") or {}, summary.get("batch") or {}
+    sent = (realtime.get("sent_prompts") or 0) + (batch.get("submitted_prompts") or 0)
+    if summary.get("started_over_from"):
+        err.print(f"job {summary['started_over_from'][:8]} already answered this input and --no-dedupe was given: "
+                  f"new {job} sent its {summary['prompts']} prompts again", highlight=False, soft_wrap=True)
+    elif summary.get("resumed"):
+        before = summary.get("answered_before", 0)
+        did = "nothing sent" if not sent and not summary.get("unfinished") else f"{sent} prompts sent now"
+        err.print(f"resumed {job}: {before} of its {summary['prompts']} prompts were answered before this run, "
+                  f"{did}; --new-job starts a new job from the same file", highlight=False, soft_wrap=True)
+
+
 def _print_summary(summary: dict[str, Any]) -> None:
     from .reports import job_table
 
     realtime = summary.get("realtime") or {}
-    title = f"job {summary['job_id']}" + (" (resumed)" if summary.get("resumed") else "")
+    title = f"job {summary['job_id'][:8]} ({summary['job_name']})" + (" (resumed)" if summary.get("resumed") else "")
     out.print(job_table(summary, title=title))
     notes = []
     if realtime.get("reused") or (summary.get("batch") or {}).get("reused"):

@@ -3,37 +3,26 @@ no Prefect: costs are the ones stored with each answer; only ``reprice`` prices 
 
 from __future__ import annotations
 
-import csv
-import json
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 from sqlalchemy.engine import make_url
 
 from llm_dispatch import storage
-from llm_dispatch.jobs import actual_cost, money, reprice as reprice_job
+from llm_dispatch.jobs import actual_cost, money, plan_export, reprice as reprice_job
 from llm_dispatch.core import (
-    PICO_PER_USD,
     DatabaseError,
     PriceTable,
     Settings,
-    UnknownJobError,
     provider_lookup,
     ROUTES,
     UNFINISHED_PROMPT_STATUSES,
     unfinished,
-)
-
-EXPORT_FIELDS = (
-    "position", "custom_id", "prompt_id", "model", "status", "planned_route", "route_reason", "route", "text",
-    "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens", "cache_creation_tokens",
-    "cache_creation_extended_tokens", "reasoning_tokens", "service_tier", "cost_usd", "discount", "prices_as_of",
-    "cost_basis", "latency_ms", "error_class", "error_message", "metadata",
 )
 
 
@@ -53,8 +42,9 @@ async def _database(settings: Settings, *, migrate: bool = True) -> AsyncIterato
 
 
 async def _job_id(sessions: storage.Sessions, job_id: str | None) -> str | None:
+    """The job a report is about: the one ``job_id`` names (an id, its first characters, or a name), else the newest."""
     if job_id is not None:
-        return job_id if await storage.get_job(sessions, job_id=job_id) is not None else None
+        return await storage.resolve_job(sessions, reference=job_id)
     jobs = await storage.list_jobs(sessions, limit=1)
     return jobs[0].id if jobs else None
 
@@ -66,6 +56,7 @@ async def status(*, settings: Settings, job_id: str | None) -> dict[str, Any] | 
             return {"jobs": [
                 {"job_id": j.id, "name": j.name, "created_at": j.created_at.isoformat(timespec="seconds"),
                  "status": j.status, "prompts": j.prompts, "open_batches": j.open_batches} for j in jobs]}
+        job_id = await storage.resolve_job(sessions, reference=job_id)
         job = await storage.get_job(sessions, job_id=job_id)
         if job is None:
             return None
@@ -93,11 +84,11 @@ def print_status(console: Console, data: dict[str, Any]) -> None:
         for column in ("job", "name", "created", "status", "prompts", "open batches"):
             table.add_column(column)
         for job in data["jobs"]:
-            table.add_row(job["job_id"], job["name"], job["created_at"], job["status"], str(job["prompts"]),
+            table.add_row(job["job_id"][:8], job["name"], job["created_at"], job["status"], str(job["prompts"]),
                           str(job["open_batches"]))
         console.print(table)
         return
-    table = Table(title=f"job {data['job_id']} ({data['name']}): {data['status']}")
+    table = Table(title=f"job {data['job_id'][:8]} ({data['name']}): {data['status']}")
     statuses = ("succeeded", "failed", *UNFINISHED_PROMPT_STATUSES)
     table.add_column("route")
     for name in statuses:
@@ -105,7 +96,7 @@ def print_status(console: Console, data: dict[str, Any]) -> None:
     for route, counts in sorted(data["routes"].items()):
         table.add_row(route, *(str(counts.get(name, 0)) for name in statuses))
     unknown = "" if data["cost_complete"] else f" + unknown (no price for {', '.join(sorted(data['unpriced_models']))})"
-    table.caption = f"cost so far ${data['cost']:.6f}{unknown}; `llm-dispatch cost {data['job_id']}` for details"
+    table.caption = f"cost so far ${data['cost']:.6f}{unknown}; `llm-dispatch cost {data['job_id'][:8]}` for details"
     console.print(table)
     if data["batches"]:
         batches = Table(title="batches")
@@ -213,42 +204,17 @@ def _signed(value: float | None) -> str:
     return "-" if value is None else f"{'+' if value >= 0 else '-'}${abs(value):.6f}"
 
 
-async def export(*, settings: Settings, job_id: str, fmt: str, output: Path | None) -> int:
-    """Write the job's rows as ``jsonl`` (one object a line), ``json`` (one array) or ``csv``; returns how many."""
+async def export(*, settings: Settings, job_id: str, fmt: str, output: Path | None,
+                 fields: list[str] | None = None) -> int:
+    """Write the job's rows as ``jsonl`` (one object a line), ``json`` (one array) or ``csv``; returns how many.
+    The columns are checked before ``output`` is opened."""
     async with _database(settings) as sessions:
-        if await storage.get_job(sessions, job_id=job_id) is None:
-            raise UnknownJobError(f"no job {job_id!r}; `llm-dispatch status` lists jobs")
-        handle: TextIO = output.open("w", encoding="utf-8", newline="") if output else sys.stdout
-        try:
-            writer = csv.DictWriter(handle, fieldnames=EXPORT_FIELDS) if fmt == "csv" else None
-            if writer is not None:
-                writer.writeheader()
-            elif fmt == "json":
-                handle.write("[")
-            count = 0
-            async for row in storage.export_rows(sessions, job_id=job_id):
-                record = _export_record(row)
-                if writer is not None:
-                    writer.writerow({**record, "metadata": json.dumps(record["metadata"]) if record["metadata"] else ""})
-                elif fmt == "json":
-                    # Written row by row like the others, so a large job is never held in memory whole.
-                    handle.write(("," if count else "") + "\n" + json.dumps(record, ensure_ascii=False))
-                else:
-                    handle.write(json.dumps(record, ensure_ascii=False) + "\n")
-                count += 1
-            if fmt == "json":
-                handle.write("\n]\n")
-        finally:
-            if output is not None:
-                handle.close()
-    return count
-
-
-def _export_record(row: storage.ExportRow) -> dict[str, Any]:
-    record = {name: getattr(row, name) for name in EXPORT_FIELDS if name != "cost_usd"}
-    # As stored with the answer: 0 for a failure or a reused answer, None when unknown (no price) or not yet answered.
-    record["cost_usd"] = None if row.cost_pico_usd is None else row.cost_pico_usd / PICO_PER_USD
-    return {name: record[name] for name in EXPORT_FIELDS}
+        job_id = await storage.resolve_job(sessions, reference=job_id)
+        plan = await plan_export(sessions=sessions, job_id=job_id, fmt=fmt, fields=fields)
+        if output is None:
+            return await plan.write(sessions=sessions, handle=sys.stdout)
+        with output.open("w", encoding="utf-8", newline="") as handle:
+            return await plan.write(sessions=sessions, handle=handle)
 
 
 def _provider_rows(table: Table, *, actual: dict[str, Any], estimated: dict[str, Any]) -> None:

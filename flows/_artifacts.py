@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
+import unicodedata
 from typing import Any
 
 from prefect.artifacts import (
@@ -22,6 +24,9 @@ from llm_dispatch.core import DispatchOutcome, ROUTES, unfinished
 
 Logger = logging.Logger | logging.LoggerAdapter  # type: ignore[type-arg]
 
+# Characters of a job's name kept in an artifact key (Prefect allows 100 in all).
+MAX_KEY_NAME = 64
+
 
 class ProgressBoard:
     """The real-time half's progress artifact, created alongside the first requests and updated as chunks end."""
@@ -29,8 +34,8 @@ class ProgressBoard:
     # Each update is a write to the Prefect API; on a SQLite-backed server writes contend.
     MIN_INTERVAL = 2.0
 
-    def __init__(self, *, job_id: str, logger: Logger) -> None:
-        self._job_id, self._logger = job_id, logger
+    def __init__(self, *, job: str, logger: Logger) -> None:
+        self._job, self._logger = job, logger
         self._prompts = self._chunks = self._finished = 0
         self._artifact: asyncio.Task[Any] | None = None
         self._last = time.monotonic()
@@ -43,9 +48,9 @@ class ProgressBoard:
     async def _create(self) -> Any:
         try:
             return await acreate_progress_artifact(
-                progress=0.0, description=f"job {self._job_id}: real-time, {self._prompts} prompts")
+                progress=0.0, description=f"job {self._job}: real-time, {self._prompts} prompts")
         except Exception as exc:  # noqa: BLE001 - a progress display must not stop the run
-            self._logger.warning("No progress artifact for job %s: %s", self._job_id, exc)
+            self._logger.warning("No progress artifact for job %s: %s", self._job, exc)
             return None
 
     def retotal(self, *, prompts: int, chunks: int) -> None:
@@ -75,7 +80,7 @@ class ProgressBoard:
                              f"prompts; {self._finished} of {self._chunks} chunks done"),
             )
         except Exception as exc:  # noqa: BLE001 - a progress display must not stop the run
-            self._logger.warning("Progress artifact of job %s not updated: %s", self._job_id, exc)
+            self._logger.warning("Progress artifact of job %s not updated: %s", self._job, exc)
 
 
 async def show_batch_progress(record: storage.BatchRecord, artifact: Any, *, logger: Logger) -> Any:
@@ -95,8 +100,21 @@ async def show_batch_progress(record: storage.BatchRecord, artifact: Any, *, log
     return artifact
 
 
+def job_label(*, name: str, job_id: str) -> str:
+    """A job as a person reads it: its name and the first characters of its id (``questions.jsonl (0eea949d)``)."""
+    return f"{name} ({job_id[:8]})" if name else f"job {job_id[:8]}"
+
+
+def artifact_key(name: str, *, job_id: str) -> str:
+    """An artifact key after the job's name (Prefect's keys are lowercase letters, digits and dashes): runs of one
+    job, or of one name, add versions to the same artifacts."""
+    ascii_name = unicodedata.normalize("NFKD", name).encode("ascii", "ignore").decode().lower()
+    slug = re.sub(r"[^a-z0-9]+", "-", ascii_name).strip("-")[:MAX_KEY_NAME]
+    return slug or job_id[:8]
+
+
 async def publish_report(summary: DispatchSummary, *, logger: Logger) -> None:
-    """A table (one row per route) and a markdown report on the flow run, keyed by the whole job id."""
+    """A table (one row per route) and a markdown report on the flow run, keyed and titled by the job's name."""
     report = summary.as_dict()
     rows = []
     for route in ROUTES:
@@ -114,12 +132,12 @@ async def publish_report(summary: DispatchSummary, *, logger: Logger) -> None:
             "cost_usd": cost.get("cost", 0.0),
             "estimate_usd": estimate.get("cost"),
         })
-    job = report["job_id"]
-    key = f"dispatch-{job}"
+    job = job_label(name=summary.job_name, job_id=summary.report.job_id)
+    key = f"dispatch-{artifact_key(summary.job_name, job_id=summary.report.job_id)}"
     try:
-        await acreate_table_artifact(table=rows, key=f"{key}-routes", description=f"job {job}: per route")
+        await acreate_table_artifact(table=rows, key=f"{key}-routes", description=f"{job}: per route")
         await acreate_markdown_artifact(markdown=report_markdown(report), key=f"{key}-report",
-                                        description=f"job {job}: report")
+                                        description=f"{job}: report")
     except Exception as exc:  # noqa: BLE001 - the job's work is done and stored; the display is extra
         logger.warning("Report artifacts of job %s not published: %s", job, exc)
 
@@ -127,7 +145,7 @@ async def publish_report(summary: DispatchSummary, *, logger: Logger) -> None:
 def report_markdown(report: dict[str, Any]) -> str:
     cost, stats = report["cost"], report["stats"]
     lines = [
-        f"# Job `{report['job_id']}`",
+        f"# {report.get('job_name') or 'Job'} (job `{report['job_id']}`)",
         "",
         "| | |", "|---|---|",
         f"| prompts | {sum(report['counts'].values())} |",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import logging
+from datetime import UTC, datetime
 from pathlib import Path
 
 from pydantic import SecretStr
@@ -111,9 +112,56 @@ def input_run_name() -> str:
     from prefect.runtime import flow_run
 
     parameters = flow_run.parameters
-    source, job_id = parameters.get("prompts"), parameters.get("job_id")
+    source, job_id, shard, shards = (parameters.get(name) for name in ("prompts", "job_id", "shard", "shards"))
+    if isinstance(shard, int) and isinstance(shards, int):
+        # A shard of a job a dispatch run recorded: named for its share and the job (its name, passed along).
+        return f"shard {shard + 1}/{shards} of {parameters.get('job_name') or f'job {short_id(str(job_id))}'}"
     if isinstance(source, str):
         return Path(source).name
     if isinstance(source, list):
         return f"{len(source)} prompts"
-    return f"job {job_id}" if job_id else "no input"
+    return f"resume job {short_id(str(job_id))}" if job_id else "no input"
+
+
+def short_id(job_id: str) -> str:
+    """A job id as a person types it: a whole UUID's first 8 characters (``llm-dispatch status`` shows those)."""
+    return job_id[:8] if len(job_id) == 36 and job_id.count("-") == 4 else job_id
+
+
+def collect_run_name() -> str:
+    """A ``collect-batches`` run's name as it starts; ``rename_run`` adds what it found once it has swept."""
+    from prefect.runtime import flow_run
+
+    job_id = flow_run.parameters.get("job_id")
+    return f"collect the batches of job {job_id}" if job_id else "collect open batches"
+
+
+async def rename_run(name: str, *, logger: Logger) -> None:
+    """Give the running flow run ``name``, once it knows what it did; best effort (the name is a display)."""
+    from prefect.client.orchestration import get_client
+    from prefect.context import FlowRunContext
+
+    context = FlowRunContext.get()
+    if context is None or context.flow_run is None:
+        return
+    try:
+        async with get_client() as client:
+            await client.update_flow_run(context.flow_run.id, name=name)
+    except Exception as exc:  # noqa: BLE001 - a run's name must not fail the work it names
+        logger.warning("flow run not renamed to %r: %s", name, exc)
+
+
+def scheduled_job_name(source: object) -> str | None:
+    """The name a job gets when a deployment's schedule started its run and none was given: its input's
+    name and the day the run was scheduled for (``questions-2026-11-26``, UTC), so that each night's run
+    of a fixed file is a job of its own and a retry of the same night's run resumes it. None otherwise."""
+    from prefect.context import FlowRunContext
+
+    context = FlowRunContext.get()
+    run = context.flow_run if context is not None else None
+    if run is None or not run.auto_scheduled:
+        return None
+    when = run.expected_start_time or run.created
+    day = (when.astimezone(UTC) if when is not None else datetime.now(UTC)).date().isoformat()
+    stem = Path(source).stem if isinstance(source, (str, Path)) else "prompts"
+    return f"{stem}-{day}"

@@ -28,13 +28,12 @@ from llm_dispatch.core import (
     TERMINAL_BATCH_STATUSES,
     RetryFailed,
     Settings,
-    UnknownJobError,
     unfinished,
 )
 from llm_dispatch.tasks import cancel_batches, finish_submission, ingest_batch, poll_batch, submit_batches
 
 from ._artifacts import show_batch_progress
-from ._setup import prepare
+from ._setup import collect_run_name, prepare, rename_run
 from .realtime import send_realtime
 
 # Settings a flow hands its sub-flows as plain parameters: everything public (no key, no database URL).
@@ -145,7 +144,7 @@ async def dispatch_batches(
     return summary
 
 
-@flow(name="collect-batches", log_prints=False)
+@flow(name="collect-batches", flow_run_name=collect_run_name, log_prints=False)
 async def collect_batches(
     database_url: SecretStr | None = None,
     base_url: str | None = None,
@@ -164,7 +163,12 @@ async def collect_batches(
     settings = await prepare(Settings.with_overrides(base_url=base_url, anthropic_base_url=anthropic_base_url,
                                                     database_url=database_url), logger=logger)
     async with open_run(settings) as run:
+        if job_id is not None:
+            job_id = await storage.resolve_job(run.sessions, reference=job_id)
         summary = await sweep(run=run, job_id=job_id, stale_after=stale_after)
+    scope = f"job {job_id[:8]}" if job_id else "all jobs"
+    await rename_run(f"collect ({scope}): {summary.open} open batches, {len(summary.ingested)} ingested",
+                     logger=logger)
     logger.info("Swept %d open batches: %d polled, %d ingested, %d prompts resubmitted, %d sent real-time, "
                 "%d half-submitted ones left to their own run.", summary.open, summary.polled, len(summary.ingested),
                 summary.resubmitted, summary.realtime, summary.skipped_recent)
@@ -238,9 +242,7 @@ async def cancel_job_batches(
                                                     database_url=database_url),
                              logger=get_run_logger())
     async with open_run(settings) as run:
-        if await storage.get_job(run.sessions, job_id=job_id) is None:
-            raise UnknownJobError(f"no job {job_id!r} in {settings.public_dict()['database_url']}; "
-                                  "`llm-dispatch status` lists jobs")
+        job_id = await storage.resolve_job(run.sessions, reference=job_id)
         records = await cancel_batches(run=run, job_id=job_id)
         deadline = time.monotonic() + wait_seconds
         ingested = []

@@ -39,7 +39,7 @@ from llm_dispatch.core import (
 from llm_dispatch.tasks import record_prompts
 
 from ._artifacts import publish_report
-from ._setup import input_run_name, prepare
+from ._setup import input_run_name, prepare, scheduled_job_name
 from .batch import dispatch_batches
 from .realtime import send_realtime
 
@@ -66,6 +66,8 @@ async def dispatch(
     batch_poll_interval: float | None = None,
     shards: int = 1,
     realtime_deployment: str = "realtime-dispatch/realtime",
+    new_job: bool = False,
+    job_name: str | None = None,
 ) -> dict[str, Any]:
     """Send a mixed set of prompts: urgent ones as concurrent real-time calls, the rest to the Batch API
     at half price, both at once. Each prompt is routed by its ``urgency``, else its ``deadline``, else
@@ -73,7 +75,12 @@ async def dispatch(
 
     ``wait`` follows the batches to the end in this run; otherwise the run ends once they are
     submitted, and the ``collect-batches`` flow (on a schedule) finishes them. ``max_cost`` refuses a run
-    whose estimate is higher, before any request. Re-running the same input resumes its job.
+    whose estimate is higher, before any request.
+
+    Re-running the same input resumes its job; ``new_job`` starts a new one. ``job_name`` names the job
+    (and a re-run with the same name and input resumes it); a run started by a deployment's schedule is
+    named after its input and the day it was scheduled for (``questions-2026-11-26``), so each night's
+    run of a fixed file is a job of its own.
 
     ``shards`` > 1 splits the real-time half into that many runs of ``realtime_deployment`` on the work
     pool, so several workers share the job; they must reach the same database (Postgres by
@@ -88,7 +95,8 @@ async def dispatch(
         batch_poll_interval=batch_poll_interval, database_url=database_url,
     )
     summary = await run_dispatch(source=prompts, job_id=job_id, settings=settings, wait=wait, max_cost=max_cost,
-                                 retry_failed=retry_failed, shards=shards, realtime_deployment=realtime_deployment)
+                                 retry_failed=retry_failed, shards=shards, realtime_deployment=realtime_deployment,
+                                 new_job=new_job, job_name=job_name)
     return summary.as_dict()
 
 
@@ -102,14 +110,19 @@ async def run_dispatch(
     retry_failed: RetryFailed = "retryable",
     shards: int = 1,
     realtime_deployment: str = "realtime-dispatch/realtime",
+    new_job: bool = False,
+    job_name: str | None = None,
 ) -> DispatchSummary:
     """The recipe behind ``dispatch``: record and route, estimate, then both halves at once, then report."""
     logger = get_run_logger()
     started = time.monotonic()
     settings = await prepare(settings, logger=logger, tag_limit=True)
+    if job_name is None and job_id is None:
+        job_name = scheduled_job_name(source)
     async with open_run(settings) as run:
         table = run.prices
         job = await record_prompts(source=quote(source), job_id=job_id, settings=settings, sessions=run.sessions,
+                                   name=job_name, new_job=new_job, retry_failed=retry_failed,
                                    rules=routing_rules(settings))
         run.clients.require(job.providers)  # a missing key stops the run here, before anything is sent
         estimate = await estimate_cost(sessions=run.sessions, job_id=job.job_id, table=table,
@@ -130,7 +143,8 @@ async def run_dispatch(
             try:
                 if shards > 1:
                     return await run_shards(job_id=job.job_id, settings=settings, shards=shards,
-                                            deployment=realtime_deployment, retry_failed=retry_failed)
+                                            deployment=realtime_deployment, retry_failed=retry_failed,
+                                            label=job.name)
                 selection = Selection(retry_failed=retry_failed, planned_route="realtime")
                 return await send_realtime(run=run, job=job, selection=selection)
             finally:
@@ -145,7 +159,9 @@ async def run_dispatch(
         await storage.set_job_status(run.sessions, job_id=job.job_id,
                                      status="running" if report.unfinished else "finished")
     summary = DispatchSummary(report=report, resumed=job.resumed, prompts=job.total, wait=wait,
-                              realtime=realtime.result(), batch=batch.result(), wall_s=time.monotonic() - started)
+                              realtime=realtime.result(), batch=batch.result(), wall_s=time.monotonic() - started,
+                              job_name=job.name, answered_before=job.answered,
+                              started_over_from=job.started_over_from)
     await publish_report(summary, logger=logger)
     counts = report.counts
     logger.info("Job %s: %d succeeded, %d failed, %d unfinished; cost $%.6f.", job.job_id, counts.get("succeeded", 0),
@@ -154,9 +170,10 @@ async def run_dispatch(
 
 
 async def run_shards(
-    *, job_id: str, settings: Settings, shards: int, deployment: str, retry_failed: str
+    *, job_id: str, settings: Settings, shards: int, deployment: str, retry_failed: str, label: str
 ) -> ShardRuns:
-    """The real-time half as ``shards`` deployment runs (one per shard of the prompts), awaited together."""
+    """The real-time half as ``shards`` deployment runs (one per shard of the prompts), awaited together;
+    each named for its share of the job ``label`` names (``shard 2/4 of questions.jsonl``, by ``input_run_name``)."""
     from prefect.deployments import run_deployment
 
     logger = get_run_logger()
@@ -167,7 +184,8 @@ async def run_shards(
         "dedupe": settings.dedupe, "base_url": settings.base_url, "anthropic_base_url": settings.anthropic_base_url,
     }
     runs = await asyncio.gather(*(
-        run_deployment(deployment, parameters={**parameters, "shard": index}, timeout=None)  # type: ignore[misc]
+        run_deployment(deployment, parameters={**parameters, "shard": index, "job_name": label},  # type: ignore[misc]
+                       timeout=None)
         for index in range(shards)
     ))
     failed = [run.name for run in runs if run.state is None or not run.state.is_completed()]
@@ -219,10 +237,13 @@ async def dispatch_directory(
     model: str | None = None,
     route_policy: RoutePolicy | None = None,
     max_cost: float | None = None,
+    new_job: bool = False,
 ) -> dict[str, Any]:
     """Dispatch every prompt file in ``directory`` matching ``pattern`` that has not been finished yet,
     oldest name first: meant for a schedule over a drop folder. A file already finished is skipped; one
-    recorded but unfinished resumes its job (nothing already answered is paid again)."""
+    recorded but unfinished resumes its job (nothing already answered is paid again). ``new_job``: every
+    file is sent again, each as a new job. A new job from a scheduled run is named after its file and
+    the day (``questions-2026-11-26``)."""
     logger = get_run_logger()
     settings = Settings.with_overrides(model=model, route_policy=route_policy)
     folder = Path(directory)
@@ -231,22 +252,24 @@ async def dispatch_directory(
     done: list[str] = []
     skipped: list[str] = []
     for path in sorted(folder.glob(pattern)):
-        if await _finished(path, settings=settings):
+        found = None if new_job else await _recorded(path, settings=settings)
+        if found is not None and found.status == "finished":
             skipped.append(path.name)
             continue
-        summary = await run_dispatch(source=str(path), job_id=None, settings=settings, wait=wait, max_cost=max_cost)
+        resume = found.id if found is not None else None
+        summary = await run_dispatch(source=str(path), job_id=resume, new_job=resume is None, settings=settings,
+                                     wait=wait, max_cost=max_cost)
         done.append(path.name)
-        logger.info("%s: job %s, %d succeeded, %d failed, %d unfinished.", path.name, summary.report.job_id,
-                    summary.report.counts.get("succeeded", 0), summary.report.counts.get("failed", 0),
-                    summary.report.unfinished)
+        logger.info("%s: job %s (%s), %d succeeded, %d failed, %d unfinished.", path.name, summary.report.job_id,
+                    summary.job_name, summary.report.counts.get("succeeded", 0),
+                    summary.report.counts.get("failed", 0), summary.report.unfinished)
     logger.info("Dispatched %d files; skipped %d already finished.", len(done), len(skipped))
     return {"dispatched": done, "skipped": skipped}
 
 
-async def _finished(path: Path, *, settings: Settings) -> bool:
-    """Whether the prompts of ``path`` are a job this database has finished."""
+async def _recorded(path: Path, *, settings: Settings) -> storage.JobInfo | None:
+    """The newest job of the prompts of ``path`` in this database, if any."""
     digest = fingerprint_of(path, settings=settings)
     async with storage.open_database(settings.database_url) as sessions:
         job_id = await storage.find_job(sessions, fingerprint=digest)
-        job = await storage.get_job(sessions, job_id=job_id) if job_id else None
-    return job is not None and job.status == "finished"
+        return await storage.get_job(sessions, job_id=job_id) if job_id else None

@@ -16,8 +16,8 @@ from llm_dispatch.jobs import ChunkFeed, ChunkSender, JobRun, RealtimeSummary, R
 from llm_dispatch.core import ConfigError, RetryFailed, Route, Settings, current_progress, unfinished
 from llm_dispatch.tasks import chunk_sender, record_prompts
 
-from ._artifacts import ProgressBoard
-from ._setup import input_run_name, prepare
+from ._artifacts import ProgressBoard, job_label
+from ._setup import input_run_name, prepare, scheduled_job_name
 
 
 @flow(name="realtime-dispatch", flow_run_name=input_run_name, log_prints=False)
@@ -37,11 +37,14 @@ async def realtime_dispatch(
     planned_route: Route | None = None,
     shard: int | None = None,
     shards: int | None = None,
+    new_job: bool = False,
+    job_name: str | None = None,
 ) -> dict[str, Any]:
     """Send every unfinished prompt of the input (or of job ``job_id``) as real-time calls.
 
     Re-running the same input, or passing ``job_id``, resumes: a prompt that succeeded is never
     sent again, and an identical request already answered is reused unless ``dedupe`` is False.
+    ``new_job`` starts a new job instead; ``job_name`` names it (see ``dispatch``).
     ``planned_route`` sends only prompts routed there; ``shard``/``shards`` only one share of them
     (the ``dispatch`` flow's scale-out across workers runs one shard per deployment run).
     """
@@ -59,8 +62,9 @@ async def realtime_dispatch(
     # A new job's first chunk per lane goes out while the rest of it is stored; a shard's job is stored already.
     head = None if part else settings.chunk_size * lane_count(settings)
     async with open_run(settings) as run:
+        name = job_name if job_name is not None or job_id is not None else scheduled_job_name(prompts)
         job = await record_prompts(source=quote(prompts), job_id=job_id, settings=settings, sessions=run.sessions,
-                                   head=head)
+                                   name=name, new_job=new_job, retry_failed=retry_failed, head=head)
         run.clients.require(job.providers)  # a missing key stops the run here, before anything is sent
         if not job.rest:
             await storage.set_job_status(run.sessions, job_id=job.job_id, status="running")
@@ -91,7 +95,7 @@ async def send_realtime(
     started = begun if started is None else started
     progress = current_progress.get()
     async with storage.ResultWriter(run.sessions, job_id=job.job_id, prices=run.prices) as writer:
-        board = ProgressBoard(job_id=job.job_id, logger=logger)
+        board = ProgressBoard(job=job_label(name=job.name, job_id=job.job_id), logger=logger)
         sender = ChunkSender(
             send=chunk_sender(tag=settings.concurrency_tag), client=run.clients, writer=writer, sessions=run.sessions,
             concurrency=settings.concurrency, per_chunk=settings.per_chunk_concurrency, on_chunk_done=board.update,

@@ -6,6 +6,15 @@ from __future__ import annotations
 from ._batch_api import BatchApi, batch_api
 from ._clients import Clients
 from ._collect import IngestOutcome, cancel_batches, ingest_batch, poll_batch, reroute_for_deadlines
+from ._export import (
+    DEFAULT_FIELDS,
+    EXPORT_FIELDS,
+    EXPORT_FORMATS,
+    ExportColumn,
+    ExportPlan,
+    export_columns,
+    plan_export,
+)
 from ._costs import JobCost, PriceBasis, RepricedRow, Repricing, actual_cost, estimate_cost, money, reprice
 from ._realtime import Chunk, ChunkFeed, ChunkSender, SendChunk
 from ._run import JobRun, load_prices, open_run
@@ -42,6 +51,9 @@ from ._submit import (
 
 __all__ = [
     "BATCH_ID_KEY",
+    "DEFAULT_FIELDS",
+    "EXPORT_FIELDS",
+    "EXPORT_FORMATS",
     "JOB_ID_KEY",
     "MAX_CHUNKS_PER_RUN",
     "BatchApi",
@@ -69,6 +81,8 @@ __all__ = [
     "SubmitOutcome",
     "SweepSummary",
     "DispatchSummary",
+    "ExportColumn",
+    "ExportPlan",
     "actual_cost",
     "advance_submission",
     "batch_api",
@@ -76,6 +90,7 @@ __all__ = [
     "chunk_groups",
     "chunk_size_for",
     "estimate_cost",
+    "export_columns",
     "find_provider_batch",
     "fingerprint_of",
     "ingest_batch",
@@ -83,6 +98,7 @@ __all__ = [
     "load_prices",
     "money",
     "new_prompts",
+    "plan_export",
     "prompt_input",
     "open_run",
     "plan_realtime",

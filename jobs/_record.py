@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Container, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from itertools import islice
 from pathlib import Path
@@ -31,6 +31,8 @@ from llm_dispatch.core import (
     prompt_chars,
     provider_lookup,
     JobStatus,
+    RetryFailed,
+    unfinished,
 )
 
 from ._run import load_prices
@@ -94,6 +96,11 @@ class RecordedJob:
     repeated_keys: Container[str] = frozenset()
     # The providers its prompts go to: the run needs a client (a key) for each before it sends anything.
     providers: frozenset[str] = frozenset()
+    name: str = ""
+    # A resumed job: its prompts with an outcome (succeeded or failed) when this run found it.
+    answered: int = 0
+    # A new job started because the finished job of the same input was not to be resumed (``dedupe`` off).
+    started_over_from: str | None = None
 
     @property
     def rest(self) -> int:
@@ -149,10 +156,19 @@ async def record_job(
     settings: Settings,
     sessions: storage.Sessions,
     name: str | None = None,
+    new_job: bool = False,
+    retry_failed: RetryFailed = "retryable",
     rules: RoutingRules | None = None,
     head: int | None = None,
 ) -> RecordedJob:
-    """Record the prompts of ``source`` as a job; the same input again resumes its existing job.
+    """Record the prompts of ``source`` as a job, or find the job they already are and resume it.
+
+    Which job a run works on (the README's "Resume or start over"): ``job_id`` (a whole id, a unique
+    prefix of one, or a job's name) names it; ``new_job`` always starts one; otherwise the newest job
+    of the same input (the same prompts and default model), among those called ``name`` when one is
+    given, is resumed; except, when ``settings.dedupe`` is off, one whose resume would send nothing (every
+    prompt answered, no failure that ``retry_failed`` sends again): then a new job sends every prompt
+    again. A new job is called ``name``, else after its input file.
 
     Each prompt is routed once, here, by ``rules`` (None: every prompt real-time); the decision, its
     reason and the prompt's deadline are stored with it. The whole input is validated first.
@@ -162,42 +178,45 @@ async def record_job(
     then the job's status is ``recording``. A job left ``recording`` (its run was cut off) gets
     its missing prompts stored when it is met again, from the same input or its input file.
     """
-    database = settings.public_dict()["database_url"]
+    if job_id is not None:
+        job_id = await storage.resolve_job(sessions, reference=job_id)
     if source is None:
         if job_id is None:
             raise ConfigError("give prompts (a .jsonl/.csv path or a list of dicts) or the job id to resume")
-        job = await storage.get_job(sessions, job_id=job_id)
-        if job is None:
-            raise UnknownJobError(f"no job {job_id!r} in {database}; `llm-dispatch status` lists jobs")
+        job = await _require_job(sessions, job_id=job_id, settings=settings)
         if job.status == "recording":
             job = await _finish_recording(sessions, job=job, given=_input_of(job, settings=settings), rules=rules)
-        total = sum(job.counts.values())
-        logger.info("resuming job %s (%d prompts)", job_id, total)
+        logger.info("resuming job %s (%d prompts)", job_id, sum(job.counts.values()))
         provider_of = provider_lookup(settings.model_providers)
         providers = frozenset(provider_of(model) for model in await storage.job_models(sessions, job_id=job_id))
-        return RecordedJob(job_id=job_id, total=total, resumed=True, providers=providers)
+        return _resumed(job, providers=providers)
 
     given = prompt_input(source, settings=settings)
     checked = given.check()
     digest = checked.fingerprint
-    existing = job_id or await storage.find_job(sessions, fingerprint=digest)
+    existing = job_id
+    started_over_from = None
+    if existing is None and not new_job:
+        existing = await storage.find_job(sessions, fingerprint=digest, name=name)
+        if existing is not None and not settings.dedupe and await _all_answered(sessions, job_id=existing,
+                                                                                 retry_failed=retry_failed):
+            started_over_from, existing = existing, None
     if existing is not None:
-        job = await storage.get_job(sessions, job_id=existing)
-        if job is None:
-            raise UnknownJobError(f"no job {existing!r} to resume in {database}; `llm-dispatch status` lists jobs")
+        job = await _require_job(sessions, job_id=existing, settings=settings)
         if job.status == "recording":
             if job.fingerprint != digest:
                 raise ConfigError(f"job {existing} was cut off while recording other prompts than this input's: "
                                   "run its own input again, or this input without the job id")
             job = await _finish_recording(sessions, job=job, given=given, rules=rules)
         logger.info("input already recorded as job %s: resuming it (only unfinished prompts are sent)", existing)
-        return RecordedJob(job_id=existing, total=sum(job.counts.values()), resumed=True, providers=checked.providers)
+        return _resumed(job, providers=checked.providers)
 
     input_path = str(Path(source).resolve()) if isinstance(source, (str, Path)) else None
+    name = name or (Path(source).name if isinstance(source, (str, Path)) else "prompts")
     split = head is not None and 0 < head < checked.count
     new_id = await storage.create_job(
         sessions,
-        name=name or (Path(source).name if isinstance(source, (str, Path)) else "prompts"),
+        name=name,
         fingerprint=digest,
         input_path=input_path,
         model=settings.model,
@@ -206,17 +225,42 @@ async def record_job(
         status="recording",
     )
     now = datetime.now(UTC)
+    recorded = RecordedJob(job_id=new_id, total=checked.count, resumed=False, providers=checked.providers,
+                           name=name, started_over_from=started_over_from)
     if not split:
         await storage.add_prompts(sessions, job_id=new_id, prompts=new_prompts(given.specs(), rules=rules, now=now),
                                   then_status="created")
         logger.info("recorded job %s: %d prompts", new_id, checked.count)
-        return RecordedJob(job_id=new_id, total=checked.count, resumed=False, providers=checked.providers)
+        return recorded
     assert head is not None
     await storage.add_prompts(sessions, job_id=new_id,
                               prompts=new_prompts(islice(given.specs(), head), rules=rules, now=now))
     logger.info("recording job %s: %d prompts, the first %d stored", new_id, checked.count, head)
-    return RecordedJob(job_id=new_id, total=checked.count, resumed=False, input=given, head=head, recorded_at=now,
-                       repeated_keys=checked.repeated_keys, providers=checked.providers)
+    return replace(recorded, input=given, head=head, recorded_at=now, repeated_keys=checked.repeated_keys)
+
+
+async def _require_job(sessions: async_sessionmaker[AsyncSession], *, job_id: str,
+                       settings: Settings) -> storage.JobInfo:
+    job = await storage.get_job(sessions, job_id=job_id)
+    if job is None:
+        database = settings.public_dict()["database_url"]
+        raise UnknownJobError(f"no job {job_id!r} in {database}; `llm-dispatch status` lists jobs")
+    return job
+
+
+async def _all_answered(sessions: async_sessionmaker[AsyncSession], *, job_id: str,
+                        retry_failed: RetryFailed) -> bool:
+    """Whether a resume of the job would send nothing: no prompt waits (pending, in flight, in a batch) and no
+    failed one is to be sent again."""
+    counts = await storage.job_counts(sessions, job_id=job_id)
+    return not unfinished(counts) and not await storage.open_prompt_count(
+        sessions, job_id=job_id, retry_failed=retry_failed)
+
+
+def _resumed(job: storage.JobInfo, *, providers: frozenset[str]) -> RecordedJob:
+    counts = job.counts
+    return RecordedJob(job_id=job.id, total=sum(counts.values()), resumed=True, providers=providers, name=job.name,
+                       answered=counts.get("succeeded", 0) + counts.get("failed", 0))
 
 
 async def store_rest(

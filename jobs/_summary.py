@@ -138,10 +138,17 @@ class DispatchSummary:
     realtime: RealtimeSummary | ShardRuns
     batch: BatchHalfSummary
     wall_s: float
+    job_name: str = ""
+    # A resumed job: its prompts with an outcome when the run found it (answered before this run).
+    answered_before: int = 0
+    # The finished job of the same input that this new one sends again (dedupe off), if any.
+    started_over_from: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {**self.report.as_dict(), "resumed": self.resumed, "prompts": self.prompts, "wait": self.wait,
-                "wall_s": round(self.wall_s, 3), "realtime": self.realtime.as_dict(), "batch": self.batch.as_dict()}
+        return {**self.report.as_dict(), "job_name": self.job_name, "resumed": self.resumed,
+                "answered_before": self.answered_before, "started_over_from": self.started_over_from,
+                "prompts": self.prompts, "wait": self.wait, "wall_s": round(self.wall_s, 3),
+                "realtime": self.realtime.as_dict(), "batch": self.batch.as_dict()}
 
 
 async def job_report(

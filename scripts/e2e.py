@@ -43,8 +43,10 @@ CHUNK_CONCURRENCY = 16
 BOUND = TAG_LIMIT * CHUNK_CONCURRENCY
 SECRET_BLOCK = "llm-dispatch-api-key"
 PG_ADMIN_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
-PG_SERVER_DB = "prefect_e2e"
-PG_RESULTS_DB = "llm_e2e_results"
+# Each run makes databases of its own, named with its marker, and drops only those: two runs on one host (or a
+# test suite on the same server) never meet.
+PG_SERVER_DB = "prefect_e2e_{marker}"
+PG_RESULTS_DB = "llm_e2e_results_{marker}"
 EXPECTED_DEPLOYMENTS = (
     "dispatch/dispatch", "realtime-dispatch/realtime", "dispatch-directory/nightly", "collect-batches/collect-batches",
 )
@@ -279,11 +281,13 @@ def postgres_available() -> bool:
     return True
 
 
-def scratch_database(harness: Harness, name: str) -> str:
-    asyncio.run(_pg(f"drop database if exists {name} with (force)"))
-    asyncio.run(_pg(f"create database {name}"))
+def scratch_database(harness: Harness, template: str) -> str:
+    """A new database of this run's own (its name carries the run's marker), dropped at teardown."""
+    name = template.format(marker=harness.marker)
+    asyncio.run(_pg(f'create database "{name}"'))
+    # Only this run made it, so only its own server and workers can hold it open at teardown (stopped by then).
     harness.cleanups.append((f"drop database {name}",
-                             lambda: asyncio.run(_pg(f"drop database if exists {name} with (force)"))))
+                             lambda: asyncio.run(_pg(f'drop database if exists "{name}" with (force)'))))
     return f"postgresql+asyncpg://postgres@127.0.0.1:5432/{name}"
 
 
@@ -429,7 +433,9 @@ def main() -> int:
     parser.add_argument("--long-prompts", type=int, default=20, help="prompts over 1000 characters (Batch API)")
     # Long enough that a shard keeps its 16 requests in flight for seconds: both shards then overlap for
     # sure, and the peak shows the bound is reached, not only respected.
-    parser.add_argument("--latency", type=float, default=0.2, help="simulator latency, seconds")
+    parser.add_argument("--latency", type=float, default=None,
+                        help="simulator latency, seconds (default 0.2; 1.0 with a SQLite-backed Prefect server, whose "
+                             "runs start further apart: each shard then sends for longer than that gap)")
     for which in ("server", "results"):
         parser.add_argument(f"--{which}-db", choices=("auto", "postgres", "sqlite"), default="auto",
                             help=f"database of the {'Prefect server' if which == 'server' else 'results'} "
@@ -497,7 +503,8 @@ def run_checks(harness: Harness, phases: Phases, args: argparse.Namespace, secre
         client_env = harness.env(PREFECT_API_URL=api, PREFECT_HOME=str(tmp / "client-home"))
 
     with phases.phase("simulator"):
-        sim_url = start_simulator(harness, secret=secret, latency=args.latency)
+        latency = args.latency if args.latency is not None else 0.2 if server_pg else 1.0
+        sim_url = start_simulator(harness, secret=secret, latency=latency)
         sim_root = sim_url.removesuffix("/v1")
 
     with phases.phase("pool, secret, limit, deploy"):
@@ -569,6 +576,9 @@ def run_checks(harness: Harness, phases: Phases, args: argparse.Namespace, secre
               and all(r.state_type.value == "COMPLETED" for r in shard_runs),
               f"want 2 completed realtime-dispatch shard runs (shard 0 and 1), got "
               f"{[(r.name, r.parameters.get('shard'), r.state_type.value) for r in shard_runs]}")
+        names = sorted(r.name for r in shard_runs)
+        check(names == ["shard 1/2 of prompts.jsonl", "shard 2/2 of prompts.jsonl"],
+              f"shard runs are named {names}, not for their share of the job")
 
         peak = stats["peak_in_flight"]
         print(f"    simulator: peak_in_flight {peak} (bound {TAG_LIMIT} x {CHUNK_CONCURRENCY} = {BOUND}), "

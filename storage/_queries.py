@@ -27,6 +27,7 @@ __all__ = [
     "job_models",
     "load_work",
     "mark_in_flight",
+    "resolve_job",
     "result_stats",
     "set_job_status",
 ]
@@ -71,11 +72,45 @@ async def create_job(
     return job_id
 
 
-async def find_job(sessions: Sessions, *, fingerprint: str) -> str | None:
-    """The newest job made from the same prompt set, if any."""
+async def find_job(sessions: Sessions, *, fingerprint: str, name: str | None = None) -> str | None:
+    """The newest job made from the same prompt set (and carrying ``name``, when given), if any."""
     async with sessions() as session:
-        stmt = select(Job.id).where(Job.fingerprint == fingerprint).order_by(Job.created_at.desc()).limit(1)
+        stmt = select(Job.id).where(Job.fingerprint == fingerprint)
+        if name is not None:
+            stmt = stmt.where(Job.name == name)
+        stmt = stmt.order_by(Job.created_at.desc()).limit(1)
         return (await session.execute(stmt)).scalar_one_or_none()
+
+
+# A job id may be given by its first characters, as git takes a commit's; fewer than this match too much.
+MIN_ID_PREFIX = 4
+# Jobs named in the line that says a reference is ambiguous.
+AMBIGUOUS_SHOWN = 5
+
+
+async def resolve_job(sessions: Sessions, *, reference: str) -> str:
+    """The id of the job ``reference`` names: its whole id, its name (when one job has it) or the first
+    characters of its id (at least ``MIN_ID_PREFIX``, when one job's id starts so); ``UnknownJobError``
+    saying which jobs match, when none or several do."""
+    reference = reference.strip()
+    async with sessions() as session:
+        if reference and await session.get(Job, reference) is not None:
+            return reference
+        ways = [(Job.name == reference, "several jobs are called that")]
+        if len(reference) >= MIN_ID_PREFIX:
+            ways.append((Job.id.startswith(reference, autoescape=True), "several job ids start with it"))
+        for clause, what in ways:
+            stmt = select(Job.id, Job.name).where(clause).order_by(Job.created_at.desc()).limit(AMBIGUOUS_SHOWN + 1)
+            found = (await session.execute(stmt)).all()
+            if len(found) == 1:
+                return str(found[0][0])
+            if found:
+                shown = ", ".join(f"{job_id[:8]} ({name})" for job_id, name in found[:AMBIGUOUS_SHOWN])
+                more = " and more" if len(found) > AMBIGUOUS_SHOWN else ""
+                raise UnknownJobError(f"job {reference!r} is ambiguous: {what}: {shown}{more}; "
+                                      "give more of the id (`llm-dispatch status` lists jobs)")
+    short = "" if len(reference) >= MIN_ID_PREFIX else f" (an id prefix needs at least {MIN_ID_PREFIX} characters)"
+    raise UnknownJobError(f"no job {reference!r}{short}; `llm-dispatch status` lists jobs")
 
 
 # JobInfo's fields read from the jobs row as they are (the timestamps are made timezone-aware).

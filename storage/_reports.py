@@ -15,10 +15,12 @@ from ._engine import Sessions
 
 __all__ = [
     "ExportRow",
+    "ExportShape",
     "JobSummary",
     "ReplyLengths",
     "UsageRow",
     "export_rows",
+    "export_shape",
     "list_jobs",
     "reply_lengths",
     "route_counts",
@@ -95,6 +97,17 @@ class ExportRow:
     discount: str | None = None
     prices_as_of: str | None = None
     cost_basis: str | None = None
+    # The conversation as sent (a prompt given as ``prompt`` is one user message).
+    messages: list[dict[str, Any]] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ExportShape:
+    """What an export's columns depend on: the metadata keys of a job's prompts (in the order first met in input
+    order), and whether any prompt is a conversation (more than one message) rather than one question."""
+
+    metadata_keys: list[str]
+    conversations: bool
 
 
 async def usage_by_route(
@@ -240,7 +253,24 @@ async def export_rows(sessions: Sessions, *, job_id: str) -> AsyncIterator[Expor
             yield ExportRow(
                 position=prompt.position, custom_id=prompt.custom_id, prompt_id=prompt.id, model=prompt.model,
                 metadata=prompt.metadata_, status=prompt.status, planned_route=prompt.planned_route,
-                route_reason=prompt.route_reason,
+                route_reason=prompt.route_reason, messages=prompt.messages,
                 **{name: getattr(result, name) if result is not None else None for name in _EXPORTED_RESULT_FIELDS},
             )
         last_position = page[-1][0].position
+
+
+async def export_shape(sessions: Sessions, *, job_id: str) -> ExportShape:
+    """The job's ``ExportShape``: its prompts' metadata read as a stream in input order (only that column), and
+    one count of conversations."""
+    keys: dict[str, None] = {}
+    stmt = (select(Prompt.metadata_).where(Prompt.job_id == job_id, Prompt.metadata_.is_not(None))
+            .order_by(Prompt.position).execution_options(yield_per=EXPORT_PAGE))
+    # json_array_length reads a JSON array on SQLite (JSON1) and PostgreSQL (json) alike.
+    multi = select(func.count()).where(Prompt.job_id == job_id, func.json_array_length(Prompt.messages) > 1)
+    async with sessions() as session:
+        async for page in (await session.stream_scalars(stmt)).partitions():
+            for metadata in page:
+                if isinstance(metadata, dict):
+                    keys.update(dict.fromkeys(metadata))
+        conversations = bool((await session.execute(multi)).scalar_one())
+    return ExportShape(metadata_keys=list(keys), conversations=conversations)

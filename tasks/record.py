@@ -11,7 +11,7 @@ from prefect.cache_policies import NO_CACHE
 
 from llm_dispatch import storage
 from llm_dispatch.jobs import RecordedJob, record_job
-from llm_dispatch.core import RoutingRules, Settings
+from llm_dispatch.core import RetryFailed, RoutingRules, Settings
 
 from ._names import parameter, prompts
 
@@ -32,21 +32,28 @@ async def record_prompts(
     job_id: str | None,
     settings: Settings,
     sessions: storage.Sessions,
+    name: str | None = None,
+    new_job: bool = False,
+    retry_failed: RetryFailed = "retryable",
     rules: RoutingRules | None = None,
     head: int | None = None,
 ) -> RecordedJob:
-    """Validate the whole input and store it as a job; the same input again resumes its job.
+    """Validate the whole input and store it as a job, or resume the job it already is (``record_job`` says which).
 
     ``head``: store only the first ``head`` prompts of a new job now, the rest as it is sent.
     """
-    job = await record_job(source=source, job_id=job_id, settings=settings, sessions=sessions, rules=rules,
-                           head=head)
+    job = await record_job(source=source, job_id=job_id, settings=settings, sessions=sessions, name=name,
+                           new_job=new_job, retry_failed=retry_failed, rules=rules, head=head)
     logger = get_run_logger()
     if job.resumed:
-        logger.info("Resuming job %s (%d prompts): only the unfinished ones are sent.", job.job_id, job.total)
+        logger.info("Resuming job %s (%s): %d of its %d prompts answered before; only the unfinished ones are sent "
+                    "(a new job: new_job / --new-job).", job.job_id, job.name, job.answered, job.total)
+    elif job.started_over_from:
+        logger.info("Job %s (the same input) has answered every prompt and dedupe is off: new job %s (%s) sends all "
+                    "%d prompts again.", job.started_over_from, job.job_id, job.name, job.total)
     elif job.rest:
-        logger.info("New job %s: %d prompts checked; the first %d stored, the rest is stored as they are sent.",
-                    job.job_id, job.total, job.stored)
+        logger.info("New job %s (%s): %d prompts checked; the first %d stored, the rest is stored as they are sent.",
+                    job.job_id, job.name, job.total, job.stored)
     else:
-        logger.info("New job %s: %d prompts checked and stored.", job.job_id, job.total)
+        logger.info("New job %s (%s): %d prompts checked and stored.", job.job_id, job.name, job.total)
     return job

@@ -118,6 +118,22 @@ def db_url(tmp_path: Path) -> str:
 
 
 PG_URL_ENV = "LLM_DISPATCH_TEST_PG_URL"
+# Every test that needs PostgreSQL skips with this reason when PG_URL_ENV is unset; the run then says so once.
+PG_SKIP_REASON = f"set {PG_URL_ENV} to run on PostgreSQL"
+PG_HOWTO = f"{PG_URL_ENV}=postgresql+asyncpg://postgres@127.0.0.1:5432/test (README, \"Tests\")"
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    return None if os.environ.get(PG_URL_ENV) else f"PostgreSQL: not tested, {PG_URL_ENV} is unset"
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """One loud line instead of many quiet skips: how many PostgreSQL tests did not run, and how to run them."""
+    skipped = [report for report in terminalreporter.stats.get("skipped", [])
+               if PG_SKIP_REASON in str(getattr(report, "longrepr", ""))]
+    if skipped:
+        terminalreporter.write_line(f"{len(skipped)} PostgreSQL tests skipped: set {PG_HOWTO} to run them",
+                                    yellow=True, bold=True)
 
 
 @pytest.fixture
@@ -128,7 +144,7 @@ def pg_url() -> Iterator[str]:
 
     base = os.environ.get(PG_URL_ENV)
     if not base:
-        pytest.skip(f"set {PG_URL_ENV} to run on PostgreSQL")
+        pytest.skip(PG_SKIP_REASON)
     name = f"llmd_test_{uuid.uuid4().hex[:16]}"
 
     async def admin(sql: str) -> None:

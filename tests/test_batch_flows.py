@@ -73,7 +73,7 @@ async def test_dispatch_routes_each_prompt_sends_both_halves_and_reports_cost(
     async with get_client() as client:
         artifacts = await client.read_artifacts(limit=200)
     by_key = {a.key: a for a in artifacts if a.key}
-    key = f"dispatch-{summary['job_id']}"
+    key = "dispatch-prompts"  # a list of prompts: the job is called "prompts"
     table, report = by_key[f"{key}-routes"], by_key[f"{key}-report"]
     # The wait-for-batch sub-flow kept a progress artifact; it ended at 100%.
     bars = [a for a in artifacts if a.type == "progress" and "completed 3 / failed 0 / total 3" in (a.description or "")]
@@ -192,17 +192,19 @@ def test_status_cost_and_export_report_a_finished_job(cli_env: dict[str, str], s
 
     exported = cli("export", job_id, "--format", "jsonl", env=cli_env, cwd=tmp_path)
     lines = [json.loads(line) for line in exported.stdout.splitlines()]
-    assert [line["custom_id"] for line in lines] == [r["id"] for r in records]  # input order
-    assert [line["position"] for line in lines] == list(range(6))
-    assert lines[0]["metadata"] == {"n": 0} and lines[0]["text"] and lines[0]["cost_usd"] > 0
+    assert [line["id"] for line in lines] == [r["id"] for r in records]  # input order
+    assert [line["prompt"] for line in lines] == [r["prompt"] for r in records]
+    assert lines[0]["n"] == 0 and lines[0]["answer"] and lines[0]["cost_usd"] > 0
     # A failed call is not billed: it costs 0, stored so.
-    assert (lines[-1]["status"], lines[-1]["error_class"], lines[-1]["cost_usd"]) == ("failed", "BadRequestError", 0)
+    assert (lines[-1]["status"], lines[-1]["cost_usd"]) == ("failed", 0) and "400" in lines[-1]["error"]
 
     out = tmp_path / "out.csv"
-    assert cli("export", job_id, "--format", "csv", "-o", str(out), env=cli_env, cwd=tmp_path).returncode == 0
+    assert cli("export", job_id, "--format", "csv", "--fields", "id,error_class,position,metadata", "-o", str(out),
+               env=cli_env, cwd=tmp_path).returncode == 0
     table = list(csv.DictReader(io.StringIO(out.read_text(encoding="utf-8"))))
-    assert [row["custom_id"] for row in table] == [r["id"] for r in records]
-    assert json.loads(table[1]["metadata"]) == {"n": 1}
+    assert [row["id"] for row in table] == [r["id"] for r in records]
+    assert [row["position"] for row in table] == [str(n) for n in range(6)]
+    assert json.loads(table[1]["metadata"]) == {"n": 1} and table[-1]["error_class"] == "BadRequestError"
 
     unknown = cli("status", "no-such-job", env=cli_env, cwd=tmp_path)
     assert unknown.returncode == 2 and "no job 'no-such-job'" in unknown.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import csv
 import json
 from pathlib import Path
 
@@ -58,6 +59,8 @@ def test_no_key_for_openai_says_what_to_do(runner: CliRunner, in_tmp: Path) -> N
         (["run", "missing.jsonl"], "missing.jsonl: no such file"),
         (["run", "x.jsonl", "--concurrency", "0"], "setting concurrency"),
         (["run", "x.jsonl", "--retry-failed", "some"], "--retry-failed must be"),
+        (["run", "x.jsonl", "--simulate", "--no-wait"], "--no-wait cannot go with --simulate: the simulator stops"),
+        (["run", "x.jsonl", "--job-name", " "], "--job-name must not be empty"),
     ],
 )
 def test_bad_arguments(runner: CliRunner, in_tmp: Path, args: list[str], expected: str) -> None:
@@ -118,11 +121,11 @@ def test_export_json_is_one_array_of_the_rows(runner: CliRunner, in_tmp: Path) -
     assert as_json.exit_code == 0 and as_jsonl.exit_code == 0
     rows = json.loads(as_json.output)
     assert rows == [json.loads(line) for line in as_jsonl.output.splitlines()]
-    assert [(r["custom_id"], r["status"], r["text"], r["completion_tokens"]) for r in rows] == [
-        ("q-1", "succeeded", "Canberra", 3), ("q-2", "pending", None, None)]
-    assert rows[0]["metadata"] == {"source": "quiz"}
+    assert [(r["id"], r["prompt"], r["status"], r["answer"], r["completion_tokens"]) for r in rows] == [
+        ("q-1", "Capital of Australia?", "succeeded", "Canberra", 3), ("q-2", "Define entropy.", "pending", None, None)]
+    assert [r["source"] for r in rows] == ["quiz", None]  # a metadata key is a column of its own
     # 12 x 0.15 + 3 x 0.60 per 1M tokens, as stored when answered.
-    assert (rows[0]["cost_usd"], rows[0]["prices_as_of"], rows[0]["cost_basis"]) == (3.6e-06, "2026-11-26", "answer")
+    assert rows[0]["cost_usd"] == 3.6e-06
 
     written = runner.invoke(app, ["export", job_id, "--json", "-o", "out.json", "--database-url", url])
     assert written.exit_code == 0 and "wrote 2 rows to out.json" in written.output
@@ -131,8 +134,36 @@ def test_export_json_is_one_array_of_the_rows(runner: CliRunner, in_tmp: Path) -
     assert both.exit_code == 2 and "give --json or --format, not both" in both.output
 
 
-async def _answered_job(url: str) -> str:
-    """A job of two prompts in ``url``, the first answered."""
+def test_export_for_scoring_chosen_fields_and_metadata_columns(runner: CliRunner, in_tmp: Path) -> None:
+    url = f"sqlite+aiosqlite:///{in_tmp / 'results.db'}"
+    conversation = [{"role": "system", "content": "Answer in one word."},
+                    {"role": "user", "content": [{"type": "text", "text": "Capital of"}, {"type": "text", "text": "Peru?"}]}]
+    job_id = asyncio.run(_answered_job(url, metadata=[{"label": "Canberra", "id": "row-7", "status": "gold"},
+                                                      {"label": "Lima", "difficulty": 2}],
+                                       second=conversation))
+    default = [json.loads(line) for line in runner.invoke(app, ["export", job_id[:8], "--database-url", url]).output.splitlines()]
+    assert list(default[0]) == ["id", "prompt", "messages", "answer", "status", "error", "model", "prompt_tokens",
+                                "completion_tokens", "cost_usd", "latency_ms", "label", "metadata.id",
+                                "metadata.status", "difficulty"]
+    assert default[1]["prompt"] == "Capital of\nPeru?" and default[1]["messages"] == conversation
+    assert (default[0]["metadata.id"], default[1]["difficulty"], default[1]["label"]) == ("row-7", 2, "Lima")
+
+    chosen = runner.invoke(app, ["export", job_id, "--format", "csv", "--fields", "id, answer,label,metadata.status",
+                                 "-o", "scores.csv", "--database-url", url])
+    assert chosen.exit_code == 0, chosen.output
+    with (in_tmp / "scores.csv").open(encoding="utf-8", newline="") as handle:
+        assert list(csv.reader(handle)) == [["id", "answer", "label", "metadata.status"],
+                                            ["q-1", "Canberra", "Canberra", "gold"], ["q-2", "", "Lima", ""]]
+
+    unknown = runner.invoke(app, ["export", job_id, "--fields", "id,score", "-o", "bad.csv", "--database-url", url])
+    assert unknown.exit_code == 2 and not (in_tmp / "bad.csv").exists()
+    assert unknown.output.startswith("error: --fields: no field 'score'; fields: id, prompt, messages, answer")
+    assert "this job's metadata keys: label, id, status, difficulty" in unknown.output
+
+
+async def _answered_job(url: str, *, metadata: list[dict | None] | None = None,
+                        second: list[dict] | None = None) -> str:
+    """A job of two prompts in ``url``, the first answered (``second``: the messages of the second)."""
     engine = storage.create_engine(url)
     await storage.migrate(engine)
     sessions = storage.session_factory(engine)
@@ -140,11 +171,13 @@ async def _answered_job(url: str) -> str:
         job_id = await storage.create_job(sessions, name="t", fingerprint="e" * 64, input_path=None,
                                           model="gpt-4o-mini", settings={})
         prompts = []
-        for i, question in enumerate(["Capital of Australia?", "Define entropy."]):
-            messages = [{"role": "user", "content": question}]
+        metadata = metadata or [{"source": "quiz"}, None]
+        asked = [[{"role": "user", "content": "Capital of Australia?"}],
+                 second or [{"role": "user", "content": "Define entropy."}]]
+        for i, messages in enumerate(asked):
             prompts.append(storage.NewPrompt(
                 custom_id=f"q-{i + 1}", position=i, model="gpt-4o-mini", messages=messages, params={},
-                metadata={"source": "quiz"} if i == 0 else None,
+                metadata=metadata[i],
                 dedupe_key=dedupe_key(model="gpt-4o-mini", messages=messages, params={}),
                 planned_route="realtime", route_reason="test"))
         await storage.add_prompts(sessions, job_id=job_id, prompts=prompts)

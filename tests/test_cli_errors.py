@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PG_URL_ENV, cli, write_prompts
+from conftest import PG_SKIP_REASON, PG_URL_ENV, cli, write_prompts
 
 pytestmark = [pytest.mark.prefect]
 
@@ -57,7 +57,7 @@ def test_a_bare_path_as_database_url_is_one_line_exit_2_before_anything_starts(
     assert sorted(path.name for path in tmp_path.iterdir()) == ["p.jsonl"]
 
 
-@pytest.mark.skipif(not os.environ.get(PG_URL_ENV), reason=f"set {PG_URL_ENV} to run on PostgreSQL")
+@pytest.mark.skipif(not os.environ.get(PG_URL_ENV), reason=PG_SKIP_REASON)
 def test_a_missing_postgres_database_is_one_line_exit_2(cli_env: dict[str, str], prompts: Path, tmp_path: Path) -> None:
     missing = os.environ[PG_URL_ENV].rsplit("/", 1)[0] + f"/llmd_missing_{uuid.uuid4().hex[:12]}"
     done = cli("run", str(prompts), "--database-url", missing, env={**cli_env, "LLM_DISPATCH_API_KEY": "sk-test"},

@@ -28,9 +28,10 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from llm_dispatch import storage
-from llm_dispatch.core._exceptions import BadRequestError, ConfigError, RateLimitError
+from llm_dispatch.core._exceptions import BadRequestError, ConfigError, RateLimitError, UnknownJobError
 from llm_dispatch.core._types import ChatResult, dedupe_key
 from llm_dispatch.storage import NewPrompt, Prompt, Result, ResultWriter, Sessions
+from conftest import PG_SKIP_REASON, PG_URL_ENV
 
 
 def _head_revision() -> str:
@@ -43,8 +44,6 @@ def _head_revision() -> str:
 
 # The newest migration: these tests follow it, so adding a migration does not break them.
 HEAD = _head_revision()
-
-PG_URL_ENV = "LLM_DISPATCH_TEST_PG_URL"
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -93,7 +92,7 @@ async def db(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Db
     else:
         pg_url = os.environ.get(PG_URL_ENV)
         if not pg_url:
-            pytest.skip(f"set {PG_URL_ENV} to run the PostgreSQL variant")
+            pytest.skip(PG_SKIP_REASON)
         database = Db(kind="postgres", url=pg_url, schema=f"test_storage_{uuid.uuid4().hex[:12]}")
         admin = storage.create_engine(pg_url)
         async with admin.begin() as conn:
@@ -450,6 +449,49 @@ async def test_find_job_returns_the_newest_with_that_fingerprint(sessions: Sessi
     assert first != second
     assert await storage.find_job(sessions, fingerprint="1" * 64) == second
     assert await storage.find_job(sessions, fingerprint="3" * 64) is None
+
+
+async def test_find_job_by_name_finds_only_jobs_of_that_name(sessions: Sessions) -> None:
+    unnamed = await make_job(sessions, [], name="questions.jsonl", fingerprint="1" * 64)
+    named = await make_job(sessions, [], name="nightly-2026-11-26", fingerprint="1" * 64)
+    await asyncio.sleep(0.002)
+    await make_job(sessions, [], name="nightly-2026-11-26", fingerprint="2" * 64)
+    assert await storage.find_job(sessions, fingerprint="1" * 64, name="nightly-2026-11-26") == named
+    assert await storage.find_job(sessions, fingerprint="1" * 64, name="questions.jsonl") == unnamed
+    assert await storage.find_job(sessions, fingerprint="1" * 64, name="nightly-2026-11-27") is None
+
+
+async def test_a_job_is_named_by_its_id_a_unique_prefix_of_it_or_its_name(sessions: Sessions) -> None:
+    first = await make_job(sessions, [], name="nightly-2026-11-26")
+    second = await make_job(sessions, [], name="questions.jsonl")
+    third = await make_job(sessions, [], name="questions.jsonl")
+    assert await storage.resolve_job(sessions, reference=first) == first
+    assert await storage.resolve_job(sessions, reference=first[:8]) == first
+    assert await storage.resolve_job(sessions, reference=f" {second[:6]} ") == second
+    assert await storage.resolve_job(sessions, reference="nightly-2026-11-26") == first
+    with pytest.raises(UnknownJobError, match="is ambiguous: several jobs are called that") as named_twice:
+        await storage.resolve_job(sessions, reference="questions.jsonl")
+    assert second[:8] in str(named_twice.value) and third[:8] in str(named_twice.value)
+    with pytest.raises(UnknownJobError, match="needs at least 4 characters"):
+        await storage.resolve_job(sessions, reference=first[:3])
+    with pytest.raises(UnknownJobError, match="no job 'zzzz'"):
+        await storage.resolve_job(sessions, reference="zzzz")
+    # "%" and "_" are characters of an id prefix, not patterns.
+    with pytest.raises(UnknownJobError, match="no job"):
+        await storage.resolve_job(sessions, reference="%%%%")
+
+
+async def test_an_id_prefix_shared_by_two_jobs_is_ambiguous(sessions: Sessions) -> None:
+    from llm_dispatch.storage import Job
+
+    async with sessions.begin() as session:
+        for job_id in ("abcd1111-0000", "abcd2222-0000"):
+            session.add(Job(id=job_id, name=job_id, fingerprint="f" * 64, input_path=None, model="m", settings={},
+                            status="created"))
+    with pytest.raises(UnknownJobError, match="is ambiguous: several job ids start with it") as shared:
+        await storage.resolve_job(sessions, reference="abcd")
+    assert "abcd1111" in str(shared.value) and "abcd2222" in str(shared.value)
+    assert await storage.resolve_job(sessions, reference="abcd2") == "abcd2222-0000"
 
 
 async def test_custom_id_is_unique_within_a_job(sessions: Sessions) -> None:

@@ -1,0 +1,203 @@
+"""A job as a table for scoring: one row per prompt in input order, with what a scorer joins on and reads (the
+user's id, the prompt, the answer, status, error, tokens, cost, latency, the prompt's metadata as columns), so that
+no scorer has to join back to the input file. Written a page at a time in any of ``EXPORT_FORMATS``.
+
+A column is a field: a name and how it is read from a stored row (``EXPORT_FIELDS``), or one key of the prompts'
+metadata. A format is a writer of rows of those columns. Both are tables, so a new field (an answer's parsed value)
+or a new format is one entry more.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, TextIO
+
+from llm_dispatch import storage
+from llm_dispatch.core import PICO_PER_USD, ConfigError
+
+
+
+__all__ = ["DEFAULT_FIELDS", "EXPORT_FIELDS", "EXPORT_FORMATS", "ExportColumn", "ExportPlan", "export_columns",
+           "plan_export"]
+
+Getter = Callable[[storage.ExportRow], Any]
+
+
+def _prompt_text(row: storage.ExportRow) -> str | None:
+    """The question a prompt asks: the text of its one message (a prompt given as ``prompt``), else of its last
+    user message; text parts of a multi-part message joined by newlines."""
+    messages = row.messages or []
+    asked = messages if len(messages) == 1 else [m for m in messages if m.get("role") == "user"]
+    if not asked:
+        return None
+    content = asked[-1].get("content")
+    if isinstance(content, list):
+        return "\n".join(part["text"] for part in content if isinstance(part, dict) and part.get("type") == "text")
+    return content if isinstance(content, str) else None
+
+
+def _cost_usd(row: storage.ExportRow) -> float | None:
+    # As stored with the answer: 0 for a failure or a reused answer, None when unknown (no price) or not answered.
+    return None if row.cost_pico_usd is None else row.cost_pico_usd / PICO_PER_USD
+
+
+def _stored(name: str) -> Getter:
+    return lambda row: getattr(row, name)
+
+
+# Every built-in column, in the order ``--fields all`` writes them.
+EXPORT_FIELDS: Final[Mapping[str, Getter]] = {
+    "id": _stored("custom_id"),
+    "prompt": _prompt_text,
+    "messages": _stored("messages"),
+    "answer": _stored("text"),
+    "status": _stored("status"),
+    "error": _stored("error_message"),
+    "error_class": _stored("error_class"),
+    "model": _stored("model"),
+    "prompt_tokens": _stored("prompt_tokens"),
+    "completion_tokens": _stored("completion_tokens"),
+    "cached_tokens": _stored("cached_tokens"),
+    "cache_creation_tokens": _stored("cache_creation_tokens"),
+    "cache_creation_extended_tokens": _stored("cache_creation_extended_tokens"),
+    "reasoning_tokens": _stored("reasoning_tokens"),
+    "service_tier": _stored("service_tier"),
+    "cost_usd": _cost_usd,
+    "latency_ms": _stored("latency_ms"),
+    "finish_reason": _stored("finish_reason"),
+    "route": _stored("route"),
+    "planned_route": _stored("planned_route"),
+    "route_reason": _stored("route_reason"),
+    "discount": _stored("discount"),
+    "prices_as_of": _stored("prices_as_of"),
+    "cost_basis": _stored("cost_basis"),
+    "position": _stored("position"),
+    "prompt_id": _stored("prompt_id"),
+    "metadata": _stored("metadata"),
+}
+# Without --fields: what a scorer reads, then every metadata key of the job as a column of its own (and the whole
+# conversation after the prompt, when some prompt is more than one question).
+DEFAULT_FIELDS: Final = ("id", "prompt", "answer", "status", "error", "model", "prompt_tokens", "completion_tokens",
+                         "cost_usd", "latency_ms")
+METADATA_PREFIX: Final = "metadata."
+ALL: Final = "all"
+
+
+@dataclass(frozen=True, slots=True)
+class ExportColumn:
+    name: str
+    read: Getter
+
+
+def _metadata_column(key: str, *, name: str) -> ExportColumn:
+    return ExportColumn(name=name, read=lambda row: (row.metadata or {}).get(key))
+
+
+def export_columns(shape: storage.ExportShape, fields: Sequence[str] | None = None) -> list[ExportColumn]:
+    """The columns of a job's export: ``fields`` in their order (a built-in name, ``metadata.KEY``, a metadata key
+    that is not a built-in name, or ``all``), else the defaults. A metadata key named like a built-in column is
+    written as ``metadata.KEY``. An unknown field is a ``ConfigError`` naming the fields there are."""
+    keys = shape.metadata_keys
+    by_key = {key: _metadata_column(key, name=key if key not in EXPORT_FIELDS else METADATA_PREFIX + key)
+              for key in keys}
+    if not fields:
+        names = list(DEFAULT_FIELDS)
+        if shape.conversations:
+            names.insert(names.index("prompt") + 1, "messages")
+        return [*(ExportColumn(name, EXPORT_FIELDS[name]) for name in names), *by_key.values()]
+    columns: list[ExportColumn] = []
+    for field in fields:
+        if field == ALL:
+            columns += [ExportColumn(name, read) for name, read in EXPORT_FIELDS.items() if name != "metadata"]
+            columns += by_key.values()
+        elif field in EXPORT_FIELDS:
+            columns.append(ExportColumn(field, EXPORT_FIELDS[field]))
+        elif field.removeprefix(METADATA_PREFIX) in by_key:
+            columns.append(by_key[field.removeprefix(METADATA_PREFIX)])
+        else:
+            known = ", ".join([*EXPORT_FIELDS, ALL])
+            meta = f"; this job's metadata keys: {', '.join(keys)}" if keys else "; this job's prompts have no metadata"
+            raise ConfigError(f"--fields: no field {field!r}; fields: {known}{meta}")
+    repeated = sorted({c.name for c in columns if sum(other.name == c.name for other in columns) > 1})
+    if repeated:
+        raise ConfigError(f"--fields: {', '.join(repeated)} given twice")
+    return columns
+
+
+class _Csv:
+    """One header line, then a line per row; a list or an object (metadata, messages) as JSON in its cell."""
+
+    def __init__(self, handle: TextIO, columns: Sequence[ExportColumn]) -> None:
+        self._writer = csv.writer(handle)
+        self._writer.writerow([c.name for c in columns])
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._writer.writerow(["" if v is None else json.dumps(v, ensure_ascii=False) if isinstance(v, (dict, list))
+                               else v for v in record.values()])
+
+    def close(self) -> None:
+        pass
+
+
+class _JsonLines:
+    """One JSON object a line."""
+
+    def __init__(self, handle: TextIO, columns: Sequence[ExportColumn]) -> None:
+        self._handle = handle
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+    def close(self) -> None:
+        pass
+
+
+class _JsonArray:
+    """One JSON array of the rows, written row by row so that a large job is never held whole."""
+
+    def __init__(self, handle: TextIO, columns: Sequence[ExportColumn]) -> None:
+        self._handle, self._count = handle, 0
+        handle.write("[")
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._handle.write(("," if self._count else "") + "\n" + json.dumps(record, ensure_ascii=False))
+        self._count += 1
+
+    def close(self) -> None:
+        self._handle.write("\n]\n")
+
+
+EXPORT_FORMATS: Final[Mapping[str, Callable[[TextIO, Sequence[ExportColumn]], Any]]] = {
+    "jsonl": _JsonLines, "csv": _Csv, "json": _JsonArray,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ExportPlan:
+    """What an export writes: the job, its columns, the format."""
+
+    job_id: str
+    columns: list[ExportColumn]
+    fmt: str
+
+    async def write(self, *, sessions: storage.Sessions, handle: TextIO) -> int:
+        """Every prompt of the job, in input order, to ``handle``, a page at a time; returns how many rows."""
+        writer = EXPORT_FORMATS[self.fmt](handle, self.columns)
+        count = 0
+        async for row in storage.export_rows(sessions, job_id=self.job_id):
+            writer.write({column.name: column.read(row) for column in self.columns})
+            count += 1
+        writer.close()
+        return count
+
+
+async def plan_export(*, sessions: storage.Sessions, job_id: str, fmt: str, fields: Sequence[str] | None = None) -> ExportPlan:
+    """The export of a job as ``fmt`` with ``fields`` (see ``export_columns``), checked before anything is written:
+    its metadata keys are read first, in one pass over that column."""
+    if fmt not in EXPORT_FORMATS:
+        raise ConfigError(f"no export format {fmt!r}; formats: {', '.join(EXPORT_FORMATS)}")
+    columns = export_columns(await storage.export_shape(sessions, job_id=job_id), fields)
+    return ExportPlan(job_id=job_id, columns=columns, fmt=fmt)

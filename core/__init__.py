@@ -46,7 +46,7 @@ from ._routing import RoutePolicy, RoutingRules, decide_route, parse_deadline, p
 from ._settings import DEFAULT_ANTHROPIC_VERSION, DEFAULT_MAX_TOKENS, Settings
 from ._tokens import estimate_prompt_tokens, estimate_request_tokens
 from ._transport import default_transport
-from ._types import ChatRequest, ChatResult, dedupe_key
+from ._types import TRUNCATED_FINISH_REASONS, ChatRequest, ChatResult, dedupe_key
 from ._wire import check_provider_key
 
 __all__ = [
@@ -62,6 +62,7 @@ __all__ = [
     "OPENAI_BATCH_LIMITS",
     "PROVIDERS",
     "PICO_PER_USD",
+    "TRUNCATED_FINISH_REASONS",
     "AdaptiveLimiter",
     "anthropic_messages_refusal",
     "anthropic_params",

@@ -84,14 +84,18 @@ class DispatchOutcome:
     succeeded: int = 0
     failed: int = 0
     failed_by_class: Counter[str] = field(default_factory=Counter)
+    # Answered with a refusal (counted apart from ``succeeded``).
+    refused: int = 0
 
     def add(self, other: DispatchOutcome) -> None:
         self.succeeded += other.succeeded
         self.failed += other.failed
+        self.refused += other.refused
         self.failed_by_class.update(other.failed_by_class)
 
     def as_dict(self) -> dict[str, object]:
-        return {"succeeded": self.succeeded, "failed": self.failed, "failed_by_class": dict(self.failed_by_class)}
+        return {"succeeded": self.succeeded, "refused": self.refused, "failed": self.failed,
+                "failed_by_class": dict(self.failed_by_class)}
 
 
 async def send_all(
@@ -149,7 +153,10 @@ async def send_all(
                     progress.failed += 1
             else:
                 await sink.success(prompt_ids=item.prompt_ids, result=result, model=item.request.model)
-                outcome.succeeded += len(item.prompt_ids)
+                if result.refusal is None:
+                    outcome.succeeded += len(item.prompt_ids)
+                else:
+                    outcome.refused += len(item.prompt_ids)
                 if progress is not None:
                     progress.succeeded += 1
             finally:

@@ -160,6 +160,7 @@ def _chat_from_body(body: Any) -> Chat | None:
     prompt_tokens = _count(usage.get("prompt_tokens"))
     completion_tokens = _count(usage.get("completion_tokens"))
     tier = body.get("service_tier")
+    refusal = message.get("refusal")
     result = ChatResult(
         text=_message_text(message.get("content")),
         finish_reason=first.get("finish_reason"),
@@ -173,8 +174,18 @@ def _chat_from_body(body: Any) -> Chat | None:
         cache_creation_tokens=_count(details.get("cache_write_tokens")),
         reasoning_tokens=_count(output.get("reasoning_tokens")) if isinstance(output, dict) else 0,
         service_tier=tier if isinstance(tier, str) else None,
+        tool_calls=_tool_calls(message.get("tool_calls")),
+        # An empty refusal is no refusal; any other value is the model's words (a string, as the API sends it).
+        refusal=None if refusal is None or refusal == "" else str(refusal),
     )
     return Chat(result, _count(usage.get("total_tokens")) or prompt_tokens + completion_tokens)
+
+
+def _tool_calls(calls: Any) -> list[dict[str, Any]] | None:
+    """The message's tool calls (function and custom) as the API wrote them; None when it makes none."""
+    if not isinstance(calls, list):
+        return None
+    return [call for call in calls if isinstance(call, dict)] or None
 
 
 def _count(value: Any) -> int:

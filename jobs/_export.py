@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Final, TextIO
 
 from llm_dispatch import storage
-from llm_dispatch.core import PICO_PER_USD, ConfigError
+from llm_dispatch.core import PICO_PER_USD, TRUNCATED_FINISH_REASONS, ConfigError
 
 
 
@@ -68,6 +68,10 @@ EXPORT_FIELDS: Final[Mapping[str, Getter]] = {
     "cost_usd": _cost_usd,
     "latency_ms": _stored("latency_ms"),
     "finish_reason": _stored("finish_reason"),
+    # Cut at the request's cap or the model's window: the text is all there is, not all the model would say.
+    "truncated": lambda row: None if row.finish_reason is None else row.finish_reason in TRUNCATED_FINISH_REASONS,
+    "tool_calls": _stored("tool_calls"),
+    "refusal": _stored("refusal"),
     "route": _stored("route"),
     "planned_route": _stored("planned_route"),
     "route_reason": _stored("route_reason"),

@@ -138,6 +138,10 @@ class Result(Base):
     # The service tier the answer says served it ("default", "flex", "priority", Anthropic's "standard" or
     # "fast"...): the price follows it; NULL where the answer did not say.
     service_tier: Mapped[str | None] = mapped_column(String(16))
+    # The answer's tool calls in OpenAI's assistant-message shape (core.ChatResult.tool_calls); NULL: none.
+    tool_calls: Mapped[list[dict[str, Any]] | None] = mapped_column()
+    # What the model said when it refused (status "refused"); NULL otherwise.
+    refusal: Mapped[str | None] = mapped_column(Text())
     latency_ms: Mapped[float | None] = mapped_column(Float())
     attempts: Mapped[int] = mapped_column(Integer())
     response_model: Mapped[str | None] = mapped_column(String())

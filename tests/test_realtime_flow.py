@@ -76,7 +76,7 @@ async def test_the_prefect_ui_shows_the_job_in_words(prefect_api: str, sim: Sim,
     assert names[0] == "record questions.jsonl"
     assert names[1:] == ["send chunk 1/3 (10 prompts)", "send chunk 2/3 (10 prompts)", "send chunk 3/3 (5 prompts)"]
     messages = [log.message for log in logs]
-    assert any("25 prompts sent, 25 succeeded, 0 failed" in message for message in messages)
+    assert any("25 prompts sent, 25 succeeded, 0 refused, 0 failed" in message for message in messages)
     assert not any("{" in message for message in messages), "no dicts in the log lines"
 
 

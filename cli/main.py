@@ -227,8 +227,18 @@ def run(
         out.print_json(json.dumps(summary, default=str))
     else:
         _print_summary(summary)
+    realtime = summary.get("realtime") or {}
+    stopped = realtime.get("stopped") or []
+    if stopped:
+        # One line: what stopped the run, what to fix (the stored hint), and that the same command continues.
+        again = "the same command" if file is not None else f"llm-dispatch run --resume {resume}"
+        causes = " ".join(found["message"] for found in stopped)
+        err.print(f"[bold red]error:[/] {causes} {realtime.get('left', 0)} prompts are left pending: fix that, "
+                  f"then run {again} to send them.", highlight=False, soft_wrap=True)
     failed = summary["counts"].get("failed", 0)
-    raise typer.Exit(EXIT_FAILED_PROMPTS if failed else 0)
+    # A run stopped by its provider's answers (a refused key, no credit): the provider's failure, as when a call
+    # of another command fails.
+    raise typer.Exit(EXIT_PROVIDER if stopped else EXIT_FAILED_PROMPTS if failed else 0)
 
 
 def _check_keys(settings: Settings, *, providers: frozenset[str]) -> None:

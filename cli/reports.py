@@ -269,6 +269,9 @@ def job_table(summary: dict[str, Any], *, title: str) -> Table:
     for name, count in sorted(summary["failed_by_class"].items()):
         table.add_row(f"  failed: {name}", "", "", "", str(count), "", "", "", "")
     stats = summary.get("stats") or {}
+    # What each kind of failure was, as stored with it: the provider's words and what to change.
+    for name, message in sorted((stats.get("failure_messages") or {}).items()):
+        table.caption += f"\n{name}: {message}"
     kinds = [f"{stats[key]} {label}" for key, label in (
         ("refused", "refused (sent again only with --retry-refused)"),
         ("truncated", "truncated (cut at max_tokens or the context window: raise max_tokens to get all of them)"),

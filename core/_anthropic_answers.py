@@ -21,7 +21,7 @@ from ._status import BatchStatus
 from ._exceptions import APIResponseValidationError
 from ._json import compact_json
 from ._line_errors import anthropic_line_error
-from ._responses import BatchPage, Chat, parse_answer, parse_json
+from ._responses import BatchPage, Chat, parse_answer, parse_json, reported_usage
 from ._types import ChatResult
 
 __all__ = [
@@ -51,7 +51,9 @@ def message_result_from_body(body: Any, *, latency_s: float = 0.0, attempts: int
     """A ``ChatResult`` from a Message read elsewhere (a batch result line), parsed as ``chat`` does."""
     chat = _chat(body)
     if chat is None:
-        raise APIResponseValidationError(f"the body is not a Message with content: {str(body)[:_SNIPPET_CHARS]!r}")
+        error = APIResponseValidationError(f"the body is not a Message with content: {str(body)[:_SNIPPET_CHARS]!r}")
+        error.usage = reported_usage(body, read=_chat)
+        raise error
     return chat.finished(latency_s=latency_s, attempts=attempts)
 
 
@@ -195,7 +197,7 @@ def _result_line(record: dict[str, Any], custom_id: str, number: int) -> BatchLi
         try:
             chat = message_result_from_body(result.get("message"))
         except APIResponseValidationError as exc:
-            return unusable_line(custom_id, number, 200, exc.message)
+            return unusable_line(custom_id, number, 200, exc.message, usage=exc.usage)
         return BatchLine(custom_id=custom_id, result=chat, error_code=None, error_message=None, status_code=200,
                          retryable=False, line=number)
     if kind == "errored":

@@ -71,6 +71,8 @@ class BatchLine:
     retryable: bool
     line: int = 0
     billed: bool | None = False
+    # What a billed line with no answer said it used (a ChatResult with no text), for its cost.
+    usage: ChatResult | None = None
 
     @property
     def ok(self) -> bool:
@@ -271,7 +273,7 @@ def _read_record(record: dict[str, Any], custom_id: str, number: int) -> BatchLi
         try:
             result = chat_result_from_body(body)
         except APIResponseValidationError as exc:
-            return unusable_line(custom_id, number, status, exc.message)
+            return unusable_line(custom_id, number, status, exc.message, usage=exc.usage)
         return BatchLine(
             custom_id=custom_id, result=result, error_code=None, error_message=None, status_code=status,
             retryable=False, line=number,
@@ -284,12 +286,15 @@ def _read_record(record: dict[str, Any], custom_id: str, number: int) -> BatchLi
     )
 
 
-def unusable_line(custom_id: str, number: int, status: int, reason: str) -> BatchLine:
-    """A line the provider answered (a 2xx, so billed) with a body that is no answer: failed, never sent again."""
+def unusable_line(
+    custom_id: str, number: int, status: int, reason: str, *, usage: ChatResult | None = None
+) -> BatchLine:
+    """A line the provider answered (a 2xx, so billed) with a body that is no answer: failed, never sent again;
+    ``usage``: what the body said it used, priced with the failure."""
     return BatchLine(custom_id=custom_id, result=None, error_code=UNUSABLE_ANSWER,
                      error_message=f"line {number} answered {status} with no usable answer ({reason}); it was "
                                    "billed, so it is not sent again: --retry-failed all would",
-                     status_code=status, retryable=False, line=number, billed=True)
+                     status_code=status, retryable=False, line=number, billed=True, usage=usage)
 
 
 def _body_error(body: Any, status: int) -> tuple[str, str]:

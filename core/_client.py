@@ -369,7 +369,7 @@ class LLMClient(MessageBatchMethods):
 
         ``content`` is the body and query as ``RequestBuilder.build`` takes them (``json``, ``files``,
         ``data``, ``params``). ``parse`` raises ``APIResponseValidationError`` for a 2xx body it cannot
-        use (that is retried); by default it returns the JSON body, or ``stream_to`` once the body has
+        use (never sent again: it was answered, and may have been billed); by default it returns the JSON body, or ``stream_to`` once the body has
         been saved there. ``tokens`` is the call's estimated cost against the TPM limit; ``timeout``
         overrides the per-attempt deadline (a large download may need longer than a completion);
         ``max_retries`` overrides the client's for this call. A ``paced`` call (chat) goes at the pace the
@@ -408,7 +408,8 @@ class LLMClient(MessageBatchMethods):
                             return _Sent(value, attempt, admitted_at)
                     else:
                         failure = Failure.status(outcome)
-                        if limited:
+                        # An account out of credit is no reason to slow anyone: its run stops (core._stops).
+                        if limited and failure.lasting is None:
                             self._gates.rate_limited(failure, admission, limits=limits)
             finally:
                 # Released before any retry sleep, so a waiting request never holds a slot.

@@ -16,12 +16,13 @@ from ._exceptions import (
     APITimeoutError,
     status_error_class,
 )
-from ._responses import error_detail
+from ._responses import error_detail, error_reason
 from ._retry import should_retry_status
+from ._stops import lasting_failure
 
 __all__ = ["STATUS_HINTS", "UNUSABLE_HINT", "Failure", "final_error", "scrub"]
 
-STATUS_HINTS: dict[int, str] = {
+STATUS_HINTS: dict[int | str, str] = {
     400: "Fix the request: check the model name and the parameters sent.",
     401: "Check the API key (LLM_DISPATCH_API_KEY or OPENAI_API_KEY), and LLM_DISPATCH_AUTH_HEADER=api-key for Azure.",
     403: "The key may not use this model or endpoint; check the account's access.",
@@ -32,6 +33,15 @@ STATUS_HINTS: dict[int, str] = {
     429: "Rate limited: lower LLM_DISPATCH_CONCURRENCY, set LLM_DISPATCH_RPM / LLM_DISPATCH_TPM, or check the quota.",
 }
 UNUSABLE_HINT = "Check that LLM_DISPATCH_BASE_URL points at an OpenAI-compatible API (usually ending in /v1)."
+# By the provider's reason (``error_reason``), before the status's hint: an account out of credit is a 429 too,
+# and waiting or lowering the concurrency does nothing for it.
+REASON_HINTS: dict[str, str] = {
+    "insufficient_quota": "The account is out of credit or over its budget (insufficient_quota): add credit or "
+                          "raise the project's limit in OpenAI's dashboard (Settings > Billing, Limits); waiting "
+                          "does not help.",
+    "model_not_found": "Check the model name, and that the key's project may use it (OpenAI's dashboard: "
+                       "Settings > Project > Limits).",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,10 +78,21 @@ class Failure:
 
     @property
     def retryable(self) -> bool:
+        """Whether to try again now. Never a 2xx that was read (``invalid``: it may have been billed), nor an
+        answer that would only repeat (``lasting_failure``: a refused key, an account out of credit...)."""
         if self.kind == "status":
             assert self.response is not None
+            if self.lasting is not None:
+                return False
             return should_retry_status(self.response.status_code, self.response.headers)
-        return True
+        return self.kind != "invalid"
+
+    @property
+    def lasting(self) -> str | None:
+        """The ``core._stops.LastingKind`` of an error status that stays the same on every try, else None."""
+        if self.kind != "status" or self.response is None:
+            return None
+        return lasting_failure(self.response.status_code, error_reason(self.response))
 
     def describe(self) -> str:
         """Short, safe for logs: no bodies, no headers."""
@@ -91,12 +112,13 @@ def final_error(
     attempts: int,
     base_url: str,
     secret: str | Sequence[str] | None,
-    hints: Mapping[int, str] = STATUS_HINTS,
+    hints: Mapping[int | str, str] = STATUS_HINTS,
     unusable_hint: str = UNUSABLE_HINT,
     url_setting: str = "LLM_DISPATCH_BASE_URL",
 ) -> APIError:
     """The exception for a call that gives up: what happened, and what to change (``hints``: the provider's
-    advice per status); ``secret`` never shows in it."""
+    advice per status, or per reason (``error_reason``) where one status has several); ``secret`` never shows
+    in it."""
     where = f"{method} {path}"
     tries = "1 attempt" if attempts == 1 else f"{attempts} attempts"
     if failure.kind == "status":
@@ -105,16 +127,22 @@ def final_error(
         status = response.status_code
         request_id = (response.headers.get("x-request-id") or response.headers.get("request-id")
                       or response.headers.get("apim-request-id"))
-        hint = hints.get(status, "The provider failed; try again later." if status >= 500 else "")
+        reason = error_reason(response)
+        hint = REASON_HINTS.get(reason or "") or hints.get(reason or "") or hints.get(
+            status, "The provider failed; try again later." if status >= 500 else "")
         message = f"HTTP {status} from {where} after {tries}: {failure.detail.rstrip('.')}."
         if request_id:
             message += f" Request id {request_id}."
         if hint:
             message += f" {hint}"
-        return status_error_class(status)(
+        lasting = lasting_failure(status, reason)
+        error = status_error_class(status)(
             scrub(message, secret), status_code=status, request_id=request_id, attempts=attempts,
-            retryable=failure.retryable,
+            # Not retried now, but sent again by a later run: a lasting failure passes once its cause is fixed.
+            retryable=failure.retryable or lasting is not None,
         )
+        error.code, error.lasting = reason, lasting
+        return error
     if failure.kind == "timeout":
         message = (
             f"No response to {where} after {tries} ({failure.detail}). Raise LLM_DISPATCH_REQUEST_TIMEOUT "
@@ -127,8 +155,13 @@ def final_error(
             f"({failure.detail}). Check {url_setting} and the network."
         )
         return APIConnectionError(scrub(message, secret), attempts=attempts)
-    message = f"Unusable answer to {where} after {tries}: {failure.detail}. {unusable_hint}"
-    return APIResponseValidationError(scrub(message, secret), attempts=attempts)
+    status = f"HTTP {failure.response.status_code}" if failure.response is not None else "the answer"
+    message = (f"Unusable answer to {where} after {tries}: {failure.detail}. {status} was received and may have "
+               f"been billed, so it is not sent again (--retry-failed all sends it). {unusable_hint}")
+    error = APIResponseValidationError(scrub(message, secret), attempts=attempts)
+    # What the body said it used, when it said so: its cost is stored with the failure.
+    error.usage = getattr(failure.cause, "usage", None)
+    return error
 
 
 def scrub(text: str, secret: str | Sequence[str] | None) -> str:

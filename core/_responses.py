@@ -1,6 +1,7 @@
 """Reading the provider's answers: chat completions, files, batches and error bodies, from ``httpx.Response``.
 
-A parser raises ``APIResponseValidationError`` for a 2xx body it cannot use, which the client retries.
+A parser raises ``APIResponseValidationError`` for a 2xx body it cannot use, which the client never sends again (the
+answer may have been billed); it carries the usage the body reported, when it reported any.
 """
 
 from __future__ import annotations
@@ -22,12 +23,14 @@ __all__ = [
     "chat_result_from_body",
     "error_code",
     "error_detail",
+    "error_reason",
     "parse_batch_info",
     "parse_answer",
     "parse_batch_page",
     "parse_chat",
     "parse_file_info",
     "parse_json",
+    "reported_usage",
     "save_body",
 ]
 
@@ -71,15 +74,33 @@ def parse_answer(response: httpx.Response, read: Callable[[Any], Chat | None], *
     chat = read(body)
     if chat is None:
         detail = error_detail(response) if isinstance(body, dict) and body.get("error") else _snippet(response)
-        raise APIResponseValidationError(f"the body has {what}: {detail}")
+        error = APIResponseValidationError(f"the body has {what}: {detail}")
+        error.usage = reported_usage(body, read=read)
+        raise error
     return chat
+
+
+def reported_usage(body: Any, *, read: Callable[[Any], Chat | None]) -> ChatResult | None:
+    """What a body with no usable answer says it used (its ``usage`` read as ``read`` reads an answer's), or None
+    when it says nothing: ``{"choices": []}`` with usage, an error object with usage, a Message without content."""
+    if not isinstance(body, dict) or not isinstance(body.get("usage"), dict):
+        return None
+    # The answer's own reader on an empty answer of the same shape: one rule for what each usage field means.
+    chat = read({**body, "choices": [{"message": {}}], "content": []})
+    if chat is None:
+        return None
+    usage = chat.result
+    usage.text, usage.finish_reason, usage.tool_calls, usage.refusal = None, None, None, None
+    return usage if usage.prompt_tokens or usage.completion_tokens else None
 
 
 def chat_result_from_body(body: Any, *, latency_s: float = 0.0, attempts: int = 1) -> ChatResult:
     """A ``ChatResult`` from a chat.completion body read elsewhere (a batch output line), parsed as ``chat`` does."""
     chat = _chat_from_body(body)
     if chat is None:
-        raise APIResponseValidationError(f"the body has no choices[0].message: {str(body)[:_SNIPPET_CHARS]!r}")
+        error = APIResponseValidationError(f"the body has no choices[0].message: {str(body)[:_SNIPPET_CHARS]!r}")
+        error.usage = reported_usage(body, read=_chat_from_body)
+        raise error
     return chat.finished(latency_s=latency_s, attempts=attempts)
 
 
@@ -108,6 +129,24 @@ def error_code(response: httpx.Response) -> str | None:
     error = body.get("error") if isinstance(body, dict) else None
     code = error.get("code") if isinstance(error, dict) else None
     return code if isinstance(code, str) else None
+
+
+def error_reason(response: httpx.Response) -> str | None:
+    """The most precise machine-readable reason an error body gives: Anthropic's ``error.details.error_code``
+    (``enforced_spend_limit_reached``), else the error's ``code`` (OpenAI's ``insufficient_quota``,
+    ``invalid_api_key``), else its ``type`` (Anthropic's ``billing_error``, ``authentication_error``)."""
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    error = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(error, dict):
+        return None
+    details = error.get("details")
+    for value in (details.get("error_code") if isinstance(details, dict) else None, error.get("code"), error.get("type")):
+        if isinstance(value, str) and value:
+            return value
+    return None
 
 
 def error_detail(response: httpx.Response) -> str:

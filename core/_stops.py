@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 from ._exceptions import APIError, APIStatusError
@@ -69,15 +69,44 @@ class Stopped:
         return what.rstrip(".") + "."
 
 
-@dataclass(slots=True)
-class _Model:
-    """One model's turn-taking: probing (at most STOP_AFTER in flight) until it has an answer that is not lasting."""
+class _Gate:
+    """Probing one provider or model: until it has given an answer that is not lasting, at most ``probes`` requests
+    go out (then the next wait for them to come back); once it has, every request passes at once."""
 
-    gate: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(STOP_AFTER))
-    proven: bool = False
-    # The last lasting answer's kind, status and code, and how many identical ones came in a row.
-    last: tuple[str, int, str | None] | None = None
-    repeats: int = 0
+    __slots__ = ("_budget", "_changed", "_out", "_probes", "proven")
+
+    def __init__(self, probes: int) -> None:
+        self._probes = self._budget = probes
+        self._out = 0
+        self._changed = asyncio.Condition()
+        self.proven = False
+
+    async def enter(self, *, blocked: Callable[[], bool]) -> bool | None:
+        """None: do not send (``blocked()``); True: sent as a probe; False: sent, the gate is open."""
+        if self.proven:
+            return None if blocked() else False
+        async with self._changed:
+            await self._changed.wait_for(lambda: self.proven or self._budget > 0 or blocked())
+            if blocked():
+                return None
+            if self.proven:
+                return False
+            self._budget -= 1
+            self._out += 1
+            return True
+
+    async def leave(self) -> None:
+        """A probe came back. When all have and none proved anything (answers that differ), probe again."""
+        async with self._changed:
+            self._out -= 1
+            if self._out == 0 and self._budget == 0:
+                self._budget = self._probes
+            self._changed.notify_all()
+
+    async def wake(self) -> None:
+        """Let waiters look again (the gate was proven, or something was stopped)."""
+        async with self._changed:
+            self._changed.notify_all()
 
 
 class RunStop:
@@ -85,14 +114,17 @@ class RunStop:
 
     ``provider_of`` names a model's provider. ``turn(model)`` is entered around each request; it yields False
     when the request is not to be sent (its provider or model was stopped), and the caller leaves its prompts
-    pending. ``answered`` and ``failed`` report each request's outcome.
+    pending. ``answered`` and ``failed`` report each request's outcome. A request passes its provider's gate,
+    then its model's: so a refused key costs ``after`` requests whatever the models, an unknown model ``after``
+    of its own.
     """
 
     def __init__(self, *, provider_of: Callable[[str], str], after: int = STOP_AFTER) -> None:
         self._provider_of = provider_of
         self._after = after
-        self._models: dict[str, _Model] = {}
-        self._providers: dict[str, tuple[tuple[str, int, str | None], int]] = {}
+        self._gates: dict[tuple[str, str | None], _Gate] = {}
+        # Per provider or model: the last lasting answer's (kind, status, code) and how many came in a row.
+        self._streaks: dict[tuple[str, str | None], tuple[tuple[str, int, str | None], int]] = {}
         self.stopped: dict[tuple[str, str | None], Stopped] = {}
 
     def blocked(self, model: str) -> bool:
@@ -102,24 +134,39 @@ class RunStop:
     def provider_stopped(self, provider: str) -> bool:
         return (provider, None) in self.stopped
 
+    def _gate(self, key: tuple[str, str | None]) -> _Gate:
+        gate = self._gates.get(key)
+        if gate is None:
+            gate = self._gates[key] = _Gate(self._after)
+        return gate
+
     @asynccontextmanager
     async def turn(self, model: str) -> AsyncIterator[bool]:
-        state = self._models.get(model)
-        if state is None:
-            state = self._models[model] = _Model()
-        if state.proven:
-            yield not self.blocked(model)
-            return
-        async with state.gate:
-            yield not self.blocked(model)
+        provider = self._provider_of(model)
+        gates = (self._gate((provider, None)), self._gate((provider, model)))
+        probing: list[_Gate] = []
+        try:
+            for gate in gates:
+                entered = await gate.enter(blocked=lambda: self.blocked(model))
+                if entered is None:
+                    yield False
+                    return
+                if entered:
+                    probing.append(gate)
+            yield True
+        finally:
+            for gate in probing:
+                await gate.leave()
 
     def answered(self, model: str) -> None:
         """A request of ``model`` got an answer (or a failure that is not lasting): send the rest at full speed."""
-        state = self._models.get(model)
-        if state is not None:
-            state.proven = True
-            state.repeats = 0
-        self._providers.pop(self._provider_of(model), None)
+        provider = self._provider_of(model)
+        for key in ((provider, None), (provider, model)):
+            self._streaks.pop(key, None)
+            gate = self._gates.get(key)
+            if gate is not None and not gate.proven:
+                gate.proven = True
+                self._wake(gate)
 
     def failed(self, model: str, error: BaseException) -> None:
         if not isinstance(error, APIStatusError) or error.lasting is None:
@@ -127,19 +174,20 @@ class RunStop:
                 self.answered(model)
             return
         provider = self._provider_of(model)
+        # The account's failures count over the provider's models (a refused key answers every model alike).
+        key = (provider, None) if error.lasting in _PROVIDER_WIDE else (provider, model)
         signature = (error.lasting, error.status_code, error.code)
-        state = self._models.setdefault(model, _Model())
-        state.repeats = state.repeats + 1 if state.last == signature else 1
-        state.last = signature
-        if error.lasting in _PROVIDER_WIDE:
-            # Counted over the provider's models: a refused key answers every model alike.
-            seen, count = self._providers.get(provider, (signature, 0))
-            count = count + 1 if seen == signature else 1
-            self._providers[provider] = (signature, count)
-            if count >= self._after:
-                self.stopped.setdefault((provider, None), Stopped(provider, None, error, count))
-        elif state.repeats >= self._after:
-            self.stopped.setdefault((provider, model), Stopped(provider, model, error, state.repeats))
+        seen, count = self._streaks.get(key, (signature, 0))
+        count = count + 1 if seen == signature else 1
+        self._streaks[key] = (signature, count)
+        if count >= self._after and key not in self.stopped:
+            self.stopped[key] = Stopped(key[0], key[1], error, count)
+            for gate in self._gates.values():
+                self._wake(gate)
+
+    def _wake(self, gate: _Gate) -> None:
+        # Called from plain code: the waiters look again on the next turn of the loop.
+        asyncio.get_running_loop().create_task(gate.wake())
 
     def left(self, model: str, prompts: int) -> None:
         """``prompts`` of ``model`` were not sent because it was stopped."""

@@ -163,9 +163,15 @@ def report_markdown(report: dict[str, Any]) -> str:
     if "estimate" in report:
         lines.append(f"| estimate before sending | ${report['estimate']['total']:.6f} |")
     lines.append(f"| prices as of | {cost['prices_as_of']} |")
+    stopped = (report.get("realtime") or {}).get("stopped") or []
+    if stopped:
+        lines += ["", "## Stopped", ""] + [f"- {found['message']}" for found in stopped]
+        lines.append(f"- {report['realtime'].get('left', 0)} prompts left pending: fix that, then run the job again.")
     if report["failed_by_class"]:
-        lines += ["", "## Failures", "", "| class | prompts |", "|---|---|"]
-        lines += [f"| {name} | {n} |" for name, n in sorted(report["failed_by_class"].items())]
+        told = stats.get("failure_messages") or {}
+        lines += ["", "## Failures", "", "| class | prompts | what it said |", "|---|---|---|"]
+        lines += [f"| {name} | {n} | {told.get(name, '').replace('|', '/')} |"
+                  for name, n in sorted(report["failed_by_class"].items())]
     return "\n".join(lines) + "\n"
 
 

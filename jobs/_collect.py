@@ -162,7 +162,7 @@ async def ingest_batch(
                     waiting[line.custom_id] = ids  # unanswered because the user cancelled: failed below
                 elif line.result is not None:
                     answers.append((ids, line.result))
-                elif await _settle_failure(writer, line, ids, outcome=outcome):
+                elif await _settle_failure(writer, line, ids, outcome=outcome, model=record.model):
                     again.extend(ids)
             if len(answers) >= STORE_SLICE:
                 await store_answers()
@@ -204,7 +204,7 @@ async def ingest_batch(
 
 
 async def _settle_failure(
-    writer: storage.ResultWriter, line: BatchLine, ids: list[int], *, outcome: IngestOutcome
+    writer: storage.ResultWriter, line: BatchLine, ids: list[int], *, outcome: IngestOutcome, model: str
 ) -> bool:
     """Store a line's error for its prompts; returns whether they are to be sent again (a retryable
     error: in another batch, or real-time once over the limit)."""
@@ -216,8 +216,9 @@ async def _settle_failure(
     else:
         # A line error code, or a 2xx that carried no answer (billed, so ``line.retryable`` is False).
         error = BatchLineError(message, code=code, retryable=line.retryable)
+        error.usage = line.usage
     # Not final: the prompts go back to pending (history kept) and are sent again.
-    await writer.failure(prompt_ids=ids, error=error, final=not line.retryable, route="batch")
+    await writer.failure(prompt_ids=ids, error=error, final=not line.retryable, route="batch", model=model)
     if line.retryable:
         outcome.resend += len(ids)
     else:

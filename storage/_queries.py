@@ -7,7 +7,7 @@ from collections.abc import Collection, Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, case, func, select, update
+from sqlalchemy import and_, case, func, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from llm_dispatch.core import (
@@ -36,6 +36,7 @@ __all__ = [
     "job_models",
     "load_work",
     "mark_in_flight",
+    "release_in_flight",
     "reopen_refused",
     "resolve_job",
     "result_stats",
@@ -303,14 +304,25 @@ async def mark_in_flight(sessions: Sessions, *, prompt_ids: Sequence[int]) -> in
     A succeeded prompt stays succeeded, and a batched one stays batched: its batch holds it
     until the batch's result is written or the prompt is released.
     """
+    return await _move(sessions, prompt_ids=prompt_ids, to="in_flight",
+                       when=Prompt.status.not_in(("succeeded", "batched")))
+
+
+async def release_in_flight(sessions: Sessions, *, prompt_ids: Sequence[int]) -> int:
+    """Put prompts still marked in flight back to pending (never sent); returns how many."""
+    return await _move(sessions, prompt_ids=prompt_ids, to="pending", when=Prompt.status == "in_flight")
+
+
+async def _move(sessions: Sessions, *, prompt_ids: Sequence[int], to: str, when: Any) -> int:
+    """Set the status of the prompts with these ids that match ``when`` to ``to``; returns how many changed."""
     changed = 0
     now = utcnow()
     async with sessions.begin() as session:
         for chunk in chunks(prompt_ids, IN_CHUNK):
             stmt = (
                 update(Prompt)
-                .where(Prompt.id.in_(chunk), Prompt.status.not_in(("succeeded", "batched")))
-                .values(status="in_flight", updated_at=now)
+                .where(Prompt.id.in_(chunk), when)
+                .values(status=to, updated_at=now)
                 .execution_options(synchronize_session=False)
             )
             changed += (await session.execute(stmt)).rowcount
@@ -378,7 +390,8 @@ async def result_stats(sessions: Sessions, *, job_id: str) -> ResultStats:
         }
         succeeded = Result.status == "succeeded"
         answered = Result.status.in_(PAID_RESULT_STATUSES)
-        paid = and_(answered, Result.route != "reused")
+        # Answers, and failures that reported what they used (a 2xx with no usable answer), paid once each.
+        paid = and_(or_(answered, Result.prompt_tokens.is_not(None)), Result.route != "reused")
         timed = and_(succeeded, Result.route == "realtime", Result.latency_ms.is_not(None))
         # One pass over the job's results for the sums and counts (each a query of its own cost as much again).
         tokens = (
@@ -395,6 +408,11 @@ async def result_stats(sessions: Sessions, *, job_id: str) -> ResultStats:
                 ).where(Result.job_id == job_id)
             )
         ).one()
+        # What the user is told of each kind of failure: its newest stored message (what to do included).
+        newest = (select(func.max(Result.id)).where(Result.job_id == job_id, Result.status == "failed")
+                  .group_by(Result.error_class).scalar_subquery())
+        told = {error_class or "unknown": message or "" for error_class, message in await session.execute(
+            select(Result.error_class, Result.error_message).where(Result.id.in_(newest)))}
         reused, n_timed = int(tokens[3]), int(tokens[4])
         p50, p95 = await _percentiles(session, where=and_(Result.job_id == job_id, timed), n=n_timed, fractions=(0.50, 0.95))
     return ResultStats(
@@ -402,6 +420,7 @@ async def result_stats(sessions: Sessions, *, job_id: str) -> ResultStats:
         failed=counts.get("failed", 0),
         reused=reused,
         failed_by_class=dict(sorted(by_class.items(), key=lambda item: -item[1])),
+        failure_messages={name: told[name] for name in by_class if name in told},
         p50_latency_ms=p50,
         p95_latency_ms=p95,
         prompt_tokens=int(tokens[0]),

@@ -86,6 +86,8 @@ class ResultStats:
     truncated: int = 0
     tool_calls: int = 0
     reasoning_tokens: int = 0
+    # Per class of ``failed_by_class``: its newest stored error message, which says what to do.
+    failure_messages: dict[str, str] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         """Plain JSON-ready values, for flow results and artifacts."""
@@ -98,6 +100,7 @@ class ResultStats:
             "failed": self.failed,
             "reused": self.reused,
             "failed_by_class": dict(self.failed_by_class),
+            "failure_messages": dict(self.failure_messages),
             "p50_latency_ms": self.p50_latency_ms,
             "p95_latency_ms": self.p95_latency_ms,
             "prompt_tokens": self.prompt_tokens,

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, case, func, literal, literal_column, select
+from sqlalchemy import and_, case, func, literal, literal_column, or_, select
 
 from llm_dispatch.core import PAID_RESULT_STATUSES
 
@@ -35,7 +35,8 @@ EXPORT_PAGE = 2000
 @dataclass(frozen=True, slots=True)
 class UsageRow:
     """Paid usage of one job on one route and model, and its stored cost: answers (refusals included: they are
-    billed), ``reused`` ones left out (they cost 0). One row per price table the answers were priced with."""
+    billed) and failures whose 2xx reported usage, ``reused`` ones left out (they cost 0). One row per price
+    table the answers were priced with."""
 
     route: str
     model: str
@@ -139,7 +140,9 @@ async def usage_by_route(
             *stamp,
         )
         .join(Prompt, Prompt.id == Result.prompt_id)
-        .where(Result.job_id == job_id, Result.status.in_(PAID_RESULT_STATUSES), Result.route != "reused")
+        .where(Result.job_id == job_id, Result.route != "reused",
+               # Answers, and failures that reported what they used (a 2xx with no usable answer).
+               or_(Result.status.in_(PAID_RESULT_STATUSES), Result.prompt_tokens.is_not(None)))
         .group_by(Result.route, Prompt.model, "long_prompt", Result.service_tier, *stamp)
     )
     async with sessions() as session:

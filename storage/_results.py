@@ -209,8 +209,11 @@ def failure_rows(
     now: datetime,
     final: bool,
     ledger: RowLedger = NO_PRICES,
+    model: str | None = None,
 ) -> list[ResultRow]:
-    """The rows of one failed call for these prompts: error class, HTTP status, message, attempts, cost 0.
+    """The rows of one failed call for these prompts: error class, HTTP status, message, attempts; cost 0, unless
+    the call was answered with a 2xx that carried no usable answer but said what it used (``error.usage``): that
+    usage is stored and priced on the row that paid, as a request to ``model``.
 
     ``final`` fails the prompts (retryable or not, from ``error.retryable``); otherwise the failure is
     kept as history and the prompts go back to ``pending``.
@@ -220,9 +223,18 @@ def failure_rows(
     status_code = getattr(error, "status_code", None)
     attempts = int(getattr(error, "attempts", 1) or 1)
     retryable = bool(getattr(error, "retryable", False)) if final else None
-    free = ledger.free
+    usage: ChatResult | None = getattr(error, "usage", None)
+    free = dict(zip(LEDGER_FIELDS, ledger.free))
 
     def row(prompt_id: int, route: ResultRoute, paid: bool) -> ResultRow:
+        billed: dict[str, Any] = {}
+        if paid and usage is not None:
+            billed = {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+                      "cached_tokens": usage.cached_tokens, "cache_creation_tokens": usage.cache_creation_tokens or None,
+                      "cache_creation_extended_tokens": usage.cache_creation_extended_tokens or None,
+                      "reasoning_tokens": usage.reasoning_tokens or None, "service_tier": usage.service_tier,
+                      "response_model": usage.model, "response_id": usage.response_id,
+                      **dict(zip(LEDGER_FIELDS, ledger.paid(usage, model=model, route=route)))}
         return ResultRow(
             prompt_id=prompt_id,
             route=route,
@@ -234,7 +246,7 @@ def failure_rows(
             error_class=error_class,
             error_message=message,
             retryable=retryable,
-            **dict(zip(LEDGER_FIELDS, free)),
+            **{**free, **billed},
         )
 
     return shares(prompt_ids, route, row)

@@ -277,23 +277,33 @@ async def test_aiohttp_disconnect_mapped_to_connect_timeout_is_still_a_connectio
     ],
     ids=["not-json", "no-choices", "empty-choices", "not-an-object"],
 )
-async def test_malformed_body_is_retried_then_raised(
+async def test_a_2xx_that_is_not_an_answer_is_never_sent_again(
     router: respx.Router, fake_time: FakeTime, response: httpx.Response
 ) -> None:
+    """As openai-python and Anthropic's SDK: a 2xx that was read is never resent (it may have been billed)."""
     route = router.post("/chat/completions", name="chat").mock(return_value=response)
-    error = await chat_error(make_client(router, fake_time, max_retries=1), APIResponseValidationError)
-    assert route.call_count == 2
-    assert error.attempts == 2
+    error = await chat_error(make_client(router, fake_time, max_retries=5), APIResponseValidationError)
+    assert route.call_count == 1 and error.attempts == 1
+    assert not error.retryable and "HTTP 200 was received and may have been billed" in str(error)
+    assert error.usage is None  # it said nothing of what it used
 
 
-async def test_malformed_body_then_success(router: respx.Router, fake_time: FakeTime) -> None:
-    route = router.post("/chat/completions", name="chat").mock(
-        side_effect=[httpx.Response(200, text="{not json"), httpx.Response(200, json=completion())]
-    )
-    async with make_client(router, fake_time) as client:
-        result = await client.chat(REQUEST)
-    assert route.call_count == 2
-    assert result.text == "Hi!"
+@pytest.mark.parametrize("body", [
+    {"id": "c", "model": "gpt-4o-mini", "choices": [],
+     "usage": {"prompt_tokens": 40, "completion_tokens": 7, "total_tokens": 47,
+               "completion_tokens_details": {"reasoning_tokens": 5}}},
+    {"error": {"message": "The server had an error", "type": "server_error"},
+     "usage": {"prompt_tokens": 40, "completion_tokens": 7, "total_tokens": 47,
+               "completion_tokens_details": {"reasoning_tokens": 5}}},
+], ids=["empty-choices", "error-body"])
+async def test_a_2xx_with_no_answer_carries_the_usage_it_reported(
+    router: respx.Router, fake_time: FakeTime, body: dict[str, Any]
+) -> None:
+    router.post("/chat/completions", name="chat").respond(200, json=body)
+    error = await chat_error(make_client(router, fake_time), APIResponseValidationError)
+    usage = error.usage
+    assert usage is not None and usage.text is None
+    assert (usage.prompt_tokens, usage.completion_tokens, usage.reasoning_tokens) == (40, 7, 5)
 
 
 # --- secrets and auth headers -----------------------------------------------------------------

@@ -63,7 +63,7 @@ async def test_the_default_transport_answers_a_chat(start_sim: StartSim):
     assert result.prompt_tokens > 0 and result.attempts == 1
 
 
-@pytest.mark.parametrize("fault", ["429", "500", "503", "drop", "malformed"])
+@pytest.mark.parametrize("fault", ["429", "500", "503", "drop"])
 async def test_a_retryable_fault_is_retried_and_the_answer_kept(start_sim: StartSim, fault: str):
     url = await start_sim(retry_after=0.01)
     await queue_faults(url, fault)
@@ -71,6 +71,15 @@ async def test_a_retryable_fault_is_retried_and_the_answer_kept(start_sim: Start
         result = await llm.chat(request())
     assert result.attempts == 2 and result.text
     assert (await stats(url))["requests_total"] == 2
+
+
+async def test_a_200_that_is_not_json_is_sent_once(start_sim: StartSim):
+    url = await start_sim()
+    await queue_faults(url, "malformed")
+    async with client(url) as llm:
+        with pytest.raises(APIResponseValidationError, match="may have been billed, so it is not sent again"):
+            await llm.chat(request())
+    assert (await stats(url))["requests_total"] == 1
 
 
 async def test_a_drop_every_time_ends_in_a_connection_error_naming_the_server(start_sim: StartSim):

@@ -29,7 +29,7 @@ from ._constants import (
     DEFAULT_MAX_RETRIES,
     DEFAULT_TIMEOUT,
 )
-from ._deadlines import Deadlines
+from ._deadlines import Deadlines, attempt_deadline
 from ._failures import Failure, final_error, scrub
 from ._exceptions import APIError, APIResponseValidationError, NotFoundError
 from ._gates import Gates
@@ -82,8 +82,8 @@ class _Sent(NamedTuple, Generic[_T]):
 
 
 # The constructor's arguments that a Settings field of the same name gives.
-_FROM_SETTINGS = ("base_url", "api_key", "auth_header", "request_timeout", "connect_timeout", "max_retries",
-                  "max_retry_after", "concurrency", "rpm", "tpm")
+_FROM_SETTINGS = ("base_url", "api_key", "auth_header", "request_timeout", "connect_timeout", "file_timeout",
+                  "max_retries", "max_retry_after", "concurrency", "rpm", "tpm")
 
 def _plain(value: SecretStr | str | None) -> str | None:
     return value.get_secret_value() if isinstance(value, SecretStr) else value
@@ -109,6 +109,7 @@ class LLMClient(MessageBatchMethods):
         project: SecretStr | str | None = None,
         request_timeout: float = DEFAULT_TIMEOUT,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        file_timeout: float = DEFAULT_FILE_TIMEOUT,
         max_retries: int = DEFAULT_MAX_RETRIES,
         max_retry_after: float = DEFAULT_MAX_RETRY_AFTER,
         concurrency: int = DEFAULT_CONCURRENCY,
@@ -125,8 +126,8 @@ class LLMClient(MessageBatchMethods):
     ) -> None:
         if auth_header not in get_args(AuthHeader):
             raise ValueError(f"auth_header must be 'authorization' or 'api-key', got {auth_header!r}")
-        if request_timeout <= 0 or connect_timeout <= 0:
-            raise ValueError("request_timeout and connect_timeout must be positive")
+        if request_timeout <= 0 or connect_timeout <= 0 or file_timeout <= 0:
+            raise ValueError("request_timeout, connect_timeout and file_timeout must be positive")
         if max_retries < 0:
             raise ValueError(f"max_retries must be 0 or more, got {max_retries}")
         if concurrency < 1:
@@ -143,6 +144,7 @@ class LLMClient(MessageBatchMethods):
         self._account = tuple(value for value in (organization_id, project_id) if value)
         self._auth_header = auth_header
         self._request_timeout = float(request_timeout)
+        self._file_timeout = float(file_timeout)
         self._max_retries = max_retries
         self._max_retry_after = float(max_retry_after)
         self._sleep = sleep
@@ -236,8 +238,12 @@ class LLMClient(MessageBatchMethods):
         ``APIError`` subclass when it gives up, or ``ValueError`` for a request the provider's API cannot express."""
         estimate = estimate_request_tokens(request) if self._gates.counts_tokens else 0
         wire = self._wire
+        body = wire.chat_body(request)
+        # The cap as sent (Anthropic's body always has one): a long generation gets the time it may need.
+        cap = body.get("max_completion_tokens") or body.get("max_tokens")
+        deadline = attempt_deadline(max_output=cap if isinstance(cap, int) else None, floor=self._request_timeout)
         sent = await self._request(
-            "POST", wire.chat_path, json=wire.chat_body(request), parse=wire.parse_chat, tokens=estimate, paced=True
+            "POST", wire.chat_path, json=body, parse=wire.parse_chat, tokens=estimate, paced=True, timeout=deadline
         )
         chat: Chat = sent.value
         self._gates.used_tokens(chat.total_tokens - estimate)
@@ -250,7 +256,7 @@ class LLMClient(MessageBatchMethods):
     async def upload_file(self, path: Path, *, purpose: str = "batch", timeout: float | None = None) -> FileInfo:
         """Upload ``path`` as multipart form data, streamed from disk; a retry sends the whole file again.
 
-        ``timeout`` bounds one attempt (default: the larger of ``DEFAULT_FILE_TIMEOUT`` and the request timeout).
+        ``timeout`` bounds one attempt (default: the larger of the client's file timeout and its request timeout).
         """
         path = Path(path)
         with path.open("rb") as handle:
@@ -349,7 +355,7 @@ class LLMClient(MessageBatchMethods):
             if timeout <= 0:
                 raise ValueError(f"timeout must be positive, got {timeout}")
             return timeout
-        return max(self._request_timeout, DEFAULT_FILE_TIMEOUT)
+        return max(self._request_timeout, self._file_timeout)
 
     async def _request(
         self,
@@ -391,7 +397,9 @@ class LLMClient(MessageBatchMethods):
                 admitted_at = self._clock()
             try:
                 # Built afresh each attempt: a multipart body is a stream that one attempt consumes.
-                request = self._requests.build(method, path, deadline=deadline, **content)
+                # An answer other than a download's arrives whole or not at all (a completion, a batch created): only
+                # the deadline bounds the wait for it. A download's reads each have the read timeout.
+                request = self._requests.build(method, path, deadline=deadline, silent=stream_to is None, **content)
                 outcome = await self._send_once(request, stream_to=stream_to, timeout=deadline)
                 if isinstance(outcome, Failure):
                     failure = outcome

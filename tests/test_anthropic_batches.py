@@ -136,7 +136,7 @@ async def test_cancel_keeps_what_was_answered_and_fails_the_canceled_lines(env: 
 @pytest.mark.parametrize("fault", ["create_lost_hang:2", "create_lost_drop", "create_lost_502"])
 async def test_a_lost_create_is_adopted_not_made_twice(env: Env, fault: str) -> None:
     client = LLMClient(provider="anthropic", base_url=env.sim.root, api_key="sk-ant-sim-key", max_retries=2,
-                       request_timeout=0.5)
+                       request_timeout=0.5, file_timeout=0.5)
     await env.check_a_lost_create_is_adopted(fault, client=client, made=lambda: message_batches(env.sim),
                                              counted="message_batches")
 

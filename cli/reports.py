@@ -278,6 +278,9 @@ def job_table(summary: dict[str, Any], *, title: str) -> Table:
         ("tool_calls", "with tool calls (in the export's tool_calls)")) if stats.get(key)]
     if kinds:
         table.caption += "\nanswers: " + "; ".join(kinds)
+    if stats.get("billed_unanswered"):
+        table.caption += (f"\n{stats['billed_unanswered']} attempts may have been billed with no answer kept (a "
+                          "generation timed out or cut off, a 2xx that was no answer): see maybe_billed in the export")
     if stats.get("reasoning_tokens"):
         table.caption += f"\nreasoning tokens (in the output tokens): {stats['reasoning_tokens']}"
     if stats.get("p50_latency_ms") is not None:

@@ -197,7 +197,7 @@ def _result_line(record: dict[str, Any], custom_id: str, number: int) -> BatchLi
         try:
             chat = message_result_from_body(result.get("message"))
         except APIResponseValidationError as exc:
-            return unusable_line(custom_id, number, 200, exc.message, usage=exc.usage)
+            return unusable_line(custom_id, number, 200, exc.message, usage=exc.usage, body=result.get("message"))
         return BatchLine(custom_id=custom_id, result=chat, error_code=None, error_message=None, status_code=200,
                          retryable=False, line=number)
     if kind == "errored":

@@ -19,6 +19,7 @@ from ._model_rules import openai_body
 from ._responses import chat_result_from_body
 from ._exceptions import APIResponseValidationError
 from ._json import compact_json
+from ._constants import RAW_BODY_CHARS
 from ._line_errors import openai_line_error
 from ._types import ChatRequest, ChatResult
 
@@ -71,8 +72,10 @@ class BatchLine:
     retryable: bool
     line: int = 0
     billed: bool | None = False
-    # What a billed line with no answer said it used (a ChatResult with no text), for its cost.
+    # What a billed line with no answer said it used (a ChatResult with no text), for its cost; and its body's
+    # start, for inspection.
     usage: ChatResult | None = None
+    raw_body: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -273,7 +276,7 @@ def _read_record(record: dict[str, Any], custom_id: str, number: int) -> BatchLi
         try:
             result = chat_result_from_body(body)
         except APIResponseValidationError as exc:
-            return unusable_line(custom_id, number, status, exc.message, usage=exc.usage)
+            return unusable_line(custom_id, number, status, exc.message, usage=exc.usage, body=body)
         return BatchLine(
             custom_id=custom_id, result=result, error_code=None, error_message=None, status_code=status,
             retryable=False, line=number,
@@ -287,14 +290,18 @@ def _read_record(record: dict[str, Any], custom_id: str, number: int) -> BatchLi
 
 
 def unusable_line(
-    custom_id: str, number: int, status: int, reason: str, *, usage: ChatResult | None = None
+    custom_id: str, number: int, status: int, reason: str, *, usage: ChatResult | None = None, body: Any = None
 ) -> BatchLine:
     """A line the provider answered (a 2xx, so billed) with a body that is no answer: failed, never sent again;
-    ``usage``: what the body said it used, priced with the failure."""
+    ``usage``: what the body said it used, priced with the failure; ``body`` kept (its start) for inspection."""
+    try:
+        raw = None if body is None else compact_json(body)[:RAW_BODY_CHARS]
+    except (TypeError, ValueError):
+        raw = repr(body)[:RAW_BODY_CHARS]
     return BatchLine(custom_id=custom_id, result=None, error_code=UNUSABLE_ANSWER,
                      error_message=f"line {number} answered {status} with no usable answer ({reason}); it was "
                                    "billed, so it is not sent again: --retry-failed all would",
-                     status_code=status, retryable=False, line=number, billed=True, usage=usage)
+                     status_code=status, retryable=False, line=number, billed=True, usage=usage, raw_body=raw)
 
 
 def _body_error(body: Any, status: int) -> tuple[str, str]:

@@ -30,7 +30,7 @@ from ._constants import (
     DEFAULT_TIMEOUT,
 )
 from ._deadlines import Deadlines, attempt_deadline
-from ._failures import Failure, final_error, scrub
+from ._failures import LOST_GENERATION_RETRIES, Failure, final_error, scrub
 from ._exceptions import APIError, APIResponseValidationError, NotFoundError
 from ._gates import Gates
 from ._limits import AdaptiveLimiter, SharedPause
@@ -49,7 +49,7 @@ from ._responses import (
 from ._retry import DEFAULT_MAX_RETRY_AFTER, retry_delay
 from ._settings import DEFAULT_ANTHROPIC_VERSION, DEFAULT_BASE_URL, DEFAULT_MAX_TOKENS, AuthHeader, Settings
 from ._tokens import estimate_request_tokens
-from ._transport import default_transport
+from ._transport import BodyCut, default_transport
 from ._types import ChatRequest, ChatResult
 from ._wire import wire_for
 
@@ -79,6 +79,8 @@ class _Sent(NamedTuple, Generic[_T]):
     attempts: int
     # When the first attempt passed the client's gates: latency excludes the wait for a slot.
     admitted_at: float
+    # Attempts the provider may have billed: the answer's, and any generation lost before it.
+    maybe_billed: int = 1
 
 
 # The constructor's arguments that a Settings field of the same name gives.
@@ -247,7 +249,9 @@ class LLMClient(MessageBatchMethods):
         )
         chat: Chat = sent.value
         self._gates.used_tokens(chat.total_tokens - estimate)
-        return chat.finished(latency_s=self._clock() - sent.admitted_at, attempts=sent.attempts)
+        result = chat.finished(latency_s=self._clock() - sent.admitted_at, attempts=sent.attempts)
+        result.maybe_billed = sent.maybe_billed
+        return result
 
     # --- files and batches (the Batch API) -------------------------------------------------------
     # Same loop, same rules as chat: a 5xx or timeout on create_batch is retried, so a create that did
@@ -390,6 +394,8 @@ class LLMClient(MessageBatchMethods):
             parse = parse_json if stream_to is None else (lambda _response: stream_to)
         attempt = 0
         delay: float | None = None
+        # Attempts the provider may have billed, and those whose generation was lost (each tried again once).
+        billed = lost = 0
         while True:
             attempt += 1
             admission = await self._gates.admit(tokens, paced=paced)
@@ -413,9 +419,9 @@ class LLMClient(MessageBatchMethods):
                             failure = Failure("invalid", exc.message, response=outcome, cause=exc)
                         else:
                             self._gates.succeeded(admission)
-                            return _Sent(value, attempt, admitted_at)
+                            return _Sent(value, attempt, admitted_at, billed + 1)
                     else:
-                        failure = Failure.status(outcome)
+                        failure = Failure.status(outcome, max_retry_after=self._max_retry_after)
                         # An account out of credit is no reason to slow anyone: its run stops (core._stops).
                         if limited and failure.lasting is None:
                             self._gates.rate_limited(failure, admission, limits=limits)
@@ -423,9 +429,14 @@ class LLMClient(MessageBatchMethods):
                 # Released before any retry sleep, so a waiting request never holds a slot.
                 self._gates.release()
 
-            last = attempt > retries
+            billed += failure.maybe_billed
+            # A generation (a chat) is what costs: a lost one is tried again once. A file's transfer cut short is
+            # retried as any connection error.
+            lost += paced and failure.lost_generation
+            last = attempt > retries or lost > LOST_GENERATION_RETRIES
             if not failure.retryable or (last and find_lost is None):
-                raise self._gave_up(failure, method=method, path=path, attempts=attempt) from failure.cause
+                raise self._gave_up(failure, method=method, path=path, attempts=attempt, billed=billed,
+                                    lost=lost) from failure.cause
             delay = retry_delay(
                 retries_taken=attempt - 1,
                 headers=failure.headers,
@@ -444,13 +455,18 @@ class LLMClient(MessageBatchMethods):
                 if found is not None:
                     return _Sent(found, attempt, admitted_at)
                 if last:
-                    raise self._gave_up(failure, method=method, path=path, attempts=attempt) from failure.cause
+                    raise self._gave_up(failure, method=method, path=path, attempts=attempt, billed=billed,
+                                        lost=lost) from failure.cause
 
-    def _gave_up(self, failure: Failure, *, method: str, path: str, attempts: int) -> APIError:
-        """The error a call that gives up raises: what happened, and what to change."""
+    def _gave_up(
+        self, failure: Failure, *, method: str, path: str, attempts: int, billed: int = 0, lost: int = 0
+    ) -> APIError:
+        """The error a call that gives up raises: what happened, and what to change; ``billed`` and ``lost``: its
+        attempts the provider may have billed, and those whose generation was lost."""
         return final_error(
             failure, method=method, path=path, attempts=attempts, base_url=self._display_url, secret=self._secrets,
             hints=self._wire.hints, unusable_hint=self._wire.unusable_hint, url_setting=self._wire.url_setting,
+            maybe_billed=billed, lost=lost,
         )
 
     async def _send_once(
@@ -460,9 +476,13 @@ class LLMClient(MessageBatchMethods):
         # The transport only bounds each socket read; a server that trickles bytes, or a pool that
         # never frees a connection, must not stretch an attempt past its deadline.
         deadline = self._deadlines.within(timeout)
+        response: httpx.Response | None = None
         try:
             async with deadline:
-                response = await self._transport.handle_async_request(request)
+                try:
+                    response = await self._transport.handle_async_request(request)
+                except BodyCut as cut:
+                    return Failure.cut(cut.status_code, cut)
                 try:
                     if stream_to is not None and response.is_success:
                         await save_body(response, stream_to)
@@ -475,6 +495,7 @@ class LLMClient(MessageBatchMethods):
         except httpx.DecodingError as exc:
             return Failure("invalid", f"the body could not be decoded: {exc}", cause=exc)
         except (httpx.TransportError, OSError) as exc:
-            return Failure.transport(exc)
+            # With the status line in hand, the answer was cut off; before it, there was none.
+            return Failure.transport(exc) if response is None else Failure.cut(response.status_code, exc)
         return response
 

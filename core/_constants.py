@@ -10,6 +10,7 @@ __all__ = [
     "DEFAULT_LIST_LIMIT",
     "DEFAULT_MAX_RETRIES",
     "DEFAULT_TIMEOUT",
+    "RAW_BODY_CHARS",
 ]
 
 # One attempt of a request whose maximum output is small or unknown: both SDKs' default (openai-python's and
@@ -24,3 +25,5 @@ DEFAULT_KEEPALIVE_EXPIRY = 15.0
 # batch file over a slow link needs minutes, not seconds.
 DEFAULT_FILE_TIMEOUT = 900.0
 DEFAULT_LIST_LIMIT = 100  # OpenAI's largest page of batches
+# How much of a 2xx body that is no answer is kept with its failure, for inspection (characters).
+RAW_BODY_CHARS = 64 * 1024

@@ -25,10 +25,10 @@ STOP_AFTER = 3
 
 # key: the key is refused (401); credit: the account cannot pay (OpenAI's insufficient_quota 429, Anthropic's
 # 402 billing_error and spend-limit 429s); access: the key may not use this model or endpoint (403); model: no such
-# model, or no such endpoint (404).
-LastingKind = Literal["key", "credit", "access", "model"]
+# model, or no such endpoint (404); wait: the provider asks to wait longer than the client waits (Retry-After).
+LastingKind = Literal["key", "credit", "access", "model", "wait"]
 # The account's, so every model of the provider is stopped; the others stop only their model's requests.
-_PROVIDER_WIDE: frozenset[str] = frozenset({"key", "credit"})
+_PROVIDER_WIDE: frozenset[str] = frozenset({"key", "credit", "wait"})
 CREDIT_CODES = frozenset({
     "insufficient_quota",  # OpenAI
     "billing_error",  # Anthropic's error type, 402

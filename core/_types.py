@@ -68,3 +68,6 @@ class ChatResult:
     # Set when the model refused: OpenAI's message.refusal, or Anthropic's stop_details (a refusal stop). A
     # refusal is stored as such (status ``refused``), never as an answer to reuse.
     refusal: str | None = None
+    # The call's attempts the provider may have billed: this answer's, and a generation lost before it (timed out
+    # or cut off), which was tried again once.
+    maybe_billed: int = 1

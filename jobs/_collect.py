@@ -216,7 +216,9 @@ async def _settle_failure(
     else:
         # A line error code, or a 2xx that carried no answer (billed, so ``line.retryable`` is False).
         error = BatchLineError(message, code=code, retryable=line.retryable)
-        error.usage = line.usage
+        error.usage, error.raw_body = line.usage, line.raw_body
+        # Billed, or billing not said (a request that ran and timed out): counted as possibly billed.
+        error.maybe_billed = 0 if line.billed is False else 1
     # Not final: the prompts go back to pending (history kept) and are sent again.
     await writer.failure(prompt_ids=ids, error=error, final=not line.retryable, route="batch", model=model)
     if line.retryable:

@@ -405,6 +405,9 @@ async def result_stats(sessions: Sessions, *, job_id: str) -> ResultStats:
                     func.coalesce(func.sum(case((paid, Result.reasoning_tokens))), 0),
                     func.count(case((and_(answered, Result.finish_reason.in_(TRUNCATED_FINISH_REASONS)), 1))),
                     func.count(case((and_(answered, Result.tool_calls.is_not(None)), 1))),
+                    # Attempts that may have been billed beyond the answers kept: lost generations, 2xx non-answers.
+                    func.coalesce(func.sum(case((Result.route != "reused", Result.maybe_billed - case(
+                        (answered, 1), else_=0)))), 0),
                 ).where(Result.job_id == job_id)
             )
         ).one()
@@ -430,6 +433,7 @@ async def result_stats(sessions: Sessions, *, job_id: str) -> ResultStats:
         truncated=int(tokens[6]),
         tool_calls=int(tokens[7]),
         reasoning_tokens=int(tokens[5]),
+        billed_unanswered=int(tokens[8]),
     )
 
 

@@ -88,6 +88,8 @@ class ResultStats:
     reasoning_tokens: int = 0
     # Per class of ``failed_by_class``: its newest stored error message, which says what to do.
     failure_messages: dict[str, str] = field(default_factory=dict)
+    # Attempts the provider may have billed with no answer kept for them (lost generations, 2xx non-answers).
+    billed_unanswered: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         """Plain JSON-ready values, for flow results and artifacts."""
@@ -101,6 +103,7 @@ class ResultStats:
             "reused": self.reused,
             "failed_by_class": dict(self.failed_by_class),
             "failure_messages": dict(self.failure_messages),
+            "billed_unanswered": self.billed_unanswered,
             "p50_latency_ms": self.p50_latency_ms,
             "p95_latency_ms": self.p95_latency_ms,
             "prompt_tokens": self.prompt_tokens,

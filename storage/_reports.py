@@ -102,6 +102,8 @@ class ExportRow:
     cost_basis: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     refusal: str | None = None
+    maybe_billed: int | None = None
+    raw_body: str | None = None
     # The conversation as sent (a prompt given as ``prompt`` is one user message).
     messages: list[dict[str, Any]] | None = None
 
@@ -235,7 +237,8 @@ async def list_jobs(sessions: Sessions, *, limit: int = 20) -> list[JobSummary]:
 _EXPORTED_RESULT_FIELDS = ("route", "text", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens",
                            "cache_creation_tokens", "cache_creation_extended_tokens", "reasoning_tokens",
                            "service_tier", "latency_ms", "error_class", "error_message", "cost_pico_usd",
-                           "discount", "prices_as_of", "cost_basis", "tool_calls", "refusal")
+                           "discount", "prices_as_of", "cost_basis", "tool_calls", "refusal", "maybe_billed",
+                           "raw_body")
 
 
 async def export_rows(sessions: Sessions, *, job_id: str) -> AsyncIterator[ExportRow]:

@@ -74,6 +74,8 @@ class ResultRow(NamedTuple):
     cost_basis: CostBasis | None = None
     tool_calls: list[dict[str, Any]] | None = None
     refusal: str | None = None
+    maybe_billed: int | None = None
+    raw_body: str | None = None
     # For a final failure (not a column): whether another try could succeed.
     retryable: bool | None = None
 
@@ -185,18 +187,18 @@ def answer_rows(
                   result.cached_tokens, result.cache_creation_tokens or None, latency_ms, result.model,
                   result.response_id, result.cache_creation_extended_tokens or None, result.reasoning_tokens or None,
                   result.service_tier)
-        # After the ledger's fields, in ResultRow's order.
+        # After the ledger's fields, in ResultRow's order; the paid row counts the attempts that may have been billed.
         kind = (result.tool_calls, result.refusal)
         status = "succeeded" if result.refusal is None else "refused"
         if paying:
             cost = ledger.paid(result, model=model, route=route)  # type: ignore[arg-type]
             rows.append(ResultRow(prompt_ids[0], route, status, result.attempts, now, status, *answer,
-                                  200, None, None, *cost, *kind))
+                                  200, None, None, *cost, *kind, result.maybe_billed))
         else:
             rows.append(ResultRow(prompt_ids[0], route, status, 0, now, status, *answer, None, None, None,
-                                  *free, *kind))
+                                  *free, *kind, 0))
         if len(prompt_ids) > 1:
-            rows.extend(ResultRow(pid, "reused", status, 0, now, status, *answer, None, None, None, *free, *kind)
+            rows.extend(ResultRow(pid, "reused", status, 0, now, status, *answer, None, None, None, *free, *kind, 0)
                         for pid in prompt_ids[1:])
     return rows
 
@@ -246,6 +248,8 @@ def failure_rows(
             error_class=error_class,
             error_message=message,
             retryable=retryable,
+            maybe_billed=int(getattr(error, "maybe_billed", 0) or 0) if paid else 0,
+            raw_body=getattr(error, "raw_body", None) if paid else None,
             **{**free, **billed},
         )
 

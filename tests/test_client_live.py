@@ -157,3 +157,20 @@ async def test_a_gzip_error_body_is_read_once_decompressed() -> None:
         assert getattr(caught.value, "status_code", None) == 404
     finally:
         await runner.cleanup()
+
+
+async def test_a_200_cut_off_after_its_headers_is_sent_twice_at_most(start_sim: StartSim):
+    url = await start_sim()
+    async with client(url, max_retries=5) as llm:
+        with pytest.raises(APIConnectionError, match="cut off after its status line on 2 attempts") as caught:
+            await llm.chat(request("[[sim:cut]] hi"))
+    assert caught.value.maybe_billed == 2 and not caught.value.retryable
+    assert (await stats(url))["markers"] == {"cut": 2}
+
+
+async def test_a_hang_is_tried_again_once_whatever_max_retries_says(start_sim: StartSim):
+    url = await start_sim()
+    async with client(url, request_timeout=0.2, max_retries=5) as llm:
+        with pytest.raises(APITimeoutError, match="not back within its deadline on 2 attempts"):
+            await llm.chat(request("[[sim:hang]] hi"))
+    assert (await stats(url))["markers"] == {"hang": 2}

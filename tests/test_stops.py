@@ -231,3 +231,29 @@ async def test_a_200_that_reported_usage_is_paid_for_and_sent_once(
     assert stored["garbled"][2:] == (None, 0), "a body that says nothing of its usage costs what is known: 0"
     # The report's cost counts what those 200s said they used.
     assert summary["stats"]["prompt_tokens"] == stored["empty"][2] + stored["error"][2]
+
+
+@pytest.mark.prefect
+async def test_each_attempt_that_may_have_been_billed_is_stored_and_a_lost_generation_sent_twice_at_most(
+    prefect_api: str, sim: Sim, db_url: str, tmp_path: Path
+) -> None:
+    from llm_dispatch.flows.realtime import realtime_dispatch
+
+    path = write_prompts(tmp_path / "p.jsonl", [
+        {"id": "cut-once", "prompt": "[[sim:cutx1]] a"},  # cut off after its headers once, then answered
+        {"id": "cut", "prompt": "[[sim:cut]] b"},  # cut off every time
+        {"id": "garbled", "prompt": "[[sim:malformed]] c"},
+        {"id": "fine", "prompt": "d"},
+    ])
+    summary = await realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=db_url)
+    await realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=db_url)  # nothing sent again
+    assert sim.stats()["markers"] == {"cut": 4, "malformed": 1}  # 2 for cut-once, 2 for cut: each sent twice at most
+    stored = {cid: (status, attempts, billed, raw) for cid, status, attempts, billed, raw in rows(db_url, """
+        SELECT p.custom_id, r.status, r.attempts, r.maybe_billed, r.raw_body
+        FROM results r JOIN prompts p ON p.id = r.prompt_id""")}
+    assert stored["cut-once"][:3] == ("succeeded", 2, 2)
+    assert stored["cut"][:3] == ("failed", 2, 2)
+    assert stored["garbled"][:3] == ("failed", 1, 1) and stored["garbled"][3].startswith('{"id":"chatcmpl-')
+    assert stored["fine"][:3] == ("succeeded", 1, 1)
+    # Attempts that may have been billed with no answer kept: cut-once's first, cut's two, the garbled 200.
+    assert summary["stats"]["billed_unanswered"] == 4

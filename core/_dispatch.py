@@ -160,7 +160,7 @@ async def send_all(
             if not isinstance(exc, APIError):
                 logger.exception("unexpected error sending prompt ids %s", item.prompt_ids[:3])
             if stop is not None:
-                stop.failed(model, exc)
+                await stop.failed(model, exc)
             await sink.failure(prompt_ids=item.prompt_ids, error=exc, final=True, model=model)
             outcome.failed += len(item.prompt_ids)
             outcome.failed_by_class[type(exc).__name__] += len(item.prompt_ids)
@@ -168,7 +168,7 @@ async def send_all(
                 progress.failed += 1
         else:
             if stop is not None:
-                stop.answered(model)
+                await stop.answered(model)
             await sink.success(prompt_ids=item.prompt_ids, result=result, model=model)
             if result.refusal is None:
                 outcome.succeeded += len(item.prompt_ids)

@@ -158,7 +158,7 @@ class RunStop:
             for gate in probing:
                 await gate.leave()
 
-    def answered(self, model: str) -> None:
+    async def answered(self, model: str) -> None:
         """A request of ``model`` got an answer (or a failure that is not lasting): send the rest at full speed."""
         provider = self._provider_of(model)
         for key in ((provider, None), (provider, model)):
@@ -166,12 +166,12 @@ class RunStop:
             gate = self._gates.get(key)
             if gate is not None and not gate.proven:
                 gate.proven = True
-                self._wake(gate)
+                await gate.wake()
 
-    def failed(self, model: str, error: BaseException) -> None:
+    async def failed(self, model: str, error: BaseException) -> None:
         if not isinstance(error, APIStatusError) or error.lasting is None:
             if isinstance(error, APIError):
-                self.answered(model)
+                await self.answered(model)
             return
         provider = self._provider_of(model)
         # The account's failures count over the provider's models (a refused key answers every model alike).
@@ -182,12 +182,8 @@ class RunStop:
         self._streaks[key] = (signature, count)
         if count >= self._after and key not in self.stopped:
             self.stopped[key] = Stopped(key[0], key[1], error, count)
-            for gate in self._gates.values():
-                self._wake(gate)
-
-    def _wake(self, gate: _Gate) -> None:
-        # Called from plain code: the waiters look again on the next turn of the loop.
-        asyncio.get_running_loop().create_task(gate.wake())
+            for gate in list(self._gates.values()):
+                await gate.wake()
 
     def left(self, model: str, prompts: int) -> None:
         """``prompts`` of ``model`` were not sent because it was stopped."""

@@ -152,7 +152,7 @@ async def test_a_model_that_answers_goes_at_full_speed_and_a_passing_failure_sto
     sink, stop = _Sink(), RunStop(provider_of=lambda model: "openai")
     outcome = await send_all(client=client, items=_work(["m"] * 40), sink=sink, concurrency=8, stop=stop)
     assert outcome.succeeded == 40 and not stop.stopped
-    stop.failed("m", error)  # one lasting answer after successes: not enough to stop
+    await stop.failed("m", error)  # one lasting answer after successes: not enough to stop
     assert not stop.blocked("m")
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import aiohttp
 import httpx
@@ -172,26 +172,28 @@ def final_error(
     in it. ``maybe_billed``: the call's attempts the provider may have billed (stored with the failure);
     ``lost``: how many lost their generation (timed out once sent, or cut off), which a later run does not repeat
     once the client has given up on them."""
-    error = _final_error(failure, method=method, path=path, attempts=attempts, base_url=base_url, secret=secret,
-                         hints=hints, unusable_hint=unusable_hint, url_setting=url_setting, lost=lost)
+    error = _error(failure, _GiveUp(f"{method} {path}", attempts, base_url, secret, hints, unusable_hint,
+                                    url_setting, lost))
     error.maybe_billed = maybe_billed
     return error
 
 
-def _final_error(
-    failure: Failure,
-    *,
-    method: str,
-    path: str,
-    attempts: int,
-    base_url: str,
-    secret: str | Sequence[str] | None,
-    hints: Mapping[int | str, str],
-    unusable_hint: str,
-    url_setting: str,
-    lost: int,
-) -> APIError:
-    where = f"{method} {path}"
+class _GiveUp(NamedTuple):
+    """What ``final_error`` was told of the call it words the exception for."""
+
+    where: str
+    attempts: int
+    base_url: str
+    secret: str | Sequence[str] | None
+    hints: Mapping[int | str, str]
+    unusable_hint: str
+    url_setting: str
+    lost: int
+
+
+def _error(failure: Failure, call: _GiveUp) -> APIError:
+    """``final_error``'s exception, before the attempts it may have billed are set on it."""
+    where, attempts, base_url, secret, hints, unusable_hint, url_setting, lost = call
     tries = "1 attempt" if attempts == 1 else f"{attempts} attempts"
     if failure.kind == "status":
         response = failure.response

@@ -89,6 +89,8 @@ def _chat(body: Any) -> Chat | None:
         service_tier=tier if isinstance(tier, str) else None,
         tool_calls=_tool_calls(content),
         refusal=_refusal(body.get("stop_details")) if stop_reason == "refusal" else None,
+        # "For requests refused before any output is generated, you are not billed" (Anthropic, Fable 5's page).
+        maybe_billed=0 if stop_reason == "refusal" and completion_tokens == 0 else 1,
     )
     return Chat(result, prompt_tokens + completion_tokens)
 

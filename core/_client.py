@@ -250,7 +250,8 @@ class LLMClient(MessageBatchMethods):
         chat: Chat = sent.value
         self._gates.used_tokens(chat.total_tokens - estimate)
         result = chat.finished(latency_s=self._clock() - sent.admitted_at, attempts=sent.attempts)
-        result.maybe_billed = sent.maybe_billed
+        # The lost generations before it, and the answer's own attempt unless its parse says it is not billed.
+        result.maybe_billed = sent.maybe_billed - 1 + result.maybe_billed
         return result
 
     # --- files and batches (the Batch API) -------------------------------------------------------

@@ -68,6 +68,6 @@ class ChatResult:
     # Set when the model refused: OpenAI's message.refusal, or Anthropic's stop_details (a refusal stop). A
     # refusal is stored as such (status ``refused``), never as an answer to reuse.
     refusal: str | None = None
-    # The call's attempts the provider may have billed: this answer's, and a generation lost before it (timed out
-    # or cut off), which was tried again once.
+    # The call's attempts the provider may have billed: this answer's (0 when the provider says it bills none:
+    # Anthropic's refusal before any output), and a generation lost before it (timed out or cut off).
     maybe_billed: int = 1

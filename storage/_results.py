@@ -191,7 +191,8 @@ def answer_rows(
         kind = (result.tool_calls, result.refusal)
         status = "succeeded" if result.refusal is None else "refused"
         if paying:
-            cost = ledger.paid(result, model=model, route=route)  # type: ignore[arg-type]
+            # A call its provider did not bill (Anthropic's refusal before any output) costs 0, its usage kept.
+            cost = ledger.paid(result, model=model, route=route) if result.maybe_billed else free  # type: ignore[arg-type]
             rows.append(ResultRow(prompt_ids[0], route, status, result.attempts, now, status, *answer,
                                   200, None, None, *cost, *kind, result.maybe_billed))
         else:

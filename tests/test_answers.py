@@ -80,6 +80,7 @@ async def test_an_anthropic_tool_use_keeps_its_input_and_a_refusal_its_stop_deta
     assert (called.completion_tokens, called.reasoning_tokens) == (120, 80)
     assert refused.refusal == "This request was declined. (category: cyber)"
     assert (refused.text, refused.finish_reason, refused.completion_tokens) == (None, "refusal", 0)
+    assert (called.maybe_billed, refused.maybe_billed) == (1, 0)  # refused before any output: not billed
 
 
 # --- the simulator answers as today's APIs do, over real sockets ---------------------------------
@@ -159,6 +160,8 @@ async def test_a_run_stores_each_kind_of_answer_and_never_reuses_a_refusal(
     assert stored["refused"][:2] == ("refused", "realtime") and stored["refused-again"][:2] == ("refused", "reused")
     assert stored["refused"][2] and "category: cyber" in stored["claude-refused"][2]
     assert stored["refused"][3] > 0, "a refusal is paid: its cost is stored"
+    # Anthropic bills no request refused before any output (its Fable 5 page): stored at 0, its usage kept.
+    assert stored["claude-refused"][3] == 0
 
     out = tmp_path / "export.jsonl"
     await export(settings=Settings(database_url=db_url), job_id=summary["job_id"], fmt="jsonl", output=out,

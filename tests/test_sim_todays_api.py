@@ -61,7 +61,7 @@ async def test_a_slow_generation_spends_its_cap_at_the_configured_pace(start_sim
         took = time.monotonic() - started
     usage = answer["usage"]
     assert usage["completion_tokens"] == 1000 and usage["completion_tokens_details"]["reasoning_tokens"] > 800
-    assert 0.45 <= took < 2.0  # 1,000 tokens at 2,000 a second
+    assert took >= 0.49  # 1,000 tokens at 2,000 a second: never sooner (a wait is not cut short; load only adds)
 
 
 async def test_accounts_that_cannot_be_used_answer_as_each_provider_does(start_sim: StartSim) -> None:

@@ -169,7 +169,7 @@ async def run_client(*, base_url: str, items: list[dict[str, Any]], concurrency:
             for prompt_id in prompt_ids:
                 answered[prompt_id] += 1
 
-        async def failure(self, *, prompt_ids, error, final=True) -> None:  # noqa: ANN001
+        async def failure(self, *, prompt_ids, error, final=True, model=None) -> None:  # noqa: ANN001
             return None
 
     work = [WorkItem((i,), ChatRequest(model=b["model"], messages=b["messages"], params={"max_tokens": MAX_TOKENS}))

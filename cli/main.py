@@ -134,6 +134,8 @@ def run(
     chunk_size: Annotated[Optional[int], typer.Option(help="prompts per Prefect task")] = None,
     dedupe: Annotated[bool, typer.Option("--dedupe/--no-dedupe", help="reuse stored answers to identical requests")] = True,
     retry_failed: Annotated[str, typer.Option(help="on resume, resend failed prompts: retryable|all|none")] = "retryable",
+    retry_refused: Annotated[bool, typer.Option(
+        "--retry-refused", help="on resume, ask the prompts the model refused again (each is paid again)")] = False,
     route: Annotated[Optional[str], typer.Option(
         help="rule for prompts with no urgency or deadline: length|all-realtime|all-batch (default length)")] = None,
     wait: Annotated[bool, typer.Option(
@@ -198,8 +200,8 @@ def run(
 
         try:
             summary = asyncio.run(_run_with_progress(source=str(file) if file else None, job_id=resume, settings=settings,
-                                                     retry_failed=retry_failed, show=not as_json,  # type: ignore[arg-type]
-                                                     wait=wait, max_cost=max_cost, new_job=new_job,
+                                                     retry_failed=retry_failed, retry_refused=retry_refused,  # type: ignore[arg-type]
+                                                     show=not as_json, wait=wait, max_cost=max_cost, new_job=new_job,
                                                      job_name=job_name))
         except (TerminationSignal, BaseExceptionGroup) as exc:
             # Prefect's own SIGTERM handler (installed while a flow runs) raises this wherever the run
@@ -225,8 +227,18 @@ def run(
         out.print_json(json.dumps(summary, default=str))
     else:
         _print_summary(summary)
+    realtime = summary.get("realtime") or {}
+    stopped = realtime.get("stopped") or []
+    if stopped:
+        # One line: what stopped the run, what to fix (the stored hint), and that the same command continues.
+        again = "the same command" if file is not None else f"llm-dispatch run --resume {resume}"
+        causes = " ".join(found["message"] for found in stopped)
+        err.print(f"[bold red]error:[/] {causes} {realtime.get('left', 0)} prompts are left pending: fix that, "
+                  f"then run {again} to send them.", highlight=False, soft_wrap=True)
     failed = summary["counts"].get("failed", 0)
-    raise typer.Exit(EXIT_FAILED_PROMPTS if failed else 0)
+    # A run stopped by its provider's answers (a refused key, no credit): the provider's failure, as when a call
+    # of another command fails.
+    raise typer.Exit(EXIT_PROVIDER if stopped else EXIT_FAILED_PROMPTS if failed else 0)
 
 
 def _check_keys(settings: Settings, *, providers: frozenset[str]) -> None:
@@ -432,6 +444,7 @@ async def _run_with_progress(
     job_id: str | None,
     settings: Settings,
     retry_failed: RetryFailed,
+    retry_refused: bool,
     show: bool,
     wait: bool,
     max_cost: float | None,
@@ -464,7 +477,7 @@ async def _run_with_progress(
                 prompts=source, job_id=job_id, model=settings.model, route_policy=settings.route_policy,
                 wait=wait, max_cost=max_cost, concurrency=settings.concurrency, chunk_size=settings.chunk_size,
                 chunk_concurrency=settings.chunk_concurrency, dedupe=settings.dedupe, retry_failed=retry_failed,
-                base_url=settings.base_url, anthropic_base_url=settings.anthropic_base_url,
+                retry_refused=retry_refused, base_url=settings.base_url, anthropic_base_url=settings.anthropic_base_url,
                 database_url=settings.database_url, prices_file=settings.prices_file,
                 batch_poll_interval=settings.batch_poll_interval, new_job=new_job, job_name=job_name,
             )

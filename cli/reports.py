@@ -89,7 +89,7 @@ def print_status(console: Console, data: dict[str, Any]) -> None:
         console.print(table)
         return
     table = Table(title=f"job {data['job_id'][:8]} ({data['name']}): {data['status']}")
-    statuses = ("succeeded", "failed", *UNFINISHED_PROMPT_STATUSES)
+    statuses = ("succeeded", "refused", "failed", *UNFINISHED_PROMPT_STATUSES)
     table.add_column("route")
     for name in statuses:
         table.add_column(name, justify="right")
@@ -239,7 +239,8 @@ def _provider_rows(table: Table, *, actual: dict[str, Any], estimated: dict[str,
 def job_table(summary: dict[str, Any], *, title: str) -> Table:
     """The table a run ends with: per route, prompts by outcome, tokens, cost and the estimate."""
     table = Table(title=title)
-    for column in ("route", "prompts", "succeeded", "failed", "unfinished", "tokens in/out", "cost", "estimate"):
+    for column in ("route", "prompts", "succeeded", "refused", "failed", "unfinished", "tokens in/out", "cost",
+                   "estimate"):
         table.add_column(column, justify="left" if column == "route" else "right")
     estimate = summary.get("estimate") or {"routes": {}}
     for route in ROUTES:
@@ -247,8 +248,8 @@ def job_table(summary: dict[str, Any], *, title: str) -> Table:
         actual = summary["cost"]["routes"].get(route, {})
         guess = estimate["routes"].get(route, {})
         table.add_row(
-            route, str(sum(statuses.values())), str(statuses.get("succeeded", 0)), str(statuses.get("failed", 0)),
-            str(unfinished(statuses)),
+            route, str(sum(statuses.values())), str(statuses.get("succeeded", 0)), str(statuses.get("refused", 0)),
+            str(statuses.get("failed", 0)), str(unfinished(statuses)),
             f"{actual.get('prompt_tokens', 0)}/{actual.get('completion_tokens', 0)}",
             f"${actual.get('cost', 0.0):.6f}", f"${guess.get('cost', 0.0):.6f}" if guess else "-",
         )
@@ -256,7 +257,8 @@ def job_table(summary: dict[str, Any], *, title: str) -> Table:
     _provider_rows(table, actual=cost.get("providers") or {}, estimated=estimate.get("providers") or {})
     table.add_section()
     table.add_row("total", str(sum(summary["counts"].values())), str(summary["counts"].get("succeeded", 0)),
-                  str(summary["counts"].get("failed", 0)), str(summary["unfinished"]), "",
+                  str(summary["counts"].get("refused", 0)), str(summary["counts"].get("failed", 0)),
+                  str(summary["unfinished"]), "",
                   f"${cost['total']:.6f}" + ("" if cost["complete"] else " + unknown"),
                   f"${estimate['total']:.6f}" if "total" in estimate else "-")
     table.caption = (
@@ -265,8 +267,22 @@ def job_table(summary: dict[str, Any], *, title: str) -> Table:
         + ("" if cost["complete"] else f"   NO PRICE for {', '.join(sorted(cost['unpriced_models']))}")
     )
     for name, count in sorted(summary["failed_by_class"].items()):
-        table.add_row(f"  failed: {name}", "", "", str(count), "", "", "", "")
+        table.add_row(f"  failed: {name}", "", "", "", str(count), "", "", "", "")
     stats = summary.get("stats") or {}
+    # What each kind of failure was, as stored with it: the provider's words and what to change.
+    for name, message in sorted((stats.get("failure_messages") or {}).items()):
+        table.caption += f"\n{name}: {message}"
+    kinds = [f"{stats[key]} {label}" for key, label in (
+        ("refused", "refused (sent again only with --retry-refused)"),
+        ("truncated", "truncated (cut at max_tokens or the context window: raise max_tokens to get all of them)"),
+        ("tool_calls", "with tool calls (in the export's tool_calls)")) if stats.get(key)]
+    if kinds:
+        table.caption += "\nanswers: " + "; ".join(kinds)
+    if stats.get("billed_unanswered"):
+        table.caption += (f"\n{stats['billed_unanswered']} attempts may have been billed with no answer kept (a "
+                          "generation timed out or cut off, a 2xx that was no answer): see maybe_billed in the export")
+    if stats.get("reasoning_tokens"):
+        table.caption += f"\nreasoning tokens (in the output tokens): {stats['reasoning_tokens']}"
     if stats.get("p50_latency_ms") is not None:
         table.caption += f"\nreal-time latency p50 / p95: {stats['p50_latency_ms']:.0f} / {stats['p95_latency_ms']:.0f} ms"
     return table

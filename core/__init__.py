@@ -44,9 +44,10 @@ from ._responses import chat_result_from_body
 from ._retry import DEFAULT_MAX_RETRY_AFTER
 from ._routing import RoutePolicy, RoutingRules, decide_route, parse_deadline, prompt_chars
 from ._settings import DEFAULT_ANTHROPIC_VERSION, DEFAULT_MAX_TOKENS, Settings
+from ._stops import STOP_AFTER, RunStop, Stopped, lasting_failure
 from ._tokens import estimate_prompt_tokens, estimate_request_tokens
 from ._transport import default_transport
-from ._types import ChatRequest, ChatResult, dedupe_key
+from ._types import TRUNCATED_FINISH_REASONS, ChatRequest, ChatResult, dedupe_key
 from ._wire import check_provider_key
 
 __all__ = [
@@ -62,6 +63,7 @@ __all__ = [
     "OPENAI_BATCH_LIMITS",
     "PROVIDERS",
     "PICO_PER_USD",
+    "TRUNCATED_FINISH_REASONS",
     "AdaptiveLimiter",
     "anthropic_messages_refusal",
     "anthropic_params",
@@ -120,6 +122,10 @@ __all__ = [
     "RoutePolicy",
     "RoutingRules",
     "RouteTotals",
+    "RunStop",
+    "STOP_AFTER",
+    "Stopped",
+    "lasting_failure",
     "send_all",
     "Settings",
     "SharedPause",

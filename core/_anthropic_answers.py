@@ -15,16 +15,17 @@ from typing import Any
 
 import httpx
 
-from ._batch_files import BatchLine, garbled_line, read_result_lines
+from ._batch_files import BatchLine, garbled_line, read_result_lines, unusable_line
 from ._batch_types import BatchInfo, RequestCounts, batch_status_from_api, int_field
 from ._status import BatchStatus
 from ._exceptions import APIResponseValidationError
-from ._responses import BatchPage, Chat, parse_answer, parse_json
+from ._json import compact_json
+from ._line_errors import anthropic_line_error
+from ._responses import BatchPage, Chat, parse_answer, parse_json, reported_usage
 from ._types import ChatResult
 
 __all__ = [
     "MESSAGE_BATCH_STATUSES",
-    "RETRYABLE_MESSAGE_ERRORS",
     "message_batch_info",
     "message_result_from_body",
     "parse_message",
@@ -39,8 +40,6 @@ MESSAGE_BATCH_STATUSES: Mapping[str, BatchStatus] = MappingProxyType({
     "canceling": BatchStatus.CANCELLING,
     "ended": BatchStatus.COMPLETED,
 })
-# Error types of an errored result line worth sending again: the provider's trouble, not the request's.
-RETRYABLE_MESSAGE_ERRORS = frozenset({"api_error", "overloaded_error", "rate_limit_error"})
 _SNIPPET_CHARS = 300
 
 
@@ -52,7 +51,9 @@ def message_result_from_body(body: Any, *, latency_s: float = 0.0, attempts: int
     """A ``ChatResult`` from a Message read elsewhere (a batch result line), parsed as ``chat`` does."""
     chat = _chat(body)
     if chat is None:
-        raise APIResponseValidationError(f"the body is not a Message with content: {str(body)[:_SNIPPET_CHARS]!r}")
+        error = APIResponseValidationError(f"the body is not a Message with content: {str(body)[:_SNIPPET_CHARS]!r}")
+        error.usage = reported_usage(body, read=_chat)
+        raise error
     return chat.finished(latency_s=latency_s, attempts=attempts)
 
 
@@ -72,9 +73,10 @@ def _chat(body: Any) -> Chat | None:
     prompt_tokens = _count(usage.get("input_tokens")) + cache_read + cache_write
     completion_tokens = _count(usage.get("output_tokens"))
     texts = [block.get("text") for block in content if isinstance(block, dict) and block.get("type") == "text"]
+    stop_reason = body.get("stop_reason")
     result = ChatResult(
         text="".join(text for text in texts if isinstance(text, str)) if texts else None,
-        finish_reason=body.get("stop_reason"),
+        finish_reason=stop_reason,
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         cached_tokens=cache_read,
@@ -85,8 +87,33 @@ def _chat(body: Any) -> Chat | None:
         cache_creation_extended_tokens=min(hour, cache_write),
         reasoning_tokens=_count(thinking.get("thinking_tokens")) if isinstance(thinking, dict) else 0,
         service_tier=tier if isinstance(tier, str) else None,
+        tool_calls=_tool_calls(content),
+        refusal=_refusal(body.get("stop_details")) if stop_reason == "refusal" else None,
+        # "For requests refused before any output is generated, you are not billed" (Anthropic, Fable 5's page).
+        maybe_billed=0 if stop_reason == "refusal" and completion_tokens == 0 else 1,
     )
     return Chat(result, prompt_tokens + completion_tokens)
+
+
+def _tool_calls(content: list[Any]) -> list[dict[str, Any]] | None:
+    """The answer's tool_use blocks in OpenAI's tool-call shape, their input as the JSON text of ``arguments``
+    (what the request side turns back into a tool_use block); None when it has none."""
+    calls = [
+        {"id": block.get("id"), "type": "function",
+         "function": {"name": block.get("name"), "arguments": compact_json(block.get("input", {}))}}
+        for block in content if isinstance(block, dict) and block.get("type") == "tool_use"
+    ]
+    return calls or None
+
+
+def _refusal(details: Any) -> str:
+    """What a refusal stop says: its explanation and category (``stop_details``), or that it gave none."""
+    if not isinstance(details, dict):
+        return "refused (stop_reason refusal, no stop_details)"
+    explanation = details.get("explanation")
+    category = details.get("category")
+    text = str(explanation) if explanation else "refused (stop_reason refusal)"
+    return f"{text} (category: {category})" if category else text
 
 
 def _count(value: Any) -> int:
@@ -157,8 +184,8 @@ def parse_message_batch_page(response: httpx.Response) -> BatchPage:
 def read_message_batch_results(path: Path) -> Iterator[BatchLine]:
     """Every line of a Message Batch's results file, in file order; blank lines are skipped.
 
-    ``succeeded`` carries its ``ChatResult``; ``errored`` the error's type (retryable for the provider's own
-    trouble); ``canceled`` and ``expired`` were never answered, so they are retryable (send again). A line that
+    ``succeeded`` carries its ``ChatResult``; ``errored`` the error's type, ``canceled`` and ``expired`` their
+    kind, each settled by ``_line_errors`` (whether it is sent again; none of them is billed). A line that
     cannot be read becomes ``error_code == INVALID_OUTPUT_LINE``: one bad line never costs the others.
     """
     return read_result_lines(path, _result_line)
@@ -172,7 +199,7 @@ def _result_line(record: dict[str, Any], custom_id: str, number: int) -> BatchLi
         try:
             chat = message_result_from_body(result.get("message"))
         except APIResponseValidationError as exc:
-            return garbled_line(custom_id, number, exc.message)
+            return unusable_line(custom_id, number, 200, exc.message, usage=exc.usage, body=result.get("message"))
         return BatchLine(custom_id=custom_id, result=chat, error_code=None, error_message=None, status_code=200,
                          retryable=False, line=number)
     if kind == "errored":
@@ -183,12 +210,14 @@ def _result_line(record: dict[str, Any], custom_id: str, number: int) -> BatchLi
             error = envelope if isinstance(envelope, dict) else {}
         code = str(error.get("type") or "unknown_error")
         message = error.get("message")
+        rule = anthropic_line_error(code)
         return BatchLine(custom_id=custom_id, result=None, error_code=code,
                          error_message=message if isinstance(message, str) else "", status_code=None,
-                         retryable=code in RETRYABLE_MESSAGE_ERRORS, line=number)
+                         retryable=rule.retry, line=number, billed=rule.billed)
     if kind in ("canceled", "expired"):
+        rule = anthropic_line_error(kind)
         return BatchLine(custom_id=custom_id, result=None, error_code=kind,
                          error_message=f"the batch {'was canceled' if kind == 'canceled' else 'expired'} "
                                        "before this request was answered",
-                         status_code=None, retryable=True, line=number)
+                         status_code=None, retryable=rule.retry, line=number, billed=rule.billed)
     return garbled_line(custom_id, number, f"result type {kind!r} is not succeeded, errored, canceled or expired")

@@ -19,16 +19,18 @@ from ._model_rules import openai_body
 from ._responses import chat_result_from_body
 from ._exceptions import APIResponseValidationError
 from ._json import compact_json
-from ._retry import should_retry_status
+from ._constants import RAW_BODY_CHARS
+from ._line_errors import openai_line_error
 from ._types import ChatRequest, ChatResult
 
 __all__ = [
     "INVALID_OUTPUT_LINE",
-    "RETRYABLE_LINE_ERRORS",
+    "UNUSABLE_ANSWER",
     "BatchFile",
     "BatchFileWriter",
     "BatchLine",
     "garbled_line",
+    "unusable_line",
     "read_batch_output",
     "read_result_lines",
     "write_batch_files",
@@ -36,8 +38,8 @@ __all__ = [
 
 # The code a BatchLine carries when the provider's line could not be read at all.
 INVALID_OUTPUT_LINE = "invalid_output_line"
-# Line-level error codes (no HTTP status) worth sending again: the request itself was never tried.
-RETRYABLE_LINE_ERRORS = frozenset({"batch_expired"})
+# The code of a 2xx line whose body is not an answer: billed, so never sent again.
+UNUSABLE_ANSWER = "unusable_answer"
 
 _WRITE_BUFFER = 1024 * 1024
 _FILE_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -58,7 +60,8 @@ class BatchFile:
 class BatchLine:
     """One line of a batch output or error file: a result, or why there is none.
 
-    ``line`` is the 1-based line number in the file read, so a garbled line can still be found.
+    ``line`` is the 1-based line number in the file read, so a garbled line can still be found. ``billed`` says
+    whether the provider billed a line without an answer (None: it does not say; see ``_line_errors``).
     """
 
     custom_id: str | None
@@ -68,6 +71,11 @@ class BatchLine:
     status_code: int | None
     retryable: bool
     line: int = 0
+    billed: bool | None = False
+    # What a billed line with no answer said it used (a ChatResult with no text), for its cost; and its body's
+    # start, for inspection.
+    usage: ChatResult | None = None
+    raw_body: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -253,9 +261,10 @@ def _read_record(record: dict[str, Any], custom_id: str, number: int) -> BatchLi
         if not isinstance(error, dict):
             return garbled_line(custom_id, number, f"error is not an object: {error!r}")
         code = str(error.get("code") or "unknown_error")
+        rule = openai_line_error(code)
         return BatchLine(
             custom_id=custom_id, result=None, error_code=code, error_message=_text(error.get("message")),
-            status_code=None, retryable=code in RETRYABLE_LINE_ERRORS, line=number,
+            status_code=None, retryable=rule.retry, line=number, billed=rule.billed,
         )
     if not isinstance(response, dict):
         return garbled_line(custom_id, number, "neither a response nor an error")
@@ -267,17 +276,32 @@ def _read_record(record: dict[str, Any], custom_id: str, number: int) -> BatchLi
         try:
             result = chat_result_from_body(body)
         except APIResponseValidationError as exc:
-            return garbled_line(custom_id, number, exc.message)
+            return unusable_line(custom_id, number, status, exc.message, usage=exc.usage, body=body)
         return BatchLine(
             custom_id=custom_id, result=result, error_code=None, error_message=None, status_code=status,
             retryable=False, line=number,
         )
     code, message = _body_error(body, status)
+    rule = openai_line_error(code, status=status)
     return BatchLine(
         custom_id=custom_id, result=None, error_code=code, error_message=message, status_code=status,
-        # The client's rule for an HTTP status; a batch line carries no headers to say otherwise.
-        retryable=should_retry_status(status), line=number,
+        retryable=rule.retry, line=number, billed=rule.billed,
     )
+
+
+def unusable_line(
+    custom_id: str, number: int, status: int, reason: str, *, usage: ChatResult | None = None, body: Any = None
+) -> BatchLine:
+    """A line the provider answered (a 2xx, so billed) with a body that is no answer: failed, never sent again;
+    ``usage``: what the body said it used, priced with the failure; ``body`` kept (its start) for inspection."""
+    try:
+        raw = None if body is None else compact_json(body)[:RAW_BODY_CHARS]
+    except (TypeError, ValueError):
+        raw = repr(body)[:RAW_BODY_CHARS]
+    return BatchLine(custom_id=custom_id, result=None, error_code=UNUSABLE_ANSWER,
+                     error_message=f"line {number} answered {status} with no usable answer ({reason}); it was "
+                                   "billed, so it is not sent again: --retry-failed all would",
+                     status_code=status, retryable=False, line=number, billed=True, usage=usage, raw_body=raw)
 
 
 def _body_error(body: Any, status: int) -> tuple[str, str]:

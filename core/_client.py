@@ -29,8 +29,8 @@ from ._constants import (
     DEFAULT_MAX_RETRIES,
     DEFAULT_TIMEOUT,
 )
-from ._deadlines import Deadlines
-from ._failures import Failure, final_error, scrub
+from ._deadlines import Deadlines, attempt_deadline
+from ._failures import LOST_GENERATION_RETRIES, Failure, final_error, scrub
 from ._exceptions import APIError, APIResponseValidationError, NotFoundError
 from ._gates import Gates
 from ._limits import AdaptiveLimiter, SharedPause
@@ -49,7 +49,7 @@ from ._responses import (
 from ._retry import DEFAULT_MAX_RETRY_AFTER, retry_delay
 from ._settings import DEFAULT_ANTHROPIC_VERSION, DEFAULT_BASE_URL, DEFAULT_MAX_TOKENS, AuthHeader, Settings
 from ._tokens import estimate_request_tokens
-from ._transport import default_transport
+from ._transport import BodyCut, default_transport
 from ._types import ChatRequest, ChatResult
 from ._wire import wire_for
 
@@ -79,11 +79,13 @@ class _Sent(NamedTuple, Generic[_T]):
     attempts: int
     # When the first attempt passed the client's gates: latency excludes the wait for a slot.
     admitted_at: float
+    # Attempts the provider may have billed: the answer's, and any generation lost before it.
+    maybe_billed: int = 1
 
 
 # The constructor's arguments that a Settings field of the same name gives.
-_FROM_SETTINGS = ("base_url", "api_key", "auth_header", "request_timeout", "connect_timeout", "max_retries",
-                  "max_retry_after", "concurrency", "rpm", "tpm")
+_FROM_SETTINGS = ("base_url", "api_key", "auth_header", "request_timeout", "connect_timeout", "file_timeout",
+                  "max_retries", "max_retry_after", "concurrency", "rpm", "tpm")
 
 def _plain(value: SecretStr | str | None) -> str | None:
     return value.get_secret_value() if isinstance(value, SecretStr) else value
@@ -109,6 +111,7 @@ class LLMClient(MessageBatchMethods):
         project: SecretStr | str | None = None,
         request_timeout: float = DEFAULT_TIMEOUT,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        file_timeout: float = DEFAULT_FILE_TIMEOUT,
         max_retries: int = DEFAULT_MAX_RETRIES,
         max_retry_after: float = DEFAULT_MAX_RETRY_AFTER,
         concurrency: int = DEFAULT_CONCURRENCY,
@@ -125,8 +128,8 @@ class LLMClient(MessageBatchMethods):
     ) -> None:
         if auth_header not in get_args(AuthHeader):
             raise ValueError(f"auth_header must be 'authorization' or 'api-key', got {auth_header!r}")
-        if request_timeout <= 0 or connect_timeout <= 0:
-            raise ValueError("request_timeout and connect_timeout must be positive")
+        if request_timeout <= 0 or connect_timeout <= 0 or file_timeout <= 0:
+            raise ValueError("request_timeout, connect_timeout and file_timeout must be positive")
         if max_retries < 0:
             raise ValueError(f"max_retries must be 0 or more, got {max_retries}")
         if concurrency < 1:
@@ -143,6 +146,7 @@ class LLMClient(MessageBatchMethods):
         self._account = tuple(value for value in (organization_id, project_id) if value)
         self._auth_header = auth_header
         self._request_timeout = float(request_timeout)
+        self._file_timeout = float(file_timeout)
         self._max_retries = max_retries
         self._max_retry_after = float(max_retry_after)
         self._sleep = sleep
@@ -236,12 +240,19 @@ class LLMClient(MessageBatchMethods):
         ``APIError`` subclass when it gives up, or ``ValueError`` for a request the provider's API cannot express."""
         estimate = estimate_request_tokens(request) if self._gates.counts_tokens else 0
         wire = self._wire
+        body = wire.chat_body(request)
+        # The cap as sent (Anthropic's body always has one): a long generation gets the time it may need.
+        cap = body.get("max_completion_tokens") or body.get("max_tokens")
+        deadline = attempt_deadline(max_output=cap if isinstance(cap, int) else None, floor=self._request_timeout)
         sent = await self._request(
-            "POST", wire.chat_path, json=wire.chat_body(request), parse=wire.parse_chat, tokens=estimate, paced=True
+            "POST", wire.chat_path, json=body, parse=wire.parse_chat, tokens=estimate, paced=True, timeout=deadline
         )
         chat: Chat = sent.value
         self._gates.used_tokens(chat.total_tokens - estimate)
-        return chat.finished(latency_s=self._clock() - sent.admitted_at, attempts=sent.attempts)
+        result = chat.finished(latency_s=self._clock() - sent.admitted_at, attempts=sent.attempts)
+        # The lost generations before it, and the answer's own attempt unless its parse says it is not billed.
+        result.maybe_billed = sent.maybe_billed - 1 + result.maybe_billed
+        return result
 
     # --- files and batches (the Batch API) -------------------------------------------------------
     # Same loop, same rules as chat: a 5xx or timeout on create_batch is retried, so a create that did
@@ -250,7 +261,7 @@ class LLMClient(MessageBatchMethods):
     async def upload_file(self, path: Path, *, purpose: str = "batch", timeout: float | None = None) -> FileInfo:
         """Upload ``path`` as multipart form data, streamed from disk; a retry sends the whole file again.
 
-        ``timeout`` bounds one attempt (default: the larger of ``DEFAULT_FILE_TIMEOUT`` and the request timeout).
+        ``timeout`` bounds one attempt (default: the larger of the client's file timeout and its request timeout).
         """
         path = Path(path)
         with path.open("rb") as handle:
@@ -349,7 +360,7 @@ class LLMClient(MessageBatchMethods):
             if timeout <= 0:
                 raise ValueError(f"timeout must be positive, got {timeout}")
             return timeout
-        return max(self._request_timeout, DEFAULT_FILE_TIMEOUT)
+        return max(self._request_timeout, self._file_timeout)
 
     async def _request(
         self,
@@ -369,7 +380,7 @@ class LLMClient(MessageBatchMethods):
 
         ``content`` is the body and query as ``RequestBuilder.build`` takes them (``json``, ``files``,
         ``data``, ``params``). ``parse`` raises ``APIResponseValidationError`` for a 2xx body it cannot
-        use (that is retried); by default it returns the JSON body, or ``stream_to`` once the body has
+        use (never sent again: it was answered, and may have been billed); by default it returns the JSON body, or ``stream_to`` once the body has
         been saved there. ``tokens`` is the call's estimated cost against the TPM limit; ``timeout``
         overrides the per-attempt deadline (a large download may need longer than a completion);
         ``max_retries`` overrides the client's for this call. A ``paced`` call (chat) goes at the pace the
@@ -384,6 +395,8 @@ class LLMClient(MessageBatchMethods):
             parse = parse_json if stream_to is None else (lambda _response: stream_to)
         attempt = 0
         delay: float | None = None
+        # Attempts the provider may have billed, and those whose generation was lost (each tried again once).
+        billed = lost = 0
         while True:
             attempt += 1
             admission = await self._gates.admit(tokens, paced=paced)
@@ -391,7 +404,9 @@ class LLMClient(MessageBatchMethods):
                 admitted_at = self._clock()
             try:
                 # Built afresh each attempt: a multipart body is a stream that one attempt consumes.
-                request = self._requests.build(method, path, deadline=deadline, **content)
+                # An answer other than a download's arrives whole or not at all (a completion, a batch created): only
+                # the deadline bounds the wait for it. A download's reads each have the read timeout.
+                request = self._requests.build(method, path, deadline=deadline, silent=stream_to is None, **content)
                 outcome = await self._send_once(request, stream_to=stream_to, timeout=deadline)
                 if isinstance(outcome, Failure):
                     failure = outcome
@@ -405,18 +420,24 @@ class LLMClient(MessageBatchMethods):
                             failure = Failure("invalid", exc.message, response=outcome, cause=exc)
                         else:
                             self._gates.succeeded(admission)
-                            return _Sent(value, attempt, admitted_at)
+                            return _Sent(value, attempt, admitted_at, billed + 1)
                     else:
-                        failure = Failure.status(outcome)
-                        if limited:
+                        failure = Failure.status(outcome, max_retry_after=self._max_retry_after)
+                        # An account out of credit is no reason to slow anyone: its run stops (core._stops).
+                        if limited and failure.lasting is None:
                             self._gates.rate_limited(failure, admission, limits=limits)
             finally:
                 # Released before any retry sleep, so a waiting request never holds a slot.
                 self._gates.release()
 
-            last = attempt > retries
+            billed += failure.maybe_billed
+            # A generation (a chat) is what costs: a lost one is tried again once. A file's transfer cut short is
+            # retried as any connection error.
+            lost += paced and failure.lost_generation
+            last = attempt > retries or lost > LOST_GENERATION_RETRIES
             if not failure.retryable or (last and find_lost is None):
-                raise self._gave_up(failure, method=method, path=path, attempts=attempt) from failure.cause
+                raise self._gave_up(failure, method=method, path=path, attempts=attempt, billed=billed,
+                                    lost=lost) from failure.cause
             delay = retry_delay(
                 retries_taken=attempt - 1,
                 headers=failure.headers,
@@ -435,13 +456,18 @@ class LLMClient(MessageBatchMethods):
                 if found is not None:
                     return _Sent(found, attempt, admitted_at)
                 if last:
-                    raise self._gave_up(failure, method=method, path=path, attempts=attempt) from failure.cause
+                    raise self._gave_up(failure, method=method, path=path, attempts=attempt, billed=billed,
+                                        lost=lost) from failure.cause
 
-    def _gave_up(self, failure: Failure, *, method: str, path: str, attempts: int) -> APIError:
-        """The error a call that gives up raises: what happened, and what to change."""
+    def _gave_up(
+        self, failure: Failure, *, method: str, path: str, attempts: int, billed: int = 0, lost: int = 0
+    ) -> APIError:
+        """The error a call that gives up raises: what happened, and what to change; ``billed`` and ``lost``: its
+        attempts the provider may have billed, and those whose generation was lost."""
         return final_error(
             failure, method=method, path=path, attempts=attempts, base_url=self._display_url, secret=self._secrets,
             hints=self._wire.hints, unusable_hint=self._wire.unusable_hint, url_setting=self._wire.url_setting,
+            maybe_billed=billed, lost=lost,
         )
 
     async def _send_once(
@@ -451,9 +477,13 @@ class LLMClient(MessageBatchMethods):
         # The transport only bounds each socket read; a server that trickles bytes, or a pool that
         # never frees a connection, must not stretch an attempt past its deadline.
         deadline = self._deadlines.within(timeout)
+        response: httpx.Response | None = None
         try:
             async with deadline:
-                response = await self._transport.handle_async_request(request)
+                try:
+                    response = await self._transport.handle_async_request(request)
+                except BodyCut as cut:
+                    return Failure.cut(cut.status_code, cut)
                 try:
                     if stream_to is not None and response.is_success:
                         await save_body(response, stream_to)
@@ -466,6 +496,7 @@ class LLMClient(MessageBatchMethods):
         except httpx.DecodingError as exc:
             return Failure("invalid", f"the body could not be decoded: {exc}", cause=exc)
         except (httpx.TransportError, OSError) as exc:
-            return Failure.transport(exc)
+            # With the status line in hand, the answer was cut off; before it, there was none.
+            return Failure.transport(exc) if response is None else Failure.cut(response.status_code, exc)
         return response
 

@@ -11,13 +11,29 @@ from __future__ import annotations
 import asyncio
 from types import TracebackType
 
-__all__ = ["Deadlines"]
+__all__ = ["SECONDS_PER_OUTPUT_TOKEN", "Deadlines", "attempt_deadline"]
+
+# How long a generation may take per token of maximum output: Anthropic's SDK expects at most an hour for 128,000
+# output tokens (``_calculate_nonstreaming_timeout``: 60 * 60 * max_tokens / 128_000, about 35.6 tokens a second).
+SECONDS_PER_OUTPUT_TOKEN = 3600 / 128_000
 
 # The longest wait between two looks: deadlines are seconds to minutes long.
 MAX_RESOLUTION = 1.0
 MIN_RESOLUTION = 0.001
 # A deadline is looked at this many times over its length, at least.
 LOOKS_PER_DEADLINE = 10
+
+
+def attempt_deadline(*, max_output: int | None, floor: float) -> float:
+    """Seconds one attempt of a request may take: ``floor`` (the request timeout), grown for a maximum output a
+    generation needs longer for, at ``SECONDS_PER_OUTPUT_TOKEN`` (a 64,000-token cap: 1,800 s).
+
+    Anthropic's SDK keeps a flat 600 s and refuses a non-streaming request whose cap says it may need more (over
+    21,333 tokens); llm-dispatch does not stream, so it waits as long as the cap says instead.
+    """
+    if max_output is None or max_output <= 0:
+        return floor
+    return max(floor, max_output * SECONDS_PER_OUTPUT_TOKEN)
 
 
 class Deadlines:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from ._exceptions import APIError
+from ._stops import RunStop
 from ._types import ChatRequest, ChatResult
 
 __all__ = [
@@ -49,7 +50,12 @@ class ResultSink(Protocol):
         self, *, prompt_ids: Sequence[int], result: ChatResult, route: str = "realtime", model: str | None = None
     ) -> None: ...
 
-    async def failure(self, *, prompt_ids: Sequence[int], error: BaseException, final: bool = True) -> None: ...
+    async def failure(
+        self, *, prompt_ids: Sequence[int], error: BaseException, final: bool = True, model: str | None = None
+    ) -> None: ...
+
+    # Prompts marked in flight and then not sent (a ``RunStop`` stopped their provider or model): pending again.
+    async def release(self, *, prompt_ids: Sequence[int]) -> int: ...
 
 
 @dataclass(slots=True)
@@ -84,14 +90,21 @@ class DispatchOutcome:
     succeeded: int = 0
     failed: int = 0
     failed_by_class: Counter[str] = field(default_factory=Counter)
+    # Answered with a refusal (counted apart from ``succeeded``).
+    refused: int = 0
+    # Not sent: their provider or model was stopped (``RunStop``); left pending.
+    left: int = 0
 
     def add(self, other: DispatchOutcome) -> None:
         self.succeeded += other.succeeded
         self.failed += other.failed
+        self.refused += other.refused
+        self.left += other.left
         self.failed_by_class.update(other.failed_by_class)
 
     def as_dict(self) -> dict[str, object]:
-        return {"succeeded": self.succeeded, "failed": self.failed, "failed_by_class": dict(self.failed_by_class)}
+        return {"succeeded": self.succeeded, "refused": self.refused, "failed": self.failed, "left": self.left,
+                "failed_by_class": dict(self.failed_by_class)}
 
 
 async def send_all(
@@ -102,11 +115,14 @@ async def send_all(
     concurrency: int,
     progress: Progress | None = None,
     on_dispatched: Callable[[], None] | None = None,
+    stop: RunStop | None = None,
 ) -> DispatchOutcome:
     """Send every item with at most ``concurrency`` requests in flight; persist each as it completes.
 
-    Provider errors are recorded as failures and do not stop the others; an error of the sink
-    (the database) does stop everything, since results could no longer be kept.
+    Provider errors are recorded as failures and do not stop the others, unless ``stop`` (the run's) stops
+    their provider or model (a refused key, an account out of credit, an unknown model): its items are then
+    not sent, and their prompts are released to pending. An error of the sink (the database) does stop
+    everything, since results could no longer be kept.
     ``on_dispatched`` is called once, when at most two rounds (2 x ``concurrency`` items) are left
     to finish: at full speed, two latency periods before this call runs dry, time for a caller to
     start the next batch of work so the limit never idles between batches. It is counted in answers
@@ -130,31 +146,51 @@ async def send_all(
             signalled = True
             on_dispatched()
 
+    left: list[WorkItem] = []
+
+    async def send(item: WorkItem) -> None:
+        model = item.request.model
+        if progress is not None:
+            progress.in_flight += 1
+        try:
+            result = await client.chat(item.request)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - every failure is recorded, none is lost
+            if not isinstance(exc, APIError):
+                logger.exception("unexpected error sending prompt ids %s", item.prompt_ids[:3])
+            if stop is not None:
+                await stop.failed(model, exc)
+            await sink.failure(prompt_ids=item.prompt_ids, error=exc, final=True, model=model)
+            outcome.failed += len(item.prompt_ids)
+            outcome.failed_by_class[type(exc).__name__] += len(item.prompt_ids)
+            if progress is not None:
+                progress.failed += 1
+        else:
+            if stop is not None:
+                await stop.answered(model)
+            await sink.success(prompt_ids=item.prompt_ids, result=result, model=model)
+            if result.refusal is None:
+                outcome.succeeded += len(item.prompt_ids)
+            else:
+                outcome.refused += len(item.prompt_ids)
+            if progress is not None:
+                progress.succeeded += 1
+        finally:
+            if progress is not None:
+                progress.in_flight -= 1
+
     async def worker() -> None:
         nonlocal finished
         for item in pending:
-            if progress is not None:
-                progress.in_flight += 1
-            try:
-                result = await client.chat(item.request)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - every failure is recorded, none is lost
-                if not isinstance(exc, APIError):
-                    logger.exception("unexpected error sending prompt ids %s", item.prompt_ids[:3])
-                await sink.failure(prompt_ids=item.prompt_ids, error=exc, final=True)
-                outcome.failed += len(item.prompt_ids)
-                outcome.failed_by_class[type(exc).__name__] += len(item.prompt_ids)
-                if progress is not None:
-                    progress.failed += 1
+            if stop is None:
+                await send(item)
             else:
-                await sink.success(prompt_ids=item.prompt_ids, result=result, model=item.request.model)
-                outcome.succeeded += len(item.prompt_ids)
-                if progress is not None:
-                    progress.succeeded += 1
-            finally:
-                if progress is not None:
-                    progress.in_flight -= 1
+                async with stop.turn(item.request.model) as go:
+                    if go:
+                        await send(item)
+                    else:
+                        left.append(item)
             finished += 1
             if finished >= low_water:
                 dispatched()
@@ -166,4 +202,9 @@ async def send_all(
                 group.create_task(worker())
     finally:
         dispatched()  # also with nothing to send, or when the run fails: the caller must not wait forever
+    if left:
+        await sink.release(prompt_ids=[pid for item in left for pid in item.prompt_ids])
+        for item in left:
+            outcome.left += len(item.prompt_ids)
+            stop.left(item.request.model, len(item.prompt_ids))  # type: ignore[union-attr]
     return outcome

@@ -34,6 +34,7 @@ this drawing names every class below and nothing else.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from ._retry import should_retry_status
 
@@ -157,9 +158,18 @@ class BatchConflictError(LLMDispatchError, ValueError):
 
 
 class APIError(LLMDispatchError):
-    """A provider call that failed; ``attempts`` counts the HTTP attempts made, retries included."""
+    """A provider call that failed; ``attempts`` counts the HTTP attempts made, retries included.
+
+    ``retryable``: whether a later run may send it again. ``usage``: what a 2xx that carried no usable answer
+    said it used (a ``ChatResult`` with no text), so that its cost is stored; None otherwise. ``maybe_billed``:
+    how many of its attempts the provider may have billed (a 2xx, a generation that timed out or was cut off).
+    ``raw_body``: the start of a 2xx body that was no answer, kept for inspection.
+    """
 
     retryable: bool = False
+    usage: Any = None
+    maybe_billed: int = 0
+    raw_body: str | None = None
 
     def __init__(self, message: str, *, attempts: int = 1) -> None:
         super().__init__(message)
@@ -176,11 +186,19 @@ class APITimeoutError(APIConnectionError):
 
 
 class APIResponseValidationError(APIError):
-    # A garbled body is usually a proxy or a provider hiccup, so it is retried like a 5xx.
-    retryable = True
+    # A 2xx was answered, and may have been billed: like openai-python and Anthropic's SDK, never sent again
+    # (``--retry-failed all`` does).
+    retryable = False
 
 
 class APIStatusError(APIError):
+    """``code``: the provider's machine-readable reason (OpenAI's error.code, Anthropic's error type or its
+    details.error_code); ``lasting``: set (``core._stops.LastingKind``) when every other request of the run would
+    get the same answer, which the run stops on. Such a prompt is sent again by a later run, once it is fixed."""
+
+    code: str | None = None
+    lasting: str | None = None
+
     def __init__(
         self, message: str, *, status_code: int, request_id: str | None = None, attempts: int = 1,
         retryable: bool | None = None,

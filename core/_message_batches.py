@@ -67,14 +67,16 @@ class MessageBatchMethods:
         requests: Iterable[Mapping[str, Any]],
         max_retries: int | None = None,
         find_lost: Callable[[], Awaitable[BatchInfo | None]] | None = None,
+        timeout: float | None = None,
     ) -> BatchInfo:
         """Create a batch of ``requests`` (``{"custom_id", "params"}`` each; any iterable, read once, in a worker
         thread). ``max_retries`` and ``find_lost`` are ``create_batch``'s: a create that may have worked without
-        saying so is looked up before it is tried again."""
+        saying so is looked up before it is tried again. The body is the whole batch (up to 256 MB), so one
+        attempt has the upload deadline (``timeout``, default the client's file timeout), not a chat's."""
         self._need_anthropic()
         body = await asyncio.to_thread(message_batch_body, requests)
         sent = await self._request("POST", MESSAGE_BATCHES_PATH, json_body=body, parse=parse_message_batch,
-                                   max_retries=max_retries, find_lost=find_lost)
+                                   max_retries=max_retries, find_lost=find_lost, timeout=self._transfer_timeout(timeout))
         return sent.value  # type: ignore[no-any-return]
 
     async def retrieve_message_batch(self, batch_id: str) -> BatchInfo:

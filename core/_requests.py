@@ -56,13 +56,15 @@ class RequestBuilder:
         data: Mapping[str, Any] | None = None,
         params: Mapping[str, str] | None = None,
         deadline: float | None = None,
+        silent: bool = False,
     ) -> httpx.Request:
         """A request with its body read and its headers complete; ``params`` merge with the base URL's query.
         ``json_body`` is a JSON body encoded already (one too large to hold as objects). ``deadline``: the
-        attempt's own, when it has one (a read timeout no shorter than it is left out)."""
+        attempt's own, when it has one (a read timeout no shorter than it is left out). ``silent``: no byte of the
+        answer comes before it is whole (a completion, a batch created), so only the deadline bounds its reads."""
         url = self._url(path, params)
         extensions = self._extensions
-        if deadline is not None and self.read_timeout is not None and deadline <= self.read_timeout:
+        if deadline is not None and (silent or self.read_timeout is not None and deadline <= self.read_timeout):
             extensions = self._deadline_extensions
         if files is not None or data is not None:
             return httpx.Request(method, url, headers=self._headers, files=files, data=data, extensions=extensions)

@@ -1,6 +1,7 @@
 """Reading the provider's answers: chat completions, files, batches and error bodies, from ``httpx.Response``.
 
-A parser raises ``APIResponseValidationError`` for a 2xx body it cannot use, which the client retries.
+A parser raises ``APIResponseValidationError`` for a 2xx body it cannot use, which the client never sends again (the
+answer may have been billed); it carries the usage the body reported, when it reported any.
 """
 
 from __future__ import annotations
@@ -22,12 +23,14 @@ __all__ = [
     "chat_result_from_body",
     "error_code",
     "error_detail",
+    "error_reason",
     "parse_batch_info",
     "parse_answer",
     "parse_batch_page",
     "parse_chat",
     "parse_file_info",
     "parse_json",
+    "reported_usage",
     "save_body",
 ]
 
@@ -71,15 +74,33 @@ def parse_answer(response: httpx.Response, read: Callable[[Any], Chat | None], *
     chat = read(body)
     if chat is None:
         detail = error_detail(response) if isinstance(body, dict) and body.get("error") else _snippet(response)
-        raise APIResponseValidationError(f"the body has {what}: {detail}")
+        error = APIResponseValidationError(f"the body has {what}: {detail}")
+        error.usage = reported_usage(body, read=read)
+        raise error
     return chat
+
+
+def reported_usage(body: Any, *, read: Callable[[Any], Chat | None]) -> ChatResult | None:
+    """What a body with no usable answer says it used (its ``usage`` read as ``read`` reads an answer's), or None
+    when it says nothing: ``{"choices": []}`` with usage, an error object with usage, a Message without content."""
+    if not isinstance(body, dict) or not isinstance(body.get("usage"), dict):
+        return None
+    # The answer's own reader on an empty answer of the same shape: one rule for what each usage field means.
+    chat = read({**body, "choices": [{"message": {}}], "content": []})
+    if chat is None:
+        return None
+    usage = chat.result
+    usage.text, usage.finish_reason, usage.tool_calls, usage.refusal = None, None, None, None
+    return usage if usage.prompt_tokens or usage.completion_tokens else None
 
 
 def chat_result_from_body(body: Any, *, latency_s: float = 0.0, attempts: int = 1) -> ChatResult:
     """A ``ChatResult`` from a chat.completion body read elsewhere (a batch output line), parsed as ``chat`` does."""
     chat = _chat_from_body(body)
     if chat is None:
-        raise APIResponseValidationError(f"the body has no choices[0].message: {str(body)[:_SNIPPET_CHARS]!r}")
+        error = APIResponseValidationError(f"the body has no choices[0].message: {str(body)[:_SNIPPET_CHARS]!r}")
+        error.usage = reported_usage(body, read=_chat_from_body)
+        raise error
     return chat.finished(latency_s=latency_s, attempts=attempts)
 
 
@@ -108,6 +129,24 @@ def error_code(response: httpx.Response) -> str | None:
     error = body.get("error") if isinstance(body, dict) else None
     code = error.get("code") if isinstance(error, dict) else None
     return code if isinstance(code, str) else None
+
+
+def error_reason(response: httpx.Response) -> str | None:
+    """The most precise machine-readable reason an error body gives: Anthropic's ``error.details.error_code``
+    (``enforced_spend_limit_reached``), else the error's ``code`` (OpenAI's ``insufficient_quota``,
+    ``invalid_api_key``), else its ``type`` (Anthropic's ``billing_error``, ``authentication_error``)."""
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    error = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(error, dict):
+        return None
+    details = error.get("details")
+    for value in (details.get("error_code") if isinstance(details, dict) else None, error.get("code"), error.get("type")):
+        if isinstance(value, str) and value:
+            return value
+    return None
 
 
 def error_detail(response: httpx.Response) -> str:
@@ -160,6 +199,7 @@ def _chat_from_body(body: Any) -> Chat | None:
     prompt_tokens = _count(usage.get("prompt_tokens"))
     completion_tokens = _count(usage.get("completion_tokens"))
     tier = body.get("service_tier")
+    refusal = message.get("refusal")
     result = ChatResult(
         text=_message_text(message.get("content")),
         finish_reason=first.get("finish_reason"),
@@ -173,8 +213,18 @@ def _chat_from_body(body: Any) -> Chat | None:
         cache_creation_tokens=_count(details.get("cache_write_tokens")),
         reasoning_tokens=_count(output.get("reasoning_tokens")) if isinstance(output, dict) else 0,
         service_tier=tier if isinstance(tier, str) else None,
+        tool_calls=_tool_calls(message.get("tool_calls")),
+        # An empty refusal is no refusal; any other value is the model's words (a string, as the API sends it).
+        refusal=None if refusal is None or refusal == "" else str(refusal),
     )
     return Chat(result, _count(usage.get("total_tokens")) or prompt_tokens + completion_tokens)
+
+
+def _tool_calls(calls: Any) -> list[dict[str, Any]] | None:
+    """The message's tool calls (function and custom) as the API wrote them; None when it makes none."""
+    if not isinstance(calls, list):
+        return None
+    return [call for call in calls if isinstance(call, dict)] or None
 
 
 def _count(value: Any) -> int:

@@ -8,6 +8,7 @@ from urllib.parse import urlsplit, urlunsplit
 from pydantic import AliasChoices, Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from ._constants import DEFAULT_FILE_TIMEOUT, DEFAULT_TIMEOUT
 from ._routing import RoutePolicy
 
 __all__ = [
@@ -97,7 +98,12 @@ class Settings(BaseSettings):
     api_key_block: str | None = None
     anthropic_api_key_block: str | None = None
 
-    request_timeout: float = Field(default=120.0, gt=0, description="seconds for one HTTP attempt")
+    request_timeout: float = Field(
+        default=DEFAULT_TIMEOUT, gt=0,
+        description="seconds for one HTTP attempt; a request with a larger maximum output gets 1 h per 128,000 tokens")
+    file_timeout: float = Field(
+        default=DEFAULT_FILE_TIMEOUT, gt=0,
+        description="seconds for one attempt of an upload, a download or a Message Batch create (at least request_timeout)")
     connect_timeout: float = Field(default=10.0, gt=0)
     max_retries: int = Field(default=5, ge=0)
     max_retry_after: float = Field(default=120.0, ge=0, description="longest Retry-After honoured, seconds")

@@ -17,7 +17,7 @@ import yarl
 from ._constants import DEFAULT_CONCURRENCY, DEFAULT_KEEPALIVE_EXPIRY
 from ._requests import header_pairs
 
-__all__ = ["AiohttpTransport", "default_transport", "raw_headers"]
+__all__ = ["AiohttpTransport", "BodyCut", "default_transport", "raw_headers"]
 
 # Bodies up to this size (with a Content-Length) are read in one call; larger or unsized ones stream.
 BUFFER_LIMIT = 8 * 1024 * 1024
@@ -41,6 +41,15 @@ _ERRORS: tuple[tuple[type[BaseException], type[httpx.TransportError]], ...] = (
     (aiohttp.ClientError, httpx.NetworkError),
     (OSError, httpx.NetworkError),
 )
+
+
+class BodyCut(httpx.ReadError):
+    """The answer's status line and headers came, then its body failed before it was whole: the request reached
+    the server, which answered (``status_code``); only the rest was lost."""
+
+    def __init__(self, message: str, *, status_code: int) -> None:
+        super().__init__(message)
+        self.status_code = status_code
 
 
 def default_transport(*, concurrency: int = DEFAULT_CONCURRENCY, tls: bool = True) -> AiohttpTransport:
@@ -114,7 +123,8 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
             # Cancelled (the attempt's deadline) or failed part way through: this connection cannot be reused.
             response.close()
             if isinstance(exc, Exception):
-                raise _httpx_error(exc)
+                cut = BodyCut(f"{type(exc).__name__}: {exc}".rstrip(": "), status_code=response.status)
+                raise cut from _httpx_error(exc)
             raise
         raw_headers = response.raw_headers
         if "Content-Encoding" in response.headers:

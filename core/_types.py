@@ -8,7 +8,11 @@ from typing import Any
 
 from ._json import canonical_json
 
-__all__ = ["ChatRequest", "ChatResult", "dedupe_key"]
+__all__ = ["TRUNCATED_FINISH_REASONS", "ChatRequest", "ChatResult", "dedupe_key"]
+
+# Answers cut short: at the request's cap (OpenAI's "length", Anthropic's "max_tokens") or at the model's context
+# window (Anthropic's "model_context_window_exceeded"). Reports flag them; the text is stored as it came.
+TRUNCATED_FINISH_REASONS = frozenset({"length", "max_tokens", "model_context_window_exceeded"})
 
 
 def dedupe_key(*, model: str, messages: list[dict[str, Any]], params: dict[str, Any]) -> str:
@@ -57,3 +61,13 @@ class ChatResult:
     # The service tier the answer says served it (OpenAI's service_tier; Anthropic's usage.service_tier, or
     # "fast" for its fast mode), which its price follows; None where the answer does not say.
     service_tier: str | None = None
+    # The tool calls the answer makes, in OpenAI's assistant-message shape (``{"id", "type": "function",
+    # "function": {"name", "arguments": <JSON text>}}``; Anthropic's tool_use blocks translated to it), so an
+    # answer can go back into a prompt file as an assistant turn. None when it makes none.
+    tool_calls: list[dict[str, Any]] | None = None
+    # Set when the model refused: OpenAI's message.refusal, or Anthropic's stop_details (a refusal stop). A
+    # refusal is stored as such (status ``refused``), never as an answer to reuse.
+    refusal: str | None = None
+    # The call's attempts the provider may have billed: this answer's (0 when the provider says it bills none:
+    # Anthropic's refusal before any output), and a generation lost before it (timed out or cut off).
+    maybe_billed: int = 1

@@ -32,7 +32,7 @@ ANTHROPIC_RATE_LIMIT_HEADERS = RateLimitHeaders(
     remaining="anthropic-ratelimit-{kind}-remaining",
     reset="anthropic-ratelimit-{kind}-reset",
 )
-ANTHROPIC_HINTS: Mapping[int, str] = {
+ANTHROPIC_HINTS: Mapping[int | str, str] = {
     **STATUS_HINTS,
     401: "Check the Anthropic API key (ANTHROPIC_API_KEY or LLM_DISPATCH_ANTHROPIC_API_KEY).",
     403: "The Anthropic key may not use this model or endpoint; check the workspace's access.",
@@ -41,6 +41,13 @@ ANTHROPIC_HINTS: Mapping[int, str] = {
     429: "Rate limited: lower LLM_DISPATCH_CONCURRENCY, set LLM_DISPATCH_RPM / LLM_DISPATCH_TPM, "
          "or check the Anthropic tier's limits.",
     529: "Anthropic is overloaded; try again later.",
+    # By reason (an error type, or a 429's details.error_code): the account's, so waiting does not help.
+    "billing_error": "Anthropic refused for billing (billing_error): check the organization's credit balance and "
+                     "payment details in the Anthropic Console (Settings > Billing).",
+    "enforced_spend_limit_reached": "The organization reached its monthly spend limit: raise it in the Anthropic "
+                                    "Console (Settings > Limits), or wait for the next month.",
+    "contract_spend_limit_reached": "The organization reached its contract's spend limit: see the Anthropic "
+                                    "Console (Settings > Limits) or your account team.",
 }
 _LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 
@@ -55,7 +62,7 @@ class Wire:
     chat_body: Callable[[ChatRequest], dict[str, Any]]
     parse_chat: Callable[[httpx.Response], Chat]
     rate_limit_headers: RateLimitHeaders
-    hints: Mapping[int, str] = field(default_factory=lambda: STATUS_HINTS)
+    hints: Mapping[int | str, str] = field(default_factory=lambda: STATUS_HINTS)
     unusable_hint: str = UNUSABLE_HINT
     # The setting that names the endpoint, for a message about a connection that failed.
     url_setting: str = "LLM_DISPATCH_BASE_URL"

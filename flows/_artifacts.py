@@ -125,6 +125,7 @@ async def publish_report(summary: DispatchSummary, *, logger: Logger) -> None:
             "route": route,
             "prompts": sum(statuses.values()),
             "succeeded": statuses.get("succeeded", 0),
+            "refused": statuses.get("refused", 0),
             "failed": statuses.get("failed", 0),
             "unfinished": unfinished(statuses),
             "prompt_tokens": cost.get("prompt_tokens", 0),
@@ -150,6 +151,9 @@ def report_markdown(report: dict[str, Any]) -> str:
         "| | |", "|---|---|",
         f"| prompts | {sum(report['counts'].values())} |",
         f"| succeeded | {report['counts'].get('succeeded', 0)} |",
+        f"| refused by the model | {report['counts'].get('refused', 0)} |",
+        f"| truncated answers (cut at max_tokens or the window) | {stats.get('truncated', 0)} |",
+        f"| answers with tool calls | {stats.get('tool_calls', 0)} |",
         f"| failed | {report['counts'].get('failed', 0)} |",
         f"| unfinished | {report['unfinished']} |",
         f"| latency p50 / p95 (real-time) | {_ms(stats.get('p50_latency_ms'))} / {_ms(stats.get('p95_latency_ms'))} |",
@@ -159,9 +163,15 @@ def report_markdown(report: dict[str, Any]) -> str:
     if "estimate" in report:
         lines.append(f"| estimate before sending | ${report['estimate']['total']:.6f} |")
     lines.append(f"| prices as of | {cost['prices_as_of']} |")
+    stopped = (report.get("realtime") or {}).get("stopped") or []
+    if stopped:
+        lines += ["", "## Stopped", ""] + [f"- {found['message']}" for found in stopped]
+        lines.append(f"- {report['realtime'].get('left', 0)} prompts left pending: fix that, then run the job again.")
     if report["failed_by_class"]:
-        lines += ["", "## Failures", "", "| class | prompts |", "|---|---|"]
-        lines += [f"| {name} | {n} |" for name, n in sorted(report["failed_by_class"].items())]
+        told = stats.get("failure_messages") or {}
+        lines += ["", "## Failures", "", "| class | prompts | what it said |", "|---|---|---|"]
+        lines += [f"| {name} | {n} | {told.get(name, '').replace('|', '/')} |"
+                  for name, n in sorted(report["failed_by_class"].items())]
     return "\n".join(lines) + "\n"
 
 

@@ -59,6 +59,7 @@ async def dispatch(
     concurrency_tag: str | None = None,
     dedupe: bool | None = None,
     retry_failed: RetryFailed = "retryable",
+    retry_refused: bool = False,
     base_url: str | None = None,
     anthropic_base_url: str | None = None,
     database_url: SecretStr | None = None,
@@ -80,7 +81,8 @@ async def dispatch(
     Re-running the same input resumes its job; ``new_job`` starts a new one. ``job_name`` names the job
     (and a re-run with the same name and input resumes it); a run started by a deployment's schedule is
     named after its input and the day it was scheduled for (``questions-2026-11-26``), so each night's
-    run of a fixed file is a job of its own.
+    run of a fixed file is a job of its own. ``retry_refused`` asks the prompts the model refused again (a
+    refusal is an answer, so ``retry_failed`` leaves them alone).
 
     ``shards`` > 1 splits the real-time half into that many runs of ``realtime_deployment`` on the work
     pool, so several workers share the job; they must reach the same database (Postgres by
@@ -95,8 +97,8 @@ async def dispatch(
         batch_poll_interval=batch_poll_interval, database_url=database_url,
     )
     summary = await run_dispatch(source=prompts, job_id=job_id, settings=settings, wait=wait, max_cost=max_cost,
-                                 retry_failed=retry_failed, shards=shards, realtime_deployment=realtime_deployment,
-                                 new_job=new_job, job_name=job_name)
+                                 retry_failed=retry_failed, retry_refused=retry_refused, shards=shards,
+                                 realtime_deployment=realtime_deployment, new_job=new_job, job_name=job_name)
     return summary.as_dict()
 
 
@@ -108,6 +110,7 @@ async def run_dispatch(
     wait: bool,
     max_cost: float | None = None,
     retry_failed: RetryFailed = "retryable",
+    retry_refused: bool = False,
     shards: int = 1,
     realtime_deployment: str = "realtime-dispatch/realtime",
     new_job: bool = False,
@@ -125,6 +128,10 @@ async def run_dispatch(
                                    name=job_name, new_job=new_job, retry_failed=retry_failed,
                                    rules=routing_rules(settings))
         run.clients.require(job.providers)  # a missing key stops the run here, before anything is sent
+        if retry_refused:
+            # Before the estimate, which then counts them.
+            reopened = await storage.reopen_refused(run.sessions, job_id=job.job_id)
+            logger.info("Job %s: %d refused prompts are asked again (--retry-refused).", job.job_id, reopened)
         estimate = await estimate_cost(sessions=run.sessions, job_id=job.job_id, table=table,
                                        typical_completion_tokens=settings.typical_completion_tokens,
                                        retry_failed=retry_failed, dedupe=settings.dedupe,

@@ -13,7 +13,7 @@ from pydantic import SecretStr
 
 from llm_dispatch import storage
 from llm_dispatch.jobs import ChunkFeed, ChunkSender, JobRun, RealtimeSummary, RecordedJob, Selection, open_run
-from llm_dispatch.core import ConfigError, RetryFailed, Route, Settings, current_progress, unfinished
+from llm_dispatch.core import ConfigError, RetryFailed, Route, RunStop, Settings, current_progress, unfinished
 from llm_dispatch.tasks import chunk_sender, record_prompts
 
 from ._artifacts import ProgressBoard, job_label
@@ -31,6 +31,7 @@ async def realtime_dispatch(
     concurrency_tag: str | None = None,
     dedupe: bool | None = None,
     retry_failed: RetryFailed = "retryable",
+    retry_refused: bool = False,
     base_url: str | None = None,
     anthropic_base_url: str | None = None,
     database_url: SecretStr | None = None,
@@ -43,8 +44,9 @@ async def realtime_dispatch(
     """Send every unfinished prompt of the input (or of job ``job_id``) as real-time calls.
 
     Re-running the same input, or passing ``job_id``, resumes: a prompt that succeeded is never
-    sent again, and an identical request already answered is reused unless ``dedupe`` is False.
-    ``new_job`` starts a new job instead; ``job_name`` names it (see ``dispatch``).
+    sent again, and an identical request already answered is reused unless ``dedupe`` is False; a refused one
+    is asked again only with ``retry_refused``. ``new_job`` starts a new job instead; ``job_name`` names it (see
+    ``dispatch``).
     ``planned_route`` sends only prompts routed there; ``shard``/``shards`` only one share of them
     (the ``dispatch`` flow's scale-out across workers runs one shard per deployment run).
     """
@@ -68,6 +70,8 @@ async def realtime_dispatch(
         run.clients.require(job.providers)  # a missing key stops the run here, before anything is sent
         if not job.rest:
             await storage.set_job_status(run.sessions, job_id=job.job_id, status="running")
+        if retry_refused and part is None:  # the dispatch flow reopens them for its shards
+            await storage.reopen_refused(run.sessions, job_id=job.job_id)
         selection = Selection(retry_failed=retry_failed, planned_route=planned_route, shard=part)
         summary = await send_realtime(run=run, job=job, selection=selection, started=started)
     return summary.as_dict()
@@ -94,11 +98,13 @@ async def send_realtime(
     begun = time.monotonic()
     started = begun if started is None else started
     progress = current_progress.get()
+    stop = RunStop(provider_of=run.clients.provider_of)
     async with storage.ResultWriter(run.sessions, job_id=job.job_id, prices=run.prices) as writer:
         board = ProgressBoard(job=job_label(name=job.name, job_id=job.job_id), logger=logger)
         sender = ChunkSender(
             send=chunk_sender(tag=settings.concurrency_tag), client=run.clients, writer=writer, sessions=run.sessions,
             concurrency=settings.concurrency, per_chunk=settings.per_chunk_concurrency, on_chunk_done=board.update,
+            stop=stop,
         )
         feed = ChunkFeed(
             job=job, sessions=run.sessions, sink=writer, chunk_size=settings.chunk_size, dedupe=settings.dedupe,
@@ -107,6 +113,10 @@ async def send_realtime(
         first_at: float | None = None
         async with sender:
             async for chunk in feed:
+                if job.providers and all(stop.provider_stopped(provider) for provider in job.providers):
+                    if job.rest:
+                        continue  # the feed still stores the rest of the job, to be sent by the next run
+                    break
                 if first_at is None:
                     first_at = time.monotonic()
                     _log_plan(logger, job=job, feed=feed)
@@ -125,12 +135,23 @@ async def send_realtime(
                                  status="running" if unfinished(counts) else "finished")
     outcome = sender.outcome
     first_at = sent_at if first_at is None else first_at
-    logger.info("Job %s: %d prompts sent, %d succeeded, %d failed; %d answered from storage; %d left unfinished.",
-                job.job_id, outcome.succeeded + outcome.failed, outcome.succeeded, outcome.failed, feed.reused,
+    sent = outcome.succeeded + outcome.refused + outcome.failed
+    logger.info("Job %s: %d prompts sent, %d succeeded, %d refused, %d failed; %d answered from storage; %d left "
+                "unfinished.", job.job_id, sent, outcome.succeeded, outcome.refused, outcome.failed, feed.reused,
                 unfinished(counts))
+    stopped = [{"scope": found.scope, "error_class": type(found.error).__name__, "answers": found.answers,
+                "message": found.describe()} for found in stop.stopped.values()]
+    # This run's prompts that were neither answered nor failed: left pending by the stop.
+    left = max(0, feed.expected_prompts - sent) if stopped else 0
+    for found in stopped:
+        logger.warning("Job %s: %s", job.job_id, found["message"])
+    if stopped:
+        logger.warning("Job %s: %d prompts left pending; fix that, then run the same input again to send them.",
+                       job.job_id, left)
     return RealtimeSummary(
-        job_id=job.job_id, resumed=job.resumed, prompts=job.total, sent_prompts=outcome.succeeded + outcome.failed,
+        job_id=job.job_id, resumed=job.resumed, prompts=job.total, sent_prompts=sent,
         reused=feed.reused, counts=counts, failed_by_class=dict(outcome.failed_by_class), stats=stats,
+        stopped=stopped, left=left,
         wall_s=time.monotonic() - started, send_s=sent_at - first_at,
         phases_s={"record": begun - started, "plan": first_at - begun, "send": sent_at - first_at},
     )

@@ -6,8 +6,10 @@ After ``ingest_batch`` each member of the batch is exactly one of:
 * succeeded (route ``batch``; identical prompts sharing the line get ``reused``);
 * failed, with the provider's reason: a line refused for good (a 400, say), a batch that failed
   validation, or a batch the user cancelled;
-* pending again, to be sent once more: a retryable line error (429, 5xx, ``batch_expired``) or a line
-  an expired or provider-cancelled batch never reached. Its route stays ``batch`` while its deadline
+* pending again, to be sent once more: a retryable line error (429, 5xx; per provider, see
+  ``core._line_errors``: OpenAI's ``batch_expired``, ``batch_cancelled``, ``request_timeout``, Anthropic's
+  ``api_error``, ``overloaded_error``, ``rate_limit_error``, ``timeout_error``, ``canceled``, ``expired``) or a
+  line an expired or provider-cancelled batch never reached. Its route stays ``batch`` while its deadline
   leaves room for another 24-hour window and it has been in fewer than ``max_submissions`` batches;
   otherwise it is re-routed to real-time, with the reason stored.
 """
@@ -46,8 +48,9 @@ BATCH_WINDOW: Final = timedelta(hours=24)
 # Provider errors quoted in a failed batch's message.
 QUOTED_ERRORS: Final = 3
 READ_SLICE: Final = 5000
-# Line errors that mean "never answered, the batch was stopped" (Anthropic's ``canceled`` result lines).
-CANCELLED_LINES: Final = frozenset({"canceled"})
+# Line errors that mean "never answered, the batch was stopped": Anthropic's ``canceled`` result lines, OpenAI's
+# ``batch_cancelled`` error lines.
+CANCELLED_LINES: Final = frozenset({"canceled", "batch_cancelled"})
 STORE_SLICE: Final = 5000
 
 
@@ -159,7 +162,7 @@ async def ingest_batch(
                     waiting[line.custom_id] = ids  # unanswered because the user cancelled: failed below
                 elif line.result is not None:
                     answers.append((ids, line.result))
-                elif await _settle_failure(writer, line, ids, outcome=outcome):
+                elif await _settle_failure(writer, line, ids, outcome=outcome, model=record.model):
                     again.extend(ids)
             if len(answers) >= STORE_SLICE:
                 await store_answers()
@@ -201,19 +204,23 @@ async def ingest_batch(
 
 
 async def _settle_failure(
-    writer: storage.ResultWriter, line: BatchLine, ids: list[int], *, outcome: IngestOutcome
+    writer: storage.ResultWriter, line: BatchLine, ids: list[int], *, outcome: IngestOutcome, model: str
 ) -> bool:
     """Store a line's error for its prompts; returns whether they are to be sent again (a retryable
     error: in another batch, or real-time once over the limit)."""
     code = line.error_code or "unknown_error"
     message = f"batch line {line.custom_id}: {line.error_message or code}"
     error: BaseException
-    if line.status_code is not None:
+    if line.status_code is not None and not 200 <= line.status_code < 300:
         error = status_error_class(line.status_code)(message, status_code=line.status_code)
     else:
+        # A line error code, or a 2xx that carried no answer (billed, so ``line.retryable`` is False).
         error = BatchLineError(message, code=code, retryable=line.retryable)
+        error.usage, error.raw_body = line.usage, line.raw_body
+        # Billed, or billing not said (a request that ran and timed out): counted as possibly billed.
+        error.maybe_billed = 0 if line.billed is False else 1
     # Not final: the prompts go back to pending (history kept) and are sent again.
-    await writer.failure(prompt_ids=ids, error=error, final=not line.retryable, route="batch")
+    await writer.failure(prompt_ids=ids, error=error, final=not line.retryable, route="batch", model=model)
     if line.retryable:
         outcome.resend += len(ids)
     else:

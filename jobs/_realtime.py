@@ -11,7 +11,7 @@ from types import TracebackType
 from typing import Any, Protocol
 
 from llm_dispatch import storage
-from llm_dispatch.core import ChatRequest, ChatSender, DispatchOutcome, ResultSink, RoutingRules
+from llm_dispatch.core import ChatRequest, ChatSender, DispatchOutcome, ResultSink, RoutingRules, RunStop
 
 from ._plan import RealtimePlan, Selection, chunk_size_for, plan_realtime
 from ._record import RecordedJob, StoredSlice, store_rest
@@ -173,6 +173,7 @@ class SendChunk(Protocol):
         concurrency: int,
         before_send: Callable[[], Awaitable[None]],
         on_dispatched: Callable[[], None],
+        stop: RunStop | None,
     ) -> DispatchOutcome: ...
 
 
@@ -202,8 +203,10 @@ class ChunkSender:
         concurrency: int,
         per_chunk: int,
         on_chunk_done: Callable[[DispatchOutcome], Awaitable[object]] | None = None,
+        stop: RunStop | None = None,
     ) -> None:
         self._send, self._client, self._writer, self._sessions = send, client, writer, sessions
+        self.stop = stop
         self._per_chunk = per_chunk
         self._lane_count = math.ceil(concurrency / per_chunk)
         self._lanes = asyncio.Semaphore(self._lane_count)
@@ -258,7 +261,7 @@ class ChunkSender:
             outcome = await self._send(
                 number=number, of=max(of, number), chunk=chunk, client=self._client, sink=self._writer,
                 sessions=self._sessions, concurrency=self._per_chunk, before_send=enter_lane,
-                on_dispatched=leave_lane,
+                on_dispatched=leave_lane, stop=self.stop,
             )
         finally:
             leave_lane()

@@ -30,10 +30,15 @@ class RealtimeSummary:
     wall_s: float
     send_s: float
     phases_s: dict[str, float]
+    # Providers or models whose requests the run stopped (``core.RunStop``): scope, error class, how many
+    # identical answers, and the line that says what to fix; and how many prompts were left pending for it.
+    stopped: list[dict[str, Any]] = field(default_factory=list)
+    left: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "job_id": self.job_id, "resumed": self.resumed, "prompts": self.prompts,
+            "stopped": [dict(found) for found in self.stopped], "left": self.left,
             "sent_prompts": self.sent_prompts, "reused": self.reused, "counts": dict(self.counts),
             "failed_by_class": dict(self.failed_by_class), "stats": self.stats.as_dict(),
             "wall_s": round(self.wall_s, 3), "send_s": round(self.send_s, 3),

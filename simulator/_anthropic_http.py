@@ -21,11 +21,13 @@ __all__ = [
     "error_payload",
     "ratelimit_headers",
     "rfc3339",
+    "spend_limit_error",
 ]
 
 ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
+    402: "billing_error",
     403: "permission_error",
     404: "not_found_error",
     413: "request_too_large",
@@ -33,12 +35,14 @@ ERROR_TYPES = {
     500: "api_error",
     502: "api_error",
     503: "api_error",
+    504: "timeout_error",
     529: "overloaded_error",
 }
 # What a forced status says when its caller has nothing more precise.
 _FAULT_MESSAGES = {
     400: "Simulated bad request (simulator fault 400).",
     401: "invalid x-api-key (simulator fault 401).",
+    402: "Your credit balance is too low to access the Anthropic API (simulator fault 402).",
     403: "Your API key does not have permission to use the specified resource (simulator fault 403).",
     404: "The requested resource could not be found (simulator fault 404).",
     413: "Request exceeds the maximum allowed number of bytes (simulator fault 413).",
@@ -46,6 +50,7 @@ _FAULT_MESSAGES = {
     500: "Internal server error",
     502: "Bad gateway.",
     503: "Service unavailable.",
+    504: "The request timed out while processing. Consider using streaming for long-running requests.",
     529: "Overloaded",
 }
 _RETRY_AFTER_STATUSES = frozenset({429, 529})
@@ -70,6 +75,15 @@ def anthropic_error(
     if headers:
         all_headers.update(headers)
     return json_response(error_payload(status, message), status=status, headers=all_headers)
+
+
+def spend_limit_error() -> web.Response:
+    """Anthropic's 429 for an organization past its monthly spend limit: no retry-after (waiting does not help),
+    ``error.details.error_code`` saying why."""
+    payload = error_payload(429, "You have reached your specified API usage limits. You will regain access on "
+                                 "the first of next month (simulator fault insufficient_quota).")
+    payload["error"]["details"] = {"error_code": "enforced_spend_limit_reached"}
+    return json_response(payload, status=429)
 
 
 def rfc3339(unix_time: float) -> str:

@@ -11,8 +11,14 @@ from typing import NamedTuple
 from aiohttp import web
 
 from ._checks import invalid_request, model_not_found
-from ._config import FAULTS
-from ._http import client_error_response, dropped_response, error_response, server_error_response
+from ._config import ANSWER_KINDS, FAULTS
+from ._http import (
+    client_error_response,
+    dropped_response,
+    error_response,
+    insufficient_quota_response,
+    server_error_response,
+)
 from ._markers import marker_pattern
 
 __all__ = [
@@ -23,6 +29,8 @@ __all__ = [
     "LINE_ERROR_MARKER",
     "LINE_FAULTS",
     "LINE_MARKER",
+    "LINE_STOPS",
+    "OPENAI_LINE_CODES",
     "SIM_FAULT_KEY",
     "BatchFault",
     "fault_text",
@@ -36,8 +44,13 @@ __all__ = [
 CREATE_ANSWER_FAULTS = frozenset({"create_lost_hang", "create_lost_drop", "create_lost_502"})
 BATCH_FAULTS = frozenset({"expire", "fail_validation", "slow_finalizing", "hang_create"}) | CREATE_ANSWER_FAULTS
 LINE_ERROR_MARKER = "line_error"
+# A line the provider stopped without an answer, each in its API's words: OpenAI's error lines request_timeout,
+# batch_cancelled and batch_expired; Anthropic's errored timeout_error, and canceled and expired results.
+LINE_STOPS = frozenset({"line_timeout", "line_cancelled", "line_expired"})
+OPENAI_LINE_CODES = {"line_timeout": "request_timeout", "line_cancelled": "batch_cancelled",
+                     "line_expired": "batch_expired", LINE_ERROR_MARKER: "simulated_line_error"}
 SIM_FAULT_KEY = "sim_fault"
-LINE_FAULTS = FAULTS | {LINE_ERROR_MARKER}
+LINE_FAULTS = FAULTS | ANSWER_KINDS | LINE_STOPS | {LINE_ERROR_MARKER}
 LINE_MARKER = marker_pattern(LINE_FAULTS)
 DEFAULT_EXPIRE_FRACTION = 0.5
 HANG_CREATE_SECONDS = 3600.0
@@ -89,9 +102,11 @@ def line_fault_response(fault: str, *, model: str) -> web.Response:
             status=429, type="requests", code="rate_limit_exceeded",
             message=f"Rate limit reached for {model} in organization org-simulator on requests per min (RPM) "
                     "(simulator fault 429).")
-    if fault in ("403", "413"):
+    if fault == "insufficient_quota":
+        return insufficient_quota_response()
+    if fault in ("402", "403", "413"):
         return client_error_response(int(fault))
-    if fault in ("503", "529"):
+    if fault in ("503", "504", "529"):
         return server_error_response(int(fault))
     return server_error_response(500)
 

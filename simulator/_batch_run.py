@@ -18,12 +18,13 @@ from llm_dispatch.core import OPENAI_BATCH_LIMITS, BatchLimits
 
 from ._batch_faults import (
     DEFAULT_EXPIRE_FRACTION,
-    LINE_ERROR_MARKER,
     LINE_FAULTS,
     LINE_MARKER,
+    OPENAI_LINE_CODES,
     line_fault_response,
 )
 from ._batch_store import TERMINAL, Batch, BatchStore, BatchWork, Sink, now
+from ._config import ANSWER_KINDS
 from ._checks import invalid_request, model_not_found, unknown_marker, validate_chat_body
 from ._completions import body_digest, plan_completion, render_completion
 from ._http import json_dumps
@@ -243,15 +244,18 @@ class BatchRun(BatchWork):
                                       param="body", code="invalid_value")
             return False, self._response_line(custom_id, refused.status, refused.body)
         digest = body_digest(raw, state=state)
+        kind = None
         if MARKER_BYTES in raw:
             forced = self._marker_fault(body, digest)
-            if forced == LINE_ERROR_MARKER:
+            if forced in OPENAI_LINE_CODES:
                 return False, _error_line(custom_id, {
-                    "code": "simulated_line_error",
-                    "message": "This request failed inside the batch (simulator marker [[sim:line_error]])."})
+                    "code": OPENAI_LINE_CODES[forced],  # type: ignore[index]
+                    "message": f"This request was stopped inside the batch (simulator marker [[sim:{forced}]])."})
             if isinstance(forced, web.Response):
                 return False, self._response_line(custom_id, forced.status, forced.body)
-            if forced is not None:
+            if forced in ANSWER_KINDS:
+                kind = forced  # a batch line has no latency or connection: slow and cut are plain answers
+            elif forced is not None:
                 refused = line_fault_response(forced, model=str(body.get("model")))
                 return False, self._response_line(custom_id, refused.status, refused.body)
         invalid = validate_chat_body(body)
@@ -260,7 +264,7 @@ class BatchRun(BatchWork):
         if invalid is not None:
             return False, self._response_line(custom_id, invalid.status, invalid.body)
         # Chat's answer without latency, quotas and random faults, which a batch does not meet.
-        completion, _ = render_completion(plan_completion(body, digest=digest), state=state)
+        completion, _ = render_completion(plan_completion(body, digest=digest, kind=kind), state=state)
         return True, self._response_line(custom_id, 200, completion)
 
     def _marker_fault(self, body: dict[str, Any], digest: bytes) -> str | web.Response | None:

@@ -27,7 +27,9 @@ from ._http import (
     completion_body,
     error_response,
     format_reset,
+    insufficient_quota_response,
     json_response,
+    message_fields,
     rate_limited_response,
     server_error_response,
 )
@@ -74,10 +76,10 @@ class _ChatRoutes(RealTimeRoutes):
         return body_digest(raw, state=self._state)
 
     async def _answer_valid(
-        self, request: web.Request, *, body: dict[str, Any], model: str, digest: bytes
+        self, request: web.Request, *, body: dict[str, Any], model: str, digest: bytes, kind: str | None = None
     ) -> web.StreamResponse:
         state = self._state
-        plan = plan_completion(body, digest=digest)
+        plan = plan_completion(body, digest=digest, kind=kind)
         # Admission is charged like OpenAI does: the prompt plus max_tokens when it is given.
         charge = plan.prompt_tokens + (plan.cap * plan.n if plan.cap is not None else plan.completion_tokens)
 
@@ -91,7 +93,7 @@ class _ChatRoutes(RealTimeRoutes):
             return body_bytes
 
         return await self._answer_admitted(request, model=model, charge=charge,
-                                           output_tokens=plan.completion_tokens, render=render)
+                                           output_tokens=plan.completion_tokens, render=render, kind=kind)
 
     def _admit(self, *, model: str, charge: int) -> tuple[web.Response | None, dict[str, str]]:
         now = time.monotonic()
@@ -137,13 +139,16 @@ class _ChatRoutes(RealTimeRoutes):
                        f"(simulator fault 429). Please try again in {format_reset(config.retry_after)}.")
             return self._counted(rate_limited_response(
                 message=message, limit_type="requests", retry_after=config.retry_after))
+        if fault == "insufficient_quota":
+            return self._counted(insufficient_quota_response())
         if fault in ANSWERED_AT_ONCE:
             return self._counted(client_error_response(int(fault)))
 
         def garbled() -> bytes:
             return completion_body(
                 response_id=state.next_response_id(), created=int(time.time()), model=model or "unknown",
-                choices=[("This answer never arrives whole.", "stop")], prompt_tokens=0, completion_tokens=0,
+                choices=[(message_fields("This answer never arrives whole."), "stop")], prompt_tokens=0,
+                completion_tokens=0,
                 cached_tokens=0, system_fingerprint=SYSTEM_FINGERPRINT,
             )
 

@@ -9,17 +9,21 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ._http import completion_body
+from ._http import completion_body, message_fields, unusable_body
 from ._state import SimState
-from ._tokens import REPLY_PRIMING_TOKENS, completion_text, message_token_counts, natural_length
+from ._tokens import REPLY_PRIMING_TOKENS, completion_text, count_tokens, message_token_counts, natural_length
 
 __all__ = [
+    "REASONING_MODELS",
+    "REASONING_PER_TOKEN",
+    "REFUSAL_TEXT",
     "SYSTEM_FINGERPRINT",
     "PlannedCompletion",
     "body_digest",
     "canonical_json",
     "plan_completion",
     "render_completion",
+    "tool_input",
 ]
 
 SYSTEM_FINGERPRINT = "fp_llmdsim01"
@@ -31,9 +35,20 @@ _MASK64 = (1 << 64) - 1
 canonical_json = json.JSONEncoder(sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode
 
 
+# Models that reason before they answer (OpenAI's o-series and GPT-5/6 families): their completion tokens include
+# reasoning tokens, REASONING_PER_TOKEN for each token of visible answer, within the request's cap.
+REASONING_MODELS = ("o1", "o3", "o4", "gpt-5", "gpt-6")
+REASONING_PER_TOKEN = 3
+# Models that report prompt-cache writes (cache_write_tokens, billed from the GPT-5.6 family on).
+CACHE_WRITE_MODELS = ("gpt-5.6", "gpt-6")
+REFUSAL_TEXT = "I'm sorry, but I can't help with that request."
+
+
 @dataclass(frozen=True, slots=True)
 class PlannedCompletion:
-    """The answer a body gets if nothing refuses it; ``choices`` are (text digest, tokens, finish_reason)."""
+    """The answer a body gets if nothing refuses it; ``choices`` are (text digest, tokens, finish_reason), each
+    choice's tokens including its ``reasoning`` tokens. ``kind`` is an answer marker's (``ANSWER_KINDS``);
+    ``tool`` the (name, parameters schema) each choice calls, for a body with tools."""
 
     model: str
     messages: list[dict[str, Any]]
@@ -42,12 +57,19 @@ class PlannedCompletion:
     cap: int | None  # max_completion_tokens, else max_tokens
     n: int
     choices: list[tuple[int, int, str]]
+    reasoning: tuple[int, ...] = ()
+    kind: str | None = None
+    tool: tuple[str, dict[str, Any]] | None = None
     # What the answer says served it: the tier asked for, as OpenAI reports it ("fast" is reported "priority").
     service_tier: str = "default"
 
     @property
     def completion_tokens(self) -> int:
         return sum(tokens for _, tokens, _ in self.choices)
+
+    @property
+    def reasoning_tokens(self) -> int:
+        return sum(self.reasoning)
 
 
 def body_digest(raw: bytes, *, state: SimState) -> bytes:
@@ -59,37 +81,119 @@ def body_digest(raw: bytes, *, state: SimState) -> bytes:
 _SERVED_TIERS = {"flex": "flex", "priority": "priority", "fast": "priority", "scale": "scale"}
 
 
-def plan_completion(body: dict[str, Any], *, digest: bytes) -> PlannedCompletion:
-    """The answer to a body that ``validate_chat_body`` accepted."""
+def plan_completion(body: dict[str, Any], *, digest: bytes, kind: str | None = None) -> PlannedCompletion:
+    """The answer to a body that ``validate_chat_body`` accepted (``kind``: what an answer marker asks)."""
     messages: list[dict[str, Any]] = body["messages"]
     counts = message_token_counts(messages)
     cap = body.get("max_completion_tokens") or body.get("max_tokens")
     n = body.get("n") or 1
+    model: str = body["model"]
+    # A reasoning model asked not to reason (reasoning_effort "none", GPT-5.1 and later) answers straight away.
+    reasons = model.startswith(REASONING_MODELS) and body.get("reasoning_effort") != "none"
+    tool = _called_tool(body) if kind != "refuse" else None
+    tier = _SERVED_TIERS.get(str(body.get("service_tier") or "").lower(), "default")
+    value = int.from_bytes(digest, "little")
+    if kind == "refuse":
+        choices, reasoning = [(value, count_tokens(REFUSAL_TEXT), "stop")] * n, (0,) * n
+    elif kind == "slow":
+        # A long generation: its whole cap (16,000 tokens with none), mostly reasoning on a reasoning model.
+        tokens = cap or 16_000
+        thought = tokens - min(tokens, natural_length(value)) if reasons else 0
+        choices, reasoning = [(value, tokens, "stop")] * n, (thought,) * n
+    else:
+        choices, reasoning = _plan_choices(value, cap=cap, n=n, reasons=reasons,
+                                           answer_tokens=_arguments_tokens(tool) if tool else None)
     return PlannedCompletion(
-        model=body["model"], messages=messages, counts=counts, prompt_tokens=sum(counts) + REPLY_PRIMING_TOKENS,
-        cap=cap, n=n, choices=_plan_choices(int.from_bytes(digest, "little"), cap=cap, n=n),
-        service_tier=_SERVED_TIERS.get(body.get("service_tier"), "default"),
+        model=model, messages=messages, counts=counts, prompt_tokens=sum(counts) + REPLY_PRIMING_TOKENS,
+        cap=cap, n=n, choices=choices, reasoning=reasoning, kind=kind, tool=tool, service_tier=tier,
     )
 
 
 def render_completion(plan: PlannedCompletion, *, state: SimState) -> tuple[bytes, int]:
-    """(chat.completion body, cached tokens) of a planned answer; its prompt prefixes join the cache."""
-    cached = _cached_tokens(plan, state=state)
+    """(chat.completion body, cached tokens) of a planned answer; its prompt prefixes join the cache. An
+    ``empty_choices`` or ``error200`` answer reports the same usage around no answer at all."""
+    cached, written = _cache_use(plan, state=state)
+    if not plan.model.startswith(CACHE_WRITE_MODELS):
+        written = None
+    usage = dict(prompt_tokens=plan.prompt_tokens, completion_tokens=plan.completion_tokens, cached_tokens=cached,
+                 cache_write_tokens=written, reasoning_tokens=plan.reasoning_tokens)
+    if plan.kind in ("empty_choices", "error200"):
+        return unusable_body(kind=plan.kind, response_id=state.next_response_id(), model=plan.model,
+                             **usage), cached  # type: ignore[arg-type]
     body = completion_body(
         response_id=state.next_response_id(),
         created=int(time.time()),
         model=plan.model,
-        choices=[
-            (completion_text(digest=choice_digest, tokens=tokens, stop=reason == "stop"), reason)
-            for choice_digest, tokens, reason in plan.choices
-        ],
-        prompt_tokens=plan.prompt_tokens,
-        completion_tokens=plan.completion_tokens,
-        cached_tokens=cached,
+        choices=[(_message(plan, index, choice_digest, tokens - thought, reason), reason)
+                 for index, ((choice_digest, tokens, reason), thought)
+                 in enumerate(zip(plan.choices, plan.reasoning or (0,) * plan.n))],
         system_fingerprint=SYSTEM_FINGERPRINT,
         service_tier=plan.service_tier,
+        **usage,  # type: ignore[arg-type]
     )
     return body, cached
+
+
+def _message(plan: PlannedCompletion, index: int, digest: int, visible: int, reason: str) -> str:
+    """The fields of one choice's message (after its role), as ``message_fields`` writes them."""
+    if plan.kind == "refuse":
+        return message_fields(None, refusal=REFUSAL_TEXT)
+    if plan.tool is not None:
+        name, schema = plan.tool
+        arguments = canonical_json(tool_input(schema))
+        call = {"id": f"call_sim{digest & 0xFFFFFFFFFFFF:012x}{index}", "type": "function",
+                "function": {"name": name, "arguments": arguments}}
+        return message_fields(None, tool_calls=[call])
+    return message_fields(completion_text(digest=digest, tokens=visible, stop=reason == "stop"))
+
+
+def _called_tool(body: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    """The function tool a body's answer calls: the one ``tool_choice`` names, else the first; none when it has
+    no function tools or ``tool_choice`` is "none". (A model given tools may answer in text; this one calls.)"""
+    tools = [tool.get("function") for tool in body.get("tools") or ()
+             if isinstance(tool, dict) and tool.get("type") == "function" and isinstance(tool.get("function"), dict)]
+    tools = [tool for tool in tools if isinstance(tool.get("name"), str)]
+    choice = body.get("tool_choice")
+    if not tools or choice == "none":
+        return None
+    chosen = tools[0]
+    if isinstance(choice, dict) and isinstance(choice.get("function"), dict):
+        named = choice["function"].get("name")
+        chosen = next((tool for tool in tools if tool["name"] == named), chosen)
+    schema = chosen.get("parameters")
+    return chosen["name"], schema if isinstance(schema, dict) else {}
+
+
+def tool_input(schema: dict[str, Any]) -> dict[str, Any]:
+    """Arguments for a tool call that fit ``schema``'s required properties (by type), the same every time."""
+    properties = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+    required = schema.get("required") if isinstance(schema.get("required"), list) else list(properties)
+    words = ("alpha", "beta", "gamma", "delta")
+    values: dict[str, Any] = {}
+    for position, name in enumerate(required):
+        spec = properties.get(name) if isinstance(properties.get(name), dict) else {}
+        kind = spec.get("type")
+        pick = position
+        if isinstance(spec.get("enum"), list) and spec["enum"]:
+            values[name] = spec["enum"][pick % len(spec["enum"])]
+        elif kind == "integer":
+            values[name] = pick
+        elif kind == "number":
+            values[name] = pick / 2
+        elif kind == "boolean":
+            values[name] = bool(pick & 1)
+        elif kind == "array":
+            values[name] = []
+        elif kind == "object":
+            values[name] = {}
+        else:
+            values[name] = words[pick % len(words)]
+    return values
+
+
+def _arguments_tokens(tool: tuple[str, dict[str, Any]]) -> int:
+    """A tool call's completion tokens: its arguments' text, and its name and framing."""
+    return count_tokens(canonical_json(tool_input(tool[1]))) + count_tokens(tool[0]) + 3
 
 
 def _choice_digest(digest: int, index: int) -> int:
@@ -99,22 +203,32 @@ def _choice_digest(digest: int, index: int) -> int:
     return ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
 
 
-def _plan_choices(digest: int, *, cap: int | None, n: int) -> list[tuple[int, int, str]]:
-    """(text digest, completion tokens, finish_reason) of each choice, all fixed by the body's digest."""
+def _plan_choices(
+    digest: int, *, cap: int | None, n: int, reasons: bool = False, answer_tokens: int | None = None
+) -> tuple[list[tuple[int, int, str]], tuple[int, ...]]:
+    """(text digest, completion tokens, finish_reason) of each choice, all fixed by the body's digest, and the
+    reasoning tokens among each one's. A reasoning model thinks first: a cap too small for thought and answer
+    is spent on the thought, and the answer is cut (finish_reason "length"). ``answer_tokens``: a tool call's."""
     planned = []
+    reasoning = []
     for index in range(n):
         choice_digest = digest if index == 0 else _choice_digest(digest, index)
-        tokens = natural_length(choice_digest)
-        if cap is not None and tokens > cap:
+        visible = natural_length(choice_digest) if answer_tokens is None else answer_tokens
+        thought = visible * REASONING_PER_TOKEN if reasons else 0
+        finish = "stop" if answer_tokens is None else "tool_calls"
+        if cap is not None and thought + visible > cap:
+            thought = min(thought, cap)
             planned.append((choice_digest, cap, "length"))
         else:
-            planned.append((choice_digest, tokens, "stop"))
-    return planned
+            planned.append((choice_digest, thought + visible, finish))
+        reasoning.append(thought)
+    return planned, tuple(reasoning)
 
 
-def _cached_tokens(plan: PlannedCompletion, *, state: SimState) -> int:
+def _cache_use(plan: PlannedCompletion, *, state: SimState) -> tuple[int, int]:
+    """(cached tokens read, tokens written to the cache) of a planned answer's prompt."""
     if sum(plan.counts) < _CACHE_MIN_TOKENS:
-        return 0
+        return 0, 0
     # Prefixes are whole messages: close enough to OpenAI's 128-token blocks for a simulator.
     chain = hashlib.blake2b(plan.model.encode(), digest_size=16)
     prefixes: list[tuple[bytes, int]] = []
@@ -130,5 +244,7 @@ def _cached_tokens(plan: PlannedCompletion, *, state: SimState) -> int:
         if prefix in cache:
             cached = tokens // _CACHE_INCREMENT * _CACHE_INCREMENT
             break
+    longest = prefixes[-1][1] // _CACHE_INCREMENT * _CACHE_INCREMENT
     state.remember_prefixes([prefix for prefix, _ in prefixes])
-    return cached
+    # What the cache did not hold of the longest prefix is written now.
+    return cached, max(0, longest - cached)

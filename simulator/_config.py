@@ -10,10 +10,14 @@ from typing import Any, Literal, get_args
 from llm_dispatch.core import ConfigError
 
 __all__ = [
+    "ANSWER_KINDS",
     "DEFAULT_BATCH_PROCESSING_SECONDS",
+    "DEFAULT_SLOW_TOKENS_PER_SECOND",
     "DEFAULT_HANG_SECONDS",
     "DEFAULT_RETRY_AFTER",
     "FAULTS",
+    "MARKERS",
+    "AnswerKind",
     "Fault",
     "LatencyDist",
     "RANDOM_FAULT_FIELDS",
@@ -21,10 +25,22 @@ __all__ = [
 ]
 
 # What a marker or the admin queue can force. The HTTP statuses answer with the API's own error body
-# (OpenAI's for chat, Anthropic's for Messages; 529 is Anthropic's "overloaded"); "hang" never answers,
-# "drop" closes the connection, "malformed" is a 200 with truncated JSON.
-Fault = Literal["400", "401", "403", "404", "413", "429", "500", "503", "529", "hang", "drop", "malformed"]
+# (OpenAI's for chat, Anthropic's for Messages; 402 is Anthropic's billing_error, 504 its timeout_error, 529 its
+# "overloaded"); "insufficient_quota" is the 429 of an account out of credit (OpenAI's insufficient_quota,
+# Anthropic's spend limit), with no Retry-After; "hang" never answers, "drop" closes the connection,
+# "malformed" is a 200 with truncated JSON.
+Fault = Literal["400", "401", "402", "403", "404", "413", "429", "500", "503", "504", "529", "insufficient_quota",
+                "hang", "drop", "malformed"]
 FAULTS: frozenset[str] = frozenset(get_args(Fault))
+# What a marker can ask of an answer that is otherwise given (quotas, latency, stats as any answer): "refuse" a
+# refusal (OpenAI's message.refusal, Anthropic's stop_reason "refusal"); "slow" a long generation that spends its
+# whole cap (max_completion_tokens or max_tokens) at ``slow_tokens_per_second``; "empty_choices" a 200 with
+# ``"choices": []`` (Anthropic: no content) and usage; "error200" an error body with status 200 and usage; "cut"
+# a 200 whose body stops half way, the connection closed after the headers promised it whole.
+AnswerKind = Literal["refuse", "slow", "empty_choices", "error200", "cut"]
+ANSWER_KINDS: frozenset[str] = frozenset(get_args(AnswerKind))
+# What a [[sim:...]] marker in a real-time request may name.
+MARKERS: frozenset[str] = FAULTS | ANSWER_KINDS
 
 LatencyDist = Literal["fixed", "uniform", "lognormal"]
 _LATENCY_DISTS: frozenset[str] = frozenset(get_args(LatencyDist))
@@ -44,11 +60,13 @@ DEFAULT_RETRY_AFTER = 1.0
 DEFAULT_HANG_SECONDS = 600.0
 # A whole batch (validating, in_progress, finalizing) takes this long: seconds, not OpenAI's hours.
 DEFAULT_BATCH_PROCESSING_SECONDS = 2.0
+# A "slow" answer's pace: 16,000 tokens in 130 s, a long reasoning generation.
+DEFAULT_SLOW_TOKENS_PER_SECOND = 16_000 / 130
 
 # Durations and the like: any finite number from 0 up.
 _NON_NEGATIVE_FIELDS = (
     "latency", "latency_spread", "latency_per_token", "retry_after", "hang_seconds", "batch_processing_seconds",
-    "quota_window",
+    "quota_window", "slow_tokens_per_second",
 )
 _FLOAT_FIELDS = frozenset(_NON_NEGATIVE_FIELDS) | {name for name, _ in RANDOM_FAULT_FIELDS}
 _OPTIONAL_INT_FIELDS = frozenset({"rpm", "tpm"})
@@ -67,7 +85,9 @@ class SimulatorConfig:
     at random whatever the load, with ``retry_after`` and no quota exhausted; ``rate_529`` is Anthropic's overloaded
     (with ``retry_after`` too), an OpenAI-shaped 529 on chat. ``api_key`` is checked in ``Authorization: Bearer``
     (or ``api-key``) on OpenAI's routes and in ``x-api-key`` on Anthropic's.
-    A batch runs through its statuses in about ``batch_processing_seconds`` (see ``_batch``).
+    A batch runs through its statuses in about ``batch_processing_seconds`` (see ``_batch``). ``always_fault``
+    answers every real-time request with one fault (a revoked key: "401"; an account out of credit:
+    "insufficient_quota"); a ``[[sim:slow]]`` answer generates at ``slow_tokens_per_second``.
     """
 
     latency: float = 0.0
@@ -90,6 +110,9 @@ class SimulatorConfig:
     api_key: str | None = None  # None accepts any or no credentials
     seed: int = 0
     batch_processing_seconds: float = DEFAULT_BATCH_PROCESSING_SECONDS
+    slow_tokens_per_second: float = DEFAULT_SLOW_TOKENS_PER_SECOND
+    # A fault every real-time request gets (an account whose key is revoked, out of credit...); None: none.
+    always_fault: str | None = None
 
     def __post_init__(self) -> None:
         for name in _NON_NEGATIVE_FIELDS:
@@ -109,6 +132,11 @@ class SimulatorConfig:
         # One uniform draw is split between the faults, so together they cannot exceed certainty.
         if total > 1.0 + 1e-9:
             raise ConfigError(f"simulator fault rates add up to {total:g}; lower them so the sum is at most 1")
+        if self.slow_tokens_per_second <= 0:
+            raise ConfigError(f"simulator slow_tokens_per_second must be positive, got {self.slow_tokens_per_second!r}")
+        if self.always_fault is not None and self.always_fault not in FAULTS:
+            raise ConfigError(f"simulator always_fault must be one of {sorted(FAULTS)} or None, "
+                              f"got {self.always_fault!r}")
         if self.quota_window <= 0:
             raise ConfigError(f"simulator quota_window must be positive, got {self.quota_window!r}")
         for name in ("rpm", "tpm"):
@@ -150,7 +178,7 @@ def _coerce(name: str, value: Any) -> Any:
         if not isinstance(value, list):
             raise ConfigError(f"simulator models must be a list of names or null, got {value!r}")
         return list(value)
-    if name in ("api_key", "latency_dist"):
+    if name in ("api_key", "latency_dist", "always_fault"):
         if value is not None and not isinstance(value, str):
             raise ConfigError(f"simulator {name} must be a string, got {value!r}")
         return value

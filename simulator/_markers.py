@@ -29,11 +29,13 @@ def marker_fault(
     allowed: Collection[str],
     where: str,
     refuse: Callable[[str], _Refusal],
+    seen: dict[str, int] | None = None,
 ) -> str | _Refusal | None:
     """The fault a ``[[sim:FAULT]]`` / ``[[sim:FAULTxN]]`` marker asks of this body, if any.
 
     ``FAULTxN`` faults the first N bodies with this ``digest`` (counted in ``hits``); an unknown
-    marker gets ``refuse(message)``, a 400 in the caller's API that explains the format. Shared by
+    marker gets ``refuse(message)``, a 400 in the caller's API that explains the format. ``seen`` counts
+    the bodies that carried each FAULT, those past their N included: how often a prompt was sent. Shared by
     chat, Messages and both APIs' batch lines.
     """
     for message in messages if isinstance(messages, list) else ():
@@ -49,6 +51,8 @@ def marker_fault(
                     f"Unknown simulator marker {found.group(0)!r}; {where}write [[sim:FAULT]] or [[sim:FAULTxN]] "
                     f"with FAULT one of {', '.join(sorted(allowed))}.")
             fault, times = parsed.group(1), parsed.group(2)
+            if seen is not None:
+                seen[fault] = seen.get(fault, 0) + 1
             if times is None:
                 return fault
             seen = hits.get(digest, 0) + 1

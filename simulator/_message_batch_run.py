@@ -19,6 +19,7 @@ from llm_dispatch.core import DEFAULT_ANTHROPIC_VERSION
 from ._anthropic_checks import model_refusal
 from ._anthropic_http import error_payload, rfc3339
 from ._batch_faults import DEFAULT_EXPIRE_FRACTION, LINE_ERROR_MARKER, LINE_FAULTS, LINE_MARKER, BatchFault
+from ._config import ANSWER_KINDS
 from ._batch_store import WINDOW_SECONDS, BatchStore, BatchWork, Sink
 from ._http import json_dumps
 from ._markers import MARKER_BYTES, marker_fault
@@ -33,7 +34,9 @@ logger = logging.getLogger(__name__)
 # Share of batch_processing_seconds a canceled batch stays "canceling" before it ends.
 _CANCELING_SHARE = 0.1
 # Marker faults that have no status of their own: a batch has no connection to hang, drop or garble.
-_LINE_STATUS = {"hang": 500, "drop": 500, "malformed": 500, LINE_ERROR_MARKER: 500}
+_LINE_STATUS = {"hang": 500, "drop": 500, "malformed": 500, LINE_ERROR_MARKER: 500, "line_timeout": 504,
+                "insufficient_quota": 429}
+_STOPPED = {"line_cancelled": "canceled", "line_expired": "expired"}
 
 
 def new_batch_id() -> str:
@@ -167,12 +170,19 @@ class MessageBatchRun(BatchWork):
         params = request.params
         digest = message_digest(params, state=state)
         error: dict[str, Any] | None = None
+        kind = None
+        custom_id = json_dumps(request.custom_id).encode()
         if MARKER_BYTES in json_dumps(params.get("messages")).encode():
             forced = marker_fault(params.get("messages"), digest=digest, hits=state.marker_hits, pattern=LINE_MARKER,
                                   allowed=LINE_FAULTS, where="in a batch ",
                                   refuse=lambda text: error_payload(400, text))
             if isinstance(forced, dict):
                 error = forced
+            elif forced in _STOPPED:
+                # Never answered: canceled or expired results, as a stopped batch writes them.
+                return False, b'{"custom_id":%s,"result":{"type":"%s"}}\n' % (custom_id, _STOPPED[forced].encode())
+            elif forced in ANSWER_KINDS:
+                kind = forced  # a batch line has no latency or connection: slow and cut are plain answers
             elif forced is not None:
                 error = error_payload(_LINE_STATUS.get(forced) or int(forced))
         if error is None and state.allowed_models is not None and params["model"] not in state.allowed_models:
@@ -183,10 +193,9 @@ class MessageBatchRun(BatchWork):
             refused = model_refusal(params, version=self._batch.version)
             if refused is not None:
                 error = error_payload(400, refused)
-        custom_id = json_dumps(request.custom_id).encode()
         if error is not None:
             return False, b'{"custom_id":%s,"result":{"type":"errored","error":%s}}\n' % (
                 custom_id, json_dumps(error).encode())
-        message, _ = render_message(plan_message(params, digest=digest), state=state)
+        message, _ = render_message(plan_message(params, digest=digest, kind=kind), state=state, batch=True)
         return True, b'{"custom_id":%s,"result":{"type":"succeeded","message":%s}}\n' % (custom_id, message)
 

@@ -14,30 +14,42 @@ tokens are ``cache_creation_input_tokens``; every later time (until ``/_sim/rese
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from ._completions import PlannedCompletion, body_digest, canonical_json, plan_completion
+from ._completions import (
+    REASONING_PER_TOKEN,
+    PlannedCompletion,
+    body_digest,
+    canonical_json,
+    plan_completion,
+    tool_input,
+)
 from ._http import json_dumps
 from ._state import SimState
-from ._tokens import completion_text
+from ._tokens import completion_text, count_tokens
 
 __all__ = ["MessageUsage", "PlannedMessage", "message_digest", "plan_message", "render_message"]
 
-_STOP_REASONS = {"stop": "end_turn", "length": "max_tokens"}
+_STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_use": "tool_use"}
+REFUSAL_EXPLANATION = "This request was declined because it could enable cyber harm (simulator marker refuse)."
 # Keeps Messages prefixes apart from chat prefixes in the one prompt cache.
 _CACHE_DOMAIN = b"anthropic-messages\0"
 
 
 @dataclass(frozen=True, slots=True)
 class PlannedMessage:
-    """The answer a body gets if nothing refuses it, and the prefix it marked for caching (if any)."""
+    """The answer a body gets if nothing refuses it, and the prefix it marked for caching (if any, with whether
+    the mark asks for the 1-hour cache). ``thinking`` is the tokens it spends thinking (``thinking`` enabled or
+    adaptive), part of its output; ``tool`` the tool it calls (name, input schema), for a body with tools."""
 
     completion: PlannedCompletion
     cache_prefix: bytes | None  # digest of the marked prefix
     cache_prefix_tokens: int
     # The last mark asks for a 1-hour cache ({"ttl": "1h"}): its writes are 1-hour writes.
     cache_hour: bool = False
+    thinking: int = 0
+    tool: tuple[str, dict[str, Any]] | None = None
 
     @property
     def prompt_tokens(self) -> int:
@@ -45,7 +57,9 @@ class PlannedMessage:
 
     @property
     def output_tokens(self) -> int:
-        return self.completion.completion_tokens
+        if self.completion.kind == "refuse":
+            return 0  # refused before any output: nothing billed
+        return self.completion.completion_tokens + self.thinking
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,26 +77,62 @@ def message_digest(body: dict[str, Any], *, state: SimState) -> bytes:
     return body_digest(canonical_json(body).encode(), state=state)
 
 
-def plan_message(body: dict[str, Any], *, digest: bytes) -> PlannedMessage:
-    """The answer to a body that ``messages_body_problem`` accepted."""
+def plan_message(body: dict[str, Any], *, digest: bytes, kind: str | None = None) -> PlannedMessage:
+    """The answer to a body that ``messages_body_problem`` accepted (``kind``: what an answer marker asks)."""
     turns: list[dict[str, Any]] = list(body["messages"])
     system = body.get("system")
     if system is not None:
         turns.insert(0, {"role": "system", "content": system})
-    completion = plan_completion({"model": body["model"], "messages": turns, "max_tokens": body["max_tokens"]},
-                                 digest=digest)
+    tool = _called_tool(body) if kind not in ("refuse", "slow") else None
+    # A tool call's output is its input's text; the chat side plans text for the rest.
+    chat = {"model": body["model"], "messages": turns, "max_tokens": body["max_tokens"]}
+    completion = plan_completion(chat, digest=digest, kind=kind)
+    if tool is not None:
+        tokens = min(count_tokens(canonical_json(tool_input(tool[1]))) + 3, body["max_tokens"])
+        completion = replace(completion, choices=[(completion.choices[0][0], tokens, "tool_use")])
+    thinking = _thinking_tokens(body, completion)
     marked = [index for index, turn in enumerate(turns) if _marks_cache(turn.get("content"))]
     if not marked:
-        return PlannedMessage(completion=completion, cache_prefix=None, cache_prefix_tokens=0)
+        return PlannedMessage(completion=completion, cache_prefix=None, cache_prefix_tokens=0, thinking=thinking,
+                              tool=tool)
     end = marked[-1] + 1
     prefix = hashlib.blake2b(_CACHE_DOMAIN + canonical_json([body["model"], turns[:end]]).encode(),
                              digest_size=16).digest()
     return PlannedMessage(completion=completion, cache_prefix=prefix, cache_prefix_tokens=sum(completion.counts[:end]),
-                          cache_hour=_cache_ttl(turns[end - 1].get("content")) == "1h")
+                          cache_hour=_cache_ttl(turns[end - 1].get("content")) == "1h", thinking=thinking, tool=tool)
 
 
-def render_message(plan: PlannedMessage, *, state: SimState) -> tuple[bytes, MessageUsage]:
-    """(Message body, its usage); a marked prefix joins the prompt cache."""
+def _thinking_tokens(body: dict[str, Any], completion: PlannedCompletion) -> int:
+    """Tokens spent thinking before the answer (``thinking`` enabled or adaptive), within ``max_tokens`` with it:
+    REASONING_PER_TOKEN per token of answer, as the chat side's reasoning models, or the budget if lower."""
+    thinking = body.get("thinking")
+    if not isinstance(thinking, dict) or thinking.get("type") not in ("enabled", "adaptive"):
+        return 0
+    wanted = completion.completion_tokens * REASONING_PER_TOKEN
+    budget = thinking.get("budget_tokens")
+    if isinstance(budget, int) and not isinstance(budget, bool):
+        wanted = min(wanted, budget)
+    return max(0, min(wanted, body["max_tokens"] - completion.completion_tokens))
+
+
+def _called_tool(body: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    """The tool a body's answer calls: the one ``tool_choice`` names, else the first; none without tools or with
+    ``tool_choice`` of type "none". (A model given tools may answer in text; this one calls.)"""
+    tools = [tool for tool in body.get("tools") or () if isinstance(tool, dict) and isinstance(tool.get("name"), str)]
+    choice = body.get("tool_choice")
+    if not tools or (isinstance(choice, dict) and choice.get("type") == "none"):
+        return None
+    chosen = tools[0]
+    if isinstance(choice, dict) and choice.get("type") == "tool":
+        chosen = next((tool for tool in tools if tool["name"] == choice.get("name")), chosen)
+    schema = chosen.get("input_schema")
+    return chosen["name"], schema if isinstance(schema, dict) else {}
+
+
+def render_message(plan: PlannedMessage, *, state: SimState, batch: bool = False) -> tuple[bytes, MessageUsage]:
+    """(Message body, its usage); a marked prefix joins the prompt cache. ``batch``: answered in a Message Batch
+    (its usage says so). An ``empty_choices`` answer is a Message with usage and no content; an ``error200`` one
+    an error object with usage, both with status 200."""
     cache_read = cache_creation = 0
     if plan.cache_prefix is not None:
         if plan.cache_prefix in state.prompt_cache:
@@ -96,28 +146,56 @@ def render_message(plan: PlannedMessage, *, state: SimState) -> tuple[bytes, Mes
     )
     completion = plan.completion
     text_digest, tokens, finish_reason = completion.choices[0]
-    message = {
+    usage_body: dict[str, Any] = {
+        "input_tokens": usage.input_tokens,
+        "cache_creation_input_tokens": usage.cache_creation_input_tokens,
+        "cache_read_input_tokens": usage.cache_read_input_tokens,
+        # The writes by duration, as Anthropic reports them (each priced apart).
+        "cache_creation": {"ephemeral_5m_input_tokens": 0 if plan.cache_hour else cache_creation,
+                           "ephemeral_1h_input_tokens": cache_creation if plan.cache_hour else 0},
+        "output_tokens": usage.output_tokens,
+        "service_tier": "batch" if batch else "standard",
+    }
+    if plan.thinking:
+        usage_body["output_tokens_details"] = {"thinking_tokens": plan.thinking}
+    if completion.kind == "error200":
+        error = {"type": "error", "error": {"type": "api_error", "message": "Internal server error (simulator "
+                                            "marker error200)."}, "usage": usage_body}
+        return json_dumps(error).encode(), usage
+    message: dict[str, Any] = {
         "id": state.next_response_id(prefix="msg_"),
         "type": "message",
         "role": "assistant",
         "model": completion.model,
-        "content": [{"type": "text", "text": completion_text(digest=text_digest, tokens=tokens,
-                                                             stop=finish_reason == "stop")}],
+        "content": _content(plan, text_digest, tokens, finish_reason),
         "stop_reason": _STOP_REASONS[finish_reason],
         "stop_sequence": None,
-        "usage": {
-            "input_tokens": usage.input_tokens,
-            "cache_creation_input_tokens": usage.cache_creation_input_tokens,
-            "cache_read_input_tokens": usage.cache_read_input_tokens,
-            "cache_creation": {
-                "ephemeral_5m_input_tokens": 0 if plan.cache_hour else usage.cache_creation_input_tokens,
-                "ephemeral_1h_input_tokens": usage.cache_creation_input_tokens if plan.cache_hour else 0,
-            },
-            "output_tokens": usage.output_tokens,
-            "service_tier": "standard",
-        },
+        "usage": usage_body,
     }
+    if completion.kind == "refuse":
+        message["stop_reason"] = "refusal"
+        message["stop_details"] = {"type": "refusal", "category": "cyber", "explanation": REFUSAL_EXPLANATION}
+    elif completion.kind == "empty_choices":
+        del message["content"]
     return json_dumps(message).encode(), usage
+
+
+def _content(plan: PlannedMessage, digest: int, tokens: int, finish_reason: str) -> list[dict[str, Any]]:
+    """A Message's content blocks: a thinking block first when it thought, then its text or its tool call (a refusal
+    before any output has none)."""
+    if plan.completion.kind == "refuse":
+        return []
+    blocks: list[dict[str, Any]] = []
+    if plan.thinking:
+        blocks.append({"type": "thinking", "thinking": "", "signature": f"sim{digest & 0xFFFFFFFF:08x}"})
+    if plan.tool is not None:
+        name, schema = plan.tool
+        blocks.append({"type": "tool_use", "id": f"toolu_sim{digest & 0xFFFFFFFFFFFF:012x}", "name": name,
+                       "input": tool_input(schema)})
+    else:
+        blocks.append({"type": "text", "text": completion_text(digest=digest, tokens=tokens,
+                                                               stop=finish_reason == "stop")})
+    return blocks
 
 
 def _cache_ttl(content: Any) -> str | None:

@@ -17,7 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from ._anthropic_checks import api_version, check_headers, messages_body_problem, model_refusal
-from ._anthropic_http import anthropic_error, ratelimit_headers
+from ._anthropic_http import anthropic_error, ratelimit_headers, spend_limit_error
 from ._http import json_dumps
 from ._messages import message_digest, plan_message, render_message
 from ._serving import ANSWERED_AT_ONCE, RealTimeRoutes, admit, connection_fault, limit_views
@@ -60,10 +60,10 @@ class _MessageRoutes(RealTimeRoutes):
         return message_digest(body, state=self._state)
 
     async def _answer_valid(
-        self, request: web.Request, *, body: dict[str, Any], model: str, digest: bytes
+        self, request: web.Request, *, body: dict[str, Any], model: str, digest: bytes, kind: str | None = None
     ) -> web.StreamResponse:
         state = self._state
-        plan = plan_message(body, digest=digest)
+        plan = plan_message(body, digest=digest, kind=kind)
 
         def render() -> bytes:
             body_bytes, usage = render_message(plan, state=state)
@@ -77,7 +77,7 @@ class _MessageRoutes(RealTimeRoutes):
 
         # Charged as on the chat side: the prompt plus max_tokens, from the same account.
         return await self._answer_admitted(request, model=model, charge=plan.prompt_tokens + body["max_tokens"],
-                                           output_tokens=plan.output_tokens, render=render)
+                                           output_tokens=plan.output_tokens, render=render, kind=kind)
 
     def _admit(self, *, model: str, charge: int) -> tuple[web.Response | None, dict[str, str]]:
         now = time.monotonic()
@@ -106,6 +106,8 @@ class _MessageRoutes(RealTimeRoutes):
             return self._counted(anthropic_error(
                 429, f"{model or 'The model'} is receiving more requests than it can serve right now "
                      "(simulator fault 429).", retry_after=retry_after))
+        if fault == "insufficient_quota":
+            return self._counted(spend_limit_error())
         if fault in ANSWERED_AT_ONCE:
             return self._counted(anthropic_error(int(fault)))
 

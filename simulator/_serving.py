@@ -17,8 +17,8 @@ from typing import Any, ClassVar, Literal
 
 from aiohttp import web
 
-from ._config import FAULTS
-from ._http import dropped_response
+from ._config import ANSWER_KINDS, MARKERS
+from ._http import cut_response, dropped_response
 from ._markers import MARKER_BYTES, marker_fault, marker_pattern
 from ._state import QuotaWindow, SimState
 
@@ -39,7 +39,7 @@ __all__ = [
 # Faults that never answer in the API's shape: a hang, a closed connection, a cut 200.
 CONNECTION_FAULTS = frozenset({"hang", "drop", "malformed"})
 # Status faults that answer before any latency, as a provider refuses before it works; 5xx wait first.
-ANSWERED_AT_ONCE = frozenset({"400", "401", "403", "404", "413", "429"})
+ANSWERED_AT_ONCE = frozenset({"400", "401", "402", "403", "404", "413", "429", "insufficient_quota"})
 
 QuotaKind = Literal["requests", "tokens"]
 
@@ -62,7 +62,7 @@ async def tracked(
     return response
 
 
-_MARKER_BODY = marker_pattern(FAULTS)
+_MARKER_BODY = marker_pattern(MARKERS)
 
 
 class RealTimeRoutes:
@@ -84,8 +84,9 @@ class RealTimeRoutes:
         return await self._answer(request, raw)
 
     async def _answer(self, request: web.Request, raw: bytes) -> web.StreamResponse:
-        """The checks in the order the API makes them (headers, JSON, body, model), then a marker's fault, then
-        ``_answer_valid``; each refusal in the subclass's API's shape."""
+        """The checks in the order the API makes them (headers, JSON, body, model), then the config's
+        ``always_fault`` or a marker's fault, then ``_answer_valid`` (with the answer kind a marker asks for);
+        each refusal in the subclass's API's shape."""
         state = self._state
         refused = self._refuse_headers(request)
         if refused is not None:
@@ -101,14 +102,17 @@ class RealTimeRoutes:
         if state.allowed_models is not None and model not in state.allowed_models:
             return self._counted(self._unknown_model(model))
         digest = self._digest(raw, body)
+        forced = None
         if MARKER_BYTES in raw:
             forced = marker_fault(body["messages"], digest=digest, hits=state.marker_hits, pattern=_MARKER_BODY,
-                                  allowed=FAULTS, where="", refuse=self._unknown_marker)
+                                  allowed=MARKERS, where="", refuse=self._unknown_marker, seen=state.stats.markers)
             if isinstance(forced, web.Response):
                 return self._counted(forced)
-            if forced is not None:
-                return await self._fault(request, forced, model=model)
-        return await self._answer_valid(request, body=body, model=model, digest=digest)
+        if state.config.always_fault is not None:
+            return await self._fault(request, state.config.always_fault, model=model)
+        if forced is not None and forced not in ANSWER_KINDS:
+            return await self._fault(request, forced, model=model)
+        return await self._answer_valid(request, body=body, model=model, digest=digest, kind=forced)
 
     def _refuse_headers(self, request: web.Request) -> web.Response | None:
         raise NotImplementedError
@@ -129,8 +133,9 @@ class RealTimeRoutes:
         raise NotImplementedError
 
     async def _answer_valid(
-        self, request: web.Request, *, body: dict[str, Any], model: str, digest: bytes
+        self, request: web.Request, *, body: dict[str, Any], model: str, digest: bytes, kind: str | None = None
     ) -> web.StreamResponse:
+        """The answer to a valid request; ``kind`` is an ``ANSWER_KINDS`` marker's, or None for a plain answer."""
         raise NotImplementedError
 
     async def _fault_response(self, request: web.Request, fault: str, *, model: str | None) -> web.StreamResponse:
@@ -141,10 +146,18 @@ class RealTimeRoutes:
         raise NotImplementedError
 
     async def _answer_admitted(
-        self, request: web.Request, *, model: str, charge: int, output_tokens: int, render: Callable[[], bytes]
+        self,
+        request: web.Request,
+        *,
+        model: str,
+        charge: int,
+        output_tokens: int,
+        render: Callable[[], bytes],
+        kind: str | None = None,
     ) -> web.StreamResponse:
         """The end of every valid request: the quotas (``charge`` tokens), a random fault, then ``render()``'s
-        200 body after the sampled latency; ``render`` also counts the answer in the stats."""
+        200 body after the sampled latency; ``render`` also counts the answer in the stats. A ``slow`` answer
+        takes its ``output_tokens`` at ``slow_tokens_per_second`` instead; a ``cut`` one stops half way."""
         state = self._state
         limit_headers: dict[str, str] | None = None
         if has_quota(state):
@@ -155,9 +168,15 @@ class RealTimeRoutes:
         if fault is not None:
             return await self._fault(request, fault, model=model, headers=limit_headers)
         body = render()
-        delay = sample_latency(state, completion_tokens=output_tokens)
+        if kind == "slow":
+            delay = output_tokens / state.config.slow_tokens_per_second
+        else:
+            delay = sample_latency(state, completion_tokens=output_tokens)
         if delay > 0:
             await asyncio.sleep(delay)
+        if kind == "cut":
+            state.stats.count("cut")
+            return await cut_response(request, body, headers=limit_headers)
         return self._counted(web.Response(body=body, headers=limit_headers, content_type="application/json"))
 
     def _counted(self, response: web.Response) -> web.Response:

@@ -201,11 +201,13 @@ def completion_text(*, digest: int, tokens: int, stop: bool) -> str:
     while not _IS_WORD[start]:
         start += 1
     pieces = list(_STREAM[start : start + tokens])
+    while len(pieces) < tokens:  # a long generation (a [[sim:slow]] answer) goes round the stream again
+        pieces.extend(_STREAM[: tokens - len(pieces)])
     pieces[0] = pieces[0].lstrip().capitalize()
     if stop and tokens > 1:
         last = tokens - 1
         # Punctuation is always between words in the stream; keep it that way at the end.
-        if not _IS_WORD[start + last - 1]:
+        if not _IS_WORD[(start + last - 1) % len(_IS_WORD)]:
             pieces[last - 1] = " " + _VOCABULARY[digest % len(_VOCABULARY)]
         pieces[last] = "."
     return "".join(pieces)

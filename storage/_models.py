@@ -138,6 +138,15 @@ class Result(Base):
     # The service tier the answer says served it ("default", "flex", "priority", Anthropic's "standard" or
     # "fast"...): the price follows it; NULL where the answer did not say.
     service_tier: Mapped[str | None] = mapped_column(String(16))
+    # The answer's tool calls in OpenAI's assistant-message shape (core.ChatResult.tool_calls); NULL: none.
+    tool_calls: Mapped[list[dict[str, Any]] | None] = mapped_column()
+    # What the model said when it refused (status "refused"); NULL otherwise.
+    refusal: Mapped[str | None] = mapped_column(Text())
+    # Attempts of this call the provider may have billed (core.ChatResult.maybe_billed, APIError.maybe_billed): 1
+    # for an answer, more when a generation was lost before it; 0 for an error status; NULL before it was kept.
+    maybe_billed: Mapped[int | None] = mapped_column(Integer())
+    # The start of a 2xx body that was no answer (core.RAW_BODY_CHARS), for inspection; NULL otherwise.
+    raw_body: Mapped[str | None] = mapped_column(Text())
     latency_ms: Mapped[float | None] = mapped_column(Float())
     attempts: Mapped[int] = mapped_column(Integer())
     response_model: Mapped[str | None] = mapped_column(String())

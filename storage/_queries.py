@@ -7,10 +7,19 @@ from collections.abc import Collection, Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, case, func, select, update
+from sqlalchemy import and_, case, func, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from llm_dispatch.core import JOB_STATUSES, ROUTES, SENDABLE_PROMPT_STATUSES, ChatResult, JobStatus, UnknownJobError
+from llm_dispatch.core import (
+    JOB_STATUSES,
+    PAID_RESULT_STATUSES,
+    ROUTES,
+    SENDABLE_PROMPT_STATUSES,
+    TRUNCATED_FINISH_REASONS,
+    ChatResult,
+    JobStatus,
+    UnknownJobError,
+)
 
 from ._bulk import IN_CHUNK, INSERT_BATCH, bind_processor, bind_value, chunks, placeholders
 from ._models import Job, Prompt, Result, aware, new_job_id, utcnow
@@ -27,6 +36,8 @@ __all__ = [
     "job_models",
     "load_work",
     "mark_in_flight",
+    "release_in_flight",
+    "reopen_refused",
     "resolve_job",
     "result_stats",
     "set_job_status",
@@ -238,6 +249,19 @@ async def reroute_late_prompts(sessions: Sessions, *, job_id: str, before: datet
         return (await session.execute(stmt)).rowcount
 
 
+async def reopen_refused(sessions: Sessions, *, job_id: str) -> int:
+    """Make the job's refused prompts pending again, to be asked once more (``--retry-refused``); returns how
+    many. Their refusals stay stored as history; each prompt keeps its route."""
+    stmt = (
+        update(Prompt)
+        .where(Prompt.job_id == job_id, Prompt.status == "refused")
+        .values(status="pending", updated_at=utcnow())
+        .execution_options(synchronize_session=False)
+    )
+    async with sessions.begin() as session:
+        return (await session.execute(stmt)).rowcount
+
+
 async def set_planned_route(sessions: Sessions, *, prompt_ids: Sequence[int], route: str, reason: str) -> int:
     """Re-route prompts (say, from batch to real-time when a deadline no longer allows a batch); returns how many."""
     changed = 0
@@ -280,14 +304,25 @@ async def mark_in_flight(sessions: Sessions, *, prompt_ids: Sequence[int]) -> in
     A succeeded prompt stays succeeded, and a batched one stays batched: its batch holds it
     until the batch's result is written or the prompt is released.
     """
+    return await _move(sessions, prompt_ids=prompt_ids, to="in_flight",
+                       when=Prompt.status.not_in(("succeeded", "batched")))
+
+
+async def release_in_flight(sessions: Sessions, *, prompt_ids: Sequence[int]) -> int:
+    """Put prompts still marked in flight back to pending (never sent); returns how many."""
+    return await _move(sessions, prompt_ids=prompt_ids, to="pending", when=Prompt.status == "in_flight")
+
+
+async def _move(sessions: Sessions, *, prompt_ids: Sequence[int], to: str, when: Any) -> int:
+    """Set the status of the prompts with these ids that match ``when`` to ``to``; returns how many changed."""
     changed = 0
     now = utcnow()
     async with sessions.begin() as session:
         for chunk in chunks(prompt_ids, IN_CHUNK):
             stmt = (
                 update(Prompt)
-                .where(Prompt.id.in_(chunk), Prompt.status.not_in(("succeeded", "batched")))
-                .values(status="in_flight", updated_at=now)
+                .where(Prompt.id.in_(chunk), when)
+                .values(status=to, updated_at=now)
                 .execution_options(synchronize_session=False)
             )
             changed += (await session.execute(stmt)).rowcount
@@ -300,7 +335,8 @@ async def mark_in_flight(sessions: Sessions, *, prompt_ids: Sequence[int]) -> in
 async def find_reusable(sessions: Sessions, *, dedupe_keys: Collection[str]) -> dict[str, ChatResult]:
     """For each key with a stored success (any job, sent real-time or by batch), the newest one.
 
-    Rows with route ``reused`` are copies of one of those and are not looked at.
+    Rows with route ``reused`` are copies of one of those and are not looked at; nor are refusals (status
+    ``refused``): an identical prompt is asked again, never given another's refusal.
     """
     found: dict[str, ChatResult] = {}
     async with sessions() as session:
@@ -331,6 +367,7 @@ async def find_reusable(sessions: Sessions, *, dedupe_keys: Collection[str]) -> 
                     cache_creation_extended_tokens=result.cache_creation_extended_tokens or 0,
                     reasoning_tokens=result.reasoning_tokens or 0,
                     service_tier=result.service_tier,
+                    tool_calls=result.tool_calls,
                     model=result.response_model,
                     response_id=result.response_id,
                     latency_s=(result.latency_ms or 0.0) / 1000,
@@ -352,7 +389,9 @@ async def result_stats(sessions: Sessions, *, job_id: str) -> ResultStats:
             )
         }
         succeeded = Result.status == "succeeded"
-        paid = and_(succeeded, Result.route != "reused")
+        answered = Result.status.in_(PAID_RESULT_STATUSES)
+        # Answers, and failures that reported what they used (a 2xx with no usable answer), paid once each.
+        paid = and_(or_(answered, Result.prompt_tokens.is_not(None)), Result.route != "reused")
         timed = and_(succeeded, Result.route == "realtime", Result.latency_ms.is_not(None))
         # One pass over the job's results for the sums and counts (each a query of its own cost as much again).
         tokens = (
@@ -363,9 +402,20 @@ async def result_stats(sessions: Sessions, *, job_id: str) -> ResultStats:
                     func.coalesce(func.sum(case((paid, Result.cached_tokens))), 0),
                     func.count(case((and_(succeeded, Result.route == "reused"), 1))),
                     func.count(case((timed, 1))),
+                    func.coalesce(func.sum(case((paid, Result.reasoning_tokens))), 0),
+                    func.count(case((and_(answered, Result.finish_reason.in_(TRUNCATED_FINISH_REASONS)), 1))),
+                    func.count(case((and_(answered, Result.tool_calls.is_not(None)), 1))),
+                    # Attempts that may have been billed beyond the answers kept: lost generations, 2xx non-answers.
+                    func.coalesce(func.sum(case((Result.route != "reused", Result.maybe_billed - case(
+                        (answered, 1), else_=0)))), 0),
                 ).where(Result.job_id == job_id)
             )
         ).one()
+        # What the user is told of each kind of failure: its newest stored message (what to do included).
+        newest = (select(func.max(Result.id)).where(Result.job_id == job_id, Result.status == "failed")
+                  .group_by(Result.error_class).scalar_subquery())
+        told = {error_class or "unknown": message or "" for error_class, message in await session.execute(
+            select(Result.error_class, Result.error_message).where(Result.id.in_(newest)))}
         reused, n_timed = int(tokens[3]), int(tokens[4])
         p50, p95 = await _percentiles(session, where=and_(Result.job_id == job_id, timed), n=n_timed, fractions=(0.50, 0.95))
     return ResultStats(
@@ -373,11 +423,17 @@ async def result_stats(sessions: Sessions, *, job_id: str) -> ResultStats:
         failed=counts.get("failed", 0),
         reused=reused,
         failed_by_class=dict(sorted(by_class.items(), key=lambda item: -item[1])),
+        failure_messages={name: told[name] for name in by_class if name in told},
         p50_latency_ms=p50,
         p95_latency_ms=p95,
         prompt_tokens=int(tokens[0]),
         completion_tokens=int(tokens[1]),
         cached_tokens=int(tokens[2]),
+        refused=counts.get("refused", 0),
+        truncated=int(tokens[6]),
+        tool_calls=int(tokens[7]),
+        reasoning_tokens=int(tokens[5]),
+        billed_unanswered=int(tokens[8]),
     )
 
 

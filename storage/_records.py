@@ -66,10 +66,11 @@ class JobInfo:
 class ResultStats:
     """A job's outcome for the summary.
 
-    ``succeeded``/``failed`` count prompts as they stand now: a prompt that failed once and
+    ``succeeded``/``refused``/``failed`` count prompts as they stand now: a prompt that failed once and
     succeeded on a later run is only a success. ``failed_by_class`` groups the failed ones by
-    their last error. Latency percentiles are over real-time successes. Token sums cover
-    the calls paid for, so results with route ``reused`` are left out of them.
+    their last error. ``truncated`` and ``tool_calls`` count the answers stored (a row each, reused ones
+    included) that were cut short (``core.TRUNCATED_FINISH_REASONS``) or call tools. Latency percentiles are over real-time successes. Token
+    sums cover the calls paid for (refusals included), so results with route ``reused`` are left out of them.
     """
 
     succeeded: int = 0
@@ -81,14 +82,28 @@ class ResultStats:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    refused: int = 0
+    truncated: int = 0
+    tool_calls: int = 0
+    reasoning_tokens: int = 0
+    # Per class of ``failed_by_class``: its newest stored error message, which says what to do.
+    failure_messages: dict[str, str] = field(default_factory=dict)
+    # Attempts the provider may have billed with no answer kept for them (lost generations, 2xx non-answers).
+    billed_unanswered: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         """Plain JSON-ready values, for flow results and artifacts."""
         return {
             "succeeded": self.succeeded,
+            "refused": self.refused,
+            "truncated": self.truncated,
+            "tool_calls": self.tool_calls,
+            "reasoning_tokens": self.reasoning_tokens,
             "failed": self.failed,
             "reused": self.reused,
             "failed_by_class": dict(self.failed_by_class),
+            "failure_messages": dict(self.failure_messages),
+            "billed_unanswered": self.billed_unanswered,
             "p50_latency_ms": self.p50_latency_ms,
             "p95_latency_ms": self.p95_latency_ms,
             "prompt_tokens": self.prompt_tokens,

@@ -8,7 +8,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, case, func, literal, literal_column, select
+from sqlalchemy import and_, case, func, literal, literal_column, or_, select
+
+from llm_dispatch.core import PAID_RESULT_STATUSES
 
 from ._models import Batch, Job, Prompt, Result, aware
 from ._engine import Sessions
@@ -32,8 +34,9 @@ EXPORT_PAGE = 2000
 
 @dataclass(frozen=True, slots=True)
 class UsageRow:
-    """Paid usage of one job on one route and model, and its stored cost: successes only, ``reused``
-    answers left out (they cost 0). One row per price table the answers were priced with."""
+    """Paid usage of one job on one route and model, and its stored cost: answers (refusals included: they are
+    billed) and failures whose 2xx reported usage, ``reused`` ones left out (they cost 0). One row per price
+    table the answers were priced with."""
 
     route: str
     model: str
@@ -97,6 +100,10 @@ class ExportRow:
     discount: str | None = None
     prices_as_of: str | None = None
     cost_basis: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    refusal: str | None = None
+    maybe_billed: int | None = None
+    raw_body: str | None = None
     # The conversation as sent (a prompt given as ``prompt`` is one user message).
     messages: list[dict[str, Any]] | None = None
 
@@ -135,7 +142,9 @@ async def usage_by_route(
             *stamp,
         )
         .join(Prompt, Prompt.id == Result.prompt_id)
-        .where(Result.job_id == job_id, Result.status == "succeeded", Result.route != "reused")
+        .where(Result.job_id == job_id, Result.route != "reused",
+               # Answers, and failures that reported what they used (a 2xx with no usable answer).
+               or_(Result.status.in_(PAID_RESULT_STATUSES), Result.prompt_tokens.is_not(None)))
         .group_by(Result.route, Prompt.model, "long_prompt", Result.service_tier, *stamp)
     )
     async with sessions() as session:
@@ -228,7 +237,8 @@ async def list_jobs(sessions: Sessions, *, limit: int = 20) -> list[JobSummary]:
 _EXPORTED_RESULT_FIELDS = ("route", "text", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens",
                            "cache_creation_tokens", "cache_creation_extended_tokens", "reasoning_tokens",
                            "service_tier", "latency_ms", "error_class", "error_message", "cost_pico_usd",
-                           "discount", "prices_as_of", "cost_basis")
+                           "discount", "prices_as_of", "cost_basis", "tool_calls", "refusal", "maybe_billed",
+                           "raw_body")
 
 
 async def export_rows(sessions: Sessions, *, job_id: str) -> AsyncIterator[ExportRow]:

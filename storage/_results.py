@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from operator import itemgetter
-from typing import Final, Literal, NamedTuple
+from typing import Any, Final, Literal, NamedTuple
 
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -45,10 +45,10 @@ class ResultRow(NamedTuple):
 
     prompt_id: int
     route: str
-    status: str  # the result's: succeeded or failed
+    status: str  # the result's: succeeded, refused or failed
     attempts: int
     created_at: datetime
-    # The prompt's new status (not a column): succeeded; failed; pending after a failure that is not final.
+    # The prompt's new status (not a column): succeeded; refused; failed; pending after a failure that is not final.
     prompt_status: PromptStatus
     text: str | None = None
     finish_reason: str | None = None
@@ -72,6 +72,10 @@ class ResultRow(NamedTuple):
     prices_as_of: str | None = None
     prices_file: str | None = None
     cost_basis: CostBasis | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    refusal: str | None = None
+    maybe_billed: int | None = None
+    raw_body: str | None = None
     # For a final failure (not a column): whether another try could succeed.
     retryable: bool | None = None
 
@@ -82,6 +86,7 @@ LEDGER_FIELDS: Final = ("cost_pico_usd", "list_cost_pico_usd", "discount", "pric
 _PLAIN_COLUMNS: Final = tuple(name for name in ResultRow._fields if name not in (*_NOT_COLUMNS, "created_at"))
 RESULT_COLUMNS: Final[tuple[str, ...]] = (*_PLAIN_COLUMNS, "created_at", "job_id")
 _plain_values = itemgetter(*(ResultRow._fields.index(name) for name in _PLAIN_COLUMNS))
+_TOOL_CALLS: Final = _PLAIN_COLUMNS.index("tool_calls")
 
 
 def shares(prompt_ids: Sequence[int], route: str, row: Callable[[int, ResultRoute, bool], ResultRow]) -> list[ResultRow]:
@@ -159,7 +164,8 @@ def answer_rows(
     ledger: RowLedger = NO_PRICES,
     model: str | None = None,
 ) -> list[ResultRow]:
-    """The rows of these answers, each ``(prompt_ids, result)``, in order; their prompts become ``succeeded``.
+    """The rows of these answers, each ``(prompt_ids, result)``, in order; their prompts become ``succeeded``, or
+    ``refused`` when the model refused (a refusal's rows are ``refused`` too, priced as any answer: it was paid).
 
     Each answer's rows follow ``shares``' rule: its first prompt gets ``route`` and paid (unless the route is
     ``reused``), the others sharing it get ``reused``. Only the paid row counts attempts and the HTTP status, and
@@ -181,15 +187,19 @@ def answer_rows(
                   result.cached_tokens, result.cache_creation_tokens or None, latency_ms, result.model,
                   result.response_id, result.cache_creation_extended_tokens or None, result.reasoning_tokens or None,
                   result.service_tier)
+        # After the ledger's fields, in ResultRow's order; the paid row counts the attempts that may have been billed.
+        kind = (result.tool_calls, result.refusal)
+        status = "succeeded" if result.refusal is None else "refused"
         if paying:
-            cost = ledger.paid(result, model=model, route=route)  # type: ignore[arg-type]
-            rows.append(ResultRow(prompt_ids[0], route, "succeeded", result.attempts, now, "succeeded", *answer,
-                                  200, None, None, *cost))
+            # A call its provider did not bill (Anthropic's refusal before any output) costs 0, its usage kept.
+            cost = ledger.paid(result, model=model, route=route) if result.maybe_billed else free  # type: ignore[arg-type]
+            rows.append(ResultRow(prompt_ids[0], route, status, result.attempts, now, status, *answer,
+                                  200, None, None, *cost, *kind, result.maybe_billed))
         else:
-            rows.append(ResultRow(prompt_ids[0], route, "succeeded", 0, now, "succeeded", *answer, None, None, None,
-                                  *free))
+            rows.append(ResultRow(prompt_ids[0], route, status, 0, now, status, *answer, None, None, None,
+                                  *free, *kind, 0))
         if len(prompt_ids) > 1:
-            rows.extend(ResultRow(pid, "reused", "succeeded", 0, now, "succeeded", *answer, None, None, None, *free)
+            rows.extend(ResultRow(pid, "reused", status, 0, now, status, *answer, None, None, None, *free, *kind, 0)
                         for pid in prompt_ids[1:])
     return rows
 
@@ -202,8 +212,11 @@ def failure_rows(
     now: datetime,
     final: bool,
     ledger: RowLedger = NO_PRICES,
+    model: str | None = None,
 ) -> list[ResultRow]:
-    """The rows of one failed call for these prompts: error class, HTTP status, message, attempts, cost 0.
+    """The rows of one failed call for these prompts: error class, HTTP status, message, attempts; cost 0, unless
+    the call was answered with a 2xx that carried no usable answer but said what it used (``error.usage``): that
+    usage is stored and priced on the row that paid, as a request to ``model``.
 
     ``final`` fails the prompts (retryable or not, from ``error.retryable``); otherwise the failure is
     kept as history and the prompts go back to ``pending``.
@@ -213,9 +226,18 @@ def failure_rows(
     status_code = getattr(error, "status_code", None)
     attempts = int(getattr(error, "attempts", 1) or 1)
     retryable = bool(getattr(error, "retryable", False)) if final else None
-    free = ledger.free
+    usage: ChatResult | None = getattr(error, "usage", None)
+    free = dict(zip(LEDGER_FIELDS, ledger.free))
 
     def row(prompt_id: int, route: ResultRoute, paid: bool) -> ResultRow:
+        billed: dict[str, Any] = {}
+        if paid and usage is not None:
+            billed = {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+                      "cached_tokens": usage.cached_tokens, "cache_creation_tokens": usage.cache_creation_tokens or None,
+                      "cache_creation_extended_tokens": usage.cache_creation_extended_tokens or None,
+                      "reasoning_tokens": usage.reasoning_tokens or None, "service_tier": usage.service_tier,
+                      "response_model": usage.model, "response_id": usage.response_id,
+                      **dict(zip(LEDGER_FIELDS, ledger.paid(usage, model=model, route=route)))}
         return ResultRow(
             prompt_id=prompt_id,
             route=route,
@@ -227,7 +249,9 @@ def failure_rows(
             error_class=error_class,
             error_message=message,
             retryable=retryable,
-            **dict(zip(LEDGER_FIELDS, free)),
+            maybe_billed=int(getattr(error, "maybe_billed", 0) or 0) if paid else 0,
+            raw_body=getattr(error, "raw_body", None) if paid else None,
+            **{**free, **billed},
         )
 
     return shares(prompt_ids, route, row)
@@ -253,6 +277,7 @@ async def write_results(
     # Plain tuples through the driver's executemany (see storage._bulk): at thousands of rows a second,
     # SQLAlchemy's per-row parameter handling costs more than the database does.
     to_time = bind_processor(Result.__table__.c.created_at, dialect)
+    to_json = bind_processor(Result.__table__.c.tool_calls, dialect)
     stamp: datetime | None = None
     bound = None
     one_job = job_ids if isinstance(job_ids, str) else None
@@ -262,7 +287,10 @@ async def write_results(
             stamp = row.created_at
             bound = to_time(stamp)
         job_id = one_job if one_job is not None else job_ids[row.prompt_id]  # type: ignore[index]
-        params.append((*_plain_values(row), bound, job_id))
+        values = _plain_values(row)
+        if row.tool_calls is not None:  # the one JSON column: as its type writes it
+            values = (*values[:_TOOL_CALLS], to_json(row.tool_calls), *values[_TOOL_CALLS + 1:])
+        params.append((*values, bound, job_id))
     await conn.exec_driver_sql(_insert_sql(dialect), params)  # type: ignore[arg-type]
     updated = bind_value(Prompt.__table__.c.updated_at, now, dialect)
     states = _prompt_states(rows)

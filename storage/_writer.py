@@ -17,7 +17,7 @@ from llm_dispatch.core import ChatResult, PriceTable, ResultRoute
 
 from ._bulk import IN_CHUNK, chunks
 from ._models import Prompt, utcnow
-from ._queries import mark_in_flight
+from ._queries import mark_in_flight, release_in_flight
 from ._results import ResultRow, RowLedger, answer_rows, failure_rows, write_results
 from ._engine import Sessions
 
@@ -139,13 +139,21 @@ class ResultWriter:
         error: BaseException,
         final: bool = True,
         route: ResultRoute = "realtime",
+        model: str | None = None,
     ) -> None:
-        """Record a failed call for these prompts: error class, HTTP status, message, attempts.
+        """Record a failed call for these prompts: error class, HTTP status, message, attempts, and the cost of
+        what a 2xx with no usable answer said it used (priced as a request to ``model``).
 
         ``final`` marks the prompts failed (``failed_retryable`` from ``error.retryable``);
         otherwise the failure is kept as history and the prompts go back to pending.
         """
-        await self._add(failure_rows(prompt_ids, error, route=route, now=utcnow(), final=final, ledger=self._ledger))
+        await self._add(failure_rows(prompt_ids, error, route=route, now=utcnow(), final=final, ledger=self._ledger,
+                                     model=model))
+
+    async def release(self, *, prompt_ids: Sequence[int]) -> int:
+        """Put prompts marked in flight back to pending, unsent (a run that stopped before sending them)."""
+        async with self._lock:
+            return await release_in_flight(self._sessions, prompt_ids=prompt_ids)
 
     async def mark_in_flight(self, *, prompt_ids: Sequence[int]) -> int:
         """Mark prompts as being sent, taking turns with result writes.

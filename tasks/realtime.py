@@ -10,7 +10,15 @@ from prefect.utilities.annotations import quote
 
 from llm_dispatch import storage
 from llm_dispatch.jobs import Chunk, SendChunk
-from llm_dispatch.core import ChatRequest, ChatSender, DispatchOutcome, WorkItem, current_progress, send_all
+from llm_dispatch.core import (
+    ChatRequest,
+    ChatSender,
+    DispatchOutcome,
+    RunStop,
+    WorkItem,
+    current_progress,
+    send_all,
+)
 
 
 @task(name="send-chunk", task_run_name="send chunk {number}/{of} ({size} prompts)", cache_policy=NO_CACHE)
@@ -26,13 +34,15 @@ async def send_chunk(
     concurrency: int,
     before_send: Callable[[], Awaitable[None]] | None = None,
     on_dispatched: Callable[[], None] | None = None,
+    stop: RunStop | None = None,
 ) -> DispatchOutcome:
     """Send one request per group of identical prompts, at most ``concurrency`` at once.
 
     Holds one slot of the run's concurrency-limit tag while it runs (Prefect acquires it from the
     task's tags), so across all flow runs: requests in flight <= tag limit x ``concurrency``.
     ``before_send`` is awaited once the chunk is ready (rows loaded, prompts marked in flight) and
-    before its first request; ``on_dispatched`` fires when about two rounds are left to finish.
+    before its first request; ``on_dispatched`` fires when about two rounds are left to finish. ``stop``: the
+    run's, which leaves a stopped provider's or model's prompts pending, unsent.
     """
     requests = chunk.requests
     if requests is None:
@@ -43,7 +53,7 @@ async def send_chunk(
     if before_send is not None:
         await before_send()
     return await send_all(client=client, items=items, sink=sink, concurrency=concurrency,
-                          progress=current_progress.get(), on_dispatched=on_dispatched)
+                          progress=current_progress.get(), on_dispatched=on_dispatched, stop=stop)
 
 
 def chunk_sender(*, tag: str) -> SendChunk:

@@ -136,7 +136,7 @@ async def test_cancel_keeps_what_was_answered_and_fails_the_canceled_lines(env: 
 @pytest.mark.parametrize("fault", ["create_lost_hang:2", "create_lost_drop", "create_lost_502"])
 async def test_a_lost_create_is_adopted_not_made_twice(env: Env, fault: str) -> None:
     client = LLMClient(provider="anthropic", base_url=env.sim.root, api_key="sk-ant-sim-key", max_retries=2,
-                       request_timeout=0.5)
+                       request_timeout=0.5, file_timeout=0.5)
     await env.check_a_lost_create_is_adopted(fault, client=client, made=lambda: message_batches(env.sim),
                                              counted="message_batches")
 
@@ -182,3 +182,22 @@ async def test_same_size_batches_created_together_each_get_their_own_provider_ba
         await env.finish(batch_id)
     assert await storage.job_counts(env.sessions, job_id=job_id) == {"succeeded": 8}
     assert sorted(r.prompt_id for r in await env.results(job_id)) == sorted(ids)
+
+
+async def test_each_kind_of_result_without_an_answer_is_settled_as_anthropic_documents_it(env: Env) -> None:
+    """Sent again: errored timeout_error, api_error (and overloaded, rate limit), canceled and expired results;
+    failed: the request's or the account's own errors; a succeeded result with no content (billed) is not sent
+    again."""
+    contents = ["slow [[sim:line_timeout]]", "broken [[sim:503]]", "stopped [[sim:line_cancelled]]",
+                "late [[sim:line_expired]]", "key [[sim:401]]", "credit [[sim:402]]", "hollow [[sim:empty_choices]]",
+                "fine"]
+    job_id, ids = await env.job(contents)
+    [batch_id] = await env.submit(job_id)
+    outcome = await env.finish(batch_id)
+    assert (outcome.succeeded, outcome.resend) == (1, 4)
+    assert outcome.failed_by_code == {"authentication_error": 1, "billing_error": 1, "unusable_answer": 1}
+    counts = await storage.job_counts(env.sessions, job_id=job_id)
+    assert counts == {"pending": 4, "failed": 3, "succeeded": 1}
+    rows = {r.prompt_id: r for r in await env.results(job_id)}
+    assert rows[ids[0]].error_class == "BatchLineError" and "timed out" in (rows[ids[0]].error_message or "")
+    assert "billed" in (rows[ids[6]].error_message or "")

@@ -123,6 +123,7 @@ def test_each_result_line_type_is_read(tmp_path: Path) -> None:
         ("e1", "invalid_request_error", False), ("e2", "overloaded_error", True),
         ("c", "canceled", True), ("e", "expired", True),
         (None, INVALID_OUTPUT_LINE, False), ("w", INVALID_OUTPUT_LINE, True), (None, INVALID_OUTPUT_LINE, False),
-        ("m", INVALID_OUTPUT_LINE, True),
+        # A succeeded result with no Message was answered (billed): never sent again.
+        ("m", "unusable_answer", False),
     ]
     assert lines[1].error_message == "bad" and lines[5].line == 7

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from llm_dispatch.core import BatchFileWriter
-from llm_dispatch.core._batch_files import INVALID_OUTPUT_LINE, read_batch_output, write_batch_files
+from llm_dispatch.core._batch_files import INVALID_OUTPUT_LINE, UNUSABLE_ANSWER, read_batch_output, write_batch_files
 from llm_dispatch.core._batch_types import BatchLimits
 from llm_dispatch.core._types import ChatRequest
 
@@ -231,11 +231,29 @@ def test_garbled_lines_are_reported_without_losing_the_others(tmp_path: Path) ->
         (1, "first", None),
         (2, None, INVALID_OUTPUT_LINE),
         (4, None, INVALID_OUTPUT_LINE),
-        (5, "hollow", INVALID_OUTPUT_LINE),
+        (5, "hollow", UNUSABLE_ANSWER),
         (6, None, INVALID_OUTPUT_LINE),
         (7, "neither", INVALID_OUTPUT_LINE),
         (8, "last", None),
     ]
     assert all("line" in (line.error_message or "line") for line in lines)
-    # An answer that was lost in transit can be asked for again when we know whose it was.
-    assert [line.retryable for line in lines if line.error_code] == [False, False, True, False, True]
+    # An answer that was lost in transit can be asked for again when we know whose it was; a 200 that carried no
+    # answer was billed, and is not sent again.
+    assert [line.retryable for line in lines if line.error_code] == [False, False, False, False, True]
+    assert [line.billed for line in lines if line.error_code] == [False, False, True, False, False]
+
+
+@pytest.mark.parametrize(("code", "retryable", "billed"), [
+    ("batch_expired", True, False),  # documented: not completed, not charged
+    ("batch_cancelled", True, False),  # seen in practice: never ran
+    ("request_timeout", True, None),  # seen in practice: ran, billing not said
+    ("something_new", False, False),  # undocumented: not sent again blindly
+])
+def test_each_openai_line_error_code_is_sent_again_or_not_as_documented(
+    tmp_path: Path, code: str, retryable: bool, billed: bool | None
+) -> None:
+    path = tmp_path / "errors.jsonl"
+    path.write_text(json.dumps({"id": "batch_req_1", "custom_id": "x", "response": None,
+                                "error": {"code": code, "message": "stopped"}}) + "\n")
+    [line] = read_batch_output(path)
+    assert (line.error_code, line.retryable, line.billed) == (code, retryable, billed)

@@ -374,3 +374,22 @@ async def test_ingesting_twice_writes_each_answer_once(env: Env) -> None:
     assert (outcome.succeeded, outcome.failed, outcome.resend) == (0, 0, 0)
     async with env.sessions() as session:
         assert (await session.execute(select(func.count()).select_from(Result))).scalar_one() == 6
+
+
+async def test_each_kind_of_line_without_an_answer_is_settled_as_openai_says(env: Env) -> None:
+    """Sent again: batch_expired (documented), batch_cancelled and request_timeout (seen in practice), a 429 line;
+    failed: a 400 line, and a 200 line with no answer (billed, so never sent again)."""
+    contents = ["late [[sim:line_expired]]", "stopped [[sim:line_cancelled]]", "slow [[sim:line_timeout]]",
+                "busy [[sim:429]]", "bad [[sim:400]]", "hollow [[sim:empty_choices]]", "fine"]
+    job_id, ids = await env.job(contents)
+    [batch_id] = await env.submit(job_id)
+    outcome = await env.finish(batch_id)
+    assert (outcome.succeeded, outcome.resend) == (1, 4)
+    assert outcome.failed_by_code == {"invalid_request_error": 1, "unusable_answer": 1}
+    prompts = {p.custom_id: (p.status, p.failed_retryable, p.last_error_class) for p in await env.prompts(job_id)}
+    assert [prompts[f"c-{i}"][0] for i in range(7)] == [
+        "pending", "pending", "pending", "pending", "failed", "failed", "succeeded"]
+    assert prompts["c-4"][1:] == (False, "BadRequestError")
+    assert prompts["c-5"][1:] == (False, "BatchLineError")
+    hollow = [r for r in await env.results(job_id) if r.prompt_id == ids[5]]
+    assert hollow[0].error_message and "billed" in hollow[0].error_message

@@ -127,7 +127,7 @@ async def test_retryable_status_then_success(router: respx.Router, fake_time: Fa
 
 @pytest.mark.parametrize(
     ("headers", "delay"),
-    [({"retry-after": "1"}, 1.0), ({"retry-after-ms": "250"}, 0.25), ({"retry-after": "500"}, 0.5)],
+    [({"retry-after": "1"}, 1.0), ({"retry-after-ms": "250"}, 0.25), ({"retry-after": "120"}, 120.0)],
 )
 async def test_retry_after_is_passed_to_sleep(
     router: respx.Router, fake_time: FakeTime, headers: dict[str, str], delay: float
@@ -139,6 +139,20 @@ async def test_retry_after_is_passed_to_sleep(
         await client.chat(REQUEST)
     assert route.call_count == 2
     assert fake_time.sleeps == [delay]
+
+
+@pytest.mark.parametrize("headers", [{"retry-after": "121"}, {"retry-after-ms": "300000"},
+                                     {"retry-after": "500", "x-should-retry": "true"}])
+async def test_a_retry_after_above_two_minutes_is_not_retried_and_says_when_to_come_back(
+    router: respx.Router, fake_time: FakeTime, headers: dict[str, str]
+) -> None:
+    """openai-python now honours a Retry-After up to 120 s and, beyond it, surfaces the error (it beats
+    x-should-retry): not retried, kept for a later run, with a hint that says how long the provider asked."""
+    route = router.post("/chat/completions", name="chat").respond(429, headers=headers)
+    error = await chat_error(make_client(router, fake_time), RateLimitError)
+    assert route.call_count == 1 and fake_time.sleeps == []
+    assert "longer than the 120 s llm-dispatch waits" in str(error) and "run the same command again" in str(error)
+    assert error.lasting == "wait" and error.retryable
 
 
 @pytest.mark.parametrize(
@@ -203,12 +217,26 @@ async def test_max_retries_zero_sends_once(router: respx.Router, fake_time: Fake
 # --- timeouts and dropped connections (mocked) ------------------------------------------------
 
 
-async def test_read_timeout_is_retried_then_raised_as_timeout(router: respx.Router, fake_time: FakeTime) -> None:
+async def test_a_timed_out_generation_is_tried_again_once_and_each_attempt_counted_as_maybe_billed(
+    router: respx.Router, fake_time: FakeTime
+) -> None:
+    """A read timeout came after the request was sent: the model may have been generating (and billing). Tried
+    again once, whatever max_retries says; then not sent again, by this run or a later one."""
     route = router.post("/chat/completions", name="chat").mock(side_effect=httpx.ReadTimeout)
-    error = await chat_error(make_client(router, fake_time, max_retries=2), APITimeoutError)
-    assert route.call_count == 3
-    assert error.attempts == 3
+    error = await chat_error(make_client(router, fake_time, max_retries=5), APITimeoutError)
+    assert route.call_count == 2 and error.attempts == 2
+    assert error.maybe_billed == 2 and not error.retryable
+    assert "not back within its deadline on 2 attempts" in str(error) and "each may have been billed" in str(error)
     assert isinstance(error.__cause__, httpx.ReadTimeout)
+
+
+async def test_a_connect_timeout_is_retried_as_often_as_any_connection_error(
+    router: respx.Router, fake_time: FakeTime
+) -> None:
+    """The request never reached the server: nothing was generated or billed."""
+    route = router.post("/chat/completions", name="chat").mock(side_effect=httpx.ConnectTimeout)
+    error = await chat_error(make_client(router, fake_time, max_retries=2), APITimeoutError)
+    assert route.call_count == 3 and error.maybe_billed == 0 and error.retryable
 
 
 async def test_timeout_then_success(router: respx.Router, fake_time: FakeTime) -> None:
@@ -218,7 +246,23 @@ async def test_timeout_then_success(router: respx.Router, fake_time: FakeTime) -
     async with make_client(router, fake_time) as client:
         result = await client.chat(REQUEST)
     assert route.call_count == 2
-    assert result.attempts == 2
+    assert result.attempts == 2 and result.maybe_billed == 2
+
+
+class _CutStream(httpx.AsyncByteStream):
+    """A body that stops half way: the status line and headers came, the rest never does."""
+
+    async def __aiter__(self):  # type: ignore[no-untyped-def]
+        yield b'{"id": "chatcmpl-1", "choices": ['
+        raise httpx.RemoteProtocolError("peer closed connection without sending complete message body")
+
+
+async def test_a_2xx_cut_off_after_its_status_line_is_tried_again_once(router: respx.Router, fake_time: FakeTime) -> None:
+    route = router.post("/chat/completions", name="chat").mock(
+        side_effect=lambda request: httpx.Response(200, headers={"content-length": "500"}, stream=_CutStream()))
+    error = await chat_error(make_client(router, fake_time, max_retries=5), APIConnectionError)
+    assert route.call_count == 2 and error.maybe_billed == 2 and not error.retryable
+    assert "cut off after its status line on 2 attempts" in str(error)
 
 
 async def test_remote_protocol_error_is_a_connection_error_not_a_timeout(
@@ -277,23 +321,33 @@ async def test_aiohttp_disconnect_mapped_to_connect_timeout_is_still_a_connectio
     ],
     ids=["not-json", "no-choices", "empty-choices", "not-an-object"],
 )
-async def test_malformed_body_is_retried_then_raised(
+async def test_a_2xx_that_is_not_an_answer_is_never_sent_again(
     router: respx.Router, fake_time: FakeTime, response: httpx.Response
 ) -> None:
+    """As openai-python and Anthropic's SDK: a 2xx that was read is never resent (it may have been billed)."""
     route = router.post("/chat/completions", name="chat").mock(return_value=response)
-    error = await chat_error(make_client(router, fake_time, max_retries=1), APIResponseValidationError)
-    assert route.call_count == 2
-    assert error.attempts == 2
+    error = await chat_error(make_client(router, fake_time, max_retries=5), APIResponseValidationError)
+    assert route.call_count == 1 and error.attempts == 1
+    assert not error.retryable and "HTTP 200 was received and may have been billed" in str(error)
+    assert error.usage is None  # it said nothing of what it used
 
 
-async def test_malformed_body_then_success(router: respx.Router, fake_time: FakeTime) -> None:
-    route = router.post("/chat/completions", name="chat").mock(
-        side_effect=[httpx.Response(200, text="{not json"), httpx.Response(200, json=completion())]
-    )
-    async with make_client(router, fake_time) as client:
-        result = await client.chat(REQUEST)
-    assert route.call_count == 2
-    assert result.text == "Hi!"
+@pytest.mark.parametrize("body", [
+    {"id": "c", "model": "gpt-4o-mini", "choices": [],
+     "usage": {"prompt_tokens": 40, "completion_tokens": 7, "total_tokens": 47,
+               "completion_tokens_details": {"reasoning_tokens": 5}}},
+    {"error": {"message": "The server had an error", "type": "server_error"},
+     "usage": {"prompt_tokens": 40, "completion_tokens": 7, "total_tokens": 47,
+               "completion_tokens_details": {"reasoning_tokens": 5}}},
+], ids=["empty-choices", "error-body"])
+async def test_a_2xx_with_no_answer_carries_the_usage_it_reported(
+    router: respx.Router, fake_time: FakeTime, body: dict[str, Any]
+) -> None:
+    router.post("/chat/completions", name="chat").respond(200, json=body)
+    error = await chat_error(make_client(router, fake_time), APIResponseValidationError)
+    usage = error.usage
+    assert usage is not None and usage.text is None
+    assert (usage.prompt_tokens, usage.completion_tokens, usage.reasoning_tokens) == (40, 7, 5)
 
 
 # --- secrets and auth headers -----------------------------------------------------------------

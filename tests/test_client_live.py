@@ -63,7 +63,7 @@ async def test_the_default_transport_answers_a_chat(start_sim: StartSim):
     assert result.prompt_tokens > 0 and result.attempts == 1
 
 
-@pytest.mark.parametrize("fault", ["429", "500", "503", "drop", "malformed"])
+@pytest.mark.parametrize("fault", ["429", "500", "503", "drop"])
 async def test_a_retryable_fault_is_retried_and_the_answer_kept(start_sim: StartSim, fault: str):
     url = await start_sim(retry_after=0.01)
     await queue_faults(url, fault)
@@ -71,6 +71,15 @@ async def test_a_retryable_fault_is_retried_and_the_answer_kept(start_sim: Start
         result = await llm.chat(request())
     assert result.attempts == 2 and result.text
     assert (await stats(url))["requests_total"] == 2
+
+
+async def test_a_200_that_is_not_json_is_sent_once(start_sim: StartSim):
+    url = await start_sim()
+    await queue_faults(url, "malformed")
+    async with client(url) as llm:
+        with pytest.raises(APIResponseValidationError, match="may have been billed, so it is not sent again"):
+            await llm.chat(request())
+    assert (await stats(url))["requests_total"] == 1
 
 
 async def test_a_drop_every_time_ends_in_a_connection_error_naming_the_server(start_sim: StartSim):
@@ -148,3 +157,20 @@ async def test_a_gzip_error_body_is_read_once_decompressed() -> None:
         assert getattr(caught.value, "status_code", None) == 404
     finally:
         await runner.cleanup()
+
+
+async def test_a_200_cut_off_after_its_headers_is_sent_twice_at_most(start_sim: StartSim):
+    url = await start_sim()
+    async with client(url, max_retries=5) as llm:
+        with pytest.raises(APIConnectionError, match="cut off after its status line on 2 attempts") as caught:
+            await llm.chat(request("[[sim:cut]] hi"))
+    assert caught.value.maybe_billed == 2 and not caught.value.retryable
+    assert (await stats(url))["markers"] == {"cut": 2}
+
+
+async def test_a_hang_is_tried_again_once_whatever_max_retries_says(start_sim: StartSim):
+    url = await start_sim()
+    async with client(url, request_timeout=0.2, max_retries=5) as llm:
+        with pytest.raises(APITimeoutError, match="not back within its deadline on 2 attempts"):
+            await llm.chat(request("[[sim:hang]] hi"))
+    assert (await stats(url))["markers"] == {"hang": 2}

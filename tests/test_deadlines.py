@@ -102,3 +102,33 @@ async def test_the_timer_slows_again_once_a_short_deadline_is_no_longer_in_fligh
     assert deadlines.resolution == 1.0
     release.set()
     await task
+
+
+def test_an_attempts_deadline_grows_with_its_maximum_output_at_anthropics_pace() -> None:
+    from llm_dispatch.core._deadlines import attempt_deadline
+
+    # 1 h per 128,000 output tokens, never under the request timeout.
+    assert attempt_deadline(max_output=None, floor=600) == 600
+    assert attempt_deadline(max_output=16_000, floor=600) == 600  # 450 s of generation fits the floor
+    assert attempt_deadline(max_output=64_000, floor=600) == 1800
+    assert attempt_deadline(max_output=128_000, floor=600) == 3600
+    assert attempt_deadline(max_output=16_000, floor=120) == 450
+
+
+async def test_a_slow_long_generation_is_waited_for_as_long_as_its_cap_says(start_sim) -> None:  # noqa: ANN001
+    """Over real sockets: a generation slower than the request timeout is answered once, because its cap gives it
+    the time; the same generation without a cap is cut at the request timeout."""
+    import httpx
+
+    from llm_dispatch.core import APITimeoutError, ChatRequest, LLMClient
+
+    url = await start_sim(slow_tokens_per_second=2000.0)  # 1,000 tokens: 0.5 s
+    ask = [{"role": "user", "content": "[[sim:slow]] prove it"}]
+    async with LLMClient(base_url=url, request_timeout=0.2, max_retries=0) as client:
+        answer = await client.chat(ChatRequest(model="gpt-5.4", messages=ask, params={"max_completion_tokens": 1000}))
+        assert answer.completion_tokens == 1000 and answer.attempts == 1
+        with pytest.raises(APITimeoutError):
+            await client.chat(ChatRequest(model="gpt-5.4", messages=ask))  # uncapped: 16,000 tokens, 8 s
+    async with httpx.AsyncClient(timeout=5) as raw:  # the simulator runs in this loop: ask it without blocking
+        stats = (await raw.get(url.removesuffix("/v1") + "/_sim/stats")).json()
+    assert stats["markers"] == {"slow": 2}

@@ -50,7 +50,9 @@ class RecordingSink:
             raise OSError("disk full")
         self.successes.append((tuple(prompt_ids), result.text or ""))
 
-    async def failure(self, *, prompt_ids: Sequence[int], error: BaseException, final: bool = True) -> None:
+    async def failure(
+        self, *, prompt_ids: Sequence[int], error: BaseException, final: bool = True, model: str | None = None
+    ) -> None:
         self.failures.append((tuple(prompt_ids), type(error).__name__))
 
 

@@ -84,6 +84,7 @@ async def test_the_message_has_anthropics_exact_shape(start_sim: StartSim, raw: 
         "message", "assistant", MODEL, None)
     assert [block["type"] for block in message["content"]] == ["text"]
     assert message["stop_reason"] in ("end_turn", "max_tokens")
+    # As the SDK's Usage type has it: the cache writes by duration too, and the tier that served the request.
     assert set(message["usage"]) == {"input_tokens", "output_tokens", "cache_read_input_tokens",
                                      "cache_creation_input_tokens", "cache_creation", "service_tier"}
     assert set(message["usage"]["cache_creation"]) == {"ephemeral_5m_input_tokens", "ephemeral_1h_input_tokens"}

@@ -147,7 +147,7 @@ async def test_a_lost_create_answer_still_creates_exactly_one_batch(
 ) -> None:
     admin.post("/_sim/batch_faults", json={"faults": [fault]}).raise_for_status()
     async with LLMClient(provider="anthropic", base_url=sim_url, api_key="k", max_retries=0,
-                         request_timeout=0.5) as llm:
+                         request_timeout=0.5, file_timeout=0.5) as llm:
         with pytest.raises(exception):
             await llm.create_message_batch(requests=requests(["Name a river."]))
         listed = [batch async for batch in llm.iter_message_batches()]
@@ -157,7 +157,7 @@ async def test_a_lost_create_answer_still_creates_exactly_one_batch(
 async def test_a_hung_create_creates_nothing(sim_url: str, admin: httpx.Client) -> None:
     admin.post("/_sim/batch_faults", json={"faults": ["hang_create:5"]}).raise_for_status()
     async with LLMClient(provider="anthropic", base_url=sim_url, api_key="k", max_retries=0,
-                         request_timeout=0.3) as llm:
+                         request_timeout=0.3, file_timeout=0.3) as llm:
         with pytest.raises(APITimeoutError):
             await llm.create_message_batch(requests=requests(["Name a river."]))
     assert admin.get("/_sim/stats").json()["message_batches"] == 0
@@ -216,3 +216,12 @@ def test_an_invalid_request_refuses_the_whole_create(
 def test_an_unknown_batch_is_a_404(admin: httpx.Client) -> None:
     missing = admin.get("/v1/messages/batches/msgbatch_nope")
     assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found_error"
+
+
+async def test_a_message_batch_create_has_the_upload_deadline_not_a_chats(sim_url: str, admin: httpx.Client) -> None:
+    """The body is the whole batch (up to 256 MB): a create slower than a chat's deadline is waited for."""
+    admin.post("/_sim/batch_faults", json={"faults": ["create_lost_hang:0.6"]}).raise_for_status()
+    async with LLMClient(provider="anthropic", base_url=sim_url, api_key="k", max_retries=0,
+                         request_timeout=0.2, file_timeout=5) as llm:
+        created = await llm.create_message_batch(requests=requests(["Name a river."]))
+    assert created.id and admin.get("/_sim/stats").json()["message_batches"] == 1

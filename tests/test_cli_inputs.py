@@ -99,7 +99,7 @@ def test_an_excel_csv_keeps_its_ids_and_a_past_deadline_warns_and_goes_real_time
     assert summary["counts"] == {"succeeded": 2}
     exported = run(tmp_path, "export", summary["job_id"])
     rows = [json.loads(line) for line in exported.stdout.splitlines()]
-    assert [(row["custom_id"], row["route"]) for row in rows] == [("q1", "realtime"), ("q2", "realtime")]
+    assert [(row["id"], row["route"]) for row in rows] == [("q1", "realtime"), ("q2", "realtime")]
 
 
 def test_max_tokens_to_a_reasoning_model_is_answered_under_simulate(tmp_path: Path) -> None:

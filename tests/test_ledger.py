@@ -76,7 +76,7 @@ async def test_past_costs_survive_a_price_change_and_reprice_shows_the_differenc
     assert stored["now-1"] == ("realtime", "0", "answer") and stored["bulk-1"] == ("batch", "0.5", "answer")
     paid_line, shared = sorted([stored["bulk-2"], stored["bulk-3"]], key=lambda s: s[0])
     assert (paid_line, shared) == (("batch", "0.5", "answer"), ("reused", None, "answer"))
-    by_id = {row["custom_id"]: row for row in exported}
+    by_id = {row["id"]: row for row in exported}
     assert by_id["now-1"]["cost_usd"] > 0 and by_id["house"]["cost_usd"] is None
     assert sorted([by_id["bulk-2"]["cost_usd"], by_id["bulk-3"]["cost_usd"]])[0] == 0
     assert (cost["complete"], cost["unpriced_models"]) == (False, {"house-model": 1})

@@ -10,6 +10,7 @@ this drawing names every class below and nothing else.
     ├── InputError                  a prompt file that cannot be used; names file, line, field
     ├── UnknownJobError             no job of that id in the database
     ├── UnknownBatchError           no batch of that id in the database
+    ├── UnknownPromptError          prompt ids (answers to store, batch members) gone from the database
     ├── BudgetExceededError         the estimate is above --max-cost; nothing was sent
     ├── ShardRunsFailedError        real-time shard runs (deployment runs) that did not complete
     ├── BatchConflictError          prompts already wait in another open batch; nothing was stored
@@ -63,6 +64,7 @@ __all__ = [
     "ShardRunsFailedError",
     "UnknownBatchError",
     "UnknownJobError",
+    "UnknownPromptError",
     "UnprocessableEntityError",
     "status_error_class",
 ]
@@ -138,6 +140,11 @@ class UnknownJobError(LLMDispatchError, LookupError):
 
 class UnknownBatchError(LLMDispatchError, LookupError):
     """A batch id that is not in the database."""
+
+
+class UnknownPromptError(LLMDispatchError, LookupError):
+    """Prompt ids that are not in the database (answers to store, members of a new batch): their job was removed,
+    or the run writes to another database than the one its prompts were recorded in."""
 
 
 class BudgetExceededError(LLMDispatchError):

@@ -15,7 +15,14 @@ from typing import Any, Final
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from llm_dispatch.core import BATCH_STATUSES, BatchConflictError, ChatResult, PriceTable, UnknownBatchError
+from llm_dispatch.core import (
+    BATCH_STATUSES,
+    BatchConflictError,
+    ChatResult,
+    PriceTable,
+    UnknownBatchError,
+    UnknownPromptError,
+)
 
 from ._bulk import IN_CHUNK, INSERT_BATCH, chunks
 from ._models import Batch, BatchMember, Prompt, aware, utcnow
@@ -127,7 +134,8 @@ async def _check_members(session: AsyncSession, *, job_id: str, prompt_ids: Sequ
         found.update((pid, (job, status)) for pid, job, status in await session.execute(stmt))
     missing = [pid for pid in prompt_ids if pid not in found]
     if missing:
-        raise LookupError(f"batch members that are not in the database: prompt ids {missing[:10]}")
+        raise UnknownPromptError(f"batch members that are not in the database: prompt ids {missing[:10]}; was their "
+                                 "job removed, or is this run given another --database-url than the one that recorded them?")
     foreign = [pid for pid, (job, _) in found.items() if job != job_id]
     if foreign:
         raise ValueError(f"prompt ids {sorted(foreign)[:10]} belong to another job than {job_id!r}")

@@ -13,7 +13,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from llm_dispatch.core import ChatResult, PriceTable, ResultRoute
+from llm_dispatch.core import ChatResult, PriceTable, ResultRoute, UnknownPromptError
 
 from ._bulk import IN_CHUNK, chunks
 from ._models import Prompt, utcnow
@@ -267,5 +267,6 @@ async def _job_ids(session: AsyncSession, rows: list[ResultRow]) -> dict[int, st
         found.update((prompt_id, job_id) for prompt_id, job_id in rows_found)
     missing = [pid for pid in ids if pid not in found]
     if missing:
-        raise LookupError(f"results for prompt ids that are not in the database: {missing[:10]}")
+        raise UnknownPromptError(f"answers for prompt ids that are not in the database: {missing[:10]}; was their job "
+                                 "removed, or is this run given another --database-url than the one that recorded them?")
     return found

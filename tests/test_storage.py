@@ -28,7 +28,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from llm_dispatch import storage
-from llm_dispatch.core._exceptions import BadRequestError, ConfigError, RateLimitError, UnknownJobError
+from llm_dispatch.core._exceptions import BadRequestError, ConfigError, RateLimitError, UnknownJobError, UnknownPromptError
 from llm_dispatch.core._types import ChatResult, dedupe_key
 from llm_dispatch.storage import NewPrompt, Prompt, Result, ResultWriter, Sessions
 from conftest import PG_SKIP_REASON, PG_URL_ENV
@@ -736,7 +736,7 @@ async def test_writer_records_failures(sessions: Sessions) -> None:
 
 
 async def test_writer_raises_for_unknown_prompt_ids(sessions: Sessions) -> None:
-    with pytest.raises(LookupError, match="not in the database"):
+    with pytest.raises(UnknownPromptError, match="not in the database"):
         async with ResultWriter(sessions) as writer:
             await writer.success(prompt_ids=[10**9], result=answer())
     assert writer.pending_rows == 1  # kept, not dropped

@@ -34,7 +34,7 @@ from test_storage import (  # noqa: F401
 from llm_dispatch import jobs
 from llm_dispatch import storage
 from llm_dispatch.core import PriceTable
-from llm_dispatch.core._exceptions import BadRequestError, RateLimitError
+from llm_dispatch.core._exceptions import BadRequestError, RateLimitError, UnknownPromptError
 from llm_dispatch.core import (
     ACTIVE_BATCH_STATUSES,
     BATCH_STATUSES,
@@ -282,7 +282,7 @@ async def test_bad_member_lists_store_nothing(sessions: Sessions) -> None:
         await create(sessions, job_id=job_id, model="m", members=[], file_path=None)
     with pytest.raises(ValueError, match="only once"):
         await create(sessions, job_id=job_id, model="m", members=[(ids["p-0"], "a"), (ids["p-0"], "b")], file_path=None)
-    with pytest.raises(LookupError, match="not in the database"):
+    with pytest.raises(UnknownPromptError, match="not in the database"):
         await create(sessions, job_id=job_id, model="m", members=[(ids["p-0"], "a"), (10**9, "b")], file_path=None)
     with pytest.raises(ValueError, match="another job"):
         await create(sessions, job_id=job_id, model="m", members=[(ids["p-0"], "a"), (other["p-0"], "b")], file_path=None)

@@ -130,6 +130,8 @@ def run(
         "--job-name", help="name the job; a run with the same name and FILE resumes it, another name starts a new one")] = None,
     simulate: Annotated[bool, typer.Option("--simulate", help="send to the bundled simulator: no key, no network")] = False,
     model: Annotated[Optional[str], typer.Option(help="default model for prompts that name none")] = None,
+    endpoint: Annotated[Optional[str], typer.Option(
+        help="endpoint for prompts that name none: chat|responses|embeddings (default chat)")] = None,
     concurrency: Annotated[Optional[int], typer.Option(help="requests in flight per run")] = None,
     chunk_size: Annotated[Optional[int], typer.Option(help="prompts per Prefect task")] = None,
     dedupe: Annotated[bool, typer.Option("--dedupe/--no-dedupe", help="reuse stored answers to identical requests")] = True,
@@ -162,7 +164,7 @@ def run(
                     "apart, point LLM_DISPATCH_BASE_URL at it and leave out --simulate")
     if retry_failed not in RETRY_FAILED:
         raise _fail(f"--retry-failed must be retryable, all or none, not {retry_failed!r}")
-    settings = _settings(model=model, concurrency=concurrency, chunk_size=chunk_size, dedupe=dedupe,
+    settings = _settings(model=model, endpoint=endpoint, concurrency=concurrency, chunk_size=chunk_size, dedupe=dedupe,
                          database_url=database_url, route_policy=route,
                          prices_file=str(prices_file) if prices_file else None)
     if prices_file is not None:

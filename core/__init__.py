@@ -21,6 +21,7 @@ from ._batch_types import (
 from ._client import LLMClient
 from ._constants import DEFAULT_CONCURRENCY, DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
 from ._costs import CostTotals, RouteTotals, estimate_request_cost, worst_case_cost
+from ._endpoints import DEFAULT_ENDPOINT, ENDPOINTS, SUPPORTED_ENDPOINTS, Endpoint, batch_url, check_batch_url
 from ._dispatch import ChatSender, DispatchOutcome, Progress, ResultSink, WorkItem, current_progress, send_all
 from ._hashes import key_hash
 from ._inputs import (
@@ -51,6 +52,12 @@ from ._types import TRUNCATED_FINISH_REASONS, ChatRequest, ChatResult, dedupe_ke
 from ._wire import check_provider_key
 
 __all__ = [
+    "DEFAULT_ENDPOINT",
+    "ENDPOINTS",
+    "SUPPORTED_ENDPOINTS",
+    "Endpoint",
+    "batch_url",
+    "check_batch_url",
     "DEFAULT_ANTHROPIC_VERSION",
     "DEFAULT_BATCH_LIMITS",
     "DEFAULT_CONCURRENCY",

@@ -30,6 +30,7 @@ from ._constants import (
     DEFAULT_TIMEOUT,
 )
 from ._deadlines import Deadlines, attempt_deadline
+from ._endpoints import check_batch_url
 from ._failures import LOST_GENERATION_RETRIES, Failure, final_error, scrub
 from ._exceptions import APIError, APIResponseValidationError, NotFoundError
 from ._gates import Gates
@@ -309,7 +310,9 @@ class LLMClient(MessageBatchMethods):
     ) -> BatchInfo:
         """Create a batch. ``max_retries`` overrides the client's for this call. ``find_lost`` is awaited after each
         attempt that may have made the batch without saying so (a timeout, a dropped connection, a 5xx), once the
-        wait before the next has passed; a batch it finds is the answer, and no attempt follows."""
+        wait before the next has passed; a batch it finds is the answer, and no attempt follows. An ``endpoint``
+        whose output lines this package cannot read is refused (``ConfigError``) before anything is sent."""
+        check_batch_url(endpoint)
         body: dict[str, Any] = {
             "input_file_id": input_file_id,
             "endpoint": endpoint,

@@ -18,6 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from ._endpoints import DEFAULT_ENDPOINT, endpoint_problem
 from ._exceptions import InputError
 from ._input_files import PromptSource, Record, lone_surrogate_at, records
 from ._hashes import HashBag, RepeatedKeys, key_hash, text_hash
@@ -48,7 +49,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-JSONL_FIELDS = frozenset({"id", "prompt", "messages", "model", "params", "metadata", "urgency", "deadline"})
+JSONL_FIELDS = frozenset({"id", "prompt", "messages", "model", "params", "metadata", "urgency", "deadline", "endpoint"})
 # Bad lines named by one failed check: enough to fix a file in one go, few enough to read.
 MAX_PROBLEMS = 20
 # Keys the dispatcher sets itself; a prompt may not override them through params.
@@ -73,6 +74,8 @@ class PromptSpec:
     # The deadline as given (stripped): a relative one ("2h") would otherwise make the
     # fingerprint depend on the clock. Resolve it with ``_routing.parse_deadline`` when recording.
     deadline: str | None = None
+    # The provider endpoint it goes to (``_endpoints.ENDPOINTS``).
+    endpoint: str = DEFAULT_ENDPOINT
 
     def __post_init__(self) -> None:
         if not self.dedupe_key:
@@ -96,6 +99,8 @@ def _add_to_fingerprint(digest: Any, spec: PromptSpec) -> None:
         digest.update(b"\x00urgency=" + spec.urgency.encode())
     if spec.deadline is not None:
         digest.update(b"\x00deadline=" + spec.deadline.encode())
+    if spec.endpoint != DEFAULT_ENDPOINT:
+        digest.update(b"\x00endpoint=" + spec.endpoint.encode())
     digest.update(b"\n")
 
 
@@ -136,6 +141,7 @@ def check_prompts(
     *,
     default_model: str,
     default_params: Mapping[str, Any] | None = None,
+    default_endpoint: str = DEFAULT_ENDPOINT,
     table: PriceTable | None = None,
     model_providers: Mapping[str, str] | None = None,
     default_max_tokens: int = DEFAULT_MAX_TOKENS,
@@ -162,7 +168,8 @@ def check_prompts(
     now = datetime.now(timezone.utc)
     # Model -> prompts, for models whose provider has announced a shutdown.
     retiring: dict[str, int] = {}
-    for line, spec in _iter_specs(source, default_model=default_model, default_params=default_params, table=table,
+    for line, spec in _iter_specs(source, default_model=default_model, default_params=default_params,
+                                  default_endpoint=default_endpoint, table=table,
                                   model_providers=model_providers, now=now, anthropic_version=anthropic_version):
         if isinstance(spec, InputError):
             problems.add(spec)
@@ -193,7 +200,8 @@ def check_prompts(
     clashes = ids.repeated()
     if clashes:
         for problem in _duplicate_ids(source, clashes=clashes, where=where, default_model=default_model,
-                                      default_params=default_params, model_providers=model_providers,
+                                      default_params=default_params, default_endpoint=default_endpoint,
+                                      model_providers=model_providers,
                                       anthropic_version=anthropic_version):
             problems.add(problem)
     problems.raise_any()
@@ -234,12 +242,14 @@ def _duplicate_ids(
     where: str,
     default_model: str,
     default_params: Mapping[str, Any] | None,
+    default_endpoint: str = DEFAULT_ENDPOINT,
     model_providers: Mapping[str, str] | None = None,
     anthropic_version: str,
 ) -> Iterator[InputError]:
     """Each prompt whose id an earlier one has, among those whose hashes clash (two ids may share a hash)."""
     seen: dict[str, int] = {}
-    for line, spec in _iter_specs(source, default_model=default_model, default_params=default_params, table=None,
+    for line, spec in _iter_specs(source, default_model=default_model, default_params=default_params,
+                                  default_endpoint=default_endpoint, table=None,
                                   model_providers=model_providers, now=datetime.now(timezone.utc),
                                   anthropic_version=anthropic_version):
         if isinstance(spec, InputError) or text_hash(spec.custom_id) not in clashes:
@@ -260,6 +270,7 @@ def iter_prompts(
     *,
     default_model: str,
     default_params: Mapping[str, Any] | None = None,
+    default_endpoint: str = DEFAULT_ENDPOINT,
     table: PriceTable | None = None,
     model_providers: Mapping[str, str] | None = None,
     anthropic_version: str = DEFAULT_ANTHROPIC_VERSION,
@@ -270,7 +281,8 @@ def iter_prompts(
     the model-limit checks (the token estimate) are skipped; every other check runs, so an input that
     changed since it was checked still gets its file:line error (the first one).
     """
-    for _, spec in _iter_specs(source, default_model=default_model, default_params=default_params, table=table,
+    for _, spec in _iter_specs(source, default_model=default_model, default_params=default_params,
+                               default_endpoint=default_endpoint, table=table,
                                model_providers=model_providers, now=datetime.now(timezone.utc),
                                anthropic_version=anthropic_version):
         if isinstance(spec, InputError):
@@ -283,6 +295,7 @@ def _iter_specs(
     *,
     default_model: str,
     default_params: Mapping[str, Any] | None,
+    default_endpoint: str = DEFAULT_ENDPOINT,
     table: PriceTable | None,
     model_providers: Mapping[str, str] | None = None,
     now: datetime,
@@ -298,7 +311,8 @@ def _iter_specs(
             continue
         try:
             yield number, _spec(record, where=where, line=number, position=position, default_model=default_model,
-                                default_params=default_params, table=table, provider_of=provider_of, now=now,
+                                default_params=default_params, default_endpoint=default_endpoint, table=table,
+                                provider_of=provider_of, now=now,
                                 from_file=from_file, anthropic_version=anthropic_version)
         except InputError as problem:
             yield number, problem
@@ -309,6 +323,7 @@ def read_prompts(
     *,
     default_model: str,
     default_params: Mapping[str, Any] | None = None,
+    default_endpoint: str = DEFAULT_ENDPOINT,
     table: PriceTable | None = None,
     model_providers: Mapping[str, str] | None = None,
     anthropic_version: str = DEFAULT_ANTHROPIC_VERSION,
@@ -318,7 +333,8 @@ def read_prompts(
     With ``table``, a prompt to a model whose limits it knows is refused when its estimated input
     tokens plus its reply cap exceed the context window, or its cap exceeds the model's maximum output.
     """
-    return _specs(Path(path), default_model=default_model, default_params=default_params, table=table,
+    return _specs(Path(path), default_model=default_model, default_params=default_params,
+                  default_endpoint=default_endpoint, table=table,
                   model_providers=model_providers, anthropic_version=anthropic_version)
 
 
@@ -327,12 +343,14 @@ def parse_prompt_dicts(
     *,
     default_model: str,
     default_params: Mapping[str, Any] | None = None,
+    default_endpoint: str = DEFAULT_ENDPOINT,
     table: PriceTable | None = None,
     model_providers: Mapping[str, str] | None = None,
     anthropic_version: str = DEFAULT_ANTHROPIC_VERSION,
 ) -> list[PromptSpec]:
     """Validate prompts given as dicts (programmatic use), as ``read_prompts`` does; errors name the item number (1-based)."""
-    return _specs(items, default_model=default_model, default_params=default_params, table=table,
+    return _specs(items, default_model=default_model, default_params=default_params,
+                  default_endpoint=default_endpoint, table=table,
                   model_providers=model_providers, anthropic_version=anthropic_version)
 
 
@@ -341,6 +359,7 @@ def _specs(
     *,
     default_model: str,
     default_params: Mapping[str, Any] | None,
+    default_endpoint: str = DEFAULT_ENDPOINT,
     table: PriceTable | None,
     model_providers: Mapping[str, str] | None = None,
     anthropic_version: str = DEFAULT_ANTHROPIC_VERSION,
@@ -349,7 +368,8 @@ def _specs(
     specs: list[PromptSpec] = []
     seen: dict[str, int] = {}
     problems = _Problems()
-    for number, spec in _iter_specs(source, default_model=default_model, default_params=default_params, table=table,
+    for number, spec in _iter_specs(source, default_model=default_model, default_params=default_params,
+                                    default_endpoint=default_endpoint, table=table,
                                     model_providers=model_providers, now=datetime.now(timezone.utc),
                                     anthropic_version=anthropic_version):
         if isinstance(spec, InputError):
@@ -373,6 +393,7 @@ def _spec(
     position: int,
     default_model: str,
     default_params: Mapping[str, Any] | None,
+    default_endpoint: str = DEFAULT_ENDPOINT,
     table: PriceTable | None,
     provider_of: Callable[[str], str],
     now: datetime,
@@ -404,7 +425,12 @@ def _spec(
     if not isinstance(model, str) or not model.strip():
         raise fail("must be a non-empty string", "model")
     model = model.strip()
-    anthropic = provider_of(model) == "anthropic"
+    provider = provider_of(model)
+    anthropic = provider == "anthropic"
+    endpoint = record.get("endpoint", default_endpoint)
+    problem = endpoint_problem(endpoint, provider=provider)
+    if problem is not None:
+        raise fail(problem, "endpoint")
 
     if has_prompt:
         prompt = record["prompt"]
@@ -473,6 +499,7 @@ def _spec(
         metadata=dict(metadata) if metadata is not None else None,
         urgency=_urgency(record.get("urgency"), fail=fail),
         deadline=_deadline(record.get("deadline"), now=now, fail=fail),
+        endpoint=endpoint,
     )
 
 

@@ -9,6 +9,7 @@ from pydantic import AliasChoices, Field, SecretStr, ValidationInfo, field_valid
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ._constants import DEFAULT_FILE_TIMEOUT, DEFAULT_TIMEOUT
+from ._endpoints import DEFAULT_ENDPOINT, Endpoint
 from ._routing import RoutePolicy
 
 __all__ = [
@@ -61,6 +62,8 @@ class Settings(BaseSettings):
     # May carry a password (Postgres): kept out of reprs; recorded only through public_dict().
     database_url: str = Field(default=DEFAULT_DATABASE_URL, repr=False)
     model: str = "gpt-6-luna"
+    # The endpoint of prompts that name none (``chat``, ``responses``, ``embeddings``).
+    endpoint: Endpoint = Field(default=DEFAULT_ENDPOINT, description="endpoint for prompts that name none")
 
     # Anthropic (claude-* models, and any the user maps to it with model_providers).
     anthropic_api_key: SecretStr | None = Field(

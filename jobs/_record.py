@@ -14,6 +14,7 @@ from typing import Any
 
 from llm_dispatch import storage
 from llm_dispatch.core import (
+    DEFAULT_ENDPOINT,
     ConfigError,
     UnknownJobError,
     InputCheck,
@@ -50,6 +51,7 @@ class PromptInput:
 
     source: PromptSource
     default_model: str
+    default_endpoint: str = DEFAULT_ENDPOINT
     table: PriceTable | None = field(default=None, repr=False)
     # Which provider each model goes to (``Settings.model_providers``), and Anthropic's max_tokens when none is set.
     model_providers: Mapping[str, str] = field(default_factory=dict)
@@ -61,12 +63,14 @@ class PromptInput:
         """Its prompts in input order, from input position ``start``. The input was checked whole
         (``check``), so the model-limit checks are not run again (no token estimates); every other check is."""
         return islice(iter_prompts(self.source, default_model=self.default_model,
+                                   default_endpoint=self.default_endpoint,
                                    model_providers=self.model_providers, anthropic_version=self.anthropic_version),
                       start, None)
 
     def check(self, *, warn: bool = True) -> InputCheck:
         """Validate the whole input (``InputError`` naming its bad lines): its count, fingerprint, repeats, providers."""
-        return check_prompts(self.source, default_model=self.default_model, table=self.table,
+        return check_prompts(self.source, default_model=self.default_model,
+                             default_endpoint=self.default_endpoint, table=self.table,
                              model_providers=self.model_providers, default_max_tokens=self.default_max_tokens,
                              anthropic_version=self.anthropic_version, warn=warn)
 
@@ -139,7 +143,8 @@ def prompt_input(source: str | Path | Sequence[Mapping[str, Any]], *, settings: 
     """The input at ``source`` (a path or a list of dicts), each prompt to be checked against its model's
     context window and maximum output in the price table (the bundled one and ``settings.prices_file``);
     raises ``ConfigError`` for a bad price file."""
-    return PromptInput(source=source, default_model=settings.model, table=load_prices(settings),
+    return PromptInput(source=source, default_model=settings.model, default_endpoint=settings.endpoint,
+                       table=load_prices(settings),
                        model_providers=settings.model_providers, default_max_tokens=settings.default_max_tokens,
                        anthropic_version=settings.anthropic_version)
 

@@ -144,6 +144,10 @@ def run(
         "--wait/--no-wait", help="follow batches to the end here, or submit them and leave them to `collect`")] = True,
     max_cost: Annotated[Optional[float], typer.Option(help="refuse the run if its estimate is above this many dollars")] = None,
     prices_file: Annotated[Optional[Path], typer.Option(help="your own price table (JSON), over the bundled one")] = None,
+    schema: Annotated[Optional[str], typer.Option(
+        "--schema", help="every answer's schema (unless a prompt gives its own): a JSON Schema file or module:Model")] = None,
+    max_reasks: Annotated[Optional[int], typer.Option(
+        "--max-reasks", help="times an answer that breaks its schema is asked again (default 2)")] = None,
     database_url: DatabaseUrl = None,
     sim_latency: Annotated[float, typer.Option(help="with --simulate: seconds per request")] = 0.2,
     as_json: Annotated[bool, typer.Option("--json", help="print the summary as JSON")] = False,
@@ -166,7 +170,8 @@ def run(
         raise _fail(f"--retry-failed must be retryable, all or none, not {retry_failed!r}")
     settings = _settings(model=model, endpoint=endpoint, concurrency=concurrency, chunk_size=chunk_size, dedupe=dedupe,
                          database_url=database_url, route_policy=route,
-                         prices_file=str(prices_file) if prices_file else None)
+                         prices_file=str(prices_file) if prices_file else None, response_schema=schema,
+                         max_reasks=max_reasks)
     if prices_file is not None:
         from llm_dispatch.core import PriceTable
 
@@ -481,6 +486,7 @@ async def _run_with_progress(
                 chunk_concurrency=settings.chunk_concurrency, dedupe=settings.dedupe, retry_failed=retry_failed,
                 retry_refused=retry_refused, base_url=settings.base_url, anthropic_base_url=settings.anthropic_base_url,
                 database_url=settings.database_url, prices_file=settings.prices_file,
+                answer_schema=settings.response_schema, max_reasks=settings.max_reasks,
                 batch_poll_interval=settings.batch_poll_interval, new_job=new_job, job_name=job_name,
             )
     except asyncio.CancelledError:

@@ -19,8 +19,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from ._model_rules import DEFAULT_THINKING_MAX_TOKENS, anthropic_max_tokens
+from ._model_rules import DEFAULT_THINKING_MAX_TOKENS, anthropic_max_tokens, anthropic_output_format
 from ._params import shown, suggestion
+from ._structured import STRUCTURED_TOOL, answer_schema
 from ._types import ChatRequest
 
 __all__ = [
@@ -39,11 +40,11 @@ _PASSTHROUGH = frozenset({
 })
 # Translated by a rule of their own.
 _TRANSLATED = frozenset({"max_tokens", "max_completion_tokens", "stop", "user", "metadata", "tools", "tool_choice",
-                         "parallel_tool_calls", "n"})
+                         "parallel_tool_calls", "n", "response_format"})
 ANTHROPIC_PARAMS = _PASSTHROUGH | _TRANSLATED
 # OpenAI parameters with no Anthropic equivalent, named so the refusal can say so.
 OPENAI_ONLY_PARAMS = frozenset({
-    "logprobs", "top_logprobs", "logit_bias", "presence_penalty", "frequency_penalty", "seed", "response_format",
+    "logprobs", "top_logprobs", "logit_bias", "presence_penalty", "frequency_penalty", "seed",
     "store", "modalities", "audio", "prediction", "reasoning_effort", "web_search_options", "functions",
     "function_call", "stream", "stream_options", "prompt_cache_key", "safety_identifier", "verbosity",
 })
@@ -63,7 +64,6 @@ def has_max_tokens(params: Mapping[str, Any]) -> bool:
 # What to give instead of an OpenAI parameter that has a near Anthropic equivalent.
 _INSTEAD = {
     "reasoning_effort": "give output_config: {effort: ...} instead",
-    "response_format": "give output_config: {format: {type: 'json_schema', schema: ...}} instead",
 }
 _OBJECTS = frozenset({"thinking", "output_config", "cache_control"})
 
@@ -78,6 +78,9 @@ def anthropic_param_problem(name: str, value: Any) -> str | None:
         if likely is not None:
             return f"{shown(name)} is not a parameter of Anthropic's Messages API; did you mean '{likely}'?"
         return f"{shown(name)} is not a parameter of Anthropic's Messages API"
+    if name == "response_format" and (not isinstance(value, Mapping) or value.get("type") != "json_schema"):
+        return ("Anthropic takes a response_format only of type 'json_schema' (sent as output_config.format); "
+                "give a schema, or output_config: {format: {type: 'json_schema', schema: ...}}")
     if name == "n" and value not in (None, 1):
         return "Anthropic answers once per request: n must be 1 (send the prompt n times instead)"
     if name == "temperature" and isinstance(value, int | float) and value > 1:
@@ -110,7 +113,8 @@ def anthropic_params(request: ChatRequest, *, default_max_tokens: int) -> dict[s
         problem = anthropic_param_problem(name, value)
         if problem is not None:
             raise ValueError(f"params.{name}: {problem}")
-        if value is None or name in ("max_tokens", "max_completion_tokens", "n", "parallel_tool_calls"):
+        if value is None or name in ("max_tokens", "max_completion_tokens", "n", "parallel_tool_calls",
+                                     "response_format"):
             continue
         if name == "stop":
             body["stop_sequences"] = [value] if isinstance(value, str) else list(value)
@@ -126,11 +130,25 @@ def anthropic_params(request: ChatRequest, *, default_max_tokens: int) -> dict[s
             body["system"] = _system_blocks(body["system"]) + _system_blocks(value)
         else:
             body[name] = value
+    schema = answer_schema(params)
+    if schema is not None:
+        _structured(body, schema, model=request.model)
     if params.get("parallel_tool_calls") is False:
         choice = body.setdefault("tool_choice", {"type": "auto"})
         if choice.get("type") != "none":
             choice["disable_parallel_tool_use"] = True
     return body
+
+
+def _structured(body: dict[str, Any], schema: dict[str, Any], *, model: str) -> None:
+    """The answer's schema as Claude takes it: ``output_config.format``, or a tool it must call on a model
+    without structured outputs (``_model_rules.anthropic_refusal`` refuses that where forced tools are)."""
+    if anthropic_output_format(model):
+        body["output_config"] = {**(body.get("output_config") or {}), "format": {"type": "json_schema", "schema": schema}}
+        return
+    body["tools"] = [*body.get("tools", ()), {"name": STRUCTURED_TOOL, "input_schema": schema,
+                                             "description": "Give the answer as this tool's input."}]
+    body["tool_choice"] = {"type": "tool", "name": STRUCTURED_TOOL}
 
 
 def _messages(messages: list[dict[str, Any]]) -> tuple[str | list[dict[str, Any]] | None, list[dict[str, Any]]]:

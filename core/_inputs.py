@@ -27,6 +27,7 @@ from ._message_shapes import anthropic_messages_refusal, openai_messages_refusal
 from ._model_rules import DEFAULT_THINKING_MAX_TOKENS, anthropic_max_tokens, anthropic_refusal, anthropic_thinks, \
     is_openai_model, openai_params, openai_refusal
 from ._params import misspelling, param_problem, shown
+from ._structured import response_format_problem
 from ._pricing import ModelLimits, PriceTable
 from ._providers import provider_lookup
 from ._routing import URGENCIES, parse_deadline
@@ -459,6 +460,9 @@ def _spec(
         problem = param_problem(name, value)
         if problem is not None:
             raise fail(problem, f"params.{name}")
+    problem = response_format_problem(params.get("response_format"))
+    if problem is not None:
+        raise fail(problem, "params.response_format")
     shut = table.shutdown_problem(model) if table is not None else None
     if shut is not None:
         raise fail(shut, "model")

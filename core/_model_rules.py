@@ -53,6 +53,10 @@ Anthropic (Messages API; see ``anthropic_refusal`` for the API versions):
   Fable 5.x, Mythos 5.x, Opus 5, 5.5, Sonnet 5, 5.5 and Haiku 5.5 think when ``thinking`` is not given, and
   "thinking tokens also count toward [max_tokens]" [doc: thinking; Haiku 5.5 what's new].
 - ``output_config.effort`` is "not supported on Haiku 4.5 or Sonnet 4.5" [doc: build-with-claude/effort].
+- Structured outputs (``output_config.format: {type: "json_schema", schema}``) are "generally available ... for
+  Claude Opus 4.6, Claude Sonnet 4.6, Claude Sonnet 4.5, Claude Opus 4.5, and Claude Haiku 4.5" and the later
+  models [doc: platform.claude.com/docs/en/build-with-claude/structured-outputs, read through a mirror]; older
+  models get the schema as a forced tool (``anthropic_output_format``), refused where forced tools are.
 - ``service_tier``: "auto" or "standard_only" only [doc: api/service-tiers; SDK ``message_create_params``].
 """
 
@@ -74,6 +78,7 @@ __all__ = [
     "OPENAI_BATCH_METADATA_KEYS",
     "Refusal",
     "anthropic_max_tokens",
+    "anthropic_output_format",
     "anthropic_refusal",
     "anthropic_thinks",
     "batch_metadata_problem",
@@ -354,6 +359,16 @@ def _claude(model: str) -> tuple[str, tuple[int, int]] | None:
         return None
     tier, major, minor = match.groups()
     return tier, (int(major), int(minor or 0))
+
+
+_OUTPUT_FORMAT_FROM = (4, 5)
+
+
+def anthropic_output_format(model: str) -> bool:
+    """Whether ``model`` takes a JSON schema as ``output_config.format`` (else as a forced tool): Claude 4.5 and
+    later, and any name this module does not know (a newer model)."""
+    claude = _claude(model)
+    return claude is None or claude[0] in ("fable", "mythos") or claude[1] >= _OUTPUT_FORMAT_FROM
 
 
 def anthropic_thinks(model: str, params: Mapping[str, Any]) -> bool:

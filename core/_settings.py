@@ -141,6 +141,11 @@ class Settings(BaseSettings):
         default=3, ge=1, description="batches a prompt may go through unanswered before it is sent real-time"
     )
 
+    # Structured answers.
+    response_schema: str | None = Field(
+        default=None, description="the job's answer schema: a JSON Schema file, or module:Model (a Pydantic model)")
+    max_reasks: int = Field(default=2, ge=0, le=10, description="times an invalid answer is asked again")
+
     # Cost.
     prices_file: str | None = Field(default=None, description="your own price table, merged over the bundled one")
     # A short answer. Once the database holds 20 answers from a model, the estimate learns it from them instead.

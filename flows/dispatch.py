@@ -69,6 +69,8 @@ async def dispatch(
     realtime_deployment: str = "realtime-dispatch/realtime",
     new_job: bool = False,
     job_name: str | None = None,
+    answer_schema: str | None = None,
+    max_reasks: int | None = None,
 ) -> dict[str, Any]:
     """Send a mixed set of prompts: urgent ones as concurrent real-time calls, the rest to the Batch API
     at half price, both at once. Each prompt is routed by its ``urgency``, else its ``deadline``, else
@@ -81,7 +83,9 @@ async def dispatch(
     Re-running the same input resumes its job; ``new_job`` starts a new one. ``job_name`` names the job
     (and a re-run with the same name and input resumes it); a run started by a deployment's schedule is
     named after its input and the day it was scheduled for (``questions-2026-11-26``), so each night's
-    run of a fixed file is a job of its own. ``retry_refused`` asks the prompts the model refused again (a
+    run of a fixed file is a job of its own. ``answer_schema`` (a JSON Schema file, or ``module:Model`` for a Pydantic
+    model, reachable from the worker) is every prompt's answer schema unless it gives its own; an invalid answer is
+    asked again up to ``max_reasks`` times (default 2). ``retry_refused`` asks the prompts the model refused again (a
     refusal is an answer, so ``retry_failed`` leaves them alone).
 
     ``shards`` > 1 splits the real-time half into that many runs of ``realtime_deployment`` on the work
@@ -94,7 +98,8 @@ async def dispatch(
         model=model, route_policy=route_policy, urgent_below_chars=urgent_below_chars, concurrency=concurrency,
         chunk_size=chunk_size, chunk_concurrency=chunk_concurrency, concurrency_tag=concurrency_tag, dedupe=dedupe,
         base_url=base_url, anthropic_base_url=anthropic_base_url, prices_file=prices_file,
-        batch_poll_interval=batch_poll_interval, database_url=database_url,
+        batch_poll_interval=batch_poll_interval, database_url=database_url, response_schema=answer_schema,
+        max_reasks=max_reasks,
     )
     summary = await run_dispatch(source=prompts, job_id=job_id, settings=settings, wait=wait, max_cost=max_cost,
                                  retry_failed=retry_failed, retry_refused=retry_refused, shards=shards,

@@ -40,6 +40,8 @@ async def realtime_dispatch(
     shards: int | None = None,
     new_job: bool = False,
     job_name: str | None = None,
+    answer_schema: str | None = None,
+    max_reasks: int | None = None,
 ) -> dict[str, Any]:
     """Send every unfinished prompt of the input (or of job ``job_id``) as real-time calls.
 
@@ -48,7 +50,8 @@ async def realtime_dispatch(
     is asked again only with ``retry_refused``. ``new_job`` starts a new job instead; ``job_name`` names it (see
     ``dispatch``).
     ``planned_route`` sends only prompts routed there; ``shard``/``shards`` only one share of them
-    (the ``dispatch`` flow's scale-out across workers runs one shard per deployment run).
+    (the ``dispatch`` flow's scale-out across workers runs one shard per deployment run). ``answer_schema`` and
+    ``max_reasks``: as ``dispatch``'s.
     """
     started = time.monotonic()
     if (shard is None) != (shards is None):
@@ -58,7 +61,8 @@ async def realtime_dispatch(
     settings = Settings.with_overrides(
         model=model, concurrency=concurrency, chunk_size=chunk_size, chunk_concurrency=chunk_concurrency,
         concurrency_tag=concurrency_tag, dedupe=dedupe, base_url=base_url,
-        anthropic_base_url=anthropic_base_url, database_url=database_url,
+        anthropic_base_url=anthropic_base_url, database_url=database_url, response_schema=answer_schema,
+        max_reasks=max_reasks,
     )
     settings = await prepare(settings, logger=get_run_logger(), tag_limit=True)
     # A new job's first chunk per lane goes out while the rest of it is stored; a shard's job is stored already.

@@ -28,6 +28,7 @@ from llm_dispatch.core import (
     DEFAULT_MAX_TOKENS,
     decide_route,
     iter_prompts,
+    load_schema,
     parse_deadline,
     prompt_chars,
     provider_lookup,
@@ -58,19 +59,22 @@ class PromptInput:
     default_max_tokens: int = DEFAULT_MAX_TOKENS
     # What Anthropic's models refuse depends on the API version sent (``Settings.anthropic_version``).
     anthropic_version: str = DEFAULT_ANTHROPIC_VERSION
+    # Every prompt's parameters unless it sets its own: the job's schema as ``response_format`` (``--schema``).
+    default_params: Mapping[str, Any] | None = None
 
     def specs(self, *, start: int = 0) -> Iterator[PromptSpec]:
         """Its prompts in input order, from input position ``start``. The input was checked whole
         (``check``), so the model-limit checks are not run again (no token estimates); every other check is."""
         return islice(iter_prompts(self.source, default_model=self.default_model,
-                                   default_endpoint=self.default_endpoint,
+                                   default_endpoint=self.default_endpoint, default_params=self.default_params,
                                    model_providers=self.model_providers, anthropic_version=self.anthropic_version),
                       start, None)
 
     def check(self, *, warn: bool = True) -> InputCheck:
         """Validate the whole input (``InputError`` naming its bad lines): its count, fingerprint, repeats, providers."""
         return check_prompts(self.source, default_model=self.default_model,
-                             default_endpoint=self.default_endpoint, table=self.table,
+                             default_endpoint=self.default_endpoint, default_params=self.default_params,
+                             table=self.table,
                              model_providers=self.model_providers, default_max_tokens=self.default_max_tokens,
                              anthropic_version=self.anthropic_version, warn=warn)
 
@@ -146,7 +150,14 @@ def prompt_input(source: str | Path | Sequence[Mapping[str, Any]], *, settings: 
     return PromptInput(source=source, default_model=settings.model, default_endpoint=settings.endpoint,
                        table=load_prices(settings),
                        model_providers=settings.model_providers, default_max_tokens=settings.default_max_tokens,
-                       anthropic_version=settings.anthropic_version)
+                       anthropic_version=settings.anthropic_version, default_params=job_params(settings))
+
+
+def job_params(settings: Settings) -> dict[str, Any] | None:
+    """The parameters every prompt of a job gets unless it sets its own: the job's schema (``--schema``)."""
+    if settings.response_schema is None:
+        return None
+    return {"response_format": load_schema(settings.response_schema)}
 
 
 def fingerprint_of(path: str | Path, *, settings: Settings) -> str:

@@ -264,7 +264,8 @@ class BatchRun(BatchWork):
         if invalid is not None:
             return False, self._response_line(custom_id, invalid.status, invalid.body)
         # Chat's answer without latency, quotas and random faults, which a batch does not meet.
-        completion, _ = render_completion(plan_completion(body, digest=digest, kind=kind), state=state)
+        completion, _ = render_completion(plan_completion(
+            body, digest=digest, kind=kind, invalid_json_rate=state.config.invalid_json_rate), state=state)
         return True, self._response_line(custom_id, 200, completion)
 
     def _marker_fault(self, body: dict[str, Any], digest: bytes) -> str | web.Response | None:

@@ -79,7 +79,7 @@ class _ChatRoutes(RealTimeRoutes):
         self, request: web.Request, *, body: dict[str, Any], model: str, digest: bytes, kind: str | None = None
     ) -> web.StreamResponse:
         state = self._state
-        plan = plan_completion(body, digest=digest, kind=kind)
+        plan = plan_completion(body, digest=digest, kind=kind, invalid_json_rate=state.config.invalid_json_rate)
         # Admission is charged like OpenAI does: the prompt plus max_tokens when it is given.
         charge = plan.prompt_tokens + (plan.cap * plan.n if plan.cap is not None else plan.completion_tokens)
 

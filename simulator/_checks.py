@@ -12,7 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
-from llm_dispatch.core import openai_messages_refusal, openai_refusal
+from llm_dispatch.core import openai_messages_refusal, openai_refusal, response_format_problem
 
 from ._http import error_response
 from ._state import SimState
@@ -107,4 +107,8 @@ def _problem(body: Any) -> tuple[str, str | None, str | None] | None:
     refusal = openai_refusal(model, body)
     if refusal is not None:
         return refusal.api_message, refusal.api_param, refusal.api_code
+    schema_problem = response_format_problem(body.get("response_format"))
+    if schema_problem is not None:
+        return (f"Invalid schema for response_format: {schema_problem}.", "response_format",
+                "invalid_json_schema")
     return None

@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from ._config import STRUCTURED_FAULTS
 from ._http import completion_body, message_fields, unusable_body
 from ._state import SimState
 from ._tokens import REPLY_PRIMING_TOKENS, completion_text, count_tokens, message_token_counts, natural_length
@@ -21,6 +22,7 @@ __all__ = [
     "PlannedCompletion",
     "body_digest",
     "canonical_json",
+    "json_answer",
     "plan_completion",
     "render_completion",
     "tool_input",
@@ -62,6 +64,8 @@ class PlannedCompletion:
     tool: tuple[str, dict[str, Any]] | None = None
     # What the answer says served it: the tier asked for, as OpenAI reports it ("fast" is reported "priority").
     service_tier: str = "default"
+    # The answer's text when the body asked for JSON of a schema (valid, or broken as ``kind`` says).
+    text: str | None = None
 
     @property
     def completion_tokens(self) -> int:
@@ -81,8 +85,12 @@ def body_digest(raw: bytes, *, state: SimState) -> bytes:
 _SERVED_TIERS = {"flex": "flex", "priority": "priority", "fast": "priority", "scale": "scale"}
 
 
-def plan_completion(body: dict[str, Any], *, digest: bytes, kind: str | None = None) -> PlannedCompletion:
-    """The answer to a body that ``validate_chat_body`` accepted (``kind``: what an answer marker asks)."""
+def plan_completion(
+    body: dict[str, Any], *, digest: bytes, kind: str | None = None, invalid_json_rate: float = 0.0,
+    schema: dict[str, Any] | None = None,
+) -> PlannedCompletion:
+    """The answer to a body that ``validate_chat_body`` accepted (``kind``: what an answer marker asks). A body with
+    a JSON schema (``schema``, else its response_format's) is answered JSON of it, broken at ``invalid_json_rate``."""
     messages: list[dict[str, Any]] = body["messages"]
     counts = message_token_counts(messages)
     cap = body.get("max_completion_tokens") or body.get("max_tokens")
@@ -93,6 +101,7 @@ def plan_completion(body: dict[str, Any], *, digest: bytes, kind: str | None = N
     tool = _called_tool(body) if kind != "refuse" else None
     tier = _SERVED_TIERS.get(str(body.get("service_tier") or "").lower(), "default")
     value = int.from_bytes(digest, "little")
+    text: str | None = None
     if kind == "refuse":
         choices, reasoning = [(value, count_tokens(REFUSAL_TEXT), "stop")] * n, (0,) * n
     elif kind == "slow":
@@ -101,12 +110,87 @@ def plan_completion(body: dict[str, Any], *, digest: bytes, kind: str | None = N
         thought = tokens - min(tokens, natural_length(value)) if reasons else 0
         choices, reasoning = [(value, tokens, "stop")] * n, (thought,) * n
     else:
-        choices, reasoning = _plan_choices(value, cap=cap, n=n, reasons=reasons,
-                                           answer_tokens=_arguments_tokens(tool) if tool else None)
+        schema = schema if schema is not None else _response_schema(body)
+        if schema is not None and tool is None:
+            kind = kind or _drawn_fault(value, rate=invalid_json_rate)
+            text, truncated = json_answer(schema, value=value, kind=kind)
+            answer_tokens = count_tokens(text)
+        else:
+            answer_tokens = _arguments_tokens(tool) if tool else None
+        choices, reasoning = _plan_choices(value, cap=cap, n=n, reasons=reasons, answer_tokens=answer_tokens)
+        if text is not None:
+            if truncated or choices[0][2] == "length":
+                text = text[: max(1, len(text) // 2)]
+                choices = [(digest_, tokens, "length") for digest_, tokens, _ in choices]
+            else:
+                choices = [(digest_, tokens, "stop") for digest_, tokens, _ in choices]
     return PlannedCompletion(
         model=model, messages=messages, counts=counts, prompt_tokens=sum(counts) + REPLY_PRIMING_TOKENS,
         cap=cap, n=n, choices=choices, reasoning=reasoning, kind=kind, tool=tool, service_tier=tier,
+        text=text,
     )
+
+
+def _response_schema(body: dict[str, Any]) -> dict[str, Any] | None:
+    response_format = body.get("response_format")
+    if not isinstance(response_format, dict) or response_format.get("type") != "json_schema":
+        return None
+    spec = response_format.get("json_schema")
+    schema = spec.get("schema") if isinstance(spec, dict) else None
+    return schema if isinstance(schema, dict) else None
+
+
+def _drawn_fault(value: int, *, rate: float) -> str | None:
+    """A structured fault for ``rate`` of the digests (the low bits draw, the next ones pick which)."""
+    if rate <= 0 or (value & 0xFFFF) >= rate * 0x10000:
+        return None
+    return STRUCTURED_FAULTS[(value >> 16) % len(STRUCTURED_FAULTS)]
+
+
+def json_answer(schema: dict[str, Any], *, value: int, kind: str | None) -> tuple[str, bool]:
+    """(JSON text for ``schema``, whether it is to be cut off): valid, or broken as the structured fault ``kind``."""
+    answer = schema_value(schema, pick=value & 0xFF)
+    if isinstance(answer, dict) and answer and kind in ("missing_field", "wrong_type"):
+        first = next(iter(answer))
+        if kind == "missing_field":
+            del answer[first]
+        else:
+            answer[first] = 12345 if isinstance(answer[first], str) else "not a number"
+    text = canonical_json(answer)
+    if kind == "not_json":
+        text = f"Sure! Here is the JSON you asked for: {text}"
+    return text, kind == "truncated_json"
+
+
+def schema_value(schema: Any, *, pick: int = 0, depth: int = 0) -> Any:
+    """A value that fits ``schema`` (objects with every property, one item per array), the same for the same pick."""
+    if not isinstance(schema, dict) or depth > 8:
+        return None
+    if "const" in schema:
+        return schema["const"]
+    if isinstance(schema.get("enum"), list) and schema["enum"]:
+        return schema["enum"][pick % len(schema["enum"])]
+    for key in ("anyOf", "oneOf"):
+        if isinstance(schema.get(key), list) and schema[key]:
+            return schema_value(schema[key][0], pick=pick, depth=depth + 1)
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "null")
+    if kind == "object" or isinstance(schema.get("properties"), dict):
+        properties = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+        return {name: schema_value(spec, pick=pick + index, depth=depth + 1)
+                for index, (name, spec) in enumerate(properties.items())}
+    if kind == "array":
+        return [schema_value(schema.get("items"), pick=pick, depth=depth + 1)] if isinstance(schema.get("items"), dict) else []
+    if kind == "integer":
+        return max(pick, int(schema.get("minimum", 0)))
+    if kind == "number":
+        return max(pick / 2, float(schema.get("minimum", 0)))
+    if kind == "boolean":
+        return bool(pick & 1)
+    if kind == "null":
+        return None
+    return ("alpha", "beta", "gamma", "delta")[pick % 4]
 
 
 def render_completion(plan: PlannedCompletion, *, state: SimState) -> tuple[bytes, int]:
@@ -138,6 +222,8 @@ def _message(plan: PlannedCompletion, index: int, digest: int, visible: int, rea
     """The fields of one choice's message (after its role), as ``message_fields`` writes them."""
     if plan.kind == "refuse":
         return message_fields(None, refusal=REFUSAL_TEXT)
+    if plan.text is not None:
+        return message_fields(plan.text)
     if plan.tool is not None:
         name, schema = plan.tool
         arguments = canonical_json(tool_input(schema))

@@ -21,6 +21,7 @@ __all__ = [
     "Fault",
     "LatencyDist",
     "RANDOM_FAULT_FIELDS",
+    "STRUCTURED_FAULTS",
     "SimulatorConfig",
 ]
 
@@ -37,7 +38,14 @@ FAULTS: frozenset[str] = frozenset(get_args(Fault))
 # whole cap (max_completion_tokens or max_tokens) at ``slow_tokens_per_second``; "empty_choices" a 200 with
 # ``"choices": []`` (Anthropic: no content) and usage; "error200" an error body with status 200 and usage; "cut"
 # a 200 whose body stops half way, the connection closed after the headers promised it whole.
-AnswerKind = Literal["refuse", "slow", "empty_choices", "error200", "cut"]
+# For a body with a JSON schema (OpenAI's response_format, Anthropic's output_config.format), an answer that breaks
+# it: "not_json" text around the JSON, "missing_field" a required property left out, "wrong_type" a property of
+# another type, "truncated_json" cut off at the cap (finish_reason "length"). ``invalid_json_rate`` draws one of them
+# at random (from the body's digest: the same body, the same answer).
+StructuredFault = Literal["not_json", "missing_field", "wrong_type", "truncated_json"]
+STRUCTURED_FAULTS: tuple[str, ...] = get_args(StructuredFault)
+AnswerKind = Literal["refuse", "slow", "empty_choices", "error200", "cut", "not_json", "missing_field", "wrong_type",
+                     "truncated_json"]
 ANSWER_KINDS: frozenset[str] = frozenset(get_args(AnswerKind))
 # What a [[sim:...]] marker in a real-time request may name.
 MARKERS: frozenset[str] = FAULTS | ANSWER_KINDS
@@ -101,6 +109,8 @@ class SimulatorConfig:
     rate_hang: float = 0.0
     rate_drop: float = 0.0
     rate_malformed: float = 0.0
+    # Of the answers to a body with a JSON schema, the share that breaks it (one of STRUCTURED_FAULTS), any lane.
+    invalid_json_rate: float = 0.0
     retry_after: float = DEFAULT_RETRY_AFTER  # seconds, sent with injected 429s
     hang_seconds: float = DEFAULT_HANG_SECONDS  # then the connection is closed without an answer
     rpm: int | None = None
@@ -123,6 +133,8 @@ class SimulatorConfig:
             raise ConfigError(
                 f"simulator latency_dist must be one of {sorted(_LATENCY_DISTS)}, got {self.latency_dist!r}"
             )
+        if not 0.0 <= self.invalid_json_rate <= 1.0:
+            raise ConfigError(f"simulator invalid_json_rate must be between 0 and 1, got {self.invalid_json_rate!r}")
         total = 0.0
         for name, _ in RANDOM_FAULT_FIELDS:
             value = getattr(self, name)

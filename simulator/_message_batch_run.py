@@ -196,6 +196,7 @@ class MessageBatchRun(BatchWork):
         if error is not None:
             return False, b'{"custom_id":%s,"result":{"type":"errored","error":%s}}\n' % (
                 custom_id, json_dumps(error).encode())
-        message, _ = render_message(plan_message(params, digest=digest, kind=kind), state=state, batch=True)
+        message, _ = render_message(plan_message(
+            params, digest=digest, kind=kind, invalid_json_rate=self._state.config.invalid_json_rate), state=state, batch=True)
         return True, b'{"custom_id":%s,"result":{"type":"succeeded","message":%s}}\n' % (custom_id, message)
 

@@ -77,8 +77,11 @@ def message_digest(body: dict[str, Any], *, state: SimState) -> bytes:
     return body_digest(canonical_json(body).encode(), state=state)
 
 
-def plan_message(body: dict[str, Any], *, digest: bytes, kind: str | None = None) -> PlannedMessage:
-    """The answer to a body that ``messages_body_problem`` accepted (``kind``: what an answer marker asks)."""
+def plan_message(
+    body: dict[str, Any], *, digest: bytes, kind: str | None = None, invalid_json_rate: float = 0.0
+) -> PlannedMessage:
+    """The answer to a body that ``messages_body_problem`` accepted (``kind``: what an answer marker asks); JSON of
+    its ``output_config.format`` schema when it gives one, broken at ``invalid_json_rate``."""
     turns: list[dict[str, Any]] = list(body["messages"])
     system = body.get("system")
     if system is not None:
@@ -86,7 +89,8 @@ def plan_message(body: dict[str, Any], *, digest: bytes, kind: str | None = None
     tool = _called_tool(body) if kind not in ("refuse", "slow") else None
     # A tool call's output is its input's text; the chat side plans text for the rest.
     chat = {"model": body["model"], "messages": turns, "max_tokens": body["max_tokens"]}
-    completion = plan_completion(chat, digest=digest, kind=kind)
+    completion = plan_completion(chat, digest=digest, kind=kind, invalid_json_rate=invalid_json_rate,
+                                 schema=_output_schema(body) if tool is None else None)
     if tool is not None:
         tokens = min(count_tokens(canonical_json(tool_input(tool[1]))) + 3, body["max_tokens"])
         completion = replace(completion, choices=[(completion.choices[0][0], tokens, "tool_use")])
@@ -100,6 +104,14 @@ def plan_message(body: dict[str, Any], *, digest: bytes, kind: str | None = None
                              digest_size=16).digest()
     return PlannedMessage(completion=completion, cache_prefix=prefix, cache_prefix_tokens=sum(completion.counts[:end]),
                           cache_hour=_cache_ttl(turns[end - 1].get("content")) == "1h", thinking=thinking, tool=tool)
+
+
+def _output_schema(body: dict[str, Any]) -> dict[str, Any] | None:
+    output_config = body.get("output_config")
+    spec = output_config.get("format") if isinstance(output_config, dict) else None
+    if isinstance(spec, dict) and spec.get("type") == "json_schema" and isinstance(spec.get("schema"), dict):
+        return spec["schema"]
+    return None
 
 
 def _thinking_tokens(body: dict[str, Any], completion: PlannedCompletion) -> int:
@@ -192,6 +204,8 @@ def _content(plan: PlannedMessage, digest: int, tokens: int, finish_reason: str)
         name, schema = plan.tool
         blocks.append({"type": "tool_use", "id": f"toolu_sim{digest & 0xFFFFFFFFFFFF:012x}", "name": name,
                        "input": tool_input(schema)})
+    elif plan.completion.text is not None:
+        blocks.append({"type": "text", "text": plan.completion.text})
     else:
         blocks.append({"type": "text", "text": completion_text(digest=digest, tokens=tokens,
                                                                stop=finish_reason == "stop")})

@@ -63,7 +63,7 @@ class _MessageRoutes(RealTimeRoutes):
         self, request: web.Request, *, body: dict[str, Any], model: str, digest: bytes, kind: str | None = None
     ) -> web.StreamResponse:
         state = self._state
-        plan = plan_message(body, digest=digest, kind=kind)
+        plan = plan_message(body, digest=digest, kind=kind, invalid_json_rate=self._state.config.invalid_json_rate)
 
         def render() -> bytes:
             body_bytes, usage = render_message(plan, state=state)

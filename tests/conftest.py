@@ -100,7 +100,7 @@ def sim(sim_server: Sim) -> Iterator[Sim]:
     """The session's simulator with zeroed stats and default behaviour for this test."""
     sim_server.reset()
     sim_server.configure(latency=0.01, rate_429=0.0, rate_500=0.0, rate_503=0.0, rate_hang=0.0, rate_drop=0.0,
-                         rate_malformed=0.0, rpm=None, tpm=None)
+                         rate_malformed=0.0, invalid_json_rate=0.0, rpm=None, tpm=None)
     yield sim_server
     sim_server.reset()
 

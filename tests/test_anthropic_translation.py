@@ -80,7 +80,7 @@ def test_image_and_text_parts_become_content_blocks() -> None:
 @pytest.mark.parametrize(("name", "value", "words"), [
     ("logprobs", True, "no Anthropic equivalent"), ("logit_bias", {"1": 1}, "no Anthropic equivalent"),
     ("presence_penalty", 0.1, "no Anthropic equivalent"), ("seed", 1, "no Anthropic equivalent"),
-    ("response_format", {"type": "json_object"}, "no Anthropic equivalent"), ("n", 2, "n must be 1"),
+    ("response_format", {"type": "json_object"}, "only of type 'json_schema'"), ("n", 2, "n must be 1"),
     ("temperature", 1.5, "0 to 1"), ("made_up", 1, "not a parameter"), ("metadata", {"k": "v"}, "user_id"),
 ])
 def test_a_parameter_with_no_anthropic_equivalent_is_refused_by_name(name: str, value: Any, words: str) -> None:

@@ -1,0 +1,163 @@
+"""Structured answers: a schema per prompt (``params.response_format``) or per job (``--schema FILE`` or
+``module:Model``), sent as each provider takes it, a schema a provider would refuse refused with the file, and the
+simulator answering JSON of the schema, valid or broken on request, over real sockets."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from llm_dispatch.core import ChatRequest, anthropic_params, check_answer, load_schema, ConfigError
+
+from conftest import Sim
+
+COMMAND = str(Path(sys.executable).parent / "llm-dispatch")
+PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+          "required": ["name", "age"], "additionalProperties": False}
+FORMAT = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+USER = [{"role": "user", "content": "Invent a person."}]
+
+
+def run_cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LLM_DISPATCH_", "OPENAI_", "ANTHROPIC_"))}
+    env["COLUMNS"] = "1000"
+    return subprocess.run([COMMAND, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+
+
+# --- schema sources ---------------------------------------------------------------------------------------------
+
+def test_a_json_schema_file_becomes_a_strict_response_format(tmp_path: Path) -> None:
+    path = tmp_path / "person.json"
+    path.write_text(json.dumps(PERSON))
+    assert load_schema(str(path)) == {"type": "json_schema",
+                                      "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+
+
+def test_a_pydantic_model_becomes_a_closed_strict_schema(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "my_models.py").write_text(
+        "from pydantic import BaseModel\n"
+        "class Pet(BaseModel):\n    kind: str\n"
+        "class Person(BaseModel):\n    name: str\n    age: int\n    pet: Pet\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    loaded = load_schema("my_models:Person")
+    schema = loaded["json_schema"]["schema"]
+    assert loaded["json_schema"]["name"] == "Person" and loaded["json_schema"]["strict"] is True
+    assert schema["additionalProperties"] is False and schema["$defs"]["Pet"]["additionalProperties"] is False
+    assert check_answer(schema, text='{"name": "Ada", "age": 36, "pet": {"kind": "cat"}}').parsed["pet"] == {"kind": "cat"}
+
+
+@pytest.mark.parametrize(("content", "expected"), [
+    ({"type": "object", "properties": {"a": {"type": "string"}}, "additionalProperties": False},
+     "strict mode needs every property required (at $: 'a')"),
+    ({"type": "array", "items": {"type": "string"}}, "strict mode needs the root to be {'type': 'object'}"),
+    ({"type": "object", "properties": {"a": {"type": "object", "properties": {}}}, "required": ["a"],
+      "additionalProperties": False}, "strict mode needs \"additionalProperties\": false on every object (at $.a)"),
+    ({"type": "nonsense"}, "json_schema.schema is not a valid JSON Schema"),
+], ids=["optional property", "array root", "open nested object", "not a schema"])
+def test_a_job_schema_the_provider_would_refuse_is_one_line(tmp_path: Path, content: dict, expected: str) -> None:
+    (tmp_path / "schema.json").write_text(json.dumps(content))
+    (tmp_path / "p.jsonl").write_text('{"prompt": "x"}\n')
+    result = run_cli(tmp_path, "run", "p.jsonl", "--simulate", "--schema", "schema.json")
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
+    assert len(lines) == 1 and expected in lines[0] and lines[0].startswith("error: --schema schema.json:"), lines
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.jsonl", "schema.json"]  # nothing written
+
+
+def test_a_missing_model_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "p.jsonl").write_text('{"prompt": "x"}\n')
+    result = run_cli(tmp_path, "run", "p.jsonl", "--simulate", "--schema", "no_such_module:Model")
+    assert result.returncode == 2
+    assert "--schema no_such_module:Model: cannot import it" in result.stderr
+
+
+def test_a_prompt_schema_the_provider_would_refuse_is_refused_with_its_line(tmp_path: Path) -> None:
+    loose = {"type": "json_schema", "json_schema": {"name": "p", "strict": True,
+                                                    "schema": {"type": "object", "properties": {"a": {}}}}}
+    (tmp_path / "p.jsonl").write_text(json.dumps({"prompt": "x", "params": {"response_format": FORMAT}}) + "\n"
+                                      + json.dumps({"prompt": "y", "params": {"response_format": loose}}) + "\n")
+    result = run_cli(tmp_path, "run", "p.jsonl", "--simulate")
+    assert result.returncode == 2
+    assert ("p.jsonl:2: strict mode needs \"additionalProperties\": false on every object (at $) "
+            "(field 'params.response_format')") in result.stderr
+
+
+# --- sent natively ---------------------------------------------------------------------------------------------
+
+def test_claude_gets_the_schema_as_output_config_format() -> None:
+    body = anthropic_params(ChatRequest(model="claude-sonnet-5", messages=USER, params={"response_format": FORMAT}),
+                            default_max_tokens=100)
+    assert body["output_config"] == {"format": {"type": "json_schema", "schema": PERSON}}
+    assert "tools" not in body and "response_format" not in body
+
+
+def test_an_older_claude_gets_the_schema_as_a_forced_tool() -> None:
+    body = anthropic_params(ChatRequest(model="claude-opus-4-1", messages=USER, params={"response_format": FORMAT}),
+                            default_max_tokens=100)
+    assert body["tool_choice"] == {"type": "tool", "name": "structured_answer"}
+    assert body["tools"][0]["input_schema"] == PERSON and "output_config" not in body
+
+
+def test_a_forced_tool_answer_is_read_as_the_answer() -> None:
+    call = [{"id": "t1", "type": "function", "function": {"name": "structured_answer",
+                                                          "arguments": '{"name": "Ada", "age": 3}'}}]
+    assert check_answer(PERSON, text=None, tool_calls=call).parsed == {"name": "Ada", "age": 3}
+
+
+# --- the simulator ---------------------------------------------------------------------------------------------
+
+def _chat(sim: Sim, content: str, **body: object) -> dict:
+    response = httpx.post(f"{sim.base_url}/chat/completions", timeout=10, json={
+        "model": "gpt-4o-mini", "messages": [{"role": "user", "content": content}], "response_format": FORMAT, **body})
+    return response.raise_for_status().json()
+
+
+@pytest.mark.parametrize(("marker", "violation"), [
+    ("", None),
+    ("[[sim:not_json]]", "the answer is not JSON"),
+    ("[[sim:missing_field]]", "is a required property"),
+    ("[[sim:wrong_type]]", "is not of type"),
+    ("[[sim:truncated_json]]", "the answer was cut off (finish_reason 'length')"),
+])
+def test_the_simulator_answers_json_of_the_schema_or_breaks_it_on_request(sim: Sim, marker: str,
+                                                                           violation: str | None) -> None:
+    choice = _chat(sim, f"Invent a person. {marker}")["choices"][0]
+    checked = check_answer(PERSON, text=choice["message"]["content"], finish_reason=choice["finish_reason"])
+    if violation is None:
+        assert checked.valid and set(checked.parsed) == {"name", "age"}
+    else:
+        assert violation in checked.violation
+
+
+def test_the_simulator_breaks_about_the_rate_asked(sim: Sim) -> None:
+    sim.configure(invalid_json_rate=0.25)
+    invalid = 0
+    for n in range(200):
+        choice = _chat(sim, f"Invent person {n}.")["choices"][0]
+        invalid += not check_answer(PERSON, text=choice["message"]["content"],
+                                    finish_reason=choice["finish_reason"]).valid
+    assert 25 <= invalid <= 75
+
+
+def test_the_simulator_refuses_a_schema_openai_would_refuse(sim: Sim) -> None:
+    loose = {"type": "json_schema", "json_schema": {"name": "p", "strict": True, "schema": {"type": "object"}}}
+    response = httpx.post(f"{sim.base_url}/chat/completions", timeout=10, json={
+        "model": "gpt-4o-mini", "messages": USER, "response_format": loose})
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "response_format"
+
+
+def test_the_simulator_answers_claude_in_json_of_output_config(sim: Sim) -> None:
+    body = anthropic_params(ChatRequest(model="claude-sonnet-5", messages=USER,
+                                        params={"response_format": FORMAT, "max_tokens": 200}), default_max_tokens=200)
+    response = httpx.post(f"{sim.root}/v1/messages", json=body, timeout=10, headers={
+        "x-api-key": "sk-ant-test", "anthropic-version": "2023-06-01"}).raise_for_status().json()
+    text = next(block["text"] for block in response["content"] if block["type"] == "text")
+    assert check_answer(PERSON, text=text).valid

@@ -18,6 +18,7 @@ from ._batch_types import (
     RequestCounts,
     batch_status_from_api,
 )
+from ._budgets import BUDGET_PERIODS, BudgetPeriod, SpendGate, job_budget_name, period_key
 from ._client import LLMClient
 from ._constants import DEFAULT_CONCURRENCY, DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
 from ._costs import CostTotals, RouteTotals, estimate_request_cost, worst_case_cost
@@ -81,6 +82,11 @@ __all__ = [
     "PICO_PER_USD",
     "TRUNCATED_FINISH_REASONS",
     "AdaptiveLimiter",
+    "BUDGET_PERIODS",
+    "BudgetPeriod",
+    "job_budget_name",
+    "period_key",
+    "SpendGate",
     "anthropic_messages_refusal",
     "anthropic_params",
     "anthropic_refusal",

@@ -22,9 +22,23 @@ from ._batches import (
     store_batch_answers,
     update_batch,
 )
+from ._budgets import (
+    LEASE_TTL,
+    BudgetInfo,
+    BudgetLease,
+    BudgetUsage,
+    budget_usage,
+    get_budget,
+    hold_for,
+    reclaim_expired,
+    release_holds,
+    set_budget,
+    set_job_budget,
+    settle_holds,
+)
 from ._engine import DATABASE_URL_ENV, Sessions, check_database_url, create_engine, open_database, session_factory
 from ._migrate import migrate, require_current_schema
-from ._models import Base, Batch, BatchMember, Job, Prompt, Result
+from ._models import Base, Batch, BatchMember, Budget, BudgetSpend, Job, Prompt, Reservation, Result
 from ._open import (
     open_prompt_count,
     open_prompt_ids,
@@ -69,6 +83,21 @@ from ._writer import ResultWriter
 __all__ = [
     "BATCH_FIELDS",
     "DATABASE_URL_ENV",
+    "LEASE_TTL",
+    "Budget",
+    "BudgetInfo",
+    "BudgetLease",
+    "BudgetSpend",
+    "BudgetUsage",
+    "Reservation",
+    "budget_usage",
+    "get_budget",
+    "hold_for",
+    "reclaim_expired",
+    "release_holds",
+    "set_budget",
+    "set_job_budget",
+    "settle_holds",
     "Base",
     "Batch",
     "BatchMember",

@@ -28,7 +28,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-__all__ = ["Base", "Batch", "BatchMember", "Job", "Prompt", "Result", "aware", "new_job_id", "utcnow"]
+__all__ = ["Base", "Batch", "BatchMember", "Budget", "BudgetSpend", "Job", "Prompt", "Reservation", "Result", "aware",
+           "new_job_id", "utcnow"]
 
 # Stable constraint names, so a later migration can drop or alter them by name on both
 # databases (and SQLite batch mode can recreate tables).
@@ -212,3 +213,49 @@ class BatchMember(Base):
     prompt_id: Mapped[int] = mapped_column(BigInt, ForeignKey("prompts.id"), primary_key=True, index=True)
     # The line's custom_id, unique to one line of this batch; identical prompts share one line.
     custom_id: Mapped[str] = mapped_column(String())
+
+
+class Budget(Base):
+    """A spending cap: at most ``limit_pico_usd`` per ``per`` (core.BUDGET_PERIODS), held by every run that names it."""
+
+    __tablename__ = "budgets"
+
+    name: Mapped[str] = mapped_column(String(), primary_key=True)
+    limit_pico_usd: Mapped[int] = mapped_column(BigInteger())
+    per: Mapped[str] = mapped_column(String(8))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+class BudgetSpend(Base):
+    """One period of a budget (core.period_key): what was spent (stored costs) and what is reserved for requests
+    sent or about to be. The cap's invariant, kept by conditional updates: spent + reserved <= the budget's limit
+    at every reservation."""
+
+    __tablename__ = "budget_periods"
+
+    budget: Mapped[str] = mapped_column(ForeignKey("budgets.name"), primary_key=True)
+    period: Mapped[str] = mapped_column(String(10), primary_key=True)
+    spent_pico_usd: Mapped[int] = mapped_column(BigInteger(), default=0, server_default=sql_text("0"))
+    reserved_pico_usd: Mapped[int] = mapped_column(BigInteger(), default=0, server_default=sql_text("0"))
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+class Reservation(Base):
+    """Money held on a budget's period: a run's lease for its real-time requests (renewed as it spends, given back
+    once it expires), or a submitted batch's worst case (held until its answers are ingested or it ends)."""
+
+    __tablename__ = "budget_reservations"
+    __table_args__ = (Index("ix_budget_reservations_budget_period", "budget", "period"),)
+
+    id: Mapped[int] = mapped_column(BigInt, primary_key=True, autoincrement=True)
+    budget: Mapped[str] = mapped_column(ForeignKey("budgets.name"))
+    period: Mapped[str] = mapped_column(String(10))
+    job_id: Mapped[str | None] = mapped_column(String(36))
+    batch_id: Mapped[int | None] = mapped_column(BigInt, index=True)
+    # Who holds it: "host:pid" of a run, for a person reading the table.
+    holder: Mapped[str] = mapped_column(String())
+    amount_pico_usd: Mapped[int] = mapped_column(BigInteger())
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # A run's lease is given back to the budget after this (its process died); NULL: a batch's, held until it ends.
+    expires_at: Mapped[datetime | None] = mapped_column()

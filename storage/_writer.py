@@ -15,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from llm_dispatch.core import ChatResult, PriceTable, ResultRoute, UnknownPromptError
 
+from ._budgets import BudgetLease
 from ._bulk import IN_CHUNK, chunks
 from ._models import Prompt, utcnow
 from ._queries import mark_in_flight, release_in_flight
@@ -51,7 +52,8 @@ class ResultWriter:
     exit) and its rows stay buffered; nothing is dropped silently.
 
     ``job_id``, when every result belongs to one job, saves looking it up per batch. ``prices`` (the
-    run's price table) prices each answer as it is stored; without it their costs are unknown (NULL).
+    run's price table) prices each answer as it is stored; without it their costs are unknown (NULL). ``budget``
+    (the run's lease on a budget) has each write's stored costs settled as spent in the same transaction.
     """
 
     def __init__(
@@ -62,6 +64,7 @@ class ResultWriter:
         flush_interval: float = DEFAULT_FLUSH_INTERVAL,
         job_id: str | None = None,
         prices: PriceTable | None = None,
+        budget: BudgetLease | None = None,
     ) -> None:
         if flush_rows < 1 or flush_interval <= 0:
             raise ValueError("flush_rows must be >= 1 and flush_interval > 0")
@@ -71,6 +74,7 @@ class ResultWriter:
         self._max_buffered = BACKPRESSURE_FACTOR * flush_rows
         self._job_id = job_id
         self._ledger = RowLedger(prices)
+        self._budget = budget
         self._buffer: deque[_Buffered] = deque()
         self._lock = asyncio.Lock()  # one batch written at a time, in arrival order
         self._wake = asyncio.Event()
@@ -179,6 +183,8 @@ class ResultWriter:
         if self._task is None or self._closing:
             raise RuntimeError("use the ResultWriter as `async with ResultWriter(...) as writer:`")
         arrived = asyncio.get_running_loop().time()
+        if self._budget is not None:
+            self._budget.buffered(_cost(rows))
         was_empty = not self._buffer
         self._buffer.extend(_Buffered(arrived, row) for row in rows)
         self._appended += len(rows)
@@ -252,10 +258,23 @@ class ResultWriter:
 
     async def _write(self, batch: list[_Buffered]) -> None:
         rows = [item.row for item in batch]
+        budget, cost, moved = self._budget, 0, None
         async with self._sessions.begin() as session:
             job_ids = self._job_id if self._job_id is not None else await _job_ids(session, rows)
             # Unknown prompt ids with a known job_id fail on the results foreign key.
-            await write_results(await session.connection(), rows, job_ids=job_ids, now=utcnow())
+            conn = await session.connection()
+            await write_results(conn, rows, job_ids=job_ids, now=utcnow())
+            if budget is not None:
+                # Last, so that the budget's row is locked only for the commit.
+                cost = _cost(rows)
+                moved = await budget.settle(conn, cost=cost)
+        if budget is not None:
+            budget.settled(cost=cost, moved=moved)
+
+
+def _cost(rows: Sequence[ResultRow]) -> int:
+    """What these rows' answers cost, as stored (a cost unknown for want of a price counts nothing)."""
+    return sum(row.cost_pico_usd or 0 for row in rows)
 
 
 async def _job_ids(session: AsyncSession, rows: list[ResultRow]) -> dict[int, str]:

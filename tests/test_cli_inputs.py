@@ -97,7 +97,7 @@ def test_an_excel_csv_keeps_its_ids_and_a_past_deadline_warns_and_goes_real_time
                         "'2020-01-01T00:00:00Z'); sending it real-time now"]
     summary = json.loads(result.stdout)
     assert summary["counts"] == {"succeeded": 2}
-    exported = run(tmp_path, "export", summary["job_id"])
+    exported = run(tmp_path, "export", summary["job_id"], "--fields", "id,route")
     rows = [json.loads(line) for line in exported.stdout.splitlines()]
     assert [(row["id"], row["route"]) for row in rows] == [("q1", "realtime"), ("q2", "realtime")]
 

@@ -22,6 +22,7 @@ from llm_dispatch.core import (
     provider_lookup,
     ROUTES,
     UNFINISHED_PROMPT_STATUSES,
+    to_json,
     unfinished,
 )
 
@@ -115,7 +116,7 @@ async def cost(*, settings: Settings, job_id: str | None) -> dict[str, Any] | No
         if found is None:
             return None
         ledger = await actual_cost(sessions=sessions, job_id=found, provider_of=provider_lookup(settings.model_providers))
-    return {"job_id": found, **ledger.as_dict(), "currency": "USD"}
+    return {"job_id": found, **to_json(ledger), "currency": "USD"}
 
 
 def print_cost(console: Console, data: dict[str, Any]) -> None:
@@ -171,7 +172,7 @@ async def reprice(
             return None
         what_if = await reprice_job(sessions=sessions, job_id=found, table=table, tier=tier,
                                     route=route)  # type: ignore[arg-type]
-    return what_if.as_dict()
+    return to_json(what_if)
 
 
 def print_reprice(console: Console, data: dict[str, Any]) -> None:

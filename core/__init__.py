@@ -36,7 +36,7 @@ from ._inputs import (
     parse_prompt_dicts,
     read_prompts,
 )
-from ._json import stored_json
+from ._json import json_field, money, stored_json, to_json
 from ._limits import AdaptiveLimiter, RateLimiter, SharedPause
 from ._message_shapes import anthropic_messages_refusal, openai_messages_refusal
 from ._model_rules import Refusal, anthropic_refusal, batch_metadata_problem, openai_params, openai_refusal
@@ -116,6 +116,7 @@ __all__ = [
     "check_prompts",
     "fingerprint",
     "iter_prompts",
+    "json_field",
     "key_hash",
     "from_pico",
     "LLMClient",
@@ -148,10 +149,12 @@ __all__ = [
     "STOP_AFTER",
     "Stopped",
     "lasting_failure",
+    "money",
     "send_all",
     "Settings",
     "SharedPause",
     "stored_json",
+    "to_json",
     "WorkItem",
     "worst_case_cost",
     "write_batch_files",

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Final, Required, TypedDict, Unpack
 
+from ._json import json_field
 from ._pricing import Charge, PriceTable, billing_tier
 from ._providers import provider_lookup
 from ._status import ROUTES, Route
@@ -142,7 +143,7 @@ def expected_reply_tokens(*, typical: float, cap: int | None) -> float:
 class RouteTotals:
     """Usage and known cost of the prompts sent one way."""
 
-    prompts: int = 0
+    prompts: int = json_field(name="requests", default=0)
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0

@@ -102,10 +102,6 @@ class DispatchOutcome:
         self.left += other.left
         self.failed_by_class.update(other.failed_by_class)
 
-    def as_dict(self) -> dict[str, object]:
-        return {"succeeded": self.succeeded, "refused": self.refused, "failed": self.failed, "left": self.left,
-                "failed_by_class": dict(self.failed_by_class)}
-
 
 async def send_all(
     *,

@@ -1,4 +1,5 @@
-"""JSON encoders made once, each call going straight to the C encoder.
+"""JSON: encoders made once, each call going straight to the C encoder; and the one way a typed result
+(a summary, a report) becomes JSON values (``to_json``).
 
 ``json.JSONEncoder.encode`` builds a new C encoder object on every call; these run once or twice per
 prompt and per request (request bodies, dedupe keys, stored columns), so each is built here once. The
@@ -7,11 +8,15 @@ text is exactly what the ``json.JSONEncoder`` of the same options writes.
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from decimal import Decimal
+from enum import Enum
 from typing import Any
 
-__all__ = ["canonical_json", "compact_json", "make_json_encoder", "stored_json"]
+__all__ = ["JsonAs", "canonical_json", "compact_json", "json_field", "make_json_encoder", "money", "stored_json",
+           "to_json"]
 
 
 def make_json_encoder(
@@ -39,3 +44,70 @@ compact_json = make_json_encoder(separators=(",", ":"), allow_nan=False)
 canonical_json = make_json_encoder(separators=(",", ":"), sort_keys=True)
 # JSON columns, as stored since the first release.
 stored_json = make_json_encoder(separators=(", ", ": "))
+
+
+def money(value: Decimal) -> float:
+    """Dollars for JSON and tables, to a millionth (a small job's whole cost is a fraction of a cent)."""
+    return float(value.quantize(Decimal("0.000001")))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class JsonAs:
+    """How ``to_json`` writes one field of a dataclass (its ``metadata["json"]``; see ``json_field``)."""
+
+    # The key, when not the field's name.
+    name: str | None = None
+    # Left out (a value the JSON shows otherwise, through a property).
+    skip: bool = False
+    # A nested result whose keys stand at this level.
+    inline: bool = False
+    # Seconds and the like: a float (or each float of a dict) rounded to this many digits.
+    digits: int | None = None
+    # Left out when None.
+    omit_none: bool = False
+
+
+def json_field(**how: Any) -> Any:
+    """A dataclass field written as ``JsonAs(**json)`` says; ``default``/``default_factory`` as ``dataclasses.field``."""
+    options = {key: how.pop(key) for key in ("default", "default_factory") if key in how}
+    return dataclasses.field(metadata={"json": JsonAs(**how)}, **options)
+
+
+_PLAIN = JsonAs()
+
+
+def to_json(value: Any) -> Any:
+    """``value`` as JSON values: a dataclass as an object of its fields (as each field's ``JsonAs`` says) followed
+    by the properties its class names in ``json_properties``; dollars (``Decimal``) by ``money``; enums by value;
+    mappings, lists and tuples item by item. The one way a typed result becomes JSON (``--json``, artifacts)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        out: dict[str, Any] = {}
+        for spec in dataclasses.fields(value):
+            how: JsonAs = spec.metadata.get("json", _PLAIN)
+            if how.skip:
+                continue
+            item = getattr(value, spec.name)
+            if how.omit_none and item is None:
+                continue
+            if how.inline:
+                out.update(to_json(item))
+                continue
+            out[how.name or spec.name] = _rounded(to_json(item), how.digits) if how.digits is not None else to_json(item)
+        for name in getattr(type(value), "json_properties", ()):
+            out[name] = to_json(getattr(value, name))
+        return out
+    if isinstance(value, Decimal):
+        return money(value)
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, Mapping):
+        return {key: to_json(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [to_json(item) for item in value]
+    return value
+
+
+def _rounded(value: Any, digits: int) -> Any:
+    if isinstance(value, dict):
+        return {key: _rounded(item, digits) for key, item in value.items()}
+    return round(value, digits) if isinstance(value, float) else value

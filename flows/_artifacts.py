@@ -20,7 +20,7 @@ from prefect.artifacts import (
 
 from llm_dispatch import storage
 from llm_dispatch.jobs import DispatchSummary
-from llm_dispatch.core import DispatchOutcome, ROUTES, unfinished
+from llm_dispatch.core import DispatchOutcome, ROUTES, to_json, unfinished
 
 Logger = logging.Logger | logging.LoggerAdapter  # type: ignore[type-arg]
 
@@ -115,7 +115,7 @@ def artifact_key(name: str, *, job_id: str) -> str:
 
 async def publish_report(summary: DispatchSummary, *, logger: Logger) -> None:
     """A table (one row per route) and a markdown report on the flow run, keyed and titled by the job's name."""
-    report = summary.as_dict()
+    report = to_json(summary)
     rows = []
     for route in ROUTES:
         statuses = report["routes"].get(route, {})

@@ -28,6 +28,7 @@ from llm_dispatch.core import (
     TERMINAL_BATCH_STATUSES,
     RetryFailed,
     Settings,
+    to_json,
     unfinished,
 )
 from llm_dispatch.tasks import cancel_batches, finish_submission, ingest_batch, poll_batch, submit_batches
@@ -64,7 +65,7 @@ async def wait_for_batch(
     settings = await prepare(Settings.with_overrides(**overrides, database_url=database_url), logger=get_run_logger())
     async with open_run(settings, migrate=False) as run:
         outcome = await follow_batch(run=run, batch_id=batch_id, ingest_when_done=ingest_when_done)
-    return outcome.as_dict() if isinstance(outcome, IngestOutcome) else outcome
+    return to_json(outcome) if isinstance(outcome, IngestOutcome) else outcome
 
 
 async def follow_batch(*, run: JobRun, batch_id: int, ingest_when_done: bool = True) -> IngestOutcome | dict[str, Any]:
@@ -172,7 +173,7 @@ async def collect_batches(
     logger.info("Swept %d open batches: %d polled, %d ingested, %d prompts resubmitted, %d sent real-time, "
                 "%d half-submitted ones left to their own run.", summary.open, summary.polled, len(summary.ingested),
                 summary.resubmitted, summary.realtime, summary.skipped_recent)
-    return summary.as_dict()
+    return to_json(summary)
 
 
 async def sweep(*, run: JobRun, job_id: str | None, stale_after: float) -> SweepSummary:
@@ -253,5 +254,5 @@ async def cancel_job_batches(
             if record.status in TERMINAL_BATCH_STATUSES:
                 ingested.append(await ingest_batch(run=run, batch_id=record.id))
         await _close_if_done(run, job_id=job_id)
-    return CancelSummary(job_id=job_id, cancelled=[r.id for r in records], ingested=ingested).as_dict()
+    return to_json(CancelSummary(job_id=job_id, cancelled=[r.id for r in records], ingested=ingested))
 

@@ -35,6 +35,7 @@ from llm_dispatch.core import (
     Settings,
     ShardRunsFailedError,
     current_progress,
+    to_json,
 )
 from llm_dispatch.tasks import record_prompts
 
@@ -104,7 +105,7 @@ async def dispatch(
     summary = await run_dispatch(source=prompts, job_id=job_id, settings=settings, wait=wait, max_cost=max_cost,
                                  retry_failed=retry_failed, retry_refused=retry_refused, shards=shards,
                                  realtime_deployment=realtime_deployment, new_job=new_job, job_name=job_name)
-    return summary.as_dict()
+    return to_json(summary)
 
 
 async def run_dispatch(

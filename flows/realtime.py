@@ -13,7 +13,7 @@ from pydantic import SecretStr
 
 from llm_dispatch import storage
 from llm_dispatch.jobs import ChunkFeed, ChunkSender, JobRun, RealtimeSummary, RecordedJob, Selection, open_run
-from llm_dispatch.core import ConfigError, RetryFailed, Route, RunStop, Settings, current_progress, unfinished
+from llm_dispatch.core import ConfigError, RetryFailed, Route, RunStop, Settings, current_progress, to_json, unfinished
 from llm_dispatch.tasks import chunk_sender, record_prompts
 
 from ._artifacts import ProgressBoard, job_label
@@ -78,7 +78,7 @@ async def realtime_dispatch(
             await storage.reopen_refused(run.sessions, job_id=job.job_id)
         selection = Selection(retry_failed=retry_failed, planned_route=planned_route, shard=part)
         summary = await send_realtime(run=run, job=job, selection=selection, started=started)
-    return summary.as_dict()
+    return to_json(summary)
 
 
 def lane_count(settings: Settings) -> int:

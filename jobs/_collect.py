@@ -35,6 +35,7 @@ from llm_dispatch.core import (
     BatchLineError,
     status_error_class,
     TERMINAL_BATCH_STATUSES,
+    to_json,
 )
 
 
@@ -64,13 +65,6 @@ class IngestOutcome:
     to_realtime: int = 0  # of those, re-routed to real-time
     unknown_lines: int = 0  # output lines with a custom_id that is not a waiting member
     failed_by_code: dict[str, int] = field(default_factory=dict)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "batch_id": self.batch_id, "status": self.status, "succeeded": self.succeeded, "failed": self.failed,
-            "resend": self.resend, "to_realtime": self.to_realtime, "unknown_lines": self.unknown_lines,
-            "failed_by_code": dict(self.failed_by_code),
-        }
 
 
 async def poll_batch(*, sessions: storage.Sessions, clients: Clients, record: storage.BatchRecord) -> storage.BatchRecord:
@@ -199,7 +193,7 @@ async def ingest_batch(
         sessions, job_id=record.job_id, now=now or datetime.now(UTC), margin=deadline_margin
     )
     outcome.to_realtime = to_realtime
-    logger.info("batch %d (%s) ingested: %s", record.id, record.status, outcome.as_dict())
+    logger.info("batch %d (%s) ingested: %s", record.id, record.status, to_json(outcome))
     return outcome
 
 

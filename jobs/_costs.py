@@ -7,12 +7,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any
+from typing import ClassVar
 
 
 from llm_dispatch import storage
 from llm_dispatch.core import ChatRequest, CostTotals, PriceTable, RouteTotals, estimate_request_cost, from_pico, provider_lookup
-from llm_dispatch.core import ROUTES, RetryFailed, Route
+from llm_dispatch.core import ROUTES, RetryFailed, Route, json_field, money
 
 __all__ = ["JobCost", "PriceBasis", "RepricedRow", "Repricing", "actual_cost", "estimate_cost", "money", "reprice"]
 # Answers of a model this database must hold before the reply length learnt from them replaces the setting.
@@ -33,10 +33,6 @@ class PriceBasis:
     cost_basis: str | None
     requests: int
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"prices_as_of": self.prices_as_of, "prices_file": self.prices_file, "cost_basis": self.cost_basis,
-                "requests": self.requests}
-
 
 @dataclass(slots=True)
 class JobCost:
@@ -49,7 +45,10 @@ class JobCost:
     ``reply_tokens`` is the typical (uncapped) reply length the estimate assumed per model.
     """
 
-    totals: CostTotals
+    json_properties: ClassVar = ("total", "savings", "complete", "unpriced_models", "prices_as_of", "backfilled",
+                                 "routes", "providers")
+
+    totals: CostTotals = json_field(skip=True)
     max_total: Decimal | None = Decimal(0)
     reply_tokens: dict[str, int] = field(default_factory=dict)
     # Model name -> priced requests with no max_tokens to a model of unknown maximum output.
@@ -82,28 +81,17 @@ class JobCost:
         """Requests whose stored cost was back-filled at migration, not recorded when answered."""
         return sum(basis.requests for basis in self.priced_with if basis.cost_basis == "backfill")
 
-    def as_dict(self) -> dict[str, Any]:
-        routes = {route: _route_dict(getattr(self.totals, route)) for route in ROUTES}
-        providers = {provider: {route: _route_dict(totals) for route, totals in sorted(by_route.items())}
-                     for provider, by_route in sorted(self.totals.providers.items())}
-        return {"total": money(self.total),
-                "max_total": None if self.max_total is None else money(self.max_total),
-                "unbounded_models": dict(self.unbounded_models), "savings": money(self.savings),
-                "complete": self.complete, "unpriced_models": dict(self.totals.unpriced_models),
-                "prices_as_of": self.prices_as_of, "reply_tokens": dict(self.reply_tokens),
-                "priced_with": [basis.as_dict() for basis in self.priced_with], "backfilled": self.backfilled,
-                "routes": routes, "providers": providers}
+    @property
+    def unpriced_models(self) -> dict[str, int]:
+        return self.totals.unpriced_models
 
+    @property
+    def routes(self) -> dict[str, RouteTotals]:
+        return {route: getattr(self.totals, route) for route in ROUTES}
 
-def _route_dict(totals: RouteTotals) -> dict[str, Any]:
-    return {"requests": totals.prompts, "prompt_tokens": totals.prompt_tokens,
-            "completion_tokens": totals.completion_tokens, "cached_tokens": totals.cached_tokens,
-            "cost": money(totals.cost), "unpriced": totals.unpriced}
-
-
-def money(value: Decimal) -> float:
-    """Dollars for JSON and tables, to a millionth (a small job's whole cost is a fraction of a cent)."""
-    return float(value.quantize(Decimal("0.000001")))
+    @property
+    def providers(self) -> dict[str, dict[str, RouteTotals]]:
+        return {provider: dict(sorted(by_route.items())) for provider, by_route in sorted(self.totals.providers.items())}
 
 
 async def estimate_cost(
@@ -190,6 +178,8 @@ async def actual_cost(*, sessions: storage.Sessions, job_id: str, provider_of: C
 class RepricedRow:
     """One route and model of a job: its stored cost beside what the same usage costs under another table."""
 
+    json_properties: ClassVar = ("difference",)
+
     route: str
     model: str
     requests: int
@@ -218,18 +208,12 @@ class RepricedRow:
             return None
         return self.repriced - self.stored
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"route": self.route, "model": self.model, "requests": self.requests,
-                "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                "cached_tokens": self.cached_tokens, "stored": money(self.stored),
-                "stored_unpriced": self.stored_unpriced,
-                "repriced": None if self.repriced is None else money(self.repriced),
-                "difference": None if self.difference is None else money(self.difference)}
-
 
 @dataclass(frozen=True, slots=True)
 class Repricing:
     """A what-if: the job's stored cost, and what it would cost under ``repriced.totals.table``."""
+
+    json_properties: ClassVar = ("prices_file", "prices_as_of", "difference")
 
     job_id: str
     rows: list[RepricedRow]
@@ -239,15 +223,24 @@ class Repricing:
     tier: str | None = None
     route: str | None = None
 
-    def as_dict(self) -> dict[str, Any]:
+    @property
+    def prices_file(self) -> str | None:
+        return self._table.prices_file
+
+    @property
+    def prices_as_of(self) -> str:
+        return self._table.prices_as_of
+
+    @property
+    def difference(self) -> Decimal | None:
+        """Repriced minus stored; None when either leaves some requests unpriced."""
+        return self.repriced.total - self.stored.total if self.stored.complete and self.repriced.complete else None
+
+    @property
+    def _table(self) -> PriceTable:
         table = self.repriced.totals.table
         assert table is not None
-        return {"job_id": self.job_id, "prices_file": table.prices_file, "prices_as_of": table.prices_as_of,
-                "tier": self.tier, "route": self.route,
-                "rows": [row.as_dict() for row in self.rows], "stored": self.stored.as_dict(),
-                "repriced": self.repriced.as_dict(),
-                "difference": money(self.repriced.total - self.stored.total)
-                if self.stored.complete and self.repriced.complete else None}
+        return table
 
 
 async def reprice(

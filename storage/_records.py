@@ -91,26 +91,6 @@ class ResultStats:
     # Attempts the provider may have billed with no answer kept for them (lost generations, 2xx non-answers).
     billed_unanswered: int = 0
 
-    def as_dict(self) -> dict[str, Any]:
-        """Plain JSON-ready values, for flow results and artifacts."""
-        return {
-            "succeeded": self.succeeded,
-            "refused": self.refused,
-            "truncated": self.truncated,
-            "tool_calls": self.tool_calls,
-            "reasoning_tokens": self.reasoning_tokens,
-            "failed": self.failed,
-            "reused": self.reused,
-            "failed_by_class": dict(self.failed_by_class),
-            "failure_messages": dict(self.failure_messages),
-            "billed_unanswered": self.billed_unanswered,
-            "p50_latency_ms": self.p50_latency_ms,
-            "p95_latency_ms": self.p95_latency_ms,
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "cached_tokens": self.cached_tokens,
-        }
-
 
 @dataclass(frozen=True, slots=True)
 class BatchRecord:

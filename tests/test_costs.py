@@ -9,6 +9,7 @@ from decimal import Decimal
 
 import pytest
 
+from llm_dispatch.core import to_json
 from llm_dispatch import storage
 from llm_dispatch.core._pricing import ModelPrice, PriceTable
 from llm_dispatch.core._tokens import estimate_prompt_tokens
@@ -76,7 +77,7 @@ async def test_actual_cost_per_route_with_cached_tokens_savings_and_an_unknown_m
     assert ledger.total == Decimal("0.6525")
     assert ledger.savings == Decimal("0.2175")
     assert not ledger.complete and ledger.totals.unpriced_models == {"mystery-model": 1}
-    shown = ledger.as_dict()
+    shown = to_json(ledger)
     assert shown["total"] == 0.6525 and shown["routes"]["realtime"]["unpriced"] == 1
     assert shown["priced_with"] == [{"prices_as_of": "2026-11-26", "prices_file": None, "cost_basis": "answer",
                                      "requests": 3}]
@@ -100,7 +101,7 @@ async def test_stored_costs_keep_the_prices_of_their_day_and_reprice_shows_anoth
     # Unknown stays unknown on both sides: no difference is made up.
     assert (rows["realtime", "mystery-model"].stored_unpriced, rows["realtime", "mystery-model"].repriced) == (1, None)
     assert rows["realtime", "mystery-model"].difference is None
-    shown = what_if.as_dict()
+    shown = to_json(what_if)
     assert shown["stored"]["total"] == 0.6525 and shown["repriced"]["total"] == 1.305 and shown["difference"] is None
     # The what-if wrote nothing.
     assert (await actual_cost(sessions=sessions, job_id=old_id)).total == Decimal("0.6525")
@@ -161,7 +162,7 @@ async def test_the_upper_bound_is_each_cap_else_the_models_maximum_output(sessio
     assert free.totals.realtime.completion_tokens == 100
     assert free.max_total == (one * Decimal("0.15") + 16_384 * Decimal("0.60")) / M
     # What the JSON summary shows: about a cent, where 100-token replies alone would say $0.00006.
-    assert free.as_dict()["max_total"] == pytest.approx(0.00983, abs=0.000005) and free.unbounded_models == {}
+    assert to_json(free)["max_total"] == pytest.approx(0.00983, abs=0.000005) and free.unbounded_models == {}
 
 
 async def test_a_model_of_unknown_maximum_output_without_max_tokens_is_unbounded(sessions) -> None:
@@ -177,7 +178,7 @@ async def test_a_model_of_unknown_maximum_output_without_max_tokens_is_unbounded
 
     assert estimate.total > 0 and estimate.max_total is None
     assert estimate.unbounded_models == {"my-model": 1}
-    shown = estimate.as_dict()
+    shown = to_json(estimate)
     assert shown["max_total"] is None and shown["unbounded_models"] == {"my-model": 1}
     described = describe_estimate(estimate)
     assert "(at most: unbounded, no max_tokens and no maximum output known for my-model)" in described

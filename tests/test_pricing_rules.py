@@ -16,6 +16,7 @@ import pytest
 from pydantic import SecretStr
 
 from conftest import Sim, rows
+from llm_dispatch.core import to_json
 from llm_dispatch import storage
 from llm_dispatch.core import ChatRequest, ChatResult, ConfigError, PriceTable, estimate_request_cost
 from llm_dispatch.core._anthropic_answers import parse_message
@@ -254,7 +255,7 @@ async def test_each_stored_cost_follows_its_answers_tier_and_cache_writes_and_re
     by_model = {row.model: row for row in flex.rows}
     assert by_model["rule-openai"].repriced == Decimal("1.2") and by_model["rule-claude"].repriced is None
     assert batch.repriced.total == Decimal("0.6") + Decimal("0.6") + Decimal("0.8975")
-    assert (batch.tier, batch.route, batch.as_dict()["route"]) == (None, "batch", "batch")
+    assert (batch.tier, batch.route, to_json(batch)["route"]) == (None, "batch", "batch")
 
 
 @pytest.mark.prefect

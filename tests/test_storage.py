@@ -27,6 +27,7 @@ from sqlalchemy import Column, Integer, MetaData, event, select, text
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from llm_dispatch.core import to_json
 from llm_dispatch import storage
 from llm_dispatch.core._exceptions import BadRequestError, ConfigError, RateLimitError, UnknownJobError, UnknownPromptError
 from llm_dispatch.core._types import ChatResult, dedupe_key
@@ -759,7 +760,7 @@ async def test_result_stats(sessions: Sessions) -> None:
     assert (stats.succeeded, stats.failed, stats.reused) == (12, 0, 1)
     assert stats.p50_latency_ms == pytest.approx(50) and stats.p95_latency_ms == pytest.approx(100)
     assert (stats.prompt_tokens, stats.completion_tokens, stats.cached_tokens) == (110, 55, 11)
-    assert stats.as_dict()["p95_latency_ms"] == pytest.approx(100)
+    assert to_json(stats)["p95_latency_ms"] == pytest.approx(100)
     empty = await storage.result_stats(sessions, job_id="nope")
     assert (empty.succeeded, empty.p50_latency_ms, empty.prompt_tokens) == (0, None, 0)
 

@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import and_, case, func, literal, literal_column, or_, select
+from sqlalchemy.orm import aliased
 
 from llm_dispatch.core import PAID_RESULT_STATUSES
 
@@ -241,32 +242,38 @@ _EXPORTED_RESULT_FIELDS = ("route", "text", "finish_reason", "prompt_tokens", "c
                            "raw_body")
 
 
+# What an export reads of a prompt, under ExportRow's names: columns, not ORM objects (no identity map, no
+# columns nobody writes out: a page of plain rows).
+_EXPORTED_PROMPT_COLUMNS = (
+    Prompt.position, Prompt.custom_id, Prompt.id.label("prompt_id"), Prompt.model, Prompt.metadata_.label("metadata"),
+    Prompt.status, Prompt.planned_route, Prompt.route_reason, Prompt.messages,
+)
+
+
 async def export_rows(sessions: Sessions, *, job_id: str) -> AsyncIterator[ExportRow]:
     """Every prompt of the job in input order, with its latest result (or none yet), a page at a time."""
-    latest = (
-        select(func.max(Result.id).label("id")).where(Result.job_id == job_id).group_by(Result.prompt_id).subquery()
-    )
+    # Each prompt's latest result by the index on results.prompt_id, a lookup per row of the page: a page costs
+    # its own rows, never the whole job's results again.
+    earlier = aliased(Result)
+    latest = select(func.max(earlier.id)).where(earlier.prompt_id == Prompt.id).correlate(Prompt).scalar_subquery()
+    columns = (*_EXPORTED_PROMPT_COLUMNS, *(getattr(Result, name) for name in _EXPORTED_RESULT_FIELDS))
     last_position = -1
     while True:
         stmt = (
-            select(Prompt, Result)
-            .outerjoin(Result, (Result.prompt_id == Prompt.id) & Result.id.in_(select(latest.c.id)))
+            select(*columns)
+            .outerjoin(Result, Result.id == latest)
             .where(Prompt.job_id == job_id, Prompt.position > last_position)
             .order_by(Prompt.position)
             .limit(EXPORT_PAGE)
         )
         async with sessions() as session:
-            page = (await session.execute(stmt)).all()
+            # On the connection: plain rows, without the ORM's loading machinery.
+            page = (await (await session.connection()).execute(stmt)).all()
         if not page:
             return
-        for prompt, result in page:
-            yield ExportRow(
-                position=prompt.position, custom_id=prompt.custom_id, prompt_id=prompt.id, model=prompt.model,
-                metadata=prompt.metadata_, status=prompt.status, planned_route=prompt.planned_route,
-                route_reason=prompt.route_reason, messages=prompt.messages,
-                **{name: getattr(result, name) if result is not None else None for name in _EXPORTED_RESULT_FIELDS},
-            )
-        last_position = page[-1][0].position
+        for row in page:
+            yield ExportRow(**row._mapping)
+        last_position = page[-1].position
 
 
 async def export_shape(sessions: Sessions, *, job_id: str) -> ExportShape:

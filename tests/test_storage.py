@@ -765,6 +765,29 @@ async def test_result_stats(sessions: Sessions) -> None:
     assert (empty.succeeded, empty.p50_latency_ms, empty.prompt_tokens) == (0, None, 0)
 
 
+async def test_export_rows_in_input_order_with_each_prompts_latest_result(
+    sessions: Sessions, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from llm_dispatch.storage import _reports
+
+    monkeypatch.setattr(_reports, "EXPORT_PAGE", 2)  # pages of 2: a prompt's results never straddle a page's end
+    job_id = await make_job(sessions, new_prompts(5))
+    other_job = await make_job(sessions, new_prompts(2, prefix="other"), name="other", fingerprint="e" * 64)
+    ids = list((await prompt_ids(sessions, job_id)).values())
+    async with ResultWriter(sessions) as writer:
+        await writer.failure(prompt_ids=[ids[1]], error=RateLimitError("429", status_code=429, attempts=2), final=False)
+        await writer.success(prompt_ids=[ids[0]], result=answer("first"))
+        await writer.success(prompt_ids=[ids[1]], result=answer("at last"))
+        await writer.failure(prompt_ids=[ids[3]], error=BadRequestError("no", status_code=400))
+        await writer.success(prompt_ids=list((await prompt_ids(sessions, other_job)).values()), result=answer("other"))
+
+    rows = [row async for row in storage.export_rows(sessions, job_id=job_id)]
+
+    assert [(r.position, r.status, r.text, r.error_class) for r in rows] == [
+        (0, "succeeded", "first", None), (1, "succeeded", "at last", None), (2, "pending", None, None),
+        (3, "failed", None, "BadRequestError"), (4, "pending", None, None)]
+
+
 # --- writer under lock contention (SQLite: another process holds the write lock) ----
 
 

@@ -46,8 +46,16 @@ from ._responses import chat_result_from_body
 from ._retry import DEFAULT_MAX_RETRY_AFTER
 from ._routing import RoutePolicy, RoutingRules, decide_route, parse_deadline, prompt_chars
 from ._settings import DEFAULT_ANTHROPIC_VERSION, DEFAULT_MAX_TOKENS, Settings
-from ._structured import AnswerCheck, answer_schema, check_answer, load_schema, reask_messages, response_format_for, \
-    response_format_problem
+from ._structured import (
+    AnswerCheck,
+    answer_schema,
+    check_answer,
+    checked,
+    load_schema,
+    reask_messages,
+    response_format_for,
+    response_format_problem,
+)
 from ._stops import STOP_AFTER, RunStop, Stopped, lasting_failure
 from ._tokens import estimate_prompt_tokens, estimate_request_tokens
 from ._transport import default_transport
@@ -64,6 +72,7 @@ __all__ = [
     "AnswerCheck",
     "answer_schema",
     "check_answer",
+    "checked",
     "load_schema",
     "reask_messages",
     "response_format_for",

@@ -13,10 +13,11 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from ._exceptions import APIError
 from ._stops import RunStop
+from ._structured import answer_schema, answer_text, checked, reask_messages
 from ._types import ChatRequest, ChatResult
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "ResultSink",
     "WorkItem",
     "current_progress",
+    "reask",
     "send_all",
 ]
 
@@ -46,8 +48,10 @@ class ChatSender(Protocol):
 
 class ResultSink(Protocol):
     # ``model`` is the one requested (the price table's name for it); the answer's own may be a dated snapshot.
+    # ``reask``: which asking of the prompts ``result`` answers (0: their own request; n: the n-th re-ask).
     async def success(
-        self, *, prompt_ids: Sequence[int], result: ChatResult, route: str = "realtime", model: str | None = None
+        self, *, prompt_ids: Sequence[int], result: ChatResult, route: str = "realtime", model: str | None = None,
+        reask: int = 0,
     ) -> None: ...
 
     async def failure(
@@ -92,6 +96,11 @@ class DispatchOutcome:
     failed_by_class: Counter[str] = field(default_factory=Counter)
     # Answered with a refusal (counted apart from ``succeeded``).
     refused: int = 0
+    # Answered, but not as the request's schema asks (``ChatResult.violation``), after any re-asks.
+    invalid: int = 0
+    # Of the others, answered as their schema asks only when asked again; and the re-asks sent (requests).
+    valid_after_reask: int = 0
+    reasks: int = 0
     # Not sent: their provider or model was stopped (``RunStop``); left pending.
     left: int = 0
 
@@ -99,8 +108,46 @@ class DispatchOutcome:
         self.succeeded += other.succeeded
         self.failed += other.failed
         self.refused += other.refused
+        self.invalid += other.invalid
+        self.valid_after_reask += other.valid_after_reask
+        self.reasks += other.reasks
         self.left += other.left
         self.failed_by_class.update(other.failed_by_class)
+
+
+async def reask(
+    *,
+    client: ChatSender,
+    item: WorkItem,
+    result: ChatResult,
+    schema: dict[str, Any],
+    sink: ResultSink,
+    max_reasks: int,
+    outcome: DispatchOutcome,
+) -> ChatResult:
+    """Ask ``item`` again while its answer breaks ``schema``, up to ``max_reasks`` times: its conversation, the
+    invalid answer and a message naming the violation. Each answer is stored as its own result (``reask`` n, its own
+    cost); returns the last. A re-ask that fails leaves the prompts with their invalid answer (logged)."""
+    for number in range(1, max_reasks + 1):
+        if result.violation is None:
+            break
+        again = ChatRequest(model=item.request.model, params=item.request.params,
+                            messages=reask_messages(item.request.messages, answer=answer_text(result),
+                                                    violation=result.violation))
+        outcome.reasks += 1
+        try:
+            answer = await client.chat(again)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the invalid answer stays the prompts' outcome
+            logger.warning("asking prompt ids %s again failed (%s); they keep their invalid answer",
+                           item.prompt_ids[:3], exc)
+            break
+        result = checked(answer, schema)
+        await sink.success(prompt_ids=item.prompt_ids, result=result, model=item.request.model, reask=number)
+        if result.violation is None:
+            outcome.valid_after_reask += len(item.prompt_ids)
+    return result
 
 
 async def send_all(
@@ -112,8 +159,11 @@ async def send_all(
     progress: Progress | None = None,
     on_dispatched: Callable[[], None] | None = None,
     stop: RunStop | None = None,
+    max_reasks: int = 0,
 ) -> DispatchOutcome:
     """Send every item with at most ``concurrency`` requests in flight; persist each as it completes.
+
+    An answer that breaks its request's schema is asked again at once, up to ``max_reasks`` times (``reask``).
 
     Provider errors are recorded as failures and do not stop the others, unless ``stop`` (the run's) stops
     their provider or model (a refused key, an account out of credit, an unknown model): its items are then
@@ -165,8 +215,16 @@ async def send_all(
         else:
             if stop is not None:
                 await stop.answered(model)
+            schema = answer_schema(item.request.params)
+            result = checked(result, schema)
             await sink.success(prompt_ids=item.prompt_ids, result=result, model=model)
-            if result.refusal is None:
+            if result.violation is not None and max_reasks:
+                result = await reask(client=client, item=item, result=result, schema=schema, sink=sink,  # type: ignore[arg-type]
+                                     max_reasks=max_reasks, outcome=outcome)
+            if result.violation is not None:
+                outcome.invalid += len(item.prompt_ids)
+            elif result.refusal is None:
+                # Valid after a re-ask counts as succeeded too (and in ``valid_after_reask``).
                 outcome.succeeded += len(item.prompt_ids)
             else:
                 outcome.refused += len(item.prompt_ids)

@@ -52,16 +52,18 @@ JOB_STATUSES: Final[tuple[JobStatus, ...]] = get_args(JobStatus)
 # "batched": a member of an open batch; the real-time path leaves it alone.
 # "refused": the model declined (OpenAI's message.refusal, Anthropic's stop_reason "refusal"): an answer, final,
 # sent again only on request (``--retry-refused``), and never reused for an identical prompt.
-PromptStatus = Literal["pending", "in_flight", "batched", "succeeded", "refused", "failed"]
+# "invalid": answered, but not as its schema asks (not JSON, a violation, a refusal or a cut-off answer, with a
+# schema): asked again up to --max-reasks times; final once those are spent, never reused.
+PromptStatus = Literal["pending", "in_flight", "batched", "succeeded", "refused", "invalid", "failed"]
 PROMPT_STATUSES: Final[tuple[PromptStatus, ...]] = get_args(PromptStatus)
 # Prompts a sender may take: pending, or in flight when the process sending them died.
 SENDABLE_PROMPT_STATUSES: Final[tuple[PromptStatus, ...]] = ("pending", "in_flight")
 # Prompts without a final outcome yet: a job with any of these is not finished.
 UNFINISHED_PROMPT_STATUSES: Final[tuple[PromptStatus, ...]] = (*SENDABLE_PROMPT_STATUSES, "batched")
-ResultStatus = Literal["succeeded", "refused", "failed"]
+ResultStatus = Literal["succeeded", "refused", "invalid", "failed"]
 RESULT_STATUSES: Final[tuple[ResultStatus, ...]] = get_args(ResultStatus)
-# Results that carry an answer the provider billed (a refusal is billed as any answer).
-PAID_RESULT_STATUSES: Final[tuple[ResultStatus, ...]] = ("succeeded", "refused")
+# Results that carry an answer the provider billed (a refusal, or an answer that broke its schema, as any answer).
+PAID_RESULT_STATUSES: Final[tuple[ResultStatus, ...]] = ("succeeded", "refused", "invalid")
 # Which failed prompts a new run sends again: those that failed with a retryable error, all, or none.
 RetryFailed = Literal["retryable", "all", "none"]
 RETRY_FAILED: Final[tuple[RetryFailed, ...]] = get_args(RetryFailed)

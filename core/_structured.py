@@ -9,6 +9,7 @@ per distinct schema, built once.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import json
@@ -23,13 +24,15 @@ from jsonschema.exceptions import SchemaError, ValidationError
 
 from ._exceptions import ConfigError
 from ._json import canonical_json
-from ._types import TRUNCATED_FINISH_REASONS
+from ._types import TRUNCATED_FINISH_REASONS, ChatResult
 
 __all__ = [
     "STRUCTURED_TOOL",
     "AnswerCheck",
     "answer_schema",
+    "answer_text",
     "check_answer",
+    "checked",
     "load_schema",
     "reask_messages",
     "response_format_for",
@@ -253,6 +256,27 @@ def _words(error: ValidationError | SchemaError) -> str:
 
 def _cut(text: str, *, limit: int = 120) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def checked(result: ChatResult, schema: dict[str, Any] | None) -> ChatResult:
+    """``result`` with its ``parsed`` value or ``violation`` against ``schema`` (its request's ``answer_schema``);
+    as it is when there is none."""
+    if schema is None:
+        return result
+    check = check_answer(schema, text=result.text, finish_reason=result.finish_reason, refusal=result.refusal,
+                         tool_calls=result.tool_calls)
+    return dataclasses.replace(result, parsed=check.parsed, violation=check.violation)
+
+
+def answer_text(result: ChatResult) -> str | None:
+    """What an answer said, to give back in a re-ask: its text, else its structured tool call's arguments, else
+    its refusal."""
+    if result.text:
+        return result.text
+    for call in result.tool_calls or ():
+        if (call.get("function") or {}).get("name") == STRUCTURED_TOOL:
+            return call["function"].get("arguments")
+    return result.refusal
 
 
 def reask_messages(messages: list[dict[str, Any]], *, answer: str | None, violation: str) -> list[dict[str, Any]]:

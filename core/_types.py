@@ -71,3 +71,7 @@ class ChatResult:
     # The call's attempts the provider may have billed: this answer's (0 when the provider says it bills none:
     # Anthropic's refusal before any output), and a generation lost before it (timed out or cut off).
     maybe_billed: int = 1
+    # For a request with a JSON schema (``_structured.answer_schema``), once checked: the answer's value when it
+    # follows the schema, else ``violation``, the first thing wrong in words.
+    parsed: Any = None
+    violation: str | None = None

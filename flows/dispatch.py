@@ -195,6 +195,7 @@ async def run_shards(
         "model": settings.model, "concurrency": settings.concurrency, "chunk_size": settings.chunk_size,
         "chunk_concurrency": settings.chunk_concurrency, "concurrency_tag": settings.concurrency_tag,
         "dedupe": settings.dedupe, "base_url": settings.base_url, "anthropic_base_url": settings.anthropic_base_url,
+        "max_reasks": settings.max_reasks,
     }
     runs = await asyncio.gather(*(
         run_deployment(deployment, parameters={**parameters, "shard": index, "job_name": label},  # type: ignore[misc]

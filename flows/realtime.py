@@ -108,6 +108,7 @@ async def send_realtime(
         sender = ChunkSender(
             send=chunk_sender(tag=settings.concurrency_tag), client=run.clients, writer=writer, sessions=run.sessions,
             concurrency=settings.concurrency, per_chunk=settings.per_chunk_concurrency, on_chunk_done=board.update,
+            max_reasks=settings.max_reasks,
             stop=stop,
         )
         feed = ChunkFeed(

@@ -33,6 +33,7 @@ from llm_dispatch.core import (
     BatchInfo,
     BatchLine,
     BatchLineError,
+    checked,
     status_error_class,
     TERMINAL_BATCH_STATUSES,
     to_json,
@@ -60,6 +61,7 @@ class IngestOutcome:
     batch_id: int
     status: str  # the provider's final status
     succeeded: int = 0
+    invalid: int = 0  # answered, not as their schema asks (counted apart from succeeded)
     failed: int = 0
     resend: int = 0  # members back to pending, to go in another batch or real-time
     to_realtime: int = 0  # of those, re-routed to real-time
@@ -128,10 +130,16 @@ async def ingest_batch(
     again: list[int] = []  # members of retryable error lines, back to pending
 
     async def store_answers() -> None:
+        # Each answer checked against its prompt's schema, if it has one (invalid ones are stored as such).
+        schemas = await storage.answer_schemas(sessions, prompt_ids=[ids[0] for ids, _ in answers])
+        if schemas:
+            answers[:] = [(ids, checked(result, schemas.get(ids[0]))) for ids, result in answers]
         # Answers go in bulk (thousands a transaction), priced as the writer prices; the rarer failures through it.
         await storage.store_batch_answers(sessions, job_id=record.job_id, answers=answers, model=record.model,
                                           prices=writer.prices, latency_s=latency_s)
-        outcome.succeeded += sum(len(ids) for ids, _ in answers)
+        invalid = sum(len(ids) for ids, result in answers if result.violation is not None)
+        outcome.invalid += invalid
+        outcome.succeeded += sum(len(ids) for ids, _ in answers) - invalid
         answers.clear()
 
     for results in clients.batch_api(record.provider).result_files(record):

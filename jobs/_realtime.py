@@ -174,6 +174,7 @@ class SendChunk(Protocol):
         before_send: Callable[[], Awaitable[None]],
         on_dispatched: Callable[[], None],
         stop: RunStop | None,
+        max_reasks: int,
     ) -> DispatchOutcome: ...
 
 
@@ -204,9 +205,11 @@ class ChunkSender:
         per_chunk: int,
         on_chunk_done: Callable[[DispatchOutcome], Awaitable[object]] | None = None,
         stop: RunStop | None = None,
+        max_reasks: int = 0,
     ) -> None:
         self._send, self._client, self._writer, self._sessions = send, client, writer, sessions
         self.stop = stop
+        self._max_reasks = max_reasks
         self._per_chunk = per_chunk
         self._lane_count = math.ceil(concurrency / per_chunk)
         self._lanes = asyncio.Semaphore(self._lane_count)
@@ -261,7 +264,7 @@ class ChunkSender:
             outcome = await self._send(
                 number=number, of=max(of, number), chunk=chunk, client=self._client, sink=self._writer,
                 sessions=self._sessions, concurrency=self._per_chunk, before_send=enter_lane,
-                on_dispatched=leave_lane, stop=self.stop,
+                on_dispatched=leave_lane, stop=self.stop, max_reasks=self._max_reasks,
             )
         finally:
             leave_lane()

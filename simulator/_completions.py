@@ -112,6 +112,8 @@ def plan_completion(
     else:
         schema = schema if schema is not None else _response_schema(body)
         if schema is not None and tool is None:
+            if kind in STRUCTURED_FAULTS and any(m.get("role") == "assistant" for m in messages if isinstance(m, dict)):
+                kind = None  # a marker breaks the first answer only: asked again with it, the model gets it right
             kind = kind or _drawn_fault(value, rate=invalid_json_rate)
             text, truncated = json_answer(schema, value=value, kind=kind)
             answer_tokens = count_tokens(text)

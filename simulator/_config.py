@@ -40,8 +40,9 @@ FAULTS: frozenset[str] = frozenset(get_args(Fault))
 # a 200 whose body stops half way, the connection closed after the headers promised it whole.
 # For a body with a JSON schema (OpenAI's response_format, Anthropic's output_config.format), an answer that breaks
 # it: "not_json" text around the JSON, "missing_field" a required property left out, "wrong_type" a property of
-# another type, "truncated_json" cut off at the cap (finish_reason "length"). ``invalid_json_rate`` draws one of them
-# at random (from the body's digest: the same body, the same answer).
+# another type, "truncated_json" cut off at the cap (finish_reason "length"). A marker breaks the first answer only
+# (a conversation that holds an answer already, as a re-ask does, is answered right); ``invalid_json_rate`` draws
+# one of them at random for any answer (from the body's digest: the same body, the same answer).
 StructuredFault = Literal["not_json", "missing_field", "wrong_type", "truncated_json"]
 STRUCTURED_FAULTS: tuple[str, ...] = get_args(StructuredFault)
 AnswerKind = Literal["refuse", "slow", "empty_choices", "error200", "cut", "not_json", "missing_field", "wrong_type",

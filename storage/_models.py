@@ -26,10 +26,11 @@ from sqlalchemy import (
     false as sql_false,
     text as sql_text,
 )
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-__all__ = ["Base", "Batch", "BatchMember", "Budget", "BudgetSpend", "Job", "Prompt", "Reservation", "Result", "aware",
-           "new_job_id", "utcnow"]
+__all__ = ["PARSED_JSON", "Base", "Batch", "BatchMember", "Budget", "BudgetSpend", "Job", "Prompt", "Reservation",
+           "Result", "aware", "new_job_id", "utcnow"]
 
 # Stable constraint names, so a later migration can drop or alter them by name on both
 # databases (and SQLite batch mode can recreate tables).
@@ -44,6 +45,10 @@ NAMING_CONVENTION = {
 # SQLite only autoincrements an "INTEGER PRIMARY KEY" (the rowid); BIGINT there would need
 # explicit ids. PostgreSQL gets BIGSERIAL, since a long-lived database passes 2**31 rows.
 BigInt = BigInteger().with_variant(Integer(), "sqlite")
+
+
+# A structured answer's value: JSONB on PostgreSQL, so SQL can index and query its fields (parsed->>'label').
+PARSED_JSON = JSON().with_variant(JSONB(), "postgresql")
 
 
 def utcnow() -> datetime:
@@ -148,6 +153,11 @@ class Result(Base):
     maybe_billed: Mapped[int | None] = mapped_column(Integer())
     # The start of a 2xx body that was no answer (core.RAW_BODY_CHARS), for inspection; NULL otherwise.
     raw_body: Mapped[str | None] = mapped_column(Text())
+    # For a prompt with a schema: the answer's value when it follows it (status succeeded), else the first
+    # violation in words (status "invalid"); ``reask``: 0 for the prompt's own request, n for its n-th asking again.
+    parsed: Mapped[Any] = mapped_column(PARSED_JSON, nullable=True)
+    violation: Mapped[str | None] = mapped_column(Text())
+    reask: Mapped[int] = mapped_column(Integer(), default=0, server_default=sql_text("0"))
     latency_ms: Mapped[float | None] = mapped_column(Float())
     attempts: Mapped[int] = mapped_column(Integer())
     response_model: Mapped[str | None] = mapped_column(String())

@@ -19,6 +19,7 @@ from llm_dispatch.core import (
     ChatResult,
     JobStatus,
     UnknownJobError,
+    answer_schema,
 )
 
 from ._bulk import IN_CHUNK, INSERT_BATCH, bind_processor, bind_value, chunks, placeholders
@@ -38,6 +39,7 @@ __all__ = [
     "mark_in_flight",
     "release_in_flight",
     "reopen_refused",
+    "answer_schemas",
     "resolve_job",
     "result_stats",
     "set_job_status",
@@ -296,6 +298,19 @@ async def load_work(sessions: Sessions, *, prompt_ids: Sequence[int]) -> list[Wo
                 found.append((row.position, row.id, work))
     found.sort(key=lambda item: item[:2])
     return [work for _, _, work in found]
+
+
+async def answer_schemas(sessions: Sessions, *, prompt_ids: Collection[int]) -> dict[int, dict[str, Any]]:
+    """The JSON schema each of these prompts asks its answer to follow (``core.answer_schema``), for those that ask."""
+    found: dict[int, dict[str, Any]] = {}
+    async with sessions() as session:
+        conn = await session.connection()
+        for chunk in chunks(list(prompt_ids), IN_CHUNK):
+            for prompt_id, params in await conn.execute(select(Prompt.id, Prompt.params).where(Prompt.id.in_(chunk))):
+                schema = answer_schema(params or {})
+                if schema is not None:
+                    found[prompt_id] = schema
+    return found
 
 
 async def mark_in_flight(sessions: Sessions, *, prompt_ids: Sequence[int]) -> int:

@@ -76,6 +76,9 @@ class ResultRow(NamedTuple):
     refusal: str | None = None
     maybe_billed: int | None = None
     raw_body: str | None = None
+    parsed: Any = None
+    violation: str | None = None
+    reask: int = 0
     # For a final failure (not a column): whether another try could succeed.
     retryable: bool | None = None
 
@@ -87,6 +90,7 @@ _PLAIN_COLUMNS: Final = tuple(name for name in ResultRow._fields if name not in 
 RESULT_COLUMNS: Final[tuple[str, ...]] = (*_PLAIN_COLUMNS, "created_at", "job_id")
 _plain_values = itemgetter(*(ResultRow._fields.index(name) for name in _PLAIN_COLUMNS))
 _TOOL_CALLS: Final = _PLAIN_COLUMNS.index("tool_calls")
+_PARSED: Final = _PLAIN_COLUMNS.index("parsed")
 
 
 def shares(prompt_ids: Sequence[int], route: str, row: Callable[[int, ResultRoute, bool], ResultRow]) -> list[ResultRow]:
@@ -163,9 +167,12 @@ def answer_rows(
     latency_s: float | None = None,
     ledger: RowLedger = NO_PRICES,
     model: str | None = None,
+    reask: int = 0,
 ) -> list[ResultRow]:
     """The rows of these answers, each ``(prompt_ids, result)``, in order; their prompts become ``succeeded``, or
-    ``refused`` when the model refused (a refusal's rows are ``refused`` too, priced as any answer: it was paid).
+    ``refused`` when the model refused (a refusal's rows are ``refused`` too, priced as any answer: it was paid), or
+    ``invalid`` when the answer broke its schema (``result.violation``: paid too). ``reask``: which asking of the
+    prompts these answer (0: their own request).
 
     Each answer's rows follow ``shares``' rule: its first prompt gets ``route`` and paid (unless the route is
     ``reused``), the others sharing it get ``reused``. Only the paid row counts attempts and the HTTP status, and
@@ -189,18 +196,20 @@ def answer_rows(
                   result.service_tier)
         # After the ledger's fields, in ResultRow's order; the paid row counts the attempts that may have been billed.
         kind = (result.tool_calls, result.refusal)
-        status = "succeeded" if result.refusal is None else "refused"
+        checked = (result.parsed, result.violation, reask)
+        status = ("invalid" if result.violation is not None else "succeeded" if result.refusal is None
+                  else "refused")
         if paying:
             # A call its provider did not bill (Anthropic's refusal before any output) costs 0, its usage kept.
             cost = ledger.paid(result, model=model, route=route) if result.maybe_billed else free  # type: ignore[arg-type]
             rows.append(ResultRow(prompt_ids[0], route, status, result.attempts, now, status, *answer,
-                                  200, None, None, *cost, *kind, result.maybe_billed))
+                                  200, None, None, *cost, *kind, result.maybe_billed, None, *checked))
         else:
             rows.append(ResultRow(prompt_ids[0], route, status, 0, now, status, *answer, None, None, None,
-                                  *free, *kind, 0))
+                                  *free, *kind, 0, None, *checked))
         if len(prompt_ids) > 1:
-            rows.extend(ResultRow(pid, "reused", status, 0, now, status, *answer, None, None, None, *free, *kind, 0)
-                        for pid in prompt_ids[1:])
+            rows.extend(ResultRow(pid, "reused", status, 0, now, status, *answer, None, None, None, *free, *kind, 0,
+                                  None, *checked) for pid in prompt_ids[1:])
     return rows
 
 
@@ -278,6 +287,9 @@ async def write_results(
     # SQLAlchemy's per-row parameter handling costs more than the database does.
     to_time = bind_processor(Result.__table__.c.created_at, dialect)
     to_json = bind_processor(Result.__table__.c.tool_calls, dialect)
+    # The type for this dialect (JSONB on PostgreSQL), as SQLAlchemy's own statements would bind it.
+    parsed_type = Result.__table__.c.parsed.type.dialect_impl(dialect)
+    to_parsed = parsed_type.bind_processor(dialect) or (lambda value: value)
     stamp: datetime | None = None
     bound = None
     one_job = job_ids if isinstance(job_ids, str) else None
@@ -288,8 +300,10 @@ async def write_results(
             bound = to_time(stamp)
         job_id = one_job if one_job is not None else job_ids[row.prompt_id]  # type: ignore[index]
         values = _plain_values(row)
-        if row.tool_calls is not None:  # the one JSON column: as its type writes it
+        if row.tool_calls is not None:  # the JSON columns: as their types write them
             values = (*values[:_TOOL_CALLS], to_json(row.tool_calls), *values[_TOOL_CALLS + 1:])
+        if row.parsed is not None:
+            values = (*values[:_PARSED], to_parsed(row.parsed), *values[_PARSED + 1:])
         params.append((*values, bound, job_id))
     await conn.exec_driver_sql(_insert_sql(dialect), params)  # type: ignore[arg-type]
     updated = bind_value(Prompt.__table__.c.updated_at, now, dialect)

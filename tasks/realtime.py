@@ -35,6 +35,7 @@ async def send_chunk(
     before_send: Callable[[], Awaitable[None]] | None = None,
     on_dispatched: Callable[[], None] | None = None,
     stop: RunStop | None = None,
+    max_reasks: int = 0,
 ) -> DispatchOutcome:
     """Send one request per group of identical prompts, at most ``concurrency`` at once.
 
@@ -42,7 +43,8 @@ async def send_chunk(
     task's tags), so across all flow runs: requests in flight <= tag limit x ``concurrency``.
     ``before_send`` is awaited once the chunk is ready (rows loaded, prompts marked in flight) and
     before its first request; ``on_dispatched`` fires when about two rounds are left to finish. ``stop``: the
-    run's, which leaves a stopped provider's or model's prompts pending, unsent.
+    run's, which leaves a stopped provider's or model's prompts pending, unsent. An answer that breaks its schema
+    is asked again at once, up to ``max_reasks`` times.
     """
     requests = chunk.requests
     if requests is None:
@@ -53,7 +55,8 @@ async def send_chunk(
     if before_send is not None:
         await before_send()
     return await send_all(client=client, items=items, sink=sink, concurrency=concurrency,
-                          progress=current_progress.get(), on_dispatched=on_dispatched, stop=stop)
+                          progress=current_progress.get(), on_dispatched=on_dispatched, stop=stop,
+                          max_reasks=max_reasks)
 
 
 def chunk_sender(*, tag: str) -> SendChunk:

@@ -1,0 +1,108 @@
+"""Structured answers through real flow runs over real sockets, both lanes: every answer checked against its
+prompt's schema, the parsed value in its own JSON column, an invalid answer stored as ``invalid`` with the first
+violation in words."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from pydantic import SecretStr
+
+from conftest import Sim, rows, write_prompts
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+          "required": ["name", "age"], "additionalProperties": False}
+FORMAT = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+KINDS = {"ok": ("", None), "not-json": ("[[sim:not_json]]", "the answer is not JSON"),
+         "missing": ("[[sim:missing_field]]", "is a required property"),
+         "wrong-type": ("[[sim:wrong_type]]", "is not of type"),
+         "truncated": ("[[sim:truncated_json]]", "the answer was cut off")}
+
+
+def prompts(tmp_path: Path, *, model: str = "gpt-4o-mini") -> Path:
+    return write_prompts(tmp_path / "people.jsonl", [
+        {"id": name, "model": model, "prompt": f"Invent a person. {marker}", "params": {"response_format": FORMAT}}
+        for name, (marker, _) in KINDS.items()])
+
+
+def first_answers(db_url: str) -> dict[str, tuple]:
+    return {custom_id: (status, parsed, violation) for custom_id, status, parsed, violation in rows(db_url, """
+        SELECT p.custom_id, r.status, r.parsed, r.violation FROM results r JOIN prompts p ON p.id = r.prompt_id
+        WHERE r.reask = 0""")}
+
+
+def assert_checked(db_url: str) -> None:
+    answers = first_answers(db_url)
+    assert set(answers) == set(KINDS)
+    status, parsed, violation = answers["ok"]
+    assert status == "succeeded" and violation is None and set(json.loads(parsed)) == {"name", "age"}
+    for name, (_, words) in KINDS.items():
+        if words is not None:
+            status, parsed, violation = answers[name]
+            assert status == "invalid" and parsed is None and words in violation, (name, answers[name])
+    statuses = dict(rows(db_url, "SELECT custom_id, status FROM prompts"))
+    assert statuses == {name: "succeeded" if name == "ok" else "invalid" for name in KINDS}
+
+
+@pytest.mark.parametrize("model", ["gpt-4o-mini", "claude-sonnet-5"])
+async def test_realtime_answers_are_checked_and_stored_parsed(prefect_api: str, sim: Sim, db_url: str,
+                                                              tmp_path: Path, model: str) -> None:
+    from llm_dispatch.flows.realtime import realtime_dispatch
+
+    params = {"max_reasks": 0}
+    if model.startswith("claude"):
+        params["anthropic_base_url"] = sim.root
+    await realtime_dispatch(prompts=str(prompts(tmp_path, model=model)), base_url=sim.base_url,
+                            database_url=SecretStr(db_url), **params)
+    assert_checked(db_url)
+
+
+async def test_batch_answers_are_checked_and_stored_parsed(prefect_api: str, sim: Sim, db_url: str,
+                                                           tmp_path: Path) -> None:
+    from llm_dispatch.flows.dispatch import dispatch
+
+    sim.configure(batch_processing_seconds=0.5)
+    await dispatch(prompts=str(prompts(tmp_path)), base_url=sim.base_url, database_url=SecretStr(db_url),
+                   route_policy="all-batch", wait=True, batch_poll_interval=0.2, max_reasks=0)
+    assert_checked(db_url)
+    assert rows(db_url, "SELECT DISTINCT route FROM results") == [("batch",)]
+
+
+async def test_realtime_reasks_until_valid_each_its_own_paid_row(prefect_api: str, sim: Sim, db_url: str,
+                                                                 tmp_path: Path) -> None:
+    from llm_dispatch.flows.realtime import realtime_dispatch
+
+    path = prompts(tmp_path)
+    with path.open("a") as extra:  # the same request as "missing": answered, and asked again, once for both
+        extra.write(json.dumps({"id": "missing-twin", "model": "gpt-4o-mini", "prompt": "Invent a person. "
+                                "[[sim:missing_field]]", "params": {"response_format": FORMAT}}) + "\n")
+    await realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=SecretStr(db_url))
+    statuses = dict(rows(db_url, "SELECT custom_id, status FROM prompts"))
+    assert set(statuses.values()) == {"succeeded"}, statuses
+    reasks = rows(db_url, """SELECT p.custom_id, r.route, r.status, r.cost_pico_usd, r.violation FROM results r
+                             JOIN prompts p ON p.id = r.prompt_id WHERE r.reask = 1 ORDER BY p.custom_id""")
+    assert [(c, route, status) for c, route, status, _, _ in reasks] == [
+        ("missing", "realtime", "succeeded"), ("missing-twin", "reused", "succeeded"),
+        ("not-json", "realtime", "succeeded"), ("truncated", "realtime", "succeeded"),
+        ("wrong-type", "realtime", "succeeded")]
+    assert all(cost > 0 for c, route, _, cost, _ in reasks if route == "realtime")
+    # A prompt's cost is the sum of its rows: its first (invalid) answer and its re-ask.
+    first, again = rows(db_url, """SELECT r.cost_pico_usd FROM results r JOIN prompts p ON p.id = r.prompt_id
+                                   WHERE p.custom_id = 'not-json' ORDER BY r.reask""")
+    assert first[0] > 0 and again[0] > 0
+    # The re-ask carried the conversation, the invalid answer and the violation.
+    assert sim.stats()["completions"] == 5 + 4
+
+
+async def test_realtime_gives_up_after_max_reasks(prefect_api: str, sim: Sim, db_url: str, tmp_path: Path) -> None:
+    from llm_dispatch.flows.realtime import realtime_dispatch
+
+    sim.configure(invalid_json_rate=1.0)
+    path = write_prompts(tmp_path / "p.jsonl", [{"id": "a", "prompt": "Invent a person.",
+                                                  "params": {"response_format": FORMAT}}])
+    await realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=SecretStr(db_url), max_reasks=2)
+    assert rows(db_url, "SELECT status FROM prompts") == [("invalid",)]
+    assert rows(db_url, "SELECT reask, status FROM results ORDER BY reask") == [(0, "invalid"), (1, "invalid"),
+                                                                                (2, "invalid")]

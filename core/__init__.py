@@ -2,67 +2,74 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from . import _exceptions, _status
 from ._exceptions import *  # noqa: F403 - the error tree, listed in _exceptions.__all__
 from ._status import *  # noqa: F403 - every status and route word, listed in _status.__all__
-from ._anthropic import anthropic_params
-from ._anthropic_answers import read_message_batch_results
-from ._batch_files import BatchFile, BatchFileWriter, BatchLine, read_batch_output, write_batch_files
-from ._batch_types import (
-    DEFAULT_BATCH_LIMITS,
-    MESSAGE_BATCH_LIMITS,
-    OPENAI_BATCH_LIMITS,
-    BatchInfo,
-    BatchLimits,
-    FileInfo,
-    RequestCounts,
-    batch_status_from_api,
-)
-from ._budgets import BUDGET_PERIODS, BudgetPeriod, SpendGate, job_budget_name, period_key
-from ._client import LLMClient
-from ._constants import DEFAULT_CONCURRENCY, DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
-from ._costs import CostTotals, RouteTotals, estimate_request_cost, worst_case_cost
-from ._endpoints import DEFAULT_ENDPOINT, ENDPOINTS, SUPPORTED_ENDPOINTS, Endpoint, batch_url, check_batch_url
-from ._dispatch import ChatSender, DispatchOutcome, Progress, ResultSink, WorkItem, current_progress, send_all
-from ._hashes import key_hash
-from ._inputs import (
-    InputCheck,
-    PromptSource,
-    PromptSpec,
-    RepeatedKeys,
-    check_prompts,
-    fingerprint,
-    iter_prompts,
-    parse_prompt_dicts,
-    read_prompts,
-)
-from ._json import json_field, money, stored_json, to_json
-from ._limits import AdaptiveLimiter, RateLimiter, SharedPause
-from ._message_shapes import anthropic_messages_refusal, openai_messages_refusal
-from ._model_rules import Refusal, anthropic_refusal, batch_metadata_problem, openai_params, openai_refusal
-from ._pricing import PICO_PER_USD, Charge, ModelInfo, PriceTable, from_pico
-from ._providers import PROVIDERS, provider_for, provider_lookup
-from ._responses import chat_result_from_body
-from ._retry import DEFAULT_MAX_RETRY_AFTER
-from ._routing import RoutePolicy, RoutingRules, decide_route, parse_deadline, prompt_chars
-from ._settings import DEFAULT_ANTHROPIC_VERSION, DEFAULT_MAX_TOKENS, Settings
-from ._structured import (
-    AnswerCheck,
-    answer_schema,
-    check_answer,
-    checked,
-    load_schema,
-    reask_messages,
-    response_format_for,
-    response_format_problem,
-)
-from ._stops import STOP_AFTER, RunStop, Stopped, lasting_failure
-from ._tokens import estimate_prompt_tokens, estimate_request_tokens
-from ._transport import default_transport
-from ._types import TRUNCATED_FINISH_REASONS, ChatRequest, ChatResult, dedupe_key
-from ._wire import check_provider_key
+from ._lazy import lazy_names
+
+if TYPE_CHECKING:
+    from ._anthropic import anthropic_params
+    from ._anthropic_answers import read_message_batch_results
+    from ._batch_files import BatchFile, BatchFileWriter, BatchLine, read_batch_output, write_batch_files
+    from ._batch_types import (
+        DEFAULT_BATCH_LIMITS,
+        MESSAGE_BATCH_LIMITS,
+        OPENAI_BATCH_LIMITS,
+        BatchInfo,
+        BatchLimits,
+        FileInfo,
+        RequestCounts,
+        batch_status_from_api,
+    )
+    from ._budgets import BUDGET_PERIODS, BudgetPeriod, SpendGate, job_budget_name, period_key
+    from ._client import LLMClient
+    from ._constants import DEFAULT_CONCURRENCY, DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
+    from ._costs import CostTotals, RouteTotals, estimate_request_cost, worst_case_cost
+    from ._endpoints import DEFAULT_ENDPOINT, ENDPOINTS, SUPPORTED_ENDPOINTS, Endpoint, batch_url, check_batch_url
+    from ._dispatch import ChatSender, DispatchOutcome, Progress, ResultSink, WorkItem, current_progress, send_all
+    from ._hashes import key_hash
+    from ._inputs import (
+        InputCheck,
+        PromptSource,
+        PromptSpec,
+        RepeatedKeys,
+        check_prompts,
+        fingerprint,
+        iter_prompts,
+        parse_prompt_dicts,
+        read_prompts,
+    )
+    from ._json import json_field, money, stored_json, to_json
+    from ._limits import AdaptiveLimiter, RateLimiter, SharedPause
+    from ._message_shapes import anthropic_messages_refusal, openai_messages_refusal
+    from ._model_rules import Refusal, anthropic_refusal, batch_metadata_problem, openai_params, openai_refusal
+    from ._pricing import PICO_PER_USD, Charge, ModelInfo, PriceTable, from_pico
+    from ._providers import PROVIDERS, provider_for, provider_lookup
+    from ._responses import chat_result_from_body
+    from ._retry import DEFAULT_MAX_RETRY_AFTER
+    from ._routing import RoutePolicy, RoutingRules, decide_route, parse_deadline, prompt_chars
+    from ._settings import DEFAULT_ANTHROPIC_VERSION, DEFAULT_MAX_TOKENS, Settings
+    from ._structured import (
+        AnswerCheck,
+        answer_schema,
+        check_answer,
+        checked,
+        load_schema,
+        reask_messages,
+        response_format_for,
+        response_format_problem,
+    )
+    from ._stops import STOP_AFTER, RunStop, Stopped, lasting_failure
+    from ._tokens import estimate_prompt_tokens, estimate_request_tokens
+    from ._transport import default_transport
+    from ._types import TRUNCATED_FINISH_REASONS, ChatRequest, ChatResult, dedupe_key
+    from ._wire import check_provider_key
+
 
 __all__ = [
+    "lazy_names",
     "DEFAULT_ENDPOINT",
     "ENDPOINTS",
     "SUPPORTED_ENDPOINTS",
@@ -170,3 +177,5 @@ __all__ = [
     *_exceptions.__all__,
     *_status.__all__,
 ]
+
+__getattr__, __dir__ = lazy_names(__name__)

@@ -15,8 +15,10 @@ import math
 import random as _random
 import time
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, TypeAlias
 
-import httpx
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = [
     "DEFAULT_MAX_RETRY_AFTER",
@@ -41,10 +43,12 @@ RETRY_AFTER_STEP = 0.05
 DEFAULT_MAX_RETRY_AFTER = 120.0
 RETRYABLE_STATUSES = frozenset({408, 409, 429})
 
-HeadersLike = Mapping[str, str] | httpx.Headers | None
+HeadersLike: TypeAlias = "Mapping[str, str] | httpx.Headers | None"
 
 
 def _headers(headers: HeadersLike) -> httpx.Headers:
+    import httpx  # here, not at import: the error tree (``_exceptions``) needs this module, a report no HTTP
+
     # httpx.Headers looks names up case-insensitively, as HTTP requires; plain dicts in tests do not.
     return headers if isinstance(headers, httpx.Headers) else httpx.Headers(dict(headers or {}))
 

@@ -3,51 +3,57 @@ real-time half, submit and collect batches, price the job. Flows call these thro
 
 from __future__ import annotations
 
-from ._batch_api import BatchApi, batch_api
-from ._clients import Clients
-from ._collect import IngestOutcome, cancel_batches, ingest_batch, poll_batch, reroute_for_deadlines
-from ._export import (
-    DEFAULT_FIELDS,
-    EXPORT_FIELDS,
-    EXPORT_FORMATS,
-    ExportColumn,
-    ExportPlan,
-    export_columns,
-    plan_export,
-)
-from ._costs import JobCost, PriceBasis, RepricedRow, Repricing, actual_cost, estimate_cost, money, reprice
-from ._realtime import Chunk, ChunkFeed, ChunkSender, SendChunk
-from ._run import JobRun, load_prices, open_run
-from ._plan import MAX_CHUNKS_PER_RUN, RealtimePlan, Selection, chunk_groups, chunk_size_for, plan_realtime
-from ._record import (
-    PromptInput,
-    RecordedJob,
-    StoredSlice,
-    fingerprint_of,
-    new_prompts,
-    prompt_input,
-    record_job,
-    routing_rules,
-    store_rest,
-)
-from ._summary import (
-    BatchHalfSummary,
-    CancelSummary,
-    DispatchSummary,
-    JobReport,
-    RealtimeSummary,
-    ShardRuns,
-    SweepSummary,
-    job_report,
-)
-from ._submit import (
-    BATCH_ID_KEY,
-    JOB_ID_KEY,
-    SubmitOutcome,
-    advance_submission,
-    find_provider_batch,
-    submit_prompts,
-)
+from typing import TYPE_CHECKING
+
+from llm_dispatch.core import lazy_names
+
+if TYPE_CHECKING:
+    from ._batch_api import BatchApi, batch_api
+    from ._clients import Clients
+    from ._collect import IngestOutcome, cancel_batches, ingest_batch, poll_batch, reroute_for_deadlines
+    from ._export import (
+        DEFAULT_FIELDS,
+        EXPORT_FIELDS,
+        EXPORT_FORMATS,
+        ExportColumn,
+        ExportPlan,
+        export_columns,
+        plan_export,
+    )
+    from ._costs import JobCost, PriceBasis, RepricedRow, Repricing, actual_cost, estimate_cost, money, reprice
+    from ._realtime import Chunk, ChunkFeed, ChunkSender, SendChunk
+    from ._run import JobRun, load_prices, open_run
+    from ._plan import MAX_CHUNKS_PER_RUN, RealtimePlan, Selection, chunk_groups, chunk_size_for, plan_realtime
+    from ._record import (
+        PromptInput,
+        RecordedJob,
+        StoredSlice,
+        fingerprint_of,
+        new_prompts,
+        prompt_input,
+        record_job,
+        routing_rules,
+        store_rest,
+    )
+    from ._summary import (
+        BatchHalfSummary,
+        CancelSummary,
+        DispatchSummary,
+        JobReport,
+        RealtimeSummary,
+        ShardRuns,
+        SweepSummary,
+        job_report,
+    )
+    from ._submit import (
+        BATCH_ID_KEY,
+        JOB_ID_KEY,
+        SubmitOutcome,
+        advance_submission,
+        find_provider_batch,
+        submit_prompts,
+    )
+
 
 __all__ = [
     "BATCH_ID_KEY",
@@ -110,3 +116,5 @@ __all__ = [
     "store_rest",
     "submit_prompts",
 ]
+
+__getattr__, __dir__ = lazy_names(__name__)

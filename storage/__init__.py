@@ -7,79 +7,85 @@ holds a global engine or session.
 
 from __future__ import annotations
 
-from ._batches import (
-    BATCH_FIELDS,
-    batch_members,
-    batch_submissions,
-    create_batch_record,
-    find_batch_by_provider_id,
-    get_batch,
-    job_batches,
-    mark_batch_ingested,
-    open_batches,
-    release_members,
-    require_batch,
-    store_batch_answers,
-    update_batch,
-)
-from ._budgets import (
-    LEASE_TTL,
-    BudgetInfo,
-    BudgetLease,
-    BudgetUsage,
-    budget_usage,
-    get_budget,
-    hold_for,
-    reclaim_expired,
-    release_holds,
-    set_budget,
-    set_job_budget,
-    settle_holds,
-)
-from ._engine import DATABASE_URL_ENV, Sessions, check_database_url, create_engine, open_database, session_factory
-from ._migrate import migrate, require_current_schema
-from ._models import Base, Batch, BatchMember, Budget, BudgetSpend, Job, Prompt, Reservation, Result
-from ._open import (
-    open_prompt_count,
-    open_prompt_ids,
-    open_prompts,
-    open_repeated_keys,
-    open_work_in_order,
-    open_work_pages,
-)
-from ._queries import (
-    add_prompts,
-    create_job,
-    find_job,
-    find_reusable,
-    get_job,
-    job_counts,
-    job_models,
-    load_work,
-    mark_in_flight,
-    reopen_refused,
-    answer_schemas,
-    reroute_late_prompts,
-    resolve_job,
-    result_stats,
-    set_job_status,
-    set_planned_route,
-)
-from ._records import BatchRecord, JobInfo, NewPrompt, OpenPrompt, ResultStats, WorkRow
-from ._reports import (
-    ExportRow,
-    ExportShape,
-    JobSummary,
-    ReplyLengths,
-    UsageRow,
-    export_rows,
-    export_shape,
-    list_jobs,
-    reply_lengths,
-    route_counts,
-    usage_by_route,
-)
-from ._writer import ResultWriter
+from typing import TYPE_CHECKING
+
+from llm_dispatch.core import lazy_names
+
+if TYPE_CHECKING:
+    from ._batches import (
+        BATCH_FIELDS,
+        batch_members,
+        batch_submissions,
+        create_batch_record,
+        find_batch_by_provider_id,
+        get_batch,
+        job_batches,
+        mark_batch_ingested,
+        open_batches,
+        release_members,
+        require_batch,
+        store_batch_answers,
+        update_batch,
+    )
+    from ._budgets import (
+        LEASE_TTL,
+        BudgetInfo,
+        BudgetLease,
+        BudgetUsage,
+        budget_usage,
+        get_budget,
+        hold_for,
+        reclaim_expired,
+        release_holds,
+        set_budget,
+        set_job_budget,
+        settle_holds,
+    )
+    from ._engine import DATABASE_URL_ENV, Sessions, check_database_url, create_engine, open_database, session_factory
+    from ._migrate import migrate, require_current_schema
+    from ._models import Base, Batch, BatchMember, Budget, BudgetSpend, Job, Prompt, Reservation, Result
+    from ._open import (
+        open_prompt_count,
+        open_prompt_ids,
+        open_prompts,
+        open_repeated_keys,
+        open_work_in_order,
+        open_work_pages,
+    )
+    from ._queries import (
+        add_prompts,
+        create_job,
+        find_job,
+        find_reusable,
+        get_job,
+        job_counts,
+        job_models,
+        load_work,
+        mark_in_flight,
+        reopen_refused,
+        answer_schemas,
+        reroute_late_prompts,
+        resolve_job,
+        result_stats,
+        set_job_status,
+        set_planned_route,
+    )
+    from ._records import BatchRecord, JobInfo, NewPrompt, OpenPrompt, ResultStats, WorkRow
+    from ._reports import (
+        ExportRow,
+        ExportShape,
+        JobSummary,
+        ReplyLengths,
+        UsageRow,
+        export_rows,
+        export_shape,
+        list_jobs,
+        reply_lengths,
+        route_counts,
+        usage_by_route,
+    )
+    from ._writer import ResultWriter
+
 
 __all__ = [
     "BATCH_FIELDS",
@@ -165,3 +171,5 @@ __all__ = [
     "store_batch_answers",
     "update_batch",
 ]
+
+__getattr__, __dir__ = lazy_names(__name__)

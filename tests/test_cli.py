@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import csv
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -189,3 +192,27 @@ async def _answered_job(url: str, *, metadata: list[dict | None] | None = None,
         return job_id
     finally:
         await engine.dispose()
+
+
+READ_ONLY_COMMANDS = [["status"], ["status", "{job}"], ["cost"], ["export", "{job}"], ["reprice", "--tier", "flex"],
+                      ["models"]]
+
+
+@pytest.mark.parametrize("command", READ_ONLY_COMMANDS, ids=lambda c: " ".join(c))
+def test_a_read_only_command_loads_neither_prefect_nor_the_http_stack(command: list[str], tmp_path: Path) -> None:
+    url = f"sqlite+aiosqlite:///{tmp_path / 'results.db'}"
+    job_id = asyncio.run(_answered_job(url))
+    argv = [part.format(job=job_id) for part in command] + (["--database-url", url] if command != ["models"] else [])
+    # A fresh interpreter, as a user's command is: this test process has imported everything long since.
+    script = (
+        "import sys\n"
+        "from typer.testing import CliRunner\n"
+        "from llm_dispatch.cli import app\n"
+        f"result = CliRunner().invoke(app, {argv!r})\n"
+        "assert result.exit_code == 0, result.output\n"
+        "print(sorted({name.split('.')[0] for name in sys.modules} & {'prefect', 'httpx', 'aiohttp'}))\n"
+    )
+    ran = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PREFECT_API_URL": ""})
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert ran.stdout.strip().splitlines()[-1] == "[]"

@@ -34,6 +34,7 @@ out = Console() if sys.stdout.isatty() else Console(width=160)
 EXIT_FAILED_PROMPTS = 1  # the run ended with prompts that failed
 EXIT_INPUT = 2  # bad input, settings or database, or a refused --max-cost: nothing was sent
 EXIT_PROVIDER = 3  # a provider call failed after its retries (network, key, refusal); what came back is stored
+EXIT_BUDGET = 4  # the budget was reached: what was sent is stored, the rest is pending
 EPHEMERAL_STARTUP_TIMEOUT = 120
 # With --simulate the simulator's batches take seconds, not hours; poll them as often.
 SIM_BATCH_SECONDS = 3.0
@@ -41,7 +42,8 @@ SIM_POLL_SECONDS = 0.5
 
 EXIT_CODES = ("Exit codes: 0 done; 1 some prompts failed; 2 bad input, settings or database, or --max-cost refused "
               "(nothing sent); 3 a provider call failed after its retries (what came back is stored: run again "
-              "later); 128+N stopped by signal N.")
+              "later); 4 the budget was reached (the rest is pending: run again with a higher --budget); 128+N "
+              "stopped by signal N.")
 
 
 def exit_code(error: LLMDispatchError) -> int:
@@ -143,6 +145,11 @@ def run(
     wait: Annotated[bool, typer.Option(
         "--wait/--no-wait", help="follow batches to the end here, or submit them and leave them to `collect`")] = True,
     max_cost: Annotated[Optional[float], typer.Option(help="refuse the run if its estimate is above this many dollars")] = None,
+    budget: Annotated[Optional[float], typer.Option(
+        help="the most the job may spend, in dollars, over all its runs: each request's worst case is reserved "
+             "before it is sent (env LLM_DISPATCH_BUDGET)")] = None,
+    budget_name: Annotated[Optional[str], typer.Option(
+        "--budget-name", help="hold a named budget (`llm-dispatch budget set`) shared with every run naming it")] = None,
     prices_file: Annotated[Optional[Path], typer.Option(help="your own price table (JSON), over the bundled one")] = None,
     schema: Annotated[Optional[str], typer.Option(
         "--schema", help="every answer's schema (unless a prompt gives its own): a JSON Schema file or module:Model")] = None,
@@ -171,7 +178,7 @@ def run(
     settings = _settings(model=model, endpoint=endpoint, concurrency=concurrency, chunk_size=chunk_size, dedupe=dedupe,
                          database_url=database_url, route_policy=route,
                          prices_file=str(prices_file) if prices_file else None, response_schema=schema,
-                         max_reasks=max_reasks)
+                         max_reasks=max_reasks, budget=budget, budget_name=budget_name)
     if prices_file is not None:
         from llm_dispatch.core import PriceTable
 
@@ -242,10 +249,29 @@ def run(
         causes = " ".join(found["message"] for found in stopped)
         err.print(f"[bold red]error:[/] {causes} {realtime.get('left', 0)} prompts are left pending: fix that, "
                   f"then run {again} to send them.", highlight=False, soft_wrap=True)
+    held = summary.get("budget") or {}
+    if held.get("stopped"):
+        job = summary["job_id"][:8]
+        if held["name"].startswith("job:"):
+            again = f"run `llm-dispatch run --resume {job} --budget HIGHER`"
+        else:
+            wait = "" if held["per"] == "total" else f", or wait for the next {held['per']}"
+            again = (f"raise it (`llm-dispatch budget set {held['name']} --limit HIGHER --per {held['per']}`{wait}), "
+                     f"then run `llm-dispatch run --resume {job} --budget-name {held['name']}`")
+        raise _fail(f"{budget_line(held)}; {held['over_budget']} prompts are left pending: {again} to send them",
+                    code=EXIT_BUDGET)
     failed = summary["counts"].get("failed", 0)
     # A run stopped by its provider's answers (a refused key, no credit): the provider's failure, as when a call
     # of another command fails.
     raise typer.Exit(EXIT_PROVIDER if stopped else EXIT_FAILED_PROMPTS if failed else 0)
+
+
+def budget_line(budget: dict[str, Any]) -> str:
+    """One line of where a budget stands (a summary's ``budget``): spent, reserved and left of its limit."""
+    name = budget["label"]
+    period = "" if budget["per"] == "total" else f" this {budget['per']} ({budget['period']})"
+    return (f"budget {name} reached{period}: spent ${budget['spent']:.6f}, reserved ${budget['reserved']:.6f}, "
+            f"left ${budget['left']:.6f} of ${budget['limit']:.6f}")
 
 
 def _check_keys(settings: Settings, *, providers: frozenset[str]) -> None:
@@ -488,6 +514,7 @@ async def _run_with_progress(
                 database_url=settings.database_url, prices_file=settings.prices_file,
                 answer_schema=settings.response_schema, max_reasks=settings.max_reasks,
                 batch_poll_interval=settings.batch_poll_interval, new_job=new_job, job_name=job_name,
+                budget=settings.budget, budget_name=settings.budget_name,
             )
     except asyncio.CancelledError:
         if received:

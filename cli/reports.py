@@ -284,6 +284,11 @@ def job_table(summary: dict[str, Any], *, title: str) -> Table:
                           "generation timed out or cut off, a 2xx that was no answer): see maybe_billed in the export")
     if stats.get("reasoning_tokens"):
         table.caption += f"\nreasoning tokens (in the output tokens): {stats['reasoning_tokens']}"
+    budget = summary.get("budget")
+    if budget:
+        period = "" if budget["per"] == "total" else f" this {budget['per']} ({budget['period']})"
+        table.caption += (f"\nbudget {budget['label']}{period}: limit ${budget['limit']:.6f}, spent ${budget['spent']:.6f}, "
+                          f"reserved ${budget['reserved']:.6f}, left ${budget['left']:.6f}")
     if stats.get("p50_latency_ms") is not None:
         table.caption += f"\nreal-time latency p50 / p95: {stats['p50_latency_ms']:.0f} / {stats['p95_latency_ms']:.0f} ms"
     return table

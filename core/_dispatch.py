@@ -15,6 +15,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ._budgets import SpendGate
 from ._exceptions import APIError
 from ._stops import RunStop
 from ._structured import answer_schema, answer_text, checked, reask_messages
@@ -103,6 +104,8 @@ class DispatchOutcome:
     reasks: int = 0
     # Not sent: their provider or model was stopped (``RunStop``); left pending.
     left: int = 0
+    # Not sent: their worst case did not fit the run's budget (``SpendGate``); left pending.
+    over_budget: int = 0
 
     def add(self, other: DispatchOutcome) -> None:
         self.succeeded += other.succeeded
@@ -112,6 +115,7 @@ class DispatchOutcome:
         self.valid_after_reask += other.valid_after_reask
         self.reasks += other.reasks
         self.left += other.left
+        self.over_budget += other.over_budget
         self.failed_by_class.update(other.failed_by_class)
 
 
@@ -124,27 +128,36 @@ async def reask(
     sink: ResultSink,
     max_reasks: int,
     outcome: DispatchOutcome,
+    budget: SpendGate | None = None,
 ) -> ChatResult:
     """Ask ``item`` again while its answer breaks ``schema``, up to ``max_reasks`` times: its conversation, the
     invalid answer and a message naming the violation. Each answer is stored as its own result (``reask`` n, its own
-    cost); returns the last. A re-ask that fails leaves the prompts with their invalid answer (logged)."""
+    cost); returns the last. A re-ask that fails leaves the prompts with their invalid answer (logged); so does one
+    whose worst case does not fit ``budget``."""
     for number in range(1, max_reasks + 1):
         if result.violation is None:
             break
         again = ChatRequest(model=item.request.model, params=item.request.params,
                             messages=reask_messages(item.request.messages, answer=answer_text(result),
                                                     violation=result.violation))
+        amount = None if budget is None else await budget.reserve(again)
+        if budget is not None and amount is None:
+            break
         outcome.reasks += 1
         try:
-            answer = await client.chat(again)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - the invalid answer stays the prompts' outcome
-            logger.warning("asking prompt ids %s again failed (%s); they keep their invalid answer",
-                           item.prompt_ids[:3], exc)
-            break
-        result = checked(answer, schema)
-        await sink.success(prompt_ids=item.prompt_ids, result=result, model=item.request.model, reask=number)
+            try:
+                answer = await client.chat(again)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the invalid answer stays the prompts' outcome
+                logger.warning("asking prompt ids %s again failed (%s); they keep their invalid answer",
+                               item.prompt_ids[:3], exc)
+                break
+            result = checked(answer, schema)
+            await sink.success(prompt_ids=item.prompt_ids, result=result, model=item.request.model, reask=number)
+        finally:
+            if amount is not None:
+                budget.landed(amount)  # type: ignore[union-attr]
         if result.violation is None:
             outcome.valid_after_reask += len(item.prompt_ids)
     return result
@@ -160,6 +173,7 @@ async def send_all(
     on_dispatched: Callable[[], None] | None = None,
     stop: RunStop | None = None,
     max_reasks: int = 0,
+    budget: SpendGate | None = None,
 ) -> DispatchOutcome:
     """Send every item with at most ``concurrency`` requests in flight; persist each as it completes.
 
@@ -168,7 +182,9 @@ async def send_all(
     Provider errors are recorded as failures and do not stop the others, unless ``stop`` (the run's) stops
     their provider or model (a refused key, an account out of credit, an unknown model): its items are then
     not sent, and their prompts are released to pending. An error of the sink (the database) does stop
-    everything, since results could no longer be kept.
+    everything, since results could no longer be kept. ``budget`` (the run's) holds each request's worst case before it
+    is sent; once one does not fit, no more are sent: the rest are released to pending too, and the requests out
+    finish.
     ``on_dispatched`` is called once, when at most two rounds (2 x ``concurrency`` items) are left
     to finish: at full speed, two latency periods before this call runs dry, time for a caller to
     start the next batch of work so the limit never idles between batches. It is counted in answers
@@ -193,8 +209,22 @@ async def send_all(
             on_dispatched()
 
     left: list[WorkItem] = []
+    unfunded: list[WorkItem] = []
 
     async def send(item: WorkItem) -> None:
+        if budget is not None:
+            amount = await budget.reserve(item.request)
+            if amount is None:
+                unfunded.append(item)
+                return
+            try:
+                await paid(item)
+            finally:
+                budget.landed(amount)  # after the sink has its cost
+            return
+        await paid(item)
+
+    async def paid(item: WorkItem) -> None:
         model = item.request.model
         if progress is not None:
             progress.in_flight += 1
@@ -220,7 +250,7 @@ async def send_all(
             await sink.success(prompt_ids=item.prompt_ids, result=result, model=model)
             if result.violation is not None and max_reasks:
                 result = await reask(client=client, item=item, result=result, schema=schema, sink=sink,  # type: ignore[arg-type]
-                                     max_reasks=max_reasks, outcome=outcome)
+                                     max_reasks=max_reasks, outcome=outcome, budget=budget)
             if result.violation is not None:
                 outcome.invalid += len(item.prompt_ids)
             elif result.refusal is None:
@@ -256,9 +286,10 @@ async def send_all(
                 group.create_task(worker())
     finally:
         dispatched()  # also with nothing to send, or when the run fails: the caller must not wait forever
-    if left:
-        await sink.release(prompt_ids=[pid for item in left for pid in item.prompt_ids])
+    if left or unfunded:
+        await sink.release(prompt_ids=[pid for item in (*left, *unfunded) for pid in item.prompt_ids])
         for item in left:
             outcome.left += len(item.prompt_ids)
             stop.left(item.request.model, len(item.prompt_ids))  # type: ignore[union-attr]
+        outcome.over_budget += sum(len(item.prompt_ids) for item in unfunded)
     return outcome

@@ -115,6 +115,13 @@ class Settings(BaseSettings):
 
     dedupe: bool = Field(default=True, description="reuse a stored success for an identical request")
 
+    # Spending caps (see storage.BudgetLease): each request's worst case is reserved before it is sent.
+    budget: float | None = Field(
+        default=None, ge=0, description="dollars the job may spend over its whole life, held before each request")
+    budget_name: str | None = Field(
+        default=None, min_length=1,
+        description="a named budget (`llm-dispatch budget set`) that every run naming it shares, per day, month or in total")
+
     # Routing: which prompts go real-time and which to the Batch API (see llm_dispatch._routing).
     route_policy: RoutePolicy = Field(
         default="length", description="rule for prompts with no urgency or deadline"

@@ -163,6 +163,13 @@ def report_markdown(report: dict[str, Any]) -> str:
     if "estimate" in report:
         lines.append(f"| estimate before sending | ${report['estimate']['total']:.6f} |")
     lines.append(f"| prices as of | {cost['prices_as_of']} |")
+    budget = report.get("budget")
+    if budget:
+        period = "" if budget["per"] == "total" else f" ({budget['period']})"
+        lines.append(f"| budget {budget['label']}{period}: limit / spent / reserved / left | ${budget['limit']:.6f} / "
+                     f"${budget['spent']:.6f} / ${budget['reserved']:.6f} / ${budget['left']:.6f} |")
+        if budget["stopped"]:
+            lines.append(f"| left pending by the budget | {budget['over_budget']} |")
     stopped = (report.get("realtime") or {}).get("stopped") or []
     if stopped:
         lines += ["", "## Stopped", ""] + [f"- {found['message']}" for found in stopped]

@@ -20,7 +20,9 @@ from llm_dispatch.jobs import (
     RecordedJob,
     Selection,
     SweepSummary,
+    RealtimeSummary,
     open_run,
+    run_budget,
 )
 from llm_dispatch.core import (
     ACTIVE_BATCH_STATUSES,
@@ -140,7 +142,10 @@ async def dispatch_batches(
             # real-time half beside this one is done with its own prompts.
             if realtime_done is not None:
                 await realtime_done.wait()
-            summary.realtime_fallback += await send_rerouted(run, job_id=job_id)
+            rerouted = await send_rerouted(run, job_id=job_id)
+            if rerouted is not None:
+                summary.realtime_fallback += rerouted.prompts
+                summary.budget_reached |= rerouted.budget is not None and rerouted.budget.stopped
     summary.wall_s = time.monotonic() - started
     return summary
 
@@ -202,21 +207,25 @@ async def sweep(*, run: JobRun, job_id: str | None, stale_after: float) -> Sweep
         if size:
             submitted = await submit_batches(run=run, job_id=job, retry_failed="none", size=size)
             summary.resubmitted += submitted.prompts
-        summary.realtime += await send_rerouted(run, job_id=job)
+        rerouted = await send_rerouted(run, job_id=job)
+        summary.realtime += 0 if rerouted is None else rerouted.prompts
         await _close_if_done(run, job_id=job)
     return summary
 
 
-async def send_rerouted(run: JobRun, *, job_id: str) -> int:
-    """Send real-time the job's pending prompts routed (or re-routed by an ingest) real-time; returns how many.
+async def send_rerouted(run: JobRun, *, job_id: str) -> RealtimeSummary | None:
+    """Send real-time the job's pending prompts routed (or re-routed by an ingest) real-time (its ``prompts``: how
+    many); None when there were none.
 
-    In-flight ones are left alone: another live run is sending them.
+    In-flight ones are left alone: another live run is sending them. The job's budget (``run_budget``) holds as it
+    does for the run that left them.
     """
     late = await _rerouted(run, job_id=job_id)
     if late:
         job = RecordedJob(job_id=job_id, total=late, resumed=True)
-        await send_realtime(run=run, job=job, selection=REROUTED)
-    return late
+        held = await run_budget(run.settings, sessions=run.sessions, job_id=job_id)
+        return await send_realtime(run=run, job=job, selection=REROUTED, budget=held)
+    return None
 
 
 async def _rerouted(run: JobRun, *, job_id: str) -> int:

@@ -20,12 +20,15 @@ from llm_dispatch.jobs import (
     RealtimeSummary,
     Selection,
     ShardRuns,
+    budget_standing,
+    check_budget_bounds,
     estimate_cost,
     fingerprint_of,
     job_report,
     money,
     open_run,
     routing_rules,
+    run_budget,
 )
 from llm_dispatch.core import (
     BudgetExceededError,
@@ -41,6 +44,7 @@ from llm_dispatch.tasks import record_prompts
 
 from ._artifacts import publish_report
 from ._setup import input_run_name, prepare, scheduled_job_name
+from ._states import BUDGET_REACHED, final_state
 from .batch import dispatch_batches
 from .realtime import send_realtime
 
@@ -72,14 +76,19 @@ async def dispatch(
     job_name: str | None = None,
     answer_schema: str | None = None,
     max_reasks: int | None = None,
-) -> dict[str, Any]:
+    budget: float | None = None,
+    budget_name: str | None = None,
+) -> Any:
     """Send a mixed set of prompts: urgent ones as concurrent real-time calls, the rest to the Batch API
     at half price, both at once. Each prompt is routed by its ``urgency``, else its ``deadline``, else
     ``route_policy``; the decision and its reason are stored with it.
 
     ``wait`` follows the batches to the end in this run; otherwise the run ends once they are
     submitted, and the ``collect-batches`` flow (on a schedule) finishes them. ``max_cost`` refuses a run
-    whose estimate is higher, before any request.
+    whose estimate is higher, before any request. ``budget`` (dollars over the job's life) or ``budget_name`` (a
+    budget shared by every run that names it) is a cap that holds: each request's worst case is reserved before
+    it is sent; once the next does not fit, the run finishes what is out, leaves the rest pending and ends in the
+    state ``BudgetReached`` (the same run with a higher budget continues).
 
     Re-running the same input resumes its job; ``new_job`` starts a new one. ``job_name`` names the job
     (and a re-run with the same name and input resumes it); a run started by a deployment's schedule is
@@ -100,12 +109,12 @@ async def dispatch(
         chunk_size=chunk_size, chunk_concurrency=chunk_concurrency, concurrency_tag=concurrency_tag, dedupe=dedupe,
         base_url=base_url, anthropic_base_url=anthropic_base_url, prices_file=prices_file,
         batch_poll_interval=batch_poll_interval, database_url=database_url, response_schema=answer_schema,
-        max_reasks=max_reasks,
+        max_reasks=max_reasks, budget=budget, budget_name=budget_name,
     )
     summary = await run_dispatch(source=prompts, job_id=job_id, settings=settings, wait=wait, max_cost=max_cost,
                                  retry_failed=retry_failed, retry_refused=retry_refused, shards=shards,
                                  realtime_deployment=realtime_deployment, new_job=new_job, job_name=job_name)
-    return to_json(summary)
+    return final_state(to_json(summary), budget=summary.budget)
 
 
 async def run_dispatch(
@@ -148,6 +157,9 @@ async def run_dispatch(
         if progress is not None:
             progress.notes.append(f"estimate: {described}")
         _check_budget(estimate, max_cost=max_cost)
+        held = await run_budget(settings, sessions=run.sessions, job_id=job.job_id)
+        if held is not None:
+            check_budget_bounds(estimate, budget=held)
         await storage.set_job_status(run.sessions, job_id=job.job_id, status="running")
 
         realtime_done = asyncio.Event()
@@ -159,7 +171,7 @@ async def run_dispatch(
                                             deployment=realtime_deployment, retry_failed=retry_failed,
                                             label=job.name)
                 selection = Selection(retry_failed=retry_failed, planned_route="realtime")
-                return await send_realtime(run=run, job=job, selection=selection)
+                return await send_realtime(run=run, job=job, selection=selection, budget=held)
             finally:
                 realtime_done.set()
 
@@ -169,12 +181,21 @@ async def run_dispatch(
                                                        retry_failed=retry_failed, realtime_done=realtime_done))
         report = await job_report(run.sessions, job_id=job.job_id, estimate=estimate,
                                   provider_of=run.clients.provider_of)
+        standing = None
+        if held is not None:
+            half = realtime.result()
+            reached = batch.result().budget_reached or (
+                half.budget is not None and half.budget.stopped if isinstance(half, RealtimeSummary)
+                else half.budget_reached > 0)
+            # What the budget left pending, whichever half (or shard) it stopped.
+            over = report.counts.get("pending", 0) if reached else 0
+            standing = await budget_standing(run.sessions, budget=held, over_budget=over)
         await storage.set_job_status(run.sessions, job_id=job.job_id,
                                      status="running" if report.unfinished else "finished")
     summary = DispatchSummary(report=report, resumed=job.resumed, prompts=job.total, wait=wait,
                               realtime=realtime.result(), batch=batch.result(), wall_s=time.monotonic() - started,
                               job_name=job.name, answered_before=job.answered,
-                              started_over_from=job.started_over_from)
+                              started_over_from=job.started_over_from, budget=standing)
     await publish_report(summary, logger=logger)
     counts = report.counts
     logger.info("Job %s: %d succeeded, %d failed, %d unfinished; cost $%.6f.", job.job_id, counts.get("succeeded", 0),
@@ -196,6 +217,7 @@ async def run_shards(
         "chunk_concurrency": settings.chunk_concurrency, "concurrency_tag": settings.concurrency_tag,
         "dedupe": settings.dedupe, "base_url": settings.base_url, "anthropic_base_url": settings.anthropic_base_url,
         "max_reasks": settings.max_reasks,
+        "budget": settings.budget, "budget_name": settings.budget_name,
     }
     runs = await asyncio.gather(*(
         run_deployment(deployment, parameters={**parameters, "shard": index, "job_name": label},  # type: ignore[misc]
@@ -206,8 +228,10 @@ async def run_shards(
     if failed:
         raise ShardRunsFailedError(f"real-time shard runs {failed} did not complete; see them in the Prefect UI, "
                                    "then run the job again to send what they left")
-    logger.info("Job %s: all %d real-time shard runs completed.", job_id, shards)
-    return ShardRuns(flow_run_ids=[str(run.id) for run in runs])
+    reached = sum(1 for run in runs if run.state is not None and run.state.name == BUDGET_REACHED)
+    logger.info("Job %s: all %d real-time shard runs completed%s.", job_id, shards,
+                f", {reached} of them stopped by the budget" if reached else "")
+    return ShardRuns(flow_run_ids=[str(run.id) for run in runs], budget_reached=reached)
 
 
 def _check_budget(estimate: JobCost, *, max_cost: float | None) -> None:

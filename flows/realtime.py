@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
 from typing import Any
@@ -12,12 +13,23 @@ from prefect.utilities.annotations import quote
 from pydantic import SecretStr
 
 from llm_dispatch import storage
-from llm_dispatch.jobs import ChunkFeed, ChunkSender, JobRun, RealtimeSummary, RecordedJob, Selection, open_run
+from llm_dispatch.jobs import (
+    ChunkFeed,
+    ChunkSender,
+    JobRun,
+    RealtimeSummary,
+    RecordedJob,
+    Selection,
+    budget_standing,
+    open_run,
+    run_budget,
+)
 from llm_dispatch.core import ConfigError, RetryFailed, Route, RunStop, Settings, current_progress, to_json, unfinished
 from llm_dispatch.tasks import chunk_sender, record_prompts
 
 from ._artifacts import ProgressBoard, job_label
 from ._setup import input_run_name, prepare, scheduled_job_name
+from ._states import final_state
 
 
 @flow(name="realtime-dispatch", flow_run_name=input_run_name, log_prints=False)
@@ -42,7 +54,9 @@ async def realtime_dispatch(
     job_name: str | None = None,
     answer_schema: str | None = None,
     max_reasks: int | None = None,
-) -> dict[str, Any]:
+    budget: float | None = None,
+    budget_name: str | None = None,
+) -> Any:
     """Send every unfinished prompt of the input (or of job ``job_id``) as real-time calls.
 
     Re-running the same input, or passing ``job_id``, resumes: a prompt that succeeded is never
@@ -51,7 +65,9 @@ async def realtime_dispatch(
     ``dispatch``).
     ``planned_route`` sends only prompts routed there; ``shard``/``shards`` only one share of them
     (the ``dispatch`` flow's scale-out across workers runs one shard per deployment run). ``answer_schema`` and
-    ``max_reasks``: as ``dispatch``'s.
+    ``max_reasks``: as ``dispatch``'s. ``budget`` (dollars, the job's own) or ``budget_name`` (a shared budget) caps
+    what is spent: each request's worst case is reserved before it is sent, and a run whose next one does not fit
+    ends in the state ``BudgetReached`` with the rest pending.
     """
     started = time.monotonic()
     if (shard is None) != (shards is None):
@@ -62,7 +78,7 @@ async def realtime_dispatch(
         model=model, concurrency=concurrency, chunk_size=chunk_size, chunk_concurrency=chunk_concurrency,
         concurrency_tag=concurrency_tag, dedupe=dedupe, base_url=base_url,
         anthropic_base_url=anthropic_base_url, database_url=database_url, response_schema=answer_schema,
-        max_reasks=max_reasks,
+        max_reasks=max_reasks, budget=budget, budget_name=budget_name,
     )
     settings = await prepare(settings, logger=get_run_logger(), tag_limit=True)
     # A new job's first chunk per lane goes out while the rest of it is stored; a shard's job is stored already.
@@ -77,8 +93,9 @@ async def realtime_dispatch(
         if retry_refused and part is None:  # the dispatch flow reopens them for its shards
             await storage.reopen_refused(run.sessions, job_id=job.job_id)
         selection = Selection(retry_failed=retry_failed, planned_route=planned_route, shard=part)
-        summary = await send_realtime(run=run, job=job, selection=selection, started=started)
-    return to_json(summary)
+        held = await run_budget(settings, sessions=run.sessions, job_id=job.job_id)
+        summary = await send_realtime(run=run, job=job, selection=selection, started=started, budget=held)
+    return final_state(to_json(summary), budget=summary.budget)
 
 
 def lane_count(settings: Settings) -> int:
@@ -92,10 +109,13 @@ async def send_realtime(
     job: RecordedJob,
     selection: Selection = Selection(),
     started: float | None = None,
+    budget: storage.BudgetInfo | None = None,
 ) -> RealtimeSummary:
     """The real-time half of a run: the unfinished prompts of ``job`` that ``selection`` takes, sent
     chunk by chunk, each answer stored. A job still being recorded (``job.rest``) has the rest stored
-    as its first chunks go out. ``started``: when the run began, for its phases.
+    as its first chunks go out. ``started``: when the run began, for its phases. ``budget``: held before each
+    request (a ``storage.BudgetLease``); once the next does not fit, the requests out finish and the rest stay
+    pending.
     """
     logger = get_run_logger()
     settings = run.settings
@@ -103,13 +123,17 @@ async def send_realtime(
     started = begun if started is None else started
     progress = current_progress.get()
     stop = RunStop(provider_of=run.clients.provider_of)
-    async with storage.ResultWriter(run.sessions, job_id=job.job_id, prices=run.prices) as writer:
+    # Outside the writer: what the writer stores on its way out is settled before the lease gives back the rest.
+    lease = None if budget is None else storage.BudgetLease(run.sessions, budget=budget, prices=run.prices,
+                                                            job_id=job.job_id, block=settings.concurrency)
+    async with (lease if lease is not None else contextlib.nullcontext()), storage.ResultWriter(
+            run.sessions, job_id=job.job_id, prices=run.prices, budget=lease) as writer:
         board = ProgressBoard(job=job_label(name=job.name, job_id=job.job_id), logger=logger)
         sender = ChunkSender(
             send=chunk_sender(tag=settings.concurrency_tag), client=run.clients, writer=writer, sessions=run.sessions,
             concurrency=settings.concurrency, per_chunk=settings.per_chunk_concurrency, on_chunk_done=board.update,
             max_reasks=settings.max_reasks,
-            stop=stop,
+            stop=stop, budget=lease,
         )
         feed = ChunkFeed(
             job=job, sessions=run.sessions, sink=writer, chunk_size=settings.chunk_size, dedupe=settings.dedupe,
@@ -118,7 +142,8 @@ async def send_realtime(
         first_at: float | None = None
         async with sender:
             async for chunk in feed:
-                if job.providers and all(stop.provider_stopped(provider) for provider in job.providers):
+                if (lease is not None and lease.exhausted) or (
+                        job.providers and all(stop.provider_stopped(provider) for provider in job.providers)):
                     if job.rest:
                         continue  # the feed still stores the rest of the job, to be sent by the next run
                     break
@@ -153,10 +178,17 @@ async def send_realtime(
     if stopped:
         logger.warning("Job %s: %d prompts left pending; fix that, then run the same input again to send them.",
                        job.job_id, left)
+    standing = None
+    if budget is not None:
+        unfunded = max(outcome.over_budget, feed.expected_prompts - sent - left) if lease and lease.exhausted else 0
+        standing = await budget_standing(run.sessions, budget=budget, over_budget=unfunded)
+        if standing is not None and standing.stopped:
+            logger.warning("Job %s: %s; %d prompts left pending: run it again with a higher budget to send them.",
+                           job.job_id, standing.describe(), unfunded)
     return RealtimeSummary(
         job_id=job.job_id, resumed=job.resumed, prompts=job.total, sent_prompts=sent,
         reused=feed.reused, counts=counts, failed_by_class=dict(outcome.failed_by_class), stats=stats,
-        stopped=stopped, left=left,
+        stopped=stopped, left=left, budget=standing,
         wall_s=time.monotonic() - started, send_s=sent_at - first_at,
         phases_s={"record": begun - started, "plan": first_at - begun, "send": sent_at - first_at},
     )

@@ -9,6 +9,7 @@ from llm_dispatch.core import lazy_names
 
 if TYPE_CHECKING:
     from ._batch_api import BatchApi, batch_api
+    from ._budget import BudgetStanding, budget_standing, check_budget_bounds, run_budget, to_pico
     from ._clients import Clients
     from ._collect import IngestOutcome, cancel_batches, ingest_batch, poll_batch, reroute_for_deadlines
     from ._export import (
@@ -64,6 +65,7 @@ __all__ = [
     "MAX_CHUNKS_PER_RUN",
     "BatchApi",
     "BatchHalfSummary",
+    "BudgetStanding",
     "CancelSummary",
     "Chunk",
     "Clients",
@@ -92,6 +94,8 @@ __all__ = [
     "actual_cost",
     "advance_submission",
     "batch_api",
+    "budget_standing",
+    "check_budget_bounds",
     "cancel_batches",
     "chunk_groups",
     "chunk_size_for",
@@ -113,6 +117,8 @@ __all__ = [
     "reprice",
     "reroute_for_deadlines",
     "routing_rules",
+    "run_budget",
+    "to_pico",
     "store_rest",
     "submit_prompts",
 ]

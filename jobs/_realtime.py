@@ -11,7 +11,7 @@ from types import TracebackType
 from typing import Any, Protocol
 
 from llm_dispatch import storage
-from llm_dispatch.core import ChatRequest, ChatSender, DispatchOutcome, ResultSink, RoutingRules, RunStop
+from llm_dispatch.core import ChatRequest, ChatSender, DispatchOutcome, ResultSink, RoutingRules, RunStop, SpendGate
 
 from ._plan import RealtimePlan, Selection, chunk_size_for, plan_realtime
 from ._record import RecordedJob, StoredSlice, store_rest
@@ -175,6 +175,7 @@ class SendChunk(Protocol):
         on_dispatched: Callable[[], None],
         stop: RunStop | None,
         max_reasks: int,
+        budget: SpendGate | None,
     ) -> DispatchOutcome: ...
 
 
@@ -206,9 +207,10 @@ class ChunkSender:
         on_chunk_done: Callable[[DispatchOutcome], Awaitable[object]] | None = None,
         stop: RunStop | None = None,
         max_reasks: int = 0,
+        budget: SpendGate | None = None,
     ) -> None:
         self._send, self._client, self._writer, self._sessions = send, client, writer, sessions
-        self.stop = stop
+        self.stop, self.budget = stop, budget
         self._max_reasks = max_reasks
         self._per_chunk = per_chunk
         self._lane_count = math.ceil(concurrency / per_chunk)
@@ -264,7 +266,7 @@ class ChunkSender:
             outcome = await self._send(
                 number=number, of=max(of, number), chunk=chunk, client=self._client, sink=self._writer,
                 sessions=self._sessions, concurrency=self._per_chunk, before_send=enter_lane,
-                on_dispatched=leave_lane, stop=self.stop, max_reasks=self._max_reasks,
+                on_dispatched=leave_lane, stop=self.stop, max_reasks=self._max_reasks, budget=self.budget,
             )
         finally:
             leave_lane()

@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 from llm_dispatch import storage
 from llm_dispatch.core import json_field, unfinished
 
+from ._budget import BudgetStanding
 from ._collect import IngestOutcome
 from ._costs import JobCost, actual_cost
 from ._submit import SubmitOutcome
@@ -34,6 +35,8 @@ class RealtimeSummary:
     # identical answers, and the line that says what to fix; and how many prompts were left pending for it.
     stopped: list[dict[str, Any]] = field(default_factory=list)
     left: int = 0
+    # The budget the run held, as the run left it (``over_budget``: prompts it left pending for it).
+    budget: BudgetStanding | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +44,8 @@ class ShardRuns:
     """The real-time half sent as deployment runs, one per shard: their flow run ids."""
 
     flow_run_ids: list[str] = json_field(name="shards")
+    # Of them, the runs that stopped because the next request's worst case did not fit the budget.
+    budget_reached: int = 0
 
 
 @dataclass(slots=True)
@@ -54,6 +59,8 @@ class BatchHalfSummary:
     rounds: int = 0
     ingested: list[IngestOutcome] = field(default_factory=list)
     realtime_fallback: int = 0
+    # Whether sending those real-time stopped on the job's budget (the rest left pending).
+    budget_reached: bool = False
     wall_s: float = json_field(digits=3, default=0.0)
 
     @property
@@ -129,6 +136,8 @@ class DispatchSummary:
     answered_before: int = 0
     # The finished job of the same input that this new one sends again (dedupe off), if any.
     started_over_from: str | None = None
+    # The budget the run held, as the run left it (None: no budget).
+    budget: BudgetStanding | None = None
 
 
 async def job_report(

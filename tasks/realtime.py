@@ -15,6 +15,7 @@ from llm_dispatch.core import (
     ChatSender,
     DispatchOutcome,
     RunStop,
+    SpendGate,
     WorkItem,
     current_progress,
     send_all,
@@ -36,6 +37,7 @@ async def send_chunk(
     on_dispatched: Callable[[], None] | None = None,
     stop: RunStop | None = None,
     max_reasks: int = 0,
+    budget: SpendGate | None = None,
 ) -> DispatchOutcome:
     """Send one request per group of identical prompts, at most ``concurrency`` at once.
 
@@ -45,6 +47,8 @@ async def send_chunk(
     before its first request; ``on_dispatched`` fires when about two rounds are left to finish. ``stop``: the
     run's, which leaves a stopped provider's or model's prompts pending, unsent. An answer that breaks its schema
     is asked again at once, up to ``max_reasks`` times.
+    run's, which leaves a stopped provider's or model's prompts pending, unsent; ``budget``: the run's hold on its
+    budget, which leaves them pending once the next request's worst case does not fit.
     """
     requests = chunk.requests
     if requests is None:
@@ -56,7 +60,7 @@ async def send_chunk(
         await before_send()
     return await send_all(client=client, items=items, sink=sink, concurrency=concurrency,
                           progress=current_progress.get(), on_dispatched=on_dispatched, stop=stop,
-                          max_reasks=max_reasks)
+                          max_reasks=max_reasks, budget=budget)
 
 
 def chunk_sender(*, tag: str) -> SendChunk:

@@ -1,0 +1,92 @@
+"""--budget on real runs against the simulator: the cap holds, the run stops in a state named for it, and a resume
+with a higher budget sends the rest, each prompt answered once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from llm_dispatch.cli.main import EXIT_BUDGET, app
+from llm_dispatch.core import PICO_PER_USD, ConfigError
+from llm_dispatch.flows.dispatch import dispatch
+from llm_dispatch.flows.realtime import realtime_dispatch
+from conftest import Sim, rows, write_prompts
+
+pytestmark = [pytest.mark.prefect]
+
+BUDGET = 0.0004
+
+
+def _prompts(tmp_path: Path, n: int = 40) -> Path:
+    return write_prompts(tmp_path / "questions.jsonl", [
+        {"id": f"q-{i}", "prompt": f"question {i}", "params": {"max_tokens": 50}} for i in range(n)])
+
+
+def _paid(db_url: str) -> tuple[int, dict[str, int]]:
+    """(the stored cost of the job's answers in picodollars, paid answers per prompt)."""
+    [(cost,)] = rows(db_url, "SELECT COALESCE(SUM(cost_pico_usd), 0) FROM results")
+    per_prompt = dict(rows(db_url, """SELECT p.custom_id, COUNT(r.id) FROM prompts p LEFT JOIN results r
+        ON r.prompt_id = p.id AND r.route != 'reused' AND r.status = 'succeeded' GROUP BY p.id"""))
+    return cost, per_prompt
+
+
+async def test_a_run_stops_at_its_budget_and_a_higher_one_sends_the_rest(
+    prefect_api: str, sim: Sim, db_url: str, tmp_path: Path
+) -> None:
+    path = _prompts(tmp_path)
+    state = await realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=db_url, concurrency=4,
+                                    chunk_size=10, budget=BUDGET, return_state=True)
+    assert state.name == "BudgetReached" and state.is_completed()
+    summary = await state.result()
+    budget = summary["budget"]
+    assert budget["stopped"] and budget["label"] == "--budget"
+    assert state.message.startswith("budget --budget reached: spent $")
+    cost, paid = _paid(db_url)
+    # The cap held, every answer's cost is counted in it, and the rest is left pending for later.
+    assert 0 < cost <= BUDGET * PICO_PER_USD
+    assert round(cost / PICO_PER_USD, 6) == budget["spent"]
+    assert budget["reserved"] == 0
+    assert summary["counts"]["pending"] == budget["over_budget"] > 0
+    assert set(paid.values()) == {0, 1}
+    assert sim.stats()["requests_total"] == sum(paid.values())  # nothing was sent that the budget did not hold
+
+    # A run without a budget on the same job holds the job's own: nothing more is sent.
+    again = await realtime_dispatch(job_id=summary["job_id"], base_url=sim.base_url, database_url=db_url,
+                                    concurrency=4, return_state=True)
+    assert again.name == "BudgetReached"
+    assert _paid(db_url)[0] == cost
+
+    state = await realtime_dispatch(job_id=summary["job_id"], base_url=sim.base_url, database_url=db_url,
+                                    concurrency=4, budget=1.0, return_state=True)
+    assert state.name == "Completed"
+    summary = await state.result()
+    cost_after, paid = _paid(db_url)
+    # Every prompt answered once, none paid twice; the job's budget counted both runs.
+    assert set(paid.values()) == {1}
+    assert summary["counts"] == {"succeeded": 40}
+    assert round(cost_after / PICO_PER_USD, 6) == summary["budget"]["spent"]
+
+
+async def test_a_prompt_with_no_bound_on_its_cost_is_refused_before_anything_is_sent(
+    prefect_api: str, sim: Sim, db_url: str, tmp_path: Path
+) -> None:
+    path = write_prompts(tmp_path / "p.jsonl", [{"id": "a", "prompt": "hi", "model": "my-own-model",
+                                                 "params": {"max_tokens": 10}}])
+    with pytest.raises(ConfigError, match="cannot hold budget --budget: no price for my-own-model"):
+        await dispatch(prompts=str(path), base_url=sim.base_url, database_url=db_url, budget=1.0)
+    assert sim.stats()["requests_total"] == 0
+
+
+def test_the_command_says_where_the_budget_stands_and_exits_4(
+    prefect_api: str, db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    path = _prompts(tmp_path, n=30)
+    result = CliRunner().invoke(app, ["run", str(path), "--simulate", "--sim-latency", "0.01", "--database-url",
+                                      db_url, "--budget", str(BUDGET), "--route", "all-realtime"])
+    assert result.exit_code == EXIT_BUDGET, result.output
+    [line] = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert "budget --budget reached: spent $" in line and "reserved $0.000000, left $" in line
+    assert "prompts are left pending: run `llm-dispatch run --resume" in line and "--budget HIGHER" in line

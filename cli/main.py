@@ -507,7 +507,8 @@ async def _run_with_progress(
     try:
         with _prefect_settings():
             return await dispatch(
-                prompts=source, job_id=job_id, model=settings.model, route_policy=settings.route_policy,
+                prompts=source, job_id=job_id, model=settings.model, endpoint=settings.endpoint,
+                route_policy=settings.route_policy,
                 wait=wait, max_cost=max_cost, concurrency=settings.concurrency, chunk_size=settings.chunk_size,
                 chunk_concurrency=settings.chunk_concurrency, dedupe=settings.dedupe, retry_failed=retry_failed,
                 retry_refused=retry_refused, base_url=settings.base_url, anthropic_base_url=settings.anthropic_base_url,

@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from ._batch_types import BATCH_CHAT_ENDPOINT, DEFAULT_BATCH_LIMITS, BatchLimits
+from ._batch_types import DEFAULT_BATCH_LIMITS, BatchLimits
+from ._embeddings import embedding_result_from_body, embeddings_body
+from ._endpoints import DEFAULT_ENDPOINT, batch_url
 from ._model_rules import openai_body
 from ._responses import chat_result_from_body
 from ._exceptions import APIResponseValidationError
@@ -47,13 +49,14 @@ _FILE_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 @dataclass(frozen=True, slots=True)
 class BatchFile:
-    """One input file ready to upload: a single model, within the provider's limits."""
+    """One input file ready to upload: a single model and endpoint, within the provider's limits."""
 
     path: Path
     model: str
     custom_ids: list[str]
     requests: int
     bytes: int
+    endpoint: str = DEFAULT_ENDPOINT
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,10 +87,11 @@ class BatchLine:
 
 @dataclass(slots=True)
 class _Writer:
-    """The file being filled for one model."""
+    """The file being filled for one model and endpoint."""
 
     index: int
     model: str
+    endpoint: str
     path: Path
     handle: IO[bytes]
     custom_ids: list[str] = field(default_factory=list)
@@ -106,7 +110,8 @@ class _Writer:
     def finish(self) -> tuple[int, BatchFile]:
         self.handle.close()
         file = BatchFile(
-            path=self.path, model=self.model, custom_ids=self.custom_ids, requests=len(self.custom_ids), bytes=self.size
+            path=self.path, model=self.model, custom_ids=self.custom_ids, requests=len(self.custom_ids), bytes=self.size,
+            endpoint=self.endpoint,
         )
         return self.index, file
 
@@ -114,7 +119,8 @@ class _Writer:
 class BatchFileWriter:
     """Batch API input files written a line at a time, for a caller that records each file as it is done.
 
-    Requests are grouped by model (a batch may hold one model only), with one file open per model; a
+    Requests are grouped by model and endpoint (a batch holds one of each, its lines' ``url`` the endpoint's), with
+    one file open per model and endpoint; a
     file is closed and the next one started when the next line would pass ``limits.max_requests`` or
     ``limits.max_bytes``, and ``add`` returns the file it closed. ``close`` returns the files still open,
     ``discard`` removes them. A duplicate ``custom_id`` within a file, an empty one, or a request too
@@ -127,37 +133,38 @@ class BatchFileWriter:
         *,
         directory: Path,
         limits: BatchLimits = DEFAULT_BATCH_LIMITS,
-        endpoint: str = BATCH_CHAT_ENDPOINT,
         prefix: str = "batch",
     ) -> None:
         self.directory = Path(directory)
         self.limits = limits
-        self.endpoint = endpoint
         self.prefix = prefix
         self._serial = itertools.count(1)
-        self._open: dict[str, _Writer] = {}
+        self._open: dict[tuple[str, str], _Writer] = {}
 
     def add(self, custom_id: str, request: ChatRequest) -> BatchFile | None:
         """Write one line; returns its model's previous file when this line did not fit in it."""
         if not isinstance(custom_id, str) or not custom_id:
             raise ValueError(f"custom_id must be a non-empty string, got {custom_id!r}")
-        line = _input_line(custom_id, request, endpoint=self.endpoint)
+        line = _input_line(custom_id, request)
         if len(line) > self.limits.max_bytes:
             raise ValueError(
                 f"request {custom_id!r} is {len(line)} bytes as a batch line, more than the {self.limits.max_bytes} "
                 "bytes a batch file may hold; send it in real time instead"
             )
         finished = None
-        writer = self._open.get(request.model)
+        key = (request.model, request.endpoint)
+        writer = self._open.get(key)
         if writer is not None and not writer.fits(len(line), self.limits):
-            finished = self._open.pop(request.model).finish()[1]
+            finished = self._open.pop(key).finish()[1]
             writer = None
         if writer is None:
             self.directory.mkdir(parents=True, exist_ok=True)
             index = next(self._serial)
-            path = self.directory / f"{self.prefix}-{index:05d}-{_FILE_NAME_UNSAFE.sub('_', request.model)}.jsonl"
-            writer = _Writer(index=index, model=request.model, path=path, handle=path.open("wb", _WRITE_BUFFER))
-            self._open[request.model] = writer
+            kind = "" if request.endpoint == DEFAULT_ENDPOINT else f"-{request.endpoint}"
+            path = self.directory / f"{self.prefix}-{index:05d}-{_FILE_NAME_UNSAFE.sub('_', request.model)}{kind}.jsonl"
+            writer = _Writer(index=index, model=request.model, endpoint=request.endpoint, path=path,
+                             handle=path.open("wb", _WRITE_BUFFER))
+            self._open[key] = writer
         if custom_id in writer.seen:
             raise ValueError(
                 f"duplicate custom_id {custom_id!r}: each request in a batch needs its own id to match its answer"
@@ -184,14 +191,13 @@ def write_batch_files(
     *,
     directory: Path,
     limits: BatchLimits = DEFAULT_BATCH_LIMITS,
-    endpoint: str = BATCH_CHAT_ENDPOINT,
     prefix: str = "batch",
 ) -> list[BatchFile]:
     """Write ``(custom_id, request)`` pairs as Batch API input files under ``directory`` (see
     ``BatchFileWriter``), in creation order. A ``custom_id`` repeated anywhere in ``requests`` raises
     ``ValueError`` and, like any error, removes every file this call wrote.
     """
-    writer = BatchFileWriter(directory=directory, limits=limits, endpoint=endpoint, prefix=prefix)
+    writer = BatchFileWriter(directory=directory, limits=limits, prefix=prefix)
     seen: set[str] = set()
     finished: list[BatchFile] = []
     try:
@@ -214,8 +220,9 @@ def write_batch_files(
     return sorted(finished, key=lambda file: file.path.name)
 
 
-def _input_line(custom_id: str, request: ChatRequest, *, endpoint: str) -> bytes:
-    record = {"custom_id": custom_id, "method": "POST", "url": endpoint, "body": openai_body(request)}
+def _input_line(custom_id: str, request: ChatRequest) -> bytes:
+    body = embeddings_body(request) if request.endpoint == "embeddings" else openai_body(request)
+    record = {"custom_id": custom_id, "method": "POST", "url": batch_url(request.endpoint), "body": body}
     try:
         # Encoded as httpx encodes a chat body, so a batch line and a real-time call send the same bytes.
         return compact_json(record).encode("utf-8") + b"\n"
@@ -223,13 +230,28 @@ def _input_line(custom_id: str, request: ChatRequest, *, endpoint: str) -> bytes
         raise ValueError(f"request {custom_id!r} cannot be written as JSON: {exc}") from exc
 
 
-def read_batch_output(path: Path) -> Iterator[BatchLine]:
-    """Every record of a batch output or error file, in file order; blank lines are skipped.
+def read_batch_output(path: Path, *, endpoint: str = DEFAULT_ENDPOINT) -> Iterator[BatchLine]:
+    """Every record of a batch output or error file, in file order, each answer read as ``endpoint``'s (the batch's:
+    a file holds one); blank lines are skipped.
 
     A line that cannot be read becomes a ``BatchLine`` with ``error_code == INVALID_OUTPUT_LINE``
     (and its custom_id when that much could be read), so one bad line never costs the others.
     """
+    if endpoint == "embeddings":
+        return read_result_lines(path, _read_embedding_record)
+    batch_url(endpoint)  # any other endpoint this version cannot read: refused, never read as chat
     return read_result_lines(path, _read_record)
+
+
+def _read_embedding_record(record: dict[str, Any], custom_id: str, number: int) -> BatchLine:
+    return _read_record(record, custom_id, number, read=_embedding_answer)
+
+
+def _embedding_answer(body: Any) -> ChatResult:
+    result = embedding_result_from_body(body)
+    if result is None:
+        raise APIResponseValidationError(f"the body has no data[0].embedding: {str(body)[:300]!r}")
+    return result
 
 
 def read_result_lines(path: Path, read: Callable[[dict[str, Any], str, int], BatchLine]) -> Iterator[BatchLine]:
@@ -254,7 +276,8 @@ def read_result_lines(path: Path, read: Callable[[dict[str, Any], str, int], Bat
             yield read(record, custom_id, number)
 
 
-def _read_record(record: dict[str, Any], custom_id: str, number: int) -> BatchLine:
+def _read_record(record: dict[str, Any], custom_id: str, number: int,
+                 read: Callable[[Any], ChatResult] = chat_result_from_body) -> BatchLine:
     error = record.get("error")
     response = record.get("response")
     if error is not None:
@@ -274,7 +297,7 @@ def _read_record(record: dict[str, Any], custom_id: str, number: int) -> BatchLi
     body = response.get("body")
     if 200 <= status < 300:
         try:
-            result = chat_result_from_body(body)
+            result = read(body)
         except APIResponseValidationError as exc:
             return unusable_line(custom_id, number, status, exc.message, usage=exc.usage, body=body)
         return BatchLine(

@@ -237,16 +237,17 @@ class LLMClient(MessageBatchMethods):
         return self._wire.chat_body(request)
 
     async def chat(self, request: ChatRequest) -> ChatResult:
-        """One chat completion (an Anthropic Message, for that provider), retried by the house rules; raises an
+        """One chat completion (an Anthropic Message, for that provider), or the request to its ``endpoint`` (an
+        embedding's vector in ``ChatResult.embedding``), retried by the house rules; raises an
         ``APIError`` subclass when it gives up, or ``ValueError`` for a request the provider's API cannot express."""
         estimate = estimate_request_tokens(request) if self._gates.counts_tokens else 0
-        wire = self._wire
-        body = wire.chat_body(request)
+        route = self._wire.route(request.endpoint)
+        body = route.body(request)
         # The cap as sent (Anthropic's body always has one): a long generation gets the time it may need.
         cap = body.get("max_completion_tokens") or body.get("max_tokens")
         deadline = attempt_deadline(max_output=cap if isinstance(cap, int) else None, floor=self._request_timeout)
         sent = await self._request(
-            "POST", wire.chat_path, json=body, parse=wire.parse_chat, tokens=estimate, paced=True, timeout=deadline
+            "POST", route.path, json=body, parse=route.parse, tokens=estimate, paced=True, timeout=deadline
         )
         chat: Chat = sent.value
         self._gates.used_tokens(chat.total_tokens - estimate)

@@ -52,8 +52,9 @@ def estimate_request_cost(
     params = request.params
     # Tools and response_format included (they are billed as input), counted as the rate limiter counts them.
     prompt_tokens = estimate_input_tokens(request)
-    expected = round(expected_reply_tokens(typical=typical_completion_tokens, cap=reply_cap(params))
-                     * _choices(params))
+    # An embedding has no reply: its input is all it is billed for.
+    expected = 0 if request.endpoint == "embeddings" else round(
+        expected_reply_tokens(typical=typical_completion_tokens, cap=reply_cap(params)) * _choices(params))
     charge = table.price(model=request.model, route=route, prompt_tokens=prompt_tokens, completion_tokens=expected,
                          service_tier=_requested_tier(params))
     cost = None if charge is None else charge.dollars
@@ -81,6 +82,8 @@ def worst_case_cost(
     limits = table.limits_for(request.model)
     most = limits.max_output_tokens if limits is not None else None
     longest = min(cap, most) if cap is not None and most is not None else cap if cap is not None else most
+    if request.endpoint == "embeddings":
+        longest = 0
     if longest is None:
         return None
     ceiling = longest * _choices(params)

@@ -25,7 +25,7 @@ Endpoint = Literal["chat", "responses", "embeddings"]
 ENDPOINTS: tuple[Endpoint, ...] = ("chat", "responses", "embeddings")
 DEFAULT_ENDPOINT: Endpoint = "chat"
 # The endpoints this version sends and reads back, in both lanes; the others are refused at the input check.
-SUPPORTED_ENDPOINTS: frozenset[str] = frozenset({"chat"})
+SUPPORTED_ENDPOINTS: frozenset[str] = frozenset({"chat", "embeddings"})
 # The ``url`` of a Batch API line (and the batch's ``endpoint``) for each.
 BATCH_URLS: dict[str, str] = {
     "chat": "/v1/chat/completions",

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ._endpoints import DEFAULT_ENDPOINT, endpoint_problem
+from ._embeddings import embedding_param_problem, embedding_text
 from ._exceptions import InputError
 from ._input_files import PromptSource, Record, lone_surrogate_at, records
 from ._hashes import HashBag, RepeatedKeys, key_hash, text_hash
@@ -50,7 +51,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-JSONL_FIELDS = frozenset({"id", "prompt", "messages", "model", "params", "metadata", "urgency", "deadline", "endpoint"})
+JSONL_FIELDS = frozenset({"id", "prompt", "messages", "model", "params", "metadata", "urgency", "deadline", "endpoint",
+                          "input"})
 # Bad lines named by one failed check: enough to fix a file in one go, few enough to read.
 MAX_PROBLEMS = 20
 # Keys the dispatcher sets itself; a prompt may not override them through params.
@@ -80,7 +82,8 @@ class PromptSpec:
 
     def __post_init__(self) -> None:
         if not self.dedupe_key:
-            self.dedupe_key = dedupe_key(model=self.model, messages=self.messages, params=self.params)
+            self.dedupe_key = dedupe_key(model=self.model, messages=self.messages, params=self.params,
+                                         endpoint=self.endpoint)
 
 
 def fingerprint(specs: Iterable[PromptSpec]) -> str:
@@ -414,6 +417,14 @@ def _spec(
         if at is not None:
             raise fail("holds a lone surrogate (\\ud800-\\udfff), which is not text; fix the string", at)
 
+    if "input" in record:
+        # An embeddings prompt's text, named as the API names it: the same as 'prompt'.
+        if "prompt" in record:
+            raise fail("give one of 'prompt' or 'input' (the same text)", "input")
+        record = {("prompt" if name == "input" else name): value for name, value in record.items()}
+        if record.get("endpoint", default_endpoint) != "embeddings":
+            raise fail("'input' is an embeddings prompt's text: set endpoint embeddings, or give it as 'prompt'",
+                       "input")
     has_prompt, has_messages = "prompt" in record, "messages" in record
     if has_prompt == has_messages:
         raise fail("give exactly one of 'prompt' or 'messages'", "prompt" if not has_prompt else "messages")
@@ -466,6 +477,9 @@ def _spec(
     shut = table.shutdown_problem(model) if table is not None else None
     if shut is not None:
         raise fail(shut, "model")
+    if endpoint == "embeddings":
+        return _embedding_spec(record, custom_id=str(raw_id), messages=messages, params=params, model=model,
+                               position=position, fail=fail, now=now, has_prompt=has_prompt)
     if anthropic:
         for name, value in params.items():
             problem = anthropic_param_problem(name, value)
@@ -504,6 +518,27 @@ def _spec(
         urgency=_urgency(record.get("urgency"), fail=fail),
         deadline=_deadline(record.get("deadline"), now=now, fail=fail),
         endpoint=endpoint,
+    )
+
+
+def _embedding_spec(record: Mapping[str, Any], *, custom_id: str, messages: list[dict[str, Any]], params: dict[str, Any], model: str,
+                    position: int, fail: Any, now: datetime, has_prompt: bool) -> PromptSpec:
+    """An embeddings prompt: one text, and only the parameters that endpoint takes."""
+    if embedding_text(messages) is None:
+        raise fail("an embeddings prompt holds one text: give it as 'input' (or 'prompt')",
+                   "prompt" if has_prompt else "messages")
+    for name, value in params.items():
+        problem = embedding_param_problem(name, value)
+        if problem is not None:
+            raise fail(problem, f"params.{name}")
+    metadata = record.get("metadata")
+    if metadata is not None and not isinstance(metadata, Mapping):
+        raise fail("must be an object", "metadata")
+    return PromptSpec(
+        custom_id=custom_id, position=position, model=model, messages=messages, params=params,
+        metadata=dict(metadata) if metadata is not None else None,
+        urgency=_urgency(record.get("urgency"), fail=fail),
+        deadline=_deadline(record.get("deadline"), now=now, fail=fail), endpoint="embeddings",
     )
 
 

@@ -15,25 +15,31 @@ __all__ = ["TRUNCATED_FINISH_REASONS", "ChatRequest", "ChatResult", "dedupe_key"
 TRUNCATED_FINISH_REASONS = frozenset({"length", "max_tokens", "model_context_window_exceeded"})
 
 
-def dedupe_key(*, model: str, messages: list[dict[str, Any]], params: dict[str, Any]) -> str:
-    """A stable hash of everything that decides what a provider answers (not ids or metadata)."""
-    return hashlib.sha256(canonical_json({"model": model, "messages": messages, "params": params}).encode()).hexdigest()
+def dedupe_key(*, model: str, messages: list[dict[str, Any]], params: dict[str, Any], endpoint: str = "chat") -> str:
+    """A stable hash of everything that decides what a provider answers (not ids or metadata); a chat's is what
+    it was before there were other endpoints, so stored answers are still found."""
+    request: dict[str, Any] = {"model": model, "messages": messages, "params": params}
+    if endpoint != "chat":
+        request["endpoint"] = endpoint
+    return hashlib.sha256(canonical_json(request).encode()).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
 class ChatRequest:
-    """One chat-completion request: the body is ``{"model", "messages", **params}``."""
+    """One request: a chat completion's body is ``{"model", "messages", **params}``; ``endpoint`` says which API
+    it goes to (``_endpoints.ENDPOINTS``), and that API's body is made from the same three."""
 
     model: str
     messages: list[dict[str, Any]]
     params: dict[str, Any] = field(default_factory=dict)
+    endpoint: str = "chat"
 
     def body(self) -> dict[str, Any]:
         return {**self.params, "model": self.model, "messages": self.messages}
 
     @property
     def key(self) -> str:
-        return dedupe_key(model=self.model, messages=self.messages, params=self.params)
+        return dedupe_key(model=self.model, messages=self.messages, params=self.params, endpoint=self.endpoint)
 
 
 @dataclass(slots=True)
@@ -75,3 +81,5 @@ class ChatResult:
     # follows the schema, else ``violation``, the first thing wrong in words.
     parsed: Any = None
     violation: str | None = None
+    # An embeddings answer's vector as float32 little-endian bytes (4 per dimension); None for any other answer.
+    embedding: bytes | None = None

@@ -11,12 +11,13 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 
 from ._anthropic import anthropic_params
 from ._anthropic_answers import parse_message
+from ._embeddings import embeddings_body, parse_embedding
 from ._failures import STATUS_HINTS, UNUSABLE_HINT
 from ._exceptions import ConfigError
 from ._model_rules import openai_body
@@ -25,7 +26,7 @@ from ._responses import Chat, parse_chat
 from ._settings import DEFAULT_ANTHROPIC_VERSION, DEFAULT_MAX_TOKENS, PROVIDERS, AuthHeader, Settings
 from ._types import ChatRequest
 
-__all__ = ["ANTHROPIC_RATE_LIMIT_HEADERS", "OPENAI_WIRE", "Wire", "anthropic_wire", "check_provider_key", "wire_for"]
+__all__ = ["ANTHROPIC_RATE_LIMIT_HEADERS", "OPENAI_WIRE", "Route", "Wire", "anthropic_wire", "check_provider_key", "wire_for"]
 
 ANTHROPIC_RATE_LIMIT_HEADERS = RateLimitHeaders(
     limit="anthropic-ratelimit-{kind}-limit",
@@ -52,6 +53,14 @@ ANTHROPIC_HINTS: Mapping[int | str, str] = {
 _LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 
 
+class Route(NamedTuple):
+    """Where one endpoint's request goes, how its body is made, and how its answer is read."""
+
+    path: str
+    body: Callable[[ChatRequest], dict[str, Any]]
+    parse: Callable[[httpx.Response], Chat]
+
+
 
 @dataclass(frozen=True, slots=True)
 class Wire:
@@ -67,6 +76,17 @@ class Wire:
     # The setting that names the endpoint, for a message about a connection that failed.
     url_setting: str = "LLM_DISPATCH_BASE_URL"
     version: str | None = None
+    # The endpoints besides chat this provider speaks (``_endpoints.ENDPOINTS``).
+    others: Mapping[str, Route] = field(default_factory=dict)
+
+    def route(self, endpoint: str) -> Route:
+        """How a request to ``endpoint`` is sent and read; ``ValueError`` for one this provider does not have."""
+        if endpoint == "chat":
+            return Route(self.chat_path, self.chat_body, self.parse_chat)
+        route = self.others.get(endpoint)
+        if route is None:
+            raise ValueError(f"{self.provider} has no {endpoint} endpoint")
+        return route
 
     def headers(
         self, key: str | None, *, auth_header: AuthHeader, organization: str | None = None, project: str | None = None
@@ -102,6 +122,7 @@ OPENAI_WIRE = Wire(
     chat_body=openai_body,
     parse_chat=parse_chat,
     rate_limit_headers=OPENAI_RATE_LIMIT_HEADERS,
+    others={"embeddings": Route("/embeddings", embeddings_body, parse_embedding)},
 )
 
 

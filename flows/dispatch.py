@@ -32,6 +32,7 @@ from llm_dispatch.jobs import (
 )
 from llm_dispatch.core import (
     BudgetExceededError,
+    Endpoint,
     ConfigError,
     RetryFailed,
     RoutePolicy,
@@ -54,6 +55,7 @@ async def dispatch(
     prompts: str | list[dict[str, Any]] | None = None,
     job_id: str | None = None,
     model: str | None = None,
+    endpoint: Endpoint | None = None,
     route_policy: RoutePolicy | None = None,
     urgent_below_chars: int | None = None,
     wait: bool = False,
@@ -105,7 +107,8 @@ async def dispatch(
     if shards < 1:
         raise ConfigError(f"shards must be at least 1, got {shards}")
     settings = Settings.with_overrides(
-        model=model, route_policy=route_policy, urgent_below_chars=urgent_below_chars, concurrency=concurrency,
+        model=model, endpoint=endpoint, route_policy=route_policy, urgent_below_chars=urgent_below_chars,
+        concurrency=concurrency,
         chunk_size=chunk_size, chunk_concurrency=chunk_concurrency, concurrency_tag=concurrency_tag, dedupe=dedupe,
         base_url=base_url, anthropic_base_url=anthropic_base_url, prices_file=prices_file,
         batch_poll_interval=batch_poll_interval, database_url=database_url, response_schema=answer_schema,

@@ -36,6 +36,7 @@ from llm_dispatch.core import (
     LLMClient,
     MESSAGE_BATCH_LIMITS,
     OPENAI_BATCH_LIMITS,
+    batch_url,
     read_batch_output,
     read_message_batch_results,
 )
@@ -93,8 +94,8 @@ class BatchApi:
         """Create the batch, retried by the client's rules, ``find_lost`` looking it up before each retry."""
         assert input_file_id is not None
         tags = {**metadata, JOB_ID_KEY: record.job_id, BATCH_ID_KEY: str(record.id)}
-        return await self.client.create_batch(input_file_id=input_file_id, metadata=tags, max_retries=max_retries,
-                                              find_lost=find_lost)
+        return await self.client.create_batch(input_file_id=input_file_id, endpoint=batch_url(record.endpoint),
+                                              metadata=tags, max_retries=max_retries, find_lost=find_lost)
 
     async def find(self, *, sessions: storage.Sessions, record: storage.BatchRecord) -> BatchInfo | None:
         """The provider batch created for our batch ``record`` (by the ids in its metadata), if any.
@@ -109,7 +110,8 @@ class BatchApi:
 
     def result_files(self, record: storage.BatchRecord) -> list[ResultFile]:
         """The files that hold a finished batch's lines: OpenAI's output file, then its error file."""
-        return [ResultFile(kind=kind, read=read_batch_output, download=partial(self.client.download_file, file_id))
+        read = partial(read_batch_output, endpoint=record.endpoint)  # a batch holds one endpoint's lines
+        return [ResultFile(kind=kind, read=read, download=partial(self.client.download_file, file_id))
                 for file_id, kind in ((record.output_file_id, "output"), (record.error_file_id, "errors"))
                 if file_id is not None]
 

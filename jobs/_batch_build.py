@@ -72,7 +72,7 @@ async def request_groups(
 
 
 class BatchBuilder:
-    """Input files per provider (at its limits) and model, filled a group at a time.
+    """Input files per provider (at its limits), model and endpoint, filled a group at a time.
 
     ``use`` (on the event loop: it may open a provider's client) readies a provider's files; ``add`` and
     ``close`` (plain file writing, fine in a worker thread) return the files they completed.
@@ -82,8 +82,8 @@ class BatchBuilder:
         self.directory = Path(directory)
         self.provider_of = provider_of
         self._writers: dict[str, BatchFileWriter] = {}
-        # Members of the file being filled, per (provider, model): one open file each.
-        self._members: dict[tuple[str, str], list[tuple[int, str]]] = {}
+        # Members of the file being filled, per (provider, model, endpoint): one open file each.
+        self._members: dict[tuple[str, str, str], list[tuple[int, str]]] = {}
 
     def needs(self, groups: Sequence[Group]) -> set[str]:
         """Providers of these groups with no files yet."""
@@ -101,9 +101,10 @@ class BatchBuilder:
             # The line's custom_id names the group's first prompt row: traceable, unique in the file, and
             # within Anthropic's custom_id rule (1-64 of [A-Za-z0-9_-]).
             custom_id = f"p{first.id}"
-            request = ChatRequest(model=first.model, messages=first.messages, params=first.params)
+            request = ChatRequest(model=first.model, messages=first.messages, params=first.params,
+                                  endpoint=first.endpoint)
             done = self._writers[provider].add(custom_id, request)
-            key = (provider, first.model)
+            key = (provider, first.model, first.endpoint)
             if done is not None:
                 built.append(BuiltFile(provider=provider, file=done, members=self._members.pop(key)))
             self._members.setdefault(key, []).extend((prompt_id, custom_id) for prompt_id in group.prompt_ids)
@@ -114,7 +115,7 @@ class BatchBuilder:
         for provider, writer in sorted(self._writers.items()):
             for file in writer.close():
                 built.append(BuiltFile(provider=provider, file=file,
-                                       members=self._members.pop((provider, file.model))))
+                                       members=self._members.pop((provider, file.model, file.endpoint))))
         return built
 
     def discard(self) -> None:

@@ -129,7 +129,7 @@ async def estimate_cost(
                 if row.model not in estimate.reply_tokens:
                     estimate.reply_tokens[row.model] = await _typical_reply(
                         sessions, model=row.model, default=typical_completion_tokens)
-                request = ChatRequest(model=row.model, messages=row.messages, params=row.params)
+                request = ChatRequest(model=row.model, messages=row.messages, params=row.params, endpoint=row.endpoint)
                 guess = estimate_request_cost(request=request, route=route, table=table,  # type: ignore[arg-type]
                                               typical_completion_tokens=estimate.reply_tokens[row.model])
                 estimate.totals.add(model=row.model, route=route,  # type: ignore[arg-type]

@@ -154,7 +154,8 @@ def _requests_of(
     for ids in groups:
         spec = stored.specs[plan.positions[ids[0]] - stored.start]
         assert spec.position == plan.positions[ids[0]], "a slice holds the job's prompts in input order"
-        requests[ids[0]] = ChatRequest(model=spec.model, messages=spec.messages, params=spec.params)
+        requests[ids[0]] = ChatRequest(model=spec.model, messages=spec.messages, params=spec.params,
+                                         endpoint=spec.endpoint)
     return requests
 
 

@@ -139,7 +139,7 @@ def new_prompts(specs: Iterable[PromptSpec], *, rules: RoutingRules | None, now:
         yield storage.NewPrompt(
             custom_id=spec.custom_id, position=spec.position, model=spec.model, messages=spec.messages,
             params=spec.params, metadata=spec.metadata, dedupe_key=spec.dedupe_key,
-            planned_route=route, route_reason=reason, deadline=deadline,
+            planned_route=route, route_reason=reason, deadline=deadline, endpoint=spec.endpoint,
         )
 
 

@@ -134,7 +134,7 @@ async def submit_prompts(
             try:
                 batch_id = await storage.create_batch_record(
                     sessions, job_id=job_id, model=file.model, members=members, file_path=str(file.path),
-                    resubmission_of=resubmission_of, provider=item.provider,
+                    resubmission_of=resubmission_of, provider=item.provider, endpoint=file.endpoint,
                 )
             except BatchConflictError as exc:
                 # Another run batched some of these meanwhile: they are in good hands; leave this file out.
@@ -315,4 +315,4 @@ async def _input_file(*, sessions: storage.Sessions, record: storage.BatchRecord
 
 
 def _request(row: storage.WorkRow) -> ChatRequest:
-    return ChatRequest(model=row.model, messages=row.messages, params=row.params)
+    return ChatRequest(model=row.model, messages=row.messages, params=row.params, endpoint=row.endpoint)

@@ -1,4 +1,4 @@
-"""A local server for OpenAI's API (chat completions, files and the Batch API) and Anthropic's (Messages and
+"""A local server for OpenAI's API (chat completions, embeddings, files and the Batch API) and Anthropic's (Messages and
 Message Batches) with latency, faults and quotas on demand, so llm-dispatch runs and is tested end to end
 without an API key.
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from ._cli import main
 from ._config import SimulatorConfig
+from ._embeddings import embedding_vector
 from ._server import Simulator, anthropic_base_url, serve
 from ._tokens import completion_text, count_message_tokens, count_tokens
 
@@ -23,6 +24,7 @@ __all__ = [
     "SimulatorConfig",
     "anthropic_base_url",
     "completion_text",
+    "embedding_vector",
     "count_message_tokens",
     "count_tokens",
     "main",

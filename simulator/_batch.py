@@ -68,6 +68,7 @@ from ._batch_store import (
     now,
 )
 from ._chat import CHAT_COMPLETIONS_PATH
+from ._embeddings import EMBEDDINGS_PATH
 from ._checks import check_auth, invalid_request
 from ._http import error_response, json_response, read_json_object, server_error_response
 from ._state import SimState
@@ -79,6 +80,10 @@ _METADATA_PAIRS, _METADATA_KEY_CHARS, _METADATA_VALUE_CHARS = 16, 64, 512
 _DEFAULT_LIST_LIMIT, _MAX_LIST_LIMIT = 20, 100
 
 _Found = TypeVar("_Found", StoredFile, Batch)
+
+
+# The batch endpoints the simulator answers (OpenAI's take more: completions, moderations, images...).
+_ENDPOINTS = (CHAT_COMPLETIONS_PATH, EMBEDDINGS_PATH)
 
 
 def register(app: web.Application, state: SimState) -> None:
@@ -213,9 +218,9 @@ class _BatchRoutes:
         endpoint = body.get("endpoint")
         if endpoint is None:
             return _missing("endpoint")
-        if endpoint != CHAT_COMPLETIONS_PATH:
+        if endpoint not in _ENDPOINTS:
             return invalid_request(
-                f"Invalid value: '{endpoint}'. The simulator's Batch API supports '{CHAT_COMPLETIONS_PATH}' only.",
+                f"Invalid value: '{endpoint}'. The simulator's Batch API supports {', '.join(map(repr, _ENDPOINTS))}.",
                 param="endpoint", code="invalid_value")
         window = body.get("completion_window")
         if window is None:

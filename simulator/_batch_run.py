@@ -27,6 +27,7 @@ from ._batch_store import TERMINAL, Batch, BatchStore, BatchWork, Sink, now
 from ._config import ANSWER_KINDS
 from ._checks import invalid_request, model_not_found, unknown_marker, validate_chat_body
 from ._completions import body_digest, plan_completion, render_completion
+from ._embeddings import EMBEDDINGS_PATH, embeddings_answer, embeddings_problem
 from ._http import json_dumps
 from ._markers import MARKER_BYTES, marker_fault
 from ._pacing import CHUNK_LINES, PaceOutcome, answer_paced, hold
@@ -233,7 +234,7 @@ class BatchRun(BatchWork):
                 await asyncio.sleep(0)
 
     def _answer(self, record: dict[str, Any]) -> tuple[bool, bytes]:
-        """(success, output line) for one input record: exactly what the chat endpoint answers for its body."""
+        """(success, output line) for one input record: exactly what the batch's endpoint answers for its body."""
         state = self._state
         custom_id: str = record["custom_id"]
         body = record["body"]
@@ -258,6 +259,8 @@ class BatchRun(BatchWork):
             elif forced is not None:
                 refused = line_fault_response(forced, model=str(body.get("model")))
                 return False, self._response_line(custom_id, refused.status, refused.body)
+        if self._batch.endpoint == EMBEDDINGS_PATH:
+            return self._embedding_line(custom_id, body)
         invalid = validate_chat_body(body)
         if invalid is None and state.allowed_models is not None and body["model"] not in state.allowed_models:
             invalid = model_not_found(body["model"])
@@ -268,8 +271,22 @@ class BatchRun(BatchWork):
             body, digest=digest, kind=kind, invalid_json_rate=state.config.invalid_json_rate), state=state)
         return True, self._response_line(custom_id, 200, completion)
 
+    def _embedding_line(self, custom_id: str, body: dict[str, Any]) -> tuple[bool, bytes]:
+        problem = embeddings_problem(body)
+        if problem is not None:
+            message, param, code = problem
+            refused = invalid_request(message, param=param, code=code)
+            return False, self._response_line(custom_id, refused.status, refused.body)
+        answer, tokens = embeddings_answer(body)
+        self._state.stats.prompt_tokens += tokens
+        return True, self._response_line(custom_id, 200, json_dumps(answer).encode())
+
     def _marker_fault(self, body: dict[str, Any], digest: bytes) -> str | web.Response | None:
-        return marker_fault(body.get("messages"), digest=digest, hits=self._state.marker_hits, pattern=LINE_MARKER,
+        given = body.get("input")
+        # An embeddings line's inputs stand for its messages: markers work in them as in a chat line's.
+        messages = ([{"role": "user", "content": text} for text in ([given] if isinstance(given, str) else given)]
+                    if isinstance(given, (str, list)) else body.get("messages"))
+        return marker_fault(messages, digest=digest, hits=self._state.marker_hits, pattern=LINE_MARKER,
                             allowed=LINE_FAULTS, where="in a batch ", refuse=unknown_marker)
 
     def _response_line(self, custom_id: str, status: int, body: Any) -> bytes:

@@ -78,6 +78,7 @@ async def create_batch_record(
     file_path: str | None,
     resubmission_of: int | None = None,
     provider: str = "openai",
+    endpoint: str = "chat",
 ) -> int:
     """Store a batch (status ``preparing``) with its members, one ``(prompt_id, custom_id)``
     per prompt, and mark those prompts ``batched``; returns our batch id. Identical prompts
@@ -109,6 +110,8 @@ async def create_batch_record(
             created_at=now,
             updated_at=now,
         )
+        if endpoint != "chat":  # else the column's default: a chat batch is written as before the column existed
+            batch.endpoint = endpoint
         session.add(batch)
         await session.flush()
         batch_id = batch.id
@@ -342,7 +345,7 @@ async def _release(session: AsyncSession, *, batch_id: int, prompt_ids: list[int
 
 
 # BatchRecord's fields read from the batches row as they are; the timestamps are made timezone-aware.
-_PLAIN_FIELDS: Final = ("id", "job_id", "model", "provider", "status", "provider_batch_id", "input_file_id", "output_file_id",
+_PLAIN_FIELDS: Final = ("id", "job_id", "model", "provider", "endpoint", "status", "provider_batch_id", "input_file_id", "output_file_id",
                         "error_file_id", "file_path", "request_total", "request_completed", "request_failed",
                         "errors", "resubmission_of")
 _OPTIONAL_TIMES: Final = ("submitted_at", "expires_at", "finished_at", "last_polled_at")

@@ -19,6 +19,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Text,
@@ -104,6 +105,8 @@ class Prompt(Base):
     custom_id: Mapped[str] = mapped_column(String())
     position: Mapped[int] = mapped_column(Integer())
     model: Mapped[str] = mapped_column(String())
+    # The provider endpoint it goes to (core.ENDPOINTS): chat, responses or embeddings.
+    endpoint: Mapped[str] = mapped_column(String(16), server_default="chat")
     messages: Mapped[list[dict[str, Any]]] = mapped_column()
     params: Mapped[dict[str, Any]] = mapped_column()
     metadata_: Mapped[dict[str, Any] | None] = mapped_column("metadata")
@@ -158,6 +161,8 @@ class Result(Base):
     parsed: Mapped[Any] = mapped_column(PARSED_JSON, nullable=True)
     violation: Mapped[str | None] = mapped_column(Text())
     reask: Mapped[int] = mapped_column(Integer(), default=0, server_default=sql_text("0"))
+    # An embeddings answer's vector: float32 little-endian, 4 bytes a dimension; NULL for any other answer.
+    embedding: Mapped[bytes | None] = mapped_column(LargeBinary())
     latency_ms: Mapped[float | None] = mapped_column(Float())
     attempts: Mapped[int] = mapped_column(Integer())
     response_model: Mapped[str | None] = mapped_column(String())
@@ -191,6 +196,8 @@ class Batch(Base):
     model: Mapped[str] = mapped_column(String())
     # llm_dispatch.PROVIDERS: whose Batch API holds it (OpenAI's files and batches, or Anthropic's Message Batches).
     provider: Mapped[str] = mapped_column(String(16), default="openai", server_default="openai")
+    # The endpoint of all its lines (core.ENDPOINTS): how its output lines are read.
+    endpoint: Mapped[str] = mapped_column(String(16), server_default="chat")
     status: Mapped[str] = mapped_column(String(20), index=True)  # a core BatchStatus
     # NULL until the provider creates the batch; unique, so one provider batch is never ingested twice.
     provider_batch_id: Mapped[str | None] = mapped_column(String(), unique=True)

@@ -159,7 +159,7 @@ async def open_work_in_order(
 
 
 _WORK_COLUMNS = (Prompt.id, Prompt.position, Prompt.custom_id, Prompt.model, Prompt.messages, Prompt.params,
-                 Prompt.dedupe_key, Prompt.deadline)
+                 Prompt.dedupe_key, Prompt.deadline, Prompt.endpoint)
 
 
 async def _work_pages(
@@ -178,7 +178,8 @@ async def _work_pages(
             return
         yield [
             WorkRow(id=row.id, custom_id=row.custom_id, model=row.model, messages=row.messages, params=row.params,
-                    dedupe_key=row.dedupe_key, deadline=None if row.deadline is None else aware(row.deadline))
+                    dedupe_key=row.dedupe_key, deadline=None if row.deadline is None else aware(row.deadline),
+                    endpoint=row.endpoint)
             for row in found
         ]
         if len(found) < page:

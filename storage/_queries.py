@@ -176,9 +176,12 @@ _PROMPT_COLUMNS = (
 )
 
 
-def _insert_prompts_sql(dialect: Any, *, skip_existing: bool) -> str:
-    marks = placeholders(dialect, len(_PROMPT_COLUMNS))
-    sql = f"INSERT INTO prompts ({', '.join(_PROMPT_COLUMNS)}) VALUES ({', '.join(marks)})"
+def _insert_prompts_sql(dialect: Any, *, skip_existing: bool, endpoint: bool = False) -> str:
+    """The INSERT of prompt rows; with ``endpoint`` their endpoint too (else the column's default, chat: so chat
+    prompts are written as before it existed)."""
+    columns = (*_PROMPT_COLUMNS, "endpoint") if endpoint else _PROMPT_COLUMNS
+    marks = placeholders(dialect, len(columns))
+    sql = f"INSERT INTO prompts ({', '.join(columns)}) VALUES ({', '.join(marks)})"
     # PostgreSQL's upsert clause, which SQLite (3.24+) reads too: a row whose (job_id, custom_id) is stored stays as it is.
     return sql + " ON CONFLICT (job_id, custom_id) DO NOTHING" if skip_existing else sql
 
@@ -215,6 +218,7 @@ async def add_prompts(
         to_time = bind_processor(table.c.deadline, dialect)
         stamp = bind_value(table.c.created_at, now, dialect)
         sql = _insert_prompts_sql(dialect, skip_existing=skip_existing)
+        sql_endpoint = _insert_prompts_sql(dialect, skip_existing=skip_existing, endpoint=True)
         for batch in chunks(prompts, INSERT_BATCH):
             rows = [
                 (
@@ -224,7 +228,11 @@ async def add_prompts(
                 )
                 for p in batch
             ]
-            await conn.exec_driver_sql(sql, rows)  # type: ignore[arg-type]
+            if any(p.endpoint != "chat" for p in batch):
+                rows = [(*row, p.endpoint) for row, p in zip(rows, batch)]
+                await conn.exec_driver_sql(sql_endpoint, rows)  # type: ignore[arg-type]
+            else:
+                await conn.exec_driver_sql(sql, rows)  # type: ignore[arg-type]
             total += len(rows)
         if then_status is not None:
             await session.execute(
@@ -285,7 +293,8 @@ async def load_work(sessions: Sessions, *, prompt_ids: Sequence[int]) -> list[Wo
     Unknown ids are left out.
     """
     found: list[tuple[int, int, WorkRow]] = []
-    columns = (Prompt.id, Prompt.custom_id, Prompt.model, Prompt.messages, Prompt.params, Prompt.dedupe_key, Prompt.deadline)
+    columns = (Prompt.id, Prompt.custom_id, Prompt.model, Prompt.messages, Prompt.params, Prompt.dedupe_key, Prompt.deadline,
+               Prompt.endpoint)
     async with sessions() as session:
         # Core on the session's connection: the ORM's statement handling would double the cost of
         # loading a chunk's rows, while other chunks are sending.
@@ -294,7 +303,7 @@ async def load_work(sessions: Sessions, *, prompt_ids: Sequence[int]) -> list[Wo
             for row in await conn.execute(select(*columns, Prompt.position).where(Prompt.id.in_(chunk))):
                 deadline = None if row.deadline is None else aware(row.deadline)
                 work = WorkRow(id=row.id, custom_id=row.custom_id, model=row.model, messages=row.messages,
-                               params=row.params, dedupe_key=row.dedupe_key, deadline=deadline)
+                               params=row.params, dedupe_key=row.dedupe_key, deadline=deadline, endpoint=row.endpoint)
                 found.append((row.position, row.id, work))
     found.sort(key=lambda item: item[:2])
     return [work for _, _, work in found]
@@ -383,6 +392,7 @@ async def find_reusable(sessions: Sessions, *, dedupe_keys: Collection[str]) -> 
                     reasoning_tokens=result.reasoning_tokens or 0,
                     service_tier=result.service_tier,
                     tool_calls=result.tool_calls,
+                    embedding=result.embedding,
                     model=result.response_model,
                     response_id=result.response_id,
                     latency_s=(result.latency_ms or 0.0) / 1000,

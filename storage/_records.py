@@ -20,6 +20,8 @@ class _Request:
     params: dict[str, Any]
     dedupe_key: str
     deadline: datetime | None = None
+    # The provider endpoint (core.ENDPOINTS).
+    endpoint: str = "chat"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -118,3 +120,5 @@ class BatchRecord:
     updated_at: datetime
     cancel_requested: bool = False
     provider: str = "openai"
+    # The endpoint of all its lines (core.ENDPOINTS): how its output is read.
+    endpoint: str = "chat"

@@ -79,6 +79,7 @@ class ResultRow(NamedTuple):
     parsed: Any = None
     violation: str | None = None
     reask: int = 0
+    embedding: bytes | None = None
     # For a final failure (not a column): whether another try could succeed.
     retryable: bool | None = None
 
@@ -210,6 +211,9 @@ def answer_rows(
         if len(prompt_ids) > 1:
             rows.extend(ResultRow(pid, "reused", status, 0, now, status, *answer, None, None, None, *free, *kind, 0,
                                   None, *checked) for pid in prompt_ids[1:])
+        if result.embedding is not None:
+            # Only an embeddings answer has one: set after the fact, so the chat rows' building is as it was.
+            rows[-len(prompt_ids):] = [row._replace(embedding=result.embedding) for row in rows[-len(prompt_ids):]]
     return rows
 
 

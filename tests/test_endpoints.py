@@ -3,14 +3,29 @@ for an endpoint whose output lines can be read back (issue 27)."""
 
 from __future__ import annotations
 
+import base64
+import json
+import struct
 from pathlib import Path
+from typing import Any
 
 import pytest
 import respx
 
-from llm_dispatch.core import ConfigError, InputError, check_prompts, parse_prompt_dicts
+from llm_dispatch.core import (
+    ChatRequest,
+    ConfigError,
+    InputError,
+    LLMClient,
+    check_prompts,
+    parse_prompt_dicts,
+    read_batch_output,
+    vector_floats,
+    write_batch_files,
+)
+from llm_dispatch.simulator import embedding_vector
 
-from conftest import FakeTime, cli, make_client, write_prompts
+from conftest import FakeTime, cli, make_client, rows, write_prompts
 
 
 async def test_a_batch_to_an_endpoint_whose_lines_cannot_be_read_is_refused_before_anything_is_sent(
@@ -57,3 +72,90 @@ def test_run_with_endpoint_embeddings_to_a_claude_model_exits_2_in_one_line(
     errors = [line for line in (done.stdout + done.stderr).splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and "Anthropic has no embeddings endpoint" in errors[0]
     assert "Traceback" not in done.stderr
+
+
+# --- embeddings -------------------------------------------------------------------------------------------------
+
+
+def embedding_prompt(text: str, **fields: Any) -> ChatRequest:
+    return ChatRequest(model="text-embedding-3-small", messages=[{"role": "user", "content": text}],
+                       endpoint="embeddings", **fields)
+
+
+def close_to(got: list[float], want: list[float]) -> bool:
+    return len(got) == len(want) and all(abs(a - b) < 1e-6 for a, b in zip(got, want))
+
+
+async def test_an_embedding_over_a_real_socket_is_the_simulators_vector_as_float32_bytes(start_sim: Any) -> None:
+    base_url = await start_sim(latency=0.0)
+    async with LLMClient(base_url=base_url, api_key="sk-test") as client:
+        full = await client.chat(embedding_prompt("the cat sat"))
+        short = await client.chat(embedding_prompt("the cat sat", params={"dimensions": 8, "encoding_format": "float"}))
+    assert full.embedding is not None and len(full.embedding) == 4 * 1536
+    assert close_to(vector_floats(full.embedding), embedding_vector("the cat sat", model="text-embedding-3-small"))
+    assert short.embedding is not None and len(short.embedding) == 4 * 8
+    assert close_to(vector_floats(short.embedding),
+                    embedding_vector("the cat sat", model="text-embedding-3-small", dimensions=8))
+    assert full.text is None and full.prompt_tokens > 0 and full.completion_tokens == 0
+
+
+async def test_an_embeddings_body_asks_for_base64_and_a_float_answer_is_read_too(
+    router: respx.Router, fake_time: FakeTime
+) -> None:
+    route = router.post("/embeddings", name="embeddings").respond(200, json={
+        "object": "list", "model": "text-embedding-3-small", "usage": {"prompt_tokens": 3, "total_tokens": 3},
+        "data": [{"object": "embedding", "index": 0, "embedding": [0.5, -0.25]}]})
+    async with make_client(router, fake_time) as client:
+        result = await client.chat(embedding_prompt("hi", params={"dimensions": 2}))
+    assert json.loads(route.calls.last.request.content) == {
+        "encoding_format": "base64", "dimensions": 2, "model": "text-embedding-3-small", "input": "hi"}
+    assert result.embedding == struct.pack("<2f", 0.5, -0.25) and result.prompt_tokens == 3
+
+
+def test_a_batch_file_holds_one_endpoint_and_its_lines_are_read_as_that_endpoints(tmp_path: Path) -> None:
+    chat = ChatRequest(model="text-embedding-3-small", messages=[{"role": "user", "content": "x"}])
+    files = write_batch_files([("p1", embedding_prompt("x")), ("p2", chat), ("p3", embedding_prompt("y"))],
+                              directory=tmp_path)
+    by_endpoint = {file.endpoint: file for file in files}
+    assert sorted(by_endpoint) == ["chat", "embeddings"] and by_endpoint["embeddings"].custom_ids == ["p1", "p3"]
+    lines = [json.loads(line) for line in by_endpoint["embeddings"].path.read_text().splitlines()]
+    assert {line["url"] for line in lines} == {"/v1/embeddings"}
+    assert lines[0]["body"] == {"encoding_format": "base64", "model": "text-embedding-3-small", "input": "x"}
+
+    vector = struct.pack("<2f", 1.0, 0.0)
+    output = tmp_path / "out.jsonl"
+    output.write_text(json.dumps({"custom_id": "p1", "error": None, "response": {"status_code": 200, "body": {
+        "object": "list", "model": "text-embedding-3-small", "usage": {"prompt_tokens": 1, "total_tokens": 1},
+        "data": [{"index": 0, "embedding": base64.b64encode(vector).decode()}]}}}) + "\n")
+    [line] = read_batch_output(output, endpoint="embeddings")
+    assert line.result is not None and line.result.embedding == vector
+    # Read as a chat it has no answer: never taken for one, and no endpoint this version cannot read is guessed.
+    [as_chat] = read_batch_output(output)
+    assert as_chat.result is None
+    with pytest.raises(ConfigError):
+        read_batch_output(output, endpoint="moderations")
+
+
+@pytest.mark.prefect
+def test_embeddings_run_in_both_lanes_store_vectors_as_float32_and_are_priced(
+    cli_env: dict[str, str], db_url: str, tmp_path: Path
+) -> None:
+    texts = [f"text {i}" for i in range(6)]
+    path = write_prompts(tmp_path / "e.jsonl", [
+        {"id": f"e{i}", "input": text, "urgency": "urgent" if i < 3 else "bulk", "params": {"dimensions": 4}}
+        for i, text in enumerate(texts)])
+    done = cli("run", str(path), "--endpoint", "embeddings", "--model", "text-embedding-3-small", "--json",
+               env=cli_env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    stored = rows(db_url, "SELECT p.custom_id, r.route, r.embedding, r.prompt_tokens, r.completion_tokens, "
+                          "r.cost_pico_usd, r.list_cost_pico_usd FROM results r JOIN prompts p ON p.id = r.prompt_id "
+                          "ORDER BY p.position")
+    assert [(custom_id, route) for custom_id, route, *_ in stored] == [
+        ("e0", "realtime"), ("e1", "realtime"), ("e2", "realtime"), ("e3", "batch"), ("e4", "batch"), ("e5", "batch")]
+    for (custom_id, route, vector, prompt_tokens, completion_tokens, cost, list_cost), text in zip(stored, texts):
+        assert len(vector) == 16 and completion_tokens == 0
+        assert close_to(list(struct.unpack("<4f", vector)),
+                        embedding_vector(text, model="text-embedding-3-small", dimensions=4))
+        # $0.02 per 1M input tokens, half of it through the Batch API.
+        assert list_cost == prompt_tokens * 20_000 and cost == (list_cost if route == "realtime" else list_cost // 2)
+    assert rows(db_url, "SELECT endpoint FROM batches") == [("embeddings",)]

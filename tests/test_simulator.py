@@ -155,9 +155,9 @@ async def test_models_are_listed(start_sim: StartSim, session: aiohttp.ClientSes
 
 async def test_unknown_v1_path_is_a_json_404(start_sim: StartSim, session: aiohttp.ClientSession):
     url = await start_sim()
-    async with session.post(f"{url}/embeddings", json={}) as response:
+    async with session.post(f"{url}/moderations", json={}) as response:
         assert response.status == 404
-        assert (await response.json())["error"]["message"] == "Invalid URL (POST /v1/embeddings)"
+        assert (await response.json())["error"]["message"] == "Invalid URL (POST /v1/moderations)"
 
 
 # --- refusals a real API gives ------------------------------------------------------------------

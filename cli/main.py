@@ -33,6 +33,8 @@ out = Console() if sys.stdout.isatty() else Console(width=160)
 # Exit codes (README, "Exit codes"); a signal that stops a run exits 128 + its number.
 EXIT_FAILED_PROMPTS = 1  # the run ended with prompts that failed
 EXIT_INPUT = 2  # bad input, settings or database, or a refused --max-cost: nothing was sent
+# A batch that failed this many sweeps in a row: the CLI says how to give it up.
+ABANDON_HINT_AFTER = 3
 EXIT_PROVIDER = 3  # a provider call failed after its retries (network, key, refusal); what came back is stored
 EXIT_BUDGET = 4  # the budget was reached: what was sent is stored, the rest is pending
 EPHEMERAL_STARTUP_TIMEOUT = 120
@@ -299,29 +301,32 @@ def collect(
     job: Annotated[Optional[str], typer.Argument(help="only this job's batches (default: every open batch)")] = None,
     database_url: DatabaseUrl = None,
     stale_after: Annotated[float, typer.Option(help="seconds before a half-submitted batch counts as abandoned")] = 600.0,
+    retry_now: Annotated[bool, typer.Option(
+        "--retry-now", help="try batches with a recent error now, not after their wait")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the sweep's summary as JSON")] = False,
 ) -> None:
-    """One sweep over open batches: poll each, ingest what finished, resubmit or send real-time the rest."""
-    from pydantic import SecretStr
+    """One sweep over open batches: poll each, ingest what finished, resubmit or send real-time the rest.
 
+    Each batch on its own: one that fails (or that the provider lost) is named, and the others are collected."""
     from llm_dispatch.flows.batch import collect_batches
 
-    from .reports import require_database
-
-    settings = _settings(database_url=database_url)
-    require_database(settings)
-    summary = _flow_call(collect_batches(database_url=SecretStr(settings.database_url), job_id=job,
-                                         stale_after=stale_after))
+    url = _stored_url(database_url)
+    summary = _flow_result(collect_batches(database_url=url, job_id=job,
+                                           stale_after=stale_after, retry_now=retry_now, return_state=True))
     if as_json:
         out.print_json(json.dumps(summary, default=str))
-        return
-    ingested = summary["ingested"]
-    out.print(
-        f"{summary['open']} open batches: polled {summary['polled']}, ingested {len(ingested)} "
-        f"({sum(i['succeeded'] for i in ingested)} answers, {sum(i['failed'] for i in ingested)} failed), "
-        f"resubmitted {summary['resubmitted']} prompts, sent {summary['realtime']} real-time",
-        highlight=False,
-    )
+    else:
+        ingested = summary["ingested"]
+        waiting = f", {len(summary['waiting'])} waiting to retry after errors" if summary["waiting"] else ""
+        out.print(
+            f"{summary['open']} open batches: polled {summary['polled']}, ingested {len(ingested)} "
+            f"({sum(i['succeeded'] for i in ingested)} answers, {sum(i['failed'] for i in ingested)} failed), "
+            f"resubmitted {summary['resubmitted']} prompts, sent {summary['realtime']} real-time{waiting}",
+            highlight=False,
+        )
+        _print_problems(summary["problems"])
+    if summary["problems"]:
+        raise typer.Exit(EXIT_PROVIDER)
 
 
 @app.command()
@@ -331,20 +336,78 @@ def cancel(
     wait_seconds: Annotated[float, typer.Option(help="how long to wait for the provider to stop them")] = 120.0,
 ) -> None:
     """Cancel a job's open batches; what they answered before stopping is still stored (it is billed)."""
-    from pydantic import SecretStr
-
     from llm_dispatch.flows.batch import cancel_job_batches
+
+    url = _stored_url(database_url)
+    summary = _flow_result(cancel_job_batches(job_id=job, database_url=url,
+                                              wait_seconds=wait_seconds, return_state=True))
+    kept = sum(i["succeeded"] for i in summary["ingested"])
+    out.print(f"cancelled {len(summary['cancelled'])} batches of job {job}; kept {kept} answers they gave; "
+              f"{len(summary['cancelled']) - len(summary['ingested'])} still stopping (`llm-dispatch collect` finishes them)",
+              highlight=False)
+    _print_problems(summary["problems"])
+    if summary["problems"]:
+        raise typer.Exit(EXIT_PROVIDER)
+
+
+@app.command()
+def abandon(
+    batch: Annotated[int, typer.Argument(help="our batch id (`llm-dispatch status JOB` lists them)")],
+    database_url: DatabaseUrl = None,
+    force: Annotated[bool, typer.Option(
+        "--force", help="give it up even while the provider still holds it (what it answers is billed, not kept)")] = False,
+) -> None:
+    """Give up a batch the provider cannot answer for: closed as lost, its unanswered prompts pending again.
+
+    A batch the provider still reports is refused (sending its prompts again would pay twice) unless --force."""
+    from llm_dispatch.flows.batch import abandon_batch_flow
+
+    url = _stored_url(database_url)
+    outcome = _flow_call(abandon_batch_flow(batch_id=batch, database_url=url,
+                                            force=force))
+    job = outcome["job_id"][:8]
+    cancelled = (f"; {outcome['cancelled']} failed as cancelled (the job's batches were cancelled: "
+                 "`--retry-failed all` sends them)" if outcome["cancelled"] else "")
+    out.print(f"batch {batch} abandoned ({outcome['provider_said']}); {outcome['released']} prompts of job {job} "
+              f"are pending again: `llm-dispatch run --resume {job}` sends them{cancelled}", highlight=False)
+
+
+def _stored_url(database_url: str | None) -> Any:
+    """The URL of a database that must exist already, as a flow parameter (a SecretStr)."""
+    from pydantic import SecretStr
 
     from .reports import require_database
 
     settings = _settings(database_url=database_url)
     require_database(settings)
-    summary = _flow_call(cancel_job_batches(job_id=job, database_url=SecretStr(settings.database_url),
-                                            wait_seconds=wait_seconds))
-    kept = sum(i["succeeded"] for i in summary["ingested"])
-    out.print(f"cancelled {len(summary['cancelled'])} batches of job {job}; kept {kept} answers they gave; "
-              f"{len(summary['cancelled']) - len(summary['ingested'])} still stopping (`llm-dispatch collect` finishes them)",
-              highlight=False)
+    return SecretStr(settings.database_url)
+
+
+def _flow_result(coroutine: Any) -> Any:
+    """Run a flow called with ``return_state=True`` and return its result, whether it ended Completed or Failed
+    (a run whose problems are part of its result: the command prints them); an error of ours still raises."""
+    state = _flow_call(coroutine)
+    result = state.result(raise_on_failure=False)
+    if isinstance(result, BaseException):
+        raise result
+    return result
+
+
+def _print_problems(problems: list[dict[str, Any]]) -> None:
+    """One ``error:`` line per problem; batches that met the same error (a provider out of reach) share one."""
+    groups: dict[tuple[str, str, bool], list[dict[str, Any]]] = {}
+    for problem in problems:
+        groups.setdefault((problem["step"], problem["error"], problem["lost"]), []).append(problem)
+    for (step, error, lost), group in groups.items():
+        first = group[0]
+        if len(group) == 1:
+            line = first["line"]
+        else:
+            ids = ", ".join(str(p["batch_id"]) for p in group)
+            line = f"{len(group)} batches ({ids}) {'lost' if lost else f'{step} failed'}: {error}"
+        stuck = not lost and first["batch_id"] is not None and first["errors_in_a_row"] >= ABANDON_HINT_AFTER
+        hint = "; `llm-dispatch abandon BATCH` gives one up" if stuck else ""
+        err.print(f"[bold red]error:[/] {line}{hint}", highlight=False, soft_wrap=True)
 
 
 @app.command()

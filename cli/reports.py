@@ -73,7 +73,10 @@ async def status(*, settings: Settings, job_id: str | None) -> dict[str, Any] | 
                  "model": b.model,
                  "total": b.request_total, "completed": b.request_completed, "failed": b.request_failed,
                  "expires_at": b.expires_at.isoformat(timespec="seconds") if b.expires_at else None,
-                 "cancel_requested": b.cancel_requested}
+                 "cancel_requested": b.cancel_requested, "errors_in_a_row": b.error_count,
+                 "last_error": b.last_error,
+                 "last_error_at": b.last_error_at.isoformat(timespec="seconds") if b.last_error_at else None,
+                 "retry_after": b.retry_after.isoformat(timespec="seconds") if b.retry_after else None}
                 for b in batches
             ],
         }
@@ -108,6 +111,11 @@ def print_status(console: Console, data: dict[str, Any]) -> None:
                             b["status"] + (" (cancel requested)" if b["cancel_requested"] else ""),
                             str(b["completed"]), str(b["failed"]), str(b["total"]), b["expires_at"] or "-")
         console.print(batches)
+        for b in data["batches"]:
+            if b["errors_in_a_row"] or b["status"] == "lost":
+                tries = f" ({b['errors_in_a_row']} in a row)" if b["errors_in_a_row"] else ""
+                console.print(f"batch {b['id']}: {b['last_error']}{tries}, at {b['last_error_at']}", highlight=False,
+                              soft_wrap=True)
 
 
 async def cost(*, settings: Settings, job_id: str | None) -> dict[str, Any] | None:

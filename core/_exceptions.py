@@ -14,6 +14,7 @@ this drawing names every class below and nothing else.
     ├── BudgetExceededError         the estimate is above --max-cost; nothing was sent
     ├── ShardRunsFailedError        real-time shard runs (deployment runs) that did not complete
     ├── BatchConflictError          prompts already wait in another open batch; nothing was stored
+    ├── BatchInUseError             a batch the provider still holds, not given up: that could pay twice
     └── APIError                    a provider call that failed after its retries
         ├── APIConnectionError      no HTTP answer: refused, dropped, reset
         │   └── APITimeoutError     no answer within the request timeout
@@ -50,6 +51,7 @@ __all__ = [
     "BudgetExceededError",
     "BatchCancelledError",
     "BatchConflictError",
+    "BatchInUseError",
     "BatchFailedError",
     "BatchLineError",
     "ConfigError",
@@ -162,6 +164,11 @@ class BatchConflictError(LLMDispatchError, ValueError):
         super().__init__(message)
         self.prompt_ids = list(prompt_ids)
         self.batch_ids = list(batch_ids)
+
+
+class BatchInUseError(LLMDispatchError):
+    """``abandon`` of a batch the provider still holds (running or finished): its answers are billed, so giving it
+    up and sending its prompts again would pay for them twice; nothing was changed."""
 
 
 class APIError(LLMDispatchError):

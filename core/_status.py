@@ -14,6 +14,7 @@ from typing import Final, Literal, get_args
 __all__ = [
     "ACTIVE_BATCH_STATUSES",
     "BATCH_STATUSES",
+    "CLOSED_BATCH_STATUSES",
     "HALF_SUBMITTED_BATCH_STATUSES",
     "JOB_STATUSES",
     "PAID_RESULT_STATUSES",
@@ -72,7 +73,9 @@ RETRY_FAILED: Final[tuple[RetryFailed, ...]] = get_args(RetryFailed)
 class BatchStatus(enum.StrEnum):
     """Where one of our batches is in its life. ``PREPARING`` (row made, file being written or uploaded) ->
     ``UPLOADED`` (input file id known, batch maybe not yet created) -> the provider's states, mapped from each
-    provider's own words -> ``INGESTED`` (its output is in results; the only state that is not open)."""
+    provider's own words -> ``INGESTED`` (its output is in results). ``LOST``: the provider no longer knows it (or
+    it was given up by hand, ``llm-dispatch abandon``); its unanswered members went back to pending. Those two
+    are closed; every other state is open."""
 
     PREPARING = "preparing"
     UPLOADED = "uploaded"
@@ -85,6 +88,7 @@ class BatchStatus(enum.StrEnum):
     CANCELLING = "cancelling"
     CANCELLED = "cancelled"
     INGESTED = "ingested"
+    LOST = "lost"
 
     @property
     def is_terminal(self) -> bool:
@@ -101,6 +105,8 @@ ACTIVE_BATCH_STATUSES: Final[frozenset[BatchStatus]] = frozenset(
 # The provider is done with these: fetch whatever output and error files there are, then ingest.
 TERMINAL_BATCH_STATUSES: Final[frozenset[BatchStatus]] = frozenset(
     {BatchStatus.COMPLETED, BatchStatus.FAILED, BatchStatus.EXPIRED, BatchStatus.CANCELLED})
+# Nothing more happens to these: a batch's life ends in one of them.
+CLOSED_BATCH_STATUSES: Final[frozenset[BatchStatus]] = frozenset({BatchStatus.INGESTED, BatchStatus.LOST})
 # What a provider may report (each provider's own words map onto these); the others are our own.
 PROVIDER_BATCH_STATUSES: Final[frozenset[BatchStatus]] = ACTIVE_BATCH_STATUSES | TERMINAL_BATCH_STATUSES
 

@@ -19,7 +19,7 @@ from prefect.artifacts import (
 )
 
 from llm_dispatch import storage
-from llm_dispatch.jobs import DispatchSummary
+from llm_dispatch.jobs import DispatchSummary, SweepSummary
 from llm_dispatch.core import DispatchOutcome, ROUTES, to_json, unfinished
 
 Logger = logging.Logger | logging.LoggerAdapter  # type: ignore[type-arg]
@@ -98,6 +98,33 @@ async def show_batch_progress(record: storage.BatchRecord, artifact: Any, *, log
     except Exception as exc:  # noqa: BLE001 - a progress display must not stop the run
         logger.warning("Progress artifact of batch %d not shown: %s", record.id, exc)
     return artifact
+
+
+async def publish_sweep(summary: SweepSummary, *, scope: str, logger: Logger) -> None:
+    """A ``collect-batches`` sweep as a markdown artifact (key ``collect-batches``): its counts, then every batch
+    with a problem (lost ones first) and every batch waiting out the wait after an earlier error."""
+    lines = [
+        f"# Sweep over {scope}", "",
+        f"{summary.open} open batches: {summary.polled} polled, {len(summary.ingested)} ingested "
+        f"({sum(i.succeeded for i in summary.ingested)} answers), {summary.resubmitted} prompts resubmitted, "
+        f"{summary.realtime} sent real-time.",
+    ]
+    if summary.problems:
+        lines += ["", f"## Problems ({len(summary.problems)})", "", "| batch | job | step | what happened |",
+                  "|---|---|---|---|"]
+        for problem in sorted(summary.problems, key=lambda p: not p.lost):
+            step = "lost" if problem.lost else problem.step
+            lines.append(f"| {problem.batch_id if problem.batch_id is not None else '-'} | {problem.job_id[:8]} "
+                         f"| {step} | {problem.line.replace('|', '/')} |")
+    if summary.waiting:
+        lines += ["", f"Waiting to retry after earlier errors (`llm-dispatch collect --retry-now` tries them now): "
+                  f"batches {', '.join(map(str, summary.waiting))}."]
+    try:
+        await acreate_markdown_artifact(markdown="\n".join(lines) + "\n", key="collect-batches",
+                                        description=f"collect-batches over {scope}: "
+                                                    f"{len(summary.problems)} problems")
+    except Exception as exc:  # noqa: BLE001 - the sweep's work is done and stored; the display is extra
+        logger.warning("Sweep artifact not published: %s", exc)
 
 
 def job_label(*, name: str, job_id: str) -> str:

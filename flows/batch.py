@@ -1,5 +1,5 @@
 """Flows of the Batch API path: ``wait-for-batch`` (one batch to its end), ``collect-batches`` (a sweep over
-every open batch, for a schedule) and ``cancel-batches``; and the batch half of ``dispatch``."""
+every open batch, for a schedule), ``cancel-batches`` and ``abandon-batch``; and the batch half of ``dispatch``."""
 
 from __future__ import annotations
 
@@ -9,11 +9,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from prefect import flow, get_run_logger
+from prefect.states import State
 from pydantic import SecretStr
 
 from llm_dispatch import storage
 from llm_dispatch.jobs import (
     BatchHalfSummary,
+    BatchProblem,
     CancelSummary,
     IngestOutcome,
     JobRun,
@@ -21,6 +23,7 @@ from llm_dispatch.jobs import (
     Selection,
     SweepSummary,
     RealtimeSummary,
+    error_text,
     open_run,
     run_budget,
 )
@@ -33,10 +36,19 @@ from llm_dispatch.core import (
     to_json,
     unfinished,
 )
-from llm_dispatch.tasks import cancel_batches, finish_submission, ingest_batch, poll_batch, submit_batches
+from llm_dispatch.tasks import (
+    abandon_batch,
+    cancel_batch,
+    finish_submission,
+    ingest_batch,
+    poll_batch,
+    record_batch_error,
+    submit_batches,
+)
 
-from ._artifacts import show_batch_progress
+from ._artifacts import publish_sweep, show_batch_progress
 from ._setup import collect_run_name, prepare, rename_run
+from ._states import run_state
 from .realtime import send_realtime
 
 # Settings a flow hands its sub-flows as plain parameters: everything public (no key, no database URL).
@@ -157,10 +169,15 @@ async def collect_batches(
     anthropic_base_url: str | None = None,
     job_id: str | None = None,
     stale_after: float = 600.0,
-) -> dict[str, Any]:
+    retry_now: bool = False,
+) -> State:
     """One sweep over every open batch (of one job, or all): poll each once, ingest what finished,
     resubmit or send real-time what the ingests released. Meant for a schedule (every 15 minutes),
     so no process has to wait out a 24-hour window.
+
+    Each batch is swept on its own: an error is kept on that batch (``llm-dispatch status`` shows it) and it is
+    left alone for a growing wait (``jobs.retry_delay``; ``retry_now`` tries it at once), while the others go on.
+    The run ends ``Failed`` when a batch had a problem, its message and artifact naming each.
 
     A batch stuck in ``preparing``/``uploaded`` is finished only once it has not changed for
     ``stale_after`` seconds: younger ones may belong to a run that is submitting them right now.
@@ -171,46 +188,77 @@ async def collect_batches(
     async with open_run(settings) as run:
         if job_id is not None:
             job_id = await storage.resolve_job(run.sessions, reference=job_id)
-        summary = await sweep(run=run, job_id=job_id, stale_after=stale_after)
+        summary = await sweep(run=run, job_id=job_id, stale_after=stale_after, retry_now=retry_now)
     scope = f"job {job_id[:8]}" if job_id else "all jobs"
-    await rename_run(f"collect ({scope}): {summary.open} open batches, {len(summary.ingested)} ingested",
+    problems = f", {len(summary.problems)} problems" if summary.problems else ""
+    await rename_run(f"collect ({scope}): {summary.open} open batches, {len(summary.ingested)} ingested{problems}",
                      logger=logger)
-    logger.info("Swept %d open batches: %d polled, %d ingested, %d prompts resubmitted, %d sent real-time, "
-                "%d half-submitted ones left to their own run.", summary.open, summary.polled, len(summary.ingested),
-                summary.resubmitted, summary.realtime, summary.skipped_recent)
-    return to_json(summary)
+    said = (f"Swept {summary.open} open batches: {summary.polled} polled, {len(summary.ingested)} ingested, "
+            f"{summary.resubmitted} prompts resubmitted, {summary.realtime} sent real-time, "
+            f"{summary.skipped_recent} half-submitted ones left to their own run, {len(summary.waiting)} waiting to "
+            "retry after errors.")
+    logger.info(said)
+    for problem in summary.problems:
+        logger.error(problem.line)
+    await publish_sweep(summary, scope=scope, logger=logger)
+    failure = (f"{len(summary.problems)} problems ({len(summary.lost)} batches lost): "
+               + "; ".join(problem.line for problem in summary.problems)) if summary.problems else None
+    return run_state(to_json(summary), failure=failure, message=said)
 
 
-async def sweep(*, run: JobRun, job_id: str | None, stale_after: float) -> SweepSummary:
-    """The recipe behind ``collect-batches``."""
+async def sweep(*, run: JobRun, job_id: str | None, stale_after: float, retry_now: bool = False) -> SweepSummary:
+    """The recipe behind ``collect-batches``: each batch on its own (``sweep_batch``), then each job it touched."""
     summary = SweepSummary()
     touched: set[str] = set()
     records = await storage.open_batches(run.sessions, job_id=job_id)
     summary.open = len(records)
-    cutoff = datetime.now(UTC) - timedelta(seconds=stale_after)
+    now = datetime.now(UTC)
+    cutoff = now - timedelta(seconds=stale_after)
     for record in records:
+        if not retry_now and record.retry_after is not None and record.retry_after > now:
+            summary.waiting.append(record.id)
+        elif await sweep_batch(run=run, record=record, cutoff=cutoff, summary=summary):
+            touched.add(record.job_id)
+    for job in sorted(touched):
+        try:
+            size = await storage.open_prompt_count(run.sessions, job_id=job, retry_failed="none",
+                                                   planned_route="batch")
+            if size:
+                submitted = await submit_batches(run=run, job_id=job, retry_failed="none", size=size)
+                summary.resubmitted += submitted.prompts
+            rerouted = await send_rerouted(run, job_id=job)
+            summary.realtime += 0 if rerouted is None else rerouted.prompts
+            await _close_if_done(run, job_id=job)
+        except Exception as exc:  # noqa: BLE001 - one job's trouble never stops the others'
+            summary.problems.append(BatchProblem(batch_id=None, job_id=job, step="send what its batches released",
+                                                 error=error_text(exc)))
+    return summary
+
+
+async def sweep_batch(*, run: JobRun, record: storage.BatchRecord, cutoff: datetime, summary: SweepSummary) -> bool:
+    """One batch of a sweep: finish its submission once stale, poll it, ingest it once finished; an error is kept
+    on the batch (``record_batch_error``) and in ``summary``. Returns whether its job has prompts to send again."""
+    step = "finish its submission"
+    try:
         if record.status in HALF_SUBMITTED_BATCH_STATUSES:
             if record.updated_at > cutoff:
                 summary.skipped_recent += 1
-                continue
+                return False
             record = await finish_submission(run=run, batch_id=record.id)
-            touched.add(record.job_id)
-            continue
-        if record.status in ACTIVE_BATCH_STATUSES:
+        elif record.status in ACTIVE_BATCH_STATUSES:
+            step = "poll"
             record = await poll_batch(run=run, batch_id=record.id)
             summary.polled += 1
         if record.status in TERMINAL_BATCH_STATUSES:
+            step = "ingest"
             summary.ingested.append(await ingest_batch(run=run, batch_id=record.id))
-            touched.add(record.job_id)
-    for job in sorted(touched):
-        size = await storage.open_prompt_count(run.sessions, job_id=job, retry_failed="none", planned_route="batch")
-        if size:
-            submitted = await submit_batches(run=run, job_id=job, retry_failed="none", size=size)
-            summary.resubmitted += submitted.prompts
-        rerouted = await send_rerouted(run, job_id=job)
-        summary.realtime += 0 if rerouted is None else rerouted.prompts
-        await _close_if_done(run, job_id=job)
-    return summary
+    except Exception as exc:  # noqa: BLE001 - kept on the batch; the sweep goes on with the others
+        problem = await record_batch_error(run=run, batch_id=record.id, step=step, error=exc)
+        summary.problems.append(problem)
+        return problem.lost
+    if record.error_count:
+        await storage.clear_batch_error(run.sessions, batch_id=record.id)
+    return step != "poll"  # a submission finished, or an ingest: the job may have prompts to send again
 
 
 async def send_rerouted(run: JobRun, *, job_id: str) -> RealtimeSummary | None:
@@ -245,23 +293,54 @@ async def cancel_job_batches(
     base_url: str | None = None,
     anthropic_base_url: str | None = None,
     wait_seconds: float = 120.0,
-) -> dict[str, Any]:
-    """Cancel every open batch of a job, then (for up to ``wait_seconds``) wait for the provider to stop
-    them and ingest what they completed; whatever is left, ``collect-batches`` finishes."""
+) -> State:
+    """Cancel every open batch of a job, each on its own (one the provider cannot be asked about keeps the error
+    and stays open; ``llm-dispatch abandon`` gives it up), then (for up to ``wait_seconds``) wait for the provider
+    to stop them and ingest what they completed; whatever is left, ``collect-batches`` finishes."""
+    logger = get_run_logger()
     settings = await prepare(Settings.with_overrides(base_url=base_url, anthropic_base_url=anthropic_base_url,
-                                                    database_url=database_url),
-                             logger=get_run_logger())
+                                                    database_url=database_url), logger=logger)
     async with open_run(settings) as run:
         job_id = await storage.resolve_job(run.sessions, reference=job_id)
-        records = await cancel_batches(run=run, job_id=job_id)
+        records, problems = [], []
+        for record in await storage.open_batches(run.sessions, job_id=job_id):
+            try:
+                records.append(await cancel_batch(run=run, batch_id=record.id))
+            except Exception as exc:  # noqa: BLE001 - kept on the batch; the others are cancelled
+                problems.append(await record_batch_error(run=run, batch_id=record.id, step="cancel", error=exc))
         deadline = time.monotonic() + wait_seconds
         ingested = []
         for record in records:
-            while record.status in ACTIVE_BATCH_STATUSES and time.monotonic() < deadline:
-                await asyncio.sleep(min(1.0, settings.batch_poll_interval))
-                record = await poll_batch(run=run, batch_id=record.id)
-            if record.status in TERMINAL_BATCH_STATUSES:
-                ingested.append(await ingest_batch(run=run, batch_id=record.id))
+            try:
+                while record.status in ACTIVE_BATCH_STATUSES and time.monotonic() < deadline:
+                    await asyncio.sleep(min(1.0, settings.batch_poll_interval))
+                    record = await poll_batch(run=run, batch_id=record.id)
+                if record.status in TERMINAL_BATCH_STATUSES:
+                    ingested.append(await ingest_batch(run=run, batch_id=record.id))
+            except Exception as exc:  # noqa: BLE001 - as above; collect-batches finishes it later
+                problems.append(await record_batch_error(run=run, batch_id=record.id, step="poll after cancel",
+                                                         error=exc))
         await _close_if_done(run, job_id=job_id)
-    return to_json(CancelSummary(job_id=job_id, cancelled=[r.id for r in records], ingested=ingested))
+    for problem in problems:
+        logger.error(problem.line)
+    summary = CancelSummary(job_id=job_id, cancelled=[r.id for r in records], ingested=ingested, problems=problems)
+    failure = "; ".join(problem.line for problem in problems) or None
+    return run_state(to_json(summary), failure=failure,
+                     message=f"cancelled {len(records)} batches, {len(ingested)} ingested")
 
+
+@flow(name="abandon-batch", flow_run_name="abandon batch {batch_id}", log_prints=False)
+async def abandon_batch_flow(
+    batch_id: int,
+    database_url: SecretStr | None = None,
+    base_url: str | None = None,
+    anthropic_base_url: str | None = None,
+    force: bool = False,
+) -> dict[str, Any]:
+    """Give one batch up by hand: closed ``lost``, its unanswered prompts pending again for the next run (see
+    ``jobs.abandon_batch``: a batch the provider still holds is refused unless ``force``)."""
+    settings = await prepare(Settings.with_overrides(base_url=base_url, anthropic_base_url=anthropic_base_url,
+                                                    database_url=database_url), logger=get_run_logger())
+    async with open_run(settings) as run:
+        outcome = await abandon_batch(run=run, batch_id=batch_id, force=force)
+    return to_json(outcome)

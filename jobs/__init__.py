@@ -11,7 +11,18 @@ if TYPE_CHECKING:
     from ._batch_api import BatchApi, batch_api
     from ._budget import BudgetStanding, budget_standing, check_budget_bounds, run_budget, to_pico
     from ._clients import Clients
-    from ._collect import IngestOutcome, cancel_batches, ingest_batch, poll_batch, reroute_for_deadlines
+    from ._batch_trouble import (
+        BATCH_RETRY_FIRST,
+        BATCH_RETRY_MAX,
+        AbandonOutcome,
+        BatchProblem,
+        abandon_batch,
+        batch_trouble,
+        error_text,
+        lose_batch,
+        retry_delay,
+    )
+    from ._collect import IngestOutcome, cancel_batch, cancel_batches, ingest_batch, poll_batch, reroute_for_deadlines
     from ._export import (
         DEFAULT_FIELDS,
         EXPORT_FIELDS,
@@ -58,6 +69,16 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BATCH_ID_KEY",
+    "BATCH_RETRY_FIRST",
+    "BATCH_RETRY_MAX",
+    "AbandonOutcome",
+    "BatchProblem",
+    "abandon_batch",
+    "batch_trouble",
+    "cancel_batch",
+    "error_text",
+    "lose_batch",
+    "retry_delay",
     "DEFAULT_FIELDS",
     "EXPORT_FIELDS",
     "EXPORT_FORMATS",

@@ -108,6 +108,18 @@ class BatchApi:
                 return None
         return None
 
+    async def locate(self, record: storage.BatchRecord) -> BatchInfo | None:
+        """Our created batch ``record`` as the provider lists it now (by its id, or by the ids in its metadata),
+        or None when the provider lists no such batch: what a batch that answered 404 is looked up by."""
+        since = record.created_at - CLOCK_SLACK
+        async for info in self.client.iter_batches():
+            if info.id == record.provider_batch_id or (
+                    info.metadata.get(BATCH_ID_KEY) == str(record.id) and info.metadata.get(JOB_ID_KEY) == record.job_id):
+                return info
+            if info.created_at is not None and info.created_at < since:
+                return None
+        return None
+
     def result_files(self, record: storage.BatchRecord) -> list[ResultFile]:
         """The files that hold a finished batch's lines: OpenAI's output file, then its error file."""
         read = partial(read_batch_output, endpoint=record.endpoint)  # a batch holds one endpoint's lines
@@ -152,6 +164,14 @@ class MessageBatchApi(BatchApi):
             if await storage.find_batch_by_provider_id(sessions, provider_batch_id=info.id) is None:
                 found = info  # newest first: the last one kept is the oldest
         return found
+
+    async def locate(self, record: storage.BatchRecord) -> BatchInfo | None:
+        """Our created batch as the provider lists it now, by its id only: a Message Batch names nothing of ours,
+        and taking one by its shape is for a create whose answer was lost, never for a batch that had an id."""
+        async for info in self._since(record.created_at - CLOCK_SLACK):
+            if info.id == record.provider_batch_id:
+                return info
+        return None
 
     async def _since(self, since: datetime) -> AsyncIterator[BatchInfo]:
         async for info in self.client.iter_message_batches():

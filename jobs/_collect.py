@@ -42,7 +42,7 @@ from llm_dispatch.core import (
 
 from ._clients import Clients
 
-__all__ = ["IngestOutcome", "cancel_batches", "ingest_batch", "poll_batch", "reroute_for_deadlines"]
+__all__ = ["IngestOutcome", "cancel_batch", "cancel_batches", "ingest_batch", "poll_batch", "reroute_for_deadlines"]
 
 logger = logging.getLogger(__name__)
 
@@ -276,32 +276,30 @@ def _count(outcome: IngestOutcome, code: str, n: int) -> None:
 
 
 async def cancel_batches(*, sessions: storage.Sessions, clients: Clients, job_id: str) -> list[storage.BatchRecord]:
-    """Ask the provider to stop every open batch of ``job_id``; returns the batches as they now stand.
+    """Ask the provider to stop every open batch of ``job_id`` (``cancel_batch`` each); returns them as they now stand."""
+    return [await cancel_batch(sessions=sessions, clients=clients, record=record)
+            for record in await storage.open_batches(sessions, job_id=job_id)]
 
-    Each is marked ``cancel_requested`` first, so whatever it did not answer is failed at ingest rather
-    than sent again. What it answered before stopping is still ingested (and was billed). A batch
-    never created at the provider is set ``cancelled`` at once.
+
+async def cancel_batch(*, sessions: storage.Sessions, clients: Clients,
+                       record: storage.BatchRecord) -> storage.BatchRecord:
+    """Ask the provider to stop one open batch; returns it as it now stands.
+
+    It is marked ``cancel_requested`` first, so whatever it did not answer is failed at ingest rather than sent
+    again. What it answered before stopping is still ingested (and was billed). A batch never created at the
+    provider is set ``cancelled`` at once.
     """
     from ._submit import find_provider_batch  # the one place cancel needs submission's lookup
 
-    cancelled = []
-    for record in await storage.open_batches(sessions, job_id=job_id):
-        if record.status in TERMINAL_BATCH_STATUSES or record.status == "cancelling":
-            await storage.update_batch(sessions, batch_id=record.id, cancel_requested=True)
+    await storage.update_batch(sessions, batch_id=record.id, cancel_requested=True)
+    if record.status not in TERMINAL_BATCH_STATUSES and record.status != "cancelling":
+        provider_id = record.provider_batch_id
+        if provider_id is None and record.status == "uploaded":
+            found = await find_provider_batch(sessions=sessions, clients=clients, record=record)
+            provider_id = found.id if found is not None else None
+        if provider_id is None:
+            await storage.update_batch(sessions, batch_id=record.id, status="cancelled", finished_at=datetime.now(UTC))
         else:
-            provider_id = record.provider_batch_id
-            if provider_id is None and record.status == "uploaded":
-                found = await find_provider_batch(sessions=sessions, clients=clients, record=record)
-                provider_id = found.id if found is not None else None
-            await storage.update_batch(sessions, batch_id=record.id, cancel_requested=True)
-            if provider_id is None:
-                await storage.update_batch(sessions, batch_id=record.id, status="cancelled",
-                                           finished_at=datetime.now(UTC))
-            else:
-                info = await clients.batch_api(record.provider).cancel(provider_id)
-                await storage.update_batch(sessions, batch_id=record.id, provider_batch_id=provider_id,
-                                           **_fields(info))
-        updated = await storage.get_batch(sessions, batch_id=record.id)
-        assert updated is not None
-        cancelled.append(updated)
-    return cancelled
+            info = await clients.batch_api(record.provider).cancel(provider_id)
+            await storage.update_batch(sessions, batch_id=record.id, provider_batch_id=provider_id, **_fields(info))
+    return await storage.require_batch(sessions, batch_id=record.id)

@@ -11,6 +11,7 @@ from llm_dispatch import storage
 from llm_dispatch.core import json_field, unfinished
 
 from ._budget import BudgetStanding
+from ._batch_trouble import BatchProblem
 from ._collect import IngestOutcome
 from ._costs import JobCost, actual_cost
 from ._submit import SubmitOutcome
@@ -87,15 +88,35 @@ class SweepSummary:
     realtime: int = 0
     # Half-submitted batches left alone: the run that owns them may be submitting them right now.
     skipped_recent: int = 0
+    # What went wrong, a batch at a time (each kept on its batch; the others went on), and the batches left
+    # alone because an earlier error's wait is not over.
+    problems: list[BatchProblem] = field(default_factory=list)
+    waiting: list[int] = field(default_factory=list)
+
+    @property
+    def lost(self) -> list[BatchProblem]:
+        return [problem for problem in self.problems if problem.lost]
+    # What went wrong, a batch at a time (each kept on its batch; the others went on), and the batches left
+    # alone because an earlier error's wait is not over.
+    problems: list[BatchProblem] = field(default_factory=list)
+    waiting: list[int] = field(default_factory=list)
+
+    @property
+    def lost(self) -> list[BatchProblem]:
+        return [problem for problem in self.problems if problem.lost]
 
 
 @dataclass(frozen=True, slots=True)
 class CancelSummary:
-    """A ``cancel-batches`` run: the batches asked to stop, and the ingests of those that did in time."""
+    """A ``cancel-batches`` run: the batches asked to stop, the ingests of those that did in time, and the problems."""
 
     job_id: str
     cancelled: list[int]
     ingested: list[IngestOutcome]
+    # Batches the provider could not be asked (each kept on its batch; the others were cancelled).
+    problems: list[BatchProblem] = field(default_factory=list)
+    # Batches the provider could not be asked (each kept on its batch; the others were cancelled).
+    problems: list[BatchProblem] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,9 @@
     GET    /_sim/batch_faults       faults still queued for the next batches
     POST   /_sim/batch_faults       {"faults": ["expire", "slow_finalizing:1.5"]} for the next batches, in order
                                     (OpenAI's or Anthropic's, whichever is created next; see ``_message_batches``)
+    POST   /_sim/batch_trouble      {"batch_id": ID, "trouble": "forget" | 500 | 502 | 503 | 504 | null}: forget
+                                    the batch (a 404 from then on, and gone from the list: a provider that lost
+                                    it), or answer every GET and cancel of it with that server error (null: heal)
 
 A batch takes about ``batch_processing_seconds``: a tenth validating, eight tenths in_progress (its
 ``request_counts`` advancing as lines are answered), a tenth finalizing. Every input line must be
@@ -100,6 +103,7 @@ def register(app: web.Application, state: SimState) -> None:
     app.router.add_post("/v1/batches/{batch_id}/cancel", routes.cancel_batch)
     app.router.add_get("/_sim/batch_faults", routes.get_faults)
     app.router.add_post("/_sim/batch_faults", routes.queue_faults)
+    app.router.add_post("/_sim/batch_trouble", routes.make_trouble)
 
 
 def _not_found_file(file_id: str) -> web.Response:
@@ -177,6 +181,9 @@ class _BatchRoutes:
         if denied is not None:
             return denied
         found_id = request.match_info[key]
+        status = self._store.troubled.get(found_id)
+        if status is not None:
+            return server_error_response(status)
         found = table.get(found_id)
         return found if found is not None else not_found(found_id)
 
@@ -310,6 +317,29 @@ class _BatchRoutes:
             return invalid_request(str(exc), param="faults", code="invalid_value")
         self._store.queued_faults.extend(parsed)
         return json_response({"faults": [fault_text(f) for f in self._store.queued_faults]})
+
+
+    async def make_trouble(self, request: web.Request) -> web.Response:
+        body = await read_json_object(request)
+        batch_id = body.get("batch_id") if body is not None else None
+        trouble = body.get("trouble") if body is not None else None
+        if not isinstance(batch_id, str) or batch_id not in self._store.batches and trouble == "forget":
+            return invalid_request('Send {"batch_id": <a batch id>, "trouble": "forget" | 500 | 502 | 503 | 504 '
+                                   '| null}.', param="batch_id", code=None)
+        if trouble == "forget":
+            del self._store.batches[batch_id]
+            self._store.troubled.pop(batch_id, None)
+        elif trouble is None:
+            self._store.troubled.pop(batch_id, None)
+        elif trouble in _TROUBLE_STATUSES:
+            self._store.troubled[batch_id] = int(trouble)
+        else:
+            return invalid_request(f"Unknown trouble {trouble!r}; use forget, {sorted(_TROUBLE_STATUSES)} or null.",
+                                   param="trouble", code="invalid_value")
+        return json_response({"batch_id": batch_id, "trouble": trouble})
+
+
+_TROUBLE_STATUSES = frozenset({500, 502, 503, 504})
 
 
 def _metadata_problem(metadata: Any) -> str | None:

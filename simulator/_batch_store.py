@@ -166,6 +166,8 @@ class BatchStore:
         self.files: dict[str, StoredFile] = {}
         self.batches: dict[str, Batch] = {}  # in creation order
         self.queued_faults: deque[BatchFault] = deque()
+        # Batch id -> the server error every GET and cancel of it answers (POST /_sim/batch_trouble).
+        self.troubled: dict[str, int] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
     def new_path(self, name: str) -> Path:
@@ -193,6 +195,7 @@ class BatchStore:
         self.files.clear()
         self.batches.clear()
         self.queued_faults.clear()
+        self.troubled.clear()
         directory, self._directory = self._directory, None
         if directory is not None:
             shutil.rmtree(directory, ignore_errors=True)

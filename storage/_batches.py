@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from llm_dispatch.core import (
     BATCH_STATUSES,
+    CLOSED_BATCH_STATUSES,
     BatchConflictError,
     ChatResult,
     PriceTable,
@@ -34,12 +35,15 @@ __all__ = [
     "BATCH_FIELDS",
     "batch_members",
     "batch_submissions",
+    "clear_batch_error",
     "create_batch_record",
     "find_batch_by_provider_id",
     "get_batch",
     "job_batches",
     "mark_batch_ingested",
+    "mark_batch_lost",
     "open_batches",
+    "record_batch_error",
     "release_members",
     "require_batch",
     "store_batch_answers",
@@ -150,7 +154,7 @@ async def _check_members(session: AsyncSession, *, job_id: str, prompt_ids: Sequ
         stmt = (
             select(BatchMember.batch_id)
             .join(Batch, Batch.id == BatchMember.batch_id)
-            .where(BatchMember.prompt_id.in_(chunk), Batch.status != "ingested")
+            .where(BatchMember.prompt_id.in_(chunk), Batch.status.not_in(CLOSED_BATCH_STATUSES))
         )
         holders.update((await session.execute(stmt)).scalars())
     raise BatchConflictError(
@@ -164,8 +168,8 @@ async def _check_members(session: AsyncSession, *, job_id: str, prompt_ids: Sequ
 async def update_batch(sessions: Sessions, *, batch_id: int, **fields: Any) -> None:
     """Change some of a batch's ``BATCH_FIELDS`` (status, provider ids, counts, timestamps, errors).
 
-    An unknown field raises ``TypeError``. ``status="ingested"`` is refused: use
-    ``mark_batch_ingested``, which also frees the prompts the batch did not answer.
+    An unknown field raises ``TypeError``. ``status="ingested"`` and ``"lost"`` are refused: use
+    ``mark_batch_ingested`` or ``mark_batch_lost``, which also free the prompts the batch did not answer.
     """
     unknown = set(fields) - BATCH_FIELDS
     if unknown:
@@ -174,8 +178,8 @@ async def update_batch(sessions: Sessions, *, batch_id: int, **fields: Any) -> N
         status = fields["status"]
         if status not in BATCH_STATUSES:
             raise ValueError(f"unknown batch status {status!r}; expected one of {BATCH_STATUSES}")
-        if status == "ingested":
-            raise ValueError("use mark_batch_ingested() to mark a batch ingested")
+        if status in CLOSED_BATCH_STATUSES:
+            raise ValueError(f"use mark_batch_{status}() to mark a batch {status}")
     async with sessions.begin() as session:
         stmt = update(Batch).where(Batch.id == batch_id).values(**fields, updated_at=utcnow())
         done = await session.execute(stmt.execution_options(synchronize_session=False))
@@ -206,13 +210,13 @@ async def find_batch_by_provider_id(sessions: Sessions, *, provider_batch_id: st
 
 
 async def open_batches(sessions: Sessions, *, job_id: str | None = None) -> list[BatchRecord]:
-    """Every batch not yet ``ingested``, oldest first, of one job or of all.
+    """Every batch not closed (``ingested`` or ``lost``), oldest first, of one job or of all.
 
     That is the ones still being made or uploaded, the ones the provider is working on, and
     the finished ones (completed, failed, expired, cancelled) whose output is not stored yet:
     what a resumed run has to carry on with.
     """
-    stmt = select(Batch).where(Batch.status != "ingested").order_by(Batch.id)
+    stmt = select(Batch).where(Batch.status.not_in(CLOSED_BATCH_STATUSES)).order_by(Batch.id)
     if job_id is not None:
         stmt = stmt.where(Batch.job_id == job_id)
     async with sessions() as session:
@@ -329,6 +333,55 @@ async def mark_batch_ingested(sessions: Sessions, *, batch_id: int) -> int:
         return await _release(session, batch_id=batch_id, prompt_ids=None)
 
 
+async def mark_batch_lost(sessions: Sessions, *, batch_id: int, reason: str) -> int:
+    """Close a batch the provider no longer knows (or one given up by hand): status ``lost``, ``reason`` as its
+    last error, and its members still ``batched`` back to ``pending``; returns how many were released.
+
+    Its ``provider_batch_id`` stays on the row, so no look-up ever adopts that provider batch for another of ours,
+    and its output is never ingested: each of its prompts is answered by whatever sends it next, once.
+    """
+    now = utcnow()
+    async with sessions.begin() as session:
+        done = await session.execute(
+            update(Batch)
+            .where(Batch.id == batch_id)
+            .values(status="lost", last_error=reason, last_error_at=now, retry_after=None, updated_at=now)
+            .execution_options(synchronize_session=False)
+        )
+        if done.rowcount == 0:
+            raise UnknownBatchError(f"no batch with id {batch_id!r}")
+        return await _release(session, batch_id=batch_id, prompt_ids=None)
+
+
+async def record_batch_error(sessions: Sessions, *, batch_id: int, error: str, retry_after: datetime) -> int:
+    """Keep on the batch's row the error a step met on it, now, one more in a row, and the time before which a
+    sweep leaves it alone; returns how many errors in a row it has now."""
+    now = utcnow()
+    async with sessions.begin() as session:
+        done = await session.execute(
+            update(Batch)
+            .where(Batch.id == batch_id)
+            .values(last_error=error, last_error_at=now, error_count=Batch.error_count + 1, retry_after=retry_after,
+                    updated_at=now)
+            .returning(Batch.error_count)
+        )
+        count = done.scalar_one_or_none()
+        if count is None:
+            raise UnknownBatchError(f"no batch with id {batch_id!r}")
+        return int(count)
+
+
+async def clear_batch_error(sessions: Sessions, *, batch_id: int) -> None:
+    """A step worked on the batch again: no errors in a row, nothing to wait for (the last error stays, as history)."""
+    async with sessions.begin() as session:
+        await session.execute(
+            update(Batch)
+            .where(Batch.id == batch_id, Batch.error_count > 0)
+            .values(error_count=0, retry_after=None, updated_at=utcnow())
+            .execution_options(synchronize_session=False)
+        )
+
+
 async def _release(session: AsyncSession, *, batch_id: int, prompt_ids: list[int] | None) -> int:
     members = select(BatchMember.prompt_id).where(BatchMember.batch_id == batch_id)
     now = utcnow()
@@ -347,8 +400,8 @@ async def _release(session: AsyncSession, *, batch_id: int, prompt_ids: list[int
 # BatchRecord's fields read from the batches row as they are; the timestamps are made timezone-aware.
 _PLAIN_FIELDS: Final = ("id", "job_id", "model", "provider", "endpoint", "status", "provider_batch_id", "input_file_id", "output_file_id",
                         "error_file_id", "file_path", "request_total", "request_completed", "request_failed",
-                        "errors", "resubmission_of")
-_OPTIONAL_TIMES: Final = ("submitted_at", "expires_at", "finished_at", "last_polled_at")
+                        "errors", "resubmission_of", "last_error", "error_count")
+_OPTIONAL_TIMES: Final = ("submitted_at", "expires_at", "finished_at", "last_polled_at", "last_error_at", "retry_after")
 
 
 def _record(batch: Batch) -> BatchRecord:

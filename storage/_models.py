@@ -218,6 +218,12 @@ class Batch(Base):
     resubmission_of: Mapped[int | None] = mapped_column(BigInt, ForeignKey("batches.id"))
     # Set by `llm-dispatch cancel`: what the batch did not answer is not sent again.
     cancel_requested: Mapped[bool] = mapped_column(Boolean(), default=False, server_default=sql_false())
+    # The last error a step met on this batch (poll, ingest, cancel...), when, how many in a row (0 once a step
+    # works again), and the time before which a sweep leaves it alone. One batch's trouble stays on its row.
+    last_error: Mapped[str | None] = mapped_column(Text())
+    last_error_at: Mapped[datetime | None] = mapped_column()
+    error_count: Mapped[int] = mapped_column(Integer(), default=0, server_default=sql_text("0"))
+    retry_after: Mapped[datetime | None] = mapped_column()
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
 

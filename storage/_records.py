@@ -122,3 +122,9 @@ class BatchRecord:
     provider: str = "openai"
     # The endpoint of all its lines (core.ENDPOINTS): how its output is read.
     endpoint: str = "chat"
+    # The batch's own trouble (see ``storage.record_batch_error``): last error, when, how many in a row, and
+    # the time before which a sweep leaves it alone.
+    last_error: str | None = None
+    last_error_at: datetime | None = None
+    error_count: int = 0
+    retry_after: datetime | None = None

@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy import and_, case, func, literal, literal_column, or_, select
 from sqlalchemy.orm import aliased
 
-from llm_dispatch.core import PAID_RESULT_STATUSES
+from llm_dispatch.core import CLOSED_BATCH_STATUSES, PAID_RESULT_STATUSES
 
 from ._models import Batch, Job, Prompt, Result, aware
 from ._engine import Sessions
@@ -220,7 +220,7 @@ async def list_jobs(sessions: Sessions, *, limit: int = 20) -> list[JobSummary]:
     """The newest jobs first, with their prompt counts and open batches."""
     prompts = select(Prompt.job_id, func.count().label("n")).group_by(Prompt.job_id).subquery()
     batches = (
-        select(Batch.job_id, func.count().label("n")).where(Batch.status != "ingested").group_by(Batch.job_id).subquery()
+        select(Batch.job_id, func.count().label("n")).where(Batch.status.not_in(CLOSED_BATCH_STATUSES)).group_by(Batch.job_id).subquery()
     )
     stmt = (
         select(Job.id, Job.name, Job.created_at, Job.status, func.coalesce(prompts.c.n, 0), func.coalesce(batches.c.n, 0))

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from .batch import cancel_batches, finish_submission, ingest_batch, poll_batch, submit_batches
+from .batch import abandon_batch, cancel_batch, finish_submission, ingest_batch, poll_batch, record_batch_error, submit_batches
 from .realtime import chunk_sender, send_chunk
 from .record import record_prompts
 
 __all__ = [
-    "cancel_batches",
+    "abandon_batch",
+    "cancel_batch",
     "chunk_sender",
     "finish_submission",
     "ingest_batch",
     "poll_batch",
+    "record_batch_error",
     "record_prompts",
     "send_chunk",
     "submit_batches",

@@ -1,4 +1,5 @@
-"""Tasks over the Batch API steps of ``jobs``: submit, finish a submission, poll, ingest, cancel."""
+"""Tasks over the Batch API steps of ``jobs``: submit, finish a submission, poll, ingest, cancel, and a batch's
+errors kept on it (or the batch given up)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from prefect.cache_policies import NO_CACHE
 from llm_dispatch import storage
 from llm_dispatch.core import RetryFailed
 from llm_dispatch import jobs
-from llm_dispatch.jobs import IngestOutcome, JobRun, SubmitOutcome
+from llm_dispatch.jobs import AbandonOutcome, BatchProblem, IngestOutcome, JobRun, SubmitOutcome
 
 # Output lines arrive in tens of thousands: bigger transactions than the real-time default.
 INGEST_FLUSH_ROWS = 2000
@@ -61,7 +62,22 @@ async def ingest_batch(*, run: JobRun, batch_id: int) -> IngestOutcome:
         )
 
 
-@task(name="cancel-batches", task_run_name="cancel the open batches of job {job_id}", cache_policy=NO_CACHE)
-async def cancel_batches(*, run: JobRun, job_id: str) -> list[storage.BatchRecord]:
-    """Ask the provider to stop every open batch of the job; returns them as they now stand."""
-    return await jobs.cancel_batches(sessions=run.sessions, clients=run.clients, job_id=job_id)
+@task(name="cancel-batch", task_run_name="cancel batch {batch_id}", cache_policy=NO_CACHE)
+async def cancel_batch(*, run: JobRun, batch_id: int) -> storage.BatchRecord:
+    """Ask the provider to stop one open batch; returns it as it now stands."""
+    return await jobs.cancel_batch(sessions=run.sessions, clients=run.clients,
+                                   record=await storage.require_batch(run.sessions, batch_id=batch_id))
+
+
+@task(name="record-batch-error", task_run_name="record the error of batch {batch_id}", cache_policy=NO_CACHE)
+async def record_batch_error(*, run: JobRun, batch_id: int, step: str, error: BaseException) -> BatchProblem:
+    """Keep a step's error on its batch, with the wait before a sweep tries it again; a batch the provider
+    no longer knows is looked up again, then closed ``lost`` with its prompts pending again."""
+    record = await storage.require_batch(run.sessions, batch_id=batch_id)
+    return await jobs.batch_trouble(run=run, record=record, step=step, error=error)
+
+
+@task(name="abandon-batch", task_run_name="abandon batch {batch_id}", cache_policy=NO_CACHE)
+async def abandon_batch(*, run: JobRun, batch_id: int, force: bool) -> AbandonOutcome:
+    """Give a batch up by hand (``llm-dispatch abandon``): closed ``lost``, its prompts pending again."""
+    return await jobs.abandon_batch(run=run, batch_id=batch_id, force=force)

@@ -336,7 +336,7 @@ async def test_succeeded_prompts_stay_succeeded_in_a_batch(sessions: Sessions) -
     assert await statuses(sessions, ids) == {"p-0": "succeeded", "p-1": "batched"}
 
 
-async def test_open_batches_are_all_but_the_ingested(sessions: Sessions) -> None:
+async def test_open_batches_are_all_but_the_ingested_and_the_lost(sessions: Sessions) -> None:
     job_id, ids = await job_with_prompts(sessions, 12)
     other_job, other = await job_with_prompts(sessions, 1, fingerprint="o" * 64)
     by_status: dict[str, int] = {}
@@ -344,19 +344,37 @@ async def test_open_batches_are_all_but_the_ingested(sessions: Sessions) -> None
         batch_id = await new_batch(sessions, job_id, ids, [f"p-{index}"])
         if status == "ingested":
             await storage.mark_batch_ingested(sessions, batch_id=batch_id)
+        elif status == "lost":
+            assert await storage.mark_batch_lost(sessions, batch_id=batch_id, reason="gone") == 1
         elif status != "preparing":
             await storage.update_batch(sessions, batch_id=batch_id, status=status)
         by_status[status] = batch_id
     other_batch = await new_batch(sessions, other_job, other, ["p-0"])
 
     mine = await storage.open_batches(sessions, job_id=job_id)
-    assert [b.status for b in mine] == [s for s in BATCH_STATUSES if s != "ingested"]
+    assert [b.status for b in mine] == [s for s in BATCH_STATUSES if s not in ("ingested", "lost")]
     assert [b.id for b in mine] == sorted(b.id for b in mine)
     everyone = await storage.open_batches(sessions)
     assert {b.id for b in everyone} == {b.id for b in mine} | {other_batch}
-    assert by_status["ingested"] not in {b.id for b in everyone}
+    assert by_status["ingested"] not in {b.id for b in everyone} and by_status["lost"] not in {b.id for b in everyone}
     assert ACTIVE_BATCH_STATUSES | TERMINAL_BATCH_STATUSES | HALF_SUBMITTED_BATCH_STATUSES == (
-        set(BATCH_STATUSES) - {"ingested"})
+        set(BATCH_STATUSES) - {"ingested", "lost"})
+    lost = await storage.require_batch(sessions, batch_id=by_status["lost"])
+    assert (lost.status, lost.last_error) == ("lost", "gone")
+
+
+async def test_a_batch_keeps_its_errors_in_a_row_until_a_step_works_again(sessions: Sessions) -> None:
+    job_id, ids = await job_with_prompts(sessions, 1)
+    batch_id = await new_batch(sessions, job_id, ids, ["p-0"])
+    later = datetime.now(UTC) + timedelta(minutes=5)
+    assert await storage.record_batch_error(sessions, batch_id=batch_id, error="poll: boom", retry_after=later) == 1
+    assert await storage.record_batch_error(sessions, batch_id=batch_id, error="poll: again", retry_after=later) == 2
+    record = await storage.require_batch(sessions, batch_id=batch_id)
+    assert (record.last_error, record.error_count, record.retry_after) == ("poll: again", 2, later)
+    assert record.last_error_at is not None and record.status == "preparing"
+    await storage.clear_batch_error(sessions, batch_id=batch_id)
+    record = await storage.require_batch(sessions, batch_id=batch_id)
+    assert (record.last_error, record.error_count, record.retry_after) == ("poll: again", 0, None)
 
 
 async def test_ingesting_a_batch_through_the_writer(sessions: Sessions) -> None:

@@ -1,0 +1,217 @@
+"""One batch's trouble stays with that batch: a sweep over several jobs where the provider lost one batch and
+fails on another collects the rest, names both problems in its state and artifact, keeps the error on the batch
+and tries it again later; cancel goes on past a batch it cannot reach; ``abandon`` gives one up by hand.
+Real Prefect flow runs against the simulator over real sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from pydantic import SecretStr
+
+from conftest import Sim, cli, rows, successes_per_prompt
+from llm_dispatch.core import BatchInUseError
+from llm_dispatch.flows.batch import abandon_batch_flow, cancel_job_batches, collect_batches
+from llm_dispatch.flows.dispatch import dispatch
+from llm_dispatch.jobs import BATCH_RETRY_FIRST, BATCH_RETRY_MAX, retry_delay
+
+pytestmark = [pytest.mark.prefect]
+
+
+def trouble(sim: Sim, provider_batch_id: str, what: str | int | None) -> None:
+    httpx.post(f"{sim.root}/_sim/batch_trouble", json={"batch_id": provider_batch_id, "trouble": what},
+               timeout=5).raise_for_status()
+
+
+def provider_statuses(sim: Sim) -> set[str]:
+    batches = httpx.get(f"{sim.base_url}/batches", params={"limit": 100}, timeout=5).raise_for_status().json()
+    return {b["status"] for b in batches["data"]}
+
+
+async def submit_jobs(sim: Sim, db_url: str, *, jobs: int, prompts: int) -> list[str]:
+    """``jobs`` jobs of ``prompts`` prompts each, sent to the Batch API without waiting; their ids."""
+    ids = []
+    for job in range(jobs):
+        summary = await dispatch(prompts=[{"id": f"j{job}-q{i}", "prompt": f"job {job} question {i}"}
+                                          for i in range(prompts)],
+                                 route_policy="all-batch", base_url=sim.base_url, database_url=SecretStr(db_url),
+                                 wait=False, job_name=f"job {job}")
+        ids.append(summary["job_id"])
+    return ids
+
+
+async def provider_done(sim: Sim, *, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while provider_statuses(sim) - {"completed", "failed", "expired", "cancelled"}:
+        assert time.monotonic() < deadline, "the simulator's batches never ended"
+        await asyncio.sleep(0.05)
+
+
+def batch_of(db_url: str, job_id: str) -> tuple[int, str]:
+    [(batch_id, provider_id)] = rows(db_url, "SELECT id, provider_batch_id FROM batches WHERE job_id = ? "
+                                             "ORDER BY id LIMIT 1", job_id)
+    return batch_id, provider_id
+
+
+async def one_finished_batch(sim: Sim, db_url: str, monkeypatch: pytest.MonkeyPatch) -> tuple[str, int, str]:
+    """A job of three prompts in one batch the provider has finished (not yet collected); no retries of a call."""
+    monkeypatch.setenv("LLM_DISPATCH_MAX_RETRIES", "0")
+    sim.configure(batch_processing_seconds=0.2)
+    [job] = await submit_jobs(sim, db_url, jobs=1, prompts=3)
+    await provider_done(sim)
+    return job, *batch_of(db_url, job)
+
+
+def test_a_batch_waits_longer_after_each_error_in_a_row_up_to_a_limit() -> None:
+    waits = [retry_delay(n) for n in range(1, 12)]
+    assert waits[0] == BATCH_RETRY_FIRST and waits[1] == 2 * BATCH_RETRY_FIRST
+    assert waits == sorted(waits) and waits[-1] == BATCH_RETRY_MAX
+
+
+async def test_a_sweep_collects_every_job_but_a_lost_batch_and_a_failing_one_and_names_both(
+    prefect_api: str, sim: Sim, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from prefect.client.orchestration import get_client
+
+    monkeypatch.setenv("LLM_DISPATCH_MAX_RETRIES", "0")
+    sim.configure(batch_processing_seconds=0.3)
+    jobs = await submit_jobs(sim, db_url, jobs=5, prompts=4)
+    await provider_done(sim)
+    lost_batch, lost_provider_id = batch_of(db_url, jobs[0])
+    failing_batch, failing_provider_id = batch_of(db_url, jobs[1])
+    trouble(sim, lost_provider_id, "forget")
+    trouble(sim, failing_provider_id, 500)
+
+    state = await collect_batches(database_url=SecretStr(db_url), base_url=sim.base_url, return_state=True)
+
+    assert state.is_failed()
+    assert f"batch {lost_batch} (job {jobs[0][:8]}) lost" in state.message
+    assert f"batch {failing_batch} (job {jobs[1][:8]}): poll failed" in state.message
+    first = await state.result(raise_on_failure=False)
+    assert len(first["ingested"]) == 3 and sum(i["succeeded"] for i in first["ingested"]) == 12
+    assert [p["batch_id"] for p in first["problems"]] == [lost_batch, failing_batch]
+    # The lost batch's four prompts were sent again in a new batch at once; the failing one keeps its error.
+    assert first["resubmitted"] == 4
+    status, error, count, retry_after = rows(
+        db_url, "SELECT status, last_error, error_count, retry_after FROM batches WHERE id = ?", failing_batch)[0]
+    assert status == "validating" and count == 1  # as last polled and error.startswith("poll: InternalServerError")
+    assert retry_after is not None
+    assert rows(db_url, "SELECT status FROM batches WHERE id = ?", lost_batch) == [("lost",)]
+    async with get_client() as client:
+        [artifact] = [a for a in await client.read_artifacts(limit=200)
+                      if a.key == "collect-batches" and a.flow_run_id == state.state_details.flow_run_id]
+    assert "## Problems (2)" in artifact.data and f"| {lost_batch} | {jobs[0][:8]} | lost |" in artifact.data
+    assert f"| {failing_batch} | {jobs[1][:8]} | poll |" in artifact.data
+
+    # The next sweep leaves the failing batch alone (its wait is not over) and collects the resent prompts.
+    await provider_done(sim)
+    second = await collect_batches(database_url=SecretStr(db_url), base_url=sim.base_url)
+    assert second["waiting"] == [failing_batch] and second["problems"] == []
+    assert sum(i["succeeded"] for i in second["ingested"]) == 4
+
+    # Healed, and tried now: the last job is collected too; every prompt answered exactly once.
+    trouble(sim, failing_provider_id, None)
+    third = await collect_batches(database_url=SecretStr(db_url), base_url=sim.base_url, retry_now=True)
+    assert [i["batch_id"] for i in third["ingested"]] == [failing_batch] and third["problems"] == []
+    assert set(successes_per_prompt(db_url).values()) == {1} and len(successes_per_prompt(db_url)) == 20
+    assert rows(db_url, "SELECT DISTINCT status FROM jobs") == [("finished",)]
+    assert rows(db_url, "SELECT error_count, retry_after FROM batches WHERE id = ?", failing_batch) == [(0, None)]
+    assert sim.stats()["batches"] == 6  # five, and the lost one's prompts once more
+
+
+async def test_a_batch_unknown_at_the_provider_but_listed_under_its_ids_is_adopted_not_lost(
+    prefect_api: str, sim: Sim, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job, batch_id, provider_id = await one_finished_batch(sim, db_url, monkeypatch)
+    # Our row names a provider id the provider never had; the batch it made for us carries our ids in its metadata.
+    with sqlite3.connect(db_url.split("///", 1)[1]) as con:
+        con.execute("UPDATE batches SET provider_batch_id = 'batch_gone' WHERE id = ?", (batch_id,))
+
+    first = await collect_batches(database_url=SecretStr(db_url), base_url=sim.base_url, return_state=True)
+    [problem] = (await first.result(raise_on_failure=False))["problems"]
+    assert not problem["lost"] and f"adopted {provider_id}" in problem["error"]
+    second = await collect_batches(database_url=SecretStr(db_url), base_url=sim.base_url, retry_now=True)
+    assert [i["succeeded"] for i in second["ingested"]] == [3]
+    assert sim.stats()["batches"] == 1
+
+
+async def test_cancel_goes_past_a_batch_it_cannot_reach_and_says_so(
+    prefect_api: str, sim: Sim, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LLM_DISPATCH_MAX_RETRIES", "0")
+    monkeypatch.setenv("LLM_DISPATCH_BATCH_MAX_REQUESTS", "2")
+    sim.configure(batch_processing_seconds=30.0)
+    [job] = await submit_jobs(sim, db_url, jobs=1, prompts=4)
+    (unreachable, unreachable_id), (other, _) = rows(
+        db_url, "SELECT id, provider_batch_id FROM batches WHERE job_id = ? ORDER BY id", job)
+    trouble(sim, unreachable_id, 503)
+
+    state = await cancel_job_batches(job_id=job, database_url=SecretStr(db_url), base_url=sim.base_url,
+                                     wait_seconds=5.0, return_state=True)
+
+    assert state.is_failed() and f"batch {unreachable} (job {job[:8]}): cancel failed" in state.message
+    summary = await state.result(raise_on_failure=False)
+    assert summary["cancelled"] == [other] and [i["batch_id"] for i in summary["ingested"]] == [other]
+    # The one it could not reach stays open with its error, for a later sweep (or `abandon`).
+    [(status, count)] = rows(db_url, "SELECT status, error_count FROM batches WHERE id = ?", unreachable)
+    assert status not in ("ingested", "lost") and count == 1
+    assert rows(db_url, "SELECT status FROM batches WHERE id = ?", other) == [("ingested",)]
+
+
+async def test_abandon_refuses_a_batch_the_provider_holds_and_gives_up_one_it_lost(
+    prefect_api: str, sim: Sim, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job, batch_id, provider_id = await one_finished_batch(sim, db_url, monkeypatch)
+
+    with pytest.raises(BatchInUseError, match="`llm-dispatch collect` stores its answers"):
+        await abandon_batch_flow(batch_id=batch_id, database_url=SecretStr(db_url), base_url=sim.base_url)
+    assert rows(db_url, "SELECT status FROM batches") == [("validating",)]  # as last polled: unchanged
+
+    trouble(sim, provider_id, "forget")
+    outcome = await abandon_batch_flow(batch_id=batch_id, database_url=SecretStr(db_url), base_url=sim.base_url)
+    assert outcome["released"] == 3 and outcome["provider_said"].startswith("NotFoundError: HTTP 404")
+    assert rows(db_url, "SELECT status FROM batches") == [("lost",)]
+    assert rows(db_url, "SELECT DISTINCT status FROM prompts") == [("pending",)]
+
+    # The next run of the job answers each prompt once.
+    resumed = await dispatch(job_id=job, base_url=sim.base_url, database_url=SecretStr(db_url), wait=True,
+                             batch_poll_interval=0.1)
+    assert resumed["counts"] == {"succeeded": 3}
+    assert set(successes_per_prompt(db_url).values()) == {1}
+
+
+def test_the_cli_names_each_problem_in_one_line_and_exits_3(cli_env: dict[str, str], sim: Sim, db_url: str,
+                                                            tmp_path: Path) -> None:
+    from conftest import write_prompts
+
+    sim.configure(batch_processing_seconds=0.3)
+    env = {**cli_env, "LLM_DISPATCH_MAX_RETRIES": "0"}
+    path = write_prompts(tmp_path / "p.jsonl", [{"id": i, "prompt": f"question {i}"} for i in range(3)])
+    assert cli("run", str(path), "--route", "all-batch", "--no-wait", env=env, cwd=tmp_path).returncode == 0
+    time.sleep(1.0)
+    [(batch_id, provider_id)] = rows(db_url, "SELECT id, provider_batch_id FROM batches")
+    trouble(sim, provider_id, 502)
+
+    swept = cli("collect", env=env, cwd=tmp_path)
+    assert swept.returncode == 3, swept.stderr[-2000:]
+    [line] = [line for line in swept.stderr.splitlines() if line.startswith("error:")]
+    assert f"batch {batch_id}" in line and "poll failed (1 in a row)" in line and "Traceback" not in swept.stderr
+
+    cancelled = cli("cancel", rows(db_url, "SELECT id FROM jobs")[0][0][:8], "--wait-seconds", "0", env=env,
+                    cwd=tmp_path)
+    assert cancelled.returncode == 3 and "Traceback" not in cancelled.stderr
+    assert f"batch {batch_id}" in cancelled.stderr and "cancel failed" in cancelled.stderr
+
+    trouble(sim, provider_id, "forget")
+    abandoned = cli("abandon", str(batch_id), env=env, cwd=tmp_path)
+    assert abandoned.returncode == 0, abandoned.stderr[-2000:]
+    # The job's cancel asked for its prompts not to be sent again: they fail as cancelled, none pending.
+    said = " ".join(abandoned.stdout.split())
+    assert f"batch {batch_id} abandoned (NotFoundError" in said and "0 prompts of job" in said
+    assert "3 failed as cancelled" in said
+    assert rows(db_url, "SELECT status, COUNT(*) FROM prompts GROUP BY status") == [("failed", 3)]

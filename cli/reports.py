@@ -68,6 +68,7 @@ async def status(*, settings: Settings, job_id: str | None) -> dict[str, Any] | 
             "routes": await storage.route_counts(sessions, job_id=job_id),
             "cost": money(ledger.total), "cost_complete": ledger.complete,
             "unpriced_models": dict(ledger.totals.unpriced_models),
+            "structured": to_json(await storage.structured_stats(sessions, job_id=job_id)),
             "batches": [
                 {"id": b.id, "provider": b.provider, "provider_batch_id": b.provider_batch_id, "status": b.status,
                  "model": b.model,
@@ -93,7 +94,7 @@ def print_status(console: Console, data: dict[str, Any]) -> None:
         console.print(table)
         return
     table = Table(title=f"job {data['job_id'][:8]} ({data['name']}): {data['status']}")
-    statuses = ("succeeded", "refused", "failed", *UNFINISHED_PROMPT_STATUSES)
+    statuses = ("succeeded", "refused", "invalid", "failed", *UNFINISHED_PROMPT_STATUSES)
     table.add_column("route")
     for name in statuses:
         table.add_column(name, justify="right")
@@ -101,6 +102,8 @@ def print_status(console: Console, data: dict[str, Any]) -> None:
         table.add_row(route, *(str(counts.get(name, 0)) for name in statuses))
     unknown = "" if data["cost_complete"] else f" + unknown (no price for {', '.join(sorted(data['unpriced_models']))})"
     table.caption = f"cost so far ${data['cost']:.6f}{unknown}; `llm-dispatch cost {data['job_id'][:8]}` for details"
+    if data.get("structured"):
+        table.caption += "\n" + structured_line(data["structured"])
     console.print(table)
     if data["batches"]:
         batches = Table(title="batches")
@@ -245,6 +248,14 @@ def _provider_rows(table: Table, *, actual: dict[str, Any], estimated: dict[str,
             )
 
 
+def structured_line(structured: dict[str, Any]) -> str:
+    """One line on a job's answers checked against their schemas."""
+    cost = structured.get("reask_cost")
+    return (f"structured answers: {structured['valid_first']} valid at first, {structured['valid_after_reasks']} "
+            f"valid after re-asks, {structured['still_invalid']} still invalid; {structured['reasks']} re-asks cost "
+            + ("unknown" if cost is None else f"${cost:.6f}"))
+
+
 def job_table(summary: dict[str, Any], *, title: str) -> Table:
     """The table a run ends with: per route, prompts by outcome, tokens, cost and the estimate."""
     table = Table(title=title)
@@ -287,6 +298,9 @@ def job_table(summary: dict[str, Any], *, title: str) -> Table:
         ("tool_calls", "with tool calls (in the export's tool_calls)")) if stats.get(key)]
     if kinds:
         table.caption += "\nanswers: " + "; ".join(kinds)
+    structured = summary.get("structured")
+    if structured:
+        table.caption += "\n" + structured_line(structured)
     if stats.get("billed_unanswered"):
         table.caption += (f"\n{stats['billed_unanswered']} attempts may have been billed with no answer kept (a "
                           "generation timed out or cut off, a 2xx that was no answer): see maybe_billed in the export")

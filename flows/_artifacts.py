@@ -153,6 +153,7 @@ async def publish_report(summary: DispatchSummary, *, logger: Logger) -> None:
             "prompts": sum(statuses.values()),
             "succeeded": statuses.get("succeeded", 0),
             "refused": statuses.get("refused", 0),
+            "invalid": statuses.get("invalid", 0),
             "failed": statuses.get("failed", 0),
             "unfinished": unfinished(statuses),
             "prompt_tokens": cost.get("prompt_tokens", 0),
@@ -187,6 +188,14 @@ def report_markdown(report: dict[str, Any]) -> str:
         f"| cost | ${cost['total']:.6f}{'' if cost['complete'] else ' + unknown (no price for some models)'} |",
         f"| saved by the Batch API | ${cost['savings']:.6f} |",
     ]
+    structured = report.get("structured")
+    if structured:
+        cost_of = structured.get("reask_cost")
+        lines += [f"| structured: valid at first answer | {structured['valid_first']} |",
+                  f"| structured: valid after re-asks | {structured['valid_after_reasks']} |",
+                  f"| structured: still invalid | {structured['still_invalid']} |",
+                  f"| structured: re-asks (cost) | {structured['reasks']} "
+                  f"({'unknown' if cost_of is None else f'${cost_of:.6f}'}) |"]
     if "estimate" in report:
         lines.append(f"| estimate before sending | ${report['estimate']['total']:.6f} |")
     lines.append(f"| prices as of | {cost['prices_as_of']} |")

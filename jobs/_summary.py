@@ -131,6 +131,9 @@ class JobReport:
     stats: storage.ResultStats
     cost: JobCost
     estimate: JobCost | None = json_field(omit_none=True, default=None)
+    # Answers checked against their schemas (valid at first, after re-asks, still invalid, re-asks' cost); None
+    # when no prompt has a schema.
+    structured: storage.StructuredStats | None = json_field(omit_none=True, default=None)
 
     @property
     def unfinished(self) -> int:
@@ -170,4 +173,5 @@ async def job_report(
         job_id=job_id, counts=counts, routes=await storage.route_counts(sessions, job_id=job_id),
         stats=await storage.result_stats(sessions, job_id=job_id),
         cost=await actual_cost(sessions=sessions, job_id=job_id, provider_of=provider_of), estimate=estimate,
+        structured=await storage.structured_stats(sessions, job_id=job_id),
     )

@@ -85,6 +85,8 @@ if TYPE_CHECKING:
         list_jobs,
         reply_lengths,
         route_counts,
+        StructuredStats,
+        structured_stats,
         usage_by_route,
     )
     from ._writer import ResultWriter
@@ -139,6 +141,8 @@ __all__ = [
     "list_jobs",
     "reply_lengths",
     "route_counts",
+    "StructuredStats",
+    "structured_stats",
     "usage_by_route",
     "find_batch_by_provider_id",
     "find_job",

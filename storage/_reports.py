@@ -6,12 +6,13 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from decimal import Decimal
+from typing import Any, ClassVar
 
 from sqlalchemy import and_, case, func, literal, literal_column, or_, select
 from sqlalchemy.orm import aliased
 
-from llm_dispatch.core import CLOSED_BATCH_STATUSES, PAID_RESULT_STATUSES
+from llm_dispatch.core import CLOSED_BATCH_STATUSES, PAID_RESULT_STATUSES, from_pico
 
 from ._models import Batch, Job, Prompt, Result, aware
 from ._engine import Sessions
@@ -21,12 +22,14 @@ __all__ = [
     "ExportShape",
     "JobSummary",
     "ReplyLengths",
+    "StructuredStats",
     "UsageRow",
     "export_rows",
     "export_shape",
     "list_jobs",
     "reply_lengths",
     "route_counts",
+    "structured_stats",
     "usage_by_route",
 ]
 
@@ -201,6 +204,50 @@ async def reply_lengths(sessions: Sessions, *, models: list[str], sample: int = 
             if n:
                 lengths[model] = ReplyLengths(replies=int(n), tokens=int(total), cut=int(n_cut))
     return lengths
+
+
+@dataclass(frozen=True, slots=True)
+class StructuredStats:
+    """A job's answers checked against their schemas, in prompts: valid at the first answer, valid only after being
+    asked again, and still invalid once the re-asks were spent; the re-asks paid for (requests: identical prompts
+    share one) and what they cost (picodollars, as stored; None when none was priced)."""
+
+    json_properties: ClassVar = ("reask_cost",)
+
+    prompts: int = 0
+    valid_first: int = 0
+    valid_after_reasks: int = 0
+    still_invalid: int = 0
+    reasks: int = 0
+    reask_cost_pico_usd: int | None = None
+
+    @property
+    def reask_cost(self) -> Decimal | None:
+        """What the re-asks cost, in dollars."""
+        return None if self.reask_cost_pico_usd is None else from_pico(self.reask_cost_pico_usd)
+
+
+async def structured_stats(sessions: Sessions, *, job_id: str) -> StructuredStats | None:
+    """How the job's structured answers came out (``StructuredStats``); None when no prompt of it has a schema."""
+    checked = or_(Result.parsed.isnot(None), Result.violation.isnot(None))
+    again = Result.reask > 0
+    stmt = select(
+        func.count(func.distinct(case((checked, Result.prompt_id)))),
+        func.count(func.distinct(case((and_(Result.reask == 0, Result.status == "succeeded", checked),
+                                         Result.prompt_id)))),
+        func.count(func.distinct(case((and_(again, Result.status == "succeeded"), Result.prompt_id)))),
+        func.sum(case((and_(again, Result.route != "reused"), 1), else_=0)),
+        func.sum(case((again, Result.cost_pico_usd))),
+    ).where(Result.job_id == job_id)
+    invalid = select(func.count()).where(Prompt.job_id == job_id, Prompt.status == "invalid")
+    async with sessions() as session:
+        prompts, first, after, reasks, cost = (await session.execute(stmt)).one()
+        if not prompts:
+            return None
+        still = (await session.execute(invalid)).scalar_one()
+    return StructuredStats(prompts=int(prompts), valid_first=int(first), valid_after_reasks=int(after),
+                           still_invalid=int(still), reasks=int(reasks or 0),
+                           reask_cost_pico_usd=None if cost is None else int(cost))
 
 
 async def route_counts(sessions: Sessions, *, job_id: str) -> dict[str, dict[str, int]]:

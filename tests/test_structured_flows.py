@@ -106,3 +106,35 @@ async def test_realtime_gives_up_after_max_reasks(prefect_api: str, sim: Sim, db
     assert rows(db_url, "SELECT status FROM prompts") == [("invalid",)]
     assert rows(db_url, "SELECT reask, status FROM results ORDER BY reask") == [(0, "invalid"), (1, "invalid"),
                                                                                 (2, "invalid")]
+
+
+async def test_the_report_counts_valid_first_after_reasks_and_still_invalid(
+        prefect_api: str, sim: Sim, db_url: str, tmp_path: Path, cli_env: dict[str, str]) -> None:
+    from llm_dispatch.flows._artifacts import report_markdown
+    from llm_dispatch.flows.dispatch import dispatch
+
+    from conftest import cli
+
+    path = prompts(tmp_path)
+    # No answer the simulator makes can follow this schema (a name matching ^Z): invalid however often it is asked.
+    impossible = json.loads(json.dumps(FORMAT))
+    impossible["json_schema"]["schema"]["properties"]["name"]["pattern"] = "^Z"
+    with path.open("a") as extra:
+        extra.write(json.dumps({"id": "hopeless", "prompt": "Invent a person.",
+                                "params": {"response_format": impossible}}) + "\n")
+    summary = await dispatch(prompts=str(path), base_url=sim.base_url, database_url=SecretStr(db_url),
+                             route_policy="all-realtime", max_reasks=1)
+    structured = summary["structured"]
+    reask_cost = sum(cost for (cost,) in rows(db_url, "SELECT cost_pico_usd FROM results WHERE reask > 0")) / 1e12
+    assert (structured["valid_first"], structured["valid_after_reasks"], structured["still_invalid"],
+            structured["reasks"]) == (1, 4, 1, 5)
+    assert rows(db_url, "SELECT custom_id FROM prompts WHERE status = 'invalid'") == [("hopeless",)]
+    assert "does not match '^Z'" in rows(db_url, "SELECT violation FROM results WHERE reask = 1 AND status = "
+                                                 "'invalid'")[0][0]
+    assert structured["reask_cost"] == pytest.approx(reask_cost, abs=1e-6) and reask_cost > 0
+    markdown = report_markdown(summary)
+    assert f"| structured: valid after re-asks | {structured['valid_after_reasks']} |" in markdown
+    shown = " ".join(cli("status", summary["job_id"], env=cli_env, cwd=tmp_path).stdout.split())  # as one line
+    assert "structured answers: 1 valid at first, 4 valid after re-asks, 1 still invalid; 5 re-asks cost $" in shown
+    as_json = json.loads(cli("status", summary["job_id"], "--json", env=cli_env, cwd=tmp_path).stdout)
+    assert as_json["structured"]["reasks"] == 5

@@ -95,10 +95,10 @@ async def flow(*, base_url: str, prompts: Path, concurrency: int, db: str, recor
     summary = await realtime_dispatch(prompts=str(prompts), base_url=base_url, database_url=db,
                                       concurrency=concurrency, dedupe=False)
     elapsed = time.perf_counter() - started
-    count = summary["counts"].get("succeeded", 0)
-    assert count == summary["prompts"], f"flow: {summary['counts']}"
-    return {"seconds": elapsed, "count": count, "send_seconds": summary["send_s"],
-            **{f"phase_{name}": value for name, value in summary["phases_s"].items()}}
+    count = summary.counts.get("succeeded", 0)
+    assert count == summary.prompts, f"flow: {summary.counts}"
+    return {"seconds": elapsed, "count": count, "send_seconds": summary.send_s,
+            **{f"phase_{name}": value for name, value in summary.phases_s.items()}}
 
 
 def child(args: argparse.Namespace) -> None:

@@ -10,7 +10,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import click
 import typer
@@ -19,7 +19,20 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn
 from typer.core import TyperGroup
 
-from llm_dispatch.core import RETRY_FAILED, APIError, LLMDispatchError, Progress, RetryFailed, Settings, current_progress
+from llm_dispatch.core import (
+    RETRY_FAILED,
+    APIError,
+    LLMDispatchError,
+    Progress,
+    RetryFailed,
+    Settings,
+    current_progress,
+    money,
+    to_json,
+)
+
+if TYPE_CHECKING:
+    from llm_dispatch.jobs import BatchProblem, BudgetStanding, DispatchSummary
 
 # Options several commands take alike.
 DatabaseUrl = Annotated[Optional[str], typer.Option(help="SQLAlchemy URL (default: ./llm_dispatch.db)")]
@@ -240,40 +253,38 @@ def run(
 
     _say_which_job(summary)
     if as_json:
-        out.print_json(json.dumps(summary, default=str))
+        out.print_json(json.dumps(to_json(summary), default=str))
     else:
         _print_summary(summary)
-    realtime = summary.get("realtime") or {}
-    stopped = realtime.get("stopped") or []
+    stopped = summary.stopped
     if stopped:
         # One line: what stopped the run, what to fix (the stored hint), and that the same command continues.
         again = "the same command" if file is not None else f"llm-dispatch run --resume {resume}"
         causes = " ".join(found["message"] for found in stopped)
-        err.print(f"[bold red]error:[/] {causes} {realtime.get('left', 0)} prompts are left pending: fix that, "
+        err.print(f"[bold red]error:[/] {causes} {summary.left} prompts are left pending: fix that, "
                   f"then run {again} to send them.", highlight=False, soft_wrap=True)
-    held = summary.get("budget") or {}
-    if held.get("stopped"):
-        job = summary["job_id"][:8]
-        if held["name"].startswith("job:"):
+    held = summary.budget
+    if held is not None and held.stopped:
+        job = summary.report.job_id[:8]
+        if held.name.startswith("job:"):
             again = f"run `llm-dispatch run --resume {job} --budget HIGHER`"
         else:
-            wait = "" if held["per"] == "total" else f", or wait for the next {held['per']}"
-            again = (f"raise it (`llm-dispatch budget set {held['name']} --limit HIGHER --per {held['per']}`{wait}), "
-                     f"then run `llm-dispatch run --resume {job} --budget-name {held['name']}`")
-        raise _fail(f"{budget_line(held)}; {held['over_budget']} prompts are left pending: {again} to send them",
+            wait = "" if held.per == "total" else f", or wait for the next {held.per}"
+            again = (f"raise it (`llm-dispatch budget set {held.name} --limit HIGHER --per {held.per}`{wait}), "
+                     f"then run `llm-dispatch run --resume {job} --budget-name {held.name}`")
+        raise _fail(f"{budget_line(held)}; {held.over_budget} prompts are left pending: {again} to send them",
                     code=EXIT_BUDGET)
-    failed = summary["counts"].get("failed", 0)
+    failed = summary.report.counts.get("failed", 0)
     # A run stopped by its provider's answers (a refused key, no credit): the provider's failure, as when a call
     # of another command fails.
     raise typer.Exit(EXIT_PROVIDER if stopped else EXIT_FAILED_PROMPTS if failed else 0)
 
 
-def budget_line(budget: dict[str, Any]) -> str:
+def budget_line(budget: BudgetStanding) -> str:
     """One line of where a budget stands (a summary's ``budget``): spent, reserved and left of its limit."""
-    name = budget["label"]
-    period = "" if budget["per"] == "total" else f" this {budget['per']} ({budget['period']})"
-    return (f"budget {name} reached{period}: spent ${budget['spent']:.6f}, reserved ${budget['reserved']:.6f}, "
-            f"left ${budget['left']:.6f} of ${budget['limit']:.6f}")
+    period = "" if budget.per == "total" else f" this {budget.per} ({budget.period})"
+    return (f"budget {budget.label} reached{period}: spent ${money(budget.spent):.6f}, reserved "
+            f"${money(budget.reserved):.6f}, left ${money(budget.left):.6f} of ${money(budget.limit):.6f}")
 
 
 def _check_keys(settings: Settings, *, providers: frozenset[str]) -> None:
@@ -314,18 +325,18 @@ def collect(
     summary = _flow_result(collect_batches(database_url=url, job_id=job,
                                            stale_after=stale_after, retry_now=retry_now, return_state=True))
     if as_json:
-        out.print_json(json.dumps(summary, default=str))
+        out.print_json(json.dumps(to_json(summary), default=str))
     else:
-        ingested = summary["ingested"]
-        waiting = f", {len(summary['waiting'])} waiting to retry after errors" if summary["waiting"] else ""
+        ingested = summary.ingested
+        waiting = f", {len(summary.waiting)} waiting to retry after errors" if summary.waiting else ""
         out.print(
-            f"{summary['open']} open batches: polled {summary['polled']}, ingested {len(ingested)} "
-            f"({sum(i['succeeded'] for i in ingested)} answers, {sum(i['failed'] for i in ingested)} failed), "
-            f"resubmitted {summary['resubmitted']} prompts, sent {summary['realtime']} real-time{waiting}",
+            f"{summary.open} open batches: polled {summary.polled}, ingested {len(ingested)} "
+            f"({sum(i.succeeded for i in ingested)} answers, {sum(i.failed for i in ingested)} failed), "
+            f"resubmitted {summary.resubmitted} prompts, sent {summary.realtime} real-time{waiting}",
             highlight=False,
         )
-        _print_problems(summary["problems"])
-    if summary["problems"]:
+        _print_problems(summary.problems)
+    if summary.problems:
         raise typer.Exit(EXIT_PROVIDER)
 
 
@@ -341,12 +352,12 @@ def cancel(
     url = _stored_url(database_url)
     summary = _flow_result(cancel_job_batches(job_id=job, database_url=url,
                                               wait_seconds=wait_seconds, return_state=True))
-    kept = sum(i["succeeded"] for i in summary["ingested"])
-    out.print(f"cancelled {len(summary['cancelled'])} batches of job {job}; kept {kept} answers they gave; "
-              f"{len(summary['cancelled']) - len(summary['ingested'])} still stopping (`llm-dispatch collect` finishes them)",
+    kept = sum(i.succeeded for i in summary.ingested)
+    out.print(f"cancelled {len(summary.cancelled)} batches of job {job}; kept {kept} answers they gave; "
+              f"{len(summary.cancelled) - len(summary.ingested)} still stopping (`llm-dispatch collect` finishes them)",
               highlight=False)
-    _print_problems(summary["problems"])
-    if summary["problems"]:
+    _print_problems(summary.problems)
+    if summary.problems:
         raise typer.Exit(EXIT_PROVIDER)
 
 
@@ -365,10 +376,10 @@ def abandon(
     url = _stored_url(database_url)
     outcome = _flow_call(abandon_batch_flow(batch_id=batch, database_url=url,
                                             force=force))
-    job = outcome["job_id"][:8]
-    cancelled = (f"; {outcome['cancelled']} failed as cancelled (the job's batches were cancelled: "
-                 "`--retry-failed all` sends them)" if outcome["cancelled"] else "")
-    out.print(f"batch {batch} abandoned ({outcome['provider_said']}); {outcome['released']} prompts of job {job} "
+    job = outcome.job_id[:8]
+    cancelled = (f"; {outcome.cancelled} failed as cancelled (the job's batches were cancelled: "
+                 "`--retry-failed all` sends them)" if outcome.cancelled else "")
+    out.print(f"batch {batch} abandoned ({outcome.provider_said}); {outcome.released} prompts of job {job} "
               f"are pending again: `llm-dispatch run --resume {job}` sends them{cancelled}", highlight=False)
 
 
@@ -393,19 +404,19 @@ def _flow_result(coroutine: Any) -> Any:
     return result
 
 
-def _print_problems(problems: list[dict[str, Any]]) -> None:
+def _print_problems(problems: list[BatchProblem]) -> None:
     """One ``error:`` line per problem; batches that met the same error (a provider out of reach) share one."""
-    groups: dict[tuple[str, str, bool], list[dict[str, Any]]] = {}
+    groups: dict[tuple[str, str, bool], list[BatchProblem]] = {}
     for problem in problems:
-        groups.setdefault((problem["step"], problem["error"], problem["lost"]), []).append(problem)
+        groups.setdefault((problem.step, problem.error, problem.lost), []).append(problem)
     for (step, error, lost), group in groups.items():
         first = group[0]
         if len(group) == 1:
-            line = first["line"]
+            line = first.line
         else:
-            ids = ", ".join(str(p["batch_id"]) for p in group)
+            ids = ", ".join(str(p.batch_id) for p in group)
             line = f"{len(group)} batches ({ids}) {'lost' if lost else f'{step} failed'}: {error}"
-        stuck = not lost and first["batch_id"] is not None and first["errors_in_a_row"] >= ABANDON_HINT_AFTER
+        stuck = not lost and first.batch_id is not None and first.errors_in_a_row >= ABANDON_HINT_AFTER
         hint = "; `llm-dispatch abandon BATCH` gives one up" if stuck else ""
         err.print(f"[bold red]error:[/] {line}{hint}", highlight=False, soft_wrap=True)
 
@@ -546,7 +557,7 @@ async def _run_with_progress(
     max_cost: float | None,
     new_job: bool = False,
     job_name: str | None = None,
-) -> dict[str, Any]:
+) -> DispatchSummary:
     from llm_dispatch.flows.dispatch import dispatch
 
     # Per-task "Finished in state Completed" lines would drown the progress bar.
@@ -681,35 +692,36 @@ def _quiet_prefect_info() -> Any:
             logger.setLevel(level)
 
 
-def _say_which_job(summary: dict[str, Any]) -> None:
+def _say_which_job(summary: DispatchSummary) -> None:
     """One line when the run did not start a job from scratch: which job it resumed, and what it sent."""
-    job = f"job {summary['job_id'][:8]} ({summary['job_name']})"
-    realtime, batch = summary.get("realtime") or {}, summary.get("batch") or {}
-    sent = (realtime.get("sent_prompts") or 0) + (batch.get("submitted_prompts") or 0)
-    if summary.get("started_over_from"):
-        err.print(f"job {summary['started_over_from'][:8]} already answered this input and --no-dedupe was given: "
-                  f"new {job} sent its {summary['prompts']} prompts again", highlight=False, soft_wrap=True)
-    elif summary.get("resumed"):
-        before = summary.get("answered_before", 0)
-        did = "nothing sent" if not sent and not summary.get("unfinished") else f"{sent} prompts sent now"
-        err.print(f"resumed {job}: {before} of its {summary['prompts']} prompts were answered before this run, "
+    job = f"job {summary.report.job_id[:8]} ({summary.job_name})"
+    sent = summary.sent_prompts
+    if summary.started_over_from:
+        err.print(f"job {summary.started_over_from[:8]} already answered this input and --no-dedupe was given: "
+                  f"new {job} sent its {summary.prompts} prompts again", highlight=False, soft_wrap=True)
+    elif summary.resumed:
+        before = summary.answered_before
+        did = "nothing sent" if not sent and not summary.report.unfinished else f"{sent} prompts sent now"
+        err.print(f"resumed {job}: {before} of its {summary.prompts} prompts were answered before this run, "
                   f"{did}; --new-job starts a new job from the same file", highlight=False, soft_wrap=True)
 
 
-def _print_summary(summary: dict[str, Any]) -> None:
+def _print_summary(summary: DispatchSummary) -> None:
+    from llm_dispatch.jobs import RealtimeSummary
+
     from .reports import job_table
 
-    realtime = summary.get("realtime") or {}
-    title = f"job {summary['job_id'][:8]} ({summary['job_name']})" + (" (resumed)" if summary.get("resumed") else "")
-    out.print(job_table(summary, title=title))
+    realtime = summary.realtime
+    title = f"job {summary.report.job_id[:8]} ({summary.job_name})" + (" (resumed)" if summary.resumed else "")
+    out.print(job_table(to_json(summary), title=title))
     notes = []
-    if realtime.get("reused") or (summary.get("batch") or {}).get("reused"):
-        notes.append(f"answered from storage: {(realtime.get('reused') or 0) + (summary['batch'].get('reused') or 0)}")
-    if realtime.get("send_s") and realtime.get("sent_prompts"):
-        notes.append(f"real-time throughput {realtime['sent_prompts'] / realtime['send_s']:.0f} prompts/s")
-    notes.append(f"wall time {summary['wall_s']:.1f} s")
+    if summary.reused:
+        notes.append(f"answered from storage: {summary.reused}")
+    if isinstance(realtime, RealtimeSummary) and realtime.send_s and realtime.sent_prompts:
+        notes.append(f"real-time throughput {realtime.sent_prompts / realtime.send_s:.0f} prompts/s")
+    notes.append(f"wall time {summary.wall_s:.1f} s")
     out.print("  ".join(notes), highlight=False)
-    waiting = summary["counts"].get("batched", 0)
+    waiting = summary.report.counts.get("batched", 0)
     if waiting:
         out.print(f"{waiting} prompts wait in provider batches: `llm-dispatch collect` (or the collect-batches "
                   "deployment) ingests them when they finish", highlight=False)

@@ -29,7 +29,7 @@ def run_state(result: Any, *, failure: str | None = None, message: str = "", nam
     return make(message=text, data=result, **({"name": name} if name else {}))
 
 
-def final_state(result: dict[str, Any], *, budget: BudgetStanding | None) -> Any:
+def final_state(result: object, *, budget: BudgetStanding | None) -> Any:
     """What a flow returns: ``result``, or a ``BudgetReached`` state holding it when the run stopped on its budget
     (a caller of the flow gets ``result`` either way)."""
     if budget is None or not budget.stopped:

@@ -14,7 +14,9 @@ from pydantic import SecretStr
 
 from llm_dispatch import storage
 from llm_dispatch.jobs import (
+    AbandonOutcome,
     BatchHalfSummary,
+    BatchLeft,
     BatchProblem,
     CancelSummary,
     IngestOutcome,
@@ -33,7 +35,6 @@ from llm_dispatch.core import (
     TERMINAL_BATCH_STATUSES,
     RetryFailed,
     Settings,
-    to_json,
     unfinished,
 )
 from llm_dispatch.tasks import (
@@ -69,7 +70,7 @@ async def wait_for_batch(
     database_url: SecretStr | None = None,
     settings_overrides: dict[str, Any] | None = None,
     ingest_when_done: bool = True,
-) -> dict[str, Any]:
+) -> IngestOutcome | BatchLeft:
     """Poll one batch until the provider is done with it (interval growing from ``batch_poll_interval``
     to ``batch_poll_max_interval``), keeping a progress artifact current; then ingest its output.
 
@@ -79,10 +80,10 @@ async def wait_for_batch(
     settings = await prepare(Settings.with_overrides(**overrides, database_url=database_url), logger=get_run_logger())
     async with open_run(settings, migrate=False) as run:
         outcome = await follow_batch(run=run, batch_id=batch_id, ingest_when_done=ingest_when_done)
-    return to_json(outcome) if isinstance(outcome, IngestOutcome) else outcome
+    return outcome
 
 
-async def follow_batch(*, run: JobRun, batch_id: int, ingest_when_done: bool = True) -> IngestOutcome | dict[str, Any]:
+async def follow_batch(*, run: JobRun, batch_id: int, ingest_when_done: bool = True) -> IngestOutcome | BatchLeft:
     """The recipe behind ``wait-for-batch``: the ingest's outcome, or how the batch stands when left."""
     logger = get_run_logger()
     settings = run.settings
@@ -100,12 +101,12 @@ async def follow_batch(*, run: JobRun, batch_id: int, ingest_when_done: bool = T
         if record.expires_at is not None and datetime.now(UTC) > record.expires_at + grace:
             logger.warning("Batch %d is still %s %s after its expiry; leaving it to collect-batches.",
                            batch_id, record.status, grace)
-            return {"batch_id": batch_id, "status": record.status, "gave_up": True}
+            return BatchLeft(batch_id=batch_id, status=record.status, gave_up=True)
         await asyncio.sleep(interval)
         interval = min(interval * POLL_GROWTH, settings.batch_poll_max_interval)
     if record.status in TERMINAL_BATCH_STATUSES and ingest_when_done:
         return await ingest_batch(run=run, batch_id=batch_id)
-    return {"batch_id": batch_id, "status": record.status}
+    return BatchLeft(batch_id=batch_id, status=record.status)
 
 
 async def dispatch_batches(
@@ -148,7 +149,7 @@ async def dispatch_batches(
         public, url = public_overrides(settings), SecretStr(settings.database_url)
         outcomes = await asyncio.gather(*(
             wait_for_batch(batch_id=batch_id, database_url=url, settings_overrides=public) for batch_id in waiting))
-        summary.ingested.extend(IngestOutcome(**o) for o in outcomes if "succeeded" in o)
+        summary.ingested.extend(outcome for outcome in outcomes if isinstance(outcome, IngestOutcome))
         if await _rerouted(run, job_id=job_id):
             # Re-routed by the ingests (deadline, or too many batches): real-time now, once the
             # real-time half beside this one is done with its own prompts.
@@ -203,7 +204,7 @@ async def collect_batches(
     await publish_sweep(summary, scope=scope, logger=logger)
     failure = (f"{len(summary.problems)} problems ({len(summary.lost)} batches lost): "
                + "; ".join(problem.line for problem in summary.problems)) if summary.problems else None
-    return run_state(to_json(summary), failure=failure, message=said)
+    return run_state(summary, failure=failure, message=said)
 
 
 async def sweep(*, run: JobRun, job_id: str | None, stale_after: float, retry_now: bool = False) -> SweepSummary:
@@ -325,7 +326,7 @@ async def cancel_job_batches(
         logger.error(problem.line)
     summary = CancelSummary(job_id=job_id, cancelled=[r.id for r in records], ingested=ingested, problems=problems)
     failure = "; ".join(problem.line for problem in problems) or None
-    return run_state(to_json(summary), failure=failure,
+    return run_state(summary, failure=failure,
                      message=f"cancelled {len(records)} batches, {len(ingested)} ingested")
 
 
@@ -336,11 +337,11 @@ async def abandon_batch_flow(
     base_url: str | None = None,
     anthropic_base_url: str | None = None,
     force: bool = False,
-) -> dict[str, Any]:
+) -> AbandonOutcome:
     """Give one batch up by hand: closed ``lost``, its unanswered prompts pending again for the next run (see
     ``jobs.abandon_batch``: a batch the provider still holds is refused unless ``force``)."""
     settings = await prepare(Settings.with_overrides(base_url=base_url, anthropic_base_url=anthropic_base_url,
                                                     database_url=database_url), logger=get_run_logger())
     async with open_run(settings) as run:
         outcome = await abandon_batch(run=run, batch_id=batch_id, force=force)
-    return to_json(outcome)
+    return outcome

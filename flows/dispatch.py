@@ -15,6 +15,7 @@ from pydantic import SecretStr
 
 from llm_dispatch import storage
 from llm_dispatch.jobs import (
+    DirectorySummary,
     DispatchSummary,
     JobCost,
     RealtimeSummary,
@@ -39,7 +40,6 @@ from llm_dispatch.core import (
     Settings,
     ShardRunsFailedError,
     current_progress,
-    to_json,
 )
 from llm_dispatch.tasks import record_prompts
 
@@ -117,7 +117,7 @@ async def dispatch(
     summary = await run_dispatch(source=prompts, job_id=job_id, settings=settings, wait=wait, max_cost=max_cost,
                                  retry_failed=retry_failed, retry_refused=retry_refused, shards=shards,
                                  realtime_deployment=realtime_deployment, new_job=new_job, job_name=job_name)
-    return final_state(to_json(summary), budget=summary.budget)
+    return final_state(summary, budget=summary.budget)
 
 
 async def run_dispatch(
@@ -279,7 +279,7 @@ async def dispatch_directory(
     route_policy: RoutePolicy | None = None,
     max_cost: float | None = None,
     new_job: bool = False,
-) -> dict[str, Any]:
+) -> DirectorySummary:
     """Dispatch every prompt file in ``directory`` matching ``pattern`` that has not been finished yet,
     oldest name first: meant for a schedule over a drop folder. A file already finished is skipped; one
     recorded but unfinished resumes its job (nothing already answered is paid again). ``new_job``: every
@@ -305,7 +305,7 @@ async def dispatch_directory(
                     summary.job_name, summary.report.counts.get("succeeded", 0),
                     summary.report.counts.get("failed", 0), summary.report.unfinished)
     logger.info("Dispatched %d files; skipped %d already finished.", len(done), len(skipped))
-    return {"dispatched": done, "skipped": skipped}
+    return DirectorySummary(dispatched=done, skipped=skipped)
 
 
 async def _recorded(path: Path, *, settings: Settings) -> storage.JobInfo | None:

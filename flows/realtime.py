@@ -24,7 +24,7 @@ from llm_dispatch.jobs import (
     open_run,
     run_budget,
 )
-from llm_dispatch.core import ConfigError, RetryFailed, Route, RunStop, Settings, current_progress, to_json, unfinished
+from llm_dispatch.core import ConfigError, RetryFailed, Route, RunStop, Settings, current_progress, unfinished
 from llm_dispatch.tasks import chunk_sender, record_prompts
 
 from ._artifacts import ProgressBoard, job_label
@@ -95,7 +95,7 @@ async def realtime_dispatch(
         selection = Selection(retry_failed=retry_failed, planned_route=planned_route, shard=part)
         held = await run_budget(settings, sessions=run.sessions, job_id=job.job_id)
         summary = await send_realtime(run=run, job=job, selection=selection, started=started, budget=held)
-    return final_state(to_json(summary), budget=summary.budget)
+    return final_state(summary, budget=summary.budget)
 
 
 def lane_count(settings: Settings) -> int:

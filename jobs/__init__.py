@@ -49,7 +49,9 @@ if TYPE_CHECKING:
     )
     from ._summary import (
         BatchHalfSummary,
+        BatchLeft,
         CancelSummary,
+        DirectorySummary,
         DispatchSummary,
         JobReport,
         RealtimeSummary,
@@ -86,6 +88,7 @@ __all__ = [
     "MAX_CHUNKS_PER_RUN",
     "BatchApi",
     "BatchHalfSummary",
+    "BatchLeft",
     "BudgetStanding",
     "CancelSummary",
     "Chunk",
@@ -109,6 +112,7 @@ __all__ = [
     "StoredSlice",
     "SubmitOutcome",
     "SweepSummary",
+    "DirectorySummary",
     "DispatchSummary",
     "ExportColumn",
     "ExportPlan",

@@ -163,6 +163,46 @@ class DispatchSummary:
     # The budget the run held, as the run left it (None: no budget).
     budget: BudgetStanding | None = None
 
+    @property
+    def sent_prompts(self) -> int:
+        """Prompts this run sent: real-time (in this process) and to the Batch API."""
+        realtime = self.realtime.sent_prompts if isinstance(self.realtime, RealtimeSummary) else 0
+        return realtime + self.batch.submitted_prompts
+
+    @property
+    def reused(self) -> int:
+        """Prompts this run answered from stored identical requests."""
+        realtime = self.realtime.reused if isinstance(self.realtime, RealtimeSummary) else 0
+        return realtime + self.batch.reused
+
+    @property
+    def stopped(self) -> list[dict[str, Any]]:
+        """What stopped the real-time half's requests (``RealtimeSummary.stopped``); empty when nothing did."""
+        return self.realtime.stopped if isinstance(self.realtime, RealtimeSummary) else []
+
+    @property
+    def left(self) -> int:
+        """Prompts left pending by what stopped the run."""
+        return self.realtime.left if isinstance(self.realtime, RealtimeSummary) else 0
+
+
+@dataclass(frozen=True, slots=True)
+class BatchLeft:
+    """A ``wait-for-batch`` run that ingested nothing: how the batch stood when it was left, and whether the wait
+    gave up past its expiry (``collect-batches`` finishes it)."""
+
+    batch_id: int
+    status: str
+    gave_up: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DirectorySummary:
+    """A ``dispatch-directory`` run: the files dispatched, and those skipped as finished already."""
+
+    dispatched: list[str]
+    skipped: list[str]
+
 
 async def job_report(
     sessions: storage.Sessions, *, job_id: str, estimate: JobCost | None = None, provider_of: Callable[[str], str] | None = None

@@ -12,6 +12,7 @@ import httpx
 import pytest
 import respx
 
+from llm_dispatch.core import to_json
 from llm_dispatch import storage
 from llm_dispatch.core import ChatRequest, LLMClient
 from llm_dispatch.simulator import anthropic_base_url
@@ -148,7 +149,7 @@ async def test_a_run_stores_each_kind_of_answer_and_never_reuses_a_refusal(
     path = write_prompts(tmp_path / "kinds.jsonl", records)
     run = {"base_url": sim.base_url, "anthropic_base_url": sim.root, "database_url": db_url}
 
-    summary = await realtime_dispatch(prompts=str(path), **run)
+    summary = to_json(await realtime_dispatch(prompts=str(path), **run))
     assert summary["counts"] == {"succeeded": 5, "refused": 3}
     stats = summary["stats"]
     assert (stats["refused"], stats["truncated"], stats["tool_calls"]) == (3, 1, 2)
@@ -174,14 +175,14 @@ async def test_a_run_stores_each_kind_of_answer_and_never_reuses_a_refusal(
     assert exported["reasoned"]["reasoning_tokens"] > 0
 
     # The same input again sends nothing: a refusal is an answer, not a failure...
-    again = await realtime_dispatch(prompts=str(path), retry_failed="all", **run)
+    again = to_json(await realtime_dispatch(prompts=str(path), retry_failed="all", **run))
     assert again["sent_prompts"] == 0 and sim.stats()["requests_total"] == 7
     # ...and another job with the identical prompt asks it afresh: a refusal is never reused.
     other = write_prompts(tmp_path / "other.jsonl", [{"id": "x", "prompt": "[[sim:refuse]] something harmful"}])
     await realtime_dispatch(prompts=str(other), **run)
     assert sim.stats()["requests_total"] == 8
     # --retry-refused asks the refused prompts again (one request for the identical two).
-    retried = await realtime_dispatch(prompts=str(path), retry_refused=True, **run)
+    retried = to_json(await realtime_dispatch(prompts=str(path), retry_refused=True, **run))
     assert retried["sent_prompts"] == 3 and sim.stats()["requests_total"] == 10
     assert retried["counts"] == {"succeeded": 5, "refused": 3}
 

@@ -21,6 +21,7 @@ import pytest
 from pydantic import SecretStr
 
 from conftest import Sim, cli, rows, successes_per_prompt, write_prompts
+from llm_dispatch.core import to_json
 from llm_dispatch.flows.batch import collect_batches
 from llm_dispatch.flows.dispatch import dispatch
 
@@ -51,8 +52,8 @@ async def test_dispatch_routes_each_prompt_sends_both_halves_and_reports_cost(
     from prefect.client.orchestration import get_client
 
     sim.configure(batch_processing_seconds=1.0)
-    summary = await dispatch(prompts=MIXED, base_url=sim.base_url, database_url=SecretStr(db_url), wait=True,
-                             batch_poll_interval=0.2)
+    summary = to_json(await dispatch(prompts=MIXED, base_url=sim.base_url, database_url=SecretStr(db_url), wait=True,
+                                     batch_poll_interval=0.2))
 
     routes = dict(rows(db_url, "SELECT custom_id, planned_route FROM prompts"))
     assert routes == {"now-1": "realtime", "now-2": "realtime", "bulk-1": "batch", "bulk-2": "batch",
@@ -213,8 +214,8 @@ def test_status_cost_and_export_report_a_finished_job(cli_env: dict[str, str], s
 async def test_programmatic_use_with_a_list_of_dicts_and_the_query_api(prefect_api: str, sim: Sim, db_url: str) -> None:
     from llm_dispatch import storage
 
-    summary = await dispatch(prompts=[{"id": "a", "prompt": "hello"}], base_url=sim.base_url,
-                             database_url=SecretStr(db_url))
+    summary = to_json(await dispatch(prompts=[{"id": "a", "prompt": "hello"}], base_url=sim.base_url,
+                                     database_url=SecretStr(db_url)))
     engine = storage.create_engine(db_url)
     try:
         sessions = storage.session_factory(engine)
@@ -226,8 +227,8 @@ async def test_programmatic_use_with_a_list_of_dicts_and_the_query_api(prefect_a
 
 async def test_dispatch_on_postgres_both_halves_and_reports(prefect_api: str, sim: Sim, pg_url: str) -> None:
     sim.configure(batch_processing_seconds=1.0)
-    summary = await dispatch(prompts=MIXED, base_url=sim.base_url, database_url=SecretStr(pg_url), wait=True,
-                             batch_poll_interval=0.2)
+    summary = to_json(await dispatch(prompts=MIXED, base_url=sim.base_url, database_url=SecretStr(pg_url), wait=True,
+                                     batch_poll_interval=0.2))
     assert summary["counts"] == {"succeeded": 6}
     assert summary["routes"] == {"realtime": {"succeeded": 3}, "batch": {"succeeded": 3}}
     assert summary["cost"]["routes"]["batch"]["requests"] == 3
@@ -245,9 +246,9 @@ def answers_by_route(db_url: str) -> dict[str, int]:
 
 
 async def dispatch_to_batches(sim: Sim, db_url: str, *, prompts: int, wait: bool) -> dict:
-    return await dispatch(prompts=[{"id": f"q{i}", "prompt": f"question {i}"} for i in range(prompts)],
-                          route_policy="all-batch", base_url=sim.base_url, database_url=SecretStr(db_url), wait=wait,
-                          batch_poll_interval=0.1)
+    return to_json(await dispatch(prompts=[{"id": f"q{i}", "prompt": f"question {i}"} for i in range(prompts)],
+                                  route_policy="all-batch", base_url=sim.base_url, database_url=SecretStr(db_url), wait=wait,
+                                  batch_poll_interval=0.1))
 
 
 @pytest.fixture
@@ -307,7 +308,7 @@ async def test_collect_sweeps_resend_an_expired_remainder_then_go_real_time(
 
     async def sweep() -> dict:
         await wait_for_provider(sim)
-        return await collect_batches(database_url=SecretStr(db_url), base_url=sim.base_url)
+        return to_json(await collect_batches(database_url=SecretStr(db_url), base_url=sim.base_url))
 
     first = await sweep()
     assert (first["resubmitted"], first["realtime"]) == (2, 0)

@@ -10,6 +10,7 @@ import pytest
 from pydantic import SecretStr
 
 from conftest import Sim, rows
+from llm_dispatch.core import to_json
 from llm_dispatch.flows.dispatch import dispatch
 
 pytestmark = [pytest.mark.prefect]
@@ -27,9 +28,9 @@ async def test_api_key_from_a_secret_block_is_used_and_never_stored(
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     monkeypatch.delenv("LLM_DISPATCH_API_KEY", raising=False)
     try:
-        summary = await dispatch(prompts=[{"id": "a", "prompt": "hello"}, {"id": "b", "prompt": "doc " * 400}],
-                                 base_url=sim.base_url, database_url=SecretStr(db_url), wait=True,
-                                 batch_poll_interval=0.2)
+        summary = to_json(await dispatch(prompts=[{"id": "a", "prompt": "hello"}, {"id": "b", "prompt": "doc " * 400}],
+                                         base_url=sim.base_url, database_url=SecretStr(db_url), wait=True,
+                                         batch_poll_interval=0.2))
     finally:
         sim.configure(api_key=None)
     assert summary["counts"] == {"succeeded": 2}

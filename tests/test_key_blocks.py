@@ -13,6 +13,7 @@ import pytest
 from pydantic import SecretStr
 
 from conftest import successes_per_prompt
+from llm_dispatch.core import to_json
 from llm_dispatch.flows.dispatch import dispatch
 from llm_dispatch.core import ConfigError, Settings, check_provider_key
 from llm_dispatch.simulator import Simulator, SimulatorConfig, anthropic_base_url
@@ -46,8 +47,8 @@ async def test_each_providers_key_comes_from_its_block_in_the_run_and_its_batch_
     openai = SimulatorConfig(api_key=OPENAI_KEY, latency=0.01, batch_processing_seconds=0.2)
     anthropic = SimulatorConfig(api_key=ANTHROPIC_KEY, latency=0.01, batch_processing_seconds=0.2)
     with Simulator.in_thread(openai) as openai_url, Simulator.in_thread(anthropic) as anthropic_url:
-        summary = await dispatch(prompts=str(EXAMPLE), base_url=openai_url, anthropic_base_url=anthropic_base_url(anthropic_url),
-                                 database_url=SecretStr(db), wait=True, batch_poll_interval=0.1)
+        summary = to_json(await dispatch(prompts=str(EXAMPLE), base_url=openai_url, anthropic_base_url=anthropic_base_url(anthropic_url),
+                                         database_url=SecretStr(db), wait=True, batch_poll_interval=0.1))
     prompts = sum(1 for line in EXAMPLE.read_text().splitlines() if line.strip())
     assert summary["counts"] == {"succeeded": prompts}
     assert set(successes_per_prompt(db).values()) == {1}

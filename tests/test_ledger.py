@@ -14,6 +14,7 @@ from pydantic import SecretStr
 from click.testing import Result
 from typer.testing import CliRunner
 
+from llm_dispatch.core import to_json
 from llm_dispatch.cli.main import app
 from conftest import Sim, rows
 from llm_dispatch.flows.dispatch import dispatch
@@ -37,8 +38,8 @@ NEW_PRICES = {"prices_as_of": "2026-06-01", "models": {
 
 
 async def run(prompts: list[dict], *, sim: Sim, db_url: str, prices_file: Path | None = None) -> dict:
-    return await dispatch(prompts=prompts, base_url=sim.base_url, database_url=SecretStr(db_url), wait=True,
-                          batch_poll_interval=0.2, prices_file=str(prices_file) if prices_file else None)
+    return to_json(await dispatch(prompts=prompts, base_url=sim.base_url, database_url=SecretStr(db_url), wait=True,
+                                  batch_poll_interval=0.2, prices_file=str(prices_file) if prices_file else None))
 
 
 async def invoke(*args: str, env: dict[str, str] | None = None) -> Result:

@@ -12,6 +12,7 @@ import pytest
 from pydantic import SecretStr
 
 from conftest import Sim, cli, rows, successes_per_prompt
+from llm_dispatch.core import to_json
 from llm_dispatch.flows.dispatch import dispatch
 
 pytestmark = [pytest.mark.prefect]
@@ -83,8 +84,8 @@ async def test_dispatch_flow_sends_each_provider_through_its_own_api(
     sim.configure(batch_processing_seconds=0.5)
     monkeypatch.setenv("LLM_DISPATCH_ANTHROPIC_BASE_URL", sim.root)
     prompts = example_prompts()
-    summary = await dispatch(prompts=prompts, base_url=sim.base_url, database_url=SecretStr(db_url), wait=True,
-                             batch_poll_interval=0.1)
+    summary = to_json(await dispatch(prompts=prompts, base_url=sim.base_url, database_url=SecretStr(db_url), wait=True,
+                                     batch_poll_interval=0.1))
     assert summary["counts"] == {"succeeded": len(prompts)}
     stats = sim.stats()
     claude = [p for p in prompts if p["model"].startswith("claude-")]
@@ -110,8 +111,8 @@ async def test_claude_batches_left_by_a_no_wait_run_are_finished_by_collect_swee
                timeout=5).raise_for_status()
     prompts = [{"id": f"c{i}", "model": "claude-haiku-4-5", "prompt": f"question {i}", "params": {"max_tokens": 20}}
                for i in range(4)]
-    submitted = await dispatch(prompts=prompts, route_policy="all-batch", base_url=sim.base_url,
-                               anthropic_base_url=sim.root, database_url=SecretStr(db_url), wait=False)
+    submitted = to_json(await dispatch(prompts=prompts, route_policy="all-batch", base_url=sim.base_url,
+                                       anthropic_base_url=sim.root, database_url=SecretStr(db_url), wait=False))
     assert submitted["counts"] == {"batched": 4}
 
     async def sweep() -> dict:
@@ -121,8 +122,8 @@ async def test_claude_batches_left_by_a_no_wait_run_are_finished_by_collect_swee
             if all(b["processing_status"] == "ended" for b in listed):
                 break
             await asyncio.sleep(0.1)
-        return await collect_batches(database_url=SecretStr(db_url), base_url=sim.base_url,
-                                     anthropic_base_url=sim.root)
+        return to_json(await collect_batches(database_url=SecretStr(db_url), base_url=sim.base_url,
+                                             anthropic_base_url=sim.root))
 
     first = await sweep()
     assert (first["resubmitted"], first["realtime"]) == (2, 0)

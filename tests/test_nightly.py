@@ -11,6 +11,7 @@ import pytest
 from pydantic import SecretStr
 
 from conftest import Sim, cli, rows, write_prompts
+from llm_dispatch.core import to_json
 from llm_dispatch.flows import collect_batches, dispatch, dispatch_directory, realtime_dispatch
 
 pytestmark = [pytest.mark.prefect]
@@ -146,9 +147,9 @@ async def test_dispatch_directory_with_new_job_sends_every_file_again(
     inbox = tmp_path / "inbox"
     inbox.mkdir()
     suite(inbox / "a.jsonl", 3)
-    assert (await dispatch_directory(directory=str(inbox)))["dispatched"] == ["a.jsonl"]
-    assert (await dispatch_directory(directory=str(inbox))) == {"dispatched": [], "skipped": ["a.jsonl"]}
-    assert (await dispatch_directory(directory=str(inbox), new_job=True))["dispatched"] == ["a.jsonl"]
+    assert to_json(await dispatch_directory(directory=str(inbox)))["dispatched"] == ["a.jsonl"]
+    assert to_json(await dispatch_directory(directory=str(inbox))) == {"dispatched": [], "skipped": ["a.jsonl"]}
+    assert to_json(await dispatch_directory(directory=str(inbox), new_job=True))["dispatched"] == ["a.jsonl"]
     assert rows(db_url, "SELECT COUNT(*) FROM jobs") == [(2,)]
 
 
@@ -157,8 +158,8 @@ async def test_runs_and_artifacts_are_named_for_their_work(prefect_api: str, sim
     from prefect.client.orchestration import get_client
 
     path = suite(tmp_path / "questions.jsonl", 3)
-    summary = await dispatch(prompts=str(path), base_url=sim.base_url, database_url=SecretStr(db_url),
-                             job_name="Nightly eval: 2026/11/26")
+    summary = to_json(await dispatch(prompts=str(path), base_url=sim.base_url, database_url=SecretStr(db_url),
+                                     job_name="Nightly eval: 2026/11/26"))
     state = await collect_batches(database_url=SecretStr(db_url), return_state=True)
     resumed = await realtime_dispatch(job_id=summary["job_id"][:8], base_url=sim.base_url, database_url=db_url,
                                       return_state=True)

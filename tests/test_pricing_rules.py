@@ -268,8 +268,8 @@ async def test_a_flex_request_over_real_sockets_is_stored_at_the_flex_price(
                 "params": {"service_tier": "flex", "max_completion_tokens": 50}},
                {"id": "std", "prompt": "a standard question", "model": "rule-openai", "urgency": "urgent",
                 "params": {"max_completion_tokens": 50}}]
-    summary = await dispatch(prompts=prompts, base_url=sim.base_url, database_url=SecretStr(db_url), wait=True,
-                             prices_file=str(prices_file))
+    summary = to_json(await dispatch(prompts=prompts, base_url=sim.base_url, database_url=SecretStr(db_url), wait=True,
+                                     prices_file=str(prices_file)))
     assert summary["counts"] == {"succeeded": 2}
     stored = {cid: (tier, cost, discount, p, c) for cid, tier, cost, discount, p, c in rows(db_url, """
         SELECT p.custom_id, r.service_tier, r.cost_pico_usd, r.discount, r.prompt_tokens, r.completion_tokens

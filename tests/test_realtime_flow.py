@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from prefect import flow
 
+from llm_dispatch.core import to_json
 from llm_dispatch import storage
 from llm_dispatch.flows.realtime import realtime_dispatch
 from llm_dispatch.core import Settings
@@ -37,9 +38,9 @@ async def test_flow_with_faults_records_every_outcome(prefect_api: str, sim: Sim
     ]
     path = write_prompts(tmp_path / "p.jsonl", records)
 
-    summary = await realtime_dispatch(
+    summary = to_json(await realtime_dispatch(
         prompts=str(path), base_url=sim.base_url, database_url=db_url, concurrency=8, chunk_size=10
-    )
+    ))
 
     assert summary["counts"] == {"succeeded": 43, "failed": 2}
     assert summary["failed_by_class"] == {"BadRequestError": 1, "APIResponseValidationError": 1}
@@ -83,11 +84,11 @@ async def test_the_prefect_ui_shows_the_job_in_words(prefect_api: str, sim: Sim,
 
 async def test_same_input_again_sends_nothing_new(prefect_api: str, sim: Sim, db_url: str, tmp_path: Path) -> None:
     path = write_prompts(tmp_path / "p.jsonl", [{"id": i, "prompt": f"q{i}"} for i in range(30)] + [{"id": "bad", "prompt": "[[sim:400]]"}])
-    first = await realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=db_url)
+    first = to_json(await realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=db_url))
     sent = sim.stats()["requests_total"]
     assert sent == 31
 
-    again = await realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=db_url)
+    again = to_json(await realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=db_url))
 
     assert again["job_id"] == first["job_id"] and again["resumed"]
     assert sim.stats()["requests_total"] == sent  # succeeded never resent; a 400 is final
@@ -105,7 +106,7 @@ async def test_identical_requests_are_paid_once(prefect_api: str, sim: Sim, db_u
 
     # A different job asking the same thing reuses the stored answer ...
     path_b = write_prompts(tmp_path / "b.jsonl", [{"id": "b", **same}])
-    summary = await realtime_dispatch(prompts=str(path_b), base_url=sim.base_url, database_url=db_url)
+    summary = to_json(await realtime_dispatch(prompts=str(path_b), base_url=sim.base_url, database_url=db_url))
     assert summary["reused"] == 1 and sim.stats()["requests_total"] == 2
     # ... unless told not to.
     path_c = write_prompts(tmp_path / "c.jsonl", [{"id": "c", **same}])
@@ -148,8 +149,8 @@ async def test_new_job_is_sent_while_the_rest_is_recorded(
     sim.configure(latency=0.05)
 
     # 4 at once, chunks of 10: the first 10 prompts (a chunk for its one lane) are stored, then 120 in slices.
-    summary = await realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=db_url,
-                                      concurrency=4, chunk_size=10)
+    summary = to_json(await realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=db_url,
+                                              concurrency=4, chunk_size=10))
 
     assert summary["counts"] == {"succeeded": 128, "failed": 2}
     assert rows(db_url, "SELECT custom_id FROM prompts WHERE status = 'failed' ORDER BY position") == [("4",), ("77",)]
@@ -194,7 +195,7 @@ async def test_recording_cut_off_is_finished_by_the_next_run(prefect_api: str, s
     changed.replace(path)
     assert sim.stats()["requests_total"] == 0
 
-    summary = await realtime_dispatch(job_id=job_id, base_url=sim.base_url, database_url=db_url)
+    summary = to_json(await realtime_dispatch(job_id=job_id, base_url=sim.base_url, database_url=db_url))
 
     assert summary["resumed"] and summary["counts"] == {"succeeded": 30}
     assert set(successes_per_prompt(db_url).values()) == {1}
@@ -202,7 +203,7 @@ async def test_recording_cut_off_is_finished_by_the_next_run(prefect_api: str, s
     assert rows(db_url, "SELECT status FROM jobs") == [("finished",)]
 
     # The same input again: nothing left to record or send.
-    again = await realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=db_url)
+    again = to_json(await realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=db_url))
     assert again["job_id"] == job_id and sim.stats()["requests_total"] == 30
 
 
@@ -235,7 +236,7 @@ async def test_recording_failing_midway_keeps_every_answer_already_paid(
     assert rows(db_url, "SELECT status FROM jobs") == [("recording",)]
 
     monkeypatch.setattr(storage, "add_prompts", add_prompts)
-    summary = await realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=db_url)
+    summary = to_json(await realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=db_url))
     assert summary["resumed"] and summary["counts"] == {"succeeded": 60}
     assert set(successes_per_prompt(db_url).values()) == {1}
     assert sim.stats()["requests_total"] == 60
@@ -249,7 +250,7 @@ async def test_recording_cut_off_without_its_file_says_how_to_go_on(prefect_api:
     with pytest.raises(ConfigError, match="run the same prompts again as input"):
         await realtime_dispatch(job_id=job_id, base_url=sim.base_url, database_url=db_url)
 
-    summary = await realtime_dispatch(prompts=prompts, base_url=sim.base_url, database_url=db_url)
+    summary = to_json(await realtime_dispatch(prompts=prompts, base_url=sim.base_url, database_url=db_url))
     assert summary["job_id"] == job_id and summary["counts"] == {"succeeded": 12}
     assert set(successes_per_prompt(db_url).values()) == {1}
 
@@ -272,7 +273,7 @@ async def test_in_flight_bound_across_two_concurrent_flow_runs(prefect_api: str,
     # Unbounded, each run would keep 6 in flight (two chunks of 3): 12 together.
     summaries = await asyncio.gather(*runs)
 
-    assert [s["counts"] for s in summaries] == [{"succeeded": 60}, {"succeeded": 60}]
+    assert [s.counts for s in summaries] == [{"succeeded": 60}, {"succeeded": 60}]
     peak = sim.stats()["peak_in_flight"]
     assert peak <= tag_limit * per_chunk
     assert peak >= per_chunk  # the bound was reached, not trivially satisfied
@@ -307,7 +308,7 @@ def test_killed_run_resumes_without_loss_or_double_pay(prefect_api: str, sim: Si
     assert 60 <= kept < 400, "kill the run mid-way"
     sent_before = sim.stats()["requests_total"]
 
-    summary = asyncio.run(realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=db_url, concurrency=8))
+    summary = to_json(asyncio.run(realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=db_url, concurrency=8)))
 
     assert summary["resumed"]
     assert summary["counts"] == {"succeeded": 400}
@@ -321,9 +322,9 @@ async def test_flow_on_postgres(prefect_api: str, sim: Sim, tmp_path: Path, pg_u
                          + [{"id": "bad", "prompt": "[[sim:400]]"}])
 
     # Chunks of 10 at 4 at once: the first 10 prompts are stored, the other 41 in slices as they go out.
-    summary = await realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=url, concurrency=4,
-                                      chunk_size=10)
-    again = await realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=url)
+    summary = to_json(await realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=url, concurrency=4,
+                                              chunk_size=10))
+    again = to_json(await realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=url))
 
     assert summary["counts"] == {"succeeded": 50, "failed": 1}
     assert again["job_id"] == summary["job_id"] and sim.stats()["requests_total"] == 51

@@ -14,6 +14,7 @@ import httpx
 import pytest
 import respx
 
+from llm_dispatch.core import to_json
 from llm_dispatch.core import (
     STOP_AFTER,
     AuthenticationError,
@@ -167,8 +168,8 @@ async def test_a_revoked_key_stops_the_run_and_the_same_command_continues(
 
     path = write_prompts(tmp_path / "p.jsonl", [{"id": i, "prompt": f"question {i}"} for i in range(300)])
     sim.configure(always_fault="401")
-    first = await realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=db_url, concurrency=64,
-                                    chunk_size=50)
+    first = to_json(await realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=db_url, concurrency=64,
+                                            chunk_size=50))
     assert sim.stats()["requests_total"] == STOP_AFTER
     assert first["counts"] == {"failed": STOP_AFTER, "pending": 300 - STOP_AFTER}
     [stopped] = first["stopped"]
@@ -179,7 +180,7 @@ async def test_a_revoked_key_stops_the_run_and_the_same_command_continues(
     assert stopped["message"].split(" answers: ", 1)[1] in stored
 
     sim.configure(always_fault=None)  # the key is fixed: the same input sends what is left, and the 3 failed
-    again = await realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=db_url, concurrency=64)
+    again = to_json(await realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=db_url, concurrency=64))
     assert again["counts"] == {"succeeded": 300} and again["stopped"] == []
     assert sim.stats()["requests_total"] == STOP_AFTER + 300
 
@@ -218,7 +219,7 @@ async def test_a_200_that_reported_usage_is_paid_for_and_sent_once(
         {"id": "error", "prompt": "[[sim:error200]] b"},
         {"id": "garbled", "prompt": "[[sim:malformed]] c"},
     ])
-    summary = await realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=db_url)
+    summary = to_json(await realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=db_url))
     await realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=db_url)  # nothing to resend
     assert summary["counts"] == {"failed": 3}
     assert sim.stats()["markers"] == {"empty_choices": 1, "error200": 1, "malformed": 1}
@@ -245,7 +246,7 @@ async def test_each_attempt_that_may_have_been_billed_is_stored_and_a_lost_gener
         {"id": "garbled", "prompt": "[[sim:malformed]] c"},
         {"id": "fine", "prompt": "d"},
     ])
-    summary = await realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=db_url)
+    summary = to_json(await realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=db_url))
     await realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=db_url)  # nothing sent again
     assert sim.stats()["markers"] == {"cut": 4, "malformed": 1}  # 2 for cut-once, 2 for cut: each sent twice at most
     stored = {cid: (status, attempts, billed, raw) for cid, status, attempts, billed, raw in rows(db_url, """

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from llm_dispatch.cli.main import EXIT_BUDGET, app
-from llm_dispatch.core import PICO_PER_USD, ConfigError
+from llm_dispatch.core import PICO_PER_USD, ConfigError, to_json
 from llm_dispatch.flows.dispatch import dispatch
 from llm_dispatch.flows.realtime import realtime_dispatch
 from conftest import Sim, rows, write_prompts
@@ -39,7 +39,7 @@ async def test_a_run_stops_at_its_budget_and_a_higher_one_sends_the_rest(
     state = await realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=db_url, concurrency=4,
                                     chunk_size=10, budget=BUDGET, return_state=True)
     assert state.name == "BudgetReached" and state.is_completed()
-    summary = await state.result()
+    summary = to_json(await state.result())
     budget = summary["budget"]
     assert budget["stopped"] and budget["label"] == "--budget"
     assert state.message.startswith("budget --budget reached: spent $")
@@ -61,7 +61,7 @@ async def test_a_run_stops_at_its_budget_and_a_higher_one_sends_the_rest(
     state = await realtime_dispatch(job_id=summary["job_id"], base_url=sim.base_url, database_url=db_url,
                                     concurrency=4, budget=1.0, return_state=True)
     assert state.name == "Completed"
-    summary = await state.result()
+    summary = to_json(await state.result())
     cost_after, paid = _paid(db_url)
     # Every prompt answered once, none paid twice; the job's budget counted both runs.
     assert set(paid.values()) == {1}

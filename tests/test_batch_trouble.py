@@ -15,6 +15,7 @@ import pytest
 from pydantic import SecretStr
 
 from conftest import Sim, cli, rows, successes_per_prompt
+from llm_dispatch.core import to_json
 from llm_dispatch.core import BatchInUseError
 from llm_dispatch.flows.batch import abandon_batch_flow, cancel_job_batches, collect_batches
 from llm_dispatch.flows.dispatch import dispatch
@@ -37,10 +38,10 @@ async def submit_jobs(sim: Sim, db_url: str, *, jobs: int, prompts: int) -> list
     """``jobs`` jobs of ``prompts`` prompts each, sent to the Batch API without waiting; their ids."""
     ids = []
     for job in range(jobs):
-        summary = await dispatch(prompts=[{"id": f"j{job}-q{i}", "prompt": f"job {job} question {i}"}
-                                          for i in range(prompts)],
-                                 route_policy="all-batch", base_url=sim.base_url, database_url=SecretStr(db_url),
-                                 wait=False, job_name=f"job {job}")
+        summary = to_json(await dispatch(prompts=[{"id": f"j{job}-q{i}", "prompt": f"job {job} question {i}"}
+                                                  for i in range(prompts)],
+                                         route_policy="all-batch", base_url=sim.base_url, database_url=SecretStr(db_url),
+                                         wait=False, job_name=f"job {job}"))
         ids.append(summary["job_id"])
     return ids
 
@@ -92,7 +93,7 @@ async def test_a_sweep_collects_every_job_but_a_lost_batch_and_a_failing_one_and
     assert state.is_failed()
     assert f"batch {lost_batch} (job {jobs[0][:8]}) lost" in state.message
     assert f"batch {failing_batch} (job {jobs[1][:8]}): poll failed" in state.message
-    first = await state.result(raise_on_failure=False)
+    first = to_json(await state.result(raise_on_failure=False))
     assert len(first["ingested"]) == 3 and sum(i["succeeded"] for i in first["ingested"]) == 12
     assert [p["batch_id"] for p in first["problems"]] == [lost_batch, failing_batch]
     # The lost batch's four prompts were sent again in a new batch at once; the failing one keeps its error.
@@ -110,13 +111,13 @@ async def test_a_sweep_collects_every_job_but_a_lost_batch_and_a_failing_one_and
 
     # The next sweep leaves the failing batch alone (its wait is not over) and collects the resent prompts.
     await provider_done(sim)
-    second = await collect_batches(database_url=SecretStr(db_url), base_url=sim.base_url)
+    second = to_json(await collect_batches(database_url=SecretStr(db_url), base_url=sim.base_url))
     assert second["waiting"] == [failing_batch] and second["problems"] == []
     assert sum(i["succeeded"] for i in second["ingested"]) == 4
 
     # Healed, and tried now: the last job is collected too; every prompt answered exactly once.
     trouble(sim, failing_provider_id, None)
-    third = await collect_batches(database_url=SecretStr(db_url), base_url=sim.base_url, retry_now=True)
+    third = to_json(await collect_batches(database_url=SecretStr(db_url), base_url=sim.base_url, retry_now=True))
     assert [i["batch_id"] for i in third["ingested"]] == [failing_batch] and third["problems"] == []
     assert set(successes_per_prompt(db_url).values()) == {1} and len(successes_per_prompt(db_url)) == 20
     assert rows(db_url, "SELECT DISTINCT status FROM jobs") == [("finished",)]
@@ -133,9 +134,9 @@ async def test_a_batch_unknown_at_the_provider_but_listed_under_its_ids_is_adopt
         con.execute("UPDATE batches SET provider_batch_id = 'batch_gone' WHERE id = ?", (batch_id,))
 
     first = await collect_batches(database_url=SecretStr(db_url), base_url=sim.base_url, return_state=True)
-    [problem] = (await first.result(raise_on_failure=False))["problems"]
+    [problem] = to_json(await first.result(raise_on_failure=False))["problems"]
     assert not problem["lost"] and f"adopted {provider_id}" in problem["error"]
-    second = await collect_batches(database_url=SecretStr(db_url), base_url=sim.base_url, retry_now=True)
+    second = to_json(await collect_batches(database_url=SecretStr(db_url), base_url=sim.base_url, retry_now=True))
     assert [i["succeeded"] for i in second["ingested"]] == [3]
     assert sim.stats()["batches"] == 1
 
@@ -155,7 +156,7 @@ async def test_cancel_goes_past_a_batch_it_cannot_reach_and_says_so(
                                      wait_seconds=5.0, return_state=True)
 
     assert state.is_failed() and f"batch {unreachable} (job {job[:8]}): cancel failed" in state.message
-    summary = await state.result(raise_on_failure=False)
+    summary = to_json(await state.result(raise_on_failure=False))
     assert summary["cancelled"] == [other] and [i["batch_id"] for i in summary["ingested"]] == [other]
     # The one it could not reach stays open with its error, for a later sweep (or `abandon`).
     [(status, count)] = rows(db_url, "SELECT status, error_count FROM batches WHERE id = ?", unreachable)
@@ -174,13 +175,13 @@ async def test_abandon_refuses_a_batch_the_provider_holds_and_gives_up_one_it_lo
 
     trouble(sim, provider_id, "forget")
     outcome = await abandon_batch_flow(batch_id=batch_id, database_url=SecretStr(db_url), base_url=sim.base_url)
-    assert outcome["released"] == 3 and outcome["provider_said"].startswith("NotFoundError: HTTP 404")
+    assert outcome.released == 3 and outcome.provider_said.startswith("NotFoundError: HTTP 404")
     assert rows(db_url, "SELECT status FROM batches") == [("lost",)]
     assert rows(db_url, "SELECT DISTINCT status FROM prompts") == [("pending",)]
 
     # The next run of the job answers each prompt once.
-    resumed = await dispatch(job_id=job, base_url=sim.base_url, database_url=SecretStr(db_url), wait=True,
-                             batch_poll_interval=0.1)
+    resumed = to_json(await dispatch(job_id=job, base_url=sim.base_url, database_url=SecretStr(db_url), wait=True,
+                                     batch_poll_interval=0.1))
     assert resumed["counts"] == {"succeeded": 3}
     assert set(successes_per_prompt(db_url).values()) == {1}
 

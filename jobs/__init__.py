@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING
 from llm_dispatch.core import lazy_names
 
 if TYPE_CHECKING:
-    from ._batch_api import BatchApi, batch_api
+    from ._batch_api import BatchApi
     from ._budget import BudgetStanding, budget_standing, check_budget_bounds, run_budget, to_pico
-    from ._clients import Clients
+    from ._clients import Clients, batch_api
     from ._batch_trouble import (
         BATCH_RETRY_FIRST,
         BATCH_RETRY_MAX,

@@ -3,14 +3,25 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Final
 
 import httpx
 
 from llm_dispatch.core import PROVIDERS, ChatRequest, ChatResult, LLMClient, Settings, provider_lookup
 
-from ._batch_api import BatchApi, batch_api
+from ._batch_anthropic import MessageBatchApi
+from ._batch_api import BatchApi
+from ._batch_openai import OpenAIBatchApi
 
-__all__ = ["Clients"]
+__all__ = ["BACKENDS", "Clients", "batch_api"]
+
+# Each provider's batch backend (``_batch_api.BatchApi``), side by side.
+BACKENDS: Final[dict[str, type[BatchApi]]] = {"openai": OpenAIBatchApi, "anthropic": MessageBatchApi}
+
+
+def batch_api(client: LLMClient) -> BatchApi:
+    """The Batch API of ``client``'s provider."""
+    return BACKENDS[client.provider](client)
 
 
 class Clients:

@@ -45,7 +45,8 @@ from llm_dispatch.core import (
     RetryFailed,
 )
 
-from ._batch_api import BATCH_ID_KEY, JOB_ID_KEY, BatchApi
+from ._batch_api import BatchApi
+from ._batch_openai import BATCH_ID_KEY, JOB_ID_KEY
 from ._batch_build import BatchBuilder, BuiltFile, Group, request_groups
 from ._clients import Clients
 from ._reuse import reuse_stored_answers

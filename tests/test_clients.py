@@ -110,3 +110,20 @@ async def test_a_lost_message_batch_is_found_by_size_and_time_and_never_one_alre
     # Paged with after_id, and stopped at the first batch older than the record (no third page asked for).
     assert route.call_count == 2 and route.calls[1].request.url.params["after_id"] == "msgbatch_wrong_size"
     await engine.dispose()
+
+
+async def test_each_provider_has_a_batch_backend_of_its_own() -> None:
+    from llm_dispatch.core import PROVIDERS
+    from llm_dispatch.jobs._batch_api import BatchApi
+    from llm_dispatch.jobs._clients import BACKENDS
+
+    assert set(BACKENDS) == set(PROVIDERS)
+    for provider, backend in BACKENDS.items():
+        # Side by side, as curator's batch processors: none is a kind of another provider's.
+        assert backend.__bases__ == (BatchApi,), provider
+        assert not backend.__abstractmethods__, provider
+        client = LLMClient.from_settings(settings(), provider=provider)
+        try:
+            assert type(batch_api(client)) is backend
+        finally:
+            await client.aclose()

@@ -607,6 +607,7 @@ async def _run_with_progress(
 @contextlib.contextmanager
 def _prefect_settings() -> Any:
     from prefect.settings import (
+        PREFECT_API_URL,
         PREFECT_SERVER_ANALYTICS_ENABLED,
         PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
         temporary_settings,
@@ -622,6 +623,13 @@ def _prefect_settings() -> Any:
     if "PREFECT_SERVER_ANALYTICS_ENABLED" not in os.environ:
         # A temporary server's telemetry only logs an error on an offline machine.
         updates[PREFECT_SERVER_ANALYTICS_ENABLED] = False
+    if not PREFECT_API_URL.value():
+        from .server import running_server
+
+        # No server configured: the one `llm-dispatch server start` keeps, when it is up, not a temporary one.
+        local = running_server()
+        if local is not None:
+            updates[PREFECT_API_URL] = local.api_url
     with temporary_settings(updates=updates), _run_errors_unprinted(unless=_debug()):
         yield
 
@@ -725,6 +733,41 @@ def _print_summary(summary: DispatchSummary) -> None:
     if waiting:
         out.print(f"{waiting} prompts wait in provider batches: `llm-dispatch collect` (or the collect-batches "
                   "deployment) ingests them when they finish", highlight=False)
+
+
+server_app = typer.Typer(no_args_is_help=True, help=(
+    "A local Prefect server for the session: with none configured (PREFECT_API_URL), each run would start a "
+    "temporary one first. `server start` keeps one up; run, collect and cancel use it while it is up."))
+app.add_typer(server_app, name="server")
+
+
+@server_app.command("start")
+def server_start(
+    port: Annotated[int, typer.Option(help="port on 127.0.0.1")] = 4200,
+) -> None:
+    """Start a Prefect server in the background (its UI at the same address) for later commands to use."""
+    from prefect.settings import PREFECT_API_URL
+
+    from .server import start_server
+
+    if PREFECT_API_URL.value():
+        err.print(f"a Prefect server is configured already (PREFECT_API_URL={PREFECT_API_URL.value()}): commands "
+                  "use it; nothing started", highlight=False, soft_wrap=True)
+        return
+    local, started = start_server(port=port)
+    ui = local.api_url.removesuffix("/api")
+    err.print(f"Prefect server {'started' if started else 'already up'} at {ui} (pid {local.pid}, log {local.log}); "
+              "run, collect and cancel use it until `llm-dispatch server stop`", highlight=False, soft_wrap=True)
+
+
+@server_app.command("stop")
+def server_stop() -> None:
+    """Stop the Prefect server `llm-dispatch server start` started."""
+    from .server import stop_server
+
+    stopped = stop_server()
+    err.print(f"stopped the Prefect server at {stopped.api_url} (pid {stopped.pid})" if stopped is not None
+              else "no Prefect server of `llm-dispatch server start` is running", highlight=False)
 
 
 @app.command()

@@ -1,0 +1,131 @@
+"""A local Prefect server kept for the session (``llm-dispatch server start|stop``): without a configured server,
+every command that runs a flow would start a temporary one and wait for it; with this one up, they use it.
+
+What is up is written to ``$PREFECT_HOME/llm-dispatch-server.json`` (its pid and API URL); a command reads it only
+when no ``PREFECT_API_URL`` is configured, and only while that process lives.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from llm_dispatch.core import ConfigError
+
+__all__ = ["LocalServer", "running_server", "start_server", "stop_server"]
+
+STATE_FILE = "llm-dispatch-server.json"
+DEFAULT_PORT = 4200
+STARTUP_TIMEOUT = 120.0
+STOP_TIMEOUT = 20.0
+
+
+@dataclass(frozen=True, slots=True)
+class LocalServer:
+    pid: int
+    api_url: str
+    log: str
+
+
+def _home() -> Path:
+    from prefect.settings import PREFECT_HOME
+
+    return Path(PREFECT_HOME.value()).expanduser()
+
+
+def running_server(home: Path | None = None) -> LocalServer | None:
+    """The server ``start_server`` left running, if its process still lives."""
+    path = (home or _home()) / STATE_FILE
+    try:
+        server = LocalServer(**json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError, TypeError):
+        return None
+    return server if _alive(server.pid) else None
+
+
+def start_server(*, port: int = DEFAULT_PORT, timeout: float = STARTUP_TIMEOUT) -> tuple[LocalServer, bool]:
+    """Start ``prefect server start`` on 127.0.0.1:``port`` in a session of its own, wait until it answers, and
+    write it down; returns it and whether it was started now (False: one was already up)."""
+    home = _home()
+    found = running_server(home)
+    if found is not None:
+        return found, False
+    home.mkdir(parents=True, exist_ok=True)
+    api_url = f"http://127.0.0.1:{port}/api"
+    if _healthy(api_url):
+        raise ConfigError(f"port {port} already answers as a Prefect server that llm-dispatch did not start: point "
+                          f"PREFECT_API_URL at it ({api_url}), or give --port another port")
+    log = home / "llm-dispatch-server.log"
+    # Its telemetry only logs errors on an offline machine; a user's own setting still wins.
+    env = {"PREFECT_SERVER_ANALYTICS_ENABLED": "false", **os.environ}
+    env.pop("PREFECT_API_URL", None)
+    with log.open("ab") as sink:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+            stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+        )
+    server = LocalServer(pid=process.pid, api_url=api_url, log=str(log))
+    deadline = time.monotonic() + timeout
+    while not _healthy(api_url):
+        if process.poll() is not None:
+            raise ConfigError(f"the Prefect server stopped while starting (exit {process.returncode}); its log: {log}")
+        if time.monotonic() > deadline:
+            _stop(process.pid)
+            raise ConfigError(f"the Prefect server did not answer within {timeout:.0f} s; its log: {log}")
+        time.sleep(0.25)
+    (home / STATE_FILE).write_text(json.dumps(asdict(server)), encoding="utf-8")
+    return server, True
+
+
+def stop_server() -> LocalServer | None:
+    """Stop the server ``start_server`` started (None: none was running)."""
+    home = _home()
+    server = running_server(home)
+    if server is not None:
+        _stop(server.pid)
+    (home / STATE_FILE).unlink(missing_ok=True)
+    return server
+
+
+def _stop(pid: int) -> None:
+    """SIGTERM to the server's session (uvicorn and its services), SIGKILL if it outlives ``STOP_TIMEOUT``."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + STOP_TIMEOUT
+        while time.monotonic() < deadline:
+            if not _alive(pid):
+                return
+            time.sleep(0.1)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.waitpid(pid, os.WNOHANG)  # reaps it when it is our own child that has ended
+    except ChildProcessError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _healthy(api_url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{api_url}/health", timeout=2) as answer:
+            return answer.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False

@@ -203,7 +203,7 @@ def run(
         from llm_dispatch.jobs import prompt_input
 
         # The whole file, before anything is sent or written; streaming, no prompt held.
-        checked = prompt_input(file, settings=settings).check(warn=False)
+        checked = prompt_input(file, settings=settings).check(warn=False, remember=True)
         err.print(f"{file}: {checked.count} prompts valid", highlight=False)
         for warning in checked.warnings:
             err.print(f"[yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)

@@ -4,8 +4,9 @@ in slices when the job is sent while it is stored."""
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Container, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import AsyncIterator, Container, Hashable, Iterable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime, timedelta
 from itertools import islice
 from pathlib import Path
@@ -70,13 +71,42 @@ class PromptInput:
                                    model_providers=self.model_providers, anthropic_version=self.anthropic_version),
                       start, None)
 
-    def check(self, *, warn: bool = True) -> InputCheck:
-        """Validate the whole input (``InputError`` naming its bad lines): its count, fingerprint, repeats, providers."""
-        return check_prompts(self.source, default_model=self.default_model,
-                             default_endpoint=self.default_endpoint, default_params=self.default_params,
-                             table=self.table,
-                             model_providers=self.model_providers, default_max_tokens=self.default_max_tokens,
-                             anthropic_version=self.anthropic_version, warn=warn)
+    def check(self, *, warn: bool = True, remember: bool = False) -> InputCheck:
+        """Validate the whole input (``InputError`` naming its bad lines): its count, fingerprint, repeats, providers.
+
+        A file this context checked before with ``remember`` (the command, before it starts the flow) is not read
+        again while it is unchanged (same size, modification time and inode) and checked by the same rules."""
+        key = self._check_key()
+        known = checked_inputs.get().get(key) if key is not None else None
+        if known is not None:
+            return known
+        checked = check_prompts(self.source, default_model=self.default_model,
+                                default_endpoint=self.default_endpoint, default_params=self.default_params,
+                                table=self.table,
+                                model_providers=self.model_providers, default_max_tokens=self.default_max_tokens,
+                                anthropic_version=self.anthropic_version, warn=warn)
+        if remember and key is not None:
+            checked_inputs.set({**checked_inputs.get(), key: checked})
+        return checked
+
+    def _check_key(self) -> Hashable | None:
+        """What a check of this input depends on: the file as it is now, and the rules it is checked by (every other
+        field; a rule that reads differently only costs a second read)."""
+        if not isinstance(self.source, (str, Path)):
+            return None
+        try:
+            path = Path(self.source).resolve()
+            stat = path.stat()
+        except OSError:
+            return None
+        table = None if self.table is None else (self.table.prices_file, self.table.prices_as_of, self.table.priced_on)
+        rules = tuple((f.name, repr(getattr(self, f.name))) for f in fields(self) if f.name not in ("source", "table"))
+        return (str(path), stat.st_size, stat.st_mtime_ns, stat.st_ino, table, rules)
+
+
+# Inputs checked whole in this context (``PromptInput.check(remember=True)``), by what their check depends on: the
+# command checks the file before it starts the flow, and the flow's run (the same context) does not read it again.
+checked_inputs: ContextVar[Mapping[Hashable, InputCheck]] = ContextVar("llm_dispatch_checked_inputs", default={})
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ from llm_dispatch import storage
 from llm_dispatch.cli.main import app
 from llm_dispatch.core import PriceTable
 from llm_dispatch.core._types import ChatResult, dedupe_key
-from conftest import Sim
+from conftest import Sim, write_prompts
 
 
 @pytest.fixture
@@ -216,3 +216,26 @@ def test_a_read_only_command_loads_neither_prefect_nor_the_http_stack(command: l
                          env={**os.environ, "PREFECT_API_URL": ""})
     assert ran.returncode == 0, ran.stderr[-2000:]
     assert ran.stdout.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.prefect
+def test_a_run_reads_its_file_once_to_check_it_and_once_to_store_it(
+    prefect_api: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    prompts = write_prompts(tmp_path / "p.jsonl", [{"id": f"q{i}", "prompt": f"question {i}"} for i in range(3)])
+    opened: list[Path] = []
+    path_open = Path.open
+
+    def counting_open(self: Path, *args: object, **kwargs: object) -> object:
+        if self.name == prompts.name:
+            opened.append(self)
+        return path_open(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Path, "open", counting_open)
+    result = CliRunner().invoke(app, ["run", "p.jsonl", "--simulate", "--sim-latency", "0.01", "--json"])
+
+    assert result.exit_code == 0, result.output
+    # The command's check before the flow starts, then the store: the flow does not check the same file again.
+    assert len(opened) == 2
+    assert json.loads(result.output[result.output.index("{"):])["counts"] == {"succeeded": 3}

@@ -6,6 +6,7 @@ built, and a provider's output is parsed line by line into ``BatchLine`` values.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import re
@@ -18,6 +19,7 @@ from ._batch_types import DEFAULT_BATCH_LIMITS, BatchLimits
 from ._embeddings import embedding_result_from_body, embeddings_body
 from ._endpoints import DEFAULT_ENDPOINT, batch_url
 from ._model_rules import openai_body
+from ._openai_responses import response_result_from_body, responses_body
 from ._responses import chat_result_from_body
 from ._exceptions import APIResponseValidationError
 from ._json import compact_json
@@ -221,13 +223,20 @@ def write_batch_files(
 
 
 def _input_line(custom_id: str, request: ChatRequest) -> bytes:
-    body = embeddings_body(request) if request.endpoint == "embeddings" else openai_body(request)
+    body = _BODIES.get(request.endpoint, openai_body)(request)
     record = {"custom_id": custom_id, "method": "POST", "url": batch_url(request.endpoint), "body": body}
     try:
         # Encoded as httpx encodes a chat body, so a batch line and a real-time call send the same bytes.
         return compact_json(record).encode("utf-8") + b"\n"
     except (ValueError, TypeError) as exc:  # NaN, a lone surrogate, an object JSON cannot hold
         raise ValueError(f"request {custom_id!r} cannot be written as JSON: {exc}") from exc
+
+
+# Each endpoint's body (a line's, the same as a real-time call's) and its answer's reader; chat's are the defaults.
+_BODIES: dict[str, Callable[[ChatRequest], dict[str, Any]]] = {"embeddings": embeddings_body,
+                                                                 "responses": responses_body}
+_ANSWERS: dict[str, Callable[[Any], ChatResult | None]] = {"embeddings": embedding_result_from_body,
+                                                          "responses": response_result_from_body}
 
 
 def read_batch_output(path: Path, *, endpoint: str = DEFAULT_ENDPOINT) -> Iterator[BatchLine]:
@@ -237,21 +246,18 @@ def read_batch_output(path: Path, *, endpoint: str = DEFAULT_ENDPOINT) -> Iterat
     A line that cannot be read becomes a ``BatchLine`` with ``error_code == INVALID_OUTPUT_LINE``
     (and its custom_id when that much could be read), so one bad line never costs the others.
     """
-    if endpoint == "embeddings":
-        return read_result_lines(path, _read_embedding_record)
-    batch_url(endpoint)  # any other endpoint this version cannot read: refused, never read as chat
-    return read_result_lines(path, _read_record)
+    batch_url(endpoint)  # an endpoint this version cannot read: refused, never read as chat
+    answer = _ANSWERS.get(endpoint)
+    if answer is None:
+        return read_result_lines(path, _read_record)
 
+    def read(body: Any) -> ChatResult:
+        result = answer(body)
+        if result is None:
+            raise APIResponseValidationError(f"the body is no {endpoint} answer: {str(body)[:300]!r}")
+        return result
 
-def _read_embedding_record(record: dict[str, Any], custom_id: str, number: int) -> BatchLine:
-    return _read_record(record, custom_id, number, read=_embedding_answer)
-
-
-def _embedding_answer(body: Any) -> ChatResult:
-    result = embedding_result_from_body(body)
-    if result is None:
-        raise APIResponseValidationError(f"the body has no data[0].embedding: {str(body)[:300]!r}")
-    return result
+    return read_result_lines(path, functools.partial(_read_record, read=read))
 
 
 def read_result_lines(path: Path, read: Callable[[dict[str, Any], str, int], BatchLine]) -> Iterator[BatchLine]:

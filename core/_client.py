@@ -244,7 +244,7 @@ class LLMClient(MessageBatchMethods):
         route = self._wire.route(request.endpoint)
         body = route.body(request)
         # The cap as sent (Anthropic's body always has one): a long generation gets the time it may need.
-        cap = body.get("max_completion_tokens") or body.get("max_tokens")
+        cap = body.get("max_completion_tokens") or body.get("max_tokens") or body.get("max_output_tokens")
         deadline = attempt_deadline(max_output=cap if isinstance(cap, int) else None, floor=self._request_timeout)
         sent = await self._request(
             "POST", route.path, json=body, parse=route.parse, tokens=estimate, paced=True, timeout=deadline

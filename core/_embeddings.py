@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from ._responses import Chat, parse_answer
+from ._responses import Chat, count as _count, parse_answer
 from ._types import ChatRequest, ChatResult
 
 __all__ = [
@@ -110,10 +110,6 @@ def _result(vector: bytes | None, body: Mapping[str, Any], prompt_tokens: int) -
     return ChatResult(text=None, finish_reason=None, prompt_tokens=prompt_tokens, completion_tokens=0, cached_tokens=0,
                       model=model if isinstance(model, str) else None, response_id=None, latency_s=0.0,
                       embedding=vector)
-
-
-def _count(value: Any) -> int:
-    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
 
 
 def parse_embedding(response: httpx.Response) -> Chat:

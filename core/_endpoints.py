@@ -25,7 +25,7 @@ Endpoint = Literal["chat", "responses", "embeddings"]
 ENDPOINTS: tuple[Endpoint, ...] = ("chat", "responses", "embeddings")
 DEFAULT_ENDPOINT: Endpoint = "chat"
 # The endpoints this version sends and reads back, in both lanes; the others are refused at the input check.
-SUPPORTED_ENDPOINTS: frozenset[str] = frozenset({"chat", "embeddings"})
+SUPPORTED_ENDPOINTS: frozenset[str] = frozenset({"chat", "responses", "embeddings"})
 # The ``url`` of a Batch API line (and the batch's ``endpoint``) for each.
 BATCH_URLS: dict[str, str] = {
     "chat": "/v1/chat/completions",
@@ -34,7 +34,9 @@ BATCH_URLS: dict[str, str] = {
 }
 # Providers with no such endpoint at all (Anthropic's API has no embeddings: its docs point to Voyage AI).
 _NOT_OFFERED = {("anthropic", "embeddings"): "Anthropic has no embeddings endpoint; send embeddings to an OpenAI "
-                                              "model (text-embedding-3-small, say)"}
+                                              "model (text-embedding-3-small, say)",
+                ("anthropic", "responses"): "Anthropic has no Responses API; send claude models to chat (its "
+                                             "Messages API)"}
 
 
 def endpoint_problem(endpoint: object, *, provider: str) -> str | None:

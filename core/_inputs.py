@@ -21,6 +21,7 @@ from typing import Any
 from ._endpoints import DEFAULT_ENDPOINT, endpoint_problem
 from ._embeddings import embedding_param_problem, embedding_text
 from ._exceptions import InputError
+from ._openai_responses import RESPONSES_PARAMS, response_param_problem
 from ._input_files import PromptSource, Record, lone_surrogate_at, records
 from ._hashes import HashBag, RepeatedKeys, key_hash, text_hash
 from ._anthropic import anthropic_param_problem, anthropic_params, has_max_tokens
@@ -491,6 +492,14 @@ def _spec(
             raise fail(f"cannot be sent to Anthropic: {exc}", "prompt" if has_prompt else "messages") from None
         refusal = anthropic_refusal(body, version=anthropic_version) or anthropic_messages_refusal(
             body, version=anthropic_version)
+    elif endpoint == "responses":
+        for name, value in params.items():
+            problem = response_param_problem(name, value)
+            if problem is not None:
+                raise fail(problem, f"params.{name}")
+        # What the model refuses is the same in both APIs: checked on the parameters chat names too.
+        refusal = openai_refusal(model, openai_params(model, {name: value for name, value in params.items()
+                                                              if name not in RESPONSES_PARAMS}))
     else:
         for name in params:
             problem = misspelling(name)

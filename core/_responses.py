@@ -21,6 +21,7 @@ __all__ = [
     "BatchPage",
     "Chat",
     "chat_result_from_body",
+    "count",
     "error_code",
     "error_detail",
     "error_reason",
@@ -196,8 +197,8 @@ def _chat_from_body(body: Any) -> Chat | None:
     details = usage.get("prompt_tokens_details")
     details = details if isinstance(details, dict) else {}
     output = usage.get("completion_tokens_details")
-    prompt_tokens = _count(usage.get("prompt_tokens"))
-    completion_tokens = _count(usage.get("completion_tokens"))
+    prompt_tokens = count(usage.get("prompt_tokens"))
+    completion_tokens = count(usage.get("completion_tokens"))
     tier = body.get("service_tier")
     refusal = message.get("refusal")
     result = ChatResult(
@@ -205,19 +206,19 @@ def _chat_from_body(body: Any) -> Chat | None:
         finish_reason=first.get("finish_reason"),
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
-        cached_tokens=_count(details.get("cached_tokens")),
+        cached_tokens=count(details.get("cached_tokens")),
         model=body.get("model"),
         response_id=body.get("id"),
         latency_s=0.0,
         # Billed at 1.25x input from gpt-5.6 on; the 30-minute write is the only duration the API reports.
-        cache_creation_tokens=_count(details.get("cache_write_tokens")),
-        reasoning_tokens=_count(output.get("reasoning_tokens")) if isinstance(output, dict) else 0,
+        cache_creation_tokens=count(details.get("cache_write_tokens")),
+        reasoning_tokens=count(output.get("reasoning_tokens")) if isinstance(output, dict) else 0,
         service_tier=tier if isinstance(tier, str) else None,
         tool_calls=_tool_calls(message.get("tool_calls")),
         # An empty refusal is no refusal; any other value is the model's words (a string, as the API sends it).
         refusal=None if refusal is None or refusal == "" else str(refusal),
     )
-    return Chat(result, _count(usage.get("total_tokens")) or prompt_tokens + completion_tokens)
+    return Chat(result, count(usage.get("total_tokens")) or prompt_tokens + completion_tokens)
 
 
 def _tool_calls(calls: Any) -> list[dict[str, Any]] | None:
@@ -227,7 +228,8 @@ def _tool_calls(calls: Any) -> list[dict[str, Any]] | None:
     return [call for call in calls if isinstance(call, dict)] or None
 
 
-def _count(value: Any) -> int:
+def count(value: Any) -> int:
+    """A token count as an answer gives it: 0 where it gives none or no number."""
     return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
 
 

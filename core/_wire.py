@@ -18,6 +18,7 @@ import httpx
 from ._anthropic import anthropic_params
 from ._anthropic_answers import parse_message
 from ._embeddings import embeddings_body, parse_embedding
+from ._openai_responses import parse_response, responses_body
 from ._failures import STATUS_HINTS, UNUSABLE_HINT
 from ._exceptions import ConfigError
 from ._model_rules import openai_body
@@ -122,7 +123,8 @@ OPENAI_WIRE = Wire(
     chat_body=openai_body,
     parse_chat=parse_chat,
     rate_limit_headers=OPENAI_RATE_LIMIT_HEADERS,
-    others={"embeddings": Route("/embeddings", embeddings_body, parse_embedding)},
+    others={"embeddings": Route("/embeddings", embeddings_body, parse_embedding),
+            "responses": Route("/responses", responses_body, parse_response)},
 )
 
 

@@ -72,6 +72,7 @@ from ._batch_store import (
 )
 from ._chat import CHAT_COMPLETIONS_PATH
 from ._embeddings import EMBEDDINGS_PATH
+from ._responses_route import RESPONSES_PATH
 from ._checks import check_auth, invalid_request
 from ._http import error_response, json_response, read_json_object, server_error_response
 from ._state import SimState
@@ -86,7 +87,7 @@ _Found = TypeVar("_Found", StoredFile, Batch)
 
 
 # The batch endpoints the simulator answers (OpenAI's take more: completions, moderations, images...).
-_ENDPOINTS = (CHAT_COMPLETIONS_PATH, EMBEDDINGS_PATH)
+_ENDPOINTS = (CHAT_COMPLETIONS_PATH, RESPONSES_PATH, EMBEDDINGS_PATH)
 
 
 def register(app: web.Application, state: SimState) -> None:

@@ -28,6 +28,7 @@ from ._config import ANSWER_KINDS
 from ._checks import invalid_request, model_not_found, unknown_marker, validate_chat_body
 from ._completions import body_digest, plan_completion, render_completion
 from ._embeddings import EMBEDDINGS_PATH, embeddings_answer, embeddings_problem
+from ._responses_route import RESPONSES_PATH, chat_twin, response_object
 from ._http import json_dumps
 from ._markers import MARKER_BYTES, marker_fault
 from ._pacing import CHUNK_LINES, PaceOutcome, answer_paced, hold
@@ -261,6 +262,13 @@ class BatchRun(BatchWork):
                 return False, self._response_line(custom_id, refused.status, refused.body)
         if self._batch.endpoint == EMBEDDINGS_PATH:
             return self._embedding_line(custom_id, body)
+        responses = self._batch.endpoint == RESPONSES_PATH
+        if responses:
+            twin = chat_twin(body)
+            if isinstance(twin, str):
+                refused = invalid_request(twin, param="input", code="invalid_value")
+                return False, self._response_line(custom_id, refused.status, refused.body)
+            body = twin
         invalid = validate_chat_body(body)
         if invalid is None and state.allowed_models is not None and body["model"] not in state.allowed_models:
             invalid = model_not_found(body["model"])
@@ -269,6 +277,10 @@ class BatchRun(BatchWork):
         # Chat's answer without latency, quotas and random faults, which a batch does not meet.
         completion, _ = render_completion(plan_completion(
             body, digest=digest, kind=kind, invalid_json_rate=state.config.invalid_json_rate), state=state)
+        if responses:
+            answer = json.loads(completion)
+            completion = json_dumps(response_object(
+                answer, response_id="resp_" + answer["id"].removeprefix("chatcmpl-"))).encode()
         return True, self._response_line(custom_id, 200, completion)
 
     def _embedding_line(self, custom_id: str, body: dict[str, Any]) -> tuple[bool, bytes]:

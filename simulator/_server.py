@@ -27,7 +27,7 @@ from aiohttp import web
 
 from llm_dispatch.core import LLMDispatchError
 
-from . import _admin, _batch, _chat, _embeddings, _message_batches, _messages_route
+from . import _admin, _batch, _chat, _embeddings, _message_batches, _messages_route, _responses_route
 from ._anthropic_http import anthropic_error
 from ._config import SimulatorConfig
 from ._http import error_response
@@ -49,7 +49,7 @@ DEFAULT_SIMULATOR_CONFIG = SimulatorConfig()
 # their batches in a store of their own (one per app), cleared through SimState.reset_hooks.
 RouteGroup = Callable[[web.Application, SimState], None]
 _ROUTE_GROUPS: tuple[RouteGroup, ...] = (
-    _admin.register, _chat.register, _embeddings.register, _batch.register, _messages_route.register, _message_batches.register,
+    _admin.register, _chat.register, _embeddings.register, _responses_route.register, _batch.register, _messages_route.register, _message_batches.register,
 )
 
 SIM_STATE = web.AppKey("sim_state", SimState)

@@ -159,3 +159,101 @@ def test_embeddings_run_in_both_lanes_store_vectors_as_float32_and_are_priced(
         # $0.02 per 1M input tokens, half of it through the Batch API.
         assert list_cost == prompt_tokens * 20_000 and cost == (list_cost if route == "realtime" else list_cost // 2)
     assert rows(db_url, "SELECT endpoint FROM batches") == [("embeddings",)]
+
+
+# --- responses ---------------------------------------------------------------------------------------------------
+
+
+def response_prompt(text: str, *, system: str | None = None, **params: Any) -> ChatRequest:
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
+    return ChatRequest(model="gpt-4.1-mini", messages=messages, params=params, endpoint="responses")
+
+
+WEATHER_TOOL = {"type": "function", "function": {"name": "weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+async def test_responses_over_a_real_socket_answer_each_kind_as_chat_does(start_sim: Any) -> None:
+    base_url = await start_sim(latency=0.0)
+    async with LLMClient(base_url=base_url, api_key="sk-test") as client:
+        plain = await client.chat(response_prompt("hello", system="be brief", max_completion_tokens=400))
+        refused = await client.chat(response_prompt("hello [[sim:refuse]]"))
+        cut = await client.chat(response_prompt("hello", max_completion_tokens=3))
+        called = await client.chat(response_prompt("weather in Oslo?", tools=[WEATHER_TOOL]))
+    assert plain.text and plain.finish_reason == "stop" and plain.response_id.startswith("resp_")
+    assert plain.prompt_tokens > 0 and plain.completion_tokens > 0 and plain.refusal is None
+    assert refused.refusal and refused.text is None
+    assert cut.finish_reason == "max_output_tokens" and cut.completion_tokens == 3
+    assert called.finish_reason == "tool_calls" and called.tool_calls is not None
+    [call] = called.tool_calls
+    assert call["type"] == "function" and call["function"]["name"] == "weather"
+    assert "city" in json.loads(call["function"]["arguments"])
+
+
+async def test_a_responses_body_takes_instructions_input_items_and_the_renamed_parameters(
+    router: respx.Router, fake_time: FakeTime
+) -> None:
+    route = router.post("/responses", name="responses").respond(200, json={
+        "id": "resp_1", "object": "response", "status": "incomplete", "model": "gpt-4.1-mini",
+        "incomplete_details": {"reason": "max_output_tokens"}, "service_tier": "default",
+        "output": [{"type": "reasoning", "id": "rs_1", "summary": []},
+                   {"type": "message", "role": "assistant", "content": [
+                       {"type": "output_text", "text": "Half", "annotations": []},
+                       {"type": "output_text", "text": " an answer", "annotations": []}]}],
+        "usage": {"input_tokens": 30, "input_tokens_details": {"cached_tokens": 10}, "output_tokens": 50,
+                  "output_tokens_details": {"reasoning_tokens": 40}, "total_tokens": 80}})
+    request = ChatRequest(model="gpt-4.1-mini", endpoint="responses", messages=[
+        {"role": "system", "content": "be brief"}, {"role": "user", "content": "q"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}],
+        params={"max_completion_tokens": 50, "reasoning_effort": "low", "tools": [WEATHER_TOOL]})
+    async with make_client(router, fake_time) as client:
+        result = await client.chat(request)
+    assert json.loads(route.calls.last.request.content) == {
+        "model": "gpt-4.1-mini", "instructions": "be brief", "max_output_tokens": 50, "reasoning": {"effort": "low"},
+        "tools": [{"type": "function", "name": "weather", "parameters": WEATHER_TOOL["function"]["parameters"]}],
+        "input": [{"role": "user", "content": "q"},
+                  {"type": "function_call", "call_id": "call_1", "name": "weather", "arguments": "{}"},
+                  {"type": "function_call_output", "call_id": "call_1", "output": "sunny"}]}
+    assert (result.text, result.finish_reason, result.prompt_tokens, result.cached_tokens, result.completion_tokens,
+            result.reasoning_tokens, result.response_id) == ("Half an answer", "max_output_tokens", 30, 10, 50, 40,
+                                                             "resp_1")
+
+
+def test_responses_to_anthropic_and_chat_only_parameters_are_refused_at_the_input_check(tmp_path: Path) -> None:
+    path = write_prompts(tmp_path / "p.jsonl", [
+        {"id": 1, "prompt": "a", "model": "claude-haiku-5-5", "endpoint": "responses"},
+        {"id": 2, "prompt": "b", "endpoint": "responses", "params": {"logprobs": True}},
+        {"id": 3, "prompt": "c", "endpoint": "responses", "params": {"max_output_tokens": 30}},
+    ])
+    with pytest.raises(InputError) as caught:
+        check_prompts(path, default_model="gpt-4.1-mini")
+    message = str(caught.value)
+    assert "p.jsonl:1: Anthropic has no Responses API" in message
+    assert "p.jsonl:2: the responses endpoint has no logprobs" in message
+    assert "p.jsonl:3" not in message
+
+
+@pytest.mark.prefect
+def test_responses_run_in_both_lanes_priced_with_refusals_and_truncation_stored(
+    cli_env: dict[str, str], db_url: str, tmp_path: Path
+) -> None:
+    path = write_prompts(tmp_path / "r.jsonl", [
+        {"id": "r0", "prompt": "hello", "urgency": "urgent"},
+        {"id": "r1", "prompt": "hello [[sim:refuse]]", "urgency": "urgent"},
+        {"id": "r2", "prompt": "hello", "urgency": "bulk", "params": {"max_completion_tokens": 3}},
+        {"id": "r3", "prompt": "hello there", "urgency": "bulk"},
+    ])
+    done = cli("run", str(path), "--endpoint", "responses", "--model", "gpt-4.1-mini", "--json",
+               env=cli_env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    stored = rows(db_url, "SELECT p.custom_id, r.route, r.status, r.finish_reason, r.response_id, r.completion_tokens, "
+                          "r.cost_pico_usd, r.list_cost_pico_usd FROM results r JOIN prompts p ON p.id = r.prompt_id "
+                          "ORDER BY p.position")
+    assert [row[:4] for row in stored] == [("r0", "realtime", "succeeded", "stop"), ("r1", "realtime", "refused", "stop"),
+                                           ("r2", "batch", "succeeded", "max_output_tokens"),
+                                           ("r3", "batch", "succeeded", "stop")]
+    assert all(row[4].startswith("resp_") and row[6] > 0 for row in stored)
+    assert [row[6] * 2 == row[7] for row in stored] == [False, False, True, True]  # the Batch API's half price
+    assert rows(db_url, "SELECT endpoint FROM batches") == [("responses",)]

@@ -322,7 +322,7 @@ async def test_create_rejects_bad_parameters(client: LLMClient, tmp_path: Path, 
     # The client refuses such an endpoint itself (it could not read its lines); the simulator's own 400, by hand:
     refused = httpx.post(f"{sim_url}/batches", json={"input_file_id": uploaded.id, "endpoint": "/v1/moderations",
                                                      "completion_window": "24h"})
-    assert refused.status_code == 400 and "supports '/v1/chat/completions', '/v1/embeddings'" in refused.text
+    assert refused.status_code == 400 and "supports '/v1/chat/completions', '/v1/responses', '/v1/embeddings'" in refused.text
     with pytest.raises(BadRequestError, match="24h"):
         await client.create_batch(input_file_id=uploaded.id, completion_window="1h")
     with pytest.raises(BadRequestError, match="Unknown batch fault"):

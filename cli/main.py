@@ -510,7 +510,7 @@ def _report(name: str, *, job: str | None, database_url: str | None, as_json: bo
 @app.command()
 def export(
     job: Annotated[str, typer.Argument(help="the job to export: its id (or the id's first characters) or its name")],
-    fmt: Annotated[Optional[str], typer.Option("--format", help="jsonl (default) or csv")] = None,
+    fmt: Annotated[Optional[str], typer.Option("--format", help="jsonl (default), csv or parquet")] = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="file to write (default: stdout)")] = None,
     fields: Annotated[Optional[str], typer.Option(
         "--fields", help="columns, comma-separated: built-in names, metadata keys, or all (default: id, prompt, "
@@ -519,13 +519,16 @@ def export(
     as_json: Annotated[bool, typer.Option("--json", help="one JSON array of the rows (instead of --format)")] = False,
 ) -> None:
     """Every prompt of JOB in input order, ready for scoring: the user's id, the prompt, the answer, status, error,
-    tokens, cost, latency and the prompt's metadata as columns."""
+    tokens, cost, latency and the prompt's metadata as columns; for a job with a schema, each field of the parsed
+    answer as a column of its own (typed in Parquet), its violation, re-asks and cost with them."""
     from . import reports
 
     if as_json and fmt is not None:
         raise _fail("give --json or --format, not both")
-    if fmt not in (None, "jsonl", "csv"):
-        raise _fail(f"--format must be jsonl or csv, not {fmt!r}")
+    if fmt not in (None, "jsonl", "csv", "parquet"):
+        raise _fail(f"--format must be jsonl, csv or parquet, not {fmt!r}")
+    if fmt == "parquet" and output is None:
+        raise _fail("--format parquet writes a file: give --output FILE.parquet")
     fmt = "json" if as_json else fmt or "jsonl"
     chosen = [name.strip() for name in fields.split(",") if name.strip()] if fields is not None else None
     if chosen == []:

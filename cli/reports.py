@@ -14,7 +14,7 @@ from rich.table import Table
 from sqlalchemy.engine import make_url
 
 from llm_dispatch import storage
-from llm_dispatch.jobs import actual_cost, money, plan_export, reprice as reprice_job
+from llm_dispatch.jobs import BINARY_FORMATS, actual_cost, money, plan_export, reprice as reprice_job
 from llm_dispatch.core import (
     DatabaseError,
     PriceTable,
@@ -225,6 +225,9 @@ async def export(*, settings: Settings, job_id: str, fmt: str, output: Path | No
         plan = await plan_export(sessions=sessions, job_id=job_id, fmt=fmt, fields=fields)
         if output is None:
             return await plan.write(sessions=sessions, handle=sys.stdout)
+        if fmt in BINARY_FORMATS:
+            with output.open("wb") as binary:
+                return await plan.write(sessions=sessions, handle=binary)
         with output.open("w", encoding="utf-8", newline="") as handle:
             return await plan.write(sessions=sessions, handle=handle)
 

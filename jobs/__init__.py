@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     )
     from ._collect import IngestOutcome, cancel_batch, cancel_batches, ingest_batch, poll_batch, reroute_for_deadlines
     from ._export import (
+        BINARY_FORMATS,
         DEFAULT_FIELDS,
         EXPORT_FIELDS,
         EXPORT_FORMATS,
@@ -134,6 +135,7 @@ __all__ = [
     "money",
     "new_prompts",
     "plan_export",
+    "BINARY_FORMATS",
     "prompt_input",
     "open_run",
     "plan_realtime",

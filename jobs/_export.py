@@ -13,14 +13,14 @@ import csv
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, TextIO
+from typing import IO, Any, Final, Literal, TextIO
 
 from llm_dispatch import storage
 from llm_dispatch.core import PICO_PER_USD, TRUNCATED_FINISH_REASONS, ConfigError
 
 
 
-__all__ = ["DEFAULT_FIELDS", "EXPORT_FIELDS", "EXPORT_FORMATS", "ExportColumn", "ExportPlan", "export_columns",
+__all__ = ["BINARY_FORMATS", "DEFAULT_FIELDS", "EXPORT_FIELDS", "EXPORT_FORMATS", "ExportColumn", "ExportPlan", "export_columns",
            "plan_export"]
 
 Getter = Callable[[storage.ExportRow], Any]
@@ -46,6 +46,10 @@ def _cost_usd(row: storage.ExportRow) -> float | None:
 
 def _stored(name: str) -> Getter:
     return lambda row: getattr(row, name)
+
+
+def _prompt_cost_usd(row: storage.ExportRow) -> float | None:
+    return None if row.prompt_cost_pico_usd is None else row.prompt_cost_pico_usd / PICO_PER_USD
 
 
 # Every built-in column, in the order ``--fields all`` writes them.
@@ -84,12 +88,43 @@ EXPORT_FIELDS: Final[Mapping[str, Getter]] = {
     "position": _stored("position"),
     "prompt_id": _stored("prompt_id"),
     "metadata": _stored("metadata"),
+    # A structured answer: its value, or the first thing wrong with it; how often it was asked again; and what the
+    # prompt cost with its re-asks (cost_usd is its last answer's).
+    "parsed": _stored("parsed"),
+    "violation": _stored("violation"),
+    "reasks": _stored("reask"),
+    "prompt_cost_usd": _prompt_cost_usd,
 }
+# Added to the defaults for a job whose prompts have a schema, before a column per property of the schema.
+STRUCTURED_FIELDS: Final = ("violation", "reasks", "prompt_cost_usd")
+# How a column is typed in a typed format (Parquet): "json" columns are written as JSON text.
+ColumnKind = Literal["string", "int", "float", "bool", "json"]
+_KINDS: Final[Mapping[str, ColumnKind]] = {
+    "position": "int", "prompt_id": "int", "prompt_tokens": "int", "completion_tokens": "int", "cached_tokens": "int",
+    "cache_creation_tokens": "int", "cache_creation_extended_tokens": "int", "reasoning_tokens": "int",
+    "maybe_billed": "int", "reasks": "int", "cost_usd": "float", "prompt_cost_usd": "float", "latency_ms": "float",
+    "truncated": "bool", "messages": "json", "tool_calls": "json", "metadata": "json", "parsed": "json",
+}
+_SCHEMA_KINDS: Final[Mapping[str, ColumnKind]] = {"string": "string", "integer": "int", "number": "float",
+                                                  "boolean": "bool"}
+
+
+def schema_kind(spec: Any) -> ColumnKind:
+    """The column kind of one property of an answer schema: its scalar type (nullable or not), else JSON."""
+    kind = spec.get("type") if isinstance(spec, Mapping) else None
+    if isinstance(kind, list):
+        kinds = [k for k in kind if k != "null"]
+        kind = kinds[0] if len(kinds) == 1 else None
+    if kind is None and isinstance(spec, Mapping) and isinstance(spec.get("enum"), list):
+        values = spec["enum"]
+        kind = "string" if values and all(isinstance(v, str) for v in values) else None
+    return _SCHEMA_KINDS.get(kind, "json") if isinstance(kind, str) else "json"
 # Without --fields: what a scorer reads, then every metadata key of the job as a column of its own (and the whole
 # conversation after the prompt, when some prompt is more than one question).
 DEFAULT_FIELDS: Final = ("id", "prompt", "answer", "status", "error", "model", "prompt_tokens", "completion_tokens",
                          "cost_usd", "latency_ms")
 METADATA_PREFIX: Final = "metadata."
+PARSED_PREFIX: Final = "parsed."
 ALL: Final = "all"
 
 
@@ -97,6 +132,16 @@ ALL: Final = "all"
 class ExportColumn:
     name: str
     read: Getter
+    kind: ColumnKind = "string"
+
+
+def _builtin(name: str) -> ExportColumn:
+    return ExportColumn(name, EXPORT_FIELDS[name], _KINDS.get(name, "string"))
+
+
+def _parsed_column(key: str, spec: Any, *, name: str) -> ExportColumn:
+    return ExportColumn(name=name, kind=schema_kind(spec),
+                        read=lambda row: row.parsed.get(key) if isinstance(row.parsed, dict) else None)
 
 
 def _metadata_column(key: str, *, name: str) -> ExportColumn:
@@ -110,18 +155,26 @@ def export_columns(shape: storage.ExportShape, fields: Sequence[str] | None = No
     keys = shape.metadata_keys
     by_key = {key: _metadata_column(key, name=key if key not in EXPORT_FIELDS else METADATA_PREFIX + key)
               for key in keys}
+    taken = {*EXPORT_FIELDS, *by_key}
+    by_property = {key: _parsed_column(key, spec, name=key if key not in taken else PARSED_PREFIX + key)
+                   for key, spec in shape.schema_properties.items()}
     if not fields:
         names = list(DEFAULT_FIELDS)
         if shape.conversations:
             names.insert(names.index("prompt") + 1, "messages")
-        return [*(ExportColumn(name, EXPORT_FIELDS[name]) for name in names), *by_key.values()]
+        if by_property:
+            names += STRUCTURED_FIELDS
+        return [*(_builtin(name) for name in names), *by_property.values(), *by_key.values()]
     columns: list[ExportColumn] = []
     for field in fields:
         if field == ALL:
-            columns += [ExportColumn(name, read) for name, read in EXPORT_FIELDS.items() if name != "metadata"]
-            columns += by_key.values()
+            columns += [_builtin(name) for name in EXPORT_FIELDS if name != "metadata"]
+            columns += [*by_property.values(), *by_key.values()]
         elif field in EXPORT_FIELDS:
-            columns.append(ExportColumn(field, EXPORT_FIELDS[field]))
+            columns.append(_builtin(field))
+        elif field.removeprefix(PARSED_PREFIX) in by_property and (field.startswith(PARSED_PREFIX)
+                                                                    or field not in by_key):
+            columns.append(by_property[field.removeprefix(PARSED_PREFIX)])
         elif field.removeprefix(METADATA_PREFIX) in by_key:
             columns.append(by_key[field.removeprefix(METADATA_PREFIX)])
         else:
@@ -177,9 +230,80 @@ class _JsonArray:
         self._handle.write("\n]\n")
 
 
-EXPORT_FORMATS: Final[Mapping[str, Callable[[TextIO, Sequence[ExportColumn]], Any]]] = {
-    "jsonl": _JsonLines, "csv": _Csv, "json": _JsonArray,
+PARQUET_ROWS_PER_GROUP: Final = 10_000
+PARQUET_INSTALL: Final = "pip install 'llm-dispatch[parquet]' (it adds pyarrow)"
+
+
+def _json_text(value: Any) -> str | None:
+    return None if value is None else json.dumps(value, ensure_ascii=False)
+
+
+class _Parquet:
+    """A Parquet file (pyarrow, the optional ``parquet`` extra), a row group per ``PARQUET_ROWS_PER_GROUP`` rows, so a
+    job of any size is written in flat memory. Each column typed by its kind; JSON columns as JSON text."""
+
+    binary = True
+
+    def __init__(self, handle: IO[bytes], columns: Sequence[ExportColumn]) -> None:
+        pa, pq = parquet_modules()
+        types = {"string": pa.string(), "int": pa.int64(), "float": pa.float64(), "bool": pa.bool_(),
+                 "json": pa.string()}
+        self._pa = pa
+        self._columns = list(columns)
+        self._schema = pa.schema([pa.field(c.name, types[c.kind]) for c in columns])
+        self._convert = [_json_text if c.kind == "json" else _scalar(c.kind) for c in columns]
+        self._writer = pq.ParquetWriter(handle, self._schema)
+        self._values: list[list[Any]] = [[] for _ in columns]
+
+    def write(self, record: dict[str, Any]) -> None:
+        for values, convert, value in zip(self._values, self._convert, record.values()):
+            values.append(convert(value))
+        if len(self._values[0]) >= PARQUET_ROWS_PER_GROUP:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._values[0]:
+            arrays = [self._pa.array(values, type=f.type) for values, f in zip(self._values, self._schema)]
+            self._writer.write_batch(self._pa.record_batch(arrays, schema=self._schema))
+            self._values = [[] for _ in self._columns]
+
+    def close(self) -> None:
+        self._flush()
+        self._writer.close()
+
+
+def _scalar(kind: ColumnKind) -> Callable[[Any], Any]:
+    """A value for a typed column: as it is when it has the column's type, else None (a value that broke its schema
+    is in the ``parsed`` and ``answer`` columns, not in a typed one)."""
+    accepted: tuple[type, ...] = {"string": (str,), "int": (int,), "float": (int, float), "bool": (bool,)}[kind]
+
+    def convert(value: Any) -> Any:
+        if value is None or (isinstance(value, bool) and kind in ("int", "float")):
+            return None
+        if kind == "string" and isinstance(value, (dict, list)):
+            return json.dumps(value, ensure_ascii=False)
+        if kind == "string" and not isinstance(value, str):
+            return str(value)
+        return value if isinstance(value, accepted) else None
+
+    return convert
+
+
+def parquet_modules() -> tuple[Any, Any]:
+    """pyarrow and pyarrow.parquet; a ``ConfigError`` saying how to install them when they are not."""
+    try:
+        import pyarrow
+        import pyarrow.parquet
+    except ImportError as exc:
+        raise ConfigError(f"--format parquet needs pyarrow: {PARQUET_INSTALL}") from exc
+    return pyarrow, pyarrow.parquet
+
+
+EXPORT_FORMATS: Final[Mapping[str, Callable[[Any, Sequence[ExportColumn]], Any]]] = {
+    "jsonl": _JsonLines, "csv": _Csv, "json": _JsonArray, "parquet": _Parquet,
 }
+# Formats written to a binary file (never to stdout).
+BINARY_FORMATS: Final = frozenset({"parquet"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,7 +314,7 @@ class ExportPlan:
     columns: list[ExportColumn]
     fmt: str
 
-    async def write(self, *, sessions: storage.Sessions, handle: TextIO) -> int:
+    async def write(self, *, sessions: storage.Sessions, handle: TextIO | IO[bytes]) -> int:
         """Every prompt of the job, in input order, to ``handle``, a page at a time; returns how many rows."""
         writer = EXPORT_FORMATS[self.fmt](handle, self.columns)
         count = 0
@@ -206,5 +330,7 @@ async def plan_export(*, sessions: storage.Sessions, job_id: str, fmt: str, fiel
     its metadata keys are read first, in one pass over that column."""
     if fmt not in EXPORT_FORMATS:
         raise ConfigError(f"no export format {fmt!r}; formats: {', '.join(EXPORT_FORMATS)}")
+    if fmt in BINARY_FORMATS:
+        parquet_modules()  # before the database is read: installed, or one line saying how
     columns = export_columns(await storage.export_shape(sessions, job_id=job_id), fields)
     return ExportPlan(job_id=job_id, columns=columns, fmt=fmt)

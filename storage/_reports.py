@@ -3,16 +3,17 @@ and results joined to their inputs for export. The small query API for programma
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 from typing import Any, ClassVar
 
-from sqlalchemy import and_, case, func, literal, literal_column, or_, select
+from sqlalchemy import Text, and_, case, cast, func, literal, literal_column, or_, select
 from sqlalchemy.orm import aliased
 
-from llm_dispatch.core import CLOSED_BATCH_STATUSES, PAID_RESULT_STATUSES, from_pico
+from llm_dispatch.core import CLOSED_BATCH_STATUSES, PAID_RESULT_STATUSES, answer_schema, from_pico
 
 from ._models import Batch, Job, Prompt, Result, aware
 from ._engine import Sessions
@@ -110,6 +111,12 @@ class ExportRow:
     raw_body: str | None = None
     # The conversation as sent (a prompt given as ``prompt`` is one user message).
     messages: list[dict[str, Any]] | None = None
+    # A structured answer's value, or its first violation; which asking of the prompt the result answers.
+    parsed: Any = None
+    violation: str | None = None
+    reask: int | None = None
+    # What all of the prompt's results cost together (its answer, its re-asks, paid failures); None: none priced.
+    prompt_cost_pico_usd: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +126,8 @@ class ExportShape:
 
     metadata_keys: list[str]
     conversations: bool
+    # The properties of the prompts' answer schemas, in order (name -> its schema), the first schema's first.
+    schema_properties: dict[str, Any] = field(default_factory=dict)
 
 
 async def usage_by_route(
@@ -286,7 +295,7 @@ _EXPORTED_RESULT_FIELDS = ("route", "text", "finish_reason", "prompt_tokens", "c
                            "cache_creation_tokens", "cache_creation_extended_tokens", "reasoning_tokens",
                            "service_tier", "latency_ms", "error_class", "error_message", "cost_pico_usd",
                            "discount", "prices_as_of", "cost_basis", "tool_calls", "refusal", "maybe_billed",
-                           "raw_body")
+                           "raw_body", "parsed", "violation", "reask")
 
 
 # What an export reads of a prompt, under ExportRow's names: columns, not ORM objects (no identity map, no
@@ -303,7 +312,10 @@ async def export_rows(sessions: Sessions, *, job_id: str) -> AsyncIterator[Expor
     # its own rows, never the whole job's results again.
     earlier = aliased(Result)
     latest = select(func.max(earlier.id)).where(earlier.prompt_id == Prompt.id).correlate(Prompt).scalar_subquery()
-    columns = (*_EXPORTED_PROMPT_COLUMNS, *(getattr(Result, name) for name in _EXPORTED_RESULT_FIELDS))
+    every = aliased(Result)
+    paid = (select(func.sum(every.cost_pico_usd)).where(every.prompt_id == Prompt.id).correlate(Prompt)
+            .scalar_subquery().label("prompt_cost_pico_usd"))
+    columns = (*_EXPORTED_PROMPT_COLUMNS, *(getattr(Result, name) for name in _EXPORTED_RESULT_FIELDS), paid)
     last_position = -1
     while True:
         stmt = (
@@ -331,10 +343,20 @@ async def export_shape(sessions: Sessions, *, job_id: str) -> ExportShape:
             .order_by(Prompt.position).execution_options(yield_per=EXPORT_PAGE))
     # json_array_length reads a JSON array on SQLite (JSON1) and PostgreSQL (json) alike.
     multi = select(func.count()).where(Prompt.job_id == job_id, func.json_array_length(Prompt.messages) > 1)
+    # A job's prompts mostly share their parameters: their distinct texts are few, whatever the job's size.
+    params = (select(cast(Prompt.params, Text)).where(Prompt.job_id == job_id).distinct()
+              .execution_options(yield_per=EXPORT_PAGE))
+    properties: dict[str, Any] = {}
     async with sessions() as session:
         async for page in (await session.stream_scalars(stmt)).partitions():
             for metadata in page:
                 if isinstance(metadata, dict):
                     keys.update(dict.fromkeys(metadata))
         conversations = bool((await session.execute(multi)).scalar_one())
-    return ExportShape(metadata_keys=list(keys), conversations=conversations)
+        async for page in (await session.stream_scalars(params)).partitions():
+            for text in page:
+                schema = answer_schema(json.loads(text) if text else {})
+                if schema is not None and isinstance(schema.get("properties"), dict):
+                    for name, spec in schema["properties"].items():
+                        properties.setdefault(name, spec)
+    return ExportShape(metadata_keys=list(keys), conversations=conversations, schema_properties=properties)

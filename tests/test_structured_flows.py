@@ -5,6 +5,7 @@ violation in words."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -138,3 +139,39 @@ async def test_the_report_counts_valid_first_after_reasks_and_still_invalid(
     assert "structured answers: 1 valid at first, 4 valid after re-asks, 1 still invalid; 5 re-asks cost $" in shown
     as_json = json.loads(cli("status", summary["job_id"], "--json", env=cli_env, cwd=tmp_path).stdout)
     assert as_json["structured"]["reasks"] == 5
+
+
+async def test_export_writes_each_parsed_field_as_a_typed_column(prefect_api: str, sim: Sim, db_url: str,
+                                                                 tmp_path: Path, cli_env: dict[str, str]) -> None:
+    import pyarrow.parquet as pq
+
+    from llm_dispatch.flows.realtime import realtime_dispatch
+
+    from conftest import cli
+
+    summary = await realtime_dispatch(prompts=str(prompts(tmp_path)), base_url=sim.base_url,
+                                      database_url=SecretStr(db_url), max_reasks=0)
+    out = tmp_path / "people.parquet"
+    done = cli("export", summary["job_id"], "--format", "parquet", "--output", str(out), env=cli_env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    table = pq.read_table(out)
+    assert str(table.schema.field("name").type) == "string" and str(table.schema.field("age").type) == "int64"
+    assert str(table.schema.field("prompt_cost_usd").type) == "double"
+    data = table.to_pylist()
+    assert [row["id"] for row in data] == list(KINDS)  # input order
+    ok = data[0]
+    assert isinstance(ok["name"], str) and isinstance(ok["age"], int) and ok["status"] == "succeeded"
+    assert ok["violation"] is None and ok["reasks"] == 0 and ok["prompt_cost_usd"] > 0
+    for row in data[1:]:
+        assert row["status"] == "invalid" and row["name"] is None and row["age"] is None and row["violation"]
+    as_csv = cli("export", summary["job_id"], "--format", "csv", env=cli_env, cwd=tmp_path).stdout.splitlines()
+    assert as_csv[0].split(",")[-5:] == ["violation", "reasks", "prompt_cost_usd", "name", "age"]
+
+
+def test_parquet_without_pyarrow_is_one_line_saying_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    from llm_dispatch.core import ConfigError
+    from llm_dispatch.jobs._export import parquet_modules
+
+    monkeypatch.setitem(sys.modules, "pyarrow", None)
+    with pytest.raises(ConfigError, match=r"^--format parquet needs pyarrow: pip install 'llm-dispatch\[parquet\]'"):
+        parquet_modules()

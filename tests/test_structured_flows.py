@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
+from llm_dispatch.core import to_json
+
 from conftest import Sim, rows, write_prompts
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
@@ -123,8 +125,8 @@ async def test_the_report_counts_valid_first_after_reasks_and_still_invalid(
     with path.open("a") as extra:
         extra.write(json.dumps({"id": "hopeless", "prompt": "Invent a person.",
                                 "params": {"response_format": impossible}}) + "\n")
-    summary = await dispatch(prompts=str(path), base_url=sim.base_url, database_url=SecretStr(db_url),
-                             route_policy="all-realtime", max_reasks=1)
+    summary = to_json(await dispatch(prompts=str(path), base_url=sim.base_url, database_url=SecretStr(db_url),
+                                     route_policy="all-realtime", max_reasks=1))
     structured = summary["structured"]
     reask_cost = sum(cost for (cost,) in rows(db_url, "SELECT cost_pico_usd FROM results WHERE reask > 0")) / 1e12
     assert (structured["valid_first"], structured["valid_after_reasks"], structured["still_invalid"],
@@ -149,8 +151,8 @@ async def test_export_writes_each_parsed_field_as_a_typed_column(prefect_api: st
 
     from conftest import cli
 
-    summary = await realtime_dispatch(prompts=str(prompts(tmp_path)), base_url=sim.base_url,
-                                      database_url=SecretStr(db_url), max_reasks=0)
+    summary = to_json(await realtime_dispatch(prompts=str(prompts(tmp_path)), base_url=sim.base_url,
+                                              database_url=SecretStr(db_url), max_reasks=0))
     out = tmp_path / "people.parquet"
     done = cli("export", summary["job_id"], "--format", "parquet", "--output", str(out), env=cli_env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr

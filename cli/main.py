@@ -287,6 +287,48 @@ def budget_line(budget: BudgetStanding) -> str:
             f"${money(budget.reserved):.6f}, left ${money(budget.left):.6f} of ${money(budget.limit):.6f}")
 
 
+budget_app = typer.Typer(cls=_Commands, no_args_is_help=True,
+                         help="Spending caps shared by every run, shard and worker that names them (--budget-name).")
+app.add_typer(budget_app, name="budget")
+
+
+@budget_app.command("set")
+def budget_set(
+    name: Annotated[str, typer.Argument(help="the budget's name, as runs give it with --budget-name")],
+    limit: Annotated[float, typer.Option("--limit", help="dollars per period")],
+    per: Annotated[str, typer.Option("--per", help="the period the limit holds over: day|month|total (UTC)")] = "total",
+    database_url: DatabaseUrl = None,
+    as_json: AsJson = False,
+) -> None:
+    """Create a named budget or change its limit; runs holding it see the new limit at their next reservation."""
+    from .budgets import print_budgets, set_budget
+
+    settings = _settings(database_url=database_url)
+    row = asyncio.run(set_budget(settings=settings, name=name, limit=limit, per=per))
+    if as_json:
+        out.print_json(json.dumps(row))
+    else:
+        print_budgets(out, [row])
+
+
+@budget_app.command("show")
+def budget_show(
+    name: Annotated[Optional[str], typer.Argument(help="one budget (default: all, jobs' own included)")] = None,
+    history: Annotated[bool, typer.Option("--history", help="earlier periods too")] = False,
+    database_url: DatabaseUrl = None,
+    as_json: AsJson = False,
+) -> None:
+    """Where each budget stands this period: its limit, what was spent, what runs hold reserved, what is left."""
+    from .budgets import print_budgets, show_budgets
+
+    settings = _settings(database_url=database_url)
+    rows = asyncio.run(show_budgets(settings=settings, name=name, history=history))
+    if as_json:
+        out.print_json(json.dumps(rows))
+    else:
+        print_budgets(out, rows)
+
+
 def _check_keys(settings: Settings, *, providers: frozenset[str]) -> None:
     """One line and exit 2 when a provider the prompts go to has no key (before anything is written)."""
     if ("openai" in providers and settings.api_key is None and settings.api_key_block is None

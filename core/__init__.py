@@ -10,7 +10,6 @@ from ._status import *  # noqa: F403 - every status and route word, listed in _s
 from ._lazy import lazy_names
 
 if TYPE_CHECKING:
-    from ._anthropic import anthropic_params
     from ._anthropic_answers import read_message_batch_results
     from ._batch_files import BatchFile, BatchFileWriter, BatchLine, read_batch_output, write_batch_files
     from ._batch_types import (
@@ -21,7 +20,6 @@ if TYPE_CHECKING:
         BatchLimits,
         FileInfo,
         RequestCounts,
-        batch_status_from_api,
     )
     from ._budgets import BUDGET_PERIODS, BudgetPeriod, SpendGate, job_budget_name, period_key
     from ._client import LLMClient
@@ -31,24 +29,12 @@ if TYPE_CHECKING:
     from ._endpoints import DEFAULT_ENDPOINT, ENDPOINTS, SUPPORTED_ENDPOINTS, Endpoint, batch_url, check_batch_url
     from ._dispatch import ChatSender, DispatchOutcome, Progress, ResultSink, WorkItem, current_progress, send_all
     from ._hashes import key_hash
-    from ._inputs import (
-        InputCheck,
-        PromptSource,
-        PromptSpec,
-        RepeatedKeys,
-        check_prompts,
-        fingerprint,
-        iter_prompts,
-        parse_prompt_dicts,
-        read_prompts,
-    )
+    from ._inputs import InputCheck, PromptSource, PromptSpec, RepeatedKeys, check_prompts, fingerprint, iter_prompts
     from ._json import json_field, money, stored_json, to_json
-    from ._limits import AdaptiveLimiter, RateLimiter, SharedPause
     from ._message_shapes import anthropic_messages_refusal, openai_messages_refusal
-    from ._model_rules import Refusal, anthropic_refusal, batch_metadata_problem, openai_params, openai_refusal
+    from ._model_rules import Refusal, anthropic_refusal, batch_metadata_problem, openai_refusal
     from ._pricing import PICO_PER_USD, Charge, ModelInfo, PriceTable, from_pico
-    from ._providers import PROVIDERS, provider_for, provider_lookup
-    from ._responses import chat_result_from_body
+    from ._providers import PROVIDERS, provider_lookup
     from ._retry import DEFAULT_MAX_RETRY_AFTER
     from ._routing import RoutePolicy, RoutingRules, decide_route, parse_deadline, prompt_chars
     from ._settings import DEFAULT_ANTHROPIC_VERSION, DEFAULT_MAX_TOKENS, Settings
@@ -62,8 +48,8 @@ if TYPE_CHECKING:
         response_format_for,
         response_format_problem,
     )
-    from ._stops import STOP_AFTER, RunStop, Stopped, lasting_failure
-    from ._tokens import estimate_prompt_tokens, estimate_request_tokens
+    from ._stops import RunStop, Stopped
+    from ._tokens import estimate_prompt_tokens
     from ._transport import default_transport
     from ._types import TRUNCATED_FINISH_REASONS, ChatRequest, ChatResult, dedupe_key
     from ._wire import check_provider_key
@@ -100,23 +86,19 @@ __all__ = [
     "PROVIDERS",
     "PICO_PER_USD",
     "TRUNCATED_FINISH_REASONS",
-    "AdaptiveLimiter",
     "BUDGET_PERIODS",
     "BudgetPeriod",
     "job_budget_name",
     "period_key",
     "SpendGate",
     "anthropic_messages_refusal",
-    "anthropic_params",
     "anthropic_refusal",
     "batch_metadata_problem",
-    "batch_status_from_api",
     "BatchFile",
     "BatchFileWriter",
     "BatchInfo",
     "BatchLimits",
     "BatchLine",
-    "chat_result_from_body",
     "check_provider_key",
     "ChatRequest",
     "ChatResult",
@@ -130,7 +112,6 @@ __all__ = [
     "DispatchOutcome",
     "estimate_prompt_tokens",
     "estimate_request_cost",
-    "estimate_request_tokens",
     "FileInfo",
     "check_prompts",
     "fingerprint",
@@ -140,38 +121,30 @@ __all__ = [
     "from_pico",
     "LLMClient",
     "openai_messages_refusal",
-    "openai_params",
     "openai_refusal",
     "parse_deadline",
-    "parse_prompt_dicts",
     "ModelInfo",
     "PriceTable",
     "Progress",
-    "provider_for",
     "provider_lookup",
     "prompt_chars",
     "InputCheck",
     "PromptSource",
     "PromptSpec",
     "RepeatedKeys",
-    "RateLimiter",
     "Refusal",
     "read_batch_output",
     "read_message_batch_results",
-    "read_prompts",
     "RequestCounts",
     "ResultSink",
     "RoutePolicy",
     "RoutingRules",
     "RouteTotals",
     "RunStop",
-    "STOP_AFTER",
     "Stopped",
-    "lasting_failure",
     "money",
     "send_all",
     "Settings",
-    "SharedPause",
     "stored_json",
     "to_json",
     "WorkItem",

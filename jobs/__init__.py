@@ -8,9 +8,8 @@ from typing import TYPE_CHECKING
 from llm_dispatch.core import lazy_names
 
 if TYPE_CHECKING:
-    from ._batch_api import BatchApi
     from ._budget import BudgetStanding, budget_standing, check_budget_bounds, run_budget, to_pico
-    from ._clients import Clients, batch_api
+    from ._clients import Clients
     from ._batch_trouble import (
         BATCH_RETRY_FIRST,
         BATCH_RETRY_MAX,
@@ -22,32 +21,13 @@ if TYPE_CHECKING:
         lose_batch,
         retry_delay,
     )
-    from ._collect import IngestOutcome, cancel_batch, cancel_batches, ingest_batch, poll_batch, reroute_for_deadlines
-    from ._export import (
-        BINARY_FORMATS,
-        DEFAULT_FIELDS,
-        EXPORT_FIELDS,
-        EXPORT_FORMATS,
-        ExportColumn,
-        ExportPlan,
-        export_columns,
-        plan_export,
-    )
+    from ._collect import IngestOutcome, cancel_batch, ingest_batch, poll_batch
+    from ._export import BINARY_FORMATS, ExportPlan, plan_export
     from ._costs import JobCost, PriceBasis, RepricedRow, Repricing, actual_cost, estimate_cost, money, reprice
     from ._realtime import Chunk, ChunkFeed, ChunkSender, SendChunk
-    from ._run import JobRun, load_prices, open_run
-    from ._plan import MAX_CHUNKS_PER_RUN, RealtimePlan, Selection, chunk_groups, chunk_size_for, plan_realtime
-    from ._record import (
-        PromptInput,
-        RecordedJob,
-        StoredSlice,
-        fingerprint_of,
-        new_prompts,
-        prompt_input,
-        record_job,
-        routing_rules,
-        store_rest,
-    )
+    from ._run import JobRun, open_run
+    from ._plan import Selection, plan_realtime
+    from ._record import PromptInput, RecordedJob, fingerprint_of, prompt_input, record_job, routing_rules
     from ._summary import (
         BatchHalfSummary,
         BatchLeft,
@@ -60,18 +40,10 @@ if TYPE_CHECKING:
         SweepSummary,
         job_report,
     )
-    from ._submit import (
-        BATCH_ID_KEY,
-        JOB_ID_KEY,
-        SubmitOutcome,
-        advance_submission,
-        find_provider_batch,
-        submit_prompts,
-    )
+    from ._submit import SubmitOutcome, advance_submission, submit_prompts
 
 
 __all__ = [
-    "BATCH_ID_KEY",
     "BATCH_RETRY_FIRST",
     "BATCH_RETRY_MAX",
     "AbandonOutcome",
@@ -82,12 +54,6 @@ __all__ = [
     "error_text",
     "lose_batch",
     "retry_delay",
-    "DEFAULT_FIELDS",
-    "EXPORT_FIELDS",
-    "EXPORT_FORMATS",
-    "JOB_ID_KEY",
-    "MAX_CHUNKS_PER_RUN",
-    "BatchApi",
     "BatchHalfSummary",
     "BatchLeft",
     "BudgetStanding",
@@ -102,7 +68,6 @@ __all__ = [
     "JobRun",
     "PriceBasis",
     "PromptInput",
-    "RealtimePlan",
     "RealtimeSummary",
     "RecordedJob",
     "RepricedRow",
@@ -110,30 +75,20 @@ __all__ = [
     "ShardRuns",
     "Selection",
     "SendChunk",
-    "StoredSlice",
     "SubmitOutcome",
     "SweepSummary",
     "DirectorySummary",
     "DispatchSummary",
-    "ExportColumn",
     "ExportPlan",
     "actual_cost",
     "advance_submission",
-    "batch_api",
     "budget_standing",
     "check_budget_bounds",
-    "cancel_batches",
-    "chunk_groups",
-    "chunk_size_for",
     "estimate_cost",
-    "export_columns",
-    "find_provider_batch",
     "fingerprint_of",
     "ingest_batch",
     "job_report",
-    "load_prices",
     "money",
-    "new_prompts",
     "plan_export",
     "BINARY_FORMATS",
     "prompt_input",
@@ -142,11 +97,9 @@ __all__ = [
     "poll_batch",
     "record_job",
     "reprice",
-    "reroute_for_deadlines",
     "routing_rules",
     "run_budget",
     "to_pico",
-    "store_rest",
     "submit_prompts",
 ]
 

@@ -13,7 +13,6 @@ from llm_dispatch.core import lazy_names
 
 if TYPE_CHECKING:
     from ._batches import (
-        BATCH_FIELDS,
         batch_members,
         batch_submissions,
         clear_batch_error,
@@ -25,7 +24,6 @@ if TYPE_CHECKING:
         mark_batch_lost,
         open_batches,
         record_batch_error,
-        release_members,
         require_batch,
         store_batch_answers,
         update_batch,
@@ -44,9 +42,9 @@ if TYPE_CHECKING:
         set_job_budget,
         settle_holds,
     )
-    from ._engine import DATABASE_URL_ENV, Sessions, check_database_url, create_engine, open_database, session_factory
+    from ._engine import Sessions, check_database_url, create_engine, open_database, session_factory
     from ._migrate import migrate, require_current_schema
-    from ._models import Base, Batch, BatchMember, Budget, BudgetSpend, Job, Prompt, Reservation, Result
+    from ._models import Base, Batch, Budget, BudgetSpend, Job, Prompt, Reservation, Result
     from ._open import (
         open_prompt_count,
         open_prompt_ids,
@@ -93,8 +91,6 @@ if TYPE_CHECKING:
 
 
 __all__ = [
-    "BATCH_FIELDS",
-    "DATABASE_URL_ENV",
     "LEASE_TTL",
     "Budget",
     "BudgetInfo",
@@ -112,7 +108,6 @@ __all__ = [
     "settle_holds",
     "Base",
     "Batch",
-    "BatchMember",
     "BatchRecord",
     "ExportRow",
     "ExportShape",
@@ -167,7 +162,6 @@ __all__ = [
     "open_repeated_keys",
     "open_work_in_order",
     "open_work_pages",
-    "release_members",
     "reopen_refused",
     "answer_schemas",
     "require_batch",

@@ -12,7 +12,8 @@ import pytest
 
 from llm_dispatch import storage
 from conftest import BatchEnv, Sim
-from llm_dispatch.jobs import IngestOutcome, advance_submission, cancel_batches, ingest_batch, submit_prompts
+from llm_dispatch.jobs import IngestOutcome, advance_submission, ingest_batch, submit_prompts
+from llm_dispatch.jobs._collect import cancel_batches
 from llm_dispatch.core import LLMClient, PriceTable, dedupe_key
 MODEL = "claude-haiku-4-5"
 PRICES = PriceTable.load()

@@ -26,9 +26,9 @@ from llm_dispatch.core import (
     NotFoundError,
     PermissionDeniedError,
     RateLimitError,
-    anthropic_params,
     read_message_batch_results,
 )
+from llm_dispatch.core._anthropic import anthropic_params
 
 KEY = "sk-ant-socket-test"
 STATES = ("in_progress", "canceling", "ended")

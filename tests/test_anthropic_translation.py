@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from llm_dispatch.core import ChatRequest, anthropic_params, read_message_batch_results
+from llm_dispatch.core import ChatRequest, read_message_batch_results
+from llm_dispatch.core._anthropic import anthropic_params
 from llm_dispatch.core._batch_files import INVALID_OUTPUT_LINE
 
 

@@ -11,7 +11,8 @@ import httpx
 import pytest
 import respx
 
-from llm_dispatch.core import BatchInfo, BatchLimits, BatchStatus, FileInfo, batch_status_from_api
+from llm_dispatch.core import BatchInfo, BatchLimits, BatchStatus, FileInfo
+from llm_dispatch.core._batch_types import batch_status_from_api
 from llm_dispatch.core._exceptions import APIResponseValidationError, BadRequestError, InternalServerError, NotFoundError
 
 from conftest import API_KEY, BASE_URL, FakeTime, make_client

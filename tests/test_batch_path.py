@@ -18,7 +18,8 @@ from llm_dispatch.core import LLMClient
 from llm_dispatch.core._types import dedupe_key
 from llm_dispatch.storage import Prompt, Result, Sessions
 from llm_dispatch.jobs import ingest_batch
-from llm_dispatch.jobs import BATCH_ID_KEY, JOB_ID_KEY, advance_submission, submit_prompts
+from llm_dispatch.jobs import advance_submission, submit_prompts
+from llm_dispatch.jobs._submit import BATCH_ID_KEY, JOB_ID_KEY
 
 
 @dataclass

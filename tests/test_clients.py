@@ -12,7 +12,8 @@ import pytest
 import respx
 
 from llm_dispatch import storage
-from llm_dispatch.jobs import Clients, batch_api
+from llm_dispatch.jobs import Clients
+from llm_dispatch.jobs._clients import batch_api
 from llm_dispatch.core import ChatRequest, ConfigError, LLMClient, Settings
 
 OPENAI = "https://api.openai.test/v1"

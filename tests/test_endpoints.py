@@ -18,11 +18,11 @@ from llm_dispatch.core import (
     InputError,
     LLMClient,
     check_prompts,
-    parse_prompt_dicts,
     read_batch_output,
     vector_floats,
     write_batch_files,
 )
+from llm_dispatch.core._inputs import parse_prompt_dicts
 from llm_dispatch.simulator import embedding_vector
 
 from conftest import FakeTime, cli, make_client, rows, write_prompts

@@ -11,7 +11,9 @@ from typing import Any
 import pytest
 import respx
 
-from llm_dispatch.core import ChatRequest, InputError, anthropic_params, parse_prompt_dicts
+from llm_dispatch.core import ChatRequest, InputError
+from llm_dispatch.core._anthropic import anthropic_params
+from llm_dispatch.core._inputs import parse_prompt_dicts
 from llm_dispatch.core._batch_files import write_batch_files
 from llm_dispatch.core._model_rules import anthropic_refusal, openai_body, openai_refusal
 

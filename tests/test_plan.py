@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from llm_dispatch.jobs import MAX_CHUNKS_PER_RUN, chunk_size_for
+from llm_dispatch.jobs._plan import MAX_CHUNKS_PER_RUN, chunk_size_for
 
 
 @pytest.mark.parametrize(("requests", "size", "chunks"), [

@@ -281,7 +281,8 @@ async def test_a_flex_request_over_real_sockets_is_stored_at_the_flex_price(
 
 
 def test_a_prompt_over_the_models_maximum_input_is_refused_though_it_fits_the_window(tmp_path: Path) -> None:
-    from llm_dispatch.core import InputError, parse_prompt_dicts
+    from llm_dispatch.core import InputError
+    from llm_dispatch.core._inputs import parse_prompt_dicts
 
     path = tmp_path / "p.json"
     path.write_text(json.dumps({"models": {"m": {"input": 1, "output": 1, "context_window": 1_000,

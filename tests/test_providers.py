@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from llm_dispatch.core import MESSAGE_BATCH_LIMITS, PROVIDERS, ChatResult, Settings, provider_for
+from llm_dispatch.core import MESSAGE_BATCH_LIMITS, PROVIDERS, ChatResult, Settings
+from llm_dispatch.core._providers import provider_for
 
 
 def test_claude_models_go_to_anthropic_everything_else_to_openai() -> None:

@@ -16,7 +16,6 @@ import respx
 
 from llm_dispatch.core import to_json
 from llm_dispatch.core import (
-    STOP_AFTER,
     AuthenticationError,
     ChatRequest,
     ChatResult,
@@ -27,6 +26,7 @@ from llm_dispatch.core import (
     WorkItem,
     send_all,
 )
+from llm_dispatch.core._stops import STOP_AFTER
 from llm_dispatch.core._exceptions import APIStatusError, PermissionDeniedError
 
 from conftest import FakeTime, Sim, make_client, rows, write_prompts

@@ -43,6 +43,7 @@ from llm_dispatch.core import (
     BatchConflictError,
 )
 from llm_dispatch.storage import Batch, Prompt, ResultWriter, Sessions
+from llm_dispatch.storage._batches import release_members
 from llm_dispatch.storage._migrate import _config
 
 
@@ -321,7 +322,7 @@ async def test_a_prompt_in_an_open_batch_cannot_join_another(sessions: Sessions)
     assert await statuses(sessions, ids) == {"p-0": "batched", "p-1": "batched", "p-2": "pending"}
 
     # Released (the provider never answered it), p-1 may go into a resubmission.
-    assert await storage.release_members(sessions, batch_id=first, prompt_ids=[ids["p-1"]]) == 1
+    assert await release_members(sessions, batch_id=first, prompt_ids=[ids["p-1"]]) == 1
     second = await new_batch(sessions, job_id, ids, ["p-1", "p-2"], resubmission_of=first)
     assert (await storage.get_batch(sessions, batch_id=second)).resubmission_of == first  # type: ignore[union-attr]
     assert await statuses(sessions, ids) == {"p-0": "batched", "p-1": "batched", "p-2": "batched"}
@@ -398,7 +399,7 @@ async def test_ingesting_a_batch_through_the_writer(sessions: Sessions) -> None:
     assert (stats.succeeded, stats.failed, stats.prompt_tokens) == (1, 1, 20)
 
     # Releasing only moves prompts still waiting on this batch: p-0 keeps its answer.
-    assert await storage.release_members(sessions, batch_id=batch_id, prompt_ids=[ids["p-0"], ids["p-3"]]) == 1
+    assert await release_members(sessions, batch_id=batch_id, prompt_ids=[ids["p-0"], ids["p-3"]]) == 1
     # Members nobody released (p-4) are freed when the batch is marked ingested, not lost.
     assert await storage.mark_batch_ingested(sessions, batch_id=batch_id) == 1
     assert await statuses(sessions, ids) == {
@@ -414,7 +415,7 @@ async def test_release_leaves_other_batches_alone(sessions: Sessions) -> None:
     job_id, ids = await job_with_prompts(sessions, 2)
     first = await new_batch(sessions, job_id, ids, ["p-0"])
     await new_batch(sessions, job_id, ids, ["p-1"])
-    assert await storage.release_members(sessions, batch_id=first, prompt_ids=[ids["p-0"], ids["p-1"]]) == 1
+    assert await release_members(sessions, batch_id=first, prompt_ids=[ids["p-0"], ids["p-1"]]) == 1
     assert await statuses(sessions, ids) == {"p-0": "pending", "p-1": "batched"}
 
 

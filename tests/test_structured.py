@@ -12,7 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from llm_dispatch.core import ChatRequest, anthropic_params, check_answer, load_schema, ConfigError
+from llm_dispatch.core import ChatRequest, check_answer, load_schema, ConfigError
+from llm_dispatch.core._anthropic import anthropic_params
 
 from conftest import Sim
 

@@ -215,7 +215,7 @@ async def batch_path(
         job_id = await storage.create_job(sessions, name="bench-batch", fingerprint=f"{run:064d}", input_path=None,
                                           model=MODEL, settings={})
         await storage.add_prompts(sessions, job_id=job_id, prompts=_prompts(count, distinct=distinct))
-        recorded = await storage.open_prompt_count(sessions, job_id=job_id, planned_route="batch")
+        recorded = await storage.unfinished_prompt_count(sessions, job_id=job_id, planned_route="batch")
         out["record_s"] = time.perf_counter() - started
         assert recorded == count, f"recorded {recorded} of {count} prompts"
         out["rss_after_setup_mb"] = (_status_kb("VmRSS") or 0) / 1024

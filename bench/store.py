@@ -74,7 +74,7 @@ async def store(count: int) -> dict[str, float]:
                                         planned_route="batch", route_reason="bench")
 
         await storage.add_prompts(sessions, job_id=job_id, prompts=prompts())
-        ids = await storage.open_prompt_ids(sessions, job_id=job_id, planned_route="batch")
+        ids = await storage.unfinished_prompt_ids(sessions, job_id=job_id, planned_route="batch")
         await storage.create_batch_record(sessions, job_id=job_id, model=MODEL, members=[(p, f"c{p}") for p in ids],
                                           file_path=None)
         answers = [

@@ -56,7 +56,7 @@ async def status(*, settings: Settings, job_id: str | None) -> dict[str, Any] | 
             jobs = await storage.list_jobs(sessions)
             return {"jobs": [
                 {"job_id": j.id, "name": j.name, "created_at": j.created_at.isoformat(timespec="seconds"),
-                 "status": j.status, "prompts": j.prompts, "open_batches": j.open_batches} for j in jobs]}
+                 "status": j.status, "prompts": j.prompts, "unfinished_batches": j.unfinished_batches} for j in jobs]}
         job_id = await storage.resolve_job(sessions, reference=job_id)
         job = await storage.get_job(sessions, job_id=job_id)
         if job is None:
@@ -90,7 +90,7 @@ def print_status(console: Console, data: dict[str, Any]) -> None:
             table.add_column(column)
         for job in data["jobs"]:
             table.add_row(job["job_id"][:8], job["name"], job["created_at"], job["status"], str(job["prompts"]),
-                          str(job["open_batches"]))
+                          str(job["unfinished_batches"]))
         console.print(table)
         return
     table = Table(title=f"job {data['job_id'][:8]} ({data['name']}): {data['status']}")

@@ -128,12 +128,12 @@ async def dispatch_batches(
     settings, sessions = run.settings, run.sessions
     started = time.monotonic()
     summary = BatchHalfSummary()
-    for record in await storage.open_batches(sessions, job_id=job_id):
+    for record in await storage.unfinished_batches(sessions, job_id=job_id):
         if record.status in HALF_SUBMITTED_BATCH_STATUSES:
             await finish_submission(run=run, batch_id=record.id)
     for round_ in range(settings.batch_max_submissions + 1):
         retry = retry_failed if round_ == 0 else "none"
-        size = await storage.open_prompt_count(sessions, job_id=job_id, planned_route="batch", retry_failed=retry)
+        size = await storage.unfinished_prompt_count(sessions, job_id=job_id, planned_route="batch", retry_failed=retry)
         if size:
             submitted = await submit_batches(run=run, job_id=job_id, retry_failed=retry, size=size)
             summary.submitted.add(submitted)
@@ -142,7 +142,7 @@ async def dispatch_batches(
                         submitted.reused)
         if not wait:
             break
-        waiting = [batch.id for batch in await storage.open_batches(sessions, job_id=job_id)]
+        waiting = [batch.id for batch in await storage.unfinished_batches(sessions, job_id=job_id)]
         if not waiting:
             break
         summary.rounds += 1
@@ -211,7 +211,7 @@ async def sweep(*, run: JobRun, job_id: str | None, stale_after: float, retry_no
     """The recipe behind ``collect-batches``: each batch on its own (``sweep_batch``), then each job it touched."""
     summary = SweepSummary()
     touched: set[str] = set()
-    records = await storage.open_batches(run.sessions, job_id=job_id)
+    records = await storage.unfinished_batches(run.sessions, job_id=job_id)
     summary.open = len(records)
     now = datetime.now(UTC)
     cutoff = now - timedelta(seconds=stale_after)
@@ -222,7 +222,7 @@ async def sweep(*, run: JobRun, job_id: str | None, stale_after: float, retry_no
             touched.add(record.job_id)
     for job in sorted(touched):
         try:
-            size = await storage.open_prompt_count(run.sessions, job_id=job, retry_failed="none",
+            size = await storage.unfinished_prompt_count(run.sessions, job_id=job, retry_failed="none",
                                                    planned_route="batch")
             if size:
                 submitted = await submit_batches(run=run, job_id=job, retry_failed="none", size=size)
@@ -278,7 +278,7 @@ async def send_rerouted(run: JobRun, *, job_id: str) -> RealtimeSummary | None:
 
 
 async def _rerouted(run: JobRun, *, job_id: str) -> int:
-    return await storage.open_prompt_count(run.sessions, job_id=job_id, retry_failed=REROUTED.retry_failed,
+    return await storage.unfinished_prompt_count(run.sessions, job_id=job_id, retry_failed=REROUTED.retry_failed,
                                            planned_route=REROUTED.planned_route, in_flight=REROUTED.in_flight)
 
 
@@ -304,7 +304,7 @@ async def cancel_job_batches(
     async with open_run(settings) as run:
         job_id = await storage.resolve_job(run.sessions, reference=job_id)
         records, problems = [], []
-        for record in await storage.open_batches(run.sessions, job_id=job_id):
+        for record in await storage.unfinished_batches(run.sessions, job_id=job_id):
             try:
                 records.append(await cancel_batch(run=run, batch_id=record.id))
             except Exception as exc:  # noqa: BLE001 - kept on the batch; the others are cancelled

@@ -278,7 +278,7 @@ def _count(outcome: IngestOutcome, code: str, n: int) -> None:
 async def cancel_batches(*, sessions: storage.Sessions, clients: Clients, job_id: str) -> list[storage.BatchRecord]:
     """Ask the provider to stop every open batch of ``job_id`` (``cancel_batch`` each); returns them as they now stand."""
     return [await cancel_batch(sessions=sessions, clients=clients, record=record)
-            for record in await storage.open_batches(sessions, job_id=job_id)]
+            for record in await storage.unfinished_batches(sessions, job_id=job_id)]
 
 
 async def cancel_batch(*, sessions: storage.Sessions, clients: Clients,

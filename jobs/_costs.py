@@ -119,7 +119,7 @@ async def estimate_cost(
     for route in ROUTES:
         # Pages come ordered by request: an identical request is the one just before it, never held.
         last_key: str | None = None
-        async for rows in storage.open_work_pages(sessions, job_id=job_id, page=ESTIMATE_PAGE,
+        async for rows in storage.unfinished_work_pages(sessions, job_id=job_id, page=ESTIMATE_PAGE,
                                                   retry_failed=retry_failed, planned_route=route):
             for row in rows:
                 if dedupe:

@@ -42,7 +42,7 @@ class RealtimePlan:
     """Groups of prompt ids (one request each), split into chunks; and what was answered from storage."""
 
     chunks: list[list[tuple[int, ...]]] = field(default_factory=list)
-    open_prompts: int = 0
+    unfinished_prompts: int = 0
     reused: int = 0
     # Prompts left out for now because their request is in ``hold_keys``, and those requests.
     held: int = 0
@@ -98,7 +98,7 @@ async def plan_realtime(
     ``track_positions`` fills ``RealtimePlan.positions``, for a caller holding the prompts in memory.
     """
     after, limit = page if page is not None else (None, None)
-    found = await storage.open_prompts(
+    found = await storage.unfinished_prompts(
         sessions, job_id=job_id, retry_failed=selection.retry_failed, planned_route=selection.planned_route,
         in_flight=selection.in_flight, shard=selection.shard, positions=positions, dedupe_keys=only_keys,
         after=after, limit=limit)
@@ -107,7 +107,7 @@ async def plan_realtime(
     last = (found[-1].position, found[-1].id) if limit is not None and len(found) == limit else None
     if not dedupe:
         return RealtimePlan(chunks=chunk_groups([(prompt.id,) for prompt in found], chunk_size=chunk_size),
-                            open_prompts=len(found), positions=_positions(found) if track_positions else {},
+                            unfinished_prompts=len(found), positions=_positions(found) if track_positions else {},
                             last=last)
 
     by_key: dict[str, list[int]] = {}
@@ -127,10 +127,10 @@ async def plan_realtime(
     if reused:
         logger.info("%d prompts answered from stored identical requests (no new cost); --no-dedupe turns this off", reused)
     groups = [tuple(ids) for ids in by_key.values()]
-    return RealtimePlan(chunks=chunk_groups(groups, chunk_size=chunk_size), open_prompts=len(found) - held, reused=reused,
-                        held=held, held_keys=frozenset(held_keys), last=last,
+    return RealtimePlan(chunks=chunk_groups(groups, chunk_size=chunk_size), unfinished_prompts=len(found) - held,
+                        reused=reused, held=held, held_keys=frozenset(held_keys), last=last,
                         positions=_positions(found) if track_positions else {})
 
 
-def _positions(found: Sequence[storage.OpenPrompt]) -> dict[int, int]:
+def _positions(found: Sequence[storage.UnfinishedPrompt]) -> dict[int, int]:
     return {prompt.id: prompt.position for prompt in found}

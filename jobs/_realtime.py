@@ -100,13 +100,15 @@ class ChunkFeed:
         job, selection = self._job, self._selection
         where = {"retry_failed": selection.retry_failed, "planned_route": selection.planned_route,
                  "in_flight": selection.in_flight, "shard": selection.shard}
-        self.unplanned = await storage.open_prompt_count(self._sessions, job_id=job.job_id, **where)  # type: ignore[arg-type]
+        self.unplanned = await storage.unfinished_prompt_count(
+            self._sessions, job_id=job.job_id, **where)  # type: ignore[arg-type]
         if not self.unplanned:
             return
         self._size = chunk_size_for(self.unplanned, chunk_size=self._first_size)
         hold: Container[str] = frozenset()
         if self._dedupe:
-            hold = await storage.open_repeated_keys(self._sessions, job_id=job.job_id, **where)  # type: ignore[arg-type]
+            hold = await storage.unfinished_repeated_keys(
+                self._sessions, job_id=job.job_id, **where)  # type: ignore[arg-type]
         after: tuple[int, int] | None = None
         while True:
             plan = await self._plan(page=(after, self._size), hold_keys=hold)
@@ -137,9 +139,9 @@ class ChunkFeed:
 
     def _take(self, plan: RealtimePlan, stored: StoredSlice | None = None) -> list[Chunk]:
         self.reused += plan.reused
-        self.prompts += plan.open_prompts - plan.reused
+        self.prompts += plan.unfinished_prompts - plan.reused
         self.requests += plan.requests
-        self.unplanned = max(0, self.unplanned - plan.open_prompts)
+        self.unplanned = max(0, self.unplanned - plan.unfinished_prompts)
         self.chunks += len(plan.chunks)
         return [Chunk(groups=groups, requests=_requests_of(plan, groups, stored)) for groups in plan.chunks]
 

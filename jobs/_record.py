@@ -299,7 +299,7 @@ async def _all_answered(sessions: async_sessionmaker[AsyncSession], *, job_id: s
     """Whether a resume of the job would send nothing: no prompt waits (pending, in flight, in a batch) and no
     failed one is to be sent again."""
     counts = await storage.job_counts(sessions, job_id=job_id)
-    return not unfinished(counts) and not await storage.open_prompt_count(
+    return not unfinished(counts) and not await storage.unfinished_prompt_count(
         sessions, job_id=job_id, retry_failed=retry_failed)
 
 

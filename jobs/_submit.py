@@ -101,7 +101,7 @@ async def submit_prompts(
     page: int = SUBMIT_PAGE,
 ) -> SubmitOutcome:
     """Send the open batch-routed prompts of ``job_id`` (failed ones as ``retry_failed`` says, like
-    ``storage.open_prompts``) as provider batches: one line per distinct request, files split per model
+    ``storage.unfinished_prompts``) as provider batches: one line per distinct request, files split per model
     and at the provider's limits (or ``max_requests`` / ``max_bytes`` where given), each to its model's
     provider. Returns our ids of the batches created.
 

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
         job_batches,
         mark_batch_ingested,
         mark_batch_lost,
-        open_batches,
+        unfinished_batches,
         record_batch_error,
         require_batch,
         store_batch_answers,
@@ -45,13 +45,13 @@ if TYPE_CHECKING:
     from ._engine import Sessions, check_database_url, create_engine, open_database, session_factory
     from ._migrate import migrate, require_current_schema
     from ._models import Base, Batch, Budget, BudgetSpend, Job, Prompt, Reservation, Result
-    from ._open import (
-        open_prompt_count,
-        open_prompt_ids,
-        open_prompts,
-        open_repeated_keys,
-        open_work_in_order,
-        open_work_pages,
+    from ._unfinished import (
+        unfinished_prompt_count,
+        unfinished_prompt_ids,
+        unfinished_prompts,
+        unfinished_repeated_keys,
+        unfinished_work_in_order,
+        unfinished_work_pages,
     )
     from ._queries import (
         add_prompts,
@@ -71,7 +71,7 @@ if TYPE_CHECKING:
         set_job_status,
         set_planned_route,
     )
-    from ._records import BatchRecord, JobInfo, NewPrompt, OpenPrompt, ResultStats, WorkRow
+    from ._records import BatchRecord, JobInfo, NewPrompt, UnfinishedPrompt, ResultStats, WorkRow
     from ._reports import (
         ExportRow,
         ExportShape,
@@ -116,7 +116,7 @@ __all__ = [
     "Job",
     "JobInfo",
     "NewPrompt",
-    "OpenPrompt",
+    "UnfinishedPrompt",
     "Prompt",
     "Result",
     "ResultStats",
@@ -154,14 +154,14 @@ __all__ = [
     "mark_batch_ingested",
     "mark_in_flight",
     "migrate",
-    "open_batches",
+    "unfinished_batches",
     "open_database",
-    "open_prompt_count",
-    "open_prompt_ids",
-    "open_prompts",
-    "open_repeated_keys",
-    "open_work_in_order",
-    "open_work_pages",
+    "unfinished_prompt_count",
+    "unfinished_prompt_ids",
+    "unfinished_prompts",
+    "unfinished_repeated_keys",
+    "unfinished_work_in_order",
+    "unfinished_work_pages",
     "reopen_refused",
     "answer_schemas",
     "require_batch",

@@ -1,7 +1,7 @@
 """Every read and write of Batch API batches and their members.
 
 A prompt in an open batch has status ``batched``: the real-time path does not pick it
-(``open_prompt_ids``), and no second batch may take it, until its result is written or it
+(``unfinished_prompt_ids``), and no second batch may take it, until its result is written or it
 is released back to ``pending``. Results go through ``storage._results``: failures by the
 ``ResultWriter`` with ``route="batch"``, answers in bulk by ``store_batch_answers``.
 """
@@ -42,7 +42,7 @@ __all__ = [
     "job_batches",
     "mark_batch_ingested",
     "mark_batch_lost",
-    "open_batches",
+    "unfinished_batches",
     "record_batch_error",
     "release_members",
     "require_batch",
@@ -209,7 +209,7 @@ async def find_batch_by_provider_id(sessions: Sessions, *, provider_batch_id: st
     return None if batch is None else _record(batch)
 
 
-async def open_batches(sessions: Sessions, *, job_id: str | None = None) -> list[BatchRecord]:
+async def unfinished_batches(sessions: Sessions, *, job_id: str | None = None) -> list[BatchRecord]:
     """Every batch not closed (``ingested`` or ``lost``), oldest first, of one job or of all.
 
     That is the ones still being made or uploaded, the ones the provider is working on, and

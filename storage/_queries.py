@@ -1,4 +1,4 @@
-"""Every read and write of jobs and prompts (open prompts: ``storage._open``; results: ``storage._results``)."""
+"""Every read and write of jobs and prompts (open prompts: ``storage._unfinished``; results: ``storage._results``)."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, NamedTuple
 
-__all__ = ["BatchRecord", "JobInfo", "NewPrompt", "OpenPrompt", "ResultStats", "WorkRow"]
+__all__ = ["BatchRecord", "JobInfo", "NewPrompt", "UnfinishedPrompt", "ResultStats", "WorkRow"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -35,7 +35,7 @@ class NewPrompt(_Request):
     route_reason: str | None = None
 
 
-class OpenPrompt(NamedTuple):
+class UnfinishedPrompt(NamedTuple):
     """A prompt still to send: enough to plan with, without loading its messages."""
 
     id: int

@@ -72,7 +72,7 @@ class JobSummary:
     created_at: datetime
     status: str
     prompts: int
-    open_batches: int
+    unfinished_batches: int
 
 
 @dataclass(frozen=True, slots=True)

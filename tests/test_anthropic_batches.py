@@ -34,7 +34,7 @@ class Env(BatchEnv):
                 dedupe_key=dedupe_key(model=MODEL, messages=messages, params=params),
                 planned_route="batch", route_reason="test"))
         await storage.add_prompts(self.sessions, job_id=job_id, prompts=prompts)
-        return job_id, await storage.open_prompt_ids(self.sessions, job_id=job_id)
+        return job_id, await storage.unfinished_prompt_ids(self.sessions, job_id=job_id)
 
     async def submit(self, job_id: str, **options: object) -> list[int]:
         async with storage.ResultWriter(self.sessions, job_id=job_id, prices=PRICES) as writer:
@@ -108,7 +108,7 @@ async def test_expired_lines_go_in_the_next_batch_and_are_answered_once(env: Env
     [first] = await env.submit(job_id)
     outcome = await env.finish(first)
     assert (outcome.succeeded, outcome.resend, outcome.to_realtime) == (4, 4, 0)
-    again = await storage.open_prompt_ids(env.sessions, job_id=job_id)
+    again = await storage.unfinished_prompt_ids(env.sessions, job_id=job_id)
     assert len(again) == 4
     [second] = await env.submit(job_id, resubmission_of=first)
     assert (await env.finish(second)).succeeded == 4

@@ -37,7 +37,7 @@ class Env(BatchEnv):
                 dedupe_key=dedupe_key(model="gpt-4o-mini", messages=messages, params={"max_tokens": 20}),
                 planned_route="batch", route_reason="test", deadline=deadline))
         await storage.add_prompts(self.sessions, job_id=job_id, prompts=prompts)
-        ids = await storage.open_prompt_ids(self.sessions, job_id=job_id)
+        ids = await storage.unfinished_prompt_ids(self.sessions, job_id=job_id)
         return job_id, ids
 
     async def submit(self, job_id: str, **kwargs: object) -> list[int]:
@@ -138,10 +138,10 @@ async def test_a_submission_reads_a_page_of_rows_at_a_time_and_records_each_file
     job_id, ids = await env.job([f"q {i % 7}" for i in range(40)])  # 7 requests, each asked 5 or 6 times
     pages: list[int] = []
     recorded_after_pages: list[int] = []
-    open_work_in_order, create_batch_record = storage.open_work_in_order, storage.create_batch_record
+    unfinished_work_in_order, create_batch_record = storage.unfinished_work_in_order, storage.create_batch_record
 
     async def counted_pages(*args: Any, **kwargs: Any) -> AsyncIterator[list[storage.WorkRow]]:
-        async for rows in open_work_in_order(*args, **kwargs):
+        async for rows in unfinished_work_in_order(*args, **kwargs):
             pages.append(len(rows))
             yield rows
 
@@ -152,7 +152,7 @@ async def test_a_submission_reads_a_page_of_rows_at_a_time_and_records_each_file
     async def whole_job(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("a submission must not load its prompts by id list")
 
-    monkeypatch.setattr(storage, "open_work_in_order", counted_pages)
+    monkeypatch.setattr(storage, "unfinished_work_in_order", counted_pages)
     monkeypatch.setattr(storage, "create_batch_record", counted_record)
     monkeypatch.setattr(storage, "load_work", whole_job)
     batch_ids = await env.submit(job_id, page=4, max_requests=3)
@@ -177,7 +177,7 @@ async def test_expired_batch_keeps_every_answer_and_resends_only_the_rest(env: E
     assert outcome.resend == 10
     assert await env.statuses(job_id) == {"succeeded": 10, "pending": 10}
 
-    rest = await storage.open_prompt_ids(env.sessions, job_id=job_id, planned_route="batch")
+    rest = await storage.unfinished_prompt_ids(env.sessions, job_id=job_id, planned_route="batch")
     assert len(rest) == 10
     [second] = await env.submit(job_id, resubmission_of=first)
     record = await env.batch(second)
@@ -197,8 +197,8 @@ async def test_expired_batch_sends_prompts_real_time_when_their_deadline_is_near
     # Ten hours later another 24 h window would end after the deadline.
     outcome = await env.finish(batch_id, now=now + timedelta(hours=10))
     assert outcome.to_realtime == 2
-    assert await storage.open_prompt_ids(env.sessions, job_id=job_id, planned_route="batch") == []
-    late = await storage.open_prompt_ids(env.sessions, job_id=job_id, planned_route="realtime")
+    assert await storage.unfinished_prompt_ids(env.sessions, job_id=job_id, planned_route="batch") == []
+    late = await storage.unfinished_prompt_ids(env.sessions, job_id=job_id, planned_route="realtime")
     assert len(late) == 2
     reasons = {p.route_reason for p in await env.prompts(job_id) if p.id in late}
     assert reasons == {"deadline no longer leaves room for another batch window; sent real-time"}
@@ -227,7 +227,7 @@ async def test_line_errors_final_ones_fail_retryable_ones_go_again(env: Env) -> 
     assert (prompts["c-1"].status, prompts["c-1"].last_error_class) == ("failed", "BadRequestError")
     assert prompts["c-2"].status == "pending"
 
-    assert await storage.open_prompt_ids(env.sessions, job_id=job_id, planned_route="batch") == [prompts["c-2"].id]
+    assert await storage.unfinished_prompt_ids(env.sessions, job_id=job_id, planned_route="batch") == [prompts["c-2"].id]
     [second] = await env.submit(job_id, resubmission_of=first)
     await env.finish(second)
     assert await env.statuses(job_id) == {"succeeded": 3, "failed": 1}
@@ -255,8 +255,8 @@ async def test_expired_batch_past_max_submissions_goes_real_time(env: Env) -> No
     [batch_id] = await env.submit(job_id)
     outcome = await env.finish(batch_id, max_submissions=1)
     assert (outcome.status, outcome.succeeded, outcome.failed, outcome.to_realtime) == ("expired", 3, 0, 3)
-    late = await storage.open_prompt_ids(env.sessions, job_id=job_id, planned_route="realtime")
-    assert len(late) == 3 and await storage.open_prompt_ids(env.sessions, job_id=job_id, planned_route="batch") == []
+    late = await storage.unfinished_prompt_ids(env.sessions, job_id=job_id, planned_route="realtime")
+    assert len(late) == 3 and await storage.unfinished_prompt_ids(env.sessions, job_id=job_id, planned_route="batch") == []
     assert {p.route_reason for p in await env.prompts(job_id) if p.id in late} == {UNANSWERED_IN_1}
     # The expiry stays in the history of each, as an error row nobody paid for.
     history = [(r.prompt_id, r.error_class) for r in await env.results(job_id) if r.status == "failed"]

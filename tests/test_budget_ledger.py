@@ -204,7 +204,7 @@ async def _job_with_prompts(sessions: storage.Sessions, n: int) -> tuple[str, li
     await storage.add_prompts(sessions, job_id=job_id, prompts=[
         storage.NewPrompt(custom_id=f"p-{i}", position=i, model="gpt-4o-mini", messages=REQUEST.messages,
                           params=REQUEST.params, metadata=None, dedupe_key=f"{i:064d}") for i in range(n)])
-    return job_id, await storage.open_prompt_ids(sessions, job_id=job_id)
+    return job_id, await storage.unfinished_prompt_ids(sessions, job_id=job_id)
 
 
 def _answer(completion_tokens: int) -> ChatResult:

@@ -184,7 +184,7 @@ async def _answered_job(url: str, *, metadata: list[dict | None] | None = None,
                 dedupe_key=dedupe_key(model="gpt-4o-mini", messages=messages, params={}),
                 planned_route="realtime", route_reason="test"))
         await storage.add_prompts(sessions, job_id=job_id, prompts=prompts)
-        first = (await storage.open_prompt_ids(sessions, job_id=job_id))[0]
+        first = (await storage.unfinished_prompt_ids(sessions, job_id=job_id))[0]
         async with storage.ResultWriter(sessions, job_id=job_id, prices=PriceTable.load()) as writer:
             await writer.success(prompt_ids=[first], model="gpt-4o-mini", result=ChatResult(
                 text="Canberra", finish_reason="stop", prompt_tokens=12, completion_tokens=3, cached_tokens=0,

@@ -84,7 +84,7 @@ async def test_a_lost_message_batch_is_found_by_size_and_time_and_never_one_alre
                                  messages=[{"role": "user", "content": f"q{i}"}], params={}, dedupe_key=f"k{i}",
                                  planned_route="batch", route_reason="test") for i in range(5)]
     await storage.add_prompts(sessions, job_id=job_id, prompts=prompts)
-    ids = await storage.open_prompt_ids(sessions, job_id=job_id)
+    ids = await storage.unfinished_prompt_ids(sessions, job_id=job_id)
     ours = await storage.create_batch_record(sessions, job_id=job_id, model="claude-haiku-4-5", provider="anthropic",
                                              members=[(pid, f"p{pid}") for pid in ids[:3]], file_path=None)
     other = await storage.create_batch_record(sessions, job_id=job_id, model="claude-haiku-4-5", provider="anthropic",

@@ -38,7 +38,7 @@ async def job(sessions, specs: list[tuple[str, str, str]], *, params: dict | Non
                                          dedupe_key=dedupe_key(model=model, messages=messages, params=params),
                                          planned_route=route, route_reason="test"))
     await storage.add_prompts(sessions, job_id=job_id, prompts=prompts)
-    return job_id, await storage.open_prompt_ids(sessions, job_id=job_id)
+    return job_id, await storage.unfinished_prompt_ids(sessions, job_id=job_id)
 
 
 def answer(prompt: int, completion: int, cached: int = 0) -> ChatResult:

@@ -83,11 +83,11 @@ async def test_shards_split_a_job_without_overlap(db_url: str) -> None:
         await storage.add_prompts(sessions, job_id=job_id, prompts=[
             storage.NewPrompt(custom_id=str(i), position=i, model="m", messages=messages, params={},
                               dedupe_key=dedupe_key(model="m", messages=messages, params={})) for i in range(101)])
-        everything = await storage.open_prompt_ids(sessions, job_id=job_id)
-        shards = [await storage.open_prompt_ids(sessions, job_id=job_id, shard=(i, 3)) for i in range(3)]
+        everything = await storage.unfinished_prompt_ids(sessions, job_id=job_id)
+        shards = [await storage.unfinished_prompt_ids(sessions, job_id=job_id, shard=(i, 3)) for i in range(3)]
         assert sorted(pid for shard in shards for pid in shard) == sorted(everything)
         assert all(33 <= len(shard) <= 34 for shard in shards)
         with pytest.raises(ValueError, match="shard index"):
-            await storage.open_prompt_ids(sessions, job_id=job_id, shard=(3, 3))
+            await storage.unfinished_prompt_ids(sessions, job_id=job_id, shard=(3, 3))
     finally:
         await engine.dispose()

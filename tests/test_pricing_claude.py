@@ -130,7 +130,7 @@ async def test_reprice_prices_each_request_at_its_own_length(tmp_path: Path) -> 
             storage.NewPrompt(custom_id=f"c{i}", position=i, model="claude-haiku-5-5",
                               messages=[{"role": "user", "content": f"q{i}"}], params={}, dedupe_key=f"{i:064d}",
                               planned_route="realtime", route_reason="test") for i in range(3)])
-        ids = await storage.open_prompt_ids(sessions, job_id=job_id)
+        ids = await storage.unfinished_prompt_ids(sessions, job_id=job_id)
         async with storage.ResultWriter(sessions, job_id=job_id, prices=table) as writer:
             for pid, prompt in zip(ids, (60_000, 70_000, 150_000), strict=True):
                 await writer.success(prompt_ids=[pid], result=ChatResult(

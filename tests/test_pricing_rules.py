@@ -232,7 +232,7 @@ async def test_each_stored_cost_follows_its_answers_tier_and_cache_writes_and_re
             storage.NewPrompt(custom_id=name, position=i, model=model, messages=[{"role": "user", "content": name}],
                               params={}, dedupe_key=f"{i:064d}", planned_route="realtime", route_reason="test")
             for i, (name, (model, _)) in enumerate(answers.items())])
-        ids = await storage.open_prompt_ids(sessions, job_id=job_id)
+        ids = await storage.unfinished_prompt_ids(sessions, job_id=job_id)
         async with storage.ResultWriter(sessions, job_id=job_id, prices=table) as writer:
             for pid, (model, result) in zip(ids, answers.values(), strict=True):
                 await writer.success(prompt_ids=[pid], result=result, model=model)

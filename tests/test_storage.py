@@ -532,7 +532,7 @@ async def test_recording_in_slices_moves_on_with_the_last_slice(sessions: Sessio
                                  status="half-done")  # type: ignore[arg-type]
 
 
-async def test_open_prompt_ids_by_positions_and_requests(sessions: Sessions) -> None:
+async def test_unfinished_prompt_ids_by_positions_and_requests(sessions: Sessions) -> None:
     prompts = new_prompts(6)
     twin = prompts[1]  # p-5 asks what p-1 asks
     prompts[5] = NewPrompt(custom_id="p-5", position=5, model=twin.model, messages=twin.messages, params=twin.params,
@@ -541,18 +541,18 @@ async def test_open_prompt_ids_by_positions_and_requests(sessions: Sessions) -> 
     ids = await prompt_ids(sessions, job_id)
     by_id = {v: k for k, v in ids.items()}
 
-    sliced = await storage.open_prompt_ids(sessions, job_id=job_id, positions=(2, 5))
+    sliced = await storage.unfinished_prompt_ids(sessions, job_id=job_id, positions=(2, 5))
     assert [by_id[i] for i in sliced] == ["p-2", "p-3", "p-4"]
-    twins = await storage.open_prompt_ids(sessions, job_id=job_id, dedupe_keys=[twin.dedupe_key, prompts[0].dedupe_key])
+    twins = await storage.unfinished_prompt_ids(sessions, job_id=job_id, dedupe_keys=[twin.dedupe_key, prompts[0].dedupe_key])
     assert [by_id[i] for i in twins] == ["p-0", "p-1", "p-5"]
     # Many keys: looked up in bounded IN lists, still in input order.
     many = [p.dedupe_key for p in new_prompts(1_200, prefix="other")] + [twin.dedupe_key]
-    assert [by_id[i] for i in await storage.open_prompt_ids(sessions, job_id=job_id, dedupe_keys=many)] == ["p-1", "p-5"]
+    assert [by_id[i] for i in await storage.unfinished_prompt_ids(sessions, job_id=job_id, dedupe_keys=many)] == ["p-1", "p-5"]
 
 
 async def test_load_work_and_mark_in_flight_beyond_one_in_list(sessions: Sessions) -> None:
     job_id = await make_job(sessions, new_prompts(1_234))
-    ids = await storage.open_prompt_ids(sessions, job_id=job_id)
+    ids = await storage.unfinished_prompt_ids(sessions, job_id=job_id)
     work = await storage.load_work(sessions, prompt_ids=list(reversed(ids)))
     assert [w.id for w in work] == ids
     assert await storage.mark_in_flight(sessions, prompt_ids=ids) == 1_234
@@ -570,7 +570,7 @@ async def test_load_work_and_mark_in_flight_beyond_one_in_list(sessions: Session
         ("none", ["p-3", "p-4"]),
     ],
 )
-async def test_open_prompt_ids(sessions: Sessions, retry_failed: str, expected: list[str]) -> None:
+async def test_unfinished_prompt_ids(sessions: Sessions, retry_failed: str, expected: list[str]) -> None:
     # Positions run opposite to insert order, so "input order" is not just "by id".
     prompts = [
         NewPrompt(custom_id=p.custom_id, position=100 - p.position, model=p.model, messages=p.messages,
@@ -594,16 +594,16 @@ async def test_open_prompt_ids(sessions: Sessions, retry_failed: str, expected: 
         await writer.success(prompt_ids=[ids["p-6"]], result=answer())
     assert await storage.mark_in_flight(sessions, prompt_ids=[ids["p-0"], ids["p-5"], ids["p-6"]]) == 0
 
-    open_ids = await storage.open_prompt_ids(sessions, job_id=job_id, retry_failed=retry_failed)  # type: ignore[arg-type]
+    unfinished_ids = await storage.unfinished_prompt_ids(sessions, job_id=job_id, retry_failed=retry_failed)  # type: ignore[arg-type]
     by_id = {v: k for k, v in ids.items()}
-    assert [by_id[i] for i in open_ids] == sorted(expected, reverse=True)  # position order
+    assert [by_id[i] for i in unfinished_ids] == sorted(expected, reverse=True)  # position order
     assert (await prompt_row(sessions, ids["p-5"])).status == "succeeded"
     assert (await prompt_row(sessions, ids["p-6"])).failed_retryable is None
 
 
-async def test_open_prompt_ids_rejects_an_unknown_flag(sessions: Sessions) -> None:
+async def test_unfinished_prompt_ids_rejects_an_unknown_flag(sessions: Sessions) -> None:
     with pytest.raises(ValueError):
-        await storage.open_prompt_ids(sessions, job_id="x", retry_failed="some")  # type: ignore[arg-type]
+        await storage.unfinished_prompt_ids(sessions, job_id="x", retry_failed="some")  # type: ignore[arg-type]
 
 
 # --- reuse --------------------------------------------------------------------------
@@ -874,7 +874,7 @@ async def test_100k_prompts_and_a_stream_of_results(sessions: Sessions, db: Db) 
     insert_s = time.perf_counter() - started
     assert (await storage.job_counts(sessions, job_id=job_id))["pending"] == n
 
-    ids = await storage.open_prompt_ids(sessions, job_id=job_id)
+    ids = await storage.unfinished_prompt_ids(sessions, job_id=job_id)
     assert len(ids) == n
     sample = ids[:20_000]
     started = time.perf_counter()

@@ -303,8 +303,8 @@ async def test_batched_prompts_are_never_sent_real_time(sessions: Sessions) -> N
 
     by_id = {v: k for k, v in ids.items()}
     for retry_failed in ("retryable", "all", "none"):
-        open_ids = await storage.open_prompt_ids(sessions, job_id=job_id, retry_failed=retry_failed)  # type: ignore[arg-type]
-        assert [by_id[i] for i in open_ids] == ["p-1"]
+        unfinished_ids = await storage.unfinished_prompt_ids(sessions, job_id=job_id, retry_failed=retry_failed)  # type: ignore[arg-type]
+        assert [by_id[i] for i in unfinished_ids] == ["p-1"]
     # A real-time sender that got the ids anyway does not take them from the batch.
     assert await storage.mark_in_flight(sessions, prompt_ids=list(ids.values())) == 1
     assert await statuses(sessions, ids) == {
@@ -337,7 +337,7 @@ async def test_succeeded_prompts_stay_succeeded_in_a_batch(sessions: Sessions) -
     assert await statuses(sessions, ids) == {"p-0": "succeeded", "p-1": "batched"}
 
 
-async def test_open_batches_are_all_but_the_ingested_and_the_lost(sessions: Sessions) -> None:
+async def test_unfinished_batches_are_all_but_the_ingested_and_the_lost(sessions: Sessions) -> None:
     job_id, ids = await job_with_prompts(sessions, 12)
     other_job, other = await job_with_prompts(sessions, 1, fingerprint="o" * 64)
     by_status: dict[str, int] = {}
@@ -352,10 +352,10 @@ async def test_open_batches_are_all_but_the_ingested_and_the_lost(sessions: Sess
         by_status[status] = batch_id
     other_batch = await new_batch(sessions, other_job, other, ["p-0"])
 
-    mine = await storage.open_batches(sessions, job_id=job_id)
+    mine = await storage.unfinished_batches(sessions, job_id=job_id)
     assert [b.status for b in mine] == [s for s in BATCH_STATUSES if s not in ("ingested", "lost")]
     assert [b.id for b in mine] == sorted(b.id for b in mine)
-    everyone = await storage.open_batches(sessions)
+    everyone = await storage.unfinished_batches(sessions)
     assert {b.id for b in everyone} == {b.id for b in mine} | {other_batch}
     assert by_status["ingested"] not in {b.id for b in everyone} and by_status["lost"] not in {b.id for b in everyone}
     assert ACTIVE_BATCH_STATUSES | TERMINAL_BATCH_STATUSES | HALF_SUBMITTED_BATCH_STATUSES == (
@@ -405,10 +405,10 @@ async def test_ingesting_a_batch_through_the_writer(sessions: Sessions) -> None:
     assert await statuses(sessions, ids) == {
         "p-0": "succeeded", "p-1": "failed", "p-2": "pending", "p-3": "pending", "p-4": "pending"}
     assert (await storage.get_batch(sessions, batch_id=batch_id)).status == "ingested"  # type: ignore[union-attr]
-    assert await storage.open_batches(sessions, job_id=job_id) == []
+    assert await storage.unfinished_batches(sessions, job_id=job_id) == []
     assert await storage.mark_batch_ingested(sessions, batch_id=batch_id) == 0  # again: nothing changes
-    open_ids = await storage.open_prompt_ids(sessions, job_id=job_id, retry_failed="none")
-    assert open_ids == [ids["p-2"], ids["p-3"], ids["p-4"]]
+    unfinished_ids = await storage.unfinished_prompt_ids(sessions, job_id=job_id, retry_failed="none")
+    assert unfinished_ids == [ids["p-2"], ids["p-3"], ids["p-4"]]
 
 
 async def test_release_leaves_other_batches_alone(sessions: Sessions) -> None:
@@ -479,5 +479,5 @@ async def test_routes_and_deadlines_are_stored_as_given(sessions: Sessions) -> N
     [first, second] = await storage.load_work(sessions, prompt_ids=[ids["p-0"], ids["p-1"]])
     assert first.deadline == deadline and second.deadline is None
     assert first.messages == prompts[0].messages and first.params == prompts[0].params
-    assert await storage.open_prompt_ids(sessions, job_id=job_id, planned_route="batch") == [ids["p-0"]]
+    assert await storage.unfinished_prompt_ids(sessions, job_id=job_id, planned_route="batch") == [ids["p-0"]]
     assert await storage.route_counts(sessions, job_id=job_id) == {"batch": {"pending": 1}, "realtime": {"pending": 1}}

@@ -12,15 +12,15 @@ from llm_dispatch.core import RETRY_FAILED, SENDABLE_PROMPT_STATUSES, RepeatedKe
 
 from ._bulk import IN_CHUNK, chunks
 from ._models import Prompt, aware
-from ._records import OpenPrompt, WorkRow
+from ._records import UnfinishedPrompt, WorkRow
 from ._engine import Sessions
 
-__all__ = ["OpenWhere", "open_prompt_count", "open_prompt_ids", "open_prompts", "open_repeated_keys",
-           "open_work_in_order", "open_work_pages"]
+__all__ = ["UnfinishedWhere", "unfinished_prompt_count", "unfinished_prompt_ids", "unfinished_prompts",
+           "unfinished_repeated_keys", "unfinished_work_in_order", "unfinished_work_pages"]
 
 
-class OpenWhere(TypedDict, total=False):
-    """Which open prompts ``open_prompts`` and its kin return (see ``open_prompts``)."""
+class UnfinishedWhere(TypedDict, total=False):
+    """Which open prompts ``unfinished_prompts`` and its kin return (see ``unfinished_prompts``)."""
 
     retry_failed: RetryFailed
     planned_route: str | None
@@ -29,9 +29,9 @@ class OpenWhere(TypedDict, total=False):
     positions: tuple[int, int] | None
 
 
-async def open_prompt_ids(sessions: Sessions, *, job_id: str, **where: Unpack[OpenWhere]) -> list[int]:
-    """Ids of the prompts still to send, in input order; see ``open_prompts`` for which are open."""
-    return [prompt.id for prompt in await open_prompts(sessions, job_id=job_id, **where)]
+async def unfinished_prompt_ids(sessions: Sessions, *, job_id: str, **where: Unpack[UnfinishedWhere]) -> list[int]:
+    """Ids of the prompts still to send, in input order; see ``unfinished_prompts`` for which are open."""
+    return [prompt.id for prompt in await unfinished_prompts(sessions, job_id=job_id, **where)]
 
 
 def _open_filter(
@@ -43,15 +43,15 @@ def _open_filter(
     shard: tuple[int, int] | None = None,
     positions: tuple[int, int] | None = None,
 ) -> list[Any]:
-    """The WHERE clauses of the open prompts; see ``open_prompts``."""
-    open_when = [Prompt.status.in_(SENDABLE_PROMPT_STATUSES if in_flight else ("pending",))]
+    """The WHERE clauses of the open prompts; see ``unfinished_prompts``."""
+    unfinished_when = [Prompt.status.in_(SENDABLE_PROMPT_STATUSES if in_flight else ("pending",))]
     if retry_failed == "all":
-        open_when.append(Prompt.status == "failed")
+        unfinished_when.append(Prompt.status == "failed")
     elif retry_failed == "retryable":
-        open_when.append(and_(Prompt.status == "failed", Prompt.failed_retryable.is_(True)))
+        unfinished_when.append(and_(Prompt.status == "failed", Prompt.failed_retryable.is_(True)))
     elif retry_failed != "none":
         raise ValueError(f"retry_failed must be one of {RETRY_FAILED}, got {retry_failed!r}")
-    where = [Prompt.job_id == job_id, or_(*open_when)]
+    where = [Prompt.job_id == job_id, or_(*unfinished_when)]
     if planned_route == "realtime":
         where.append(or_(Prompt.planned_route.is_(None), Prompt.planned_route == "realtime"))
     elif planned_route is not None:
@@ -67,15 +67,15 @@ def _open_filter(
     return where
 
 
-async def open_prompts(
+async def unfinished_prompts(
     sessions: Sessions,
     *,
     job_id: str,
     dedupe_keys: Collection[str] | None = None,
     after: tuple[int, int] | None = None,
     limit: int | None = None,
-    **where: Unpack[OpenWhere],
-) -> list[OpenPrompt]:
+    **where: Unpack[UnfinishedWhere],
+) -> list[UnfinishedPrompt]:
     """The prompts still to send, in input order: id, input position and request (dedupe key).
 
     Pending and in-flight prompts (a process died holding them) are always open; batched
@@ -100,24 +100,26 @@ async def open_prompts(
             stmt = stmt.order_by(Prompt.position, Prompt.id)
             if limit is not None:
                 stmt = stmt.limit(limit)
-            return [OpenPrompt(*row) for row in await conn.execute(stmt)]
+            return [UnfinishedPrompt(*row) for row in await conn.execute(stmt)]
         # In IN lists of bounded size, so the chunks' rows are merged back into input order.
         found = [
-            OpenPrompt(*row)
+            UnfinishedPrompt(*row)
             for chunk in chunks(set(dedupe_keys), IN_CHUNK)
             for row in await conn.execute(stmt.where(Prompt.dedupe_key.in_(chunk)))
         ]
         return sorted(found, key=lambda prompt: (prompt.position, prompt.id))
 
 
-async def open_prompt_count(sessions: Sessions, *, job_id: str, **where: Unpack[OpenWhere]) -> int:
-    """How many prompts ``open_prompts`` would return."""
+async def unfinished_prompt_count(sessions: Sessions, *, job_id: str, **where: Unpack[UnfinishedWhere]) -> int:
+    """How many prompts ``unfinished_prompts`` would return."""
     async with sessions() as session:
         stmt = select(func.count()).select_from(Prompt).where(*_open_filter(job_id=job_id, **where))
         return int((await session.execute(stmt)).scalar_one())
 
 
-async def open_repeated_keys(sessions: Sessions, *, job_id: str, **where: Unpack[OpenWhere]) -> RepeatedKeys:
+async def unfinished_repeated_keys(
+    sessions: Sessions, *, job_id: str, **where: Unpack[UnfinishedWhere]
+) -> RepeatedKeys:
     """The requests (dedupe keys) more than one open prompt of the job makes; counted by the database, read as
     a stream and held as 8-byte hashes, however many there are."""
     stmt = (
@@ -134,8 +136,8 @@ async def open_repeated_keys(sessions: Sessions, *, job_id: str, **where: Unpack
     return RepeatedKeys(hashes)
 
 
-async def open_work_pages(
-    sessions: Sessions, *, job_id: str, page: int, **where: Unpack[OpenWhere]
+async def unfinished_work_pages(
+    sessions: Sessions, *, job_id: str, page: int, **where: Unpack[UnfinishedWhere]
 ) -> AsyncIterator[list[WorkRow]]:
     """The open prompts' requests, a keyset page at a time, ordered by request (dedupe key) then id, so
     that identical requests come one after another however many pages apart they were stored."""
@@ -144,8 +146,8 @@ async def open_work_pages(
         yield rows
 
 
-async def open_work_in_order(
-    sessions: Sessions, *, job_id: str, page: int, **where: Unpack[OpenWhere]
+async def unfinished_work_in_order(
+    sessions: Sessions, *, job_id: str, page: int, **where: Unpack[UnfinishedWhere]
 ) -> AsyncIterator[list[WorkRow]]:
     """The open prompts with their requests, in input order, ``page`` at a time.
 
@@ -163,7 +165,7 @@ _WORK_COLUMNS = (Prompt.id, Prompt.position, Prompt.custom_id, Prompt.model, Pro
 
 
 async def _work_pages(
-    sessions: Sessions, *, job_id: str, page: int, order: tuple[Any, Any], where: OpenWhere
+    sessions: Sessions, *, job_id: str, page: int, order: tuple[Any, Any], where: UnfinishedWhere
 ) -> AsyncIterator[list[WorkRow]]:
     """Keyset pages of the open prompts' requests in ``order`` (two columns, the last one unique)."""
     base = select(*_WORK_COLUMNS).where(*_open_filter(job_id=job_id, **where)).order_by(*order)

@@ -140,6 +140,11 @@ async def dispatch_batches(
             logger.info("Job %s: %d prompts sent to the Batch API in %d batches (%d requests); %d answered from "
                         "storage.", job_id, submitted.prompts, len(submitted.batch_ids), submitted.lines,
                         submitted.reused)
+            # Cut to what the budget holds: the rest waits for money the batches out give back, or a higher budget.
+            summary.budget_reached = submitted.over_budget > 0
+            if submitted.over_budget:
+                logger.warning("Job %s: %d batch prompts wait: their worst case does not fit the budget.", job_id,
+                               submitted.over_budget)
         if not wait:
             break
         waiting = [batch.id for batch in await storage.unfinished_batches(sessions, job_id=job_id)]

@@ -136,7 +136,7 @@ async def ingest_batch(
             answers[:] = [(ids, checked(result, schemas.get(ids[0]))) for ids, result in answers]
         # Answers go in bulk (thousands a transaction), priced as the writer prices; the rarer failures through it.
         await storage.store_batch_answers(sessions, job_id=record.job_id, answers=answers, model=record.model,
-                                          prices=writer.prices, latency_s=latency_s)
+                                          prices=writer.prices, latency_s=latency_s, batch_id=record.id)
         invalid = sum(len(ids) for ids, result in answers if result.violation is not None)
         outcome.invalid += invalid
         outcome.succeeded += sum(len(ids) for ids, _ in answers) - invalid

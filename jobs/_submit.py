@@ -76,12 +76,15 @@ class SubmitOutcome:
     lines: int = 0
     prompts: int = 0
     reused: int = 0  # answered from stored identical requests, never sent
+    # Left pending: their worst case did not fit the budget (they wait for a later submission).
+    over_budget: int = 0
 
     def add(self, other: SubmitOutcome) -> None:
         self.batch_ids += other.batch_ids
         self.lines += other.lines
         self.prompts += other.prompts
         self.reused += other.reused
+        self.over_budget += other.over_budget
 
 
 async def submit_prompts(
@@ -99,6 +102,7 @@ async def submit_prompts(
     metadata: Mapping[str, str] | None = None,
     max_retries: int = DEFAULT_MAX_RETRIES,
     page: int = SUBMIT_PAGE,
+    budget: storage.BudgetInfo | None = None,
 ) -> SubmitOutcome:
     """Send the open batch-routed prompts of ``job_id`` (failed ones as ``retry_failed`` says, like
     ``storage.unfinished_prompts``) as provider batches: one line per distinct request, files split per model
@@ -112,6 +116,10 @@ async def submit_prompts(
     upload begun) as soon as it is complete: memory holds a page and the files being filled. A request
     too large for any file raises ``ValueError``; the files recorded before it stay recorded. ``metadata`` goes on
     each OpenAI batch beside llm-dispatch's own two keys: more than OpenAI takes raises ``InputError`` first.
+
+    ``budget``: each line's worst case at the batch price is reserved before its file is built, and each file's
+    reservation becomes the batch's own once it is recorded (spent as its answers are stored, the rest given back
+    when it ends); once a line does not fit, the files are cut there and the rest of the prompts wait, pending.
     """
     if metadata:
         problem = batch_metadata_problem(metadata, added=len((JOB_ID_KEY, BATCH_ID_KEY)))
@@ -120,6 +128,10 @@ async def submit_prompts(
     outcome = SubmitOutcome()
     builder = BatchBuilder(directory=Path(directory) / job_id, provider_of=clients.provider_of)
     gate = asyncio.Semaphore(SUBMIT_CONCURRENCY)
+    # The worst case reserved for each line, by its first prompt.
+    held: dict[int, int] = {}
+    lease = None if budget is None else storage.BudgetLease(sessions, budget=budget, prices=writer.prices,  # type: ignore[arg-type]
+                                                            job_id=job_id, route="batch", block=page)
 
     async def submit(batch_id: int) -> None:
         # Batches are created while later files are still built; a provider whose lost creates are found by
@@ -142,17 +154,23 @@ async def submit_prompts(
                 logger.warning("batch file %s not sent: %s", file.path.name, exc)
                 file.path.unlink(missing_ok=True)
                 continue
+            if lease is not None:
+                await lease.hand_over(batch_id=batch_id, amount=sum(held.pop(pid, 0) for pid, _ in members))
             outcome.batch_ids.append(batch_id)
             outcome.lines += file.requests
             outcome.prompts += len(members)
             tasks.create_task(submit(batch_id))
 
     try:
+        if lease is not None:
+            await lease.__aenter__()
         async with asyncio.TaskGroup() as tasks:
             async for groups in request_groups(sessions, job_id=job_id, page=page, dedupe=dedupe,
                                                retry_failed=retry_failed):
                 if dedupe:
                     groups = await _unanswered(sessions=sessions, writer=writer, groups=groups, outcome=outcome)
+                if lease is not None:
+                    groups = await _funded(lease, groups, held=held, outcome=outcome)
                 for provider in builder.needs(groups):
                     api = clients.batch_api(provider)
                     builder.use(provider, limits=api.limits(max_requests=max_requests, max_bytes=max_bytes))
@@ -160,9 +178,26 @@ async def submit_prompts(
             await record(builder.close(), tasks)
     finally:
         builder.discard()
+        if lease is not None:
+            await lease.close()  # what files left unrecorded held
     if outcome.reused:
         await writer.flush()
     return outcome
+
+
+async def _funded(
+    lease: storage.BudgetLease, groups: list[Group], *, held: dict[int, int], outcome: SubmitOutcome
+) -> list[Group]:
+    """The groups whose worst case the budget holds, in order, up to the first that does not fit (the rest are
+    counted in ``over_budget`` and left pending); ``held`` gets each one's amount by its first prompt."""
+    for index, group in enumerate(groups):
+        first = group.first
+        amount = await lease.reserve(_request(first))
+        if amount is None:
+            outcome.over_budget += sum(len(rest.prompt_ids) for rest in groups[index:])
+            return groups[:index]
+        held[first.id] = amount
+    return groups
 
 
 async def _unanswered(

@@ -37,9 +37,11 @@ if TYPE_CHECKING:
         get_budget,
         hold_for,
         reclaim_expired,
+        release_batch,
         release_holds,
         set_budget,
         set_job_budget,
+        settle_batch,
         settle_holds,
     )
     from ._engine import Sessions, check_database_url, create_engine, open_database, session_factory
@@ -102,9 +104,11 @@ __all__ = [
     "get_budget",
     "hold_for",
     "reclaim_expired",
+    "release_batch",
     "release_holds",
     "set_budget",
     "set_job_budget",
+    "settle_batch",
     "settle_holds",
     "Base",
     "Batch",

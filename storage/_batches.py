@@ -25,6 +25,7 @@ from llm_dispatch.core import (
     UnknownPromptError,
 )
 
+from ._budgets import release_batch, settle_batch
 from ._bulk import IN_CHUNK, INSERT_BATCH, chunks
 from ._models import Batch, BatchMember, Prompt, aware, utcnow
 from ._records import BatchRecord
@@ -284,8 +285,10 @@ async def store_batch_answers(
     model: str,
     prices: PriceTable | None,
     latency_s: float | None = None,
+    batch_id: int | None = None,
 ) -> int:
-    """Store answered batch lines in one transaction; returns the result rows written.
+    """Store answered batch lines in one transaction; returns the result rows written. Their stored costs are
+    spent out of batch ``batch_id``'s budget reservation, if it holds one, in the same transaction.
 
     The bulk path of ingest, for tens of thousands of answers at once, where the ``ResultWriter``
     would cut them into small transactions. Rows are made and written as the writer's are (route
@@ -299,7 +302,10 @@ async def store_batch_answers(
     now = utcnow()
     rows = answer_rows(answers, route="batch", now=now, latency_s=latency_s, ledger=RowLedger(prices), model=model)
     async with sessions.begin() as session:
-        await write_results(await session.connection(), rows, job_ids=job_id, now=now, only_if="batched")
+        conn = await session.connection()
+        await write_results(conn, rows, job_ids=job_id, now=now, only_if="batched")
+        if batch_id is not None:
+            await settle_batch(conn, batch_id=batch_id, cost=sum(row.cost_pico_usd or 0 for row in rows))
     return len(rows)
 
 
@@ -330,6 +336,8 @@ async def mark_batch_ingested(sessions: Sessions, *, batch_id: int) -> int:
         )
         if done.rowcount == 0:
             raise UnknownBatchError(f"no batch with id {batch_id!r}")
+        # The batch is over: what its budget reservation did not spend is given back.
+        await release_batch(await session.connection(), batch_id=batch_id)
         return await _release(session, batch_id=batch_id, prompt_ids=None)
 
 
@@ -350,6 +358,8 @@ async def mark_batch_lost(sessions: Sessions, *, batch_id: int, reason: str) -> 
         )
         if done.rowcount == 0:
             raise UnknownBatchError(f"no batch with id {batch_id!r}")
+        # The batch is over: what its budget reservation did not spend is given back.
+        await release_batch(await session.connection(), batch_id=batch_id)
         return await _release(session, batch_id=batch_id, prompt_ids=None)
 
 

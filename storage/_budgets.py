@@ -45,7 +45,9 @@ __all__ = [
     "get_budget",
     "hold_for",
     "reclaim_expired",
+    "release_batch",
     "release_holds",
+    "settle_batch",
     "set_budget",
     "set_job_budget",
     "settle_holds",
@@ -221,6 +223,25 @@ async def settle_holds(conn: AsyncConnection, *, costs: dict[int, int]) -> None:
                            .values(amount_pico_usd=Reservation.amount_pico_usd - moved))
 
 
+async def settle_batch(conn: AsyncConnection, *, batch_id: int, cost: int) -> None:
+    """Count ``cost`` (stored with a batch's answers) as spent out of the batch's reservation, in the caller's
+    transaction; a batch that holds nothing (no budget) only counts where a reservation exists."""
+    found = (await conn.execute(select(Reservation.id).where(Reservation.batch_id == batch_id))).scalars().first()
+    if found is not None and cost:
+        await settle_holds(conn, costs={found: cost})
+
+
+async def release_batch(conn: AsyncConnection, *, batch_id: int) -> int:
+    """Give back what a batch's reservation still holds (the batch ended: ingested, expired, cancelled, lost), in the
+    caller's transaction; returns the picodollars given back."""
+    given = 0
+    for hold_id, budget, period, amount in (await conn.execute(
+            select(Reservation.id, Reservation.budget, Reservation.period, Reservation.amount_pico_usd)
+            .where(Reservation.batch_id == batch_id))).all():
+        given += await _give_back(conn, hold_id=hold_id, budget=budget, period=period, amount=amount)
+    return given
+
+
 async def release_holds(sessions: Sessions, *, hold_ids: list[int]) -> int:
     """Give back what these reservations still hold, and delete them; returns the picodollars given back."""
     given = 0
@@ -355,6 +376,25 @@ class BudgetLease:
 
     def landed(self, amount: int) -> None:
         self.out -= amount
+
+    async def hand_over(self, *, batch_id: int, amount: int) -> None:
+        """Move ``amount``, reserved for requests now in batch ``batch_id``, from this lease to a reservation of the
+        batch's own, held until the batch ends (``settle_batch`` as its answers are stored, ``release_batch``)."""
+        self.out -= amount
+        if self._id is None or amount <= 0:
+            return
+        now = self._clock()
+        async with self._sessions.begin() as session:
+            conn = await session.connection()
+            moved = await conn.execute(
+                update(Reservation).where(Reservation.id == self._id, Reservation.amount_pico_usd >= amount)
+                .values(amount_pico_usd=Reservation.amount_pico_usd - amount, expires_at=now + self._ttl))
+            if moved.rowcount != 1:  # type: ignore[attr-defined]
+                return  # given back as expired meanwhile: the batch goes without a hold of its own
+            await conn.execute(insert(Reservation).values(
+                budget=self.budget.name, period=self._period, job_id=self._job_id, batch_id=batch_id,
+                holder=_holder(), amount_pico_usd=amount, created_at=now, expires_at=None))
+        self.held -= amount
 
     def buffered(self, cost: int) -> None:
         """The writer received answers whose stored cost is ``cost``."""

@@ -25,12 +25,13 @@ async def submit_batches(
     """Write, record, upload and create the batches for the job's open batch-routed prompts (``size`` of
     them when counted; failed ones as ``retry_failed`` says), reading them a page at a time."""
     settings = run.settings
+    held = await jobs.run_budget(settings, sessions=run.sessions, job_id=job_id)
     async with storage.ResultWriter(run.sessions, job_id=job_id, prices=run.prices) as writer:
         return await jobs.submit_prompts(
             sessions=run.sessions, clients=run.clients, writer=writer, job_id=job_id, retry_failed=retry_failed,
             directory=Path(settings.batch_dir), dedupe=settings.dedupe,
             max_requests=settings.batch_max_requests, max_bytes=settings.batch_max_bytes,
-            max_retries=settings.max_retries,
+            max_retries=settings.max_retries, budget=held,
         )
 
 

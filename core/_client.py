@@ -31,6 +31,8 @@ from ._constants import (
 )
 from ._deadlines import Deadlines, attempt_deadline
 from ._endpoints import check_batch_url
+from ._openai_responses import TERMINAL_RESPONSE_STATUSES, parse_response_status, response_from_body, \
+    runs_in_background
 from ._failures import LOST_GENERATION_RETRIES, Failure, final_error, scrub
 from ._exceptions import APIError, APIResponseValidationError, NotFoundError
 from ._gates import Gates
@@ -69,8 +71,13 @@ logger = logging.getLogger(__name__)
 
 FILES_PATH = "/files"
 BATCHES_PATH = "/batches"
+RESPONSES_PATH = "/responses"
+# Seconds between polls of a background response.
+DEFAULT_BACKGROUND_POLL = 2.0
 
 _T = TypeVar("_T")
+# Told a background response's id as soon as it is created (to store it: a re-run polls it, never creates again).
+Started = Callable[[str], Awaitable[None]]
 # What a create that may have worked without saying so is looked up with (``create_batch``'s ``find_lost``).
 FindLost = Callable[[], Awaitable[_T | None]]
 
@@ -122,6 +129,7 @@ class LLMClient(MessageBatchMethods):
         provider: str = "openai",
         anthropic_version: str = DEFAULT_ANTHROPIC_VERSION,
         default_max_tokens: int = DEFAULT_MAX_TOKENS,
+        background_poll: float = DEFAULT_BACKGROUND_POLL,
         transport: httpx.AsyncBaseTransport | None = None,
         sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
         random: Callable[[], float] = _random.random,
@@ -151,6 +159,7 @@ class LLMClient(MessageBatchMethods):
         self._max_retries = max_retries
         self._max_retry_after = float(max_retry_after)
         self._sleep = sleep
+        self._background_poll = float(background_poll)
         self._random = random
         self._clock = clock
 
@@ -236,10 +245,12 @@ class LLMClient(MessageBatchMethods):
         """The JSON body ``chat`` sends for ``request`` (a Messages body for Anthropic): also one Message Batch request's ``params``."""
         return self._wire.chat_body(request)
 
-    async def chat(self, request: ChatRequest) -> ChatResult:
+    async def chat(self, request: ChatRequest, *, started: Started | None = None) -> ChatResult:
         """One chat completion (an Anthropic Message, for that provider), or the request to its ``endpoint`` (an
         embedding's vector in ``ChatResult.embedding``), retried by the house rules; raises an
         ``APIError`` subclass when it gives up, or ``ValueError`` for a request the provider's API cannot express."""
+        if runs_in_background(request):
+            return await self._background(request, started=started)
         estimate = estimate_request_tokens(request) if self._gates.counts_tokens else 0
         route = self._wire.route(request.endpoint)
         body = route.body(request)
@@ -255,6 +266,41 @@ class LLMClient(MessageBatchMethods):
         # The lost generations before it, and the answer's own attempt unless its parse says it is not billed.
         result.maybe_billed = sent.maybe_billed - 1 + result.maybe_billed
         return result
+
+    async def _background(self, request: ChatRequest, *, started: Started | None) -> ChatResult:
+        """A Responses request in background mode: created with ``background: true`` (unless ``background_id``
+        says it was), its id handed to ``started`` before anything else, then polled until it leaves queued and
+        in_progress. Only the create is billed: a poll that fails is retried by the house rules, never the create.
+        A response that failed or was cancelled raises ``APIResponseValidationError`` (it may have been billed)."""
+        admitted = self._clock()
+        response_id = request.background_id
+        attempts = estimate = 0
+        if response_id is None:
+            route = self._wire.route("responses")
+            body = {**route.body(request), "background": True}
+            estimate = estimate_request_tokens(request) if self._gates.counts_tokens else 0
+            sent = await self._request("POST", route.path, json=body, parse=parse_response_status, paced=True,
+                                       tokens=estimate)
+            attempts, admitted = sent.attempts, sent.admitted_at
+            status, answer = sent.value
+            response_id = answer["id"]
+            if started is not None:
+                await started(response_id)
+        else:
+            status, answer = "queued", None
+        path = f"{RESPONSES_PATH}/{path_segment(response_id)}"
+        while status not in TERMINAL_RESPONSE_STATUSES:
+            await self._sleep(self._background_poll)
+            status, answer = (await self._request("GET", path, parse=parse_response_status)).value
+        chat = response_from_body(answer)
+        if chat is None:
+            error = answer.get("error") if isinstance(answer, dict) else None
+            detail = error.get("message") if isinstance(error, dict) else None
+            raise APIResponseValidationError(
+                f"background response {response_id} ended {status}" + (f": {detail}" if detail else "")
+                + "; it may have been billed, so it is not sent again: --retry-failed all would")
+        self._gates.used_tokens(chat.total_tokens - estimate)
+        return chat.finished(latency_s=self._clock() - admitted, attempts=max(attempts, 1))
 
     # --- files and batches (the Batch API) -------------------------------------------------------
     # Same loop, same rules as chat: a 5xx or timeout on create_batch is retried, so a create that did

@@ -10,13 +10,14 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ._budgets import SpendGate
 from ._exceptions import APIError
+from ._openai_responses import runs_in_background
 from ._stops import RunStop
 from ._structured import answer_schema, answer_text, checked, reask_messages
 from ._types import ChatRequest, ChatResult
@@ -44,7 +45,21 @@ class WorkItem:
 
 
 class ChatSender(Protocol):
+    # ``started`` is given only for a request in background mode (``runs_in_background``): told its response id.
     async def chat(self, request: ChatRequest) -> ChatResult: ...
+
+
+def _started(sink: Any, item: WorkItem) -> Callable[[str], Awaitable[None]] | None:
+    """What stores a background response's id for the item's prompts as soon as it is created, when the sink
+    keeps such ids (``background_started``) and the request goes out in background mode; else None."""
+    keep = getattr(sink, "background_started", None)
+    if keep is None or not runs_in_background(item.request):
+        return None
+
+    async def started(background_id: str) -> None:
+        await keep(prompt_ids=item.prompt_ids, background_id=background_id)
+
+    return started
 
 
 class ResultSink(Protocol):
@@ -229,7 +244,9 @@ async def send_all(
         if progress is not None:
             progress.in_flight += 1
         try:
-            result = await client.chat(item.request)
+            started = _started(sink, item)
+            result = await (client.chat(item.request) if started is None
+                            else client.chat(item.request, started=started))
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - every failure is recorded, none is lost

@@ -16,13 +16,18 @@ from typing import Any
 
 import httpx
 
-from ._responses import Chat, count as _count, parse_answer
+from ._exceptions import APIResponseValidationError
+from ._responses import Chat, count as _count, parse_answer, parse_json
 from ._types import ChatRequest, ChatResult
 
 __all__ = [
+    "BACKGROUND_EFFORTS",
+    "BACKGROUND_MIN_OUTPUT",
     "RESPONSES_PARAMS",
+    "runs_in_background",
     "TERMINAL_RESPONSE_STATUSES",
     "parse_response",
+    "parse_response_status",
     "response_from_body",
     "response_param_problem",
     "response_result_from_body",
@@ -38,6 +43,27 @@ RESPONSES_PARAMS = frozenset({
 _RENAMED = frozenset({"max_completion_tokens", "max_tokens", "reasoning_effort", "response_format"})
 # Statuses a response does not leave (response_status.py); queued and in_progress are still running.
 TERMINAL_RESPONSE_STATUSES = frozenset({"completed", "incomplete", "failed", "cancelled"})
+
+
+# A generation this long may outlast a connection: a cap at least this large, or reasoning at these efforts, goes
+# out in background mode (created, then polled), as OpenAI's background guide advises for long reasoning tasks.
+BACKGROUND_MIN_OUTPUT = 32_000
+BACKGROUND_EFFORTS = frozenset({"high", "xhigh", "max"})
+
+
+def runs_in_background(request: ChatRequest) -> bool:
+    """Whether ``request`` goes out in background mode: a Responses request that asks for it, that was created in
+    it already, or whose generation may be long (a large maximum output, or reasoning at high effort)."""
+    if request.endpoint != "responses":
+        return False
+    params = request.params
+    if request.background_id is not None or params.get("background") is True:
+        return True
+    if params.get("background") is False:
+        return False
+    cap = params.get("max_output_tokens") or params.get("max_completion_tokens") or params.get("max_tokens")
+    effort = params.get("reasoning_effort") or (params.get("reasoning") or {}).get("effort")
+    return (isinstance(cap, int) and cap >= BACKGROUND_MIN_OUTPUT) or effort in BACKGROUND_EFFORTS
 
 
 def response_param_problem(name: str, value: Any) -> str | None:
@@ -185,6 +211,15 @@ def response_from_body(body: Any) -> Chat | None:
         refusal="\n".join(refusals) or None,
     )
     return Chat(result, _count(usage.get("total_tokens")) or prompt_tokens + completion_tokens)
+
+
+def parse_response_status(response: httpx.Response) -> tuple[str, Any]:
+    """(status, body) of a response object, as a background poll reads it."""
+    body = parse_json(response)
+    status = body.get("status") if isinstance(body, Mapping) else None
+    if not isinstance(status, str) or not isinstance(body.get("id"), str):
+        raise APIResponseValidationError(f"the body is no response object: {str(body)[:300]!r}")
+    return status, body
 
 
 def parse_response(response: httpx.Response) -> Chat:

@@ -34,6 +34,9 @@ class ChatRequest:
     messages: list[dict[str, Any]]
     params: dict[str, Any] = field(default_factory=dict)
     endpoint: str = "chat"
+    # A background response already created for it (``responses`` only): polled to its end, never created again.
+    # Not part of what it asks, so not of its key.
+    background_id: str | None = None
 
     def body(self) -> dict[str, Any]:
         return {**self.params, "model": self.model, "messages": self.messages}

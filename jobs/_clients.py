@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Final
+from typing import Any, Final
 
 import httpx
 
@@ -78,9 +78,9 @@ class Clients:
     def for_model(self, model: str) -> LLMClient:
         return self.for_provider(self.provider_of(model))
 
-    async def chat(self, request: ChatRequest) -> ChatResult:
-        """One request, by the client of its model's provider."""
-        return await self.for_model(request.model).chat(request)
+    async def chat(self, request: ChatRequest, **options: Any) -> ChatResult:
+        """One request, by the client of its model's provider (``options``: ``LLMClient.chat``'s)."""
+        return await self.for_model(request.model).chat(request, **options)
 
     @property
     def opened(self) -> dict[str, LLMClient]:

@@ -107,6 +107,9 @@ class Prompt(Base):
     model: Mapped[str] = mapped_column(String())
     # The provider endpoint it goes to (core.ENDPOINTS): chat, responses or embeddings.
     endpoint: Mapped[str] = mapped_column(String(16), server_default="chat")
+    # The background response created for it (core ChatRequest.background_id): polled by a later run, never
+    # created again; NULL when none was.
+    background_id: Mapped[str | None] = mapped_column(String())
     messages: Mapped[list[dict[str, Any]]] = mapped_column()
     params: Mapped[dict[str, Any]] = mapped_column()
     metadata_: Mapped[dict[str, Any] | None] = mapped_column("metadata")

@@ -38,6 +38,7 @@ __all__ = [
     "load_work",
     "mark_in_flight",
     "release_in_flight",
+    "set_background_id",
     "reopen_refused",
     "answer_schemas",
     "resolve_job",
@@ -294,7 +295,7 @@ async def load_work(sessions: Sessions, *, prompt_ids: Sequence[int]) -> list[Wo
     """
     found: list[tuple[int, int, WorkRow]] = []
     columns = (Prompt.id, Prompt.custom_id, Prompt.model, Prompt.messages, Prompt.params, Prompt.dedupe_key, Prompt.deadline,
-               Prompt.endpoint)
+               Prompt.endpoint, Prompt.background_id)
     async with sessions() as session:
         # Core on the session's connection: the ORM's statement handling would double the cost of
         # loading a chunk's rows, while other chunks are sending.
@@ -303,7 +304,8 @@ async def load_work(sessions: Sessions, *, prompt_ids: Sequence[int]) -> list[Wo
             for row in await conn.execute(select(*columns, Prompt.position).where(Prompt.id.in_(chunk))):
                 deadline = None if row.deadline is None else aware(row.deadline)
                 work = WorkRow(id=row.id, custom_id=row.custom_id, model=row.model, messages=row.messages,
-                               params=row.params, dedupe_key=row.dedupe_key, deadline=deadline, endpoint=row.endpoint)
+                               params=row.params, dedupe_key=row.dedupe_key, deadline=deadline, endpoint=row.endpoint,
+                               background_id=row.background_id)
                 found.append((row.position, row.id, work))
     found.sort(key=lambda item: item[:2])
     return [work for _, _, work in found]
@@ -330,6 +332,13 @@ async def mark_in_flight(sessions: Sessions, *, prompt_ids: Sequence[int]) -> in
     """
     return await _move(sessions, prompt_ids=prompt_ids, to="in_flight",
                        when=Prompt.status.not_in(("succeeded", "batched")))
+
+
+async def set_background_id(sessions: Sessions, *, prompt_ids: Sequence[int], background_id: str) -> None:
+    """Store the background response created for these prompts (one request), before it is polled."""
+    async with sessions.begin() as session:
+        await session.execute(update(Prompt).where(Prompt.id.in_(list(prompt_ids))).values(
+            background_id=background_id, updated_at=utcnow()))
 
 
 async def release_in_flight(sessions: Sessions, *, prompt_ids: Sequence[int]) -> int:

@@ -48,6 +48,8 @@ class WorkRow(_Request):
     """What a sender needs to make one request for a stored prompt."""
 
     id: int
+    # A background response already created for it: polled, not created again.
+    background_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

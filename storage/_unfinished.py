@@ -161,7 +161,7 @@ async def unfinished_work_in_order(
 
 
 _WORK_COLUMNS = (Prompt.id, Prompt.position, Prompt.custom_id, Prompt.model, Prompt.messages, Prompt.params,
-                 Prompt.dedupe_key, Prompt.deadline, Prompt.endpoint)
+                 Prompt.dedupe_key, Prompt.deadline, Prompt.endpoint, Prompt.background_id)
 
 
 async def _work_pages(
@@ -181,7 +181,7 @@ async def _work_pages(
         yield [
             WorkRow(id=row.id, custom_id=row.custom_id, model=row.model, messages=row.messages, params=row.params,
                     dedupe_key=row.dedupe_key, deadline=None if row.deadline is None else aware(row.deadline),
-                    endpoint=row.endpoint)
+                    endpoint=row.endpoint, background_id=row.background_id)
             for row in found
         ]
         if len(found) < page:

@@ -18,7 +18,7 @@ from llm_dispatch.core import ChatResult, PriceTable, ResultRoute, UnknownPrompt
 from ._budgets import BudgetLease
 from ._bulk import IN_CHUNK, chunks
 from ._models import Prompt, utcnow
-from ._queries import mark_in_flight, release_in_flight
+from ._queries import mark_in_flight, release_in_flight, set_background_id
 from ._results import ResultRow, RowLedger, answer_rows, failure_rows, write_results
 from ._engine import Sessions
 
@@ -170,6 +170,12 @@ class ResultWriter:
         """
         async with self._lock:
             return await mark_in_flight(self._sessions, prompt_ids=prompt_ids)
+
+    async def background_started(self, *, prompt_ids: Sequence[int], background_id: str) -> None:
+        """Store the background response created for these prompts at once, taking turns with result writes: a
+        run killed while it is polled finds it again and polls it, never creating it twice."""
+        async with self._lock:
+            await set_background_id(self._sessions, prompt_ids=prompt_ids, background_id=background_id)
 
     async def flush(self) -> None:
         """Return once everything received so far is committed."""

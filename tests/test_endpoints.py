@@ -5,14 +5,20 @@ from __future__ import annotations
 
 import base64
 import json
+import sqlite3
 import struct
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import respx
 
 from llm_dispatch.core import (
+    APIResponseValidationError,
     ChatRequest,
     ConfigError,
     InputError,
@@ -257,3 +263,108 @@ def test_responses_run_in_both_lanes_priced_with_refusals_and_truncation_stored(
     assert all(row[4].startswith("resp_") and row[6] > 0 for row in stored)
     assert [row[6] * 2 == row[7] for row in stored] == [False, False, True, True]  # the Batch API's half price
     assert rows(db_url, "SELECT endpoint FROM batches") == [("responses",)]
+
+
+# --- background mode ---------------------------------------------------------------------------------------------
+
+
+def response_body(status: str, **fields: Any) -> dict[str, Any]:
+    body = {"id": "resp_bg", "object": "response", "status": status, "model": "gpt-4.1-mini", "output": [],
+            "usage": None, "background": True}
+    body.update(fields)
+    return body
+
+
+DONE = response_body("completed", output=[{"type": "message", "role": "assistant", "content": [
+    {"type": "output_text", "text": "long answer", "annotations": []}]}],
+    usage={"input_tokens": 5, "output_tokens": 40000, "output_tokens_details": {"reasoning_tokens": 39000},
+           "total_tokens": 40005})
+
+
+async def test_a_long_generation_is_created_in_background_mode_its_id_told_at_once_then_polled(
+    router: respx.Router, fake_time: FakeTime
+) -> None:
+    create = router.post("/responses", name="create").respond(200, json=response_body("queued"))
+    poll = router.get("/responses/resp_bg", name="poll").mock(side_effect=[
+        httpx.Response(200, json=response_body("in_progress")), httpx.Response(503, json={"error": {}}),
+        httpx.Response(200, json=DONE)])
+    told: list[str] = []
+
+    async def started(response_id: str) -> None:
+        assert poll.call_count == 0  # before any poll: stored first
+        told.append(response_id)
+
+    async with make_client(router, fake_time, background_poll=5.0) as client:
+        result = await client.chat(response_prompt("write a book", reasoning_effort="high"), started=started)
+    assert json.loads(create.calls.last.request.content)["background"] is True and create.call_count == 1
+    assert told == ["resp_bg"] and poll.call_count == 3  # a failed poll is polled again, never created again
+    assert (result.text, result.completion_tokens, result.reasoning_tokens) == ("long answer", 40000, 39000)
+
+
+async def test_a_stored_background_response_is_polled_and_never_created_again(
+    router: respx.Router, fake_time: FakeTime
+) -> None:
+    poll = router.get("/responses/resp_bg", name="poll").respond(200, json=DONE)
+    request = ChatRequest(model="gpt-4.1-mini", messages=[{"role": "user", "content": "x"}], endpoint="responses",
+                          background_id="resp_bg")
+    async with make_client(router, fake_time) as client:
+        result = await client.chat(request)
+    assert poll.call_count == 1 and result.text == "long answer"
+
+
+async def test_a_failed_background_response_is_an_error_that_says_it_may_have_been_billed(
+    router: respx.Router, fake_time: FakeTime
+) -> None:
+    router.get("/responses/resp_bg", name="poll").respond(200, json=response_body(
+        "failed", error={"code": "server_error", "message": "the model broke"}))
+    request = ChatRequest(model="gpt-4.1-mini", messages=[{"role": "user", "content": "x"}], endpoint="responses",
+                          background_id="resp_bg")
+    async with make_client(router, fake_time) as client:
+        with pytest.raises(APIResponseValidationError, match="resp_bg ended failed: the model broke; it may have been"):
+            await client.chat(request)
+
+
+async def test_background_mode_over_a_real_socket_outlasts_the_request_timeout(start_sim: Any) -> None:
+    # 40,000 tokens at 20,000 a second: 2 s, four times the client's request timeout.
+    base_url = await start_sim(latency=0.0, slow_tokens_per_second=20_000)
+    request = response_prompt("[[sim:slow]] write it all", max_completion_tokens=40_000)
+    async with LLMClient(base_url=base_url, api_key="sk-test", request_timeout=0.5, background_poll=0.2) as client:
+        result = await client.chat(request)
+    assert result.completion_tokens == 40_000 and result.response_id.startswith("resp_")
+    async with httpx.AsyncClient() as plain:
+        counted = (await plain.get(base_url.removesuffix("/v1") + "/_sim/stats")).json()["by_status"]
+    assert counted["background_created"] == 1 and counted["background_completed"] == 1
+
+
+def stored_background_id(db_url: str) -> bool:
+    try:
+        return bool(rows(db_url, "SELECT background_id FROM prompts WHERE background_id IS NOT NULL"))
+    except sqlite3.OperationalError:  # no database, or no tables yet
+        return False
+
+
+@pytest.mark.prefect
+def test_a_run_killed_while_polling_a_background_response_polls_it_again_and_never_creates_it_twice(
+    cli_env: dict[str, str], sim: Any, db_url: str, tmp_path: Path
+) -> None:
+    sim.configure(slow_tokens_per_second=5_000)  # 40,000 tokens: 8 s in the background
+    path = write_prompts(tmp_path / "long.jsonl", [
+        {"id": "long", "prompt": "[[sim:slow]] write it all", "urgency": "urgent", "endpoint": "responses",
+         "model": "gpt-6-luna", "params": {"max_completion_tokens": 40_000}}])
+    command = [str(Path(sys.executable).with_name("llm-dispatch")), "run", str(path), "--json"]
+    first = subprocess.Popen(command, env=cli_env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not stored_background_id(db_url):
+            assert time.monotonic() < deadline and first.poll() is None, "the background response was never stored"
+            time.sleep(0.2)
+    finally:
+        first.kill()  # SIGKILL: nothing of the run's own clean-up happens
+        first.wait()
+    assert rows(db_url, "SELECT count(*) FROM results") == [(0,)]
+    again = subprocess.run(command, env=cli_env, cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert again.returncode == 0, again.stderr[-3000:]
+    counted = sim.stats()["by_status"]
+    assert counted["background_created"] == 1 and counted["background_completed"] == 1
+    assert rows(db_url, "SELECT r.status, r.completion_tokens, r.response_id = p.background_id FROM results r "
+                        "JOIN prompts p ON p.id = r.prompt_id") == [("succeeded", 40_000, 1)]

@@ -160,6 +160,10 @@ def run(
     wait: Annotated[bool, typer.Option(
         "--wait/--no-wait", help="follow batches to the end here, or submit them and leave them to `collect`")] = True,
     max_cost: Annotated[Optional[float], typer.Option(help="refuse the run if its estimate is above this many dollars")] = None,
+    fail_above: Annotated[float, typer.Option(
+        "--fail-above", min=0.0, max=1.0,
+        help="share of the job's prompts (0-1) that may fail with the run still Completed in Prefect and exit 0; "
+             "default 0: any failed prompt makes the run Failed (exit 1)")] = 0.0,
     budget: Annotated[Optional[float], typer.Option(
         help="the most the job may spend, in dollars, over all its runs: each request's worst case is reserved "
              "before it is sent (env LLM_DISPATCH_BUDGET)")] = None,
@@ -231,7 +235,7 @@ def run(
             summary = asyncio.run(_run_with_progress(source=str(file) if file else None, job_id=resume, settings=settings,
                                                      retry_failed=retry_failed, retry_refused=retry_refused,  # type: ignore[arg-type]
                                                      show=not as_json, wait=wait, max_cost=max_cost, new_job=new_job,
-                                                     job_name=job_name))
+                                                     job_name=job_name, fail_above=fail_above))
         except (TerminationSignal, BaseExceptionGroup) as exc:
             # Prefect's own SIGTERM handler (installed while a flow runs) raises this wherever the run
             # is, sometimes inside a task group; asyncio.run has cancelled the run on the way out.
@@ -274,7 +278,12 @@ def run(
                      f"then run `llm-dispatch run --resume {job} --budget-name {held.name}`")
         raise _fail(f"{budget_line(held)}; {held.over_budget} prompts are left pending: {again} to send them",
                     code=EXIT_BUDGET)
-    failed = summary.report.counts.get("failed", 0)
+    counts = summary.report.counts
+    failed = counts.get("failed", 0)
+    if failed and failed <= fail_above * sum(counts.values()):
+        err.print(f"{failed} of {sum(counts.values())} prompts failed, within --fail-above {fail_above:g}: the run is "
+                  "Completed", highlight=False)
+        failed = 0
     # A run stopped by its provider's answers (a refused key, no credit): the provider's failure, as when a call
     # of another command fails.
     raise typer.Exit(EXIT_PROVIDER if stopped else EXIT_FAILED_PROMPTS if failed else 0)
@@ -602,8 +611,10 @@ async def _run_with_progress(
     max_cost: float | None,
     new_job: bool = False,
     job_name: str | None = None,
+    fail_above: float = 0.0,
 ) -> DispatchSummary:
     from llm_dispatch.flows.dispatch import dispatch
+    from llm_dispatch.tasks import result_of
 
     # Per-task "Finished in state Completed" lines would drown the progress bar.
     logging.getLogger("prefect.task_runs").setLevel(logging.WARNING)
@@ -625,7 +636,8 @@ async def _run_with_progress(
     display: asyncio.Task[None] | None = asyncio.create_task(_show(progress)) if show and err.is_terminal else None
     try:
         with _prefect_settings():
-            return await dispatch(
+            # The run may end Failed (failed prompts) with its summary: read either way.
+            return await result_of(await dispatch(
                 prompts=source, job_id=job_id, model=settings.model, endpoint=settings.endpoint,
                 route_policy=settings.route_policy,
                 wait=wait, max_cost=max_cost, concurrency=settings.concurrency, chunk_size=settings.chunk_size,
@@ -635,7 +647,8 @@ async def _run_with_progress(
                 answer_schema=settings.response_schema, max_reasks=settings.max_reasks,
                 batch_poll_interval=settings.batch_poll_interval, new_job=new_job, job_name=job_name,
                 budget=settings.budget, budget_name=settings.budget_name,
-            )
+                fail_above=fail_above, return_state=True,
+            ))
     except asyncio.CancelledError:
         if received:
             raise _Interrupted(received[0]) from None

@@ -1,37 +1,51 @@
-"""A flow run's final state as the Prefect UI shows it, made here and nowhere else: ``Failed`` when the run's work
-has problems left (so automations and alerts on failed runs fire), ``Completed`` otherwise, and a name of its own
-for how a run stopped early (a run that stopped on its budget did not crash; it left the rest pending). The flow's
-result travels in the state either way: a caller reads it with ``return_state=True`` and
-``state.result(raise_on_failure=False)``, or, for a state that is not ``Failed``, as the flow's return value."""
+"""How a job's run ends in the Prefect UI: ``Failed`` when prompts failed (above ``fail_above``, a share), so that
+automations and alerts on failed runs fire; ``BudgetReached`` when it stopped on its budget; ``Completed`` otherwise,
+its message counting failures it tolerated. Every state is made by ``tasks.run_state``; the run's result travels in
+it either way (a caller reads it with ``tasks.result_of``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from prefect.states import Completed, Failed, State
+from prefect.client.schemas.objects import State as StateObject
 
+from llm_dispatch.core import to_json
 from llm_dispatch.jobs import BudgetStanding
+from llm_dispatch.tasks import run_state
 
-__all__ = ["BUDGET_REACHED", "final_state", "run_state"]
+__all__ = ["BUDGET_REACHED", "FAILED_PROMPTS", "MAX_COST_REFUSED", "failed_prompts", "final_state"]
 
 # The state's name: a Completed run that left prompts pending because the next request's worst case did not fit.
 BUDGET_REACHED = "BudgetReached"
-# A state message is read in a list of runs: longer ones are cut.
-MAX_MESSAGE = 500
+# A Failed run refused by --max-cost before anything was sent (the estimate was above it).
+MAX_COST_REFUSED = "MaxCostRefused"
+# How the message of a run that failed for its prompts (and for nothing else) begins.
+FAILED_PROMPTS = "prompts failed: "
 
 
-def run_state(result: Any, *, failure: str | None = None, message: str = "", name: str | None = None) -> State:
-    """The final state of a flow run that returns ``result``: ``Failed`` with ``failure`` as its message when there
-    is one, else ``Completed`` with ``message``; ``name`` names it in the UI (``BUDGET_REACHED``...)."""
-    text = failure if failure is not None else message
-    text = text if len(text) <= MAX_MESSAGE else text[: MAX_MESSAGE - 1] + "…"
-    make = Failed if failure is not None else Completed
-    return make(message=text, data=result, **({"name": name} if name else {}))
+def final_state(result: object, *, budget: BudgetStanding | None, fail_above: float = 0.0) -> Any:
+    """What a job's flow returns: a ``Failed`` state holding ``result`` (a summary with the job's ``counts`` and
+    ``failed_by_class``) when more than ``fail_above`` of the job's prompts failed (by default: any),
+    ``BudgetReached`` when the run stopped on its budget, a ``Completed`` one naming the failures within
+    ``fail_above``, else ``result`` itself."""
+    shown = to_json(result)
+    counts = shown.get("counts") or {}
+    failed, total = counts.get("failed", 0), sum(counts.values())
+    share = failed / total if total else 0.0
+    said = f"{failed} of {total} prompts failed ({share:.1%}"
+    classes = ", ".join(f"{name} {n}" for name, n in sorted((shown.get("failed_by_class") or {}).items()))
+    stopped = budget is not None and budget.stopped
+    if failed and share > fail_above:
+        limit = f", above --fail-above {fail_above:.1%}" if fail_above else ""
+        also = f"; {budget.describe()}" if stopped and budget is not None else ""
+        return run_state(result, failure=f"{FAILED_PROMPTS}{said}{limit}): {classes}{also}")
+    if stopped and budget is not None:
+        return run_state(result, message=budget.describe(), name=BUDGET_REACHED)
+    if failed:
+        return run_state(result, message=f"{said}, within --fail-above {fail_above:.1%}): {classes}")
+    return result
 
 
-def final_state(result: object, *, budget: BudgetStanding | None) -> Any:
-    """What a flow returns: ``result``, or a ``BudgetReached`` state holding it when the run stopped on its budget
-    (a caller of the flow gets ``result`` either way)."""
-    if budget is None or not budget.stopped:
-        return result
-    return run_state(result, message=budget.describe(), name=BUDGET_REACHED)
+def failed_prompts(state: StateObject | None) -> bool:
+    """Whether a run ended ``Failed`` for its failed prompts only: its work is done, and stored."""
+    return state is not None and state.is_failed() and (state.message or "").startswith(FAILED_PROMPTS)

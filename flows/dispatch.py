@@ -41,11 +41,11 @@ from llm_dispatch.core import (
     ShardRunsFailedError,
     current_progress,
 )
-from llm_dispatch.tasks import record_prompts
+from llm_dispatch.tasks import record_prompts, run_state
 
 from ._artifacts import publish_report
 from ._setup import input_run_name, prepare, scheduled_job_name
-from ._states import BUDGET_REACHED, final_state
+from ._states import BUDGET_REACHED, MAX_COST_REFUSED, failed_prompts, final_state
 from .batch import dispatch_batches
 from .realtime import send_realtime
 
@@ -80,6 +80,7 @@ async def dispatch(
     max_reasks: int | None = None,
     budget: float | None = None,
     budget_name: str | None = None,
+    fail_above: float = 0.0,
 ) -> Any:
     """Send a mixed set of prompts: urgent ones as concurrent real-time calls, the rest to the Batch API
     at half price, both at once. Each prompt is routed by its ``urgency``, else its ``deadline``, else
@@ -90,7 +91,10 @@ async def dispatch(
     whose estimate is higher, before any request. ``budget`` (dollars over the job's life) or ``budget_name`` (a
     budget shared by every run that names it) is a cap that holds: each request's worst case is reserved before
     it is sent; once the next does not fit, the run finishes what is out, leaves the rest pending and ends in the
-    state ``BudgetReached`` (the same run with a higher budget continues).
+    state ``BudgetReached`` (the same run with a higher budget continues). A run with failed prompts ends
+    ``Failed`` (its result still returned in the state), unless they are no more than ``fail_above`` (a share) of
+    the job's: then ``Completed``, the state's message counting them. A run refused by ``max_cost`` ends in the
+    ``Failed`` state ``MaxCostRefused``.
 
     Re-running the same input resumes its job; ``new_job`` starts a new one. ``job_name`` names the job
     (and a re-run with the same name and input resumes it); a run started by a deployment's schedule is
@@ -114,10 +118,14 @@ async def dispatch(
         batch_poll_interval=batch_poll_interval, database_url=database_url, response_schema=answer_schema,
         max_reasks=max_reasks, budget=budget, budget_name=budget_name,
     )
-    summary = await run_dispatch(source=prompts, job_id=job_id, settings=settings, wait=wait, max_cost=max_cost,
-                                 retry_failed=retry_failed, retry_refused=retry_refused, shards=shards,
-                                 realtime_deployment=realtime_deployment, new_job=new_job, job_name=job_name)
-    return final_state(summary, budget=summary.budget)
+    try:
+        summary = await run_dispatch(source=prompts, job_id=job_id, settings=settings, wait=wait, max_cost=max_cost,
+                                     retry_failed=retry_failed, retry_refused=retry_refused, shards=shards,
+                                     realtime_deployment=realtime_deployment, new_job=new_job, job_name=job_name)
+    except BudgetExceededError as exc:
+        # Raised to the caller as before; the UI names why nothing was sent.
+        return run_state(exc, failure=str(exc), name=MAX_COST_REFUSED)
+    return final_state(summary, budget=summary.budget, fail_above=fail_above)
 
 
 async def run_dispatch(
@@ -227,7 +235,9 @@ async def run_shards(
                        timeout=None)
         for index in range(shards)
     ))
-    failed = [run.name for run in runs if run.state is None or not run.state.is_completed()]
+    # A shard Failed for its failed prompts did its work (stored); the job's own state counts them.
+    failed = [run.name for run in runs
+              if run.state is None or not (run.state.is_completed() or failed_prompts(run.state))]
     if failed:
         raise ShardRunsFailedError(f"real-time shard runs {failed} did not complete; see them in the Prefect UI, "
                                    "then run the job again to send what they left")

@@ -56,6 +56,7 @@ async def realtime_dispatch(
     max_reasks: int | None = None,
     budget: float | None = None,
     budget_name: str | None = None,
+    fail_above: float = 0.0,
 ) -> Any:
     """Send every unfinished prompt of the input (or of job ``job_id``) as real-time calls.
 
@@ -67,7 +68,8 @@ async def realtime_dispatch(
     (the ``dispatch`` flow's scale-out across workers runs one shard per deployment run). ``answer_schema`` and
     ``max_reasks``: as ``dispatch``'s. ``budget`` (dollars, the job's own) or ``budget_name`` (a shared budget) caps
     what is spent: each request's worst case is reserved before it is sent, and a run whose next one does not fit
-    ends in the state ``BudgetReached`` with the rest pending.
+    ends in the state ``BudgetReached`` with the rest pending. Failed prompts make the run ``Failed`` unless they
+    are no more than ``fail_above`` of the job's (see ``dispatch``).
     """
     started = time.monotonic()
     if (shard is None) != (shards is None):
@@ -95,7 +97,7 @@ async def realtime_dispatch(
         selection = Selection(retry_failed=retry_failed, planned_route=planned_route, shard=part)
         held = await run_budget(settings, sessions=run.sessions, job_id=job.job_id)
         summary = await send_realtime(run=run, job=job, selection=selection, started=started, budget=held)
-    return final_state(summary, budget=summary.budget)
+    return final_state(summary, budget=summary.budget, fail_above=fail_above)
 
 
 def lane_count(settings: Settings) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from .batch import abandon_batch, cancel_batch, finish_submission, ingest_batch, poll_batch, record_batch_error, submit_batches
 from .realtime import chunk_sender, send_chunk
 from .record import record_prompts
+from ._states import result_of, run_state
 
 __all__ = [
     "abandon_batch",
@@ -15,6 +16,8 @@ __all__ = [
     "poll_batch",
     "record_batch_error",
     "record_prompts",
+    "result_of",
+    "run_state",
     "send_chunk",
     "submit_batches",
 ]

@@ -6,6 +6,7 @@ from collections.abc import Awaitable, Callable
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
+from prefect.states import State
 from prefect.utilities.annotations import quote
 
 from llm_dispatch import storage
@@ -20,6 +21,8 @@ from llm_dispatch.core import (
     current_progress,
     send_all,
 )
+
+from ._states import result_of, run_state
 
 
 @task(name="send-chunk", task_run_name="send chunk {number}/{of} ({size} prompts)", cache_policy=NO_CACHE)
@@ -38,17 +41,16 @@ async def send_chunk(
     stop: RunStop | None = None,
     max_reasks: int = 0,
     budget: SpendGate | None = None,
-) -> DispatchOutcome:
+) -> State:
     """Send one request per group of identical prompts, at most ``concurrency`` at once.
 
     Holds one slot of the run's concurrency-limit tag while it runs (Prefect acquires it from the
     task's tags), so across all flow runs: requests in flight <= tag limit x ``concurrency``.
     ``before_send`` is awaited once the chunk is ready (rows loaded, prompts marked in flight) and
     before its first request; ``on_dispatched`` fires when about two rounds are left to finish. ``stop``: the
-    run's, which leaves a stopped provider's or model's prompts pending, unsent. An answer that breaks its schema
-    is asked again at once, up to ``max_reasks`` times.
     run's, which leaves a stopped provider's or model's prompts pending, unsent; ``budget``: the run's hold on its
-    budget, which leaves them pending once the next request's worst case does not fit.
+    budget, which leaves them pending once the next request's worst case does not fit. An answer that breaks its
+    schema is asked again at once, up to ``max_reasks`` times. Ends ``Failed`` when prompts failed (``chunk_state``).
     """
     requests = chunk.requests
     if requests is None:
@@ -59,9 +61,19 @@ async def send_chunk(
     items = [WorkItem(prompt_ids=group, request=requests[group[0]]) for group in chunk.groups]
     if before_send is not None:
         await before_send()
-    return await send_all(client=client, items=items, sink=sink, concurrency=concurrency,
-                          progress=current_progress.get(), on_dispatched=on_dispatched, stop=stop,
-                          max_reasks=max_reasks, budget=budget)
+    outcome = await send_all(client=client, items=items, sink=sink, concurrency=concurrency,
+                             progress=current_progress.get(), on_dispatched=on_dispatched, stop=stop,
+                             max_reasks=max_reasks, budget=budget)
+    return chunk_state(outcome, size=size)
+
+
+def chunk_state(outcome: DispatchOutcome, *, size: int) -> State:
+    """A chunk with failed prompts ends ``Failed`` in the UI, its message counting them by class; the run goes on
+    (its caller reads the outcome either way, by ``result_of``)."""
+    if not outcome.failed:
+        return run_state(outcome, message=f"{outcome.succeeded} of {size} prompts answered")
+    classes = ", ".join(f"{name} {n}" for name, n in outcome.failed_by_class.most_common())
+    return run_state(outcome, failure=f"{outcome.failed} of {size} prompts failed ({classes}); the run goes on")
 
 
 def chunk_sender(*, tag: str) -> SendChunk:
@@ -70,6 +82,8 @@ def chunk_sender(*, tag: str) -> SendChunk:
 
     async def send(*, chunk: Chunk, **kwargs: object) -> DispatchOutcome:
         # quote(): Prefect would otherwise walk every id of the chunk looking for futures, twice per task run.
-        return await tagged(chunk=quote(chunk), size=chunk.prompts, **kwargs)  # type: ignore[arg-type]
+        state = await tagged(chunk=quote(chunk), size=chunk.prompts, return_state=True,  # type: ignore[arg-type]
+                             **kwargs)
+        return await result_of(state)
 
     return send

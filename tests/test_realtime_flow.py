@@ -19,11 +19,22 @@ from llm_dispatch.core import to_json
 from llm_dispatch import storage
 from llm_dispatch.flows.realtime import realtime_dispatch
 from llm_dispatch.core import Settings
-from llm_dispatch.tasks import record_prompts
+from llm_dispatch.tasks import record_prompts, result_of
 from conftest import Sim, rows, successes_per_prompt, write_prompts
 
 pytestmark = [pytest.mark.prefect]
 
+
+async def chunk_states(state: Any) -> dict[str, tuple[str, str]]:
+    """The send-chunk task runs of the flow run that ended in ``state``: name -> (state type, message)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    async with get_client() as client:
+        runs = await client.read_task_runs(flow_run_filter=FlowRunFilter(
+            id=FlowRunFilterId(any_=[state.state_details.flow_run_id])))
+    return {run.name: (run.state.type.value, run.state.message or "") for run in runs
+            if run.name.startswith("send chunk") and run.state is not None}
 
 
 
@@ -38,10 +49,20 @@ async def test_flow_with_faults_records_every_outcome(prefect_api: str, sim: Sim
     ]
     path = write_prompts(tmp_path / "p.jsonl", records)
 
-    summary = to_json(await realtime_dispatch(
-        prompts=str(path), base_url=sim.base_url, database_url=db_url, concurrency=8, chunk_size=10
-    ))
+    state = await realtime_dispatch(
+        prompts=str(path), base_url=sim.base_url, database_url=db_url, concurrency=8, chunk_size=10, return_state=True
+    )
+    summary = to_json(await result_of(state))
 
+    # Failed prompts make the run Failed in Prefect (alerts fire), its message counting them; so are the chunks
+    # that had them, and only those.
+    assert state.is_failed() and state.message == (
+        "prompts failed: 2 of 45 prompts failed (4.4%): APIResponseValidationError 1, BadRequestError 1")
+    chunks = await chunk_states(state)
+    assert len(chunks) == 5 and {kind for kind, _ in chunks.values()} == {"COMPLETED", "FAILED"}
+    failed_chunks = [message for kind, message in chunks.values() if kind == "FAILED"]
+    assert sum(int(message.split(" of ")[0]) for message in failed_chunks) == 2
+    assert all(message.endswith("; the run goes on") for message in failed_chunks)
     assert summary["counts"] == {"succeeded": 43, "failed": 2}
     assert summary["failed_by_class"] == {"BadRequestError": 1, "APIResponseValidationError": 1}
     by_id = {cid: (status, attempts, cls, text) for cid, status, attempts, cls, text in rows(db_url, """
@@ -84,17 +105,18 @@ async def test_the_prefect_ui_shows_the_job_in_words(prefect_api: str, sim: Sim,
 
 async def test_same_input_again_sends_nothing_new(prefect_api: str, sim: Sim, db_url: str, tmp_path: Path) -> None:
     path = write_prompts(tmp_path / "p.jsonl", [{"id": i, "prompt": f"q{i}"} for i in range(30)] + [{"id": "bad", "prompt": "[[sim:400]]"}])
-    first = to_json(await realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=db_url))
+    first = to_json(await realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=db_url, fail_above=1.0))
     sent = sim.stats()["requests_total"]
     assert sent == 31
 
-    again = to_json(await realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=db_url))
+    again = to_json(await realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=db_url, fail_above=1.0))
 
     assert again["job_id"] == first["job_id"] and again["resumed"]
     assert sim.stats()["requests_total"] == sent  # succeeded never resent; a 400 is final
     assert again["counts"] == {"succeeded": 30, "failed": 1}
 
-    await realtime_dispatch(job_id=first["job_id"], retry_failed="all", base_url=sim.base_url, database_url=db_url)
+    await realtime_dispatch(job_id=first["job_id"], retry_failed="all", base_url=sim.base_url, database_url=db_url,
+                            fail_above=1.0)
     assert sim.stats()["requests_total"] == sent + 1  # only the failed one, when asked
 
 
@@ -150,7 +172,7 @@ async def test_new_job_is_sent_while_the_rest_is_recorded(
 
     # 4 at once, chunks of 10: the first 10 prompts (a chunk for its one lane) are stored, then 120 in slices.
     summary = to_json(await realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=db_url,
-                                              concurrency=4, chunk_size=10))
+                                              concurrency=4, chunk_size=10, fail_above=1.0))
 
     assert summary["counts"] == {"succeeded": 128, "failed": 2}
     assert rows(db_url, "SELECT custom_id FROM prompts WHERE status = 'failed' ORDER BY position") == [("4",), ("77",)]
@@ -323,8 +345,8 @@ async def test_flow_on_postgres(prefect_api: str, sim: Sim, tmp_path: Path, pg_u
 
     # Chunks of 10 at 4 at once: the first 10 prompts are stored, the other 41 in slices as they go out.
     summary = to_json(await realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=url, concurrency=4,
-                                              chunk_size=10))
-    again = to_json(await realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=url))
+                                              chunk_size=10, fail_above=1.0))
+    again = to_json(await realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=url, fail_above=1.0))
 
     assert summary["counts"] == {"succeeded": 50, "failed": 1}
     assert again["job_id"] == summary["job_id"] and sim.stats()["requests_total"] == 51

@@ -169,7 +169,7 @@ async def test_a_revoked_key_stops_the_run_and_the_same_command_continues(
     path = write_prompts(tmp_path / "p.jsonl", [{"id": i, "prompt": f"question {i}"} for i in range(300)])
     sim.configure(always_fault="401")
     first = to_json(await realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=db_url, concurrency=64,
-                                            chunk_size=50))
+                                            chunk_size=50, fail_above=1.0))
     assert sim.stats()["requests_total"] == STOP_AFTER
     assert first["counts"] == {"failed": STOP_AFTER, "pending": 300 - STOP_AFTER}
     [stopped] = first["stopped"]
@@ -219,8 +219,8 @@ async def test_a_200_that_reported_usage_is_paid_for_and_sent_once(
         {"id": "error", "prompt": "[[sim:error200]] b"},
         {"id": "garbled", "prompt": "[[sim:malformed]] c"},
     ])
-    summary = to_json(await realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=db_url))
-    await realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=db_url)  # nothing to resend
+    summary = to_json(await realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=db_url, fail_above=1.0))
+    await realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=db_url, fail_above=1.0)  # nothing to resend
     assert summary["counts"] == {"failed": 3}
     assert sim.stats()["markers"] == {"empty_choices": 1, "error200": 1, "malformed": 1}
     stored = {cid: (status, http, tokens, cost) for cid, status, http, tokens, cost in rows(db_url, """
@@ -246,8 +246,8 @@ async def test_each_attempt_that_may_have_been_billed_is_stored_and_a_lost_gener
         {"id": "garbled", "prompt": "[[sim:malformed]] c"},
         {"id": "fine", "prompt": "d"},
     ])
-    summary = to_json(await realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=db_url))
-    await realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=db_url)  # nothing sent again
+    summary = to_json(await realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=db_url, fail_above=1.0))
+    await realtime_dispatch(prompts=str(path), base_url=sim.base_url, database_url=db_url, fail_above=1.0)  # nothing sent again
     assert sim.stats()["markers"] == {"cut": 4, "malformed": 1}  # 2 for cut-once, 2 for cut: each sent twice at most
     stored = {cid: (status, attempts, billed, raw) for cid, status, attempts, billed, raw in rows(db_url, """
         SELECT p.custom_id, r.status, r.attempts, r.maybe_billed, r.raw_body

@@ -23,15 +23,15 @@ from llm_dispatch.core import (
     RETRY_FAILED,
     APIError,
     LLMDispatchError,
-    Progress,
     RetryFailed,
     Settings,
-    current_progress,
     money,
     to_json,
 )
 
 if TYPE_CHECKING:
+    # The send path's (it loads the HTTP stack): imported by the commands that send, not by the reports.
+    from llm_dispatch.core import Progress
     from llm_dispatch.jobs import BatchProblem, BudgetStanding, DispatchSummary
 
 # Options several commands take alike.
@@ -618,6 +618,8 @@ async def _run_with_progress(
 
     # Per-task "Finished in state Completed" lines would drown the progress bar.
     logging.getLogger("prefect.task_runs").setLevel(logging.WARNING)
+    from llm_dispatch.core import Progress, current_progress
+
     progress = Progress()
     token = current_progress.set(progress)
     # Ctrl-C cancels the run instead of killing it: the result writer then saves every answer

@@ -17,14 +17,16 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
-
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError, ValidationError
+from typing import TYPE_CHECKING, Any, Final
 
 from ._exceptions import ConfigError
 from ._json import canonical_json
 from ._types import TRUNCATED_FINISH_REASONS, ChatResult
+
+if TYPE_CHECKING:
+    # jsonschema is loaded where a schema is checked, not with the module: a report never checks one.
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import SchemaError, ValidationError
 
 __all__ = [
     "STRUCTURED_TOOL",
@@ -143,6 +145,9 @@ def response_format_problem(value: Any) -> str | None:
     schema = spec.get("schema")
     if not isinstance(schema, dict):
         return "json_schema.schema must be a JSON Schema object"
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import SchemaError
+
     try:
         Draft202012Validator.check_schema(schema)
     except SchemaError as exc:
@@ -215,6 +220,8 @@ def _validator(schema: dict[str, Any]) -> Draft202012Validator:
 
 @functools.lru_cache(maxsize=_VALIDATORS_KEPT)
 def _validator_of(key: str) -> Draft202012Validator:
+    from jsonschema import Draft202012Validator
+
     # Answers of one job share a handful of schemas: each validator is built (its refs resolved) once.
     return Draft202012Validator(json.loads(key))
 
@@ -250,6 +257,8 @@ def check_answer(
 
 
 def _words(error: ValidationError | SchemaError) -> str:
+    from jsonschema.exceptions import ValidationError
+
     where = error.json_path if isinstance(error, ValidationError) else "$"
     return f"at {where}: {_cut(error.message, limit=200)}"
 

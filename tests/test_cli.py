@@ -199,7 +199,7 @@ READ_ONLY_COMMANDS = [["status"], ["status", "{job}"], ["cost"], ["export", "{jo
 
 
 @pytest.mark.parametrize("command", READ_ONLY_COMMANDS, ids=lambda c: " ".join(c))
-def test_a_read_only_command_loads_neither_prefect_nor_the_http_stack(command: list[str], tmp_path: Path) -> None:
+def test_a_read_only_command_loads_neither_prefect_nor_the_send_path(command: list[str], tmp_path: Path) -> None:
     url = f"sqlite+aiosqlite:///{tmp_path / 'results.db'}"
     job_id = asyncio.run(_answered_job(url))
     argv = [part.format(job=job_id) for part in command] + (["--database-url", url] if command != ["models"] else [])
@@ -210,7 +210,7 @@ def test_a_read_only_command_loads_neither_prefect_nor_the_http_stack(command: l
         "from llm_dispatch.cli import app\n"
         f"result = CliRunner().invoke(app, {argv!r})\n"
         "assert result.exit_code == 0, result.output\n"
-        "print(sorted({name.split('.')[0] for name in sys.modules} & {'prefect', 'httpx', 'aiohttp'}))\n"
+        "print(sorted({name.split('.')[0] for name in sys.modules} & {'prefect', 'httpx', 'aiohttp', 'jsonschema'}))\n"
     )
     ran = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120,
                          env={**os.environ, "PREFECT_API_URL": ""})

@@ -5,6 +5,7 @@ requests are paid for."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 import logging
 import re
 import time
@@ -81,6 +82,36 @@ class ProgressBoard:
             )
         except Exception as exc:  # noqa: BLE001 - a progress display must not stop the run
             self._logger.warning("Progress artifact of job %s not updated: %s", self._job, exc)
+
+
+class BatchBoard:
+    """One progress artifact for every batch a run follows, updated once a round at most every ``MIN_INTERVAL``."""
+
+    MIN_INTERVAL = 5.0
+
+    def __init__(self, *, total: int, logger: Logger) -> None:
+        self._total, self._logger = total, logger
+        self._artifact: Any = None
+        self._last = 0.0
+
+    async def show(self, *, following: Iterable[storage.BatchRecord], done: int) -> None:
+        records = list(following)
+        if records and time.monotonic() - self._last < self.MIN_INTERVAL:
+            return
+        self._last = time.monotonic()
+        lines = sum(r.request_total for r in records)
+        answered = sum(r.request_completed + r.request_failed for r in records)
+        progress = 100.0 * done / self._total if self._total else 100.0
+        description = (f"{done} of {self._total} batches ingested; {len(records)} open, {answered} of their {lines} "
+                       "requests answered at the provider")
+        try:
+            if self._artifact is None:
+                self._artifact = await acreate_progress_artifact(progress=progress, description=description)
+            else:
+                await aupdate_progress_artifact(artifact_id=self._artifact, progress=progress,
+                                                description=description)
+        except Exception as exc:  # noqa: BLE001 - a progress display must not stop the run
+            self._logger.warning("Batch progress artifact not shown: %s", exc)
 
 
 async def show_batch_progress(record: storage.BatchRecord, artifact: Any, *, logger: Logger) -> Any:

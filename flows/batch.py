@@ -12,7 +12,7 @@ from prefect import flow, get_run_logger
 from prefect.states import State
 from pydantic import SecretStr
 
-from llm_dispatch import storage
+from llm_dispatch import jobs, storage
 from llm_dispatch.jobs import (
     AbandonOutcome,
     BatchHalfSummary,
@@ -47,7 +47,7 @@ from llm_dispatch.tasks import (
     submit_batches,
 )
 
-from ._artifacts import publish_sweep, show_batch_progress
+from ._artifacts import BatchBoard, publish_sweep, show_batch_progress
 from ._setup import collect_run_name, prepare, rename_run
 from ._states import run_state
 from .realtime import send_realtime
@@ -55,6 +55,8 @@ from .realtime import send_realtime
 # Settings a flow hands its sub-flows as plain parameters: everything public (no key, no database URL).
 _PRIVATE = frozenset({"api_key", "anthropic_api_key", "database_url"})
 POLL_GROWTH = 1.5
+# Errors in a row after which a run stops following a batch and leaves it to collect-batches.
+FOLLOW_ERRORS = 3
 # Prompts an ingest re-routed to real-time, not already taken by a live run.
 REROUTED = Selection(retry_failed="none", planned_route="realtime", in_flight=False)
 
@@ -109,6 +111,60 @@ async def follow_batch(*, run: JobRun, batch_id: int, ingest_when_done: bool = T
     return BatchLeft(batch_id=batch_id, status=record.status)
 
 
+async def follow_batches(*, run: JobRun, batch_ids: list[int]) -> list[IngestOutcome]:
+    """Follow many batches to their end in one loop: each round polls every open one once (plain calls, no task run
+    each: hundreds of batches make no load on the Prefect API), ingests each that finished (an ``ingest-batch``
+    task), then sleeps the interval (growing from ``batch_poll_interval`` to ``batch_poll_max_interval``). One
+    progress artifact shows them all.
+
+    A batch's error is kept on it (``jobs.batch_trouble``) and it is polled again next round, the others going on;
+    after ``FOLLOW_ERRORS`` in a row, or ``batch_grace`` past its expiry, it is left to ``collect-batches``. A lost
+    batch's prompts are pending again for the caller's next round.
+    """
+    logger = get_run_logger()
+    settings = run.settings
+    grace = timedelta(seconds=settings.batch_grace)
+    interval = settings.batch_poll_interval
+    following = {batch_id: await storage.require_batch(run.sessions, batch_id=batch_id) for batch_id in batch_ids}
+    outcomes: list[IngestOutcome] = []
+    board = BatchBoard(total=len(following), logger=logger)
+    while following:
+        for batch_id, record in list(following.items()):
+            step = "poll"
+            try:
+                if record.status in ACTIVE_BATCH_STATUSES:
+                    record = await jobs.poll_batch(sessions=run.sessions, clients=run.clients, record=record)
+                if record.status in TERMINAL_BATCH_STATUSES:
+                    step = "ingest"
+                    outcomes.append(await ingest_batch(run=run, batch_id=batch_id))
+                    del following[batch_id]
+                elif record.status not in ACTIVE_BATCH_STATUSES:
+                    del following[batch_id]  # half-submitted again, or closed elsewhere: its own run's or a sweep's
+                elif record.expires_at is not None and datetime.now(UTC) > record.expires_at + grace:
+                    logger.warning("Batch %d is still %s %s after its expiry; leaving it to collect-batches.",
+                                   batch_id, record.status, grace)
+                    del following[batch_id]
+                else:
+                    following[batch_id] = record
+                if record.error_count:
+                    await storage.clear_batch_error(run.sessions, batch_id=batch_id)
+                    if batch_id in following:  # still followed: its row without the error count
+                        following[batch_id] = await storage.require_batch(run.sessions, batch_id=batch_id)
+            except Exception as exc:  # noqa: BLE001 - kept on the batch; the others go on
+                problem = await jobs.batch_trouble(run=run, record=record, step=step, error=exc)
+                logger.error(problem.line)
+                record = await storage.require_batch(run.sessions, batch_id=batch_id)
+                if problem.lost or problem.errors_in_a_row >= FOLLOW_ERRORS:
+                    del following[batch_id]
+                else:
+                    following[batch_id] = record
+        await board.show(following=following.values(), done=len(outcomes))
+        if following:
+            await asyncio.sleep(interval)
+            interval = min(interval * POLL_GROWTH, settings.batch_poll_max_interval)
+    return outcomes
+
+
 async def dispatch_batches(
     *,
     run: JobRun,
@@ -118,8 +174,8 @@ async def dispatch_batches(
     realtime_done: asyncio.Event | None = None,
 ) -> BatchHalfSummary:
     """The batch half of ``dispatch``: finish submissions a crash left behind, submit the job's open
-    batch-routed prompts, and with ``wait`` follow every batch to the end (``wait-for-batch`` sub-flows,
-    concurrently), resubmitting and falling back to real-time as the ingests decide, until nothing is open.
+    batch-routed prompts, and with ``wait`` follow every batch to the end (``follow_batches``: one loop for all of
+    them), resubmitting and falling back to real-time as the ingests decide, until nothing is open.
 
     Fallbacks to real-time wait for ``realtime_done`` (the real-time half running beside this one), so
     no prompt is picked up by both.
@@ -151,10 +207,7 @@ async def dispatch_batches(
         if not waiting:
             break
         summary.rounds += 1
-        public, url = public_overrides(settings), SecretStr(settings.database_url)
-        outcomes = await asyncio.gather(*(
-            wait_for_batch(batch_id=batch_id, database_url=url, settings_overrides=public) for batch_id in waiting))
-        summary.ingested.extend(outcome for outcome in outcomes if isinstance(outcome, IngestOutcome))
+        summary.ingested.extend(await follow_batches(run=run, batch_ids=waiting))
         if await _rerouted(run, job_id=job_id):
             # Re-routed by the ingests (deadline, or too many batches): real-time now, once the
             # real-time half beside this one is done with its own prompts.

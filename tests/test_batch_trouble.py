@@ -6,6 +6,7 @@ Real Prefect flow runs against the simulator over real sockets."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 import time
 from pathlib import Path
@@ -216,3 +217,46 @@ def test_the_cli_names_each_problem_in_one_line_and_exits_3(cli_env: dict[str, s
     assert f"batch {batch_id} abandoned (NotFoundError" in said and "0 prompts of job" in said
     assert "3 failed as cancelled" in said
     assert rows(db_url, "SELECT status, COUNT(*) FROM prompts GROUP BY status") == [("failed", 3)]
+
+
+async def test_a_run_follows_many_batches_in_one_loop_and_one_failing_poll_stops_none(
+    prefect_api: str, sim: Sim, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+
+    from llm_dispatch.tasks import result_of
+
+    monkeypatch.setenv("LLM_DISPATCH_MAX_RETRIES", "0")
+    monkeypatch.setenv("LLM_DISPATCH_BATCH_MAX_REQUESTS", "3")
+    sim.configure(batch_processing_seconds=1.0)
+    healed: list[str] = []
+
+    async def trouble_the_first_batch_a_while() -> None:
+        ids: list[tuple] = []
+        while not ids:
+            await asyncio.sleep(0.02)
+            with contextlib.suppress(sqlite3.OperationalError):  # no database yet
+                ids = rows(db_url, "SELECT provider_batch_id FROM batches WHERE provider_batch_id IS NOT NULL "
+                                   "ORDER BY id LIMIT 1")
+        trouble(sim, ids[0][0], 503)
+        await asyncio.sleep(0.5)
+        trouble(sim, ids[0][0], None)
+        healed.append(ids[0][0])
+
+    meddler = asyncio.create_task(trouble_the_first_batch_a_while())
+    state = await dispatch(prompts=[{"id": i, "prompt": f"question {i}"} for i in range(60)], route_policy="all-batch",
+                           base_url=sim.base_url, database_url=SecretStr(db_url), wait=True, batch_poll_interval=0.2,
+                           return_state=True)
+    await meddler
+    summary = to_json(await result_of(state))
+
+    assert healed and summary["counts"] == {"succeeded": 60} and summary["batch"]["submitted_batches"] == 20
+    # The troubled batch's error was kept on it, and cleared once a poll worked again.
+    [(error, count)] = rows(db_url, "SELECT last_error, error_count FROM batches WHERE provider_batch_id = ?", healed[0])
+    assert error.startswith("poll: InternalServerError: HTTP 503") and count == 0
+    assert set(successes_per_prompt(db_url).values()) == {1}
+    async with get_client() as client:
+        children = await client.read_flow_runs(flow_run_filter=FlowRunFilter(
+            parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[state.state_details.flow_run_id])))
+    assert children == []  # no sub-flow per batch

@@ -561,7 +561,8 @@ def _report(name: str, *, job: str | None, database_url: str | None, as_json: bo
 @app.command()
 def export(
     job: Annotated[str, typer.Argument(help="the job to export: its id (or the id's first characters) or its name")],
-    fmt: Annotated[Optional[str], typer.Option("--format", help="jsonl (default), csv or parquet")] = None,
+    fmt: Annotated[Optional[str], typer.Option(
+        "--format", help="jsonl (default), csv, parquet, or npy (the embedding vectors alone, float32)")] = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="file to write (default: stdout)")] = None,
     fields: Annotated[Optional[str], typer.Option(
         "--fields", help="columns, comma-separated: built-in names, metadata keys, or all (default: id, prompt, "
@@ -576,10 +577,10 @@ def export(
 
     if as_json and fmt is not None:
         raise _fail("give --json or --format, not both")
-    if fmt not in (None, "jsonl", "csv", "parquet"):
-        raise _fail(f"--format must be jsonl, csv or parquet, not {fmt!r}")
-    if fmt == "parquet" and output is None:
-        raise _fail("--format parquet writes a file: give --output FILE.parquet")
+    if fmt not in (None, "jsonl", "csv", "parquet", "npy"):
+        raise _fail(f"--format must be jsonl, csv, parquet or npy, not {fmt!r}")
+    if fmt in ("parquet", "npy") and output is None:
+        raise _fail(f"--format {fmt} writes a file: give --output FILE.{fmt}")
     fmt = "json" if as_json else fmt or "jsonl"
     chosen = [name.strip() for name in fields.split(",") if name.strip()] if fields is not None else None
     if chosen == []:

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import csv
 import json
+import math
+import struct
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any, Final, Literal, TextIO
 
 from llm_dispatch import storage
-from llm_dispatch.core import PICO_PER_USD, TRUNCATED_FINISH_REASONS, ConfigError
+from llm_dispatch.core import PICO_PER_USD, TRUNCATED_FINISH_REASONS, ConfigError, vector_floats
 
 
 
@@ -94,16 +96,19 @@ EXPORT_FIELDS: Final[Mapping[str, Getter]] = {
     "violation": _stored("violation"),
     "reasks": _stored("reask"),
     "prompt_cost_usd": _prompt_cost_usd,
+    # An embeddings answer's vector (as floats; float32 in a typed format).
+    "embedding": lambda row: None if row.embedding is None else vector_floats(row.embedding),
 }
 # Added to the defaults for a job whose prompts have a schema, before a column per property of the schema.
 STRUCTURED_FIELDS: Final = ("violation", "reasks", "prompt_cost_usd")
 # How a column is typed in a typed format (Parquet): "json" columns are written as JSON text.
-ColumnKind = Literal["string", "int", "float", "bool", "json"]
+ColumnKind = Literal["string", "int", "float", "bool", "json", "vector"]
 _KINDS: Final[Mapping[str, ColumnKind]] = {
     "position": "int", "prompt_id": "int", "prompt_tokens": "int", "completion_tokens": "int", "cached_tokens": "int",
     "cache_creation_tokens": "int", "cache_creation_extended_tokens": "int", "reasoning_tokens": "int",
     "maybe_billed": "int", "reasks": "int", "cost_usd": "float", "prompt_cost_usd": "float", "latency_ms": "float",
     "truncated": "bool", "messages": "json", "tool_calls": "json", "metadata": "json", "parsed": "json",
+    "embedding": "vector",
 }
 _SCHEMA_KINDS: Final[Mapping[str, ColumnKind]] = {"string": "string", "integer": "int", "number": "float",
                                                   "boolean": "bool"}
@@ -164,6 +169,9 @@ def export_columns(shape: storage.ExportShape, fields: Sequence[str] | None = No
             names.insert(names.index("prompt") + 1, "messages")
         if by_property:
             names += STRUCTURED_FIELDS
+        if shape.embeddings:
+            names.remove("answer")
+            names.insert(names.index("status"), "embedding")
         return [*(_builtin(name) for name in names), *by_property.values(), *by_key.values()]
     columns: list[ExportColumn] = []
     for field in fields:
@@ -247,11 +255,12 @@ class _Parquet:
     def __init__(self, handle: IO[bytes], columns: Sequence[ExportColumn]) -> None:
         pa, pq = parquet_modules()
         types = {"string": pa.string(), "int": pa.int64(), "float": pa.float64(), "bool": pa.bool_(),
-                 "json": pa.string()}
+                 "json": pa.string(), "vector": pa.list_(pa.float32())}
         self._pa = pa
         self._columns = list(columns)
         self._schema = pa.schema([pa.field(c.name, types[c.kind]) for c in columns])
-        self._convert = [_json_text if c.kind == "json" else _scalar(c.kind) for c in columns]
+        self._convert = [_json_text if c.kind == "json" else _as_is if c.kind == "vector" else _scalar(c.kind)
+                         for c in columns]
         self._writer = pq.ParquetWriter(handle, self._schema)
         self._values: list[list[Any]] = [[] for _ in columns]
 
@@ -270,6 +279,50 @@ class _Parquet:
     def close(self) -> None:
         self._flush()
         self._writer.close()
+
+
+def _as_is(value: Any) -> Any:
+    return value
+
+
+class _Npy:
+    """The embedding vectors alone as one NumPy ``.npy`` array (float32, a row per prompt in input order), written
+    a row at a time: the header's shape is written again at the end, in the room kept for it. A prompt with no
+    vector is a row of NaN; vectors of different lengths cannot be one array (``ConfigError``)."""
+
+    binary = True
+    _HEADER = 128  # bytes kept for the header: room for any shape
+
+    def __init__(self, handle: IO[bytes], columns: Sequence[ExportColumn]) -> None:
+        self._handle = handle
+        self._rows = 0
+        self._width: int | None = None
+        self._missing = 0  # rows with no vector before the first one (its width unknown until then)
+        handle.write(b" " * self._HEADER)
+
+    def write(self, record: dict[str, Any]) -> None:
+        vector = record.get("embedding")
+        if vector is None:
+            if self._width is None:
+                self._missing += 1
+            else:
+                self._handle.write(struct.pack(f"<{self._width}f", *([math.nan] * self._width)))
+            self._rows += 1
+            return
+        if self._width is None:
+            self._width = len(vector)
+            self._handle.write(struct.pack(f"<{self._width}f", *([math.nan] * self._width)) * self._missing)
+        elif len(vector) != self._width:
+            raise ConfigError(f"--format npy: vectors of {self._width} and {len(vector)} dimensions cannot be one "
+                              "array; export the job as parquet or jsonl")
+        self._handle.write(struct.pack(f"<{self._width}f", *vector))
+        self._rows += 1
+
+    def close(self) -> None:
+        header = repr({"descr": "<f4", "fortran_order": False, "shape": (self._rows, self._width or 0)}).encode()
+        preamble = b"\x93NUMPY\x01\x00" + struct.pack("<H", self._HEADER - 10)
+        self._handle.seek(0)
+        self._handle.write(preamble + header.ljust(self._HEADER - len(preamble) - 1) + b"\n")
 
 
 def _scalar(kind: ColumnKind) -> Callable[[Any], Any]:
@@ -300,10 +353,10 @@ def parquet_modules() -> tuple[Any, Any]:
 
 
 EXPORT_FORMATS: Final[Mapping[str, Callable[[Any, Sequence[ExportColumn]], Any]]] = {
-    "jsonl": _JsonLines, "csv": _Csv, "json": _JsonArray, "parquet": _Parquet,
+    "jsonl": _JsonLines, "csv": _Csv, "json": _JsonArray, "parquet": _Parquet, "npy": _Npy,
 }
 # Formats written to a binary file (never to stdout).
-BINARY_FORMATS: Final = frozenset({"parquet"})
+BINARY_FORMATS: Final = frozenset({"parquet", "npy"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -330,7 +383,7 @@ async def plan_export(*, sessions: storage.Sessions, job_id: str, fmt: str, fiel
     its metadata keys are read first, in one pass over that column."""
     if fmt not in EXPORT_FORMATS:
         raise ConfigError(f"no export format {fmt!r}; formats: {', '.join(EXPORT_FORMATS)}")
-    if fmt in BINARY_FORMATS:
+    if fmt == "parquet":
         parquet_modules()  # before the database is read: installed, or one line saying how
     columns = export_columns(await storage.export_shape(sessions, job_id=job_id), fields)
     return ExportPlan(job_id=job_id, columns=columns, fmt=fmt)

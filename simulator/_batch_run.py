@@ -269,7 +269,8 @@ class BatchRun(BatchWork):
                 refused = invalid_request(twin, param="input", code="invalid_value")
                 return False, self._response_line(custom_id, refused.status, refused.body)
             body = twin
-        invalid = validate_chat_body(body)
+        # A responses line is checked as its chat twin but for its tools (the Responses API takes them with reasoning).
+        invalid = validate_chat_body({k: v for k, v in body.items() if not responses or k not in ("tools", "tool_choice")})
         if invalid is None and state.allowed_models is not None and body["model"] not in state.allowed_models:
             invalid = model_not_found(body["model"])
         if invalid is not None:

@@ -140,7 +140,8 @@ class _ResponseRoutes(_ChatRoutes):
         twin = chat_twin(body)
         if isinstance(twin, str):
             return invalid_request(twin, param="input", code="invalid_value")
-        refused = super()._invalid_body(twin, request)
+        # Checked as chat is but for its tools: the Responses API takes function tools with reasoning, chat not.
+        refused = super()._invalid_body({k: v for k, v in twin.items() if k not in ("tools", "tool_choice")}, request)
         if refused is not None:
             return refused
         own = dict(body)

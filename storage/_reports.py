@@ -117,6 +117,8 @@ class ExportRow:
     reask: int | None = None
     # What all of the prompt's results cost together (its answer, its re-asks, paid failures); None: none priced.
     prompt_cost_pico_usd: int | None = None
+    # An embeddings answer's vector as stored: float32 little-endian bytes.
+    embedding: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +130,8 @@ class ExportShape:
     conversations: bool
     # The properties of the prompts' answer schemas, in order (name -> its schema), the first schema's first.
     schema_properties: dict[str, Any] = field(default_factory=dict)
+    # Whether any prompt went to the embeddings endpoint (its vectors are a default column then).
+    embeddings: bool = False
 
 
 async def usage_by_route(
@@ -295,7 +299,7 @@ _EXPORTED_RESULT_FIELDS = ("route", "text", "finish_reason", "prompt_tokens", "c
                            "cache_creation_tokens", "cache_creation_extended_tokens", "reasoning_tokens",
                            "service_tier", "latency_ms", "error_class", "error_message", "cost_pico_usd",
                            "discount", "prices_as_of", "cost_basis", "tool_calls", "refusal", "maybe_billed",
-                           "raw_body", "parsed", "violation", "reask")
+                           "raw_body", "parsed", "violation", "reask", "embedding")
 
 
 # What an export reads of a prompt, under ExportRow's names: columns, not ORM objects (no identity map, no
@@ -343,6 +347,7 @@ async def export_shape(sessions: Sessions, *, job_id: str) -> ExportShape:
             .order_by(Prompt.position).execution_options(yield_per=EXPORT_PAGE))
     # json_array_length reads a JSON array on SQLite (JSON1) and PostgreSQL (json) alike.
     multi = select(func.count()).where(Prompt.job_id == job_id, func.json_array_length(Prompt.messages) > 1)
+    embedded = select(Prompt.id).where(Prompt.job_id == job_id, Prompt.endpoint == "embeddings").limit(1)
     # A job's prompts mostly share their parameters: their distinct texts are few, whatever the job's size.
     params = (select(cast(Prompt.params, Text)).where(Prompt.job_id == job_id).distinct()
               .execution_options(yield_per=EXPORT_PAGE))
@@ -353,10 +358,12 @@ async def export_shape(sessions: Sessions, *, job_id: str) -> ExportShape:
                 if isinstance(metadata, dict):
                     keys.update(dict.fromkeys(metadata))
         conversations = bool((await session.execute(multi)).scalar_one())
+        embeddings = (await session.execute(embedded)).first() is not None
         async for page in (await session.stream_scalars(params)).partitions():
             for text in page:
                 schema = answer_schema(json.loads(text) if text else {})
                 if schema is not None and isinstance(schema.get("properties"), dict):
                     for name, spec in schema["properties"].items():
                         properties.setdefault(name, spec)
-    return ExportShape(metadata_keys=list(keys), conversations=conversations, schema_properties=properties)
+    return ExportShape(metadata_keys=list(keys), conversations=conversations, schema_properties=properties,
+                       embeddings=embeddings)

@@ -166,6 +166,20 @@ def test_embeddings_run_in_both_lanes_store_vectors_as_float32_and_are_priced(
         assert list_cost == prompt_tokens * 20_000 and cost == (list_cost if route == "realtime" else list_cost // 2)
     assert rows(db_url, "SELECT endpoint FROM batches") == [("embeddings",)]
 
+    job_id = json.loads(done.stdout)["job_id"]
+    exported = cli("export", job_id, env=cli_env, cwd=tmp_path)
+    lines = [json.loads(line) for line in exported.stdout.splitlines()]
+    assert [line["id"] for line in lines] == [f"e{i}" for i in range(6)] and "answer" not in lines[0]
+    assert all(close_to(line["embedding"], list(struct.unpack("<4f", vector)))
+               for line, (_, _, vector, *_) in zip(lines, stored))
+    npy = tmp_path / "vectors.npy"
+    assert cli("export", job_id, "--format", "npy", "--output", str(npy), env=cli_env, cwd=tmp_path).returncode == 0
+    raw = npy.read_bytes()
+    assert raw[:8] == b"\x93NUMPY\x01\x00"
+    header_end = 10 + struct.unpack("<H", raw[8:10])[0]
+    assert "'descr': '<f4'" in raw[10:header_end].decode() and "'shape': (6, 4)" in raw[10:header_end].decode()
+    assert raw[header_end:] == b"".join(vector for _, _, vector, *_ in stored)
+
 
 # --- responses ---------------------------------------------------------------------------------------------------
 

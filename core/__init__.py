@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from ._costs import CostTotals, RouteTotals, estimate_request_cost, worst_case_cost
     from ._embeddings import vector_bytes, vector_floats
     from ._endpoints import DEFAULT_ENDPOINT, ENDPOINTS, SUPPORTED_ENDPOINTS, Endpoint, batch_url, check_batch_url
-    from ._dispatch import ChatSender, DispatchOutcome, Progress, ResultSink, WorkItem, current_progress, send_all
+    from ._dispatch import ChatSender, DispatchOutcome, Progress, ResultSink, WorkItem, current_progress, reask, send_all
     from ._hashes import key_hash
     from ._inputs import InputCheck, PromptSource, PromptSpec, RepeatedKeys, check_prompts, fingerprint, iter_prompts
     from ._json import json_field, money, stored_json, to_json
@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from ._structured import (
         AnswerCheck,
         answer_schema,
+        answer_text,
         check_answer,
         checked,
         load_schema,
@@ -148,6 +149,8 @@ __all__ = [
     "stored_json",
     "to_json",
     "WorkItem",
+    "reask",
+    "answer_text",
     "worst_case_cost",
     "write_batch_files",
     *_exceptions.__all__,

@@ -143,16 +143,18 @@ async def reask(
     sink: ResultSink,
     max_reasks: int,
     outcome: DispatchOutcome,
+    first: int = 1,
     budget: SpendGate | None = None,
 ) -> ChatResult:
     """Ask ``item`` again while its answer breaks ``schema``, up to ``max_reasks`` times: its conversation, the
     invalid answer and a message naming the violation. Each answer is stored as its own result (``reask`` n, its own
-    cost); returns the last. A re-ask that fails leaves the prompts with their invalid answer (logged); so does one
+    cost); returns the last. ``first``: the number of the first re-ask (an answer asked again before, as a batch's,
+    goes on from there). A re-ask that fails leaves the prompts with their invalid answer (logged); so does one
     whose worst case does not fit ``budget``."""
-    for number in range(1, max_reasks + 1):
+    for number in range(first, max_reasks + 1):
         if result.violation is None:
             break
-        again = ChatRequest(model=item.request.model, params=item.request.params,
+        again = ChatRequest(model=item.request.model, params=item.request.params, endpoint=item.request.endpoint,
                             messages=reask_messages(item.request.messages, answer=answer_text(result),
                                                     violation=result.violation))
         amount = None if budget is None else await budget.reserve(again)

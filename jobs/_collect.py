@@ -41,6 +41,7 @@ from llm_dispatch.core import (
 
 
 from ._clients import Clients
+from ._reask import reask_invalid
 
 __all__ = ["IngestOutcome", "cancel_batch", "cancel_batches", "ingest_batch", "poll_batch", "reroute_for_deadlines"]
 
@@ -62,6 +63,11 @@ class IngestOutcome:
     status: str  # the provider's final status
     succeeded: int = 0
     invalid: int = 0  # answered, not as their schema asks (counted apart from succeeded)
+    valid_after_reask: int = 0  # of the succeeded, answers to a follow-up batch's re-ask
+    # Invalid answers asked again: in these follow-up batches (prompts), or at once in real time (prompts).
+    reask_batches: list[int] = field(default_factory=list)
+    reasked_in_batches: int = 0
+    reasked_realtime: int = 0
     failed: int = 0
     resend: int = 0  # members back to pending, to go in another batch or real-time
     to_realtime: int = 0  # of those, re-routed to real-time
@@ -113,11 +119,14 @@ async def ingest_batch(
     max_submissions: int,
     deadline_margin: timedelta = timedelta(hours=1),
     now: datetime | None = None,
+    max_reasks: int = 0,
 ) -> IngestOutcome:
     """Store what a finished batch answered and settle every member (see the module notes).
 
     Idempotent: only members still ``batched`` are written, so an ingest cut short by a crash and
-    run again writes each answer once. Marks the batch ``ingested`` last.
+    run again writes each answer once. Marks the batch ``ingested`` last. An answer that breaks its schema is asked
+    again (``reask_invalid``: a follow-up batch, or real time when its deadline leaves no window) up to
+    ``max_reasks`` times.
     """
     if record.status not in TERMINAL_BATCH_STATUSES:
         raise ValueError(f"batch {record.id} is {record.status!r}, not finished; poll it until it is")
@@ -128,18 +137,33 @@ async def ingest_batch(
     directory = Path(directory) / record.job_id
     answers: list[tuple[list[int], Any]] = []
     again: list[int] = []  # members of retryable error lines, back to pending
+    # Invalid answers with the number of the asking each answered: asked again once the batch is settled.
+    to_reask: list[tuple[list[int], Any]] = []
+    reask_from: dict[int, int] = {}
 
     async def store_answers() -> None:
-        # Each answer checked against its prompt's schema, if it has one (invalid ones are stored as such).
-        schemas = await storage.answer_schemas(sessions, prompt_ids=[ids[0] for ids, _ in answers])
+        # Each answer checked against its prompt's schema, if it has one (invalid ones are stored as such); an
+        # answer to a prompt that has an invalid one already answers a follow-up batch: it is numbered after it.
+        firsts = [ids[0] for ids, _ in answers]
+        schemas = await storage.answer_schemas(sessions, prompt_ids=firsts)
+        levels: dict[int, int] = {}
         if schemas:
             answers[:] = [(ids, checked(result, schemas.get(ids[0]))) for ids, result in answers]
+            levels = {pid: level + 1 for pid, level in
+                      (await storage.reask_levels(sessions, prompt_ids=[p for p in firsts if p in schemas])).items()}
         # Answers go in bulk (thousands a transaction), priced as the writer prices; the rarer failures through it.
         await storage.store_batch_answers(sessions, job_id=record.job_id, answers=answers, model=record.model,
-                                          prices=writer.prices, latency_s=latency_s, batch_id=record.id)
-        invalid = sum(len(ids) for ids, result in answers if result.violation is not None)
+                                          prices=writer.prices, latency_s=latency_s, batch_id=record.id,
+                                          reasks=levels)
+        wrong = [(ids, result) for ids, result in answers if result.violation is not None]
+        invalid = sum(len(ids) for ids, _ in wrong)
         outcome.invalid += invalid
         outcome.succeeded += sum(len(ids) for ids, _ in answers) - invalid
+        outcome.valid_after_reask += sum(len(ids) for ids, result in answers
+                                         if result.violation is None and ids[0] in levels)
+        if max_reasks:
+            to_reask.extend(wrong)
+            reask_from.update((ids[0], levels.get(ids[0], 0)) for ids, _ in wrong)
         answers.clear()
 
     for results in clients.batch_api(record.provider).result_files(record):
@@ -193,6 +217,16 @@ async def ingest_batch(
     # Unanswered members (an expired or provider-cancelled batch) go back to pending here.
     released = await storage.mark_batch_ingested(sessions, batch_id=record.id)
     outcome.resend += released
+    if to_reask:
+        # After the batch is closed: its invalid members go into a batch of their own.
+        asked = await reask_invalid(
+            sessions=sessions, clients=clients, writer=writer, job_id=record.job_id, invalid=to_reask,
+            levels=reask_from, max_reasks=max_reasks, directory=directory.parent, now=now or datetime.now(UTC),
+            margin=deadline_margin)
+        await writer.flush()
+        outcome.reask_batches += asked.batch_ids
+        outcome.reasked_in_batches += asked.batched
+        outcome.reasked_realtime += asked.realtime
     to_realtime = await _over_the_limit(
         sessions, prompt_ids=[*again, *unanswered], submissions=submissions, max_submissions=max_submissions
     )

@@ -8,7 +8,7 @@ is released back to ``pending``. Results go through ``storage._results``: failur
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Final
 
@@ -286,6 +286,7 @@ async def store_batch_answers(
     prices: PriceTable | None,
     latency_s: float | None = None,
     batch_id: int | None = None,
+    reasks: Mapping[int, int] | None = None,
 ) -> int:
     """Store answered batch lines in one transaction; returns the result rows written. Their stored costs are
     spent out of batch ``batch_id``'s budget reservation, if it holds one, in the same transaction.
@@ -295,12 +296,19 @@ async def store_batch_answers(
     ``batch`` for a line's first prompt, ``reused`` for the others sharing it), each paid line priced by
     ``prices`` as a Batch API request to the batch's ``model`` (None: costs unknown). Only prompts still
     ``batched`` change, so storing the same output twice leaves the first answers in place (callers
-    pass only members still waiting: see ``batch_members(waiting_only=True)``).
+    pass only members still waiting: see ``batch_members(waiting_only=True)``). ``reasks``: which asking of its
+    prompts each answer is (by its first prompt id; 0 where not given).
     """
     if not answers:
         return 0
     now = utcnow()
-    rows = answer_rows(answers, route="batch", now=now, latency_s=latency_s, ledger=RowLedger(prices), model=model)
+    ledger = RowLedger(prices)
+    if not reasks:
+        rows = answer_rows(answers, route="batch", now=now, latency_s=latency_s, ledger=ledger, model=model)
+    else:  # a follow-up batch's answers: each row numbered by the asking it answers (``reasks``, by first prompt id)
+        rows = [row for ids, result in answers
+                for row in answer_rows([(ids, result)], route="batch", now=now, latency_s=latency_s, ledger=ledger,
+                                       model=model, reask=reasks.get(ids[0], 0))]
     async with sessions.begin() as session:
         conn = await session.connection()
         await write_results(conn, rows, job_ids=job_id, now=now, only_if="batched")

@@ -41,6 +41,7 @@ __all__ = [
     "set_background_id",
     "reopen_refused",
     "answer_schemas",
+    "reask_levels",
     "resolve_job",
     "result_stats",
     "set_job_status",
@@ -321,6 +322,19 @@ async def answer_schemas(sessions: Sessions, *, prompt_ids: Collection[int]) -> 
                 schema = answer_schema(params or {})
                 if schema is not None:
                     found[prompt_id] = schema
+    return found
+
+
+async def reask_levels(sessions: Sessions, *, prompt_ids: Collection[int]) -> dict[int, int]:
+    """For those of these prompts with an invalid answer stored: the highest ``reask`` of those answers (0: only
+    their own request's). A new answer to such a prompt is its asking again number level + 1."""
+    found: dict[int, int] = {}
+    async with sessions() as session:
+        conn = await session.connection()
+        for chunk in chunks(list(prompt_ids), IN_CHUNK):
+            stmt = (select(Result.prompt_id, func.max(Result.reask))
+                    .where(Result.prompt_id.in_(chunk), Result.status == "invalid").group_by(Result.prompt_id))
+            found.update((prompt_id, int(level)) for prompt_id, level in await conn.execute(stmt))
     return found
 
 

@@ -59,7 +59,7 @@ async def ingest_batch(*, run: JobRun, batch_id: int) -> IngestOutcome:
         return await jobs.ingest_batch(
             sessions=run.sessions, clients=run.clients, writer=writer, record=record,
             directory=Path(settings.batch_dir), max_submissions=settings.batch_max_submissions,
-            deadline_margin=timedelta(seconds=settings.deadline_margin),
+            deadline_margin=timedelta(seconds=settings.deadline_margin), max_reasks=settings.max_reasks,
         )
 
 

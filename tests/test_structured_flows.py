@@ -177,3 +177,20 @@ def test_parquet_without_pyarrow_is_one_line_saying_how_to_install(monkeypatch: 
     monkeypatch.setitem(sys.modules, "pyarrow", None)
     with pytest.raises(ConfigError, match=r"^--format parquet needs pyarrow: pip install 'llm-dispatch\[parquet\]'"):
         parquet_modules()
+
+
+async def test_batch_invalid_answers_go_again_together_in_a_follow_up_batch(prefect_api: str, sim: Sim, db_url: str,
+                                                                            tmp_path: Path) -> None:
+    from llm_dispatch.flows.dispatch import dispatch
+
+    sim.configure(batch_processing_seconds=0.5)
+    summary = to_json(await dispatch(prompts=str(prompts(tmp_path)), base_url=sim.base_url,
+                                     database_url=SecretStr(db_url), route_policy="all-batch", wait=True,
+                                     batch_poll_interval=0.2))
+    assert dict(rows(db_url, "SELECT custom_id, status FROM prompts")) == {name: "succeeded" for name in KINDS}
+    # Two batches: the prompts', then one with the four invalid answers asked again, at the batch price.
+    assert rows(db_url, "SELECT request_total FROM batches ORDER BY id") == [(5,), (4,)]
+    again = rows(db_url, "SELECT route, status, discount, cost_pico_usd FROM results WHERE reask = 1")
+    assert len(again) == 4 and all(r == ("batch", "succeeded", "0.5", r[3]) and r[3] > 0 for r in again)
+    assert summary["structured"]["valid_first"] == 1 and summary["structured"]["valid_after_reasks"] == 4
+    assert summary["structured"]["reasks"] == 4

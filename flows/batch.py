@@ -55,6 +55,8 @@ from .realtime import send_realtime
 # Settings a flow hands its sub-flows as plain parameters: everything public (no key, no database URL).
 _PRIVATE = frozenset({"api_key", "anthropic_api_key", "database_url"})
 POLL_GROWTH = 1.5
+# The providers whose endpoint may be known to have no Batch API (``jobs.known_without_batch_api``).
+BATCH_PROVIDERS = frozenset({"openai", "anthropic"})
 # Errors in a row after which a run stops following a batch and leaves it to collect-batches.
 FOLLOW_ERRORS = 3
 # Prompts an ingest re-routed to real-time, not already taken by a live run.
@@ -109,6 +111,25 @@ async def follow_batch(*, run: JobRun, batch_id: int, ingest_when_done: bool = T
     if record.status in TERMINAL_BATCH_STATUSES and ingest_when_done:
         return await ingest_batch(run=run, batch_id=batch_id)
     return BatchLeft(batch_id=batch_id, status=record.status)
+
+
+async def _without_batch_api(run: JobRun, *, job_id: str, error: BaseException | None, because: str,
+                             realtime_done: asyncio.Event | None, summary: BatchHalfSummary) -> None:
+    """The endpoint has no Batch API: every pending prompt of the job goes real-time, with one warning (the real-time
+    half beside this one finishes its own first)."""
+    rerouted = await jobs.learn_no_batch_api(run, job_id=job_id, error=error, because=because)
+    if rerouted:
+        get_run_logger().warning("%s: %d prompts routed to the Batch API go real-time instead.", because, rerouted)
+    if realtime_done is not None:
+        await realtime_done.wait()
+    sent = await send_rerouted(run, job_id=job_id)
+    if sent is not None:
+        summary.realtime_fallback += sent.prompts
+
+
+def endpoint_words(error: BaseException) -> str:
+    """The endpoint a 404 came from, as its message names it (``HTTP 404 from POST /files``...)."""
+    return " ".join(str(jobs.first_error(error)).split(" after ", 1)[0].split()[2:]) or "this endpoint"
 
 
 async def follow_batches(*, run: JobRun, batch_ids: list[int]) -> list[IngestOutcome]:
@@ -184,14 +205,30 @@ async def dispatch_batches(
     settings, sessions = run.settings, run.sessions
     started = time.monotonic()
     summary = BatchHalfSummary()
-    for record in await storage.unfinished_batches(sessions, job_id=job_id):
-        if record.status in HALF_SUBMITTED_BATCH_STATUSES:
-            await finish_submission(run=run, batch_id=record.id)
+    known = await jobs.known_without_batch_api(run, providers=BATCH_PROVIDERS)
+    if known is not None:
+        await _without_batch_api(run, job_id=job_id, error=None, because=f"{known}; sent real-time",
+                                 realtime_done=realtime_done, summary=summary)
+        summary.wall_s = time.monotonic() - started
+        return summary
     for round_ in range(settings.batch_max_submissions + 1):
         retry = retry_failed if round_ == 0 else "none"
-        size = await storage.unfinished_prompt_count(sessions, job_id=job_id, planned_route="batch", retry_failed=retry)
-        if size:
-            submitted = await submit_batches(run=run, job_id=job_id, retry_failed=retry, size=size)
+        try:
+            if round_ == 0:
+                for record in await storage.unfinished_batches(sessions, job_id=job_id):
+                    if record.status in HALF_SUBMITTED_BATCH_STATUSES:
+                        await finish_submission(run=run, batch_id=record.id)
+            size = await storage.unfinished_prompt_count(sessions, job_id=job_id, planned_route="batch",
+                                                         retry_failed=retry)
+            submitted = await submit_batches(run=run, job_id=job_id, retry_failed=retry, size=size) if size else None
+        except Exception as exc:
+            if not jobs.is_missing_batch_api(exc):
+                raise
+            because = f"no Batch API at this endpoint ({endpoint_words(exc)} answered 404); sent real-time"
+            await _without_batch_api(run, job_id=job_id, error=exc, because=because, realtime_done=realtime_done,
+                                     summary=summary)
+            break
+        if submitted is not None:
             summary.submitted.add(submitted)
             logger.info("Job %s: %d prompts sent to the Batch API in %d batches (%d requests); %d answered from "
                         "storage.", job_id, submitted.prompts, len(submitted.batch_ids), submitted.lines,

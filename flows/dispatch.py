@@ -15,6 +15,7 @@ from pydantic import SecretStr
 
 from llm_dispatch import storage
 from llm_dispatch.jobs import (
+    BatchHalfSummary,
     DirectorySummary,
     DispatchSummary,
     JobCost,
@@ -186,10 +187,18 @@ async def run_dispatch(
             finally:
                 realtime_done.set()
 
+        async def batch_half() -> BatchHalfSummary:
+            try:
+                return await dispatch_batches(run=run, job_id=job.job_id, wait=wait, retry_failed=retry_failed,
+                                              realtime_done=realtime_done)
+            except Exception:
+                # The batch half's failure does not cancel the real-time half: it ends first, its answers stored.
+                await realtime_done.wait()
+                raise
+
         async with asyncio.TaskGroup() as group:
             realtime = group.create_task(realtime_half())
-            batch = group.create_task(dispatch_batches(run=run, job_id=job.job_id, wait=wait,
-                                                       retry_failed=retry_failed, realtime_done=realtime_done))
+            batch = group.create_task(batch_half())
         report = await job_report(run.sessions, job_id=job.job_id, estimate=estimate,
                                   provider_of=run.clients.provider_of)
         standing = None

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
         lose_batch,
         retry_delay,
     )
+    from ._capabilities import first_error, is_missing_batch_api, known_without_batch_api, learn_no_batch_api
     from ._collect import IngestOutcome, cancel_batch, ingest_batch, poll_batch
     from ._export import BINARY_FORMATS, ExportPlan, plan_export
     from ._costs import JobCost, PriceBasis, RepricedRow, Repricing, actual_cost, estimate_cost, money, reprice
@@ -44,6 +45,10 @@ if TYPE_CHECKING:
 
 
 __all__ = [
+    "first_error",
+    "is_missing_batch_api",
+    "known_without_batch_api",
+    "learn_no_batch_api",
     "BATCH_RETRY_FIRST",
     "BATCH_RETRY_MAX",
     "AbandonOutcome",

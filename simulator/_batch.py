@@ -90,7 +90,20 @@ _Found = TypeVar("_Found", StoredFile, Batch)
 _ENDPOINTS = (CHAT_COMPLETIONS_PATH, RESPONSES_PATH, EMBEDDINGS_PATH)
 
 
+def _no_batch_api(state: SimState) -> Any:
+    """With ``batch_api`` off, the files and batches routes are not there: a 404 as for an unknown URL."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+        if not state.config.batch_api and request.path.startswith(("/v1/files", "/v1/batches")):
+            return error_response(status=404, message=f"Invalid URL ({request.method} {request.path})")
+        return await handler(request)
+
+    return middleware
+
+
 def register(app: web.Application, state: SimState) -> None:
+    app.middlewares.append(_no_batch_api(state))
     """Add the files, batches and batch-fault routes, with the app's batch store."""
     store = batch_store(app, state)
     routes = _BatchRoutes(store, state)

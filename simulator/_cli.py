@@ -39,6 +39,8 @@ def _parser() -> argparse.ArgumentParser:
                         "`x-api-key` on Anthropic's (default: accept any)")
     parser.add_argument("--seed", type=int)
     parser.add_argument("--batch-processing-seconds", type=float, help="how long one batch takes (default 2)")
+    parser.add_argument("--no-batch-api", dest="batch_api", action="store_const", const=False,
+                        help="serve no Batch API (404 on /v1/files and /v1/batches), as vLLM or Ollama")
     return parser
 
 

@@ -124,6 +124,8 @@ class SimulatorConfig:
     slow_tokens_per_second: float = DEFAULT_SLOW_TOKENS_PER_SECOND
     # A fault every real-time request gets (an account whose key is revoked, out of credit...); None: none.
     always_fault: str | None = None
+    # False: no Batch API, as vLLM or Ollama: /v1/files and /v1/batches answer 404 like any unknown URL.
+    batch_api: bool = True
 
     def __post_init__(self) -> None:
         for name in _NON_NEGATIVE_FIELDS:

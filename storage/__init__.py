@@ -44,6 +44,7 @@ if TYPE_CHECKING:
         settle_batch,
         settle_holds,
     )
+    from ._capabilities import no_batch_api, remember_no_batch_api
     from ._engine import Sessions, check_database_url, create_engine, open_database, session_factory
     from ._migrate import migrate, require_current_schema
     from ._models import Base, Batch, Budget, BudgetSpend, Job, Prompt, Reservation, Result
@@ -69,6 +70,7 @@ if TYPE_CHECKING:
         answer_schemas,
         reask_levels,
         reroute_late_prompts,
+        reroute_pending,
         resolve_job,
         result_stats,
         set_job_status,
@@ -94,6 +96,9 @@ if TYPE_CHECKING:
 
 
 __all__ = [
+    "no_batch_api",
+    "reroute_pending",
+    "remember_no_batch_api",
     "LEASE_TTL",
     "Budget",
     "BudgetInfo",

@@ -285,3 +285,13 @@ class Reservation(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     # A run's lease is given back to the budget after this (its process died); NULL: a batch's, held until it ends.
     expires_at: Mapped[datetime | None] = mapped_column()
+
+
+class EndpointCapability(Base):
+    """What a base URL can do, learnt from its answers (``batch_api`` False: its files or batches route said 404)."""
+
+    __tablename__ = "endpoint_capabilities"
+    base_url: Mapped[str] = mapped_column(String(), primary_key=True)
+    batch_api: Mapped[bool] = mapped_column(Boolean())
+    reason: Mapped[str | None] = mapped_column(Text())
+    learnt_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -289,6 +289,19 @@ async def set_planned_route(sessions: Sessions, *, prompt_ids: Sequence[int], ro
     return changed
 
 
+async def reroute_pending(sessions: Sessions, *, job_id: str, route: str, reason: str) -> int:
+    """Re-route every pending prompt of the job that is routed otherwise (say, all to real-time at an endpoint
+    with no Batch API); returns how many."""
+    async with sessions.begin() as session:
+        stmt = (
+            update(Prompt)
+            .where(Prompt.job_id == job_id, Prompt.status == "pending", Prompt.planned_route != route)
+            .values(planned_route=route, route_reason=reason, updated_at=utcnow())
+            .execution_options(synchronize_session=False)
+        )
+        return (await session.execute(stmt)).rowcount
+
+
 async def load_work(sessions: Sessions, *, prompt_ids: Sequence[int]) -> list[WorkRow]:
     """The prompts with these ids in input (position) order, whatever order the ids came in.
 

@@ -6,10 +6,12 @@ Real Prefect flow runs against the simulator over real sockets."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import contextlib
 import sqlite3
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -260,3 +262,30 @@ async def test_a_run_follows_many_batches_in_one_loop_and_one_failing_poll_stops
         children = await client.read_flow_runs(flow_run_filter=FlowRunFilter(
             parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[state.state_details.flow_run_id])))
     assert children == []  # no sub-flow per batch
+
+
+async def test_an_endpoint_without_a_batch_api_gets_every_prompt_real_time_with_one_warning_and_remembers(
+    prefect_api: str, start_sim: Any, db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    base_url = await start_sim(batch_api=False, latency=0.01)
+    prompts = [{"id": f"short-{i}", "prompt": f"question {i}"} for i in range(5)] + [
+        {"id": f"long-{i}", "prompt": f"a long document {i}. " * 80} for i in range(3)]
+
+    with caplog.at_level(logging.WARNING):
+        summary = to_json(await dispatch(prompts=prompts, base_url=base_url, database_url=SecretStr(db_url),
+                                         wait=True))
+
+    assert summary["counts"] == {"succeeded": 8} and summary["routes"] == {"realtime": {"succeeded": 8}}
+    warnings = [r.getMessage() for r in caplog.records if "no Batch API" in r.getMessage()]
+    assert len(warnings) == 1 and "3 prompts routed to the Batch API go real-time instead" in warnings[0]
+    assert rows(db_url, "SELECT COUNT(*) FROM endpoint_capabilities WHERE batch_api = 0") == [(1,)]
+    answered = dict(rows(db_url, "SELECT p.custom_id, r.route FROM results r JOIN prompts p ON p.id = r.prompt_id"))
+    assert set(answered.values()) == {"realtime"} and len(answered) == 8
+
+    # The next job there is routed real-time at once: no upload tried.
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        again = to_json(await dispatch(prompts=prompts, base_url=base_url, database_url=SecretStr(db_url),
+                                       wait=True, new_job=True, dedupe=False))
+    assert again["counts"] == {"succeeded": 8} and again["batch"]["submitted_batches"] == 0
+    assert len([r for r in caplog.records if "has no Batch API" in r.getMessage()]) == 1

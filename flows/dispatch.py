@@ -122,11 +122,18 @@ async def dispatch(
     try:
         summary = await run_dispatch(source=prompts, job_id=job_id, settings=settings, wait=wait, max_cost=max_cost,
                                      retry_failed=retry_failed, retry_refused=retry_refused, shards=shards,
-                                     realtime_deployment=realtime_deployment, new_job=new_job, job_name=job_name)
+                                     realtime_deployment=realtime_deployment, new_job=new_job, job_name=job_name,
+                                     replan=route_policy in REPLANNED)
     except BudgetExceededError as exc:
         # Raised to the caller as before; the UI names why nothing was sent.
         return run_state(exc, failure=str(exc), name=MAX_COST_REFUSED)
     return final_state(summary, budget=summary.budget, fail_above=fail_above)
+
+
+# Route policies that re-plan a resumed job's pending prompts when given: all-realtime moves every one real-time
+# (the way out of an endpoint with no Batch API). Others are decided per prompt when it is recorded (urgency and
+# deadline first), and stay.
+REPLANNED = frozenset({"all-realtime"})
 
 
 async def run_dispatch(
@@ -142,8 +149,12 @@ async def run_dispatch(
     realtime_deployment: str = "realtime-dispatch/realtime",
     new_job: bool = False,
     job_name: str | None = None,
+    replan: bool = False,
 ) -> DispatchSummary:
-    """The recipe behind ``dispatch``: record and route, estimate, then both halves at once, then report."""
+    """The recipe behind ``dispatch``: record and route, estimate, then both halves at once, then report.
+
+    ``replan``: a resumed job's pending prompts go real-time (``--route all-realtime``), whatever route was stored
+    when they were recorded."""
     logger = get_run_logger()
     started = time.monotonic()
     settings = await prepare(settings, logger=logger, tag_limit=True)
@@ -155,6 +166,12 @@ async def run_dispatch(
                                    name=job_name, new_job=new_job, retry_failed=retry_failed,
                                    rules=routing_rules(settings))
         run.clients.require(job.providers)  # a missing key stops the run here, before anything is sent
+        if replan and job.resumed:
+            moved = await storage.reroute_pending(run.sessions, job_id=job.job_id, route="realtime",
+                                                  reason=f"--route {settings.route_policy} on a resumed job")
+            if moved:
+                logger.info("Job %s: %d pending prompts re-routed real-time (--route %s).", job.job_id, moved,
+                            settings.route_policy)
         if retry_refused:
             # Before the estimate, which then counts them.
             reopened = await storage.reopen_refused(run.sessions, job_id=job.job_id)

@@ -289,3 +289,18 @@ async def test_an_endpoint_without_a_batch_api_gets_every_prompt_real_time_with_
                                        wait=True, new_job=True, dedupe=False))
     assert again["counts"] == {"succeeded": 8} and again["batch"]["submitted_batches"] == 0
     assert len([r for r in caplog.records if "has no Batch API" in r.getMessage()]) == 1
+
+
+async def test_route_all_realtime_on_a_resumed_job_re_plans_its_pending_batch_prompts(
+    prefect_api: str, sim: Sim, db_url: str
+) -> None:
+    prompts = [{"id": i, "prompt": f"a long document {i}. " * 80} for i in range(4)]
+    refused = await dispatch(prompts=prompts, base_url=sim.base_url, database_url=SecretStr(db_url),
+                             max_cost=0.0000001, return_state=True)  # recorded, routed to batch, nothing sent
+    assert refused.name == "MaxCostRefused"
+    assert rows(db_url, "SELECT DISTINCT planned_route FROM prompts") == [("batch",)]
+
+    again = to_json(await dispatch(prompts=prompts, base_url=sim.base_url, database_url=SecretStr(db_url),
+                                   route_policy="all-realtime", wait=True))
+    assert again["resumed"] and again["routes"] == {"realtime": {"succeeded": 4}}
+    assert again["batch"]["submitted_batches"] == 0

@@ -160,7 +160,8 @@ async def make_job(sessions: Sessions, prompts: list[NewPrompt], *, name: str = 
 
 async def prompt_ids(sessions: Sessions, job_id: str) -> dict[str, int]:
     async with sessions() as session:
-        rows = await session.execute(select(Prompt.custom_id, Prompt.id).where(Prompt.job_id == job_id))
+        rows = await session.execute(select(Prompt.custom_id, Prompt.id).where(Prompt.job_id == job_id)
+                                     .order_by(Prompt.position))
         return {custom_id: pid for custom_id, pid in rows}
 
 

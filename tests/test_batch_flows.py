@@ -50,6 +50,7 @@ async def test_dispatch_routes_each_prompt_sends_both_halves_and_reports_cost(
     prefect_api: str, sim: Sim, db_url: str, tmp_path: Path
 ) -> None:
     from prefect.client.orchestration import get_client
+    from prefect.client.schemas.sorting import ArtifactSort
 
     sim.configure(batch_processing_seconds=1.0)
     summary = to_json(await dispatch(prompts=MIXED, base_url=sim.base_url, database_url=SecretStr(db_url), wait=True,
@@ -72,7 +73,8 @@ async def test_dispatch_routes_each_prompt_sends_both_halves_and_reports_cost(
     assert summary["estimate"]["routes"]["batch"]["requests"] == 3
 
     async with get_client() as client:
-        artifacts = await client.read_artifacts(limit=200)
+        # Newest first: the session's Prefect server holds every earlier test's artifacts too.
+        artifacts = await client.read_artifacts(limit=200, sort=ArtifactSort.CREATED_DESC)
     by_key = {a.key: a for a in artifacts if a.key}
     key = "dispatch-prompts"  # a list of prompts: the job is called "prompts"
     table, report = by_key[f"{key}-routes"], by_key[f"{key}-report"]

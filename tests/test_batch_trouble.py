@@ -81,6 +81,7 @@ async def test_a_sweep_collects_every_job_but_a_lost_batch_and_a_failing_one_and
     prefect_api: str, sim: Sim, db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
     monkeypatch.setenv("LLM_DISPATCH_MAX_RETRIES", "0")
     sim.configure(batch_processing_seconds=0.3)
@@ -107,8 +108,9 @@ async def test_a_sweep_collects_every_job_but_a_lost_batch_and_a_failing_one_and
     assert retry_after is not None
     assert rows(db_url, "SELECT status FROM batches WHERE id = ?", lost_batch) == [("lost",)]
     async with get_client() as client:
-        [artifact] = [a for a in await client.read_artifacts(limit=200)
-                      if a.key == "collect-batches" and a.flow_run_id == state.state_details.flow_run_id]
+        sweeps = ArtifactFilter(key=ArtifactFilterKey(any_=["collect-batches"]))
+        [artifact] = [a for a in await client.read_artifacts(artifact_filter=sweeps)
+                      if a.flow_run_id == state.state_details.flow_run_id]
     assert "## Problems (2)" in artifact.data and f"| {lost_batch} | {jobs[0][:8]} | lost |" in artifact.data
     assert f"| {failing_batch} | {jobs[1][:8]} | poll |" in artifact.data
 

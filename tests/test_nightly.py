@@ -156,6 +156,7 @@ async def test_dispatch_directory_with_new_job_sends_every_file_again(
 async def test_runs_and_artifacts_are_named_for_their_work(prefect_api: str, sim: Sim, db_url: str,
                                                           tmp_path: Path) -> None:
     from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
     path = suite(tmp_path / "questions.jsonl", 3)
     summary = to_json(await dispatch(prompts=str(path), base_url=sim.base_url, database_url=SecretStr(db_url),
@@ -167,7 +168,9 @@ async def test_runs_and_artifacts_are_named_for_their_work(prefect_api: str, sim
                                     planned_route="realtime", base_url=sim.base_url, database_url=db_url,
                                     return_state=True)
     async with get_client() as client:
-        artifacts = {a.key: a for a in await client.read_artifacts(limit=200) if a.key}
+        # By key: the session's Prefect server holds every earlier test's artifacts too.
+        keys = ArtifactFilterKey(any_=["dispatch-nightly-eval-2026-11-26-report", "dispatch-nightly-eval-2026-11-26-routes"])
+        artifacts = {a.key: a for a in await client.read_artifacts(artifact_filter=ArtifactFilter(key=keys))}
         collect_run = await client.read_flow_run(state.state_details.flow_run_id)
         resume_run = await client.read_flow_run(resumed.state_details.flow_run_id)
         shard_run = await client.read_flow_run(shard.state_details.flow_run_id)

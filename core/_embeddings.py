@@ -8,10 +8,6 @@ openai-python does. Wire format: openai-python ``types/embedding_create_params.p
 
 from __future__ import annotations
 
-import base64
-import binascii
-import sys
-from array import array
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,6 +15,7 @@ import httpx
 
 from ._responses import Chat, count as _count, parse_answer
 from ._types import ChatRequest, ChatResult
+from ._vectors import vector_bytes
 
 __all__ = [
     "EMBEDDING_PARAMS",
@@ -27,8 +24,6 @@ __all__ = [
     "embeddings_body",
     "embedding_result_from_body",
     "parse_embedding",
-    "vector_bytes",
-    "vector_floats",
 ]
 
 # What an embeddings request takes besides model and input (openai-python's EmbeddingCreateParams).
@@ -61,34 +56,6 @@ def embeddings_body(request: ChatRequest) -> dict[str, Any]:
     if text is None:
         raise ValueError("an embeddings prompt holds one text: give it as 'prompt' or 'input'")
     return {"encoding_format": "base64", **request.params, "model": request.model, "input": text}
-
-
-def vector_bytes(values: Any) -> bytes | None:
-    """A vector as float32 little-endian bytes: from the API's base64 text, or from a list of floats."""
-    if isinstance(values, str):
-        try:
-            raw = base64.b64decode(values, validate=True)
-        except (binascii.Error, ValueError):
-            return None
-        return raw if raw and len(raw) % 4 == 0 else None
-    if not isinstance(values, list) or not values:
-        return None
-    try:
-        floats = array("f", values)
-    except TypeError:
-        return None
-    if sys.byteorder == "big":
-        floats.byteswap()
-    return floats.tobytes()
-
-
-def vector_floats(raw: bytes) -> list[float]:
-    """The floats of stored vector bytes."""
-    floats = array("f")
-    floats.frombytes(raw)
-    if sys.byteorder == "big":
-        floats.byteswap()
-    return floats.tolist()
 
 
 def _embedding_from_body(body: Any) -> Chat | None:

@@ -136,6 +136,17 @@ def response_format_problem(value: Any) -> str | None:
     could be checked against it), or None. Other types are the provider's to judge."""
     if not isinstance(value, Mapping) or value.get("type") != "json_schema":
         return None
+    # A job's prompts mostly share one schema: it is checked once, not once per prompt.
+    try:
+        key = canonical_json(value)
+    except (TypeError, ValueError):
+        return "the response_format must be JSON (objects, arrays, strings, numbers, booleans, null)"
+    return _format_problem(key)
+
+
+@functools.lru_cache(maxsize=_VALIDATORS_KEPT)
+def _format_problem(key: str) -> str | None:
+    value = json.loads(key)
     spec = value.get("json_schema")
     if not isinstance(spec, Mapping):
         return "a json_schema response_format needs 'json_schema': {name, schema, strict}"

@@ -194,3 +194,27 @@ async def test_batch_invalid_answers_go_again_together_in_a_follow_up_batch(pref
     assert len(again) == 4 and all(r == ("batch", "succeeded", "0.5", r[3]) and r[3] > 0 for r in again)
     assert summary["structured"]["valid_first"] == 1 and summary["structured"]["valid_after_reasks"] == 4
     assert summary["structured"]["reasks"] == 4
+
+
+@pytest.mark.parametrize("source", ["file", "model"])
+def test_a_job_schema_from_a_file_or_a_pydantic_model_checks_every_answer(cli_env: dict[str, str], sim: Sim,
+                                                                          db_url: str, tmp_path: Path,
+                                                                          source: str) -> None:
+    from conftest import cli
+
+    if source == "file":
+        (tmp_path / "person.json").write_text(json.dumps(PERSON))
+        given, env = "person.json", cli_env
+    else:
+        (tmp_path / "people_model.py").write_text("from pydantic import BaseModel\n"
+                                                  "class Person(BaseModel):\n    name: str\n    age: int\n")
+        given, env = "people_model:Person", {**cli_env, "PYTHONPATH": str(tmp_path)}
+    write_prompts(tmp_path / "p.jsonl", [{"id": "a", "prompt": "Invent a person."},
+                                         {"id": "b", "prompt": "Invent a person. [[sim:wrong_type]]"}])
+    done = cli("run", "p.jsonl", "--schema", given, "--route", "all-realtime", "--json", env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    answers = rows(db_url, "SELECT p.custom_id, r.reask, r.status, r.parsed FROM results r JOIN prompts p "
+                           "ON p.id = r.prompt_id ORDER BY p.custom_id, r.reask")
+    assert [(c, n, status) for c, n, status, _ in answers] == [("a", 0, "succeeded"), ("b", 0, "invalid"),
+                                                               ("b", 1, "succeeded")]
+    assert all(set(json.loads(parsed)) == {"name", "age"} for _, _, status, parsed in answers if status == "succeeded")

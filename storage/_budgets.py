@@ -325,7 +325,10 @@ class BudgetLease:
         self.unsettled = 0  # stored costs of answers received and not yet committed
         self._exhausted = False
         self._refill = asyncio.Lock()
-        self._worst: dict[tuple[int, str], int] = {}
+        # The next block, taken while the last one still lasts (so requests do not wait for it); stopped near the
+        # cap, where each request takes just what it needs.
+        self._ahead: asyncio.Task[None] | None = None
+        self._tight = False
 
     @property
     def exhausted(self) -> bool:
@@ -346,6 +349,12 @@ class BudgetLease:
 
     async def close(self) -> None:
         """Give back what the lease holds (call once its writer has stored everything)."""
+        if self._ahead is not None:
+            await self._ahead
+            self._ahead = None
+        await self._release()
+
+    async def _release(self) -> None:
         if self._id is not None:
             await release_holds(self._sessions, hold_ids=[self._id])
             self._id, self.held = None, 0
@@ -372,7 +381,16 @@ class BudgetLease:
                     self._exhausted = True
                     return None
         self.out += amount
+        block = amount * self._block
+        if self.free < block // 2 and not self._tight and (self._ahead is None or self._ahead.done()):
+            self._ahead = asyncio.create_task(self._top_up(block))
         return amount
+
+    async def _top_up(self, block: int) -> None:
+        """Take the next block before this one runs out; near the cap (it does not fit), stop taking ahead."""
+        async with self._refill:
+            if self.free < block // 2 and not self._exhausted and not await self._grow(block):
+                self._tight = True
 
     def landed(self, amount: int) -> None:
         self.out -= amount
@@ -468,6 +486,6 @@ class BudgetLease:
                 return
             while self.out or self.unsettled:
                 await asyncio.sleep(_ROLL_POLL_S)
-            await self.close()
+            await self._release()  # not close(): a block being taken ahead waits for this lock
             self._period = new
 

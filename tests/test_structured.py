@@ -162,3 +162,28 @@ def test_the_simulator_answers_claude_in_json_of_output_config(sim: Sim) -> None
         "x-api-key": "sk-ant-test", "anthropic-version": "2023-06-01"}).raise_for_status().json()
     text = next(block["text"] for block in response["content"] if block["type"] == "text")
     assert check_answer(PERSON, text=text).valid
+
+
+async def test_on_postgresql_the_parsed_value_is_jsonb_that_sql_can_query(pg_url: str) -> None:
+    from sqlalchemy import text
+
+    from llm_dispatch import storage
+    from llm_dispatch.core import ChatResult, checked
+
+    async with storage.open_database(pg_url) as sessions:
+        job = await storage.create_job(sessions, name="people", fingerprint="f", model="gpt-4o-mini", settings={},
+                                       input_path=None)
+        job_id = getattr(job, "id", job)
+        await storage.add_prompts(sessions, job_id=job_id, prompts=[storage.NewPrompt(
+            custom_id="a", position=0, model="gpt-4o-mini", messages=USER, params={"response_format": FORMAT},
+            metadata=None, dedupe_key="k")])
+        async with sessions() as session:
+            prompt_id = (await session.execute(text("SELECT id FROM prompts"))).scalar_one()
+        answer = ChatResult(text='{"name": "Ada", "age": 36}', finish_reason="stop", prompt_tokens=9,
+                            completion_tokens=9, cached_tokens=0, model="gpt-4o-mini", response_id="r1", latency_s=0.1)
+        async with storage.ResultWriter(sessions, job_id=job_id) as writer:
+            await writer.success(prompt_ids=[prompt_id], result=checked(answer, PERSON))
+        async with sessions() as session:
+            found = (await session.execute(text(
+                "SELECT parsed->>'name', (parsed->>'age')::int, pg_typeof(parsed)::text FROM results"))).all()
+    assert found == [("Ada", 36, "jsonb")]

@@ -387,8 +387,7 @@ def collect(
             highlight=False,
         )
         _print_problems(summary.problems)
-    if summary.problems:
-        raise typer.Exit(EXIT_PROVIDER)
+    _exit_on_problems(summary.problems)
 
 
 @app.command()
@@ -408,8 +407,7 @@ def cancel(
               f"{len(summary.cancelled) - len(summary.ingested)} still stopping (`llm-dispatch collect` finishes them)",
               highlight=False)
     _print_problems(summary.problems)
-    if summary.problems:
-        raise typer.Exit(EXIT_PROVIDER)
+    _exit_on_problems(summary.problems)
 
 
 @app.command()
@@ -453,6 +451,12 @@ def _flow_result(coroutine: Any) -> Any:
     if isinstance(result, BaseException):
         raise result
     return result
+
+
+def _exit_on_problems(problems: list[BatchProblem]) -> None:
+    """A sweep or cancel that met a problem with any batch exits with the provider's code (the rest was done)."""
+    if problems:
+        raise typer.Exit(EXIT_PROVIDER)
 
 
 def _print_problems(problems: list[BatchProblem]) -> None:

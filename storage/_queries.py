@@ -331,7 +331,12 @@ async def answer_schemas(sessions: Sessions, *, prompt_ids: Collection[int]) -> 
     async with sessions() as session:
         conn = await session.connection()
         for chunk in chunks(list(prompt_ids), IN_CHUNK):
-            for prompt_id, params in await conn.execute(select(Prompt.id, Prompt.params).where(Prompt.id.in_(chunk))):
+            # Only prompts whose params name a response_format or output_config come back: the rest (most
+            # prompts, in most jobs) cost the database a key lookup, not a row decoded here.
+            stmt = select(Prompt.id, Prompt.params).where(Prompt.id.in_(chunk), or_(
+                Prompt.params["response_format"].as_string().is_not(None),
+                Prompt.params["output_config"].as_string().is_not(None)))
+            for prompt_id, params in await conn.execute(stmt):
                 schema = answer_schema(params or {})
                 if schema is not None:
                     found[prompt_id] = schema

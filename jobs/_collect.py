@@ -188,7 +188,7 @@ async def ingest_batch(
                     waiting[line.custom_id] = ids  # unanswered because the user cancelled: failed below
                 elif line.result is not None:
                     answers.append((ids, line.result))
-                elif await _settle_failure(writer, line, ids, outcome=outcome, model=record.model):
+                elif await _settle_failure(writer, line, ids, outcome=outcome, model=record.model, batch_id=record.id):
                     again.extend(ids)
             if len(answers) >= STORE_SLICE:
                 await store_answers()
@@ -240,10 +240,12 @@ async def ingest_batch(
 
 
 async def _settle_failure(
-    writer: storage.ResultWriter, line: BatchLine, ids: list[int], *, outcome: IngestOutcome, model: str
+    writer: storage.ResultWriter, line: BatchLine, ids: list[int], *, outcome: IngestOutcome, model: str,
+    batch_id: int,
 ) -> bool:
     """Store a line's error for its prompts; returns whether they are to be sent again (a retryable
-    error: in another batch, or real-time once over the limit)."""
+    error: in another batch, or real-time once over the limit). What a billed line cost is spent out of its batch's
+    budget reservation, as its answers are."""
     code = line.error_code or "unknown_error"
     message = f"batch line {line.custom_id}: {line.error_message or code}"
     error: BaseException
@@ -256,7 +258,8 @@ async def _settle_failure(
         # Billed, or billing not said (a request that ran and timed out): counted as possibly billed.
         error.maybe_billed = 0 if line.billed is False else 1
     # Not final: the prompts go back to pending (history kept) and are sent again.
-    await writer.failure(prompt_ids=ids, error=error, final=not line.retryable, route="batch", model=model)
+    await writer.failure(prompt_ids=ids, error=error, final=not line.retryable, route="batch", model=model,
+                         batch_id=batch_id)
     if line.retryable:
         outcome.resend += len(ids)
     else:

@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from llm_dispatch.core import ChatResult, PriceTable, ResultRoute, UnknownPromptError
 
-from ._budgets import BudgetLease
+from ._budgets import BudgetLease, settle_batch
 from ._bulk import IN_CHUNK, chunks
 from ._models import Prompt, utcnow
 from ._queries import mark_in_flight, release_in_flight, set_background_id
@@ -38,6 +38,8 @@ RETRY_DELAY = 0.5
 class _Buffered(NamedTuple):
     arrived: float  # event-loop time, for the flush deadline
     row: ResultRow
+    # A batch line's row: its stored cost is spent out of this batch's reservation, not the run's lease.
+    batch_id: int | None = None
 
 
 class ResultWriter:
@@ -147,15 +149,18 @@ class ResultWriter:
         final: bool = True,
         route: ResultRoute = "realtime",
         model: str | None = None,
+        batch_id: int | None = None,
     ) -> None:
         """Record a failed call for these prompts: error class, HTTP status, message, attempts, and the cost of
         what a 2xx with no usable answer said it used (priced as a request to ``model``).
 
         ``final`` marks the prompts failed (``failed_retryable`` from ``error.retryable``);
-        otherwise the failure is kept as history and the prompts go back to pending.
+        otherwise the failure is kept as history and the prompts go back to pending. ``batch_id``: a line of that
+        batch failed, and what it was billed is spent out of the batch's budget reservation (``settle_batch``), in
+        the transaction that stores it, as the batch's answers are.
         """
         await self._add(failure_rows(prompt_ids, error, route=route, now=utcnow(), final=final, ledger=self._ledger,
-                                     model=model))
+                                     model=model), batch_id=batch_id)
 
     async def release(self, *, prompt_ids: Sequence[int]) -> int:
         """Put prompts marked in flight back to pending, unsent (a run that stopped before sending them)."""
@@ -187,15 +192,15 @@ class ResultWriter:
 
     # --- internals ------------------------------------------------------------------
 
-    async def _add(self, rows: Sequence[ResultRow]) -> None:
+    async def _add(self, rows: Sequence[ResultRow], *, batch_id: int | None = None) -> None:
         self._raise_if_broken()
         if self._task is None or self._closing:
             raise RuntimeError("use the ResultWriter as `async with ResultWriter(...) as writer:`")
         arrived = asyncio.get_running_loop().time()
-        if self._budget is not None:
+        if self._budget is not None and batch_id is None:
             self._budget.buffered(_cost(rows))
         was_empty = not self._buffer
-        self._buffer.extend(_Buffered(arrived, row) for row in rows)
+        self._buffer.extend(_Buffered(arrived, row, batch_id) for row in rows)
         self._appended += len(rows)
         if was_empty or len(self._buffer) >= self._flush_rows:
             self._wake.set()
@@ -268,14 +273,22 @@ class ResultWriter:
     async def _write(self, batch: list[_Buffered]) -> None:
         rows = [item.row for item in batch]
         budget, cost, moved = self._budget, 0, None
+        # Billed batch lines: spent out of their batches' reservations; every other row out of the run's lease.
+        by_batch: dict[int, int] = {}
+        for item in batch:
+            if item.batch_id is not None:
+                by_batch[item.batch_id] = by_batch.get(item.batch_id, 0) + (item.row.cost_pico_usd or 0)
         async with self._sessions.begin() as session:
             job_ids = self._job_id if self._job_id is not None else await _job_ids(session, rows)
             # Unknown prompt ids with a known job_id fail on the results foreign key.
             conn = await session.connection()
             await write_results(conn, rows, job_ids=job_ids, now=utcnow())
+            # Last, so that the budgets' rows are locked only for the commit.
+            for batch_id, spent in by_batch.items():
+                if spent:
+                    await settle_batch(conn, batch_id=batch_id, cost=spent)
             if budget is not None:
-                # Last, so that the budget's row is locked only for the commit.
-                cost = _cost(rows)
+                cost = _cost([item.row for item in batch if item.batch_id is None]) if by_batch else _cost(rows)
                 moved = await budget.settle(conn, cost=cost)
         if budget is not None:
             budget.settled(cost=cost, moved=moved)

@@ -91,3 +91,21 @@ async def test_an_expired_batch_gives_back_what_it_did_not_spend(env: Env) -> No
     assert usage.spent_pico_usd == cost > 0
     assert (usage.reserved_pico_usd, holds) == (0, [])
     assert usage.left_pico_usd == worst * 100 - cost
+
+
+async def test_a_billed_line_without_an_answer_is_spent_out_of_its_batchs_reservation(env: Env) -> None:
+    """A 200 line with no usable answer was billed (its usage is stored and priced): the budget counts it, as it
+    counts the batch's answers, before the batch gives back what it did not spend."""
+    worst = _worst("batch")
+    job_id, ids = await env.job(["hollow [[sim:empty_choices]]", "question 1", "question 2"])
+    budget = await storage.set_budget(env.sessions, name="batches", limit_pico_usd=worst * 100, per="total")
+    async with env.client:
+        [batch_id] = (await _submit(env, job_id, budget)).batch_ids
+        outcome = await _ingest(env, batch_id)
+    assert (outcome.succeeded, outcome.failed) == (2, 1)
+    [hollow] = [r for r in await env.results(job_id) if r.prompt_id == ids[0]]
+    assert hollow.status == "failed" and hollow.cost_pico_usd > 0
+    cost, usage, holds = await _ledger(env, job_id)
+    # Spent: the two answers and the billed line; nothing left reserved.
+    assert usage.spent_pico_usd == cost and (usage.reserved_pico_usd, holds) == (0, [])
+    assert usage.left_pico_usd == worst * 100 - cost

@@ -4,6 +4,7 @@ says what and, for how a run stopped early, a name of its own. The run's result 
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from prefect.states import Completed, Failed, State
@@ -12,6 +13,8 @@ __all__ = ["result_of", "run_state"]
 
 # A state message is read in a list of runs: longer ones are cut.
 MAX_MESSAGE = 500
+# The logger Prefect's task engine logs a task run's end with (and ships to the UI).
+_TASK_RUNS_LOGGER = "prefect.task_runs"
 
 
 def run_state(result: Any, *, failure: str | None = None, message: str = "", name: str | None = None) -> State:
@@ -21,6 +24,8 @@ def run_state(result: Any, *, failure: str | None = None, message: str = "", nam
     A caller reads ``result`` from a run called with ``return_state=True`` by ``result_of``."""
     text = failure if failure is not None else message
     text = text if len(text) <= MAX_MESSAGE else text[: MAX_MESSAGE - 1] + "…"
+    if failure is not None:
+        _quiet_tracebacks_of_nothing()
     make = Failed if failure is not None else Completed
     return make(message=text, data=result, **({"name": name} if name else {}))
 
@@ -32,3 +37,24 @@ async def result_of(state: State) -> Any:
     if isinstance(result, BaseException):
         raise result
     return result
+
+
+class _NoTracebackOfNothing(logging.Filter):
+    """Drops the traceback of a record logged with ``exc_info=True`` while no exception was being handled.
+
+    A task that returns a ``Failed`` state (rather than raising) is logged by Prefect's task engine as "Task run
+    failed with state: Failed(...)" with ``exc_info=True`` and no exception, which every handler (the UI's
+    included) would print as a traceback reading ``NoneType: None``. The line itself is kept."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info is not None and record.exc_info[0] is None:
+            record.exc_info = None
+        return True
+
+
+def _quiet_tracebacks_of_nothing() -> None:
+    """Put ``_NoTracebackOfNothing`` on Prefect's task-run logger, once per process (before a run returns a
+    ``Failed`` state, in the process whose engine will log it)."""
+    logger = logging.getLogger(_TASK_RUNS_LOGGER)
+    if not any(isinstance(found, _NoTracebackOfNothing) for found in logger.filters):
+        logger.addFilter(_NoTracebackOfNothing())

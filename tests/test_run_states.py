@@ -32,6 +32,26 @@ async def test_a_run_with_failed_prompts_ends_failed_with_its_result(prefect_api
     assert summary["counts"] == {"succeeded": 8, "failed": 2}
 
 
+async def test_a_failed_chunk_is_logged_in_the_ui_without_a_traceback_of_nothing(
+    prefect_api: str, sim: Sim, db_url: str
+) -> None:
+    """Prefect logs a task run that returned a Failed state with exc_info and no exception: the UI showed the line
+    and then "NoneType: None". The line stays, the empty traceback goes."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.logging.handlers import APILogHandler
+
+    state = await dispatch(prompts=PROMPTS, base_url=sim.base_url, database_url=SecretStr(db_url), wait=True,
+                           return_state=True)
+    await APILogHandler.aflush()  # log lines reach the API in batches
+    async with get_client() as client:
+        logs = await client.read_logs(log_filter=LogFilter(
+            flow_run_id=LogFilterFlowRunId(any_=[state.state_details.flow_run_id])))
+    [failed] = [log.message for log in logs if "Task run failed with state" in log.message]
+    assert "2 of 10 prompts failed (BadRequestError 2)" in failed
+    assert "NoneType: None" not in failed and "Traceback" not in failed
+
+
 async def test_failures_within_fail_above_leave_the_run_completed_and_counted(
     prefect_api: str, sim: Sim, db_url: str
 ) -> None:

@@ -52,7 +52,7 @@ EXTRA_PROBES_ENV = "LLMD_STARTUP_PROBES"
 # "gen" (a generator: one pass over the input), "classmethod". A probe goes on right after its module runs, before
 # any importer binds the name.
 PROBES: list[tuple[str, str, str, str]] = [
-    ("llm_dispatch.cli.main", "_settings", "settings", "sync"),
+    ("llm_dispatch.cli._common", "_settings", "settings", "sync"),
     ("llm_dispatch.cli.main", "_check_keys", "key check", "sync"),
     ("llm_dispatch.cli.main", "_run_with_progress", "cli flow call", "async"),
     ("llm_dispatch.cli.main", "_print_summary", "summary print", "sync"),

@@ -1,17 +1,58 @@
-"""``llm-dispatch budget``: set a named budget's limit, and show where each budget stands, period by period."""
+"""``llm-dispatch budget``: set a named budget's limit, and show where each budget stands, period by period.
+
+Every command imports this module: what only a budget command needs is imported when it runs."""
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+import json
+from typing import Annotated, Any, Optional
 
+import typer
 from rich.console import Console
 from rich.table import Table
 
 from llm_dispatch import storage
 from llm_dispatch.core import BUDGET_PERIODS, ConfigError, Settings, from_pico, to_json
-from llm_dispatch.jobs import to_pico
 
-from .reports import require_database
+from ._common import AsJson, DatabaseUrl, _Commands, _settings, out
+
+budget_app = typer.Typer(cls=_Commands, no_args_is_help=True,
+                         help="Spending caps shared by every run, shard and worker that names them (--budget-name).")
+
+
+@budget_app.command("set")
+def budget_set(
+    name: Annotated[str, typer.Argument(help="the budget's name, as runs give it with --budget-name")],
+    limit: Annotated[float, typer.Option("--limit", help="dollars per period")],
+    per: Annotated[str, typer.Option("--per", help="the period the limit holds over: day|month|total (UTC)")] = "total",
+    database_url: DatabaseUrl = None,
+    as_json: AsJson = False,
+) -> None:
+    """Create a named budget or change its limit; runs holding it see the new limit at their next reservation."""
+    settings = _settings(database_url=database_url)
+    row = asyncio.run(set_budget(settings=settings, name=name, limit=limit, per=per))
+    if as_json:
+        out.print_json(json.dumps(row))
+    else:
+        print_budgets(out, [row])
+
+
+@budget_app.command("show")
+def budget_show(
+    name: Annotated[Optional[str], typer.Argument(help="one budget (default: all, jobs' own included)")] = None,
+    history: Annotated[bool, typer.Option("--history", help="earlier periods too")] = False,
+    database_url: DatabaseUrl = None,
+    as_json: AsJson = False,
+) -> None:
+    """Where each budget stands this period: its limit, what was spent, what runs hold reserved, what is left."""
+    settings = _settings(database_url=database_url)
+    rows = asyncio.run(show_budgets(settings=settings, name=name, history=history))
+    if as_json:
+        out.print_json(json.dumps(rows))
+    else:
+        print_budgets(out, rows)
+
 
 # The names ``--budget`` gives a job's own budget; not for ``budget set``.
 _JOB_PREFIX = "job:"
@@ -19,6 +60,8 @@ _JOB_PREFIX = "job:"
 
 async def set_budget(*, settings: Settings, name: str, limit: float, per: str) -> dict[str, Any]:
     """Create or change budget ``name``; what it now stands at, as ``show_budgets`` gives it."""
+    from llm_dispatch.jobs import to_pico
+
     if per not in BUDGET_PERIODS:
         raise ConfigError(f"--per must be one of {', '.join(BUDGET_PERIODS)}, not {per!r}")
     if not name.strip() or name.startswith(_JOB_PREFIX):
@@ -35,6 +78,8 @@ async def set_budget(*, settings: Settings, name: str, limit: float, per: str) -
 async def show_budgets(*, settings: Settings, name: str | None, history: bool) -> list[dict[str, Any]]:
     """Each budget's current period (``history``: and every earlier one that spent anything): limit, spent,
     reserved, left, in dollars."""
+    from .reports import require_database
+
     require_database(settings)
     async with storage.open_database(settings.database_url) as sessions:
         found = await _usages(sessions, name=name, history=history)

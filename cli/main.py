@@ -1,4 +1,6 @@
-"""The ``llm-dispatch`` command: ad-hoc runs, batch collection and cancelling, reports, the simulator."""
+"""The ``llm-dispatch`` command: the command group, ``run`` (ad-hoc runs with their progress bar and summary) and
+``simulate``; the other commands live by group (``batches``, ``read_only``, ``budgets``, ``server``) and are
+registered here, in the order ``--help`` lists them."""
 
 from __future__ import annotations
 
@@ -6,22 +8,16 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
-import click
 import typer
-from pydantic import ValidationError
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn
-from typer.core import TyperGroup
 
 from llm_dispatch.core import (
     RETRY_FAILED,
-    APIError,
     LLMDispatchError,
     RetryFailed,
     Settings,
@@ -29,74 +25,32 @@ from llm_dispatch.core import (
     to_json,
 )
 
+from ._common import (
+    EXIT_BUDGET,
+    EXIT_CODES,
+    EXIT_FAILED_PROMPTS,
+    EXIT_PROVIDER,
+    DatabaseUrl,
+    _Commands,
+    _fail,
+    _settings,
+    err,
+    out,
+)
+from ._prefect import _prefect_settings
+from .batches import abandon, cancel, collect
+from .budgets import budget_app
+from .read_only import cost, export, models, reprice, status
+from .server import server_app
+
 if TYPE_CHECKING:
     # The send path's (it loads the HTTP stack): imported by the commands that send, not by the reports.
     from llm_dispatch.core import Progress
-    from llm_dispatch.jobs import BatchProblem, BudgetStanding, DispatchSummary
+    from llm_dispatch.jobs import BudgetStanding, DispatchSummary
 
-# Options several commands take alike.
-DatabaseUrl = Annotated[Optional[str], typer.Option(help="SQLAlchemy URL (default: ./llm_dispatch.db)")]
-AsJson = Annotated[bool, typer.Option("--json", help="print as JSON")]
-NewestJob = Annotated[Optional[str], typer.Argument(help="a job id (default: the newest job)")]
-
-err = Console(stderr=True)
-# Piped or captured output gets room for the whole table, not 80 columns.
-out = Console() if sys.stdout.isatty() else Console(width=160)
-
-# Exit codes (README, "Exit codes"); a signal that stops a run exits 128 + its number.
-EXIT_FAILED_PROMPTS = 1  # the run ended with prompts that failed
-EXIT_INPUT = 2  # bad input, settings or database, or a refused --max-cost: nothing was sent
-# A batch that failed this many sweeps in a row: the CLI says how to give it up.
-ABANDON_HINT_AFTER = 3
-EXIT_PROVIDER = 3  # a provider call failed after its retries (network, key, refusal); what came back is stored
-EXIT_BUDGET = 4  # the budget was reached: what was sent is stored, the rest is pending
-EPHEMERAL_STARTUP_TIMEOUT = 120
 # With --simulate the simulator's batches take seconds, not hours; poll them as often.
 SIM_BATCH_SECONDS = 3.0
 SIM_POLL_SECONDS = 0.5
-
-EXIT_CODES = ("Exit codes: 0 done; 1 some prompts failed; 2 bad input, settings or database, or --max-cost refused "
-              "(nothing sent); 3 a provider call failed after its retries (what came back is stored: run again "
-              "later); 4 the budget was reached (the rest is pending: run again with a higher --budget); 128+N "
-              "stopped by signal N.")
-
-
-def exit_code(error: LLMDispatchError) -> int:
-    """The exit code of a command that stopped on ``error``."""
-    return EXIT_PROVIDER if isinstance(error, APIError) else EXIT_INPUT
-
-
-def expected_error(exc: BaseException) -> LLMDispatchError | None:
-    """``exc`` when it is one of ours; for a group of errors (two halves of a run failing together), its first
-    when every one is ours; else None (a bug: its traceback is worth showing)."""
-    if isinstance(exc, LLMDispatchError):
-        return exc
-    if isinstance(exc, BaseExceptionGroup):
-        leaves = [expected_error(inner) for inner in exc.exceptions]
-        if leaves and all(leaf is not None for leaf in leaves):
-            return leaves[0]
-    return None
-
-
-def _debug() -> bool:
-    """Whether ``--debug`` was given (an option of the command group, read from the running command's context)."""
-    context = click.get_current_context(silent=True)
-    return bool(context is not None and context.find_root().params.get("debug"))
-
-
-class _Commands(TyperGroup):
-    """The command group: any error of llm-dispatch's tree becomes one line and its exit code (the traceback with
-    ``--debug``); an error outside it is a bug, shown as Python shows it."""
-
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except (LLMDispatchError, BaseExceptionGroup) as exc:
-            error = expected_error(exc)
-            if error is None or ctx.params.get("debug"):
-                raise
-            raise _fail(str(error), code=exit_code(error)) from None
-
 
 app = typer.Typer(cls=_Commands, add_completion=False, no_args_is_help=True, epilog=EXIT_CODES,
                   # Locals may hold a database URL's password; a traceback never shows them.
@@ -117,26 +71,6 @@ def main() -> None:
     app()
 
 
-def _fail(message: str, *, code: int = EXIT_INPUT) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
-    return typer.Exit(code)
-
-
-def _settings(**overrides: Any) -> Settings:
-    """The command's settings; a bad one (a database URL that cannot work included) is one line and exit 2."""
-    from llm_dispatch.storage import check_database_url
-
-    try:
-        settings = Settings(**{key: value for key, value in overrides.items() if value is not None})
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(p) for p in first["loc"])
-        raise _fail(f"setting {field}: {first['msg']} (env LLM_DISPATCH_{field.upper()})") from None
-    check_database_url(settings.database_url)
-    return settings
-
-
-@app.command()
 def run(
     file: Annotated[Optional[Path], typer.Argument(help="a .jsonl or .csv file of prompts")] = None,
     resume: Annotated[Optional[str], typer.Option(
@@ -296,48 +230,6 @@ def budget_line(budget: BudgetStanding) -> str:
             f"${money(budget.reserved):.6f}, left ${money(budget.left):.6f} of ${money(budget.limit):.6f}")
 
 
-budget_app = typer.Typer(cls=_Commands, no_args_is_help=True,
-                         help="Spending caps shared by every run, shard and worker that names them (--budget-name).")
-app.add_typer(budget_app, name="budget")
-
-
-@budget_app.command("set")
-def budget_set(
-    name: Annotated[str, typer.Argument(help="the budget's name, as runs give it with --budget-name")],
-    limit: Annotated[float, typer.Option("--limit", help="dollars per period")],
-    per: Annotated[str, typer.Option("--per", help="the period the limit holds over: day|month|total (UTC)")] = "total",
-    database_url: DatabaseUrl = None,
-    as_json: AsJson = False,
-) -> None:
-    """Create a named budget or change its limit; runs holding it see the new limit at their next reservation."""
-    from .budgets import print_budgets, set_budget
-
-    settings = _settings(database_url=database_url)
-    row = asyncio.run(set_budget(settings=settings, name=name, limit=limit, per=per))
-    if as_json:
-        out.print_json(json.dumps(row))
-    else:
-        print_budgets(out, [row])
-
-
-@budget_app.command("show")
-def budget_show(
-    name: Annotated[Optional[str], typer.Argument(help="one budget (default: all, jobs' own included)")] = None,
-    history: Annotated[bool, typer.Option("--history", help="earlier periods too")] = False,
-    database_url: DatabaseUrl = None,
-    as_json: AsJson = False,
-) -> None:
-    """Where each budget stands this period: its limit, what was spent, what runs hold reserved, what is left."""
-    from .budgets import print_budgets, show_budgets
-
-    settings = _settings(database_url=database_url)
-    rows = asyncio.run(show_budgets(settings=settings, name=name, history=history))
-    if as_json:
-        out.print_json(json.dumps(rows))
-    else:
-        print_budgets(out, rows)
-
-
 def _check_keys(settings: Settings, *, providers: frozenset[str]) -> None:
     """One line and exit 2 when a provider the prompts go to has no key (before anything is written)."""
     if ("openai" in providers and settings.api_key is None and settings.api_key_block is None
@@ -350,249 +242,6 @@ def _check_keys(settings: Settings, *, providers: frozenset[str]) -> None:
             check_provider_key(settings, provider="anthropic")
         except LLMDispatchError as exc:
             raise _fail(f"{exc}, or add --simulate to use the bundled simulator") from None
-
-
-def _flow_call(coroutine: Any) -> Any:
-    """Run a flow from a command, with the CLI's Prefect settings."""
-    with _prefect_settings():
-        return asyncio.run(coroutine)
-
-
-@app.command()
-def collect(
-    job: Annotated[Optional[str], typer.Argument(help="only this job's batches (default: every open batch)")] = None,
-    database_url: DatabaseUrl = None,
-    stale_after: Annotated[float, typer.Option(help="seconds before a half-submitted batch counts as abandoned")] = 600.0,
-    retry_now: Annotated[bool, typer.Option(
-        "--retry-now", help="try batches with a recent error now, not after their wait")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="print the sweep's summary as JSON")] = False,
-) -> None:
-    """One sweep over open batches: poll each, ingest what finished, resubmit or send real-time the rest.
-
-    Each batch on its own: one that fails (or that the provider lost) is named, and the others are collected."""
-    from llm_dispatch.flows.batch import collect_batches
-
-    url = _stored_url(database_url)
-    summary = _flow_result(collect_batches(database_url=url, job_id=job,
-                                           stale_after=stale_after, retry_now=retry_now, return_state=True))
-    if as_json:
-        out.print_json(json.dumps(to_json(summary), default=str))
-    else:
-        ingested = summary.ingested
-        waiting = f", {len(summary.waiting)} waiting to retry after errors" if summary.waiting else ""
-        out.print(
-            f"{summary.open} open batches: polled {summary.polled}, ingested {len(ingested)} "
-            f"({sum(i.succeeded for i in ingested)} answers, {sum(i.failed for i in ingested)} failed), "
-            f"resubmitted {summary.resubmitted} prompts, sent {summary.realtime} real-time{waiting}",
-            highlight=False,
-        )
-        _print_problems(summary.problems)
-    _exit_on_problems(summary.problems)
-
-
-@app.command()
-def cancel(
-    job: Annotated[str, typer.Argument(help="the job whose open batches to cancel")],
-    database_url: DatabaseUrl = None,
-    wait_seconds: Annotated[float, typer.Option(help="how long to wait for the provider to stop them")] = 120.0,
-) -> None:
-    """Cancel a job's open batches; what they answered before stopping is still stored (it is billed)."""
-    from llm_dispatch.flows.batch import cancel_job_batches
-
-    url = _stored_url(database_url)
-    summary = _flow_result(cancel_job_batches(job_id=job, database_url=url,
-                                              wait_seconds=wait_seconds, return_state=True))
-    kept = sum(i.succeeded for i in summary.ingested)
-    out.print(f"cancelled {len(summary.cancelled)} batches of job {job}; kept {kept} answers they gave; "
-              f"{len(summary.cancelled) - len(summary.ingested)} still stopping (`llm-dispatch collect` finishes them)",
-              highlight=False)
-    _print_problems(summary.problems)
-    _exit_on_problems(summary.problems)
-
-
-@app.command()
-def abandon(
-    batch: Annotated[int, typer.Argument(help="our batch id (`llm-dispatch status JOB` lists them)")],
-    database_url: DatabaseUrl = None,
-    force: Annotated[bool, typer.Option(
-        "--force", help="give it up even while the provider still holds it (what it answers is billed, not kept)")] = False,
-) -> None:
-    """Give up a batch the provider cannot answer for: closed as lost, its unanswered prompts pending again.
-
-    A batch the provider still reports is refused (sending its prompts again would pay twice) unless --force."""
-    from llm_dispatch.flows.batch import abandon_batch_flow
-
-    url = _stored_url(database_url)
-    outcome = _flow_call(abandon_batch_flow(batch_id=batch, database_url=url,
-                                            force=force))
-    job = outcome.job_id[:8]
-    cancelled = (f"; {outcome.cancelled} failed as cancelled (the job's batches were cancelled: "
-                 "`--retry-failed all` sends them)" if outcome.cancelled else "")
-    out.print(f"batch {batch} abandoned ({outcome.provider_said}); {outcome.released} prompts of job {job} "
-              f"are pending again: `llm-dispatch run --resume {job}` sends them{cancelled}", highlight=False)
-
-
-def _stored_url(database_url: str | None) -> Any:
-    """The URL of a database that must exist already, as a flow parameter (a SecretStr)."""
-    from pydantic import SecretStr
-
-    from .reports import require_database
-
-    settings = _settings(database_url=database_url)
-    require_database(settings)
-    return SecretStr(settings.database_url)
-
-
-def _flow_result(coroutine: Any) -> Any:
-    """Run a flow called with ``return_state=True`` and return its result, whether it ended Completed or Failed
-    (a run whose problems are part of its result: the command prints them); an error of ours still raises."""
-    state = _flow_call(coroutine)
-    result = state.result(raise_on_failure=False)
-    if isinstance(result, BaseException):
-        raise result
-    return result
-
-
-def _exit_on_problems(problems: list[BatchProblem]) -> None:
-    """A sweep or cancel that met a problem with any batch exits with the provider's code (the rest was done)."""
-    if problems:
-        raise typer.Exit(EXIT_PROVIDER)
-
-
-def _print_problems(problems: list[BatchProblem]) -> None:
-    """One ``error:`` line per problem; batches that met the same error (a provider out of reach) share one."""
-    groups: dict[tuple[str, str, bool], list[BatchProblem]] = {}
-    for problem in problems:
-        groups.setdefault((problem.step, problem.error, problem.lost), []).append(problem)
-    for (step, error, lost), group in groups.items():
-        first = group[0]
-        if len(group) == 1:
-            line = first.line
-        else:
-            ids = ", ".join(str(p.batch_id) for p in group)
-            line = f"{len(group)} batches ({ids}) {'lost' if lost else f'{step} failed'}: {error}"
-        stuck = not lost and first.batch_id is not None and first.errors_in_a_row >= ABANDON_HINT_AFTER
-        hint = "; `llm-dispatch abandon BATCH` gives one up" if stuck else ""
-        err.print(f"[bold red]error:[/] {line}{hint}", highlight=False, soft_wrap=True)
-
-
-@app.command()
-def status(
-    job: Annotated[Optional[str], typer.Argument(help="a job id (default: the newest jobs)")] = None,
-    database_url: DatabaseUrl = None,
-    as_json: AsJson = False,
-) -> None:
-    """Jobs, their prompts per route and status, and their batches."""
-    _report("status", job=job, database_url=database_url, as_json=as_json)
-
-
-@app.command()
-def models(
-    prices_file: Annotated[Optional[Path], typer.Option(help="your own price table (JSON), over the bundled one")] = None,
-    provider: Annotated[Optional[str], typer.Option(help="only this provider's models: openai|anthropic")] = None,
-    as_json: AsJson = False,
-) -> None:
-    """The model catalog: each model's prices, context window, maximum output, shutdown date and where its figures
-    come from, as a run prices them today."""
-    from llm_dispatch.core import PROVIDERS, PriceTable
-
-    from .catalog import catalog, print_catalog
-
-    if provider is not None and provider not in PROVIDERS:
-        raise _fail(f"--provider must be one of {', '.join(PROVIDERS)}, not {provider!r}")
-    prices = prices_file if prices_file is not None else _settings().prices_file
-    try:
-        table = PriceTable.load(path=Path(prices) if prices else None)
-    except LLMDispatchError as exc:
-        raise _fail(str(exc)) from None
-    data = catalog(table, provider=provider)
-    if as_json:
-        print(json.dumps(data, indent=2))
-    else:
-        print_catalog(out, data)
-
-
-@app.command()
-def cost(
-    job: NewestJob = None,
-    database_url: DatabaseUrl = None,
-    prices_file: Annotated[Optional[Path], typer.Option(hidden=True)] = None,
-    as_json: AsJson = False,
-) -> None:
-    """What a job cost per route, as stored with each answer when it came, and what the Batch API saved."""
-    if prices_file is not None:
-        raise _fail("cost shows what each answer cost when it was stored; to see a job under other prices, "
-                    f"run `llm-dispatch reprice {job or ''} --prices-file {prices_file}`".replace("  ", " "))
-    _report("cost", job=job, database_url=database_url, as_json=as_json)
-
-
-@app.command()
-def reprice(
-    job: NewestJob = None,
-    prices_file: Annotated[Optional[Path], typer.Option(help="the price table (JSON) to try, over the bundled one")] = None,
-    tier: Annotated[Optional[str], typer.Option(
-        help="what if every real-time answer had been served at this service tier (standard, flex, priority...)")] = None,
-    route: Annotated[Optional[str], typer.Option(help="what if every answer had been sent this way: realtime|batch")] = None,
-    database_url: DatabaseUrl = None,
-    as_json: AsJson = False,
-) -> None:
-    """What a job would cost under another price table, service tier or route, beside its stored cost; changes
-    nothing."""
-    if prices_file is None and tier is None and route is None:
-        raise _fail("give --prices-file FILE (a price table), --tier TIER or --route ROUTE: what to reprice the job with")
-    if route not in (None, "realtime", "batch"):
-        raise _fail(f"--route must be realtime or batch, not {route!r}")
-    _report("reprice", job=job, database_url=database_url, as_json=as_json, prices_file=prices_file, tier=tier,
-            route=route)
-
-
-def _report(name: str, *, job: str | None, database_url: str | None, as_json: bool, **options: Any) -> None:
-    """Run the report ``reports.<name>``; print it as a table (``reports.print_<name>``) or JSON."""
-    from . import reports
-
-    settings = _settings(database_url=database_url)
-    query, show = getattr(reports, name), getattr(reports, f"print_{name}")
-    data = asyncio.run(query(settings=settings, job_id=job, **options))
-    if data is None:
-        where = settings.public_dict()["database_url"]
-        raise _fail(f"no job {job or ''!r} in {where}; `llm-dispatch status` lists jobs")
-    if as_json:
-        out.print_json(json.dumps(data, default=str))
-    else:
-        show(out, data)
-
-
-@app.command()
-def export(
-    job: Annotated[str, typer.Argument(help="the job to export: its id (or the id's first characters) or its name")],
-    fmt: Annotated[Optional[str], typer.Option(
-        "--format", help="jsonl (default), csv, parquet, or npy (the embedding vectors alone, float32)")] = None,
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="file to write (default: stdout)")] = None,
-    fields: Annotated[Optional[str], typer.Option(
-        "--fields", help="columns, comma-separated: built-in names, metadata keys, or all (default: id, prompt, "
-                         "answer, status, error, model, tokens, cost_usd, latency_ms, then each metadata key)")] = None,
-    database_url: DatabaseUrl = None,
-    as_json: Annotated[bool, typer.Option("--json", help="one JSON array of the rows (instead of --format)")] = False,
-) -> None:
-    """Every prompt of JOB in input order, ready for scoring: the user's id, the prompt, the answer, status, error,
-    tokens, cost, latency and the prompt's metadata as columns; for a job with a schema, each field of the parsed
-    answer as a column of its own (typed in Parquet), its violation, re-asks and cost with them."""
-    from . import reports
-
-    if as_json and fmt is not None:
-        raise _fail("give --json or --format, not both")
-    if fmt not in (None, "jsonl", "csv", "parquet", "npy"):
-        raise _fail(f"--format must be jsonl, csv, parquet or npy, not {fmt!r}")
-    if fmt in ("parquet", "npy") and output is None:
-        raise _fail(f"--format {fmt} writes a file: give --output FILE.{fmt}")
-    fmt = "json" if as_json else fmt or "jsonl"
-    chosen = [name.strip() for name in fields.split(",") if name.strip()] if fields is not None else None
-    if chosen == []:
-        raise _fail("--fields names no column; give names separated by commas, or leave it out for the default ones")
-    settings = _settings(database_url=database_url)
-    written = asyncio.run(reports.export(settings=settings, job_id=job, fmt=fmt, output=output, fields=chosen))
-    if output is not None:
-        err.print(f"wrote {written} rows to {output}", highlight=False)
 
 
 class _Interrupted(Exception):
@@ -667,60 +316,6 @@ async def _run_with_progress(
             display.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await display
-
-
-@contextlib.contextmanager
-def _prefect_settings() -> Any:
-    from prefect.settings import (
-        PREFECT_API_URL,
-        PREFECT_SERVER_ANALYTICS_ENABLED,
-        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
-        temporary_settings,
-    )
-
-    # With no Prefect server configured, Prefect starts a temporary one: 10-17 s on a fresh home,
-    # more on a busy machine, past its default wait of 20 s. A user's own setting still wins.
-    updates: dict[Any, Any] = {
-        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: max(
-            PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value(), EPHEMERAL_STARTUP_TIMEOUT
-        ),
-    }
-    if "PREFECT_SERVER_ANALYTICS_ENABLED" not in os.environ:
-        # A temporary server's telemetry only logs an error on an offline machine.
-        updates[PREFECT_SERVER_ANALYTICS_ENABLED] = False
-    if not PREFECT_API_URL.value():
-        from .server import running_server
-
-        # No server configured: the one `llm-dispatch server start` keeps, when it is up, not a temporary one.
-        local = running_server()
-        if local is not None:
-            updates[PREFECT_API_URL] = local.api_url
-    with temporary_settings(updates=updates), _run_errors_unprinted(unless=_debug()):
-        yield
-
-
-class _RunErrors(logging.Filter):
-    """Holds back the ERROR lines of flow and task runs: each is about an error that reaches the command, which
-    says it once (one line, or the traceback of a bug). The Prefect API, and so the UI, still gets them."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno < logging.ERROR or not record.name.startswith(("prefect.flow_runs", "prefect.task_runs"))
-
-
-@contextlib.contextmanager
-def _run_errors_unprinted(*, unless: bool) -> Any:
-    """While a command runs a flow, Prefect's console shows no run's ERROR lines (``--debug``: it shows them all)."""
-    from prefect.logging.handlers import PrefectConsoleHandler
-
-    consoles = [] if unless else [h for h in logging.getLogger().handlers if isinstance(h, PrefectConsoleHandler)]
-    quiet = _RunErrors()
-    for handler in consoles:
-        handler.addFilter(quiet)
-    try:
-        yield
-    finally:
-        for handler in consoles:
-            handler.removeFilter(quiet)
 
 
 async def _show(progress: Progress) -> None:
@@ -800,42 +395,6 @@ def _print_summary(summary: DispatchSummary) -> None:
                   "deployment) ingests them when they finish", highlight=False)
 
 
-server_app = typer.Typer(no_args_is_help=True, help=(
-    "A local Prefect server for the session: with none configured (PREFECT_API_URL), each run would start a "
-    "temporary one first. `server start` keeps one up; run, collect and cancel use it while it is up."))
-app.add_typer(server_app, name="server")
-
-
-@server_app.command("start")
-def server_start(
-    port: Annotated[int, typer.Option(help="port on 127.0.0.1")] = 4200,
-) -> None:
-    """Start a Prefect server in the background (its UI at the same address) for later commands to use."""
-    from prefect.settings import PREFECT_API_URL
-
-    from .server import start_server
-
-    if PREFECT_API_URL.value():
-        err.print(f"a Prefect server is configured already (PREFECT_API_URL={PREFECT_API_URL.value()}): commands "
-                  "use it; nothing started", highlight=False, soft_wrap=True)
-        return
-    local, started = start_server(port=port)
-    ui = local.api_url.removesuffix("/api")
-    err.print(f"Prefect server {'started' if started else 'already up'} at {ui} (pid {local.pid}, log {local.log}); "
-              "run, collect and cancel use it until `llm-dispatch server stop`", highlight=False, soft_wrap=True)
-
-
-@server_app.command("stop")
-def server_stop() -> None:
-    """Stop the Prefect server `llm-dispatch server start` started."""
-    from .server import stop_server
-
-    stopped = stop_server()
-    err.print(f"stopped the Prefect server at {stopped.api_url} (pid {stopped.pid})" if stopped is not None
-              else "no Prefect server of `llm-dispatch server start` is running", highlight=False)
-
-
-@app.command()
 def simulate(
     port: Annotated[int, typer.Option(help="port to listen on")] = 8000,
     host: Annotated[str, typer.Option(help="address to bind")] = "127.0.0.1",
@@ -859,6 +418,11 @@ def simulate(
     with contextlib.suppress(KeyboardInterrupt):
         serve(host=host, port=port, config=config, on_ready=ready)
 
+
+for command in (run, collect, cancel, abandon, status, models, cost, reprice, export, simulate):
+    app.command()(command)
+app.add_typer(budget_app, name="budget")
+app.add_typer(server_app, name="server")
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

@@ -17,10 +17,15 @@ import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Annotated
+
+import typer
 
 from llm_dispatch.core import ConfigError
 
-__all__ = ["LocalServer", "running_server", "start_server", "stop_server"]
+from ._common import err
+
+__all__ = ["LocalServer", "running_server", "server_app", "start_server", "stop_server"]
 
 STATE_FILE = "llm-dispatch-server.json"
 DEFAULT_PORT = 4200
@@ -129,3 +134,33 @@ def _healthy(api_url: str) -> bool:
             return answer.status == 200
     except (urllib.error.URLError, OSError, ValueError):
         return False
+
+
+server_app = typer.Typer(no_args_is_help=True, help=(
+    "A local Prefect server for the session: with none configured (PREFECT_API_URL), each run would start a "
+    "temporary one first. `server start` keeps one up; run, collect and cancel use it while it is up."))
+
+
+@server_app.command("start")
+def server_start(
+    port: Annotated[int, typer.Option(help="port on 127.0.0.1")] = 4200,
+) -> None:
+    """Start a Prefect server in the background (its UI at the same address) for later commands to use."""
+    from prefect.settings import PREFECT_API_URL
+
+    if PREFECT_API_URL.value():
+        err.print(f"a Prefect server is configured already (PREFECT_API_URL={PREFECT_API_URL.value()}): commands "
+                  "use it; nothing started", highlight=False, soft_wrap=True)
+        return
+    local, started = start_server(port=port)
+    ui = local.api_url.removesuffix("/api")
+    err.print(f"Prefect server {'started' if started else 'already up'} at {ui} (pid {local.pid}, log {local.log}); "
+              "run, collect and cancel use it until `llm-dispatch server stop`", highlight=False, soft_wrap=True)
+
+
+@server_app.command("stop")
+def server_stop() -> None:
+    """Stop the Prefect server `llm-dispatch server start` started."""
+    stopped = stop_server()
+    err.print(f"stopped the Prefect server at {stopped.api_url} (pid {stopped.pid})" if stopped is not None
+              else "no Prefect server of `llm-dispatch server start` is running", highlight=False)

@@ -1,0 +1,90 @@
+"""What every ``llm-dispatch`` command shares: its consoles, common options and settings, the exit codes, and the
+command group that turns any error of llm-dispatch's tree into one line and its exit code."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated, Any, Optional
+
+import click
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from typer.core import TyperGroup
+
+from llm_dispatch.core import APIError, LLMDispatchError, Settings
+
+# Options several commands take alike.
+DatabaseUrl = Annotated[Optional[str], typer.Option(help="SQLAlchemy URL (default: ./llm_dispatch.db)")]
+AsJson = Annotated[bool, typer.Option("--json", help="print as JSON")]
+
+err = Console(stderr=True)
+# Piped or captured output gets room for the whole table, not 80 columns.
+out = Console() if sys.stdout.isatty() else Console(width=160)
+
+# Exit codes (README, "Exit codes"); a signal that stops a run exits 128 + its number.
+EXIT_FAILED_PROMPTS = 1  # the run ended with prompts that failed
+EXIT_INPUT = 2  # bad input, settings or database, or a refused --max-cost: nothing was sent
+EXIT_PROVIDER = 3  # a provider call failed after its retries (network, key, refusal); what came back is stored
+EXIT_BUDGET = 4  # the budget was reached: what was sent is stored, the rest is pending
+
+EXIT_CODES = ("Exit codes: 0 done; 1 some prompts failed; 2 bad input, settings or database, or --max-cost refused "
+              "(nothing sent); 3 a provider call failed after its retries (what came back is stored: run again "
+              "later); 4 the budget was reached (the rest is pending: run again with a higher --budget); 128+N "
+              "stopped by signal N.")
+
+
+def exit_code(error: LLMDispatchError) -> int:
+    """The exit code of a command that stopped on ``error``."""
+    return EXIT_PROVIDER if isinstance(error, APIError) else EXIT_INPUT
+
+
+def expected_error(exc: BaseException) -> LLMDispatchError | None:
+    """``exc`` when it is one of ours; for a group of errors (two halves of a run failing together), its first
+    when every one is ours; else None (a bug: its traceback is worth showing)."""
+    if isinstance(exc, LLMDispatchError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        leaves = [expected_error(inner) for inner in exc.exceptions]
+        if leaves and all(leaf is not None for leaf in leaves):
+            return leaves[0]
+    return None
+
+
+def _debug() -> bool:
+    """Whether ``--debug`` was given (an option of the command group, read from the running command's context)."""
+    context = click.get_current_context(silent=True)
+    return bool(context is not None and context.find_root().params.get("debug"))
+
+
+class _Commands(TyperGroup):
+    """The command group: any error of llm-dispatch's tree becomes one line and its exit code (the traceback with
+    ``--debug``); an error outside it is a bug, shown as Python shows it."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (LLMDispatchError, BaseExceptionGroup) as exc:
+            error = expected_error(exc)
+            if error is None or ctx.params.get("debug"):
+                raise
+            raise _fail(str(error), code=exit_code(error)) from None
+
+
+def _fail(message: str, *, code: int = EXIT_INPUT) -> typer.Exit:
+    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    return typer.Exit(code)
+
+
+def _settings(**overrides: Any) -> Settings:
+    """The command's settings; a bad one (a database URL that cannot work included) is one line and exit 2."""
+    from llm_dispatch.storage import check_database_url
+
+    try:
+        settings = Settings(**{key: value for key, value in overrides.items() if value is not None})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"])
+        raise _fail(f"setting {field}: {first['msg']} (env LLM_DISPATCH_{field.upper()})") from None
+    check_database_url(settings.database_url)
+    return settings

@@ -56,14 +56,19 @@ if TYPE_CHECKING:
         unfinished_work_in_order,
         unfinished_work_pages,
     )
-    from ._queries import (
-        add_prompts,
+    from ._jobs import (
         create_job,
         find_job,
-        find_reusable,
         get_job,
         job_counts,
         job_models,
+        resolve_job,
+        result_stats,
+        set_job_status,
+    )
+    from ._prompts import (
+        add_prompts,
+        find_reusable,
         load_work,
         mark_in_flight,
         reopen_refused,
@@ -71,9 +76,6 @@ if TYPE_CHECKING:
         reask_levels,
         reroute_late_prompts,
         reroute_pending,
-        resolve_job,
-        result_stats,
-        set_job_status,
         set_planned_route,
     )
     from ._records import BatchRecord, JobInfo, NewPrompt, UnfinishedPrompt, ResultStats, WorkRow

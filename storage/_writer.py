@@ -18,7 +18,7 @@ from llm_dispatch.core import ChatResult, PriceTable, ResultRoute, UnknownPrompt
 from ._budgets import BudgetLease, settle_batch
 from ._bulk import IN_CHUNK, chunks
 from ._models import Prompt, utcnow
-from ._queries import mark_in_flight, release_in_flight, set_background_id
+from ._prompts import mark_in_flight, release_in_flight, set_background_id
 from ._results import ResultRow, RowLedger, answer_rows, failure_rows, write_results
 from ._engine import Sessions
 

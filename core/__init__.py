@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from ._constants import DEFAULT_CONCURRENCY, DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
     from ._costs import CostTotals, RouteTotals, estimate_request_cost, worst_case_cost
     from ._vectors import vector_bytes, vector_floats
+    from ._embeddings import embedding_text
     from ._endpoints import DEFAULT_ENDPOINT, ENDPOINTS, SUPPORTED_ENDPOINTS, Endpoint, batch_url, check_batch_url
     from ._dispatch import ChatSender, DispatchOutcome, Progress, ResultSink, WorkItem, current_progress, reask, send_all
     from ._hashes import key_hash
@@ -33,6 +34,15 @@ if TYPE_CHECKING:
     from ._json import json_field, money, stored_json, to_json
     from ._message_shapes import anthropic_messages_refusal, openai_messages_refusal
     from ._model_rules import Refusal, anthropic_refusal, batch_metadata_problem, openai_refusal
+    from ._packing import (
+        EMBEDDING_PACK_LIMITS,
+        PackLimits,
+        Packer,
+        member_id,
+        pack_key,
+        packed_request,
+        split_member_id,
+    )
     from ._pricing import PICO_PER_USD, Charge, ModelInfo, PriceTable, from_pico
     from ._providers import PROVIDERS, provider_lookup
     from ._retry import DEFAULT_MAX_RETRY_AFTER
@@ -61,6 +71,7 @@ __all__ = [
     "DEFAULT_ENDPOINT",
     "vector_bytes",
     "vector_floats",
+    "embedding_text",
     "ENDPOINTS",
     "SUPPORTED_ENDPOINTS",
     "Endpoint",
@@ -76,6 +87,7 @@ __all__ = [
     "response_format_problem",
     "DEFAULT_ANTHROPIC_VERSION",
     "DEFAULT_BATCH_LIMITS",
+    "EMBEDDING_PACK_LIMITS",
     "DEFAULT_CONCURRENCY",
     "DEFAULT_CONNECT_TIMEOUT",
     "DEFAULT_MAX_RETRIES",
@@ -119,6 +131,8 @@ __all__ = [
     "iter_prompts",
     "json_field",
     "key_hash",
+    "member_id",
+    "split_member_id",
     "from_pico",
     "LLMClient",
     "openai_messages_refusal",
@@ -126,6 +140,10 @@ __all__ = [
     "parse_deadline",
     "ModelInfo",
     "PriceTable",
+    "PackLimits",
+    "Packer",
+    "pack_key",
+    "packed_request",
     "Progress",
     "provider_lookup",
     "prompt_chars",

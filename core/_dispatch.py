@@ -1,12 +1,14 @@
 """Sends a set of chat requests concurrently and hands each outcome to a sink the moment it arrives.
 
 Plain asyncio over one shared client; it knows nothing of Prefect or SQL. A ``WorkItem`` may stand
-for several prompts that make the identical request: it is sent once and answers them all.
+for several prompts that make the identical request: it is sent once and answers them all. Embeddings items that
+differ only in their text are packed into one request (``_packing``), each still answered on its own.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import time
 from collections import Counter
@@ -16,8 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ._budgets import SpendGate
-from ._exceptions import APIError
+from ._embeddings import embedding_text
+from ._exceptions import APIError, APIStatusError
 from ._openai_responses import runs_in_background
+from ._packing import EMBEDDING_PACK_LIMITS, PackLimits, Packer, pack_key, unpack_embeddings
 from ._stops import RunStop
 from ._structured import answer_schema, answer_text, checked, reask_messages
 from ._types import ChatRequest, ChatResult
@@ -42,6 +46,37 @@ class WorkItem:
 
     prompt_ids: tuple[int, ...]
     request: ChatRequest
+    # A packed embeddings request's items, one a text, in input order (``prompt_ids`` is all theirs); else empty.
+    parts: tuple[WorkItem, ...] = ()
+
+
+def pack_work(items: Sequence[WorkItem], *, limits: PackLimits = EMBEDDING_PACK_LIMITS) -> list[WorkItem]:
+    """``items`` with the embeddings ones that may share a request packed (``_packing.Packer``), in order of their
+    first item; a pack of one is its item as it was."""
+    packer: Packer[WorkItem] = Packer(limits=limits)
+    # A place per item that is not packed, and per pack once it is closed; None holds an open pack's place.
+    slots: list[WorkItem | None] = []
+    where: dict[str, int] = {}  # the place of each key's open pack
+
+    def place(key: str, members: list[WorkItem], request: ChatRequest) -> None:
+        slots[where.pop(key)] = members[0] if len(members) == 1 else WorkItem(
+            prompt_ids=tuple(pid for member in members for pid in member.prompt_ids), request=request,
+            parts=tuple(members))
+
+    for item in items:
+        key = pack_key(item.request) if item.request.background_id is None else None
+        if key is None:
+            slots.append(item)
+            continue
+        closed = packer.add(key, item, item.request)
+        if closed is not None:
+            place(key, closed.members, closed.request())
+        if key not in where:
+            where[key] = len(slots)
+            slots.append(None)
+    for pack in packer.close():
+        place(pack.key, pack.members, pack.request())
+    return [slot for slot in slots if slot is not None]
 
 
 class ChatSender(Protocol):
@@ -191,8 +226,14 @@ async def send_all(
     stop: RunStop | None = None,
     max_reasks: int = 0,
     budget: SpendGate | None = None,
+    packing: PackLimits | None = EMBEDDING_PACK_LIMITS,
 ) -> DispatchOutcome:
     """Send every item with at most ``concurrency`` requests in flight; persist each as it completes.
+
+    Embeddings items that differ only in their text go out packed, within ``packing`` (None: one text a request):
+    the packed request is reserved, sent, retried and counted as one; each text's prompts get their own result (its
+    vector, its share of the usage). A pack the provider refuses with a 400 or 413 (not billed) is sent again as two
+    halves, down to single texts, so one bad text fails alone.
 
     An answer that breaks its request's schema is asked again at once, up to ``max_reasks`` times (``reask``).
 
@@ -213,7 +254,7 @@ async def send_all(
     if concurrency < 1:
         raise ValueError("concurrency must be at least 1")
     outcome = DispatchOutcome()
-    work = list(items)
+    work = list(items) if packing is None else pack_work(list(items), limits=packing)
     low_water = max(1, len(work) - 2 * concurrency)
     pending = iter(work)
     finished = 0
@@ -252,18 +293,24 @@ async def send_all(
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - every failure is recorded, none is lost
+            if _split_again(item, exc):
+                # Refused before any work (so not billed): one text may be the reason, or the pack's size.
+                logger.info("%d texts sent together were refused (%s); sending them in two halves",
+                            len(item.parts), exc)
+                for half in _halves(item):
+                    await send(half)
+                return
             if not isinstance(exc, APIError):
                 logger.exception("unexpected error sending prompt ids %s", item.prompt_ids[:3])
             if stop is not None:
                 await stop.failed(model, exc)
-            await sink.failure(prompt_ids=item.prompt_ids, error=exc, final=True, model=model)
-            outcome.failed += len(item.prompt_ids)
-            outcome.failed_by_class[type(exc).__name__] += len(item.prompt_ids)
-            if progress is not None:
-                progress.failed += 1
+            await record_failure(item, exc)
         else:
             if stop is not None:
                 await stop.answered(model)
+            if item.parts:
+                await packed(item, result)
+                return
             schema = answer_schema(item.request.params)
             result = checked(result, schema)
             await sink.success(prompt_ids=item.prompt_ids, result=result, model=model)
@@ -282,6 +329,30 @@ async def send_all(
         finally:
             if progress is not None:
                 progress.in_flight -= 1
+
+    async def record_failure(item: WorkItem, exc: BaseException) -> None:
+        for number, part in enumerate(item.parts or (item,)):
+            # What a 2xx with no usable answer said it used is the request's: priced once, on its first text.
+            error = exc if number == 0 or getattr(exc, "usage", None) is None else _without_usage(exc)
+            await sink.failure(prompt_ids=part.prompt_ids, error=error, final=True, model=part.request.model)
+        outcome.failed += len(item.prompt_ids)
+        outcome.failed_by_class[type(exc).__name__] += len(item.prompt_ids)
+        if progress is not None:
+            progress.failed += len(item.parts) or 1
+
+    async def packed(item: WorkItem, result: ChatResult) -> None:
+        """A packed request's answer, a result per text (``unpack_embeddings``)."""
+        try:
+            answers = unpack_embeddings(result, [embedding_text(part.request.messages) or ""
+                                                 for part in item.parts])
+        except APIError as exc:
+            await record_failure(item, exc)
+            return
+        for part, answer in zip(item.parts, answers):
+            await sink.success(prompt_ids=part.prompt_ids, result=answer, model=part.request.model)
+        outcome.succeeded += len(item.prompt_ids)
+        if progress is not None:
+            progress.succeeded += len(item.parts)
 
     async def worker() -> None:
         nonlocal finished
@@ -312,3 +383,22 @@ async def send_all(
             stop.left(item.request.model, len(item.prompt_ids))  # type: ignore[union-attr]
         outcome.over_budget += sum(len(item.prompt_ids) for item in unfunded)
     return outcome
+
+
+def _split_again(item: WorkItem, error: BaseException) -> bool:
+    """Whether a packed request failed for its content, refused before any work: a 400, or a 413 for its size."""
+    return (len(item.parts) > 1 and isinstance(error, APIStatusError) and error.status_code in (400, 413)
+            and not getattr(error, "maybe_billed", 0))
+
+
+def _halves(item: WorkItem) -> list[WorkItem]:
+    """A packed item's texts as two packed items (or single ones)."""
+    middle = len(item.parts) // 2
+    return [*pack_work(item.parts[:middle], limits=PackLimits(max_inputs=middle)),
+            *pack_work(item.parts[middle:], limits=PackLimits(max_inputs=len(item.parts) - middle))]
+
+
+def _without_usage(error: BaseException) -> BaseException:
+    copied = copy.copy(error)
+    copied.usage = None  # type: ignore[attr-defined]
+    return copied

@@ -1,6 +1,7 @@
 """OpenAI's embeddings endpoint: a prompt's text as a request body, and an answer's vector as float32 bytes.
 
-A prompt to ``embeddings`` holds one text (its one user message, given as ``prompt`` or ``input``). Its vector is
+A prompt to ``embeddings`` holds one text (its one user message, given as ``prompt`` or ``input``); a packed request
+(``_packing``) holds several, one user message each, sent as ``input``'s list. A vector is
 kept as the float32 little-endian bytes the API's ``base64`` encoding carries (4 bytes a dimension, never JSON
 text of floats); the request asks for ``base64`` unless the prompt names an ``encoding_format`` itself, as
 openai-python does. Wire format: openai-python ``types/embedding_create_params.py``, ``create_embedding_response.py``.
@@ -51,39 +52,51 @@ def embedding_text(messages: list[dict[str, Any]]) -> str | None:
 
 
 def embeddings_body(request: ChatRequest) -> dict[str, Any]:
-    """The ``/embeddings`` body (real-time and batch lines alike)."""
+    """The ``/embeddings`` body (real-time and batch lines alike): one text as ``input``, a packed request's texts
+    as its list."""
     text = embedding_text(request.messages)
-    if text is None:
+    given: str | list[str] | None = text
+    if text is None and len(request.messages) > 1:
+        texts = [embedding_text([message]) for message in request.messages]
+        given = None if None in texts else texts  # type: ignore[assignment]
+    if given is None:
         raise ValueError("an embeddings prompt holds one text: give it as 'prompt' or 'input'")
-    return {"encoding_format": "base64", **request.params, "model": request.model, "input": text}
+    return {"encoding_format": "base64", **request.params, "model": request.model, "input": given}
 
 
 def _embedding_from_body(body: Any) -> Chat | None:
-    """The vector and usage of an embeddings list body, or None when it holds no ``data[0].embedding``."""
+    """The vectors (in input order) and usage of an embeddings list body, or None when it holds no vector or one
+    that cannot be read."""
     data = body.get("data") if isinstance(body, Mapping) else None
-    first = data[0] if isinstance(data, list) and data else None
-    vector = vector_bytes(first.get("embedding")) if isinstance(first, Mapping) else None
-    usage = body.get("usage") if isinstance(body, Mapping) else None
-    usage = usage if isinstance(usage, Mapping) else {}
-    prompt_tokens = _count(usage.get("prompt_tokens"))
-    if vector is None:
+    if not isinstance(data, list) or not data or not all(isinstance(item, Mapping) for item in data):
+        return None
+    if len(data) > 1 and all(isinstance(item.get("index"), int) for item in data):
+        data = sorted(data, key=lambda item: item["index"])
+    vectors = [vector_bytes(item.get("embedding")) for item in data]
+    if None in vectors:
         return None
     assert isinstance(body, Mapping)
-    return Chat(_result(vector, body, prompt_tokens), _count(usage.get("total_tokens")) or prompt_tokens)
+    usage = body.get("usage")
+    usage = usage if isinstance(usage, Mapping) else {}
+    prompt_tokens = _count(usage.get("prompt_tokens"))
+    return Chat(_result(vectors, body, prompt_tokens),  # type: ignore[arg-type]
+                _count(usage.get("total_tokens")) or prompt_tokens)
 
 
-def _result(vector: bytes | None, body: Mapping[str, Any], prompt_tokens: int) -> ChatResult:
+def _result(vectors: list[bytes], body: Mapping[str, Any], prompt_tokens: int) -> ChatResult:
     model = body.get("model")
     return ChatResult(text=None, finish_reason=None, prompt_tokens=prompt_tokens, completion_tokens=0, cached_tokens=0,
                       model=model if isinstance(model, str) else None, response_id=None, latency_s=0.0,
-                      embedding=vector)
+                      embedding=vectors[0] if len(vectors) == 1 else None,
+                      embeddings=tuple(vectors) if len(vectors) > 1 else None)
 
 
 def parse_embedding(response: httpx.Response) -> Chat:
-    return parse_answer(response, _embedding_from_body, what="no data[0].embedding")
+    return parse_answer(response, _embedding_from_body, what="no readable data[].embedding")
 
 
 def embedding_result_from_body(body: Any) -> ChatResult | None:
-    """A batch output line's embeddings body as a result, or None when it holds no vector."""
+    """A batch output line's embeddings body as a result (a packed line's vectors in ``embeddings``), or None when it
+    holds no vector."""
     chat = _embedding_from_body(body)
     return None if chat is None else chat.result

@@ -87,3 +87,6 @@ class ChatResult:
     violation: str | None = None
     # An embeddings answer's vector as float32 little-endian bytes (4 per dimension); None for any other answer.
     embedding: bytes | None = None
+    # A packed embeddings request's answer (several texts, ``_packing``): their vectors in input order, and no
+    # ``embedding``. Never stored as it is: ``unpack_embeddings`` makes a result per text.
+    embeddings: tuple[bytes, ...] | None = None

@@ -12,6 +12,7 @@ import base64
 import hashlib
 import json
 import math
+import operator
 import struct
 from typing import Any
 
@@ -28,9 +29,11 @@ __all__ = ["DEFAULT_DIMENSIONS", "EMBEDDINGS_PATH", "embedding_vector", "embeddi
 EMBEDDINGS_PATH = "/v1/embeddings"
 # text-embedding-3-small's length; 3-large's is 3072 (asked with dimensions where a test wants it).
 DEFAULT_DIMENSIONS = 1536
-# OpenAI's per-request limits (openai-python EmbeddingCreateParams): inputs per request, tokens per input.
+# OpenAI's per-request limits (its API reference, as openai-python's EmbeddingCreateParams carries it): inputs per
+# request, tokens per input, tokens summed over a request's inputs.
 MAX_INPUTS = 2048
 MAX_INPUT_TOKENS = 8192
+MAX_REQUEST_TOKENS = 300_000
 
 
 def register(app: web.Application, state: SimState) -> None:
@@ -39,11 +42,16 @@ def register(app: web.Application, state: SimState) -> None:
 
 def embedding_vector(text: str, *, model: str, dimensions: int = DEFAULT_DIMENSIONS) -> list[float]:
     """The vector the simulator answers for ``text``: float32 values of unit length, from its hash."""
+    return list(struct.unpack(f"<{dimensions}f", _vector_bytes(text, model=model, dimensions=dimensions)))
+
+
+def _vector_bytes(text: str, *, model: str, dimensions: int) -> bytes:
+    """``embedding_vector`` as float32 little-endian bytes (what a base64 answer carries)."""
     stream = hashlib.shake_256(f"{model}\x00{text}".encode()).digest(4 * dimensions)
     raw = [value / 2**31 - 1.0 for value in struct.unpack(f"<{dimensions}I", stream)]
-    norm = math.sqrt(sum(value * value for value in raw)) or 1.0
-    # Through float32 and back, as the API's floats are.
-    return list(struct.unpack(f"<{dimensions}f", struct.pack(f"<{dimensions}f", *(v / norm for v in raw))))
+    scale = 1.0 / (math.sqrt(math.fsum(map(operator.mul, raw, raw))) or 1.0)
+    # Through float32, as the API's floats are.
+    return struct.pack(f"<{dimensions}f", *map(scale.__mul__, raw))
 
 
 def _inputs(body: dict[str, Any]) -> list[str]:
@@ -66,12 +74,18 @@ def embeddings_problem(body: Any) -> tuple[str, str | None, str | None] | None:
         return "'input' must be a non-empty string or array of strings.", "input", "invalid_type"
     if len(inputs) > MAX_INPUTS:
         return f"'input' holds {len(inputs)} items; at most {MAX_INPUTS} are allowed.", "input", "invalid_value"
+    total = 0
     for text in inputs:
         if not text:
             return "'$.input' is invalid: an input cannot be an empty string.", "input", "invalid_value"
-        if count_tokens(text) > MAX_INPUT_TOKENS:
+        tokens = count_tokens(text)
+        if tokens > MAX_INPUT_TOKENS:
             return (f"This model's maximum context length is {MAX_INPUT_TOKENS} tokens, however you requested "
-                    f"{count_tokens(text)} tokens in the input.", "input", "context_length_exceeded")
+                    f"{tokens} tokens in the input.", "input", "context_length_exceeded")
+        total += tokens
+    if total > MAX_REQUEST_TOKENS:
+        return (f"Requested {total} tokens, max {MAX_REQUEST_TOKENS} tokens per request.", "input",
+                "max_tokens_per_request")
     dimensions = body.get("dimensions")
     if dimensions is not None and (isinstance(dimensions, bool) or not isinstance(dimensions, int)
                                    or not 1 <= dimensions <= 3072):
@@ -93,8 +107,9 @@ def embeddings_answer(body: dict[str, Any]) -> tuple[dict[str, Any], int]:
     tokens = 0
     for index, text in enumerate(_inputs(body)):
         tokens += count_tokens(text)
-        vector = embedding_vector(text, model=model, dimensions=dimensions)
-        value: Any = base64.b64encode(struct.pack(f"<{dimensions}f", *vector)).decode() if as_base64 else vector
+        raw = _vector_bytes(text, model=model, dimensions=dimensions)
+        value: Any = (base64.b64encode(raw).decode() if as_base64
+                      else list(struct.unpack(f"<{dimensions}f", raw)))
         data.append({"object": "embedding", "index": index, "embedding": value})
     return {"object": "list", "data": data, "model": model,
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}, tokens
@@ -121,6 +136,7 @@ class _EmbeddingRoutes(_ChatRoutes):
 
         def render() -> bytes:
             state.stats.count("embeddings")
+            state.stats.embedding_inputs += len(answer["data"])
             state.stats.prompt_tokens += tokens
             return json.dumps(answer).encode()
 

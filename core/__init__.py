@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from ._endpoints import DEFAULT_ENDPOINT, ENDPOINTS, SUPPORTED_ENDPOINTS, Endpoint, batch_url, check_batch_url
     from ._dispatch import ChatSender, DispatchOutcome, Progress, ResultSink, WorkItem, current_progress, reask, send_all
     from ._hashes import key_hash
-    from ._inputs import InputCheck, PromptSource, PromptSpec, RepeatedKeys, check_prompts, fingerprint, iter_prompts
+    from ._inputs import InputCheck, PromptSource, RepeatedKeys, check_prompts, fingerprint, iter_prompts
     from ._json import json_field, money, stored_json, to_json
     from ._message_shapes import anthropic_messages_refusal, openai_messages_refusal
     from ._model_rules import Refusal, anthropic_refusal, batch_metadata_problem, openai_refusal
@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     )
     from ._pricing import PICO_PER_USD, Charge, ModelInfo, PriceTable, from_pico
     from ._providers import PROVIDERS, provider_lookup
+    from ._prompt_spec import PromptSpec
     from ._retry import DEFAULT_MAX_RETRY_AFTER
     from ._routing import RoutePolicy, RoutingRules, decide_route, parse_deadline, prompt_chars
     from ._settings import DEFAULT_ANTHROPIC_VERSION, DEFAULT_MAX_TOKENS, Settings

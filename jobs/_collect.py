@@ -68,6 +68,7 @@ class IngestOutcome:
     reask_batches: list[int] = field(default_factory=list)
     reasked_in_batches: int = 0
     reasked_realtime: int = 0
+    reasks_over_budget: int = 0  # invalid answers not asked again: their worst case did not fit the budget
     failed: int = 0
     resend: int = 0  # members back to pending, to go in another batch or real-time
     to_realtime: int = 0  # of those, re-routed to real-time
@@ -120,13 +121,14 @@ async def ingest_batch(
     deadline_margin: timedelta = timedelta(hours=1),
     now: datetime | None = None,
     max_reasks: int = 0,
+    budget: storage.BudgetInfo | None = None,
 ) -> IngestOutcome:
     """Store what a finished batch answered and settle every member (see the module notes).
 
     Idempotent: only members still ``batched`` are written, so an ingest cut short by a crash and
     run again writes each answer once. Marks the batch ``ingested`` last. An answer that breaks its schema is asked
     again (``reask_invalid``: a follow-up batch, or real time when its deadline leaves no window) up to
-    ``max_reasks`` times.
+    ``max_reasks`` times, each re-ask's worst case reserved out of ``budget`` (the run's) first.
     """
     if record.status not in TERMINAL_BATCH_STATUSES:
         raise ValueError(f"batch {record.id} is {record.status!r}, not finished; poll it until it is")
@@ -222,11 +224,12 @@ async def ingest_batch(
         asked = await reask_invalid(
             sessions=sessions, clients=clients, writer=writer, job_id=record.job_id, invalid=to_reask,
             levels=reask_from, max_reasks=max_reasks, directory=directory.parent, now=now or datetime.now(UTC),
-            margin=deadline_margin)
+            margin=deadline_margin, budget=budget)
         await writer.flush()
         outcome.reask_batches += asked.batch_ids
         outcome.reasked_in_batches += asked.batched
         outcome.reasked_realtime += asked.realtime
+        outcome.reasks_over_budget += asked.over_budget
     to_realtime = await _over_the_limit(
         sessions, prompt_ids=[*again, *unanswered], submissions=submissions, max_submissions=max_submissions
     )

@@ -51,15 +51,18 @@ async def poll_batch(*, run: JobRun, batch_id: int) -> storage.BatchRecord:
 
 @task(name="ingest-batch", task_run_name="ingest batch {batch_id}", cache_policy=NO_CACHE)
 async def ingest_batch(*, run: JobRun, batch_id: int) -> IngestOutcome:
-    """Store a finished batch's answers and settle its members (resend, re-route or fail)."""
+    """Store a finished batch's answers and settle its members (resend, re-route or fail); its invalid answers'
+    re-asks held by the job's budget (``run_budget``), as every batch is."""
     record = await storage.require_batch(run.sessions, batch_id=batch_id)
     settings = run.settings
+    held = await jobs.run_budget(settings, sessions=run.sessions, job_id=record.job_id)
     async with storage.ResultWriter(run.sessions, job_id=record.job_id, flush_rows=INGEST_FLUSH_ROWS,
                                     prices=run.prices) as writer:
         return await jobs.ingest_batch(
             sessions=run.sessions, clients=run.clients, writer=writer, record=record,
             directory=Path(settings.batch_dir), max_submissions=settings.batch_max_submissions,
             deadline_margin=timedelta(seconds=settings.deadline_margin), max_reasks=settings.max_reasks,
+            budget=held,
         )
 
 

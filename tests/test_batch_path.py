@@ -25,16 +25,18 @@ from llm_dispatch.jobs._submit import BATCH_ID_KEY, JOB_ID_KEY
 @dataclass
 class Env(BatchEnv):
 
-    async def job(self, contents: list[str], *, deadline: datetime | None = None) -> tuple[str, list[int]]:
+    async def job(self, contents: list[str], *, deadline: datetime | None = None,
+                  params: dict[str, Any] | None = None) -> tuple[str, list[int]]:
         job_id = await storage.create_job(
             self.sessions, name="t", fingerprint=str(len(contents)) * 64, input_path=None, model="gpt-4o-mini",
             settings={})
+        params = params or {"max_tokens": 20}
         prompts = []
         for i, content in enumerate(contents):
             messages = [{"role": "user", "content": content}]
             prompts.append(storage.NewPrompt(
-                custom_id=f"c-{i}", position=i, model="gpt-4o-mini", messages=messages, params={"max_tokens": 20},
-                dedupe_key=dedupe_key(model="gpt-4o-mini", messages=messages, params={"max_tokens": 20}),
+                custom_id=f"c-{i}", position=i, model="gpt-4o-mini", messages=messages, params=params,
+                dedupe_key=dedupe_key(model="gpt-4o-mini", messages=messages, params=params),
                 planned_route="batch", route_reason="test", deadline=deadline))
         await storage.add_prompts(self.sessions, job_id=job_id, prompts=prompts)
         ids = await storage.unfinished_prompt_ids(self.sessions, job_id=job_id)
@@ -60,6 +62,15 @@ class Env(BatchEnv):
     async def prompts(self, job_id: str) -> list[Prompt]:
         async with self.sessions() as session:
             return list((await session.scalars(select(Prompt).where(Prompt.job_id == job_id).order_by(Prompt.position))).all())
+
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+          "required": ["name", "age"], "additionalProperties": False}
+STRUCTURED = {"max_tokens": 100,
+              "response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON,
+                                                                         "strict": True}}}
+# One valid answer, two invalid ones (the simulator breaks the first answer only: asked again, they are valid).
+PEOPLE = ["Invent a person.", "Invent a person. [[sim:wrong_type]]", "Invent a person. [[sim:missing_field]]"]
 
 
 @pytest.fixture

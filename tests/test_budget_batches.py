@@ -11,7 +11,7 @@ from sqlalchemy import func, select
 from llm_dispatch import storage
 from llm_dispatch.core import ChatRequest, PriceTable, worst_case_cost
 from llm_dispatch.jobs import ingest_batch, submit_prompts
-from test_batch_path import Env, env  # noqa: F401 - the batch path's environment and its fixture
+from test_batch_path import PEOPLE, STRUCTURED, Env, env  # noqa: F401 - the batch path's environment and its fixture
 
 
 def _worst(route: str) -> int:
@@ -22,17 +22,17 @@ def _worst(route: str) -> int:
     return found[1].cost
 
 
-async def _submit(env: Env, job_id: str, budget: storage.BudgetInfo) -> Any:
+async def _submit(env: Env, job_id: str, budget: storage.BudgetInfo | None) -> Any:
     async with storage.ResultWriter(env.sessions, job_id=job_id, prices=PriceTable.load()) as writer:
         return await submit_prompts(sessions=env.sessions, clients=env.clients, writer=writer, job_id=job_id,
                                     directory=env.directory, budget=budget)
 
 
-async def _ingest(env: Env, batch_id: int) -> Any:
+async def _ingest(env: Env, batch_id: int, **options: Any) -> Any:
     record = await env.poll(batch_id)
     async with storage.ResultWriter(env.sessions, job_id=record.job_id, prices=PriceTable.load()) as writer:
         return await ingest_batch(sessions=env.sessions, clients=env.clients, writer=writer, record=record,
-                                  directory=env.directory, max_submissions=3)
+                                  directory=env.directory, max_submissions=3, **options)
 
 
 async def _ledger(env: Env, job_id: str) -> tuple[int, storage.BudgetUsage, list[tuple[int | None, int]]]:
@@ -109,3 +109,37 @@ async def test_a_billed_line_without_an_answer_is_spent_out_of_its_batchs_reserv
     # Spent: the two answers and the billed line; nothing left reserved.
     assert usage.spent_pico_usd == cost and (usage.reserved_pico_usd, holds) == (0, [])
     assert usage.left_pico_usd == worst * 100 - cost
+
+
+async def test_a_follow_up_batch_of_reasks_holds_its_worst_case_and_spends_it_as_any_batch(env: Env) -> None:
+    job_id, _ = await env.job(PEOPLE, params=STRUCTURED)
+    budget = await storage.set_budget(env.sessions, name="batches", limit_pico_usd=10**12, per="total")
+    async with env.client:
+        [first] = (await _submit(env, job_id, budget)).batch_ids
+        outcome = await _ingest(env, first, budget=budget, max_reasks=2)
+        [follow_up] = outcome.reask_batches
+        assert (outcome.invalid, outcome.reasked_in_batches, outcome.reasks_over_budget) == (2, 2, 0)
+        # The follow-up holds a reservation of its own, at least what its two lines may cost at the batch price.
+        cost, usage, holds = await _ledger(env, job_id)
+        assert [batch for batch, _ in holds] == [follow_up] and usage.reserved_pico_usd == holds[0][1] > 0
+        assert usage.spent_pico_usd == cost
+        await _ingest(env, follow_up, budget=budget, max_reasks=2)
+    cost, usage, holds = await _ledger(env, job_id)
+    assert await env.statuses(job_id) == {"succeeded": 3}
+    # Every answer, the re-asks' included, spent out of what its batch held; nothing held after.
+    assert usage.spent_pico_usd == cost > 0 and (usage.reserved_pico_usd, holds) == (0, [])
+
+
+async def test_a_budget_that_cannot_hold_the_reasks_stops_the_follow_up_batch(env: Env) -> None:
+    job_id, _ = await env.job(PEOPLE, params=STRUCTURED)
+    async with env.client:
+        [first] = (await _submit(env, job_id, None)).batch_ids
+        # Set once the prompts are out: nothing is left for a re-ask's worst case.
+        budget = await storage.set_budget(env.sessions, name="batches", limit_pico_usd=1, per="total")
+        outcome = await _ingest(env, first, budget=budget, max_reasks=2)
+    assert (outcome.invalid, outcome.reask_batches, outcome.reasks_over_budget) == (2, [], 2)
+    assert len(await storage.job_batches(env.sessions, job_id=job_id)) == 1  # no follow-up batch was made
+    # Not asked again: the two keep their invalid answers; nothing is reserved or spent by what was not sent.
+    assert await env.statuses(job_id) == {"succeeded": 1, "invalid": 2}
+    _, usage, holds = await _ledger(env, job_id)
+    assert (usage.spent_pico_usd, usage.reserved_pico_usd, holds) == (0, 0, [])

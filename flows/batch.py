@@ -272,7 +272,8 @@ async def collect_batches(
     so no process has to wait out a 24-hour window.
 
     Each batch is swept on its own: an error is kept on that batch (``llm-dispatch status`` shows it) and it is
-    left alone for a growing wait (``jobs.retry_delay``; ``retry_now`` tries it at once), while the others go on.
+    left alone for a wait that doubles with each error in a row (``retry_now`` tries it at once), while the others
+    go on.
     The run ends ``Failed`` when a batch had a problem, its message and artifact naming each.
 
     A batch stuck in ``preparing``/``uploaded`` is finished only once it has not changed for

@@ -11,15 +11,12 @@ if TYPE_CHECKING:
     from ._budget import BudgetStanding, budget_standing, check_budget_bounds, run_budget, to_pico
     from ._clients import Clients
     from ._batch_trouble import (
-        BATCH_RETRY_FIRST,
-        BATCH_RETRY_MAX,
         AbandonOutcome,
         BatchProblem,
         abandon_batch,
         batch_trouble,
         error_text,
         lose_batch,
-        retry_delay,
     )
     from ._capabilities import first_error, is_missing_batch_api, known_without_batch_api, learn_no_batch_api
     from ._collect import IngestOutcome, cancel_batch, ingest_batch, poll_batch
@@ -49,8 +46,6 @@ __all__ = [
     "is_missing_batch_api",
     "known_without_batch_api",
     "learn_no_batch_api",
-    "BATCH_RETRY_FIRST",
-    "BATCH_RETRY_MAX",
     "AbandonOutcome",
     "BatchProblem",
     "abandon_batch",
@@ -58,7 +53,6 @@ __all__ = [
     "cancel_batch",
     "error_text",
     "lose_batch",
-    "retry_delay",
     "BatchHalfSummary",
     "BatchLeft",
     "BudgetStanding",

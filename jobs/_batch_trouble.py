@@ -32,7 +32,7 @@ from llm_dispatch.core import (
 from ._run import JobRun
 
 __all__ = ["BATCH_RETRY_FIRST", "BATCH_RETRY_MAX", "AbandonOutcome", "BatchProblem", "abandon_batch", "batch_trouble",
-           "error_text", "lose_batch", "retry_delay"]
+           "batch_error_wait", "error_text", "lose_batch"]
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ class BatchProblem:
         return None if self.retry_after is None else self.retry_after.isoformat(timespec="seconds")
 
 
-def retry_delay(errors_in_a_row: int) -> timedelta:
+def batch_error_wait(errors_in_a_row: int) -> timedelta:
     """How long a sweep leaves a batch alone after its ``errors_in_a_row``-th error in a row."""
     return min(BATCH_RETRY_FIRST * 2 ** max(0, errors_in_a_row - 1), BATCH_RETRY_MAX)
 
@@ -92,7 +92,7 @@ async def batch_trouble(*, run: JobRun, record: storage.BatchRecord, step: str, 
 
     A 404 from the provider for a created batch is looked up again (``BatchApi.locate``): listed under another
     id (OpenAI's metadata names ours) it is adopted and polled next time; listed nowhere, it is ``lost`` (see the
-    module notes). Any other error, a failed look-up included, waits ``retry_delay`` before the next sweep.
+    module notes). Any other error, a failed look-up included, waits ``batch_error_wait`` before the next sweep.
     """
     now = now or datetime.now(UTC)
     if isinstance(error, NotFoundError) and record.provider_batch_id is not None:
@@ -113,7 +113,7 @@ async def batch_trouble(*, run: JobRun, record: storage.BatchRecord, step: str, 
                                       "provider lists with our batch's ids", status_code=404)
     text = error_text(error)
     previous = record.error_count
-    retry_after = now + retry_delay(previous + 1)
+    retry_after = now + batch_error_wait(previous + 1)
     count = await storage.record_batch_error(run.sessions, batch_id=record.id, error=f"{step}: {text}",
                                              retry_after=retry_after)
     logger.warning("batch %d: %s failed (%d in a row): %s", record.id, step, count, text)

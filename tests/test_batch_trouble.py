@@ -22,7 +22,7 @@ from llm_dispatch.core import to_json
 from llm_dispatch.core import BatchInUseError
 from llm_dispatch.flows.batch import abandon_batch_flow, cancel_job_batches, collect_batches
 from llm_dispatch.flows.dispatch import dispatch
-from llm_dispatch.jobs import BATCH_RETRY_FIRST, BATCH_RETRY_MAX, retry_delay
+from llm_dispatch.jobs._batch_trouble import BATCH_RETRY_FIRST, BATCH_RETRY_MAX, batch_error_wait
 
 pytestmark = [pytest.mark.prefect]
 
@@ -72,7 +72,7 @@ async def one_finished_batch(sim: Sim, db_url: str, monkeypatch: pytest.MonkeyPa
 
 
 def test_a_batch_waits_longer_after_each_error_in_a_row_up_to_a_limit() -> None:
-    waits = [retry_delay(n) for n in range(1, 12)]
+    waits = [batch_error_wait(n) for n in range(1, 12)]
     assert waits[0] == BATCH_RETRY_FIRST and waits[1] == 2 * BATCH_RETRY_FIRST
     assert waits == sorted(waits) and waits[-1] == BATCH_RETRY_MAX
 

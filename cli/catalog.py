@@ -8,7 +8,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from llm_dispatch.core import PriceTable
+from llm_dispatch.core import PriceTable, format_duration
 
 # Price fields as listed, and the figure a secondary source alone gives is marked with.
 _PRICES = ("input", "cached_input", "cache_write", "cache_write_extended", "output")
@@ -20,7 +20,11 @@ def catalog(table: PriceTable, *, provider: str | None = None) -> dict[str, Any]
     models = [describe(table, name) for name in table.models]
     return {"prices_as_of": table.prices_as_of, "priced_on": table.priced_on.isoformat() if table.priced_on else None,
             "prices_file": table.prices_file, "currency": table.currency, "unit": "per 1M tokens",
-            "models": [model for model in models if provider is None or model["provider"] == provider]}
+            "models": [model for model in models if provider is None or model["provider"] == provider],
+            "lanes": [{"lane": lane.name, "provider": lane.provider, "endpoints": list(lane.endpoints),
+                       "window": format_duration(lane.window), "discount": _number(lane.discount), "tier": lane.tier,
+                       "source": lane.source, "note": lane.note}
+                      for lane in table.lanes.values() if provider is None or lane.provider == provider]}
 
 
 def describe(table: PriceTable, name: str) -> dict[str, Any]:
@@ -100,6 +104,15 @@ def print_catalog(console: Console, data: dict[str, Any]) -> None:
                      "tiers: service tiers with their own price (prio = priority/fast); >N: every token of a request "
                      "over N prompt tokens at a higher price. --json has them all, with aliases and each model's source page.")
     console.print(table)
+    if data["lanes"]:
+        lanes = Table(title="lanes shorter than the Batch API's 24 h (a deadline takes the cheapest that fits)")
+        for column in ("lane", "provider", "endpoints", "window", "discount", "source"):
+            lanes.add_column(column)
+        for lane in data["lanes"]:
+            off = f"{lane['discount']:.0%}" if lane["discount"] is not None else f"the model's {lane['tier']} tier"
+            lanes.add_row(lane["lane"], lane["provider"], ", ".join(lane["endpoints"]), lane["window"], off,
+                          lane["source"])
+        console.print(lanes)
 
 
 _TIER_SHORT = {"priority": "prio", "ultrafast": "ultra"}

@@ -268,6 +268,8 @@ def job_table(summary: dict[str, Any], *, title: str) -> Table:
     estimate = summary.get("estimate") or {"routes": {}}
     for route in ROUTES:
         statuses = summary["routes"].get(route, {})
+        if not statuses and route not in ("realtime", "batch"):
+            continue  # a lane no prompt took
         actual = summary["cost"]["routes"].get(route, {})
         guess = estimate["routes"].get(route, {})
         table.add_row(
@@ -285,7 +287,7 @@ def job_table(summary: dict[str, Any], *, title: str) -> Table:
                   f"${cost['total']:.6f}" + ("" if cost["complete"] else " + unknown"),
                   f"${estimate['total']:.6f}" if "total" in estimate else "-")
     table.caption = (
-        f"saved by the Batch API: ${cost['savings']:.6f}   prices as of {cost['prices_as_of']}"
+        f"saved by the Batch API and discounted lanes: ${cost['savings']:.6f}   prices as of {cost['prices_as_of']}"
         + (f" ({cost['backfilled']} back-filled at migration)" if cost.get("backfilled") else "")
         + ("" if cost["complete"] else f"   NO PRICE for {', '.join(sorted(cost['unpriced_models']))}")
     )

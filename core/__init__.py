@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from ._json import json_field, money, stored_json, to_json
     from ._message_shapes import anthropic_messages_refusal, openai_messages_refusal
     from ._model_rules import Refusal, anthropic_refusal, batch_metadata_problem, openai_refusal
+    from ._lanes import DEFAULT_OFFERS, Lane, LaneOffer
     from ._packing import (
         EMBEDDING_PACK_LIMITS,
         PackLimits,
@@ -47,7 +48,14 @@ if TYPE_CHECKING:
     from ._providers import PROVIDERS, provider_lookup
     from ._prompt_spec import PromptSpec
     from ._retry import DEFAULT_MAX_RETRY_AFTER
-    from ._routing import RoutePolicy, RoutingRules, decide_route, parse_deadline, prompt_chars
+    from ._routing import (
+        RoutePolicy,
+        RoutingRules,
+        decide_route,
+        format_duration,
+        parse_deadline,
+        prompt_chars,
+    )
     from ._settings import DEFAULT_ANTHROPIC_VERSION, DEFAULT_MAX_TOKENS, Settings
     from ._structured import (
         AnswerCheck,
@@ -121,12 +129,14 @@ __all__ = [
     "CostTotals",
     "current_progress",
     "decide_route",
+    "DEFAULT_OFFERS",
     "dedupe_key",
     "default_transport",
     "DispatchOutcome",
     "estimate_prompt_tokens",
     "estimate_request_cost",
     "FileInfo",
+    "format_duration",
     "check_prompts",
     "fingerprint",
     "iter_prompts",
@@ -149,6 +159,8 @@ __all__ = [
     "provider_lookup",
     "prompt_chars",
     "InputCheck",
+    "Lane",
+    "LaneOffer",
     "PromptSource",
     "PromptSpec",
     "RepeatedKeys",

@@ -12,17 +12,19 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from datetime import date
+from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any
 
 from ._exceptions import ConfigError
 from ._providers import PROVIDERS
+from ._routing import parse_deadline
+from ._status import REQUEST_ROUTES
 
 __all__ = ["FACT_FIELDS", "LIMIT_FIELDS", "PRICE_FIELDS", "merge_catalogs", "parse_catalog", "prices_on"]
 
 _TOP_FIELDS = frozenset({"prices_as_of", "source", "currency", "unit", "batch_discount", "models",
-                         "limits_as_of", "limits_source"})
+                         "limits_as_of", "limits_source", "lanes"})
 # Fields the bundled catalog must have; a user's file may give any subset.
 _REQUIRED_TOP = frozenset({"prices_as_of", "source", "currency", "unit", "batch_discount", "models"})
 # Per 1M tokens. A missing cache price is left out: cache reads and writes then cost what input does, an extended
@@ -42,6 +44,12 @@ _TIER_FIELDS = frozenset({"discount", "multiplier", *PRICE_FIELDS})
 # A price change: the prices (and tiers) it sets from the day it takes effect.
 _CHANGE_FIELDS = frozenset({"effective", "tiers", *PRICE_FIELDS})
 KINDS = ("chat", "embedding")
+# A discounted lane shorter than the Batch API's (``lanes``, by route name): which provider and endpoints take it,
+# its window, and its discount: a fraction off (``discount``), or a model's service tier of that name (``tier``).
+_LANE_FIELDS = frozenset({"provider", "endpoints", "window", "discount", "tier", "source", "note"})
+
+
+_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 
 
 def parse_catalog(text: str, *, where: str, complete: bool) -> dict[str, Any]:
@@ -77,6 +85,8 @@ def parse_catalog(text: str, *, where: str, complete: bool) -> dict[str, Any]:
             parsed[name] = _date(data[name], field_name=name, bad=bad).isoformat()
     if "batch_discount" in data:
         parsed["batch_discount"] = _fraction(data["batch_discount"], field_name="batch_discount", bad=bad)
+    if "lanes" in data:
+        parsed["lanes"] = _lanes(data["lanes"], bad=bad)
     if "models" in data:
         models = data["models"]
         if not isinstance(models, dict):
@@ -160,6 +170,42 @@ def _model(name: str, entry: Any, *, bad: Any) -> dict[str, Any]:
     if "changes" in entry:
         parsed["changes"] = _changes(entry["changes"], prefix=f"{prefix}.changes", bad=bad)
     return parsed
+
+
+def _lanes(entry: Any, *, bad: Any) -> dict[str, dict[str, Any]]:
+    if not isinstance(entry, dict):
+        raise bad("lanes", "must be an object of lane name -> {provider, endpoints, window, discount or tier, source}")
+    lanes = {}
+    for name, lane in entry.items():
+        where = f"lanes.{name}"
+        if name not in REQUEST_ROUTES or name == "realtime":
+            raise bad(where, f"is no lane llm-dispatch sends (one of {', '.join(REQUEST_ROUTES[1:])})")
+        if not isinstance(lane, dict):
+            raise bad(where, "must be an object: {provider, endpoints, window, discount or tier, source}")
+        _known(lane, _LANE_FIELDS, prefix=where, bad=bad)
+        missing = sorted({"provider", "endpoints", "window", "source"} - set(lane))
+        if missing:
+            raise bad(f"{where}.{missing[0]}", "is missing")
+        if ("discount" in lane) == ("tier" in lane):
+            raise bad(where, "needs one of 'discount' (a fraction off) and 'tier' (the model's service tier it bills at)")
+        if lane["provider"] not in PROVIDERS:
+            raise bad(f"{where}.provider", f"must be one of {', '.join(PROVIDERS)}, got {_shown(lane['provider'])}")
+        try:
+            # A duration such as "15m" or "2h", measured from a fixed moment: only its length is kept.
+            window = parse_deadline(_text(lane["window"], field_name=f"{where}.window", bad=bad), now=_EPOCH) - _EPOCH
+        except ValueError:
+            raise bad(f"{where}.window", f"must be a duration like 15m or 2h, got {_shown(lane['window'])}") from None
+        parsed: dict[str, Any] = {"provider": lane["provider"], "window": window,
+                                  "endpoints": _names(lane["endpoints"], field_name=f"{where}.endpoints", bad=bad),
+                                  "source": _text(lane["source"], field_name=f"{where}.source", bad=bad)}
+        if "discount" in lane:
+            parsed["discount"] = _fraction(lane["discount"], field_name=f"{where}.discount", bad=bad)
+        else:
+            parsed["tier"] = _text(lane["tier"], field_name=f"{where}.tier", bad=bad)
+        if "note" in lane:
+            parsed["note"] = _text(lane["note"], field_name=f"{where}.note", bad=bad)
+        lanes[name] = parsed
+    return lanes
 
 
 def _long_prompt(entry: Any, *, prefix: str, bad: Any) -> dict[str, Any]:

@@ -50,6 +50,7 @@ from ._responses import (
     save_body,
 )
 from ._retry import DEFAULT_MAX_RETRY_AFTER, retry_delay
+from ._status import BACKGROUND_WINDOWS
 from ._settings import DEFAULT_ANTHROPIC_VERSION, DEFAULT_BASE_URL, DEFAULT_MAX_TOKENS, AuthHeader, Settings
 from ._tokens import estimate_request_tokens
 from ._transport import BodyCut, default_transport
@@ -74,6 +75,8 @@ BATCHES_PATH = "/batches"
 RESPONSES_PATH = "/responses"
 # Seconds between polls of a background response.
 DEFAULT_BACKGROUND_POLL = 2.0
+# The shortest deadline of a flex attempt: OpenAI's flex-processing guide raises the SDKs' 10 minutes to 15.
+FLEX_TIMEOUT = 900.0
 
 _T = TypeVar("_T")
 # Told a background response's id as soon as it is created (to store it: a re-run polls it, never creates again).
@@ -254,9 +257,13 @@ class LLMClient(MessageBatchMethods):
         estimate = estimate_request_tokens(request) if self._gates.counts_tokens else 0
         route = self._wire.route(request.endpoint)
         body = route.body(request)
+        floor = self._request_timeout
+        if request.lane == "flex":
+            body = {**body, "service_tier": "flex"}
+            floor = max(floor, FLEX_TIMEOUT)
         # The cap as sent (Anthropic's body always has one): a long generation gets the time it may need.
         cap = body.get("max_completion_tokens") or body.get("max_tokens") or body.get("max_output_tokens")
-        deadline = attempt_deadline(max_output=cap if isinstance(cap, int) else None, floor=self._request_timeout)
+        deadline = attempt_deadline(max_output=cap if isinstance(cap, int) else None, floor=floor)
         sent = await self._request(
             "POST", route.path, json=body, parse=route.parse, tokens=estimate, paced=True, timeout=deadline
         )
@@ -278,6 +285,9 @@ class LLMClient(MessageBatchMethods):
         if response_id is None:
             route = self._wire.route("responses")
             body = {**route.body(request), "background": True}
+            window = BACKGROUND_WINDOWS.get(request.lane or "")
+            if window is not None:
+                body["background_options"] = {**(body.get("background_options") or {}), "completion_window": window}
             estimate = estimate_request_tokens(request) if self._gates.counts_tokens else 0
             sent = await self._request("POST", route.path, json=body, parse=parse_response_status, paced=True,
                                        tokens=estimate)

@@ -187,14 +187,19 @@ class CostTotals:
     table: PriceTable | None
     # Which provider a model's requests went to: the totals are also kept per provider and route.
     provider_of: Callable[[str], str] = field(default_factory=provider_lookup)
+    # The real-time half (every lane sent as a request) and the Batch API.
     realtime: RouteTotals = field(default_factory=RouteTotals)
     batch: RouteTotals = field(default_factory=RouteTotals)
+    # Route (lane) -> its share of the totals above.
+    lanes: dict[str, RouteTotals] = field(default_factory=dict)
     # Provider -> route -> its share of the totals above.
     providers: dict[str, dict[str, RouteTotals]] = field(default_factory=dict)
     # Model name -> prompts sent to it without a known price.
     unpriced_models: dict[str, int] = field(default_factory=dict)
-    # What the priced batch-routed requests would have cost real-time.
-    batch_at_realtime: Decimal = Decimal(0)
+    # What the priced requests of discounted lanes (every route but ``realtime``) would have cost at the standard
+    # real-time price, and what they cost.
+    discounted_at_realtime: Decimal = Decimal(0)
+    discounted_cost: Decimal = Decimal(0)
 
     def add(self, **usage: Unpack[Usage]) -> Decimal | None:
         """Count ``requests`` requests with these summed tokens; returns their cost (None when the model has no price)."""
@@ -213,7 +218,8 @@ class CostTotals:
         ``unpriced`` of them have no price and are in neither figure."""
         route, model = usage["route"], usage["model"]
         by_route = self.providers.setdefault(self.provider_of(model), {})
-        for totals in (self.realtime if route == "realtime" else self.batch,
+        for totals in (self.batch if route == "batch" else self.realtime,
+                       self.lanes.get(route) or self.lanes.setdefault(route, RouteTotals()),
                        by_route.get(route) or by_route.setdefault(route, RouteTotals())):
             totals.prompts += usage.get("requests", 1)
             totals.prompt_tokens += usage["prompt_tokens"]
@@ -223,8 +229,9 @@ class CostTotals:
             totals.unpriced += unpriced
         if unpriced:
             self.unpriced_models[model] = self.unpriced_models.get(model, 0) + unpriced
-        if route == "batch":
-            self.batch_at_realtime += at_realtime
+        if route != "realtime":
+            self.discounted_at_realtime += at_realtime
+            self.discounted_cost += cost
 
     @property
     def cost(self) -> Decimal:
@@ -238,5 +245,6 @@ class CostTotals:
 
     @property
     def savings(self) -> Decimal:
-        """What the batch-routed requests would have cost real-time, minus what they cost."""
-        return self.batch_at_realtime - self.batch.cost
+        """What the requests of discounted lanes (the Batch API, flex, background windows) would have cost at the
+        standard real-time price, minus what they cost."""
+        return self.discounted_at_realtime - self.discounted_cost

@@ -190,6 +190,7 @@ async def reask(
         if result.violation is None:
             break
         again = ChatRequest(model=item.request.model, params=item.request.params, endpoint=item.request.endpoint,
+                            lane=item.request.lane,
                             messages=reask_messages(item.request.messages, answer=answer_text(result),
                                                     violation=result.violation))
         amount = None if budget is None else await budget.reserve(again)
@@ -206,7 +207,8 @@ async def reask(
                                item.prompt_ids[:3], exc)
                 break
             result = checked(answer, schema)
-            await sink.success(prompt_ids=item.prompt_ids, result=result, model=item.request.model, reask=number)
+            await sink.success(prompt_ids=item.prompt_ids, result=result, route=again.lane or "realtime",
+                               model=item.request.model, reask=number)
         finally:
             if amount is not None:
                 budget.landed(amount)  # type: ignore[union-attr]
@@ -313,7 +315,8 @@ async def send_all(
                 return
             schema = answer_schema(item.request.params)
             result = checked(result, schema)
-            await sink.success(prompt_ids=item.prompt_ids, result=result, model=model)
+            await sink.success(prompt_ids=item.prompt_ids, result=result, route=item.request.lane or "realtime",
+                               model=model)
             if result.violation is not None and max_reasks:
                 result = await reask(client=client, item=item, result=result, schema=schema, sink=sink,  # type: ignore[arg-type]
                                      max_reasks=max_reasks, outcome=outcome, budget=budget)

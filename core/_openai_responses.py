@@ -18,6 +18,7 @@ import httpx
 
 from ._exceptions import APIResponseValidationError
 from ._responses import Chat, count as _count, parse_answer, parse_json
+from ._status import BACKGROUND_WINDOWS
 from ._types import ChatRequest, ChatResult
 
 __all__ = [
@@ -53,11 +54,12 @@ BACKGROUND_EFFORTS = frozenset({"high", "xhigh", "max"})
 
 def runs_in_background(request: ChatRequest) -> bool:
     """Whether ``request`` goes out in background mode: a Responses request that asks for it, that was created in
-    it already, or whose generation may be long (a large maximum output, or reasoning at high effort)."""
+    it already, routed to a background lane, or whose generation may be long (a large maximum output, or reasoning
+    at high effort)."""
     if request.endpoint != "responses":
         return False
     params = request.params
-    if request.background_id is not None or params.get("background") is True:
+    if request.background_id is not None or params.get("background") is True or request.lane in BACKGROUND_WINDOWS:
         return True
     if params.get("background") is False:
         return False

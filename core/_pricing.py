@@ -21,6 +21,7 @@ from typing import Any, Final, NamedTuple
 from ._catalog import LIMIT_FIELDS, PRICE_FIELDS, merge_catalogs, parse_catalog, prices_on
 from ._exceptions import ConfigError
 from ._providers import provider_lookup
+from ._lanes import Lane, LaneOffer, lane_offers
 from ._status import ROUTES, Route
 
 __all__ = [
@@ -203,6 +204,10 @@ class PriceTable:
     prices_file: str | None = None
     # The day whose prices these are: price changes that take effect later are not in ``models``.
     priced_on: date | None = None
+    # The discounted lanes shorter than the Batch API's, by route name.
+    lanes: Mapping[str, Lane] = field(default_factory=lambda: MappingProxyType({}))
+    # The table-wide Batch API discount (a model's own ``batch_discount`` overrides it).
+    batch_discount: Decimal = Decimal("0.5")
     # How each (model, route, tier) is billed, worked out when first priced; a copy (``replace``) starts afresh.
     _billings: dict[tuple[str, str, str | None], _Billing | None] = field(
         default_factory=dict, init=False, repr=False, compare=False)
@@ -256,6 +261,10 @@ class PriceTable:
             limits_source=merged.get("limits_source"),
             prices_file=None if path is None else str(path),
             priced_on=day,
+            lanes=MappingProxyType({name: Lane(name=name, endpoints=tuple(lane.pop("endpoints")), **lane)
+                                    for name, lane in ((name, dict(lane)) for name, lane in
+                                                       merged.get("lanes", {}).items())}),
+            batch_discount=default_discount,
         )
 
     def model_name(self, model: str) -> str | None:
@@ -291,6 +300,12 @@ class PriceTable:
         """What the catalog says of ``model`` besides prices (see ``model_name``); else None."""
         name = self.model_name(model)
         return None if name is None else self.info.get(name)
+
+    def lane_offers(self, *, model: str, endpoint: str) -> tuple[LaneOffer, ...]:
+        """The lanes a request of ``model`` to ``endpoint`` can take (``_lanes.lane_offers``)."""
+        info = self.info_for(model)
+        return lane_offers(self.lanes.values(), price=self.price_for(model), endpoint=endpoint,
+                           provider=None if info is None else info.provider, batch_discount=self.batch_discount)
 
     def shutdown_problem(self, model: str) -> str | None:
         """Why ``model`` cannot be used on ``priced_on`` (its provider has shut it down), as one line; else None."""
@@ -340,15 +355,21 @@ class PriceTable:
                 if count < 0:
                     raise ValueError(f"{name} must be >= 0, got {count}")
         tier = None if service_tier is None or route == "batch" else billing_tier(service_tier)
+        lane = self.lanes.get(route)
+        if service_tier is None and lane is not None and lane.tier is not None:
+            # Sent at the lane's tier: an answer that does not say which tier served it is billed at that one (one
+            # that says "default" was served, and is billed, at the standard tier).
+            tier = lane.tier
         key = (model, route, tier)
         try:
             billing = self._billings[key]
         except KeyError:
             if route not in ROUTES:
-                raise ValueError(f"route {route!r} is unknown; use 'realtime' or 'batch'") from None
+                raise ValueError(f"route {route!r} is unknown; use one of {', '.join(ROUTES)}") from None
             if len(self._billings) >= _RATES_MEMO:
                 self._billings.clear()
-            billing = self._billings[key] = _billing(self.price_for(model), route=route, tier=tier)
+            off = lane.discount if lane is not None and lane.discount is not None else Decimal(0)
+            billing = self._billings[key] = _billing(self.price_for(model), route=route, tier=tier, lane_discount=off)
         if billing is None:
             return None
         long = prompt_tokens > billing.above if long_prompt is None else long_prompt
@@ -391,7 +412,9 @@ def _charge(rates: _Prices, usage: tuple[int, int, int, int, int]) -> int:
     return total if type(total) is int else int(total.to_integral_value())
 
 
-def _billing(price: ModelPrice | None, *, route: str, tier: str | None) -> _Billing | None:
+def _billing(price: ModelPrice | None, *, route: str, tier: str | None, lane_discount: Decimal) -> _Billing | None:
+    """A lane's own discount (a background completion window) applies at the standard tier; a tier the answer
+    reports is billed as that tier."""
     if price is None:
         return None
     standard = price.rates
@@ -400,7 +423,7 @@ def _billing(price: ModelPrice | None, *, route: str, tier: str | None) -> _Bill
     if route == "batch":
         keep, discount, base, long_base = 1 - price.batch_discount, price.batch_discount, standard, long_standard
     elif tier is None:
-        keep, discount, base, long_base = Decimal(1), Decimal(0), standard, long_standard
+        keep, discount, base, long_base = 1 - lane_discount, lane_discount, standard, long_standard
     else:
         found = price.tiers.get(tier)
         if found is None:

@@ -1,17 +1,18 @@
-"""Decides, per prompt, whether it goes real-time or through the Batch API, and says why.
+"""Decides, per prompt, which lane it goes by (a plain request, a discounted lane, or the Batch API), and says why.
 
-Urgency given on the prompt wins, then its deadline, then the job's policy. Each decision carries
-a short human reason that is stored with the prompt.
+Urgency given on the prompt wins, then its deadline (the cheapest lane whose window, plus the margin, ends before
+it), then the job's policy. Each decision carries a short human reason that is stored with the prompt.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Literal, get_args
 
+from ._lanes import DEFAULT_OFFERS, LANE_PREFERENCE, LaneOffer
 from ._params import shown
 from ._status import Route
 
@@ -133,8 +134,12 @@ def decide_route(
     prompt_chars: int,
     now: datetime,
     rules: RoutingRules,
+    offers: Sequence[LaneOffer] = DEFAULT_OFFERS,
 ) -> RouteDecision:
-    """Route one prompt: explicit urgency first, then its deadline, then ``rules.policy``."""
+    """Route one prompt: explicit urgency first, then its deadline, then ``rules.policy``.
+
+    A deadline picks the cheapest of ``offers`` (the lanes the prompt's model and endpoint can take) whose window
+    plus ``rules.margin`` from ``now`` ends by the deadline, ties broken by ``LANE_PREFERENCE``; none: real-time."""
     if urgency is not None:
         if urgency not in URGENCIES:
             raise ValueError(f"urgency {urgency!r} is unknown; use 'urgent' or 'bulk'")
@@ -142,15 +147,30 @@ def decide_route(
     if deadline is not None:
         _require_aware(now, name="now")
         _require_aware(deadline, name="deadline")
-        window = f"the batch window ({format_duration(rules.batch_window)}) + margin ({format_duration(rules.margin)})"
-        if deadline < now + rules.batch_window + rules.margin:
-            return RouteDecision("realtime", f"deadline {format_timestamp(deadline)} is before {window}")
-        return RouteDecision("batch", f"deadline {format_timestamp(deadline)} leaves room for {window}")
+        return _by_deadline(deadline=deadline, now=now, rules=rules, offers=offers)
     if rules.policy == "length":
         if prompt_chars < rules.urgent_below_chars:
             return RouteDecision("realtime", f"length {prompt_chars} < {rules.urgent_below_chars} chars")
         return RouteDecision("batch", f"length {prompt_chars} >= {rules.urgent_below_chars} chars")
     return RouteDecision("realtime" if rules.policy == "all-realtime" else "batch", f"policy {rules.policy}")
+
+
+def _by_deadline(*, deadline: datetime, now: datetime, rules: RoutingRules, offers: Sequence[LaneOffer]) -> RouteDecision:
+    margin = f"margin ({format_duration(rules.margin)})"
+
+    def window(offer: LaneOffer) -> str:
+        name = "the batch window" if offer.route == "batch" else offer.route
+        return f"{name} ({format_duration(offer.window or rules.batch_window)})"
+
+    fits = [offer for offer in offers if deadline >= now + (offer.window or rules.batch_window) + rules.margin]
+    if not fits:
+        lanes = ", ".join(window(offer) for offer in offers) or "the batch window"
+        return RouteDecision("realtime", f"deadline {format_timestamp(deadline)} is before {lanes} + {margin}")
+    best = min(fits, key=lambda offer: (-offer.discount, LANE_PREFERENCE.index(offer.route)))
+    if best.route == "batch" and len(offers) == 1:
+        return RouteDecision("batch", f"deadline {format_timestamp(deadline)} leaves room for {window(best)} + {margin}")
+    return RouteDecision(best.route, f"deadline {format_timestamp(deadline)} leaves room for {window(best)} + {margin}: "
+                                     f"the cheapest lane that does ({(best.discount * 100).normalize():f}% off)")
 
 
 def prompt_chars(messages: Iterable[Mapping[str, Any]]) -> int:

@@ -128,7 +128,7 @@ class Settings(BaseSettings):
     )
     urgent_below_chars: int = Field(default=1000, ge=0, description="length policy: shorter prompts are urgent")
     deadline_margin: float = Field(
-        default=3600.0, ge=0, description="seconds a deadline must leave beyond the 24 h batch window"
+        default=3600.0, ge=0, description="seconds a deadline must leave beyond a lane's window (the Batch API's 24 h...)"
     )
 
     # The Batch API.

@@ -8,11 +8,13 @@ CHECK means copying the whole prompts table in a migration.
 from __future__ import annotations
 
 import enum
+from types import MappingProxyType
 from collections.abc import Mapping
 from typing import Final, Literal, get_args
 
 __all__ = [
     "ACTIVE_BATCH_STATUSES",
+    "BACKGROUND_WINDOWS",
     "BATCH_STATUSES",
     "CLOSED_BATCH_STATUSES",
     "HALF_SUBMITTED_BATCH_STATUSES",
@@ -20,6 +22,7 @@ __all__ = [
     "PAID_RESULT_STATUSES",
     "PROMPT_STATUSES",
     "PROVIDER_BATCH_STATUSES",
+    "REQUEST_ROUTES",
     "RESULT_ROUTES",
     "RESULT_STATUSES",
     "RETRY_FAILED",
@@ -37,13 +40,19 @@ __all__ = [
     "unfinished",
 ]
 
-# How a prompt is sent, each call paid for: decided once when it is recorded (``decide_route``), changed only by
-# a re-route (a deadline, or a batch that answered too often without an answer).
-Route = Literal["realtime", "batch"]
+# How a prompt is sent, each call paid for: its lane, decided once when it is recorded (``decide_route``), changed
+# only by a re-route (a deadline, or a batch that answered too often without an answer). ``realtime`` is a plain
+# request; ``flex`` one at OpenAI's flex service tier; ``background-2h``/``-8h`` a background Responses request
+# with that completion window; ``batch`` a line of a Batch API file. Each lane's discount and window: the catalog.
+Route = Literal["realtime", "flex", "background-2h", "background-8h", "batch"]
 ROUTES: Final[tuple[Route, ...]] = get_args(Route)
+# The lanes the real-time half sends, one request a prompt (every one but the Batch API's).
+REQUEST_ROUTES: Final[tuple[Route, ...]] = ("realtime", "flex", "background-2h", "background-8h")
+# The background lanes and the ``background_options.completion_window`` each sends.
+BACKGROUND_WINDOWS: Final[Mapping[str, str]] = MappingProxyType({"background-2h": "2h", "background-8h": "8h"})
 # How a stored result was got: sent on a ``Route``, or ``reused``: the outcome of one call (or of an earlier
 # stored success) shared by an identical request, whose tokens were not paid for again.
-ResultRoute = Literal["realtime", "batch", "reused"]
+ResultRoute = Literal["realtime", "flex", "background-2h", "background-8h", "batch", "reused"]
 RESULT_ROUTES: Final[tuple[ResultRoute, ...]] = get_args(ResultRoute)
 
 # "recording": the job exists and its prompts are being stored, a slice at a time while the first ones

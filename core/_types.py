@@ -37,6 +37,9 @@ class ChatRequest:
     # A background response already created for it (``responses`` only): polled to its end, never created again.
     # Not part of what it asks, so not of its key.
     background_id: str | None = None
+    # The lane it goes by (``REQUEST_ROUTES``; None: a plain request): ``flex`` is sent at that service tier, a
+    # background lane in background mode with its completion window. Not part of what it asks, so not of its key.
+    lane: str | None = None
 
     def body(self) -> dict[str, Any]:
         return {**self.params, "model": self.model, "messages": self.messages}

@@ -177,6 +177,8 @@ async def publish_report(summary: DispatchSummary, *, logger: Logger) -> None:
     rows = []
     for route in ROUTES:
         statuses = report["routes"].get(route, {})
+        if not statuses and route not in ("realtime", "batch"):
+            continue  # a lane no prompt took
         cost = report["cost"]["routes"].get(route, {})
         estimate = (report.get("estimate") or {}).get("routes", {}).get(route, {})
         rows.append({
@@ -217,7 +219,7 @@ def report_markdown(report: dict[str, Any]) -> str:
         f"| unfinished | {report['unfinished']} |",
         f"| latency p50 / p95 (real-time) | {_ms(stats.get('p50_latency_ms'))} / {_ms(stats.get('p95_latency_ms'))} |",
         f"| cost | ${cost['total']:.6f}{'' if cost['complete'] else ' + unknown (no price for some models)'} |",
-        f"| saved by the Batch API | ${cost['savings']:.6f} |",
+        f"| saved by the Batch API and discounted lanes | ${cost['savings']:.6f} |",
     ]
     structured = report.get("structured")
     if structured:

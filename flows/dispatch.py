@@ -292,7 +292,7 @@ def _check_budget(estimate: JobCost, *, max_cost: float | None) -> None:
 def describe_estimate(estimate: JobCost) -> str:
     parts = [
         f"{route} {cost.prompts} requests ~${money(cost.cost):.6f}"
-        for route, cost in (("realtime", estimate.totals.realtime), ("batch", estimate.totals.batch)) if cost.prompts
+        for route, cost in estimate.routes.items() if cost.prompts
     ]
     text = ", ".join(parts) or "nothing to send"
     if estimate.max_total is not None:

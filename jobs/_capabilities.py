@@ -56,7 +56,7 @@ async def known_without_batch_api(run: JobRun, *, providers: frozenset[str]) -> 
 async def learn_no_batch_api(run: JobRun, *, job_id: str, error: BaseException | None, because: str) -> int:
     """The job's endpoint has no Batch API: remember it (for the providers of the job's half-made batches, when
     ``error`` is the 404 that says so), close those batches (``lost``: never created, nothing billed), and route
-    every pending prompt of the job real-time; returns how many were re-routed."""
+    every batch-routed pending prompt of the job real-time; returns how many were re-routed."""
     half_made = [record for record in await storage.unfinished_batches(run.sessions, job_id=job_id)
                  if record.status in HALF_SUBMITTED_BATCH_STATUSES and record.provider_batch_id is None]
     if error is not None:
@@ -66,4 +66,5 @@ async def learn_no_batch_api(run: JobRun, *, job_id: str, error: BaseException |
                                                 reason=f"{' '.join(str(error).split())[:200]}")
     for record in half_made:
         await lose_batch(run=run, record=record, reason=because)
-    return await storage.reroute_pending(run.sessions, job_id=job_id, route="realtime", reason=because)
+    return await storage.reroute_pending(run.sessions, job_id=job_id, route="realtime", reason=because,
+                                         from_routes=("batch",))

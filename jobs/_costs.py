@@ -12,7 +12,7 @@ from typing import ClassVar
 
 from llm_dispatch import storage
 from llm_dispatch.core import ChatRequest, CostTotals, PriceTable, RouteTotals, estimate_request_cost, from_pico, provider_lookup
-from llm_dispatch.core import ROUTES, RetryFailed, Route, json_field, money
+from llm_dispatch.core import REQUEST_ROUTES, ROUTES, RetryFailed, Route, json_field, money
 
 __all__ = ["JobCost", "PriceBasis", "RepricedRow", "Repricing", "actual_cost", "estimate_cost", "money", "reprice"]
 # Answers of a model this database must hold before the reply length learnt from them replaces the setting.
@@ -87,7 +87,10 @@ class JobCost:
 
     @property
     def routes(self) -> dict[str, RouteTotals]:
-        return {route: getattr(self.totals, route) for route in ROUTES}
+        """Totals per lane: real-time and the Batch API always, each other lane where some prompt took it."""
+        lanes = self.totals.lanes
+        return {route: lanes.get(route) or RouteTotals() for route in ROUTES
+                if route in lanes or route in ("realtime", "batch")}
 
     @property
     def providers(self) -> dict[str, dict[str, RouteTotals]]:
@@ -104,7 +107,7 @@ async def estimate_cost(
     dedupe: bool = True,
     provider_of: Callable[[str], str] | None = None,
 ) -> JobCost:
-    """What sending the job's open prompts will cost, per planned route, before anything is sent.
+    """What sending the job's open prompts will cost, per planned route (lane), before anything is sent.
 
     Input tokens are estimated offline (see ``llm_dispatch._tokens``); each reply is expected at the
     model's typical length as cut by the request's cap (``llm_dispatch._costs.expected_reply_tokens``;
@@ -116,12 +119,14 @@ async def estimate_cost(
     """
     estimate = JobCost(totals=CostTotals(table=table, provider_of=provider_of or provider_lookup()))
     bound = Decimal(0)
-    for route in ROUTES:
+    for half in ("realtime", "batch"):
         # Pages come ordered by request: an identical request is the one just before it, never held.
         last_key: str | None = None
         async for rows in storage.unfinished_work_pages(sessions, job_id=job_id, page=ESTIMATE_PAGE,
-                                                  retry_failed=retry_failed, planned_route=route):
+                                                  retry_failed=retry_failed, planned_route=half):
             for row in rows:
+                # The real-time half's prompts each by their own lane (flex, a background window...).
+                route = row.planned_route if half == "realtime" and row.planned_route in REQUEST_ROUTES else half
                 if dedupe:
                     if row.dedupe_key == last_key:
                         continue

@@ -17,6 +17,8 @@ from llm_dispatch import storage
 from llm_dispatch.core import (
     DEFAULT_ENDPOINT,
     ConfigError,
+    DEFAULT_OFFERS,
+    LaneOffer,
     UnknownJobError,
     InputCheck,
     PriceTable,
@@ -156,15 +158,25 @@ def routing_rules(settings: Settings) -> RoutingRules:
                         margin=timedelta(seconds=settings.deadline_margin))
 
 
-def new_prompts(specs: Iterable[PromptSpec], *, rules: RoutingRules | None, now: datetime) -> Iterator[storage.NewPrompt]:
-    """Rows for the specs, one at a time, each routed by ``rules`` (None: all real-time) with its reason and deadline."""
+def new_prompts(
+    specs: Iterable[PromptSpec], *, rules: RoutingRules | None, now: datetime, table: PriceTable | None = None
+) -> Iterator[storage.NewPrompt]:
+    """Rows for the specs, one at a time, each routed by ``rules`` (None: all real-time) with its reason and deadline;
+    a prompt with a deadline may take the lanes ``table`` offers its model and endpoint (``lane_offers``)."""
+    offers: dict[tuple[str, str, bool], tuple[LaneOffer, ...]] = {}
     for spec in specs:
         deadline = parse_deadline(spec.deadline, now=now) if spec.deadline else None
         if rules is None:
             route, reason = "realtime", "sent by the realtime-dispatch flow"
         else:
+            # A prompt that names its own service tier or background mode is sent as it says: the Batch API alone.
+            own = "service_tier" in spec.params or "background" in spec.params
+            key = (spec.model, spec.endpoint, own)
+            if key not in offers:
+                found = table.lane_offers(model=spec.model, endpoint=spec.endpoint) if table is not None else ()
+                offers[key] = tuple(offer for offer in found if not own or offer.route == "batch") or DEFAULT_OFFERS
             decision = decide_route(urgency=spec.urgency, deadline=deadline, prompt_chars=prompt_chars(spec.messages),
-                                    now=now, rules=rules)
+                                    now=now, rules=rules, offers=offers[key])
             route, reason = decision.route, decision.reason
         yield storage.NewPrompt(
             custom_id=spec.custom_id, position=spec.position, model=spec.model, messages=spec.messages,
@@ -274,13 +286,14 @@ async def record_job(
     recorded = RecordedJob(job_id=new_id, total=checked.count, resumed=False, providers=checked.providers,
                            name=name, started_over_from=started_over_from)
     if not split:
-        await storage.add_prompts(sessions, job_id=new_id, prompts=new_prompts(given.specs(), rules=rules, now=now),
+        await storage.add_prompts(sessions, job_id=new_id,
+                                  prompts=new_prompts(given.specs(), rules=rules, now=now, table=given.table),
                                   then_status="created")
         logger.info("recorded job %s: %d prompts", new_id, checked.count)
         return recorded
     assert head is not None
     await storage.add_prompts(sessions, job_id=new_id,
-                              prompts=new_prompts(islice(given.specs(), head), rules=rules, now=now))
+                              prompts=new_prompts(islice(given.specs(), head), rules=rules, now=now, table=given.table))
     logger.info("recording job %s: %d prompts, the first %d stored", new_id, checked.count, head)
     return replace(recorded, input=given, head=head, recorded_at=now, repeated_keys=checked.repeated_keys)
 
@@ -336,7 +349,8 @@ async def store_rest(
         size = min(size * 2, MAX_SLICE)
         # One slice ahead: the last one is known as such, and moves the job on in its own transaction.
         after = list(islice(specs, size))
-        await storage.add_prompts(sessions, job_id=job_id, prompts=new_prompts(part, rules=rules, now=recorded_at),
+        await storage.add_prompts(sessions, job_id=job_id,
+                                  prompts=new_prompts(part, rules=rules, now=recorded_at, table=given.table),
                                   skip_existing=True, then_status=None if after else then_status)
         yield StoredSlice(start=part[0].position, stop=part[-1].position + 1, specs=part)
         part = after
@@ -367,7 +381,8 @@ async def _finish_recording(
     Relative deadlines count from when the job was created, as they did for the prompts stored then.
     """
     stored = sum(job.counts.values())
-    await storage.add_prompts(sessions, job_id=job.id, prompts=new_prompts(given.specs(), rules=rules, now=job.created_at),
+    await storage.add_prompts(sessions, job_id=job.id,
+                              prompts=new_prompts(given.specs(), rules=rules, now=job.created_at, table=given.table),
                               skip_existing=True, then_status="created")
     finished = await storage.get_job(sessions, job_id=job.id)
     assert finished is not None

@@ -5,7 +5,9 @@ The twin: ``instructions`` as a system message, ``input`` items as messages, ``m
 ``max_completion_tokens``, ``reasoning.effort`` as ``reasoning_effort``, flat function tools as chat's. So every
 answer kind (``[[sim:refuse]]``, tool calls, truncation, reasoning tokens, ``slow``) and every fault the chat route
 has, this one has. ``background: true`` answers at once with a ``queued`` response that ``GET
-/v1/responses/{id}`` shows ``in_progress`` and then finished, after the time the answer would have taken.
+/v1/responses/{id}`` shows ``in_progress`` and then finished, after the time the answer would have taken; its
+``background_options.completion_window`` (``soonest``, ``2h``, ``8h``, OpenAI's background guide) is echoed and
+counted (``background_window_2h``...), and refused without ``background: true`` or with another value.
 """
 
 from __future__ import annotations
@@ -126,6 +128,26 @@ def response_object(completion: dict[str, Any], *, response_id: str, background:
     }
 
 
+# The completion windows a background response takes (OpenAI's background guide: soonest, the default, 2h, 8h).
+COMPLETION_WINDOWS = ("soonest", "2h", "8h")
+
+
+def _window_problem(body: dict[str, Any]) -> str | None:
+    """What is wrong with a body's ``background_options``, as the API words it; None when nothing is."""
+    options = body.get("background_options")
+    if options is None:
+        return None
+    if not isinstance(options, dict):
+        return "Invalid type for 'background_options': expected an object."
+    window = options.get("completion_window", "soonest")
+    if window not in COMPLETION_WINDOWS:
+        return (f"Invalid value for 'background_options.completion_window': {window!r}. "
+                f"Supported values are: {', '.join(repr(w) for w in COMPLETION_WINDOWS)}.")
+    if window != "soonest" and body.get("background") is not True:
+        return "'background_options.completion_window' requires 'background' to be true."
+    return None
+
+
 class _ResponseRoutes(_ChatRoutes):
     """Chat's route with a Responses body on the way in and a response object on the way out."""
 
@@ -137,6 +159,9 @@ class _ResponseRoutes(_ChatRoutes):
     def _invalid_body(self, body: Any, request: web.Request) -> web.Response | None:
         if not isinstance(body, dict):
             return invalid_request("Invalid type for body: expected an object.", param=None, code="invalid_type")
+        window = _window_problem(body)
+        if window is not None:
+            return invalid_request(window, param="background_options.completion_window", code="invalid_value")
         twin = chat_twin(body)
         if isinstance(twin, str):
             return invalid_request(twin, param="input", code="invalid_value")
@@ -155,7 +180,7 @@ class _ResponseRoutes(_ChatRoutes):
     ) -> web.StreamResponse:
         own = body.pop(_TWIN)
         if own.get("background"):
-            return self._start_background(body, digest=digest, kind=kind)
+            return self._start_background(body, digest=digest, kind=kind, options=own.get("background_options"))
         answer = await super()._answer_valid(request, body=body, model=model, digest=digest, kind=kind)
         if answer.status != 200 or not isinstance(answer, web.Response) or answer.body is None:
             return answer
@@ -164,12 +189,17 @@ class _ResponseRoutes(_ChatRoutes):
         answer.body = json.dumps(response_object(completion, response_id=response_id)).encode()
         return answer
 
-    def _start_background(self, body: dict[str, Any], *, digest: bytes, kind: str | None) -> web.Response:
+    def _start_background(
+        self, body: dict[str, Any], *, digest: bytes, kind: str | None, options: dict[str, Any] | None
+    ) -> web.Response:
         state = self._state
         plan = plan_completion(body, digest=digest, kind=kind)
         completion = json.loads(render_completion(plan, state=state)[0])
         response_id = "resp_" + completion["id"].removeprefix("chatcmpl-")
         finished = response_object(completion, response_id=response_id, background=True)
+        window = (options or {}).get("completion_window") or "soonest"
+        finished["background_options"] = {"completion_window": window}
+        state.stats.count(f"background_window_{window}")
         queued = {**finished, "status": "queued", "output": [], "usage": None, "incomplete_details": None}
         entry = _Background(body=queued)
         if kind == "slow":

@@ -157,13 +157,16 @@ async def set_planned_route(sessions: Sessions, *, prompt_ids: Sequence[int], ro
     return changed
 
 
-async def reroute_pending(sessions: Sessions, *, job_id: str, route: str, reason: str) -> int:
-    """Re-route every pending prompt of the job that is routed otherwise (say, all to real-time at an endpoint
-    with no Batch API); returns how many."""
+async def reroute_pending(
+    sessions: Sessions, *, job_id: str, route: str, reason: str, from_routes: Collection[str] | None = None
+) -> int:
+    """Re-route every pending prompt of the job that is routed otherwise (or, given ``from_routes``, by one of
+    those: say, the batch ones to real-time at an endpoint with no Batch API); returns how many."""
+    moved = Prompt.planned_route != route if from_routes is None else Prompt.planned_route.in_(list(from_routes))
     async with sessions.begin() as session:
         stmt = (
             update(Prompt)
-            .where(Prompt.job_id == job_id, Prompt.status == "pending", Prompt.planned_route != route)
+            .where(Prompt.job_id == job_id, Prompt.status == "pending", moved)
             .values(planned_route=route, route_reason=reason, updated_at=utcnow())
             .execution_options(synchronize_session=False)
         )
@@ -177,7 +180,7 @@ async def load_work(sessions: Sessions, *, prompt_ids: Sequence[int]) -> list[Wo
     """
     found: list[tuple[int, int, WorkRow]] = []
     columns = (Prompt.id, Prompt.custom_id, Prompt.model, Prompt.messages, Prompt.params, Prompt.dedupe_key, Prompt.deadline,
-               Prompt.endpoint, Prompt.background_id)
+               Prompt.endpoint, Prompt.background_id, Prompt.planned_route)
     async with sessions() as session:
         # Core on the session's connection: the ORM's statement handling would double the cost of
         # loading a chunk's rows, while other chunks are sending.
@@ -187,7 +190,7 @@ async def load_work(sessions: Sessions, *, prompt_ids: Sequence[int]) -> list[Wo
                 deadline = None if row.deadline is None else aware(row.deadline)
                 work = WorkRow(id=row.id, custom_id=row.custom_id, model=row.model, messages=row.messages,
                                params=row.params, dedupe_key=row.dedupe_key, deadline=deadline, endpoint=row.endpoint,
-                               background_id=row.background_id)
+                               background_id=row.background_id, planned_route=row.planned_route)
                 found.append((row.position, row.id, work))
     found.sort(key=lambda item: item[:2])
     return [work for _, _, work in found]

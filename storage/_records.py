@@ -22,6 +22,8 @@ class _Request:
     deadline: datetime | None = None
     # The provider endpoint (core.ENDPOINTS).
     endpoint: str = "chat"
+    # The lane the router sent it by (core.ROUTES; None, from before there were lanes, is real-time).
+    planned_route: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -30,8 +32,7 @@ class NewPrompt(_Request):
 
     position: int
     metadata: dict[str, Any] | None = None
-    # The router's decision ("realtime" or "batch") and why.
-    planned_route: str | None = None
+    # Why the router sent it by its ``planned_route``.
     route_reason: str | None = None
 
 

@@ -8,7 +8,7 @@ from typing import Any, TypedDict, Unpack
 
 from sqlalchemy import and_, func, or_, select, tuple_
 
-from llm_dispatch.core import RETRY_FAILED, SENDABLE_PROMPT_STATUSES, RepeatedKeys, RetryFailed, key_hash
+from llm_dispatch.core import REQUEST_ROUTES, RETRY_FAILED, SENDABLE_PROMPT_STATUSES, RepeatedKeys, RetryFailed, key_hash
 
 from ._bulk import IN_CHUNK, chunks
 from ._models import Prompt, aware
@@ -53,7 +53,8 @@ def _open_filter(
         raise ValueError(f"retry_failed must be one of {RETRY_FAILED}, got {retry_failed!r}")
     where = [Prompt.job_id == job_id, or_(*unfinished_when)]
     if planned_route == "realtime":
-        where.append(or_(Prompt.planned_route.is_(None), Prompt.planned_route == "realtime"))
+        # The real-time half: every lane it sends, one request a prompt.
+        where.append(or_(Prompt.planned_route.is_(None), Prompt.planned_route.in_(REQUEST_ROUTES)))
     elif planned_route is not None:
         where.append(Prompt.planned_route == planned_route)
     if shard is not None:
@@ -81,8 +82,8 @@ async def unfinished_prompts(
     Pending and in-flight prompts (a process died holding them) are always open; batched
     ones (waiting in an open batch) never are, nor succeeded ones; failed
     ones if ``retry_failed`` is ``"all"``, or ``"retryable"`` and their error was one that
-    may pass on another try. ``planned_route`` keeps only prompts routed there (a prompt
-    with no route recorded counts as real-time). ``in_flight=False`` leaves out in-flight
+    may pass on another try. ``planned_route`` keeps only prompts routed there (``"realtime"``: the real-time
+    half, every lane of ``REQUEST_ROUTES``; a prompt with no route recorded counts as real-time). ``in_flight=False`` leaves out in-flight
     prompts, for a caller that must not take over those another live process is sending.
     ``shard=(index, count)`` keeps the prompts whose id is ``index`` modulo ``count``: shards of
     one job never share a prompt. ``positions=(start, stop)`` keeps those at input positions
@@ -161,7 +162,7 @@ async def unfinished_work_in_order(
 
 
 _WORK_COLUMNS = (Prompt.id, Prompt.position, Prompt.custom_id, Prompt.model, Prompt.messages, Prompt.params,
-                 Prompt.dedupe_key, Prompt.deadline, Prompt.endpoint, Prompt.background_id)
+                 Prompt.dedupe_key, Prompt.deadline, Prompt.endpoint, Prompt.background_id, Prompt.planned_route)
 
 
 async def _work_pages(
@@ -181,7 +182,7 @@ async def _work_pages(
         yield [
             WorkRow(id=row.id, custom_id=row.custom_id, model=row.model, messages=row.messages, params=row.params,
                     dedupe_key=row.dedupe_key, deadline=None if row.deadline is None else aware(row.deadline),
-                    endpoint=row.endpoint, background_id=row.background_id)
+                    endpoint=row.endpoint, background_id=row.background_id, planned_route=row.planned_route)
             for row in found
         ]
         if len(found) < page:

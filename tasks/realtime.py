@@ -12,6 +12,7 @@ from prefect.utilities.annotations import quote
 from llm_dispatch import storage
 from llm_dispatch.jobs import Chunk, SendChunk
 from llm_dispatch.core import (
+    REQUEST_ROUTES,
     ChatRequest,
     ChatSender,
     DispatchOutcome,
@@ -56,7 +57,9 @@ async def send_chunk(
     if requests is None:
         rows = await storage.load_work(sessions, prompt_ids=[group[0] for group in chunk.groups])
         requests = {row.id: ChatRequest(model=row.model, messages=row.messages, params=row.params,
-                                        endpoint=row.endpoint, background_id=row.background_id) for row in rows}
+                                        endpoint=row.endpoint, background_id=row.background_id,
+                                        lane=row.planned_route if row.planned_route in REQUEST_ROUTES else None)
+                    for row in rows}
     await sink.mark_in_flight(prompt_ids=[pid for group in chunk.groups for pid in group])
     items = [WorkItem(prompt_ids=group, request=requests[group[0]]) for group in chunk.groups]
     if before_send is not None:

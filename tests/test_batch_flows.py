@@ -41,7 +41,8 @@ MIXED = [
     {"id": "now-2", "prompt": "what is 2 + 2?"},  # short: real-time by the length rule
     {"id": "bulk-1", "prompt": "short but nobody waits", "urgency": "bulk"},
     {"id": "bulk-2", "prompt": "a long document. " * 80},  # long: batch by the length rule
-    {"id": "soon", "prompt": "a long document due soon. " * 80, "deadline": "2h"},
+    # Too soon for any discounted lane (flex's 15 minutes + the 1 h margin): real-time.
+    {"id": "soon", "prompt": "a long document due soon. " * 80, "deadline": "1h"},
     {"id": "later", "prompt": "short, due in three days", "deadline": "3d"},
 ]
 
@@ -61,7 +62,8 @@ async def test_dispatch_routes_each_prompt_sends_both_halves_and_reports_cost(
                       "soon": "realtime", "later": "batch"}
     reasons = dict(rows(db_url, "SELECT custom_id, route_reason FROM prompts"))
     assert reasons["now-1"] == "urgency=urgent" and reasons["bulk-2"].startswith("length ")
-    assert "is before the batch window" in reasons["soon"] and "leaves room" in reasons["later"]
+    assert "is before flex (15m), the batch window (24h) + margin (1h)" in reasons["soon"]
+    assert "leaves room" in reasons["later"]
     answered = dict(rows(db_url, "SELECT p.custom_id, r.route FROM results r JOIN prompts p ON p.id = r.prompt_id"))
     assert answered == routes  # each was answered the way it was routed
     assert summary["counts"] == {"succeeded": 6} and summary["unfinished"] == 0

@@ -126,7 +126,7 @@ def test_snapshot_of_an_unknown_model_is_unknown(table: PriceTable) -> None:
         ({"prompt_tokens": -1}, "prompt_tokens must be >= 0, got -1"),
         ({"completion_tokens": -1}, "completion_tokens must be >= 0"),
         ({"cached_tokens": -1}, "cached_tokens must be >= 0"),
-        ({"route": "flex"}, "route 'flex' is unknown"),
+        ({"route": "express"}, "route 'express' is unknown"),  # flex is a lane now
     ],
 )
 def test_impossible_usage_is_refused(table: PriceTable, kwargs: dict[str, Any], message: str) -> None:

@@ -11,7 +11,7 @@ from ._lazy import lazy_names
 
 if TYPE_CHECKING:
     from ._anthropic_answers import read_message_batch_results
-    from ._batch_files import BatchFile, BatchFileWriter, BatchLine, read_batch_output, write_batch_files
+    from ._batch_files import BatchFile, BatchFileWriter, BatchLine, read_batch_output, unpack_line, write_batch_files
     from ._batch_types import (
         DEFAULT_BATCH_LIMITS,
         MESSAGE_BATCH_LIMITS,
@@ -184,6 +184,7 @@ __all__ = [
     "answer_text",
     "worst_case_cost",
     "write_batch_files",
+    "unpack_line",
     *_exceptions.__all__,
     *_status.__all__,
 ]

@@ -6,11 +6,12 @@ built, and a provider's output is parsed line by line into ``BatchLine`` values.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import json
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -25,6 +26,7 @@ from ._exceptions import APIResponseValidationError
 from ._json import compact_json
 from ._constants import RAW_BODY_CHARS
 from ._line_errors import openai_line_error
+from ._packing import unpack_embeddings
 from ._types import ChatRequest, ChatResult
 
 __all__ = [
@@ -37,6 +39,7 @@ __all__ = [
     "unusable_line",
     "read_batch_output",
     "read_result_lines",
+    "unpack_line",
     "write_batch_files",
 ]
 
@@ -99,15 +102,18 @@ class _Writer:
     custom_ids: list[str] = field(default_factory=list)
     seen: set[str] = field(default_factory=set)
     size: int = 0
+    inputs: int = 0  # an embeddings file's texts (a packed line holds several)
 
-    def fits(self, line_bytes: int, limits: BatchLimits) -> bool:
-        return len(self.custom_ids) < limits.max_requests and self.size + line_bytes <= limits.max_bytes
+    def fits(self, line_bytes: int, inputs: int, limits: BatchLimits) -> bool:
+        return (len(self.custom_ids) < limits.max_requests and self.size + line_bytes <= limits.max_bytes
+                and self.inputs + inputs <= limits.max_embedding_inputs)
 
-    def write(self, custom_id: str, line: bytes) -> None:
+    def write(self, custom_id: str, line: bytes, inputs: int) -> None:
         self.handle.write(line)
         self.custom_ids.append(custom_id)
         self.seen.add(custom_id)
         self.size += len(line)
+        self.inputs += inputs
 
     def finish(self) -> tuple[int, BatchFile]:
         self.handle.close()
@@ -124,7 +130,8 @@ class BatchFileWriter:
     Requests are grouped by model and endpoint (a batch holds one of each, its lines' ``url`` the endpoint's), with
     one file open per model and endpoint; a
     file is closed and the next one started when the next line would pass ``limits.max_requests`` or
-    ``limits.max_bytes``, and ``add`` returns the file it closed. ``close`` returns the files still open,
+    ``limits.max_bytes`` (or, for embeddings, ``limits.max_embedding_inputs`` texts over its lines), and ``add``
+    returns the file it closed. ``close`` returns the files still open,
     ``discard`` removes them. A duplicate ``custom_id`` within a file, an empty one, or a request too
     large for any file raises ``ValueError`` and writes nothing. Files are named
     ``{prefix}-{n:05d}-{model}.jsonl``; an existing file of that name is replaced.
@@ -155,8 +162,12 @@ class BatchFileWriter:
             )
         finished = None
         key = (request.model, request.endpoint)
+        inputs = len(request.messages) if request.endpoint == "embeddings" else 0
+        if inputs > self.limits.max_embedding_inputs:
+            raise ValueError(f"request {custom_id!r} holds {inputs} texts, more than the "
+                             f"{self.limits.max_embedding_inputs} an embeddings batch may hold")
         writer = self._open.get(key)
-        if writer is not None and not writer.fits(len(line), self.limits):
+        if writer is not None and not writer.fits(len(line), inputs, self.limits):
             finished = self._open.pop(key).finish()[1]
             writer = None
         if writer is None:
@@ -171,7 +182,7 @@ class BatchFileWriter:
             raise ValueError(
                 f"duplicate custom_id {custom_id!r}: each request in a batch needs its own id to match its answer"
             )
-        writer.write(custom_id, line)
+        writer.write(custom_id, line, inputs)
         return finished
 
     def close(self) -> list[BatchFile]:
@@ -356,3 +367,20 @@ def garbled_line(custom_id: str | None, number: int, reason: str) -> BatchLine:
         retryable=custom_id is not None,
         line=number,
     )
+
+
+def unpack_line(
+    line: BatchLine, *, texts: Sequence[str], members: Sequence[tuple[int, str]]
+) -> list[tuple[str, BatchLine]]:
+    """A packed batch line (its ``texts`` in input order) as a line per member ``(index, name)`` asked for: an answer
+    split by ``unpack_embeddings``; an error as it is, each member's; an answer with a vector count other than the
+    texts' an unusable line (billed, never sent again), its usage kept once, on the first member."""
+    if line.result is None:
+        return [(name, dataclasses.replace(line, custom_id=name)) for _, name in members]
+    try:
+        parts = unpack_embeddings(line.result, texts)
+    except APIResponseValidationError as exc:
+        return [(name, unusable_line(name, line.line, line.status_code or 200, exc.message,
+                                     usage=exc.usage if number == 0 else None))
+                for number, (_, name) in enumerate(members)]
+    return [(name, dataclasses.replace(line, custom_id=name, result=parts[index])) for index, name in members]

@@ -58,11 +58,17 @@ class BatchLimits:
 
     max_requests: int = 50_000
     max_bytes: int = 200 * 1024 * 1024
+    # Texts summed over an embeddings batch's lines (each line may hold many). OpenAI's batch create reference:
+    # "/v1/embeddings batches are also restricted to a maximum of 50,000 embedding inputs across all requests in the
+    # batch" (read in OpenAI's SDK generated from its API spec, openai-python types/batch_create_params.py at e43b422;
+    # OpenAI's own pages were not in our search index; community.openai.com/t/882493 quotes the Batch guide alike).
+    max_embedding_inputs: int = 50_000
 
     def __post_init__(self) -> None:
-        if self.max_requests < 1 or self.max_bytes < 1:
+        if self.max_requests < 1 or self.max_bytes < 1 or self.max_embedding_inputs < 1:
             raise ValueError(
-                f"batch limits must be positive, got max_requests={self.max_requests}, max_bytes={self.max_bytes}"
+                f"batch limits must be positive, got max_requests={self.max_requests}, max_bytes={self.max_bytes}, "
+                f"max_embedding_inputs={self.max_embedding_inputs}"
             )
 
 

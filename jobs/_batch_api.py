@@ -11,6 +11,8 @@ what a crash leaves to finish from. A create whose answer was lost is found agai
 
 from __future__ import annotations
 
+import dataclasses
+
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager, nullcontext
@@ -59,7 +61,8 @@ class BatchApi(ABC):
     def limits(self, *, max_requests: int | None = None, max_bytes: int | None = None) -> BatchLimits:
         """One batch's limits: the provider's, or the configured ones where given."""
         own = self.provider_limits
-        return BatchLimits(max_requests=max_requests or own.max_requests, max_bytes=max_bytes or own.max_bytes)
+        return dataclasses.replace(own, max_requests=max_requests or own.max_requests,
+                                   max_bytes=max_bytes or own.max_bytes)
 
     @abstractmethod
     async def upload(self, path: Path) -> str | None:

@@ -1,6 +1,7 @@
 """A job's batch input files built as its open prompts are read, in input order a page at a time: identical
-requests share one line (all their prompts found by request when the first one is read), and each file is
-handed back with its members once it is complete, so memory holds the files being filled, never the job."""
+requests share one line (all their prompts found by request when the first one is read), embeddings texts are packed
+many to a line (``core.Packer``, within the batch's cap on texts), and each file is handed back with its members once
+it is complete, so memory holds the files being filled, never the job."""
 
 from __future__ import annotations
 
@@ -11,7 +12,19 @@ from pathlib import Path
 
 
 from llm_dispatch import storage
-from llm_dispatch.core import BatchFile, BatchFileWriter, BatchLimits, ChatRequest, RepeatedKeys, key_hash, RetryFailed
+from llm_dispatch.core import (
+    EMBEDDING_PACK_LIMITS,
+    BatchFile,
+    BatchFileWriter,
+    BatchLimits,
+    ChatRequest,
+    Packer,
+    RepeatedKeys,
+    RetryFailed,
+    key_hash,
+    member_id,
+    pack_key,
+)
 
 __all__ = ["BatchBuilder", "BuiltFile", "Group", "request_groups"]
 
@@ -75,13 +88,17 @@ class BatchBuilder:
     """Input files per provider (at its limits), model and endpoint, filled a group at a time.
 
     ``use`` (on the event loop: it may open a provider's client) readies a provider's files; ``add`` and
-    ``close`` (plain file writing, fine in a worker thread) return the files they completed.
+    ``close`` (plain file writing, fine in a worker thread) return the files they completed. Embeddings groups that
+    may share a request are packed into one line: the line's ``custom_id`` is its first group's, and each group's
+    members are named after it and their text's place in it (``core.member_id``). A batch's lines are filled
+    evenly to its cap on texts (50,000 at OpenAI: 25 lines of 2,000).
     """
 
     def __init__(self, *, directory: Path, provider_of: Callable[[str], str]) -> None:
         self.directory = Path(directory)
         self.provider_of = provider_of
         self._writers: dict[str, BatchFileWriter] = {}
+        self._packers: dict[str, Packer[Group]] = {}
         # Members of the file being filled, per (provider, model, endpoint): one open file each.
         self._members: dict[tuple[str, str, str], list[tuple[int, str]]] = {}
 
@@ -92,26 +109,27 @@ class BatchBuilder:
     def use(self, provider: str, *, limits: BatchLimits) -> None:
         self._writers[provider] = BatchFileWriter(directory=self.directory, limits=limits,
                                                   prefix=f"in-{provider}-{time.time_ns()}")
+        self._packers[provider] = Packer(limits=EMBEDDING_PACK_LIMITS.spread(limits.max_embedding_inputs))
 
     def add(self, groups: Sequence[Group]) -> list[BuiltFile]:
         built: list[BuiltFile] = []
         for group in groups:
             first = group.first
             provider = self.provider_of(first.model)
-            # The line's custom_id names the group's first prompt row: traceable, unique in the file, and
-            # within Anthropic's custom_id rule (1-64 of [A-Za-z0-9_-]).
-            custom_id = f"p{first.id}"
             request = ChatRequest(model=first.model, messages=first.messages, params=first.params,
                                   endpoint=first.endpoint)
-            done = self._writers[provider].add(custom_id, request)
-            key = (provider, first.model, first.endpoint)
-            if done is not None:
-                built.append(BuiltFile(provider=provider, file=done, members=self._members.pop(key)))
-            self._members.setdefault(key, []).extend((prompt_id, custom_id) for prompt_id in group.prompt_ids)
+            key = pack_key(request)
+            if key is None:
+                self._line(provider, [group], request, built)
+            elif (pack := self._packers[provider].add(key, group, request)) is not None:
+                self._line(provider, pack.members, pack.request(), built)
         return built
 
     def close(self) -> list[BuiltFile]:
-        built = []
+        built: list[BuiltFile] = []
+        for provider, packer in sorted(self._packers.items()):
+            for pack in packer.close():
+                self._line(provider, pack.members, pack.request(), built)
         for provider, writer in sorted(self._writers.items()):
             for file in writer.close():
                 built.append(BuiltFile(provider=provider, file=file,
@@ -123,3 +141,22 @@ class BatchBuilder:
         for writer in self._writers.values():
             writer.discard()
         self._members.clear()
+        self._packers.clear()
+
+    def _line(self, provider: str, groups: Sequence[Group], request: ChatRequest, built: list[BuiltFile]) -> None:
+        """Write one line for ``groups`` (several: a packed request, its texts in their order)."""
+        first = groups[0].first
+        # The line's custom_id names its first prompt row: traceable, unique in the file, and within Anthropic's
+        # custom_id rule (1-64 of [A-Za-z0-9_-]).
+        custom_id = f"p{first.id}"
+        done = self._writers[provider].add(custom_id, request)
+        key = (provider, first.model, first.endpoint)
+        if done is not None:
+            built.append(BuiltFile(provider=provider, file=done, members=self._members.pop(key)))
+        members = self._members.setdefault(key, [])
+        if len(groups) == 1:
+            members.extend((prompt_id, custom_id) for prompt_id in groups[0].prompt_ids)
+            return
+        for index, group in enumerate(groups):
+            name = member_id(custom_id, index)
+            members.extend((prompt_id, name) for prompt_id in group.prompt_ids)

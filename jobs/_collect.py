@@ -17,7 +17,6 @@ After ``ingest_batch`` each member of the batch is exactly one of:
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -34,7 +33,10 @@ from llm_dispatch.core import (
     BatchLine,
     BatchLineError,
     checked,
+    embedding_text,
+    split_member_id,
     status_error_class,
+    unpack_line,
     TERMINAL_BATCH_STATUSES,
     to_json,
 )
@@ -168,6 +170,18 @@ async def ingest_batch(
             reask_from.update((ids[0], levels.get(ids[0], 0)) for ids, _ in wrong)
         answers.clear()
 
+    # Each packed embeddings line's members (the settled ones too: every text's weight splits the line's usage).
+    packed = await _packed_lines(sessions, record=record)
+
+    async def settle(line: BatchLine, ids: list[int]) -> None:
+        assert line.custom_id is not None
+        if line.result is None and record.cancel_requested and line.error_code in CANCELLED_LINES:
+            waiting[line.custom_id] = ids  # unanswered because the user cancelled: failed below
+        elif line.result is not None:
+            answers.append((ids, line.result))
+        elif await _settle_failure(writer, line, ids, outcome=outcome, model=record.model, batch_id=record.id):
+            again.extend(ids)
+
     for results in clients.batch_api(record.provider).result_files(record):
         if not waiting:
             break
@@ -175,7 +189,15 @@ async def ingest_batch(
         reader = results.read(path)
 
         def take() -> list[BatchLine]:
-            return list(itertools.islice(reader, READ_SLICE))
+            # About READ_SLICE answers a slice, however many a line holds (a packed one: thousands of vectors).
+            taken: list[BatchLine] = []
+            answered = 0
+            for line in reader:
+                taken.append(line)
+                answered += (len(line.result.embeddings or ()) or 1) if line.result is not None else 1
+                if answered >= READ_SLICE:
+                    break
+            return taken
 
         # Parsing is CPU work in a thread, a slice at a time (memory stays flat whatever the file's
         # size), the next slice parsed while this one is stored: the database works outside the GIL.
@@ -183,15 +205,18 @@ async def ingest_batch(
         while lines := await next_slice:
             next_slice = asyncio.ensure_future(asyncio.to_thread(take))
             for line in lines:
+                if line.custom_id in packed:
+                    members = packed.pop(line.custom_id)
+                    texts = await _texts(sessions, members=members)
+                    asked = [(index, name) for index, name, _ in members if name in waiting]
+                    for name, part in unpack_line(line, texts=texts, members=asked):
+                        await settle(part, waiting.pop(name))
+                    continue
                 ids = waiting.pop(line.custom_id, None) if line.custom_id is not None else None
                 if ids is None:
                     outcome.unknown_lines += 1
-                elif line.result is None and record.cancel_requested and line.error_code in CANCELLED_LINES:
-                    waiting[line.custom_id] = ids  # unanswered because the user cancelled: failed below
-                elif line.result is not None:
-                    answers.append((ids, line.result))
-                elif await _settle_failure(writer, line, ids, outcome=outcome, model=record.model, batch_id=record.id):
-                    again.extend(ids)
+                else:
+                    await settle(line, ids)
             if len(answers) >= STORE_SLICE:
                 await store_answers()
     await store_answers()
@@ -240,6 +265,28 @@ async def ingest_batch(
     outcome.to_realtime = to_realtime
     logger.info("batch %d (%s) ingested: %s", record.id, record.status, to_json(outcome))
     return outcome
+
+
+async def _packed_lines(
+    sessions: storage.Sessions, *, record: storage.BatchRecord
+) -> dict[str, list[tuple[int, str, int]]]:
+    """Each packed line of an embeddings batch: its members ``(index, name, first prompt id)`` in input order."""
+    if record.endpoint != "embeddings":
+        return {}
+    lines: dict[str, list[tuple[int, str, int]]] = {}
+    for name, ids in (await storage.batch_members(sessions, batch_id=record.id)).items():
+        line, index = split_member_id(name)
+        if line != name:
+            lines.setdefault(line, []).append((index, name, ids[0]))
+    for members in lines.values():
+        members.sort()
+    return lines
+
+
+async def _texts(sessions: storage.Sessions, *, members: Sequence[tuple[int, str, int]]) -> list[str]:
+    """The texts of a packed line's members, in its order (each one's weight in the line's usage)."""
+    rows = {row.id: row for row in await storage.load_work(sessions, prompt_ids=[pid for _, _, pid in members])}
+    return [(embedding_text(rows[pid].messages) or "") if pid in rows else "" for _, _, pid in members]
 
 
 async def _settle_failure(

@@ -41,6 +41,8 @@ from llm_dispatch.core import (
     InputError,
     NotFoundError,
     batch_metadata_problem,
+    packed_request,
+    split_member_id,
     write_batch_files,
     RetryFailed,
 )
@@ -334,16 +336,29 @@ async def _input_file(*, sessions: storage.Sessions, record: storage.BatchRecord
     path = Path(record.file_path) if record.file_path else None
     if path is not None and path.is_file():
         return path
-    members = await storage.batch_members(sessions, batch_id=record.id)
-    first = {custom_id: ids[0] for custom_id, ids in members.items()}
-    rows = {row.id: row for row in await storage.load_work(sessions, prompt_ids=list(first.values()))}
+    # Each line's first prompt per member, in input order (a packed embeddings line has a member per text).
+    lines: dict[str, list[tuple[int, int]]] = {}
+    packed: set[str] = set()
+    for member, ids in (await storage.batch_members(sessions, batch_id=record.id)).items():
+        line, index = split_member_id(member)
+        lines.setdefault(line, []).append((index, ids[0]))
+        if line != member:
+            packed.add(line)
+    rows = {row.id: row for row in await storage.load_work(
+        sessions, prompt_ids=[pid for parts in lines.values() for _, pid in parts])}
+
+    def request(line: str, parts: list[tuple[int, int]]) -> ChatRequest:
+        if line not in packed:
+            return _request(rows[parts[0][1]])
+        return packed_request([_request(rows[pid]) for _, pid in sorted(parts)])
+
     directory = path.parent if path is not None else Path(".")
     [file] = await asyncio.to_thread(
         write_batch_files,
-        ((custom_id, _request(rows[pid])) for custom_id, pid in first.items()),
+        ((line, request(line, parts)) for line, parts in lines.items()),
         directory=directory,
         # One file whatever the limits: these lines were one batch already.
-        limits=BatchLimits(max_requests=len(first), max_bytes=2**62),
+        limits=BatchLimits(max_requests=len(lines), max_bytes=2**62, max_embedding_inputs=2**62),
         prefix=f"in-{time.time_ns()}-rewritten",
     )
     await storage.update_batch(sessions, batch_id=record.id, file_path=str(file.path))

@@ -133,7 +133,7 @@ class BatchRun(BatchWork):
         errors: list[dict[str, Any]] = []
         seen: set[str] = set()
         model: str | None = None
-        total = 0
+        total = inputs = 0
         allowed = self._state.allowed_models
 
         def fail(code: str, message: str, line: int, param: str | None = None) -> None:
@@ -173,6 +173,9 @@ class BatchRun(BatchWork):
                      f"'{self._batch.endpoint}'.", number, "url")
                 continue
             body = record.get("body")
+            if self._batch.endpoint == EMBEDDINGS_PATH and isinstance(body, dict):
+                given = body.get("input")
+                inputs += len(given) if isinstance(given, list) else 1
             line_model = body.get("model") if isinstance(body, dict) else None
             if not isinstance(line_model, str) or not line_model:
                 fail("missing_required_parameter", "Missing required parameter: 'body.model'.", number, "body.model")
@@ -193,6 +196,11 @@ class BatchRun(BatchWork):
                 errors.append(_validation_error(
                     "too_many_requests",
                     f"The input file has {total} requests; a batch may hold at most {self._limits.max_requests}."))
+            elif inputs > self._limits.max_embedding_inputs:
+                errors.append(_validation_error(
+                    "too_many_embedding_inputs",
+                    f"The input file has {inputs} embedding inputs; an embeddings batch may hold at most "
+                    f"{self._limits.max_embedding_inputs} across its requests."))
             elif size > self._limits.max_bytes:
                 errors.append(_validation_error(
                     "file_too_large", f"The input file is {size} bytes; a batch may be at most "
@@ -292,6 +300,7 @@ class BatchRun(BatchWork):
             return False, self._response_line(custom_id, refused.status, refused.body)
         answer, tokens = embeddings_answer(body)
         self._state.stats.prompt_tokens += tokens
+        self._state.stats.embedding_inputs += len(answer["data"])
         return True, self._response_line(custom_id, 200, json_dumps(answer).encode())
 
     def _marker_fault(self, body: dict[str, Any], digest: bytes) -> str | web.Response | None:

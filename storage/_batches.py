@@ -23,6 +23,7 @@ from llm_dispatch.core import (
     PriceTable,
     UnknownBatchError,
     UnknownPromptError,
+    split_member_id,
 )
 
 from ._budgets import release_batch, settle_batch
@@ -87,7 +88,8 @@ async def create_batch_record(
 ) -> int:
     """Store a batch (status ``preparing``) with its members, one ``(prompt_id, custom_id)``
     per prompt, and mark those prompts ``batched``; returns our batch id. Identical prompts
-    may share one line: give them the same ``custom_id``, and one answer serves them all.
+    may share one line: give them the same ``custom_id``, and one answer serves them all. The texts of a packed
+    embeddings line are named after it (``core.member_id``): counted as one line.
 
     One transaction: the batch exists before anything is uploaded, so a process that dies
     mid-upload leaves a record to find. Succeeded prompts stay succeeded. A prompt that is
@@ -98,7 +100,7 @@ async def create_batch_record(
     prompt_ids = [prompt_id for prompt_id, _ in members]
     if len(set(prompt_ids)) != len(prompt_ids):
         raise ValueError("a prompt can be only once in a batch; give identical prompts one custom_id instead")
-    lines = len({custom_id for _, custom_id in members})
+    lines = len({split_member_id(custom_id)[0] for _, custom_id in members})
     now = utcnow()
     async with sessions.begin() as session:
         await _check_members(session, job_id=job_id, prompt_ids=prompt_ids)

@@ -106,7 +106,8 @@ class ResultSink(Protocol):
     ) -> None: ...
 
     async def failure(
-        self, *, prompt_ids: Sequence[int], error: BaseException, final: bool = True, model: str | None = None
+        self, *, prompt_ids: Sequence[int], error: BaseException, final: bool = True, model: str | None = None,
+        reask: int = 0,
     ) -> None: ...
 
     # Prompts marked in flight and then not sent (a ``RunStop`` stopped their provider or model): pending again.
@@ -184,8 +185,9 @@ async def reask(
     """Ask ``item`` again while its answer breaks ``schema``, up to ``max_reasks`` times: its conversation, the
     invalid answer and a message naming the violation. Each answer is stored as its own result (``reask`` n, its own
     cost); returns the last. ``first``: the number of the first re-ask (an answer asked again before, as a batch's,
-    goes on from there). A re-ask that fails leaves the prompts with their invalid answer (logged); so does one
-    whose worst case does not fit ``budget``."""
+    goes on from there). A re-ask whose call fails is stored as a failed result of its own (``reask`` n, what it
+    cost) and leaves the prompts with their invalid answer; one whose worst case does not fit ``budget`` is not
+    sent, and leaves them so too."""
     for number in range(first, max_reasks + 1):
         if result.violation is None:
             break
@@ -205,6 +207,7 @@ async def reask(
             except Exception as exc:  # noqa: BLE001 - the invalid answer stays the prompts' outcome
                 logger.warning("asking prompt ids %s again failed (%s); they keep their invalid answer",
                                item.prompt_ids[:3], exc)
+                await sink.failure(prompt_ids=item.prompt_ids, error=exc, model=item.request.model, reask=number)
                 break
             result = checked(answer, schema)
             await sink.success(prompt_ids=item.prompt_ids, result=result, route=again.lane or "realtime",

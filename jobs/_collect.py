@@ -43,7 +43,7 @@ from llm_dispatch.core import (
 
 
 from ._clients import Clients
-from ._reask import reask_invalid
+from ._reask import reask_invalid, reask_number
 
 __all__ = ["IngestOutcome", "cancel_batch", "cancel_batches", "ingest_batch", "poll_batch", "reroute_for_deadlines"]
 
@@ -71,6 +71,7 @@ class IngestOutcome:
     reasked_in_batches: int = 0
     reasked_realtime: int = 0
     reasks_over_budget: int = 0  # invalid answers not asked again: their worst case did not fit the budget
+    reasks_failed: int = 0  # re-asks of follow-up batches that came back no answer: their prompts stay invalid
     failed: int = 0
     resend: int = 0  # members back to pending, to go in another batch or real-time
     to_realtime: int = 0  # of those, re-routed to real-time
@@ -221,6 +222,13 @@ async def ingest_batch(
                 await store_answers()
     await store_answers()
 
+    # Members of a follow-up batch's lines that no line answered: their re-ask failed with the batch (it failed,
+    # expired, was cancelled); each gets a row of its own and keeps its invalid answer, never sent as a first ask.
+    for custom_id in [found for found in waiting if reask_number(found) is not None]:
+        ids = waiting.pop(custom_id)
+        await writer.failure(prompt_ids=ids, error=_unanswered_reask(record), route="batch", model=record.model,
+                             reask=reask_number(custom_id) or 0)
+        outcome.reasks_failed += len(ids)
     # Members no line answered.
     unanswered = [pid for ids in waiting.values() for pid in ids]
     if unanswered and record.status == "failed":
@@ -307,6 +315,13 @@ async def _settle_failure(
         error.usage, error.raw_body = line.usage, line.raw_body
         # Billed, or billing not said (a request that ran and timed out): counted as possibly billed.
         error.maybe_billed = 0 if line.billed is False else 1
+    number = reask_number(line.custom_id or "")
+    if number is not None:
+        # A follow-up batch's re-ask: a row of its own, and its prompts keep their invalid answer (``invalid``).
+        await writer.failure(prompt_ids=ids, error=error, route="batch", model=model, batch_id=batch_id,
+                             reask=number)
+        outcome.reasks_failed += len(ids)
+        return False
     # Not final: the prompts go back to pending (history kept) and are sent again.
     await writer.failure(prompt_ids=ids, error=error, final=not line.retryable, route="batch", model=model,
                          batch_id=batch_id)
@@ -337,6 +352,14 @@ async def reroute_for_deadlines(sessions: storage.Sessions, *, job_id: str, now:
         sessions, job_id=job_id, before=now + BATCH_WINDOW + margin,
         reason="deadline no longer leaves room for another batch window; sent real-time",
     )
+
+
+def _unanswered_reask(record: storage.BatchRecord) -> Exception:
+    """Why a follow-up batch left a re-ask unanswered: the batch's own failure, or how it ended."""
+    if record.status == "failed":
+        return BatchFailedError(_failed_message(record))
+    return BatchLineError(f"batch {record.id} ended {record.status} without answering this re-ask; the prompt keeps "
+                          "its invalid answer", code=record.status, retryable=False)
 
 
 def _answer_time(record: storage.BatchRecord) -> float:

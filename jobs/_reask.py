@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -36,12 +37,25 @@ from llm_dispatch.core import (
 from ._clients import Clients
 from ._submit import advance_submission
 
-__all__ = ["BATCH_WINDOW", "ReaskOutcome", "reask_invalid"]
+__all__ = ["BATCH_WINDOW", "ReaskOutcome", "reask_invalid", "reask_line_id", "reask_number"]
 
 logger = logging.getLogger(__name__)
 
 # A batch answers within 24 hours (both providers' completion window).
 BATCH_WINDOW: Final = timedelta(hours=24)
+# A follow-up line's custom_id: its first prompt's id and which re-ask it is.
+_REASK_LINE: Final = re.compile(r"p(\d+)r(\d+)")
+
+
+def reask_line_id(prompt_id: int, number: int) -> str:
+    """The custom_id of a follow-up batch's line: prompt ``prompt_id`` asked again, its ``number``-th re-ask."""
+    return f"p{prompt_id}r{number}"
+
+
+def reask_number(custom_id: str) -> int | None:
+    """Which re-ask a batch line is (``reask_line_id``'s ``number``), or None for a prompt's own request."""
+    found = _REASK_LINE.fullmatch(custom_id)
+    return int(found.group(2)) if found else None
 
 
 @dataclass(slots=True)
@@ -94,7 +108,7 @@ async def reask_invalid(
                             messages=reask_messages(row.messages, answer=answer_text(result),
                                                     violation=result.violation or ""))
         provider = clients.provider_of(row.model)
-        batched.setdefault((provider, row.model, row.endpoint), []).append((ids, again, f"p{ids[0]}r{number}"))
+        batched.setdefault((provider, row.model, row.endpoint), []).append((ids, again, reask_line_id(ids[0], number)))
     if at_once:
         await _reask_at_once(at_once, sessions=sessions, clients=clients, writer=writer, max_reasks=max_reasks,
                              budget=budget, job_id=job_id, outcome=outcome)

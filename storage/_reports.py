@@ -311,11 +311,14 @@ _EXPORTED_PROMPT_COLUMNS = (
 
 
 async def export_rows(sessions: Sessions, *, job_id: str) -> AsyncIterator[ExportRow]:
-    """Every prompt of the job in input order, with its latest result (or none yet), a page at a time."""
+    """Every prompt of the job in input order, with its latest result (or none yet), a page at a time. A re-ask whose
+    call failed is not its outcome (the invalid answer before it stays that), only part of its cost."""
     # Each prompt's latest result by the index on results.prompt_id, a lookup per row of the page: a page costs
     # its own rows, never the whole job's results again.
     earlier = aliased(Result)
-    latest = select(func.max(earlier.id)).where(earlier.prompt_id == Prompt.id).correlate(Prompt).scalar_subquery()
+    outcome = or_(earlier.reask == 0, earlier.status != "failed")
+    latest = (select(func.max(earlier.id)).where(earlier.prompt_id == Prompt.id, outcome).correlate(Prompt)
+              .scalar_subquery())
     every = aliased(Result)
     paid = (select(func.sum(every.cost_pico_usd)).where(every.prompt_id == Prompt.id).correlate(Prompt)
             .scalar_subquery().label("prompt_cost_pico_usd"))

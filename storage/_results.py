@@ -226,19 +226,22 @@ def failure_rows(
     final: bool,
     ledger: RowLedger = NO_PRICES,
     model: str | None = None,
+    reask: int = 0,
 ) -> list[ResultRow]:
     """The rows of one failed call for these prompts: error class, HTTP status, message, attempts; cost 0, unless
     the call was answered with a 2xx that carried no usable answer but said what it used (``error.usage``): that
     usage is stored and priced on the row that paid, as a request to ``model``.
 
     ``final`` fails the prompts (retryable or not, from ``error.retryable``); otherwise the failure is
-    kept as history and the prompts go back to ``pending``.
+    kept as history and the prompts go back to ``pending``. ``reask`` n > 0: the call asked the prompts again (their
+    n-th re-ask) after an invalid answer, which stays their outcome: they stay ``invalid``.
     """
     error_class = type(error).__name__
     message = str(error)[:MAX_ERROR_MESSAGE] or None
     status_code = getattr(error, "status_code", None)
     attempts = int(getattr(error, "attempts", 1) or 1)
-    retryable = bool(getattr(error, "retryable", False)) if final else None
+    retryable = bool(getattr(error, "retryable", False)) if final and not reask else None
+    settled: PromptStatus = "invalid" if reask else "failed" if final else "pending"
     usage: ChatResult | None = getattr(error, "usage", None)
     free = dict(zip(LEDGER_FIELDS, ledger.free))
 
@@ -257,13 +260,14 @@ def failure_rows(
             status="failed",
             attempts=attempts if paid else 0,
             created_at=now,
-            prompt_status="failed" if final else "pending",
+            prompt_status=settled,
             http_status=status_code if isinstance(status_code, int) else None,
             error_class=error_class,
             error_message=message,
             retryable=retryable,
             maybe_billed=int(getattr(error, "maybe_billed", 0) or 0) if paid else 0,
             raw_body=getattr(error, "raw_body", None) if paid else None,
+            reask=reask,
             **{**free, **billed},
         )
 

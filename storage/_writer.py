@@ -150,17 +150,19 @@ class ResultWriter:
         route: ResultRoute = "realtime",
         model: str | None = None,
         batch_id: int | None = None,
+        reask: int = 0,
     ) -> None:
         """Record a failed call for these prompts: error class, HTTP status, message, attempts, and the cost of
         what a 2xx with no usable answer said it used (priced as a request to ``model``).
 
         ``final`` marks the prompts failed (``failed_retryable`` from ``error.retryable``);
-        otherwise the failure is kept as history and the prompts go back to pending. ``batch_id``: a line of that
+        otherwise the failure is kept as history and the prompts go back to pending. ``reask`` n > 0: the call was
+        their n-th re-ask, and they keep their invalid answer (``invalid``). ``batch_id``: a line of that
         batch failed, and what it was billed is spent out of the batch's budget reservation (``settle_batch``), in
         the transaction that stores it, as the batch's answers are.
         """
         await self._add(failure_rows(prompt_ids, error, route=route, now=utcnow(), final=final, ledger=self._ledger,
-                                     model=model), batch_id=batch_id)
+                                     model=model, reask=reask), batch_id=batch_id)
 
     async def release(self, *, prompt_ids: Sequence[int]) -> int:
         """Put prompts marked in flight back to pending, unsent (a run that stopped before sending them)."""

@@ -49,11 +49,13 @@ class Env(BatchEnv):
                 directory=self.directory, **kwargs)  # type: ignore[arg-type]
         return outcome.batch_ids
 
-    async def finish(self, batch_id: int, *, max_submissions: int = 3, now: datetime | None = None):
+    async def finish(self, batch_id: int, *, max_submissions: int = 3, now: datetime | None = None,
+                     max_reasks: int = 0):
         record = await self.poll(batch_id)
         async with storage.ResultWriter(self.sessions, job_id=record.job_id) as writer:
             return await ingest_batch(sessions=self.sessions, clients=self.clients, writer=writer, record=record,
-                                      directory=self.directory, max_submissions=max_submissions, now=now)
+                                      directory=self.directory, max_submissions=max_submissions, now=now,
+                                      max_reasks=max_reasks)
 
     async def statuses(self, job_id: str) -> dict[str, int]:
         return await storage.job_counts(self.sessions, job_id=job_id)
@@ -405,3 +407,21 @@ async def test_each_kind_of_line_without_an_answer_is_settled_as_openai_says(env
     assert prompts["c-5"][1:] == (False, "BatchLineError")
     hollow = [r for r in await env.results(job_id) if r.prompt_id == ids[5]]
     assert hollow[0].error_message and "billed" in hollow[0].error_message
+
+
+async def test_a_follow_up_batch_that_fails_leaves_each_prompt_invalid_with_its_failed_reask(env: Env) -> None:
+    job_id, _ = await env.job(PEOPLE, params=STRUCTURED)
+    async with env.client:
+        [first] = await env.submit(job_id)
+        env.queue_faults("fail_validation")  # the next batch made: the follow-up of the two invalid answers
+        [follow_up] = (await env.finish(first, max_reasks=2)).reask_batches
+        outcome = await env.finish(follow_up, max_reasks=2)
+    assert (outcome.status, outcome.reasks_failed, outcome.failed, outcome.resend) == ("failed", 2, 0, 0)
+    # Each keeps its invalid answer; its failed re-ask is a row of its own, with the batch's error.
+    assert await env.statuses(job_id) == {"succeeded": 1, "invalid": 2}
+    async with env.sessions() as session:
+        found = (await session.execute(select(Prompt.custom_id, Result.reask, Result.status, Result.error_class)
+                                       .join(Result, Result.prompt_id == Prompt.id)
+                                       .where(Prompt.custom_id != "c-0").order_by(Prompt.custom_id, Result.id))).all()
+    assert [tuple(row) for row in found] == [("c-1", 0, "invalid", None), ("c-1", 1, "failed", "BatchFailedError"),
+                                            ("c-2", 0, "invalid", None), ("c-2", 1, "failed", "BatchFailedError")]

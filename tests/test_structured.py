@@ -11,11 +11,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+import respx
 
 from llm_dispatch.core import ChatRequest, check_answer, load_schema, ConfigError
 from llm_dispatch.core._anthropic import anthropic_params
 
-from conftest import Sim
+from conftest import FakeTime, Sim, make_client, rows
 
 COMMAND = str(Path(sys.executable).parent / "llm-dispatch")
 PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
@@ -187,3 +188,43 @@ async def test_on_postgresql_the_parsed_value_is_jsonb_that_sql_can_query(pg_url
             found = (await session.execute(text(
                 "SELECT parsed->>'name', (parsed->>'age')::int, pg_typeof(parsed)::text FROM results"))).all()
     assert found == [("Ada", 36, "jsonb")]
+
+
+# --- a re-ask whose call fails ---------------------------------------------------------------------------------
+
+async def test_a_reask_whose_call_fails_is_a_row_of_its_own_and_the_prompt_keeps_its_invalid_answer(
+        router: respx.Router, fake_time: FakeTime, db_url: str) -> None:
+    from llm_dispatch import storage
+    from llm_dispatch.core import PriceTable, WorkItem, send_all
+
+    usage = {"prompt_tokens": 20, "completion_tokens": 9, "total_tokens": 29}
+    router.post("/chat/completions", name="chat").mock(side_effect=[
+        httpx.Response(200, json={"id": "a", "model": "gpt-4o-mini", "usage": usage, "choices": [
+            {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": '{"name": "Ada"}'}}]}),
+        httpx.Response(400, json={"error": {"message": "Invalid request: too long.", "type": "invalid_request_error"}}),
+    ])
+    params = {"response_format": FORMAT, "max_tokens": 50}
+    async with storage.open_database(db_url) as sessions:
+        job_id = await storage.create_job(sessions, name="people", fingerprint="f", model="gpt-4o-mini", settings={},
+                                          input_path=None)
+        await storage.add_prompts(sessions, job_id=job_id, prompts=[storage.NewPrompt(
+            custom_id="a", position=0, model="gpt-4o-mini", messages=USER, params=params, metadata=None,
+            dedupe_key="k")])
+        [prompt_id] = await storage.unfinished_prompt_ids(sessions, job_id=job_id)
+        async with make_client(router, fake_time) as client, \
+                storage.ResultWriter(sessions, job_id=job_id, prices=PriceTable.load()) as writer:
+            outcome = await send_all(client=client, sink=writer, concurrency=1, max_reasks=2, items=[
+                WorkItem(prompt_ids=(prompt_id,), request=ChatRequest(model="gpt-4o-mini", messages=USER,
+                                                                     params=params))])
+        [row] = [found async for found in storage.export_rows(sessions, job_id=job_id)]
+        stats = await storage.structured_stats(sessions, job_id=job_id)
+    assert (outcome.invalid, outcome.reasks, outcome.failed) == (1, 1, 0)
+    results = rows(db_url, "SELECT reask, status, error_class, cost_pico_usd FROM results ORDER BY id")
+    assert [(n, status, error) for n, status, error, _ in results] == [(0, "invalid", None),
+                                                                       (1, "failed", "BadRequestError")]
+    assert rows(db_url, "SELECT status FROM prompts") == [("invalid",)]
+    # What the prompt shows is its invalid answer (the failed call changed nothing), its cost every row's.
+    assert (row.status, row.text, row.reask) == ("invalid", '{"name": "Ada"}', 0)
+    assert "'age' is a required property" in row.violation
+    assert row.prompt_cost_pico_usd == sum(cost for *_, cost in results) > 0
+    assert stats is not None and (stats.still_invalid, stats.reasks) == (1, 1)

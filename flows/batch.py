@@ -113,18 +113,26 @@ async def follow_batch(*, run: JobRun, batch_id: int, ingest_when_done: bool = T
     return BatchLeft(batch_id=batch_id, status=record.status)
 
 
-async def _without_batch_api(run: JobRun, *, job_id: str, error: BaseException | None, because: str,
-                             realtime_done: asyncio.Event | None, summary: BatchHalfSummary) -> None:
-    """The endpoint has no Batch API: every pending prompt of the job goes real-time, with one warning (the real-time
-    half beside this one finishes its own first)."""
-    rerouted = await jobs.learn_no_batch_api(run, job_id=job_id, error=error, because=because)
+async def _route_around(run: JobRun, *, job_id: str, error: BaseException | None, because: str,
+                        providers: frozenset[str] | None = None) -> bool:
+    """An endpoint has no Batch API: the pending prompts of its provider go real-time, with one warning; returns
+    whether any did (sent by ``_send_rerouted`` once the real-time half beside this one is done)."""
+    rerouted = await jobs.learn_no_batch_api(run, job_id=job_id, error=error, because=because, providers=providers)
     if rerouted:
         get_run_logger().warning("%s: %d prompts routed to the Batch API go real-time instead.", because, rerouted)
+    return rerouted > 0
+
+
+async def _send_rerouted(run: JobRun, *, job_id: str, realtime_done: asyncio.Event | None,
+                         summary: BatchHalfSummary) -> None:
+    """Send real-time what was re-routed there, once the real-time half beside this one is done with its own
+    prompts (so no prompt is picked up by both)."""
     if realtime_done is not None:
         await realtime_done.wait()
     sent = await send_rerouted(run, job_id=job_id)
     if sent is not None:
         summary.realtime_fallback += sent.prompts
+        summary.budget_reached |= sent.budget is not None and sent.budget.stopped
 
 
 def endpoint_words(error: BaseException) -> str:
@@ -205,16 +213,18 @@ async def dispatch_batches(
     settings, sessions = run.settings, run.sessions
     started = time.monotonic()
     summary = BatchHalfSummary()
-    known = await jobs.known_without_batch_api(run, providers=BATCH_PROVIDERS)
-    if known is not None:
-        await _without_batch_api(run, job_id=job_id, error=None, because=f"{known}; sent real-time",
-                                 realtime_done=realtime_done, summary=summary)
-        summary.wall_s = time.monotonic() - started
-        return summary
+    # Prompts of a provider whose endpoint has no Batch API go real-time; the other providers' still go in batches.
+    around = False
+    for provider, why in (await jobs.known_without_batch_api(run, providers=BATCH_PROVIDERS)).items():
+        around |= await _route_around(run, job_id=job_id, error=None, because=f"{why}; sent real-time",
+                                      providers=frozenset({provider}))
+    # Half-submitted batches: a crash's, or other providers' cut short by one endpoint's 404.
+    finish_left = True
     for round_ in range(settings.batch_max_submissions + 1):
         retry = retry_failed if round_ == 0 else "none"
         try:
-            if round_ == 0:
+            if finish_left:
+                finish_left = False
                 for record in await storage.unfinished_batches(sessions, job_id=job_id):
                     if record.status in HALF_SUBMITTED_BATCH_STATUSES:
                         await finish_submission(run=run, batch_id=record.id)
@@ -225,9 +235,9 @@ async def dispatch_batches(
             if not jobs.is_missing_batch_api(exc):
                 raise
             because = f"no Batch API at this endpoint ({endpoint_words(exc)} answered 404); sent real-time"
-            await _without_batch_api(run, job_id=job_id, error=exc, because=because, realtime_done=realtime_done,
-                                     summary=summary)
-            break
+            around |= await _route_around(run, job_id=job_id, error=exc, because=because)
+            finish_left = True
+            continue  # the next round submits what other providers' endpoints take
         if submitted is not None:
             summary.submitted.add(submitted)
             logger.info("Job %s: %d prompts sent to the Batch API in %d batches (%d requests); %d answered from "
@@ -246,14 +256,10 @@ async def dispatch_batches(
         summary.rounds += 1
         summary.ingested.extend(await follow_batches(run=run, batch_ids=waiting))
         if await _rerouted(run, job_id=job_id):
-            # Re-routed by the ingests (deadline, or too many batches): real-time now, once the
-            # real-time half beside this one is done with its own prompts.
-            if realtime_done is not None:
-                await realtime_done.wait()
-            rerouted = await send_rerouted(run, job_id=job_id)
-            if rerouted is not None:
-                summary.realtime_fallback += rerouted.prompts
-                summary.budget_reached |= rerouted.budget is not None and rerouted.budget.stopped
+            # Re-routed by the ingests (deadline, or too many batches): real-time now.
+            await _send_rerouted(run, job_id=job_id, realtime_done=realtime_done, summary=summary)
+    if around:
+        await _send_rerouted(run, job_id=job_id, realtime_done=realtime_done, summary=summary)
     summary.wall_s = time.monotonic() - started
     return summary
 

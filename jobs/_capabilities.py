@@ -20,7 +20,7 @@ __all__ = ["endpoint_of", "first_error", "is_missing_batch_api", "known_without_
 logger = logging.getLogger(__name__)
 
 # The paths of a Batch API: a 404 on one of them means the endpoint has none (not that an object is gone).
-_BATCH_PATHS = re.compile(r" (?:POST|GET) /(?:v1/)?(?:files|batches|messages/batches)(?: |$)")
+_BATCH_PATHS = re.compile(r" (?:POST|GET) /(?:v1/)?(files|batches|messages/batches)(?: |$)")
 
 
 def endpoint_of(run: JobRun, *, provider: str) -> str:
@@ -35,7 +35,24 @@ def is_missing_batch_api(error: BaseException) -> bool:
     the endpoint has no Batch API."""
     if isinstance(error, BaseExceptionGroup):
         return all(is_missing_batch_api(inner) for inner in error.exceptions)
-    return isinstance(error, NotFoundError) and bool(_BATCH_PATHS.search(str(error).split(" after ", 1)[0]))
+    return _batch_path_of(error) is not None
+
+
+def missing_for(error: BaseException) -> frozenset[str]:
+    """The providers whose Batch API answered ``error``'s 404s (Message Batches: Anthropic's; files and batches:
+    OpenAI's)."""
+    if isinstance(error, BaseExceptionGroup):
+        return frozenset().union(*(missing_for(inner) for inner in error.exceptions))
+    path = _batch_path_of(error)
+    return frozenset() if path is None else frozenset({"anthropic" if path == "messages/batches" else "openai"})
+
+
+def _batch_path_of(error: BaseException) -> str | None:
+    """The Batch API path a 404 came from (``files``, ``batches``, ``messages/batches``), or None."""
+    if not isinstance(error, NotFoundError):
+        return None
+    found = _BATCH_PATHS.search(str(error).split(" after ", 1)[0])
+    return None if found is None else found.group(1)
 
 
 def first_error(error: BaseException) -> BaseException:
@@ -43,28 +60,36 @@ def first_error(error: BaseException) -> BaseException:
     return first_error(error.exceptions[0]) if isinstance(error, BaseExceptionGroup) else error
 
 
-async def known_without_batch_api(run: JobRun, *, providers: frozenset[str]) -> str | None:
-    """Why one of these providers' endpoints is known to have no Batch API, or None."""
+async def known_without_batch_api(run: JobRun, *, providers: frozenset[str]) -> dict[str, str]:
+    """Which of these providers' endpoints are known to have no Batch API, each with why (empty: none)."""
+    known: dict[str, str] = {}
     for provider in sorted(providers):
         url = endpoint_of(run, provider=provider)
         reason = await storage.no_batch_api(run.sessions, base_url=url)
         if reason is not None:
-            return f"{url} has no Batch API ({reason})"
-    return None
+            known[provider] = f"{url} has no Batch API ({reason})"
+    return known
 
 
-async def learn_no_batch_api(run: JobRun, *, job_id: str, error: BaseException | None, because: str) -> int:
-    """The job's endpoint has no Batch API: remember it (for the providers of the job's half-made batches, when
-    ``error`` is the 404 that says so), close those batches (``lost``: never created, nothing billed), and route
-    every batch-routed pending prompt of the job real-time; returns how many were re-routed."""
+async def learn_no_batch_api(
+    run: JobRun, *, job_id: str, error: BaseException | None, because: str, providers: frozenset[str] | None = None
+) -> int:
+    """An endpoint of the job has no Batch API: remember it when ``error`` is the 404 that says so, close the job's
+    half-made batches there (``lost``: never created, nothing billed), and route real-time every batch-routed pending
+    prompt of the providers whose endpoint has none (``providers``, else those whose paths answered ``error``'s 404s);
+    returns how many were re-routed. The prompts of a provider whose endpoint has a Batch API keep their route."""
+    lacking = providers if providers is not None else missing_for(error) if error is not None else frozenset()
     half_made = [record for record in await storage.unfinished_batches(run.sessions, job_id=job_id)
                  if record.status in HALF_SUBMITTED_BATCH_STATUSES and record.provider_batch_id is None]
     if error is not None:
         error = first_error(error)
-        for provider in {record.provider for record in half_made} or {"openai"}:
+        for provider in lacking:
             await storage.remember_no_batch_api(run.sessions, base_url=endpoint_of(run, provider=provider),
                                                 reason=f"{' '.join(str(error).split())[:200]}")
     for record in half_made:
-        await lose_batch(run=run, record=record, reason=because)
+        if record.provider in lacking:
+            await lose_batch(run=run, record=record, reason=because)
+    models = [model for model in await storage.job_models(run.sessions, job_id=job_id)
+              if run.clients.provider_of(model) in lacking]
     return await storage.reroute_pending(run.sessions, job_id=job_id, route="realtime", reason=because,
-                                         from_routes=("batch",))
+                                         from_routes=("batch",), models=models)

@@ -158,18 +158,24 @@ async def set_planned_route(sessions: Sessions, *, prompt_ids: Sequence[int], ro
 
 
 async def reroute_pending(
-    sessions: Sessions, *, job_id: str, route: str, reason: str, from_routes: Collection[str] | None = None
+    sessions: Sessions, *, job_id: str, route: str, reason: str, from_routes: Collection[str] | None = None,
+    models: Collection[str] | None = None,
 ) -> int:
     """Re-route every pending prompt of the job that is routed otherwise (or, given ``from_routes``, by one of
-    those: say, the batch ones to real-time at an endpoint with no Batch API); returns how many."""
+    those: say, the batch ones to real-time at an endpoint with no Batch API), of these ``models`` only when given;
+    returns how many."""
     moved = Prompt.planned_route != route if from_routes is None else Prompt.planned_route.in_(list(from_routes))
+    stmt = (
+        update(Prompt)
+        .where(Prompt.job_id == job_id, Prompt.status == "pending", moved)
+        .values(planned_route=route, route_reason=reason, updated_at=utcnow())
+        .execution_options(synchronize_session=False)
+    )
+    if models is not None:
+        if not models:
+            return 0
+        stmt = stmt.where(Prompt.model.in_(list(models)))
     async with sessions.begin() as session:
-        stmt = (
-            update(Prompt)
-            .where(Prompt.job_id == job_id, Prompt.status == "pending", moved)
-            .values(planned_route=route, route_reason=reason, updated_at=utcnow())
-            .execution_options(synchronize_session=False)
-        )
         return (await session.execute(stmt)).rowcount
 
 

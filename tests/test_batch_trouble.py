@@ -306,3 +306,34 @@ async def test_route_all_realtime_on_a_resumed_job_re_plans_its_pending_batch_pr
                                    route_policy="all-realtime", wait=True))
     assert again["resumed"] and again["routes"] == {"realtime": {"succeeded": 4}}
     assert again["batch"]["submitted_batches"] == 0
+
+
+async def test_an_endpoint_without_a_batch_api_reroutes_only_its_own_providers_prompts(
+    prefect_api: str, sim: Sim, start_sim: Any, db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """OpenAI's base URL has no Batch API, Anthropic's has one: the long OpenAI prompts go real-time (one warning),
+    the long Claude prompts still go through Message Batches at half price."""
+    sim.configure(batch_processing_seconds=0.3)
+    no_batches = await start_sim(batch_api=False, latency=0.01)
+    long = "a long document. " * 80
+    prompts = [{"id": f"gpt-{i}", "prompt": f"{long}{i}"} for i in range(3)] + [
+        {"id": f"claude-{i}", "model": "claude-haiku-5-5", "prompt": f"{long}{i}", "params": {"max_tokens": 50}}
+        for i in range(3)]
+
+    with caplog.at_level(logging.WARNING):
+        summary = to_json(await dispatch(prompts=prompts, base_url=no_batches, anthropic_base_url=sim.root,
+                                         database_url=SecretStr(db_url), wait=True, batch_poll_interval=0.1))
+
+    assert summary["counts"] == {"succeeded": 6}
+    answered = dict(rows(db_url, "SELECT p.custom_id, r.route FROM results r JOIN prompts p ON p.id = r.prompt_id"))
+    assert answered == {**{f"gpt-{i}": "realtime" for i in range(3)}, **{f"claude-{i}": "batch" for i in range(3)}}
+    assert rows(db_url, "SELECT provider, status FROM batches WHERE provider_batch_id IS NOT NULL") == [
+        ("anthropic", "ingested")]
+    warnings = [r.getMessage() for r in caplog.records if "no Batch API" in r.getMessage()]
+    assert len(warnings) == 1 and "3 prompts routed to the Batch API go real-time instead" in warnings[0]
+
+    # The next run knows it: the OpenAI prompts real-time from the start, the Claude ones in a batch again.
+    again = to_json(await dispatch(prompts=prompts, base_url=no_batches, anthropic_base_url=sim.root,
+                                   database_url=SecretStr(db_url), wait=True, new_job=True, batch_poll_interval=0.1))
+    assert again["routes"] == {"realtime": {"succeeded": 3}, "batch": {"succeeded": 3}}
+

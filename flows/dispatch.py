@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from llm_dispatch.jobs import (
     job_report,
     money,
     open_run,
+    replan_pending,
     routing_rules,
     run_budget,
 )
@@ -130,10 +132,10 @@ async def dispatch(
     return final_state(summary, budget=summary.budget, fail_above=fail_above)
 
 
-# Route policies that re-plan a resumed job's pending prompts when given: all-realtime moves every one real-time
-# (the way out of an endpoint with no Batch API). Others are decided per prompt when it is recorded (urgency and
-# deadline first), and stay.
-REPLANNED = frozenset({"all-realtime"})
+# Route policies that re-plan a resumed job's pending prompts when given (``jobs.replan_pending``): all-realtime
+# moves every one real-time (the way out of an endpoint with no Batch API), all-batch every one a batch can still
+# answer by its deadline. ``length`` is decided per prompt when it is recorded (urgency and deadline first), and stays.
+REPLANNED = frozenset({"all-realtime", "all-batch"})
 
 
 async def run_dispatch(
@@ -153,8 +155,8 @@ async def run_dispatch(
 ) -> DispatchSummary:
     """The recipe behind ``dispatch``: record and route, estimate, then both halves at once, then report.
 
-    ``replan``: a resumed job's pending prompts go real-time (``--route all-realtime``), whatever route was stored
-    when they were recorded."""
+    ``replan``: a resumed job's pending prompts are routed by the policy given (``--route all-realtime`` or
+    ``all-batch``), whatever route was stored when they were recorded."""
     logger = get_run_logger()
     started = time.monotonic()
     settings = await prepare(settings, logger=logger, tag_limit=True)
@@ -167,10 +169,10 @@ async def run_dispatch(
                                    rules=routing_rules(settings))
         run.clients.require(job.providers)  # a missing key stops the run here, before anything is sent
         if replan and job.resumed:
-            moved = await storage.reroute_pending(run.sessions, job_id=job.job_id, route="realtime",
-                                                  reason=f"--route {settings.route_policy} on a resumed job")
+            moved = await replan_pending(run.sessions, job_id=job.job_id, rules=routing_rules(settings),
+                                         now=datetime.now(UTC))
             if moved:
-                logger.info("Job %s: %d pending prompts re-routed real-time (--route %s).", job.job_id, moved,
+                logger.info("Job %s: %d pending prompts re-routed by --route %s.", job.job_id, moved,
                             settings.route_policy)
         if retry_refused:
             # Before the estimate, which then counts them.

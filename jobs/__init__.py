@@ -25,7 +25,15 @@ if TYPE_CHECKING:
     from ._realtime import Chunk, ChunkFeed, ChunkSender, SendChunk
     from ._run import JobRun, open_run
     from ._plan import Selection, plan_realtime
-    from ._record import PromptInput, RecordedJob, fingerprint_of, prompt_input, record_job, routing_rules
+    from ._record import (
+        PromptInput,
+        RecordedJob,
+        fingerprint_of,
+        prompt_input,
+        record_job,
+        replan_pending,
+        routing_rules,
+    )
     from ._summary import (
         BatchHalfSummary,
         BatchLeft,
@@ -96,6 +104,7 @@ __all__ = [
     "poll_batch",
     "record_job",
     "reprice",
+    "replan_pending",
     "routing_rules",
     "run_budget",
     "to_pico",

@@ -158,6 +158,19 @@ def routing_rules(settings: Settings) -> RoutingRules:
                         margin=timedelta(seconds=settings.deadline_margin))
 
 
+async def replan_pending(sessions: storage.Sessions, *, job_id: str, rules: RoutingRules, now: datetime) -> int:
+    """Route a resumed job's pending prompts by ``rules.policy`` when it is ``all-realtime`` or ``all-batch`` (given
+    again with ``--route``), whatever route was stored when they were recorded; returns how many moved. A prompt
+    whose deadline falls before the batch window and margin from ``now`` keeps its route: no batch could meet it."""
+    reason = f"--route {rules.policy} on a resumed job"
+    if rules.policy == "all-realtime":
+        return await storage.reroute_pending(sessions, job_id=job_id, route="realtime", reason=reason)
+    if rules.policy == "all-batch":
+        return await storage.reroute_pending(sessions, job_id=job_id, route="batch", reason=reason,
+                                             due_after=now + rules.batch_window + rules.margin)
+    raise ValueError(f"route policy {rules.policy!r} is decided per prompt when recorded; it re-plans nothing")
+
+
 def new_prompts(
     specs: Iterable[PromptSpec], *, rules: RoutingRules | None, now: datetime, table: PriceTable | None = None
 ) -> Iterator[storage.NewPrompt]:

@@ -159,11 +159,11 @@ async def set_planned_route(sessions: Sessions, *, prompt_ids: Sequence[int], ro
 
 async def reroute_pending(
     sessions: Sessions, *, job_id: str, route: str, reason: str, from_routes: Collection[str] | None = None,
-    models: Collection[str] | None = None,
+    models: Collection[str] | None = None, due_after: datetime | None = None,
 ) -> int:
     """Re-route every pending prompt of the job that is routed otherwise (or, given ``from_routes``, by one of
-    those: say, the batch ones to real-time at an endpoint with no Batch API), of these ``models`` only when given;
-    returns how many."""
+    those: say, the batch ones to real-time at an endpoint with no Batch API), of these ``models`` only when given,
+    and only those with no deadline or one not before ``due_after`` when given; returns how many."""
     moved = Prompt.planned_route != route if from_routes is None else Prompt.planned_route.in_(list(from_routes))
     stmt = (
         update(Prompt)
@@ -171,6 +171,8 @@ async def reroute_pending(
         .values(planned_route=route, route_reason=reason, updated_at=utcnow())
         .execution_options(synchronize_session=False)
     )
+    if due_after is not None:
+        stmt = stmt.where(or_(Prompt.deadline.is_(None), Prompt.deadline >= due_after))
     if models is not None:
         if not models:
             return 0

@@ -337,3 +337,24 @@ async def test_an_endpoint_without_a_batch_api_reroutes_only_its_own_providers_p
                                    database_url=SecretStr(db_url), wait=True, new_job=True, batch_poll_interval=0.1))
     assert again["routes"] == {"realtime": {"succeeded": 3}, "batch": {"succeeded": 3}}
 
+
+
+async def test_route_all_batch_on_a_resumed_job_re_plans_its_pending_prompts_that_a_batch_can_meet(
+    prefect_api: str, sim: Sim, db_url: str
+) -> None:
+    sim.configure(batch_processing_seconds=0.3)
+    prompts = [{"id": i, "prompt": f"question {i}"} for i in range(4)] + [
+        {"id": "soon", "prompt": "question soon", "deadline": "20m"}]
+    refused = await dispatch(prompts=prompts, base_url=sim.base_url, database_url=SecretStr(db_url),
+                             max_cost=0.0000001, return_state=True)  # recorded, short ones real-time, nothing sent
+    assert refused.name == "MaxCostRefused"
+    assert rows(db_url, "SELECT DISTINCT planned_route FROM prompts") == [("realtime",)]
+
+    again = to_json(await dispatch(prompts=prompts, base_url=sim.base_url, database_url=SecretStr(db_url),
+                                   route_policy="all-batch", wait=True, batch_poll_interval=0.1))
+    assert again["resumed"] and again["counts"] == {"succeeded": 5}
+    # The four without a deadline went in a batch; the one due in 20 minutes stayed real-time.
+    assert again["routes"] == {"batch": {"succeeded": 4}, "realtime": {"succeeded": 1}}
+    assert again["batch"]["submitted_batches"] == 1
+    answered = dict(rows(db_url, "SELECT p.custom_id, r.route FROM results r JOIN prompts p ON p.id = r.prompt_id"))
+    assert answered == {"0": "batch", "1": "batch", "2": "batch", "3": "batch", "soon": "realtime"}

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from typer.core import TyperGroup
 
-from llm_dispatch.core import APIError, LLMDispatchError, Settings
+from llm_dispatch.core import APIError, ConfigError, LLMDispatchError, Settings
 
 # Options several commands take alike.
 DatabaseUrl = Annotated[Optional[str], typer.Option(help="SQLAlchemy URL (default: ./llm_dispatch.db)")]
@@ -77,7 +77,9 @@ def _fail(message: str, *, code: int = EXIT_INPUT) -> typer.Exit:
 
 
 def _settings(**overrides: Any) -> Settings:
-    """The command's settings; a bad one (a database URL that cannot work included) is one line and exit 2."""
+    """Settings from the environment with ``overrides`` on top (None: not given), for a command or ``run_prompts``;
+    a bad one (a database URL that cannot work included) is a ``ConfigError`` naming the setting and its
+    environment variable (a command says it in one line, exit 2)."""
     from llm_dispatch.storage import check_database_url
 
     try:
@@ -85,6 +87,6 @@ def _settings(**overrides: Any) -> Settings:
     except ValidationError as exc:
         first = exc.errors()[0]
         field = ".".join(str(p) for p in first["loc"])
-        raise _fail(f"setting {field}: {first['msg']} (env LLM_DISPATCH_{field.upper()})") from None
+        raise ConfigError(f"setting {field}: {first['msg']} (env LLM_DISPATCH_{field.upper()})") from None
     check_database_url(settings.database_url)
     return settings

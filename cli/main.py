@@ -37,7 +37,7 @@ from ._common import (
     err,
     out,
 )
-from ._prefect import _prefect_settings
+from ._flow_runs import SIM_BATCH_SECONDS, check_simulated_wait, dispatch_summary, simulated
 from .batches import abandon, cancel, collect
 from .budgets import budget_app
 from .read_only import cost, export, models, reprice, status
@@ -47,10 +47,6 @@ if TYPE_CHECKING:
     # The send path's (it loads the HTTP stack): imported by the commands that send, not by the reports.
     from llm_dispatch.core import Progress
     from llm_dispatch.jobs import BudgetStanding, DispatchSummary
-
-# With --simulate the simulator's batches take seconds, not hours; poll them as often.
-SIM_BATCH_SECONDS = 3.0
-SIM_POLL_SECONDS = 0.5
 
 app = typer.Typer(cls=_Commands, add_completion=False, no_args_is_help=True, epilog=EXIT_CODES,
                   # Locals may hold a database URL's password; a traceback never shows them.
@@ -120,12 +116,7 @@ def run(
         raise _fail("--resume continues a job; --new-job and --job-name choose or start one from FILE: give one or the other")
     if job_name is not None and not job_name.strip():
         raise _fail("--job-name must not be empty")
-    if simulate and not wait:
-        # The simulator lives in this process: its batches would end with the command, leaving batches open in
-        # the database that no provider knows.
-        raise _fail("--no-wait cannot go with --simulate: the simulator stops with this command and its batches with "
-                    f"it; drop --no-wait (its batches take {SIM_BATCH_SECONDS:.0f} s), or run `llm-dispatch simulate` "
-                    "apart, point LLM_DISPATCH_BASE_URL at it and leave out --simulate")
+    check_simulated_wait(simulate=simulate, wait=wait)
     if retry_failed not in RETRY_FAILED:
         raise _fail(f"--retry-failed must be retryable, all or none, not {retry_failed!r}")
     settings = _settings(model=model, endpoint=endpoint, concurrency=concurrency, chunk_size=chunk_size, dedupe=dedupe,
@@ -152,16 +143,9 @@ def run(
     if not simulate:
         _check_keys(settings, providers=providers)
 
-    with contextlib.ExitStack() as stack:
+    with simulated(settings, latency=sim_latency) if simulate else contextlib.nullcontext(settings) as settings:
         if simulate:
-            from llm_dispatch.simulator import Simulator, SimulatorConfig
-
-            sim = SimulatorConfig(latency=sim_latency, batch_processing_seconds=SIM_BATCH_SECONDS)
-            base_url = stack.enter_context(Simulator.in_thread(sim))
-            # One simulator answers both providers: OpenAI's API under /v1, Anthropic's at the host (its paths carry /v1).
-            settings = settings.model_copy(update={"base_url": base_url, "anthropic_base_url": base_url.removesuffix("/v1"),
-                                                   "batch_poll_interval": SIM_POLL_SECONDS})
-            err.print(f"simulator at {base_url} ({sim_latency * 1000:.0f} ms per request, batches take "
+            err.print(f"simulator at {settings.base_url} ({sim_latency * 1000:.0f} ms per request, batches take "
                       f"{SIM_BATCH_SECONDS:.0f} s)", highlight=False)
         from prefect.exceptions import TerminationSignal
 
@@ -267,9 +251,6 @@ async def _run_with_progress(
     job_name: str | None = None,
     fail_above: float = 0.0,
 ) -> DispatchSummary:
-    from llm_dispatch.flows.dispatch import dispatch
-    from llm_dispatch.tasks import result_of
-
     # Per-task "Finished in state Completed" lines would drown the progress bar.
     logging.getLogger("prefect.task_runs").setLevel(logging.WARNING)
     from llm_dispatch.core import Progress, current_progress
@@ -291,20 +272,9 @@ async def _run_with_progress(
     loop.add_signal_handler(signal.SIGINT, stop, signal.SIGINT)
     display: asyncio.Task[None] | None = asyncio.create_task(_show(progress)) if show and err.is_terminal else None
     try:
-        with _prefect_settings():
-            # The run may end Failed (failed prompts) with its summary: read either way.
-            return await result_of(await dispatch(
-                prompts=source, job_id=job_id, model=settings.model, endpoint=settings.endpoint,
-                route_policy=settings.route_policy,
-                wait=wait, max_cost=max_cost, concurrency=settings.concurrency, chunk_size=settings.chunk_size,
-                chunk_concurrency=settings.chunk_concurrency, dedupe=settings.dedupe, retry_failed=retry_failed,
-                retry_refused=retry_refused, base_url=settings.base_url, anthropic_base_url=settings.anthropic_base_url,
-                database_url=settings.database_url, prices_file=settings.prices_file,
-                answer_schema=settings.response_schema, max_reasks=settings.max_reasks,
-                batch_poll_interval=settings.batch_poll_interval, new_job=new_job, job_name=job_name,
-                budget=settings.budget, budget_name=settings.budget_name,
-                fail_above=fail_above, return_state=True,
-            ))
+        return await dispatch_summary(source=source, job_id=job_id, settings=settings, wait=wait, max_cost=max_cost,
+                                      retry_failed=retry_failed, retry_refused=retry_refused, new_job=new_job,
+                                      job_name=job_name, fail_above=fail_above)
     except asyncio.CancelledError:
         if received:
             raise _Interrupted(received[0]) from None

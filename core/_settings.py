@@ -149,8 +149,9 @@ class Settings(BaseSettings):
     )
 
     # Structured answers.
-    response_schema: str | None = Field(
-        default=None, description="the job's answer schema: a JSON Schema file, or module:Model (a Pydantic model)")
+    response_schema: str | dict[str, Any] | None = Field(
+        default=None, description="the job's answer schema: a JSON Schema file, module:Model (a Pydantic model), or "
+                                  "from Python a JSON Schema itself")
     max_reasks: int = Field(default=2, ge=0, le=10, description="times an invalid answer is asked again")
 
     # Cost.

@@ -36,6 +36,7 @@ __all__ = [
     "check_answer",
     "checked",
     "load_schema",
+    "pydantic_schema",
     "reask_messages",
     "response_format_for",
     "response_format_problem",
@@ -77,14 +78,27 @@ def response_format_for(schema: dict[str, Any], *, name: str, strict: bool = Tru
     return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": strict}}
 
 
-def load_schema(spec: str) -> dict[str, Any]:
-    """A job's ``--schema``: a JSON Schema file, or ``module:Model`` (a Pydantic model), as a strict
-    ``response_format``; raises ``ConfigError`` saying what to fix (a schema a provider would refuse included)."""
-    response_format = _load(spec)
+def load_schema(spec: str | Mapping[str, Any]) -> dict[str, Any]:
+    """A job's schema as a strict ``response_format``: a JSON Schema file or ``module:Model`` (a Pydantic model)
+    as ``--schema`` names them, or a JSON Schema itself (from Python: ``pydantic_schema(Model)``); raises
+    ``ConfigError`` saying what to fix (a schema a provider would refuse included)."""
+    where = f"--schema {spec}" if isinstance(spec, str) else "the answer schema"
+    response_format = _load(spec) if isinstance(spec, str) else _named(dict(spec), default="answer", where=where)
     problem = response_format_problem(response_format)
     if problem is not None:
-        raise ConfigError(f"--schema {spec}: {problem}")
+        raise ConfigError(f"{where}: {problem}")
     return response_format
+
+
+def pydantic_schema(model: Any) -> dict[str, Any]:
+    """The JSON Schema of a Pydantic model class as strict mode takes it: every object closed
+    (``additionalProperties: false``) and every property required, as openai-python's ``to_strict_json_schema``
+    makes it (a field with a default is answered, never left out); its ``title`` is the class's name."""
+    to_schema = getattr(model, "model_json_schema", None)
+    if not callable(to_schema):
+        raise ConfigError(f"{getattr(model, '__name__', model)!r} is not a Pydantic model class (it has no "
+                          "model_json_schema); give a subclass of pydantic.BaseModel")
+    return _strict(to_schema())
 
 
 def _load(spec: str) -> dict[str, Any]:
@@ -97,20 +111,24 @@ def _load(spec: str) -> dict[str, Any]:
                               "module:Model") from exc
         except ValueError as exc:
             raise ConfigError(f"--schema {spec}: not JSON ({exc})") from exc
-        if not isinstance(schema, dict):
-            raise ConfigError(f"--schema {spec}: a JSON Schema is an object, got {type(schema).__name__}")
-        name = schema.get("title") if isinstance(schema.get("title"), str) else path.stem
-        return response_format_for(schema, name=_safe_name(name))
+        return _named(schema, default=path.stem, where=f"--schema {spec}")
     module_name, _, attribute = spec.partition(":")
     try:
         model = getattr(importlib.import_module(module_name), attribute)
     except (ImportError, AttributeError) as exc:
         raise ConfigError(f"--schema {spec}: cannot import it ({exc}); give module:Model with the module "
                           "importable here") from exc
-    to_schema = getattr(model, "model_json_schema", None)
-    if not callable(to_schema):
+    if not callable(getattr(model, "model_json_schema", None)):
         raise ConfigError(f"--schema {spec}: {attribute} is not a Pydantic model (no model_json_schema)")
-    return response_format_for(_closed(to_schema()), name=_safe_name(attribute))
+    return response_format_for(pydantic_schema(model), name=_safe_name(attribute))
+
+
+def _named(schema: Any, *, default: str, where: str) -> dict[str, Any]:
+    """A JSON Schema as a strict ``response_format`` named by its ``title`` (else ``default``)."""
+    if not isinstance(schema, dict):
+        raise ConfigError(f"{where}: a JSON Schema is an object, got {type(schema).__name__}")
+    name = schema.get("title") if isinstance(schema.get("title"), str) else default
+    return response_format_for(schema, name=_safe_name(name))
 
 
 def _safe_name(name: str) -> str:
@@ -118,17 +136,25 @@ def _safe_name(name: str) -> str:
     return cleaned or "answer"
 
 
-def _closed(schema: Any) -> Any:
-    """A Pydantic model's schema with ``additionalProperties: false`` on each object that does not say: a model
-    keeps only its fields, and strict mode requires it said (as openai-python's ``to_strict_json_schema`` does)."""
-    if isinstance(schema, dict):
-        closed = {key: _closed(value) for key, value in schema.items()}
-        if closed.get("type") == "object" and "additionalProperties" not in closed:
-            closed["additionalProperties"] = False
-        return closed
+# Keywords whose value maps names to schemas (the mapping itself is no schema).
+_SCHEMA_MAPS: Final = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
+
+
+def _strict(schema: Any) -> Any:
+    """A Pydantic model's schema with ``additionalProperties: false`` on each object that does not say (a model
+    keeps only its fields, and strict mode requires it said) and every property of an object required."""
     if isinstance(schema, list):
-        return [_closed(item) for item in schema]
-    return schema
+        return [_strict(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    strict = {key: ({name: _strict(sub) for name, sub in value.items()}
+                    if key in _SCHEMA_MAPS and isinstance(value, dict) else _strict(value))
+              for key, value in schema.items()}
+    if strict.get("type") == "object" and "additionalProperties" not in strict:
+        strict["additionalProperties"] = False
+    if isinstance(strict.get("properties"), dict):
+        strict["required"] = list(strict["properties"])
+    return strict
 
 
 def response_format_problem(value: Any) -> str | None:

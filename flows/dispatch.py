@@ -79,7 +79,7 @@ async def dispatch(
     realtime_deployment: str = "realtime-dispatch/realtime",
     new_job: bool = False,
     job_name: str | None = None,
-    answer_schema: str | None = None,
+    answer_schema: str | dict[str, Any] | None = None,
     max_reasks: int | None = None,
     budget: float | None = None,
     budget_name: str | None = None,
@@ -103,7 +103,7 @@ async def dispatch(
     (and a re-run with the same name and input resumes it); a run started by a deployment's schedule is
     named after its input and the day it was scheduled for (``questions-2026-11-26``), so each night's
     run of a fixed file is a job of its own. ``answer_schema`` (a JSON Schema file, or ``module:Model`` for a Pydantic
-    model, reachable from the worker) is every prompt's answer schema unless it gives its own; an invalid answer is
+    model, reachable from the worker; or a JSON Schema itself, as ``core.pydantic_schema`` makes one) is every prompt's answer schema unless it gives its own; an invalid answer is
     asked again up to ``max_reasks`` times (default 2). ``retry_refused`` asks the prompts the model refused again (a
     refusal is an answer, so ``retry_failed`` leaves them alone).
 

@@ -52,7 +52,7 @@ async def realtime_dispatch(
     shards: int | None = None,
     new_job: bool = False,
     job_name: str | None = None,
-    answer_schema: str | None = None,
+    answer_schema: str | dict[str, Any] | None = None,
     max_reasks: int | None = None,
     budget: float | None = None,
     budget_name: str | None = None,

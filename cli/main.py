@@ -351,7 +351,7 @@ def _print_summary(summary: DispatchSummary) -> None:
 
     realtime = summary.realtime
     title = f"job {summary.report.job_id[:8]} ({summary.job_name})" + (" (resumed)" if summary.resumed else "")
-    out.print(job_table(to_json(summary), title=title))
+    out.print(job_table(summary, title=title))
     notes = []
     if summary.reused:
         notes.append(f"answered from storage: {summary.reused}")

@@ -4,10 +4,10 @@ no Prefect: costs are the ones stored with each answer; only ``reprice`` prices 
 from __future__ import annotations
 
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
@@ -18,6 +18,7 @@ from llm_dispatch.jobs import BINARY_FORMATS, actual_cost, money, plan_export, r
 from llm_dispatch.core import (
     DatabaseError,
     PriceTable,
+    RouteTotals,
     Settings,
     provider_lookup,
     ROUTES,
@@ -25,6 +26,9 @@ from llm_dispatch.core import (
     to_json,
     unfinished,
 )
+
+if TYPE_CHECKING:
+    from llm_dispatch.jobs import DispatchSummary
 
 
 def require_database(settings: Settings) -> None:
@@ -232,7 +236,8 @@ async def export(*, settings: Settings, job_id: str, fmt: str, output: Path | No
             return await plan.write(sessions=sessions, handle=handle)
 
 
-def _provider_rows(table: Table, *, actual: dict[str, Any], estimated: dict[str, Any]) -> None:
+def _provider_rows(table: Table, *, actual: Mapping[str, Mapping[str, RouteTotals]],
+                   estimated: Mapping[str, Mapping[str, RouteTotals]]) -> None:
     """A row per provider and route (answered requests, tokens, cost, estimate) when a job spans providers."""
     providers = sorted({*actual, *estimated})
     if len(providers) < 2:
@@ -240,82 +245,81 @@ def _provider_rows(table: Table, *, actual: dict[str, Any], estimated: dict[str,
     table.add_section()
     for provider in providers:
         for route in ROUTES:
-            paid = actual.get(provider, {}).get(route, {})
-            guess = estimated.get(provider, {}).get(route, {})
-            if not paid and not guess:
+            paid = actual.get(provider, {}).get(route)
+            guess = estimated.get(provider, {}).get(route)
+            if paid is None and guess is None:
                 continue
+            paid = paid or RouteTotals()  # answered nothing yet: estimated only
             table.add_row(
-                f"{provider} {route}", "", str(paid.get("requests", 0)), "", "",
-                f"{paid.get('prompt_tokens', 0)}/{paid.get('completion_tokens', 0)}",
-                f"${paid.get('cost', 0.0):.6f}", f"${guess.get('cost', 0.0):.6f}" if guess else "-",
+                f"{provider} {route}", "", str(paid.prompts), "", "", f"{paid.prompt_tokens}/{paid.completion_tokens}",
+                f"${money(paid.cost):.6f}", f"${money(guess.cost):.6f}" if guess is not None else "-",
             )
 
 
 def structured_line(structured: dict[str, Any]) -> str:
-    """One line on a job's answers checked against their schemas."""
+    """One line on a job's answers checked against their schemas (the ``structured`` object of the JSON)."""
     cost = structured.get("reask_cost")
     return (f"structured answers: {structured['valid_first']} valid at first, {structured['valid_after_reasks']} "
             f"valid after re-asks, {structured['still_invalid']} still invalid; {structured['reasks']} re-asks cost "
             + ("unknown" if cost is None else f"${cost:.6f}"))
 
 
-def job_table(summary: dict[str, Any], *, title: str) -> Table:
+def job_table(summary: DispatchSummary, *, title: str) -> Table:
     """The table a run ends with: per route, prompts by outcome, tokens, cost and the estimate."""
     table = Table(title=title)
     for column in ("route", "prompts", "succeeded", "refused", "failed", "unfinished", "tokens in/out", "cost",
                    "estimate"):
         table.add_column(column, justify="left" if column == "route" else "right")
-    estimate = summary.get("estimate") or {"routes": {}}
+    report = summary.report
+    cost, estimate, stats = report.cost, report.estimate, report.stats
     for route in ROUTES:
-        statuses = summary["routes"].get(route, {})
+        statuses = report.routes.get(route, {})
         if not statuses and route not in ("realtime", "batch"):
             continue  # a lane no prompt took
-        actual = summary["cost"]["routes"].get(route, {})
-        guess = estimate["routes"].get(route, {})
+        actual = cost.routes.get(route) or RouteTotals()
+        guess = estimate.routes.get(route) if estimate is not None else None
         table.add_row(
             route, str(sum(statuses.values())), str(statuses.get("succeeded", 0)), str(statuses.get("refused", 0)),
             str(statuses.get("failed", 0)), str(unfinished(statuses)),
-            f"{actual.get('prompt_tokens', 0)}/{actual.get('completion_tokens', 0)}",
-            f"${actual.get('cost', 0.0):.6f}", f"${guess.get('cost', 0.0):.6f}" if guess else "-",
+            f"{actual.prompt_tokens}/{actual.completion_tokens}",
+            f"${money(actual.cost):.6f}", f"${money(guess.cost):.6f}" if guess is not None else "-",
         )
-    cost = summary["cost"]
-    _provider_rows(table, actual=cost.get("providers") or {}, estimated=estimate.get("providers") or {})
+    _provider_rows(table, actual=cost.providers, estimated=estimate.providers if estimate is not None else {})
     table.add_section()
-    table.add_row("total", str(sum(summary["counts"].values())), str(summary["counts"].get("succeeded", 0)),
-                  str(summary["counts"].get("refused", 0)), str(summary["counts"].get("failed", 0)),
-                  str(summary["unfinished"]), "",
-                  f"${cost['total']:.6f}" + ("" if cost["complete"] else " + unknown"),
-                  f"${estimate['total']:.6f}" if "total" in estimate else "-")
+    table.add_row("total", str(sum(report.counts.values())), str(report.counts.get("succeeded", 0)),
+                  str(report.counts.get("refused", 0)), str(report.counts.get("failed", 0)),
+                  str(report.unfinished), "",
+                  f"${money(cost.total):.6f}" + ("" if cost.complete else " + unknown"),
+                  f"${money(estimate.total):.6f}" if estimate is not None else "-")
     table.caption = (
-        f"saved by the Batch API and discounted lanes: ${cost['savings']:.6f}   prices as of {cost['prices_as_of']}"
-        + (f" ({cost['backfilled']} back-filled at migration)" if cost.get("backfilled") else "")
-        + ("" if cost["complete"] else f"   NO PRICE for {', '.join(sorted(cost['unpriced_models']))}")
+        f"saved by the Batch API and discounted lanes: ${money(cost.savings):.6f}   prices as of {cost.prices_as_of}"
+        + (f" ({cost.backfilled} back-filled at migration)" if cost.backfilled else "")
+        + ("" if cost.complete else f"   NO PRICE for {', '.join(sorted(cost.unpriced_models))}")
     )
-    for name, count in sorted(summary["failed_by_class"].items()):
+    for name, count in sorted(report.failed_by_class.items()):
         table.add_row(f"  failed: {name}", "", "", "", str(count), "", "", "", "")
-    stats = summary.get("stats") or {}
     # What each kind of failure was, as stored with it: the provider's words and what to change.
-    for name, message in sorted((stats.get("failure_messages") or {}).items()):
+    for name, message in sorted(stats.failure_messages.items()):
         table.caption += f"\n{name}: {message}"
-    kinds = [f"{stats[key]} {label}" for key, label in (
+    kinds = [f"{getattr(stats, key)} {label}" for key, label in (
         ("refused", "refused (sent again only with --retry-refused)"),
         ("truncated", "truncated (cut at max_tokens or the context window: raise max_tokens to get all of them)"),
-        ("tool_calls", "with tool calls (in the export's tool_calls)")) if stats.get(key)]
+        ("tool_calls", "with tool calls (in the export's tool_calls)")) if getattr(stats, key)]
     if kinds:
         table.caption += "\nanswers: " + "; ".join(kinds)
-    structured = summary.get("structured")
-    if structured:
-        table.caption += "\n" + structured_line(structured)
-    if stats.get("billed_unanswered"):
-        table.caption += (f"\n{stats['billed_unanswered']} attempts may have been billed with no answer kept (a "
+    if report.structured is not None:
+        table.caption += "\n" + structured_line(to_json(report.structured))
+    if stats.billed_unanswered:
+        table.caption += (f"\n{stats.billed_unanswered} attempts may have been billed with no answer kept (a "
                           "generation timed out or cut off, a 2xx that was no answer): see maybe_billed in the export")
-    if stats.get("reasoning_tokens"):
-        table.caption += f"\nreasoning tokens (in the output tokens): {stats['reasoning_tokens']}"
-    budget = summary.get("budget")
-    if budget:
-        period = "" if budget["per"] == "total" else f" this {budget['per']} ({budget['period']})"
-        table.caption += (f"\nbudget {budget['label']}{period}: limit ${budget['limit']:.6f}, spent ${budget['spent']:.6f}, "
-                          f"reserved ${budget['reserved']:.6f}, left ${budget['left']:.6f}")
-    if stats.get("p50_latency_ms") is not None:
-        table.caption += f"\nreal-time latency p50 / p95: {stats['p50_latency_ms']:.0f} / {stats['p95_latency_ms']:.0f} ms"
+    if stats.reasoning_tokens:
+        table.caption += f"\nreasoning tokens (in the output tokens): {stats.reasoning_tokens}"
+    budget = summary.budget
+    if budget is not None:
+        period = "" if budget.per == "total" else f" this {budget.per} ({budget.period})"
+        table.caption += (f"\nbudget {budget.label}{period}: limit ${money(budget.limit):.6f}, "
+                          f"spent ${money(budget.spent):.6f}, reserved ${money(budget.reserved):.6f}, "
+                          f"left ${money(budget.left):.6f}")
+    if stats.p50_latency_ms is not None:
+        table.caption += f"\nreal-time latency p50 / p95: {stats.p50_latency_ms:.0f} / {stats.p95_latency_ms:.0f} ms"
     return table

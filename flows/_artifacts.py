@@ -21,7 +21,7 @@ from prefect.artifacts import (
 
 from llm_dispatch import storage
 from llm_dispatch.jobs import DispatchSummary, SweepSummary
-from llm_dispatch.core import DispatchOutcome, ROUTES, to_json, unfinished
+from llm_dispatch.core import DispatchOutcome, ROUTES, RouteTotals, money, unfinished
 
 Logger = logging.Logger | logging.LoggerAdapter  # type: ignore[type-arg]
 
@@ -173,14 +173,14 @@ def artifact_key(name: str, *, job_id: str) -> str:
 
 async def publish_report(summary: DispatchSummary, *, logger: Logger) -> None:
     """A table (one row per route) and a markdown report on the flow run, keyed and titled by the job's name."""
-    report = to_json(summary)
+    report = summary.report
     rows = []
     for route in ROUTES:
-        statuses = report["routes"].get(route, {})
+        statuses = report.routes.get(route, {})
         if not statuses and route not in ("realtime", "batch"):
             continue  # a lane no prompt took
-        cost = report["cost"]["routes"].get(route, {})
-        estimate = (report.get("estimate") or {}).get("routes", {}).get(route, {})
+        cost = report.cost.routes.get(route) or RouteTotals()
+        estimate = report.estimate.routes.get(route) if report.estimate is not None else None
         rows.append({
             "route": route,
             "prompts": sum(statuses.values()),
@@ -189,65 +189,65 @@ async def publish_report(summary: DispatchSummary, *, logger: Logger) -> None:
             "invalid": statuses.get("invalid", 0),
             "failed": statuses.get("failed", 0),
             "unfinished": unfinished(statuses),
-            "prompt_tokens": cost.get("prompt_tokens", 0),
-            "completion_tokens": cost.get("completion_tokens", 0),
-            "cost_usd": cost.get("cost", 0.0),
-            "estimate_usd": estimate.get("cost"),
+            "prompt_tokens": cost.prompt_tokens,
+            "completion_tokens": cost.completion_tokens,
+            "cost_usd": money(cost.cost),
+            "estimate_usd": money(estimate.cost) if estimate is not None else None,
         })
-    job = job_label(name=summary.job_name, job_id=summary.report.job_id)
-    key = f"dispatch-{artifact_key(summary.job_name, job_id=summary.report.job_id)}"
+    job = job_label(name=summary.job_name, job_id=report.job_id)
+    key = f"dispatch-{artifact_key(summary.job_name, job_id=report.job_id)}"
     try:
         await acreate_table_artifact(table=rows, key=f"{key}-routes", description=f"{job}: per route")
-        await acreate_markdown_artifact(markdown=report_markdown(report), key=f"{key}-report",
+        await acreate_markdown_artifact(markdown=report_markdown(summary), key=f"{key}-report",
                                         description=f"{job}: report")
     except Exception as exc:  # noqa: BLE001 - the job's work is done and stored; the display is extra
         logger.warning("Report artifacts of job %s not published: %s", job, exc)
 
 
-def report_markdown(report: dict[str, Any]) -> str:
-    cost, stats = report["cost"], report["stats"]
+def report_markdown(summary: DispatchSummary) -> str:
+    report = summary.report
+    counts, cost, stats = report.counts, report.cost, report.stats
     lines = [
-        f"# {report.get('job_name') or 'Job'} (job `{report['job_id']}`)",
+        f"# {summary.job_name or 'Job'} (job `{report.job_id}`)",
         "",
         "| | |", "|---|---|",
-        f"| prompts | {sum(report['counts'].values())} |",
-        f"| succeeded | {report['counts'].get('succeeded', 0)} |",
-        f"| refused by the model | {report['counts'].get('refused', 0)} |",
-        f"| truncated answers (cut at max_tokens or the window) | {stats.get('truncated', 0)} |",
-        f"| answers with tool calls | {stats.get('tool_calls', 0)} |",
-        f"| failed | {report['counts'].get('failed', 0)} |",
-        f"| unfinished | {report['unfinished']} |",
-        f"| latency p50 / p95 (real-time) | {_ms(stats.get('p50_latency_ms'))} / {_ms(stats.get('p95_latency_ms'))} |",
-        f"| cost | ${cost['total']:.6f}{'' if cost['complete'] else ' + unknown (no price for some models)'} |",
-        f"| saved by the Batch API and discounted lanes | ${cost['savings']:.6f} |",
+        f"| prompts | {sum(counts.values())} |",
+        f"| succeeded | {counts.get('succeeded', 0)} |",
+        f"| refused by the model | {counts.get('refused', 0)} |",
+        f"| truncated answers (cut at max_tokens or the window) | {stats.truncated} |",
+        f"| answers with tool calls | {stats.tool_calls} |",
+        f"| failed | {counts.get('failed', 0)} |",
+        f"| unfinished | {report.unfinished} |",
+        f"| latency p50 / p95 (real-time) | {_ms(stats.p50_latency_ms)} / {_ms(stats.p95_latency_ms)} |",
+        f"| cost | ${money(cost.total):.6f}{'' if cost.complete else ' + unknown (no price for some models)'} |",
+        f"| saved by the Batch API and discounted lanes | ${money(cost.savings):.6f} |",
     ]
-    structured = report.get("structured")
-    if structured:
-        cost_of = structured.get("reask_cost")
-        lines += [f"| structured: valid at first answer | {structured['valid_first']} |",
-                  f"| structured: valid after re-asks | {structured['valid_after_reasks']} |",
-                  f"| structured: still invalid | {structured['still_invalid']} |",
-                  f"| structured: re-asks (cost) | {structured['reasks']} "
-                  f"({'unknown' if cost_of is None else f'${cost_of:.6f}'}) |"]
-    if "estimate" in report:
-        lines.append(f"| estimate before sending | ${report['estimate']['total']:.6f} |")
-    lines.append(f"| prices as of | {cost['prices_as_of']} |")
-    budget = report.get("budget")
-    if budget:
-        period = "" if budget["per"] == "total" else f" ({budget['period']})"
-        lines.append(f"| budget {budget['label']}{period}: limit / spent / reserved / left | ${budget['limit']:.6f} / "
-                     f"${budget['spent']:.6f} / ${budget['reserved']:.6f} / ${budget['left']:.6f} |")
-        if budget["stopped"]:
-            lines.append(f"| left pending by the budget | {budget['over_budget']} |")
-    stopped = (report.get("realtime") or {}).get("stopped") or []
-    if stopped:
-        lines += ["", "## Stopped", ""] + [f"- {found['message']}" for found in stopped]
-        lines.append(f"- {report['realtime'].get('left', 0)} prompts left pending: fix that, then run the job again.")
-    if report["failed_by_class"]:
-        told = stats.get("failure_messages") or {}
+    structured = report.structured
+    if structured is not None:
+        cost_of = structured.reask_cost
+        lines += [f"| structured: valid at first answer | {structured.valid_first} |",
+                  f"| structured: valid after re-asks | {structured.valid_after_reasks} |",
+                  f"| structured: still invalid | {structured.still_invalid} |",
+                  f"| structured: re-asks (cost) | {structured.reasks} "
+                  f"({'unknown' if cost_of is None else f'${money(cost_of):.6f}'}) |"]
+    if report.estimate is not None:
+        lines.append(f"| estimate before sending | ${money(report.estimate.total):.6f} |")
+    lines.append(f"| prices as of | {cost.prices_as_of} |")
+    budget = summary.budget
+    if budget is not None:
+        period = "" if budget.per == "total" else f" ({budget.period})"
+        lines.append(f"| budget {budget.label}{period}: limit / spent / reserved / left | ${money(budget.limit):.6f} / "
+                     f"${money(budget.spent):.6f} / ${money(budget.reserved):.6f} / ${money(budget.left):.6f} |")
+        if budget.stopped:
+            lines.append(f"| left pending by the budget | {budget.over_budget} |")
+    if summary.stopped:
+        lines += ["", "## Stopped", ""] + [f"- {found['message']}" for found in summary.stopped]
+        lines.append(f"- {summary.left} prompts left pending: fix that, then run the job again.")
+    if report.failed_by_class:
+        told = stats.failure_messages
         lines += ["", "## Failures", "", "| class | prompts | what it said |", "|---|---|---|"]
         lines += [f"| {name} | {n} | {told.get(name, '').replace('|', '/')} |"
-                  for name, n in sorted(report["failed_by_class"].items())]
+                  for name, n in sorted(report.failed_by_class.items())]
     return "\n".join(lines) + "\n"
 
 

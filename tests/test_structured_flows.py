@@ -125,8 +125,9 @@ async def test_the_report_counts_valid_first_after_reasks_and_still_invalid(
     with path.open("a") as extra:
         extra.write(json.dumps({"id": "hopeless", "prompt": "Invent a person.",
                                 "params": {"response_format": impossible}}) + "\n")
-    summary = to_json(await dispatch(prompts=str(path), base_url=sim.base_url, database_url=SecretStr(db_url),
-                                     route_policy="all-realtime", max_reasks=1))
+    finished = await dispatch(prompts=str(path), base_url=sim.base_url, database_url=SecretStr(db_url),
+                              route_policy="all-realtime", max_reasks=1)
+    summary = to_json(finished)
     structured = summary["structured"]
     reask_cost = sum(cost for (cost,) in rows(db_url, "SELECT cost_pico_usd FROM results WHERE reask > 0")) / 1e12
     assert (structured["valid_first"], structured["valid_after_reasks"], structured["still_invalid"],
@@ -135,7 +136,7 @@ async def test_the_report_counts_valid_first_after_reasks_and_still_invalid(
     assert "does not match '^Z'" in rows(db_url, "SELECT violation FROM results WHERE reask = 1 AND status = "
                                                  "'invalid'")[0][0]
     assert structured["reask_cost"] == pytest.approx(reask_cost, abs=1e-6) and reask_cost > 0
-    markdown = report_markdown(summary)
+    markdown = report_markdown(finished)
     assert f"| structured: valid after re-asks | {structured['valid_after_reasks']} |" in markdown
     shown = " ".join(cli("status", summary["job_id"], env=cli_env, cwd=tmp_path).stdout.split())  # as one line
     assert "structured answers: 1 valid at first, 4 valid after re-asks, 1 still invalid; 5 re-asks cost $" in shown

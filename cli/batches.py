@@ -112,11 +112,9 @@ def _stored_url(database_url: str | None) -> Any:
 def _flow_result(coroutine: Any) -> Any:
     """Run a flow called with ``return_state=True`` and return its result, whether it ended Completed or Failed
     (a run whose problems are part of its result: the command prints them); an error of ours still raises."""
-    state = _flow_call(coroutine)
-    result = state.result(raise_on_failure=False)
-    if isinstance(result, BaseException):
-        raise result
-    return result
+    from llm_dispatch.tasks import outcome_of
+
+    return outcome_of(_flow_call(coroutine).result(raise_on_failure=False))
 
 
 def _exit_on_problems(problems: list[BatchProblem]) -> None:

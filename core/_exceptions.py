@@ -13,6 +13,7 @@ this drawing names every class below and nothing else.
     ├── UnknownPromptError          prompt ids (answers to store, batch members) gone from the database
     ├── BudgetExceededError         the estimate is above --max-cost; nothing was sent
     ├── ShardRunsFailedError        real-time shard runs (deployment runs) that did not complete
+    ├── RunFailedError              a run that ended Failed because some of its work failed; carries its summary
     ├── BatchConflictError          prompts already wait in another open batch; nothing was stored
     ├── BatchInUseError             a batch the provider still holds, not given up: that could pay twice
     └── APIError                    a provider call that failed after its retries
@@ -63,6 +64,7 @@ __all__ = [
     "NotFoundError",
     "PermissionDeniedError",
     "RateLimitError",
+    "RunFailedError",
     "ShardRunsFailedError",
     "UnknownBatchError",
     "UnknownJobError",
@@ -151,6 +153,16 @@ class UnknownPromptError(LLMDispatchError, LookupError):
 
 class BudgetExceededError(LLMDispatchError):
     """The estimate before sending is above ``max_cost`` (or cannot be checked against it): nothing was sent."""
+
+
+class RunFailedError(LLMDispatchError):
+    """A run that ended ``Failed`` because some of its work failed (prompts, chunks, batches): what it did is in
+    ``summary`` (its counts say what failed and why). Raised to whoever awaits the flow itself; ``llm-dispatch``
+    and ``tasks.result_of`` read the summary instead, as a run that failed in part still did the rest."""
+
+    def __init__(self, message: str, *, summary: Any = None) -> None:
+        super().__init__(message)
+        self.summary = summary  # pickled with the error (an exception's __dict__ is), as Prefect stores results
 
 
 class ShardRunsFailedError(LLMDispatchError):

@@ -9,7 +9,9 @@ from typing import Any
 
 from prefect.states import Completed, Failed, State
 
-__all__ = ["result_of", "run_state"]
+from llm_dispatch.core import RunFailedError
+
+__all__ = ["outcome_of", "result_of", "run_state"]
 
 # A state message is read in a list of runs: longer ones are cut.
 MAX_MESSAGE = 500
@@ -21,19 +23,30 @@ def run_state(result: Any, *, failure: str | None = None, message: str = "", nam
     """The final state of a run that returns ``result``: ``Failed`` with ``failure`` as its message when there is
     one, else ``Completed`` with ``message``; ``name`` names it in the UI (a flow's ``BudgetReached``...).
 
-    A caller reads ``result`` from a run called with ``return_state=True`` by ``result_of``."""
+    A failed run's result travels as a ``RunFailedError`` holding it (an exception as given), so a caller that
+    awaits the flow itself gets that error, not Prefect's complaint that a summary is no exception. A caller
+    reads ``result`` from a run called with ``return_state=True`` by ``result_of``, either way."""
     text = failure if failure is not None else message
     text = text if len(text) <= MAX_MESSAGE else text[: MAX_MESSAGE - 1] + "…"
-    if failure is not None:
-        _quiet_tracebacks_of_nothing()
-    make = Failed if failure is not None else Completed
-    return make(message=text, data=result, **({"name": name} if name else {}))
+    named = {"name": name} if name else {}
+    if failure is None:
+        return Completed(message=text, data=result, **named)
+    _quiet_tracebacks_of_nothing()
+    data = result if isinstance(result, BaseException) else RunFailedError(text, summary=result)
+    return Failed(message=text, data=data, **named)
 
 
 async def result_of(state: State) -> Any:
     """What a run called with ``return_state=True`` returned, whether it ended ``Completed`` or ``Failed`` by
     ``run_state``; an exception it raised is raised here."""
-    result = await state.result(raise_on_failure=False)
+    return outcome_of(await state.result(raise_on_failure=False))
+
+
+def outcome_of(result: Any) -> Any:
+    """A run's result as ``state.result(raise_on_failure=False)`` gave it: the summary of a run that failed in
+    part (``RunFailedError``) or completed; any other exception raised."""
+    if isinstance(result, RunFailedError):
+        return result.summary
     if isinstance(result, BaseException):
         raise result
     return result

@@ -22,6 +22,7 @@ from llm_dispatch.core import to_json
 from llm_dispatch.core import BatchInUseError
 from llm_dispatch.flows.batch import abandon_batch_flow, cancel_job_batches, collect_batches
 from llm_dispatch.flows.dispatch import dispatch
+from llm_dispatch.tasks import result_of
 from llm_dispatch.jobs._batch_trouble import BATCH_RETRY_FIRST, BATCH_RETRY_MAX, batch_error_wait
 
 pytestmark = [pytest.mark.prefect]
@@ -97,7 +98,7 @@ async def test_a_sweep_collects_every_job_but_a_lost_batch_and_a_failing_one_and
     assert state.is_failed()
     assert f"batch {lost_batch} (job {jobs[0][:8]}) lost" in state.message
     assert f"batch {failing_batch} (job {jobs[1][:8]}): poll failed" in state.message
-    first = to_json(await state.result(raise_on_failure=False))
+    first = to_json(await result_of(state))
     assert len(first["ingested"]) == 3 and sum(i["succeeded"] for i in first["ingested"]) == 12
     assert [p["batch_id"] for p in first["problems"]] == [lost_batch, failing_batch]
     # The lost batch's four prompts were sent again in a new batch at once; the failing one keeps its error.
@@ -139,7 +140,7 @@ async def test_a_batch_unknown_at_the_provider_but_listed_under_its_ids_is_adopt
         con.execute("UPDATE batches SET provider_batch_id = 'batch_gone' WHERE id = ?", (batch_id,))
 
     first = await collect_batches(database_url=SecretStr(db_url), base_url=sim.base_url, return_state=True)
-    [problem] = to_json(await first.result(raise_on_failure=False))["problems"]
+    [problem] = to_json(await result_of(first))["problems"]
     assert not problem["lost"] and f"adopted {provider_id}" in problem["error"]
     second = to_json(await collect_batches(database_url=SecretStr(db_url), base_url=sim.base_url, retry_now=True))
     assert [i["succeeded"] for i in second["ingested"]] == [3]
@@ -161,7 +162,7 @@ async def test_cancel_goes_past_a_batch_it_cannot_reach_and_says_so(
                                      wait_seconds=5.0, return_state=True)
 
     assert state.is_failed() and f"batch {unreachable} (job {job[:8]}): cancel failed" in state.message
-    summary = to_json(await state.result(raise_on_failure=False))
+    summary = to_json(await result_of(state))
     assert summary["cancelled"] == [other] and [i["batch_id"] for i in summary["ingested"]] == [other]
     # The one it could not reach stays open with its error, for a later sweep (or `abandon`).
     [(status, count)] = rows(db_url, "SELECT status, error_count FROM batches WHERE id = ?", unreachable)
@@ -228,7 +229,6 @@ async def test_a_run_follows_many_batches_in_one_loop_and_one_failing_poll_stops
 ) -> None:
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
-
     from llm_dispatch.tasks import result_of
 
     monkeypatch.setenv("LLM_DISPATCH_MAX_RETRIES", "0")

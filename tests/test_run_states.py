@@ -11,7 +11,7 @@ import pytest
 from pydantic import SecretStr
 
 from conftest import Sim, cli, write_prompts
-from llm_dispatch.core import BudgetExceededError, to_json
+from llm_dispatch.core import BudgetExceededError, RunFailedError, to_json
 from llm_dispatch.flows.dispatch import dispatch
 from llm_dispatch.tasks import result_of
 
@@ -30,6 +30,22 @@ async def test_a_run_with_failed_prompts_ends_failed_with_its_result(prefect_api
     assert state.message == "prompts failed: 2 of 10 prompts failed (20.0%): BadRequestError 2"
     summary = to_json(await result_of(state))
     assert summary["counts"] == {"succeeded": 8, "failed": 2}
+
+
+async def test_a_flow_awaited_itself_with_failed_prompts_raises_run_failed_with_its_summary(
+    prefect_api: str, sim: Sim, db_url: str
+) -> None:
+    """A script that awaits the flow (no return_state) gets an error of ours that says what failed and holds what
+    the run did, not Prefect's "cannot be resolved into an exception"; the summary survives being stored."""
+    with pytest.raises(RunFailedError, match="2 of 10 prompts failed") as caught:
+        await dispatch(prompts=PROMPTS, base_url=sim.base_url, database_url=SecretStr(db_url), wait=True)
+
+    assert to_json(caught.value.summary)["counts"] == {"succeeded": 8, "failed": 2}
+    from prefect.serializers import PickleSerializer  # how Prefect stores a run's result
+
+    serializer = PickleSerializer()
+    again = serializer.loads(serializer.dumps(caught.value))
+    assert str(again) == str(caught.value) and to_json(again.summary) == to_json(caught.value.summary)
 
 
 async def test_a_failed_chunk_is_logged_in_the_ui_without_a_traceback_of_nothing(

@@ -71,6 +71,8 @@ async def status(*, settings: Settings, job_id: str | None) -> dict[str, Any] | 
             "job_id": job.id, "name": job.name, "status": job.status, "counts": job.counts,
             "routes": await storage.route_counts(sessions, job_id=job_id),
             "cost": money(ledger.total), "cost_complete": ledger.complete,
+            "cost_per_endpoint": {endpoint: {route: money(paid.cost) for route, paid in by_route.items()}
+                                  for endpoint, by_route in ledger.endpoints.items()},
             "unpriced_models": dict(ledger.totals.unpriced_models),
             "structured": to_json(await storage.structured_stats(sessions, job_id=job_id)),
             "batches": [
@@ -109,6 +111,14 @@ def print_status(console: Console, data: dict[str, Any]) -> None:
     if data.get("structured"):
         table.caption += "\n" + structured_line(data["structured"])
     console.print(table)
+    if data["cost_per_endpoint"]:
+        costs = Table(title="cost so far per endpoint and lane")
+        for column in ("endpoint", "lane", "cost"):
+            costs.add_column(column, justify="right" if column == "cost" else "left")
+        for endpoint, by_route in data["cost_per_endpoint"].items():
+            for route, paid in by_route.items():
+                costs.add_row(endpoint, route, f"${paid:.6f}")
+        console.print(costs)
     if data["batches"]:
         batches = Table(title="batches")
         for column in ("id", "provider", "provider id", "model", "status", "completed", "failed", "total", "expires"):
@@ -139,15 +149,16 @@ def print_cost(console: Console, data: dict[str, Any]) -> None:
     for column in ("route", "requests", "input tokens", "cached", "output tokens", "cost"):
         table.add_column(column, justify="right" if column != "route" else "left")
     rows = [(route, r) for route, r in data["routes"].items()]
-    providers = data.get("providers") or {}
-    if len(providers) > 1:  # a job that spans providers: a row per provider and route too
-        rows += [(f"{provider} {route}", r) for provider, by_route in providers.items() for route, r in by_route.items()]
+    for split in ("providers", "endpoints"):  # a job that spans providers or endpoints: a row per each and route
+        by_key = data.get(split) or {}
+        if len(by_key) > 1:
+            rows += [(f"{key} {route}", r) for key, by_route in by_key.items() for route, r in by_route.items()]
     for label, r in rows:
         unknown = f" + {r['unpriced']} unpriced" if r["unpriced"] else ""
         table.add_row(label, str(r["requests"]), str(r["prompt_tokens"]), str(r["cached_tokens"]),
                       str(r["completion_tokens"]), f"${r['cost']:.6f}{unknown}")
     table.add_row("total", "", "", "", "", f"${data['total']:.6f}" + ("" if data["complete"] else " + unknown"))
-    table.add_row("saved by batch", "", "", "", "", f"${data['savings']:.6f}")
+    table.add_row("saved by discounted lanes", "", "", "", "", f"${data['savings']:.6f}")
     console.print(table)
     _print_bases(console, data)
     if not data["complete"]:
@@ -236,22 +247,23 @@ async def export(*, settings: Settings, job_id: str, fmt: str, output: Path | No
             return await plan.write(sessions=sessions, handle=handle)
 
 
-def _provider_rows(table: Table, *, actual: Mapping[str, Mapping[str, RouteTotals]],
-                   estimated: Mapping[str, Mapping[str, RouteTotals]]) -> None:
-    """A row per provider and route (answered requests, tokens, cost, estimate) when a job spans providers."""
-    providers = sorted({*actual, *estimated})
-    if len(providers) < 2:
+def _split_rows(table: Table, *, actual: Mapping[str, Mapping[str, RouteTotals]],
+               estimated: Mapping[str, Mapping[str, RouteTotals]]) -> None:
+    """A row per key (a provider, an endpoint) and route: requests answered, tokens, cost and estimate, when the
+    job spans more than one key."""
+    keys = sorted({*actual, *estimated})
+    if len(keys) < 2:
         return
     table.add_section()
-    for provider in providers:
+    for key in keys:
         for route in ROUTES:
-            paid = actual.get(provider, {}).get(route)
-            guess = estimated.get(provider, {}).get(route)
+            paid = actual.get(key, {}).get(route)
+            guess = estimated.get(key, {}).get(route)
             if paid is None and guess is None:
                 continue
             paid = paid or RouteTotals()  # answered nothing yet: estimated only
             table.add_row(
-                f"{provider} {route}", "", str(paid.prompts), "", "", f"{paid.prompt_tokens}/{paid.completion_tokens}",
+                f"{key} {route}", f"{paid.prompts} req", "", "", "", "", f"{paid.prompt_tokens}/{paid.completion_tokens}",
                 f"${money(paid.cost):.6f}", f"${money(guess.cost):.6f}" if guess is not None else "-",
             )
 
@@ -284,7 +296,9 @@ def job_table(summary: DispatchSummary, *, title: str) -> Table:
             f"{actual.prompt_tokens}/{actual.completion_tokens}",
             f"${money(actual.cost):.6f}", f"${money(guess.cost):.6f}" if guess is not None else "-",
         )
-    _provider_rows(table, actual=cost.providers, estimated=estimate.providers if estimate is not None else {})
+    # A job that spans providers or endpoints: a row per provider and route, and per endpoint and lane.
+    _split_rows(table, actual=cost.providers, estimated=estimate.providers if estimate is not None else {})
+    _split_rows(table, actual=cost.endpoints, estimated=estimate.endpoints if estimate is not None else {})
     table.add_section()
     table.add_row("total", str(sum(report.counts.values())), str(report.counts.get("succeeded", 0)),
                   str(report.counts.get("refused", 0)), str(report.counts.get("failed", 0)),

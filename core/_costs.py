@@ -160,6 +160,8 @@ class Usage(TypedDict, total=False):
 
     model: Required[str]
     route: Required[Route]
+    # The endpoint the requests went to (chat when not given).
+    endpoint: str
     prompt_tokens: Required[int]
     completion_tokens: Required[int]
     cached_tokens: int
@@ -173,7 +175,7 @@ class Usage(TypedDict, total=False):
 
 
 # Usage fields that are not token counts, or counted per request.
-_NOT_PRICED: Final = frozenset({"requests"})
+_NOT_PRICED: Final = frozenset({"requests", "endpoint"})
 
 
 @dataclass(kw_only=True)
@@ -194,6 +196,8 @@ class CostTotals:
     lanes: dict[str, RouteTotals] = field(default_factory=dict)
     # Provider -> route -> its share of the totals above.
     providers: dict[str, dict[str, RouteTotals]] = field(default_factory=dict)
+    # Endpoint -> route -> its share of the totals above.
+    endpoints: dict[str, dict[str, RouteTotals]] = field(default_factory=dict)
     # Model name -> prompts sent to it without a known price.
     unpriced_models: dict[str, int] = field(default_factory=dict)
     # What the priced requests of discounted lanes (every route but ``realtime``) would have cost at the standard
@@ -218,9 +222,11 @@ class CostTotals:
         ``unpriced`` of them have no price and are in neither figure."""
         route, model = usage["route"], usage["model"]
         by_route = self.providers.setdefault(self.provider_of(model), {})
+        by_endpoint = self.endpoints.setdefault(usage.get("endpoint", "chat"), {})
         for totals in (self.batch if route == "batch" else self.realtime,
                        self.lanes.get(route) or self.lanes.setdefault(route, RouteTotals()),
-                       by_route.get(route) or by_route.setdefault(route, RouteTotals())):
+                       by_route.get(route) or by_route.setdefault(route, RouteTotals()),
+                       by_endpoint.get(route) or by_endpoint.setdefault(route, RouteTotals())):
             totals.prompts += usage.get("requests", 1)
             totals.prompt_tokens += usage["prompt_tokens"]
             totals.completion_tokens += usage["completion_tokens"]

@@ -240,6 +240,12 @@ def report_markdown(summary: DispatchSummary) -> str:
                      f"${money(budget.spent):.6f} / ${money(budget.reserved):.6f} / ${money(budget.left):.6f} |")
         if budget.stopped:
             lines.append(f"| left pending by the budget | {budget.over_budget} |")
+    if cost.endpoints:
+        lines += ["", "## Cost per endpoint and lane", "", "| endpoint | lane | requests | tokens in / out | cost |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {endpoint} | {route} | {paid.prompts} | {paid.prompt_tokens} / {paid.completion_tokens} "
+                  f"| ${money(paid.cost):.6f}{' + unknown' if paid.unpriced else ''} |"
+                  for endpoint, by_route in cost.endpoints.items() for route, paid in by_route.items()]
     if summary.stopped:
         lines += ["", "## Stopped", ""] + [f"- {found['message']}" for found in summary.stopped]
         lines.append(f"- {summary.left} prompts left pending: fix that, then run the job again.")

@@ -46,7 +46,7 @@ class JobCost:
     """
 
     json_properties: ClassVar = ("total", "savings", "complete", "unpriced_models", "prices_as_of", "backfilled",
-                                 "routes", "providers")
+                                 "routes", "providers", "endpoints")
 
     totals: CostTotals = json_field(skip=True)
     max_total: Decimal | None = Decimal(0)
@@ -93,6 +93,12 @@ class JobCost:
                 if route in lanes or route in ("realtime", "batch")}
 
     @property
+    def endpoints(self) -> dict[str, dict[str, RouteTotals]]:
+        """Totals per endpoint (chat, responses, embeddings) and lane, each lane in ``ROUTES`` order."""
+        return {endpoint: {route: by_route[route] for route in ROUTES if route in by_route}
+                for endpoint, by_route in sorted(self.totals.endpoints.items())}
+
+    @property
     def providers(self) -> dict[str, dict[str, RouteTotals]]:
         return {provider: dict(sorted(by_route.items())) for provider, by_route in sorted(self.totals.providers.items())}
 
@@ -137,7 +143,7 @@ async def estimate_cost(
                 request = ChatRequest(model=row.model, messages=row.messages, params=row.params, endpoint=row.endpoint)
                 guess = estimate_request_cost(request=request, route=route, table=table,  # type: ignore[arg-type]
                                               typical_completion_tokens=estimate.reply_tokens[row.model])
-                estimate.totals.add(model=row.model, route=route,  # type: ignore[arg-type]
+                estimate.totals.add(model=row.model, route=route, endpoint=row.endpoint,  # type: ignore[arg-type]
                                     prompt_tokens=guess.prompt_tokens, completion_tokens=guess.completion_tokens)
                 if guess.cost is None:
                     continue  # unpriced: counted in totals.unpriced_models, out of both figures
@@ -165,7 +171,7 @@ async def actual_cost(*, sessions: storage.Sessions, job_id: str, provider_of: C
     ledger = JobCost(totals=CostTotals(table=None, provider_of=provider_of or provider_lookup()))
     bases: dict[tuple[str | None, str | None, str | None], int] = {}
     for usage in await storage.usage_by_route(sessions, job_id=job_id):
-        ledger.totals.add_priced(model=usage.model, route=usage.route,  # type: ignore[arg-type]
+        ledger.totals.add_priced(model=usage.model, route=usage.route, endpoint=usage.endpoint,  # type: ignore[arg-type]
                                  prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
                                  cached_tokens=usage.cached_tokens, requests=usage.prompts,
                                  cost=from_pico(usage.cost_pico_usd), at_realtime=from_pico(usage.list_cost_pico_usd),

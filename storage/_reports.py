@@ -63,6 +63,8 @@ class UsageRow:
     long_prompt: bool = False
     # The service tier the answers report (None: they did not say).
     service_tier: str | None = None
+    # The endpoint the prompts went to (core.ENDPOINTS).
+    endpoint: str = "chat"
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +140,7 @@ async def usage_by_route(
     sessions: Sessions, *, job_id: str, long_above: Mapping[str, int] | None = None
 ) -> list[UsageRow]:
     """Tokens paid for and their stored cost per route, requested model (the price table knows the model
-    as asked for), service tier and the prices they were priced with. ``long_above`` (model -> prompt tokens)
+    as asked for), endpoint, service tier and the prices they were priced with. ``long_above`` (model -> prompt tokens)
     splits a model's requests into those at most that long and those longer, which a price table prices apart."""
     stamp = (Result.prices_as_of, Result.prices_file, Result.cost_basis)
     long = case(*((and_(Prompt.model == model, Result.prompt_tokens > above), True)
@@ -156,23 +158,24 @@ async def usage_by_route(
             func.count() - func.count(Result.cost_pico_usd),
             long.label("long_prompt"),
             Result.service_tier,
+            Prompt.endpoint,
             *stamp,
         )
         .join(Prompt, Prompt.id == Result.prompt_id)
         .where(Result.job_id == job_id, Result.route != "reused",
                # Answers, and failures that reported what they used (a 2xx with no usable answer).
                or_(Result.status.in_(PAID_RESULT_STATUSES), Result.prompt_tokens.is_not(None)))
-        .group_by(Result.route, Prompt.model, "long_prompt", Result.service_tier, *stamp)
+        .group_by(Result.route, Prompt.model, "long_prompt", Result.service_tier, Prompt.endpoint, *stamp)
     )
     async with sessions() as session:
         found = [UsageRow(route, model, int(n), int(p), int(c), int(k), int(cost), int(listed), int(unknown),
                           as_of, file, basis, cache_creation_tokens=int(w), cache_creation_extended_tokens=int(x),
-                          long_prompt=bool(is_long), service_tier=tier)
-                 for route, model, n, p, c, k, w, x, cost, listed, unknown, is_long, tier, as_of, file, basis
+                          long_prompt=bool(is_long), service_tier=tier, endpoint=endpoint)
+                 for route, model, n, p, c, k, w, x, cost, listed, unknown, is_long, tier, endpoint, as_of, file, basis
                  in await session.execute(stmt)]
     # Sorted here: the databases put NULL stamps at opposite ends.
-    return sorted(found, key=lambda u: (u.route, u.model, u.long_prompt, u.service_tier or "", u.prices_as_of or "",
-                                        u.prices_file or "", u.cost_basis or ""))
+    return sorted(found, key=lambda u: (u.route, u.model, u.endpoint, u.long_prompt, u.service_tier or "",
+                                        u.prices_as_of or "", u.prices_file or "", u.cost_basis or ""))
 
 
 @dataclass(frozen=True, slots=True)

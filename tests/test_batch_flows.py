@@ -77,7 +77,10 @@ async def test_dispatch_routes_each_prompt_sends_both_halves_and_reports_cost(
     async with get_client() as client:
         # Newest first: the session's Prefect server holds every earlier test's artifacts too.
         artifacts = await client.read_artifacts(limit=200, sort=ArtifactSort.CREATED_DESC)
-    by_key = {a.key: a for a in artifacts if a.key}
+    by_key: dict[str, Any] = {}
+    for artifact in artifacts:  # newest first: the first of a key is this run's, not an earlier test's
+        if artifact.key:
+            by_key.setdefault(artifact.key, artifact)
     key = "dispatch-prompts"  # a list of prompts: the job is called "prompts"
     table, report = by_key[f"{key}-routes"], by_key[f"{key}-report"]
     # The batches' one progress artifact ended at 100%.

@@ -160,7 +160,7 @@ LANES = [
 def test_a_run_sends_each_prompt_once_by_its_lane_and_stores_the_lanes_discount(
     cli_env: dict[str, str], sim: Any, db_url: str, tmp_path: Path
 ) -> None:
-    path = write_prompts(tmp_path / "lanes.jsonl", LANES)
+    path = write_prompts(tmp_path / "by-lane.jsonl", LANES)
     done = cli("run", str(path), "--json", env=cli_env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     stored = rows(db_url, "SELECT p.custom_id, p.planned_route, r.route, r.discount, r.service_tier, "
@@ -183,3 +183,58 @@ def test_a_run_sends_each_prompt_once_by_its_lane_and_stores_the_lanes_discount(
     assert summary["routes"] == {lane: {"succeeded": 1} for lane in
                                  ("realtime", "flex", "background-2h", "background-8h", "batch")}
     assert summary["cost"]["savings"] > 0
+
+
+# --- cost per lane and endpoint (issue 27's must-show: a mixed file with --simulate --wait) -----------------------
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "lanes.jsonl"
+
+
+@pytest.mark.prefect
+async def test_the_mixed_example_answers_each_prompt_once_by_its_lane_and_reports_cost_per_lane_and_endpoint(
+    cli_env: dict[str, str], db_url: str, tmp_path: Path
+) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.client.schemas.sorting import ArtifactSort
+
+    done = cli("run", str(EXAMPLE), "--simulate", "--wait", "--json", env=cli_env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    answered = rows(db_url, "SELECT p.custom_id, p.endpoint, r.route, COUNT(*) FROM prompts p "
+                            "JOIN results r ON r.prompt_id = p.id GROUP BY p.id ORDER BY p.position")
+    assert answered == [
+        ("chat-urgent", "chat", "realtime", 1), ("chat-3h", "chat", "flex", 1), ("chat-bulk", "chat", "batch", 1),
+        ("responses-urgent", "responses", "realtime", 1), ("responses-3h", "responses", "background-2h", 1),
+        ("responses-overnight", "responses", "background-8h", 1), ("responses-bulk", "responses", "batch", 1),
+        ("embeddings-urgent", "embeddings", "realtime", 1), ("embeddings-3h", "embeddings", "realtime", 1),
+        ("embeddings-bulk", "embeddings", "batch", 1)]
+    summary = json.loads(done.stdout)
+    endpoints = summary["cost"]["endpoints"]
+    assert {endpoint: list(by_lane) for endpoint, by_lane in endpoints.items()} == {
+        "chat": ["realtime", "flex", "batch"],
+        "embeddings": ["realtime", "batch"],
+        "responses": ["realtime", "background-2h", "background-8h", "batch"]}
+    assert all(paid["requests"] == (2 if (endpoint, lane) == ("embeddings", "realtime") else 1)
+               for endpoint, by_lane in endpoints.items() for lane, paid in by_lane.items())
+    # Chat's and responses' lanes cost more than a millionth of a dollar each (--json's precision); a few embedded
+    # tokens less, but every answer's stored cost is known and above 0.
+    assert all(paid["cost"] > 0 for endpoint in ("chat", "responses") for paid in endpoints[endpoint].values())
+    assert rows(db_url, "SELECT COUNT(*) FROM results WHERE cost_pico_usd IS NULL OR cost_pico_usd <= 0") == [(0,)]
+    # Every lane's cost adds up to the run's (each rounded to the dollar's millionth); the stored discounts are the
+    # catalog's.
+    assert sum(paid["cost"] for by_lane in endpoints.values() for paid in by_lane.values()) == pytest.approx(
+        summary["cost"]["total"], abs=1e-5)
+    assert dict(rows(db_url, "SELECT DISTINCT r.route, r.discount FROM results r")) == {
+        "realtime": "0", "flex": "0.5", "background-2h": "0.3", "background-8h": "0.4", "batch": "0.5"}
+
+    status = cli("status", summary["job_id"][:8], "--json", env=cli_env, cwd=tmp_path)
+    assert status.returncode == 0, status.stderr[-2000:]
+    assert json.loads(status.stdout)["cost_per_endpoint"]["responses"]["background-8h"] == pytest.approx(
+        endpoints["responses"]["background-8h"]["cost"], abs=1e-12)
+
+    async with get_client() as client:
+        [found] = await client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["dispatch-lanes-jsonl-report"])),
+            sort=ArtifactSort.CREATED_DESC, limit=1)
+    markdown = str(found.data)
+    assert "## Cost per endpoint and lane" in markdown and "| responses | background-2h | 1 |" in markdown

@@ -172,6 +172,7 @@ class LLMClient(MessageBatchMethods):
         )
         self._limiter = self._gates.limiter
         self._deadlines = Deadlines()
+        self._chat_route = self._wire.route("chat")
 
         url = httpx.URL(base_url.rstrip("/"))
         self._display_url = str(url.copy_with(userinfo=b"", query=None))
@@ -255,7 +256,7 @@ class LLMClient(MessageBatchMethods):
         if runs_in_background(request):
             return await self._background(request, started=started)
         estimate = estimate_request_tokens(request) if self._gates.counts_tokens else 0
-        route = self._wire.route(request.endpoint)
+        route = self._chat_route if request.endpoint == "chat" else self._wire.route(request.endpoint)
         body = route.body(request)
         floor = self._request_timeout
         if request.lane == "flex":

@@ -363,7 +363,7 @@ async def send_all(
     async def worker() -> None:
         nonlocal finished
         for item in pending:
-            if stop is None:
+            if stop is None or stop.clear(item.request.model):
                 await send(item)
             else:
                 async with stop.turn(item.request.model) as go:

@@ -230,6 +230,8 @@ def _tool_calls(calls: Any) -> list[dict[str, Any]] | None:
 
 def count(value: Any) -> int:
     """A token count as an answer gives it: 0 where it gives none or no number."""
+    if type(value) is int:
+        return value
     return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
 
 

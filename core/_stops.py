@@ -126,6 +126,13 @@ class RunStop:
         # Per provider or model: the last lasting answer's (kind, status, code) and how many came in a row.
         self._streaks: dict[tuple[str, str | None], tuple[tuple[str, int, str | None], int]] = {}
         self.stopped: dict[tuple[str, str | None], Stopped] = {}
+        # Models whose provider and own gate are proven and that nothing stopped: their requests pass at once.
+        self._clear: set[str] = set()
+
+    def clear(self, model: str) -> bool:
+        """Whether a request of ``model`` goes without a ``turn``: it would pass at once (its provider and the model
+        have answered, and neither is stopped)."""
+        return model in self._clear
 
     def blocked(self, model: str) -> bool:
         provider = self._provider_of(model)
@@ -160,6 +167,8 @@ class RunStop:
 
     async def answered(self, model: str) -> None:
         """A request of ``model`` got an answer (or a failure that is not lasting): send the rest at full speed."""
+        if model in self._clear and not self._streaks:
+            return  # nothing to prove or to reset
         provider = self._provider_of(model)
         for key in ((provider, None), (provider, model)):
             self._streaks.pop(key, None)
@@ -167,6 +176,9 @@ class RunStop:
             if gate is not None and not gate.proven:
                 gate.proven = True
                 await gate.wake()
+        gates = (self._gates.get((provider, None)), self._gates.get((provider, model)))
+        if all(gate is not None and gate.proven for gate in gates) and not self.blocked(model):
+            self._clear.add(model)
 
     async def failed(self, model: str, error: BaseException) -> None:
         if not isinstance(error, APIStatusError) or error.lasting is None:
@@ -182,6 +194,7 @@ class RunStop:
         self._streaks[key] = (signature, count)
         if count >= self._after and key not in self.stopped:
             self.stopped[key] = Stopped(key[0], key[1], error, count)
+            self._clear.clear()
             for gate in list(self._gates.values()):
                 await gate.wake()
 

@@ -47,6 +47,8 @@ class Clients:
         self._transport = transport
         self._clients: dict[str, LLMClient] = {client.provider: client for client in clients}
         self._batch_apis: dict[str, BatchApi] = {}
+        # Each model's client, once its provider's is made: ``chat`` looks a request's up once per model.
+        self._by_model: dict[str, LLMClient] = {}
         self.provider_of: Callable[[str], str] = provider_lookup(settings.model_providers)
 
     @classmethod
@@ -76,11 +78,15 @@ class Clients:
             self.for_provider(provider)
 
     def for_model(self, model: str) -> LLMClient:
-        return self.for_provider(self.provider_of(model))
+        client = self._by_model.get(model)
+        if client is None:
+            client = self._by_model[model] = self.for_provider(self.provider_of(model))
+        return client
 
     async def chat(self, request: ChatRequest, **options: Any) -> ChatResult:
         """One request, by the client of its model's provider (``options``: ``LLMClient.chat``'s)."""
-        return await self.for_model(request.model).chat(request, **options)
+        client = self._by_model.get(request.model) or self.for_model(request.model)
+        return await client.chat(request, **options)
 
     @property
     def opened(self) -> dict[str, LLMClient]:
@@ -88,6 +94,6 @@ class Clients:
         return dict(self._clients)
 
     async def aclose(self) -> None:
-        clients, self._clients = list(self._clients.values()), {}
+        clients, self._clients, self._by_model = list(self._clients.values()), {}, {}
         for client in clients:
             await client.aclose()

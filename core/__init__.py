@@ -26,7 +26,6 @@ if TYPE_CHECKING:
     from ._constants import DEFAULT_CONCURRENCY, DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
     from ._costs import CostTotals, RouteTotals, estimate_request_cost, worst_case_cost
     from ._vectors import vector_bytes, vector_floats
-    from ._embeddings import embedding_text
     from ._endpoints import DEFAULT_ENDPOINT, ENDPOINTS, SUPPORTED_ENDPOINTS, Endpoint, batch_url, check_batch_url
     from ._dispatch import ChatSender, DispatchOutcome, Progress, ResultSink, WorkItem, current_progress, reask, send_all
     from ._hashes import key_hash
@@ -37,6 +36,7 @@ if TYPE_CHECKING:
     from ._lanes import DEFAULT_OFFERS, Lane, LaneOffer
     from ._packing import (
         EMBEDDING_PACK_LIMITS,
+        embedding_text,
         PackLimits,
         Packer,
         member_id,

@@ -18,10 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ._budgets import SpendGate
-from ._embeddings import embedding_text
 from ._exceptions import APIError, APIStatusError
 from ._openai_responses import runs_in_background
-from ._packing import EMBEDDING_PACK_LIMITS, PackLimits, Packer, pack_key, unpack_embeddings
+from ._packing import EMBEDDING_PACK_LIMITS, PackLimits, Packer, embedding_text, pack_key, unpack_embeddings
 from ._stops import RunStop
 from ._structured import answer_schema, answer_text, checked, reask_messages
 from ._types import ChatRequest, ChatResult

@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 
+from ._packing import embedding_text
 from ._responses import Chat, count as _count, parse_answer
 from ._types import ChatRequest, ChatResult
 from ._vectors import vector_bytes
@@ -41,14 +42,6 @@ def embedding_param_problem(name: str, value: Any) -> str | None:
     if name == "encoding_format" and value not in _ENCODINGS:
         return f"encoding_format must be float or base64, not {value!r}"
     return None
-
-
-def embedding_text(messages: list[dict[str, Any]]) -> str | None:
-    """The one text an embeddings prompt holds (its single user message's string content), or None."""
-    if len(messages) != 1 or messages[0].get("role") != "user":
-        return None
-    content = messages[0].get("content")
-    return content if isinstance(content, str) and content else None
 
 
 def embeddings_body(request: ChatRequest) -> dict[str, Any]:

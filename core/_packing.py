@@ -16,9 +16,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Final, Generic, TypeVar
+from typing import Any, Final, Generic, TypeVar
 
-from ._embeddings import embedding_text
 from ._exceptions import APIResponseValidationError
 from ._json import canonical_json
 from ._tokens import estimate_text_tokens
@@ -31,6 +30,7 @@ __all__ = [
     "Pack",
     "PackLimits",
     "Packer",
+    "embedding_text",
     "member_id",
     "pack_key",
     "packed_request",
@@ -73,6 +73,14 @@ class PackLimits:
 EMBEDDING_PACK_LIMITS: Final = PackLimits()
 
 _T = TypeVar("_T")
+
+
+def embedding_text(messages: list[dict[str, Any]]) -> str | None:
+    """The one text an embeddings prompt holds (its single user message's string content), or None."""
+    if len(messages) != 1 or messages[0].get("role") != "user":
+        return None
+    content = messages[0].get("content")
+    return content if isinstance(content, str) and content else None
 
 
 def pack_key(request: ChatRequest) -> str | None:

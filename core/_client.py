@@ -81,6 +81,9 @@ FLEX_TIMEOUT = 900.0
 _T = TypeVar("_T")
 # Told a background response's id as soon as it is created (to store it: a re-run polls it, never creates again).
 Started = Callable[[str], Awaitable[None]]
+# Awaited before a background create is sent (to count it: a re-run that finds more creates than stored ids knows
+# one may be running, and billed, without its id).
+Creating = Callable[[], Awaitable[None]]
 # What a create that may have worked without saying so is looked up with (``create_batch``'s ``find_lost``).
 FindLost = Callable[[], Awaitable[_T | None]]
 
@@ -249,12 +252,14 @@ class LLMClient(MessageBatchMethods):
         """The JSON body ``chat`` sends for ``request`` (a Messages body for Anthropic): also one Message Batch request's ``params``."""
         return self._wire.chat_body(request)
 
-    async def chat(self, request: ChatRequest, *, started: Started | None = None) -> ChatResult:
+    async def chat(
+        self, request: ChatRequest, *, started: Started | None = None, creating: Creating | None = None
+    ) -> ChatResult:
         """One chat completion (an Anthropic Message, for that provider), or the request to its ``endpoint`` (an
         embedding's vector in ``ChatResult.embedding``), retried by the house rules; raises an
         ``APIError`` subclass when it gives up, or ``ValueError`` for a request the provider's API cannot express."""
         if runs_in_background(request):
-            return await self._background(request, started=started)
+            return await self._background(request, started=started, creating=creating)
         estimate = estimate_request_tokens(request) if self._gates.counts_tokens else 0
         route = self._chat_route if request.endpoint == "chat" else self._wire.route(request.endpoint)
         body = route.body(request)
@@ -275,15 +280,25 @@ class LLMClient(MessageBatchMethods):
         result.maybe_billed = sent.maybe_billed - 1 + result.maybe_billed
         return result
 
-    async def _background(self, request: ChatRequest, *, started: Started | None) -> ChatResult:
+    async def _background(self, request: ChatRequest, *, started: Started | None, creating: Creating | None) -> ChatResult:
         """A Responses request in background mode: created with ``background: true`` (unless ``background_id``
-        says it was), its id handed to ``started`` before anything else, then polled until it leaves queued and
-        in_progress. Only the create is billed: a poll that fails is retried by the house rules, never the create.
-        A response that failed or was cancelled raises ``APIResponseValidationError`` (it may have been billed)."""
+        says it was), ``creating`` awaited before the create is sent, its id handed to ``started`` before anything
+        else, then polled until it leaves queued and in_progress. Only the create is billed: a poll that fails is
+        retried by the house rules. A create whose answer was lost may have made a response: it is counted as
+        possibly billed, and so is each of ``request.lost_creates``. A response that failed or was cancelled
+        raises ``APIResponseValidationError`` (it may have been billed)."""
         admitted = self._clock()
         response_id = request.background_id
         attempts = estimate = 0
+        # Creates that may be running, and billed, beside the one whose answer this is.
+        unanswered = request.lost_creates
+        if unanswered:
+            logger.warning("%d background create(s) of this request were sent before and their ids never stored (a run "
+                           "was killed between a create's answer and storing its id): counted as possibly billed",
+                           unanswered)
         if response_id is None:
+            if creating is not None:
+                await creating()
             route = self._wire.route("responses")
             body = {**route.body(request), "background": True}
             window = BACKGROUND_WINDOWS.get(request.lane or "")
@@ -293,6 +308,7 @@ class LLMClient(MessageBatchMethods):
             sent = await self._request("POST", route.path, json=body, parse=parse_response_status, paced=True,
                                        tokens=estimate)
             attempts, admitted = sent.attempts, sent.admitted_at
+            unanswered += sent.maybe_billed - 1
             status, answer = sent.value
             response_id = answer["id"]
             if started is not None:
@@ -311,7 +327,9 @@ class LLMClient(MessageBatchMethods):
                 f"background response {response_id} ended {status}" + (f": {detail}" if detail else "")
                 + "; it may have been billed, so it is not sent again: --retry-failed all would")
         self._gates.used_tokens(chat.total_tokens - estimate)
-        return chat.finished(latency_s=self._clock() - admitted, attempts=max(attempts, 1))
+        result = chat.finished(latency_s=self._clock() - admitted, attempts=max(attempts, 1))
+        result.maybe_billed += unanswered
+        return result
 
     # --- files and batches (the Batch API) -------------------------------------------------------
     # Same loop, same rules as chat: a 5xx or timeout on create_batch is retried, so a create that did

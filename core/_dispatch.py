@@ -79,21 +79,27 @@ def pack_work(items: Sequence[WorkItem], *, limits: PackLimits = EMBEDDING_PACK_
 
 
 class ChatSender(Protocol):
-    # ``started`` is given only for a request in background mode (``runs_in_background``): told its response id.
+    # ``creating`` and ``started`` are given only for a request in background mode (``runs_in_background``): awaited
+    # before its create is sent, and told its response id.
     async def chat(self, request: ChatRequest) -> ChatResult: ...
 
 
-def _started(sink: Any, item: WorkItem) -> Callable[[str], Awaitable[None]] | None:
-    """What stores a background response's id for the item's prompts as soon as it is created, when the sink
-    keeps such ids (``background_started``) and the request goes out in background mode; else None."""
+def _background_hooks(sink: Any, item: WorkItem) -> dict[str, Callable[..., Awaitable[None]]]:
+    """For a request in background mode, when the sink keeps its creates (``background_creating``) and ids
+    (``background_started``): what counts each create for the item's prompts before it is sent, and what stores
+    its id as soon as it is created; else nothing."""
+    count = getattr(sink, "background_creating", None)
     keep = getattr(sink, "background_started", None)
-    if keep is None or not runs_in_background(item.request):
-        return None
+    if count is None or keep is None or not runs_in_background(item.request):
+        return {}
+
+    async def creating() -> None:
+        await count(prompt_ids=item.prompt_ids)
 
     async def started(background_id: str) -> None:
         await keep(prompt_ids=item.prompt_ids, background_id=background_id)
 
-    return started
+    return {"creating": creating, "started": started}
 
 
 class ResultSink(Protocol):
@@ -291,9 +297,8 @@ async def send_all(
         if progress is not None:
             progress.in_flight += 1
         try:
-            started = _started(sink, item)
-            result = await (client.chat(item.request) if started is None
-                            else client.chat(item.request, started=started))
+            hooks = _background_hooks(sink, item)
+            result = await (client.chat(item.request, **hooks) if hooks else client.chat(item.request))
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - every failure is recorded, none is lost

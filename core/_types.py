@@ -40,6 +40,9 @@ class ChatRequest:
     # The lane it goes by (``REQUEST_ROUTES``; None: a plain request): ``flex`` is sent at that service tier, a
     # background lane in background mode with its completion window. Not part of what it asks, so not of its key.
     lane: str | None = None
+    # Background creates sent for it before whose ids were never stored (a run killed between a create's answer and
+    # storing its id): each may be running and billed, so its answer counts them as possibly billed.
+    lost_creates: int = 0
 
     def body(self) -> dict[str, Any]:
         return {**self.params, "model": self.model, "messages": self.messages}

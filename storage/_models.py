@@ -110,6 +110,9 @@ class Prompt(Base):
     # The background response created for it (core ChatRequest.background_id): polled by a later run, never
     # created again; NULL when none was.
     background_id: Mapped[str | None] = mapped_column(String())
+    # Background creates sent for it, each counted before it is sent: more than the one whose id is stored (if
+    # any) were answered, or lost, without their ids being stored, and may be running and billed.
+    background_creates: Mapped[int] = mapped_column(Integer(), default=0, server_default=sql_text("0"))
     messages: Mapped[list[dict[str, Any]]] = mapped_column()
     params: Mapped[dict[str, Any]] = mapped_column()
     metadata_: Mapped[dict[str, Any] | None] = mapped_column("metadata")

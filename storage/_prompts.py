@@ -23,6 +23,7 @@ from ._bulk import IN_CHUNK, INSERT_BATCH, bind_processor, bind_value, chunks, p
 from ._models import Job, Prompt, Result, aware, utcnow
 from ._records import NewPrompt, WorkRow
 from ._engine import Sessions
+from ._unfinished import WORK_COLUMNS, work_row
 
 __all__ = [
     "add_prompts",
@@ -31,6 +32,7 @@ __all__ = [
     "mark_in_flight",
     "release_in_flight",
     "set_background_id",
+    "count_background_create",
     "reopen_refused",
     "answer_schemas",
     "reask_levels",
@@ -187,19 +189,13 @@ async def load_work(sessions: Sessions, *, prompt_ids: Sequence[int]) -> list[Wo
     Unknown ids are left out.
     """
     found: list[tuple[int, int, WorkRow]] = []
-    columns = (Prompt.id, Prompt.custom_id, Prompt.model, Prompt.messages, Prompt.params, Prompt.dedupe_key, Prompt.deadline,
-               Prompt.endpoint, Prompt.background_id, Prompt.planned_route)
     async with sessions() as session:
         # Core on the session's connection: the ORM's statement handling would double the cost of
         # loading a chunk's rows, while other chunks are sending.
         conn = await session.connection()
         for chunk in chunks(dict.fromkeys(prompt_ids), IN_CHUNK):
-            for row in await conn.execute(select(*columns, Prompt.position).where(Prompt.id.in_(chunk))):
-                deadline = None if row.deadline is None else aware(row.deadline)
-                work = WorkRow(id=row.id, custom_id=row.custom_id, model=row.model, messages=row.messages,
-                               params=row.params, dedupe_key=row.dedupe_key, deadline=deadline, endpoint=row.endpoint,
-                               background_id=row.background_id, planned_route=row.planned_route)
-                found.append((row.position, row.id, work))
+            for row in await conn.execute(select(*WORK_COLUMNS).where(Prompt.id.in_(chunk))):
+                found.append((row.position, row.id, work_row(row)))
     found.sort(key=lambda item: item[:2])
     return [work for _, _, work in found]
 
@@ -250,6 +246,13 @@ async def set_background_id(sessions: Sessions, *, prompt_ids: Sequence[int], ba
     async with sessions.begin() as session:
         await session.execute(update(Prompt).where(Prompt.id.in_(list(prompt_ids))).values(
             background_id=background_id, updated_at=utcnow()))
+
+
+async def count_background_create(sessions: Sessions, *, prompt_ids: Sequence[int]) -> None:
+    """Count one more background create for these prompts (one request), committed before it is sent."""
+    async with sessions.begin() as session:
+        await session.execute(update(Prompt).where(Prompt.id.in_(list(prompt_ids))).values(
+            background_creates=Prompt.background_creates + 1, updated_at=utcnow()))
 
 
 async def release_in_flight(sessions: Sessions, *, prompt_ids: Sequence[int]) -> int:

@@ -51,6 +51,8 @@ class WorkRow(_Request):
     id: int
     # A background response already created for it: polled, not created again.
     background_id: str | None = None
+    # Background creates sent for it (each counted before it was sent), the one of ``background_id`` included.
+    background_creates: int = 0
 
 
 @dataclass(frozen=True, slots=True)

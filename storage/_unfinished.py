@@ -161,15 +161,25 @@ async def unfinished_work_in_order(
         yield rows
 
 
-_WORK_COLUMNS = (Prompt.id, Prompt.position, Prompt.custom_id, Prompt.model, Prompt.messages, Prompt.params,
-                 Prompt.dedupe_key, Prompt.deadline, Prompt.endpoint, Prompt.background_id, Prompt.planned_route)
+# What a sender needs of a prompt (``WorkRow``), and its input position.
+WORK_COLUMNS = (Prompt.id, Prompt.position, Prompt.custom_id, Prompt.model, Prompt.messages, Prompt.params,
+                Prompt.dedupe_key, Prompt.deadline, Prompt.endpoint, Prompt.background_id, Prompt.planned_route,
+                Prompt.background_creates)
+
+
+def work_row(row: Any) -> WorkRow:
+    """The ``WorkRow`` of a row selected with ``WORK_COLUMNS``."""
+    return WorkRow(id=row.id, custom_id=row.custom_id, model=row.model, messages=row.messages, params=row.params,
+                   dedupe_key=row.dedupe_key, deadline=None if row.deadline is None else aware(row.deadline),
+                   endpoint=row.endpoint, background_id=row.background_id, planned_route=row.planned_route,
+                   background_creates=row.background_creates)
 
 
 async def _work_pages(
     sessions: Sessions, *, job_id: str, page: int, order: tuple[Any, Any], where: UnfinishedWhere
 ) -> AsyncIterator[list[WorkRow]]:
     """Keyset pages of the open prompts' requests in ``order`` (two columns, the last one unique)."""
-    base = select(*_WORK_COLUMNS).where(*_open_filter(job_id=job_id, **where)).order_by(*order)
+    base = select(*WORK_COLUMNS).where(*_open_filter(job_id=job_id, **where)).order_by(*order)
     after: tuple[Any, ...] | None = None
     while True:
         stmt = base if after is None else base.where(tuple_(*order) > tuple_(*after))
@@ -179,12 +189,7 @@ async def _work_pages(
             found = (await conn.execute(stmt.limit(page))).all()
         if not found:
             return
-        yield [
-            WorkRow(id=row.id, custom_id=row.custom_id, model=row.model, messages=row.messages, params=row.params,
-                    dedupe_key=row.dedupe_key, deadline=None if row.deadline is None else aware(row.deadline),
-                    endpoint=row.endpoint, background_id=row.background_id, planned_route=row.planned_route)
-            for row in found
-        ]
+        yield [work_row(row) for row in found]
         if len(found) < page:
             return
         after = tuple(getattr(found[-1], column.key) for column in order)

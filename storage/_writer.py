@@ -18,7 +18,7 @@ from llm_dispatch.core import ChatResult, PriceTable, ResultRoute, UnknownPrompt
 from ._budgets import BudgetLease, settle_batch
 from ._bulk import IN_CHUNK, chunks
 from ._models import Prompt, utcnow
-from ._prompts import mark_in_flight, release_in_flight, set_background_id
+from ._prompts import count_background_create, mark_in_flight, release_in_flight, set_background_id
 from ._results import ResultRow, RowLedger, answer_rows, failure_rows, write_results
 from ._engine import Sessions
 
@@ -177,6 +177,12 @@ class ResultWriter:
         """
         async with self._lock:
             return await mark_in_flight(self._sessions, prompt_ids=prompt_ids)
+
+    async def background_creating(self, *, prompt_ids: Sequence[int]) -> None:
+        """Count a background create for these prompts before it is sent, taking turns with result writes: a run
+        killed before its id is stored leaves the count, and the next run counts that create as possibly billed."""
+        async with self._lock:
+            await count_background_create(self._sessions, prompt_ids=prompt_ids)
 
     async def background_started(self, *, prompt_ids: Sequence[int], background_id: str) -> None:
         """Store the background response created for these prompts at once, taking turns with result writes: a

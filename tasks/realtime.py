@@ -58,7 +58,8 @@ async def send_chunk(
         rows = await storage.load_work(sessions, prompt_ids=[group[0] for group in chunk.groups])
         requests = {row.id: ChatRequest(model=row.model, messages=row.messages, params=row.params,
                                         endpoint=row.endpoint, background_id=row.background_id,
-                                        lane=row.planned_route if row.planned_route in REQUEST_ROUTES else None)
+                                        lane=row.planned_route if row.planned_route in REQUEST_ROUTES else None,
+                                        lost_creates=row.background_creates - (row.background_id is not None))
                     for row in rows}
     await sink.mark_in_flight(prompt_ids=[pid for group in chunk.groups for pid in group])
     items = [WorkItem(prompt_ids=group, request=requests[group[0]]) for group in chunk.groups]

@@ -14,7 +14,14 @@ from rich.table import Table
 from sqlalchemy.engine import make_url
 
 from llm_dispatch import storage
-from llm_dispatch.jobs import BINARY_FORMATS, actual_cost, money, plan_export, reprice as reprice_job
+from llm_dispatch.jobs import (
+    BINARY_FORMATS,
+    actual_cost,
+    job_budget_standings,
+    money,
+    plan_export,
+    reprice as reprice_job,
+)
 from llm_dispatch.core import (
     DatabaseError,
     PriceTable,
@@ -54,6 +61,23 @@ async def _job_id(sessions: storage.Sessions, job_id: str | None) -> str | None:
     return jobs[0].id if jobs else None
 
 
+# How a run left a budget (whether it stopped on it), not where the budget stands: left out of reports.
+_RUN_ONLY = frozenset({"over_budget", "stopped"})
+
+
+async def _budgets(sessions: storage.Sessions, *, job_id: str) -> list[dict[str, Any]]:
+    """Where each budget holding the job stands: its own (``--budget``), the named one its latest run held."""
+    return [{key: value for key, value in to_json(standing).items() if key not in _RUN_ONLY}
+            for standing in await job_budget_standings(sessions, job_id=job_id)]
+
+
+def budget_figures(budget: dict[str, Any]) -> str:
+    """Where a budget stands, in one line: its limit, spent, reserved and left (this period's, for a named one)."""
+    period = "" if budget["per"] == "total" else f" this {budget['per']} ({budget['period']})"
+    return (f"budget {budget['label']}{period}: limit ${budget['limit']:.6f}, spent ${budget['spent']:.6f}, "
+            f"reserved ${budget['reserved']:.6f}, left ${budget['left']:.6f}")
+
+
 async def status(*, settings: Settings, job_id: str | None) -> dict[str, Any] | None:
     async with _database(settings) as sessions:
         if job_id is None:
@@ -75,6 +99,7 @@ async def status(*, settings: Settings, job_id: str | None) -> dict[str, Any] | 
                                   for endpoint, by_route in ledger.endpoints.items()},
             "unpriced_models": dict(ledger.totals.unpriced_models),
             "structured": to_json(await storage.structured_stats(sessions, job_id=job_id)),
+            "budgets": await _budgets(sessions, job_id=job_id),
             "batches": [
                 {"id": b.id, "provider": b.provider, "provider_batch_id": b.provider_batch_id, "status": b.status,
                  "model": b.model,
@@ -110,6 +135,8 @@ def print_status(console: Console, data: dict[str, Any]) -> None:
     table.caption = f"cost so far ${data['cost']:.6f}{unknown}; `llm-dispatch cost {data['job_id'][:8]}` for details"
     if data.get("structured"):
         table.caption += "\n" + structured_line(data["structured"])
+    for budget in data["budgets"]:
+        table.caption += "\n" + budget_figures(budget)
     console.print(table)
     if data["cost_per_endpoint"]:
         costs = Table(title="cost so far per endpoint and lane")
@@ -141,7 +168,8 @@ async def cost(*, settings: Settings, job_id: str | None) -> dict[str, Any] | No
         if found is None:
             return None
         ledger = await actual_cost(sessions=sessions, job_id=found, provider_of=provider_lookup(settings.model_providers))
-    return {"job_id": found, **to_json(ledger), "currency": "USD"}
+        budgets = await _budgets(sessions, job_id=found)
+    return {"job_id": found, **to_json(ledger), "currency": "USD", "budgets": budgets}
 
 
 def print_cost(console: Console, data: dict[str, Any]) -> None:
@@ -160,6 +188,8 @@ def print_cost(console: Console, data: dict[str, Any]) -> None:
     table.add_row("total", "", "", "", "", f"${data['total']:.6f}" + ("" if data["complete"] else " + unknown"))
     table.add_row("saved by discounted lanes", "", "", "", "", f"${data['savings']:.6f}")
     console.print(table)
+    for budget in data["budgets"]:
+        console.print(budget_figures(budget), highlight=False)
     _print_bases(console, data)
     if not data["complete"]:
         console.print(f"[yellow]warning:[/] no price for {', '.join(sorted(data['unpriced_models']))}: their cost is "
@@ -328,12 +358,8 @@ def job_table(summary: DispatchSummary, *, title: str) -> Table:
                           "generation timed out or cut off, a 2xx that was no answer): see maybe_billed in the export")
     if stats.reasoning_tokens:
         table.caption += f"\nreasoning tokens (in the output tokens): {stats.reasoning_tokens}"
-    budget = summary.budget
-    if budget is not None:
-        period = "" if budget.per == "total" else f" this {budget.per} ({budget.period})"
-        table.caption += (f"\nbudget {budget.label}{period}: limit ${money(budget.limit):.6f}, "
-                          f"spent ${money(budget.spent):.6f}, reserved ${money(budget.reserved):.6f}, "
-                          f"left ${money(budget.left):.6f}")
+    if summary.budget is not None:
+        table.caption += "\n" + budget_figures(to_json(summary.budget))
     if stats.p50_latency_ms is not None:
         table.caption += f"\nreal-time latency p50 / p95: {stats.p50_latency_ms:.0f} / {stats.p95_latency_ms:.0f} ms"
     return table

@@ -8,7 +8,14 @@ from typing import TYPE_CHECKING
 from llm_dispatch.core import lazy_names
 
 if TYPE_CHECKING:
-    from ._budget import BudgetStanding, budget_standing, check_budget_bounds, run_budget, to_pico
+    from ._budget import (
+        BudgetStanding,
+        budget_standing,
+        check_budget_bounds,
+        job_budget_standings,
+        run_budget,
+        to_pico,
+    )
     from ._clients import Clients
     from ._batch_trouble import (
         AbandonOutcome,
@@ -90,6 +97,7 @@ __all__ = [
     "actual_cost",
     "advance_submission",
     "budget_standing",
+    "job_budget_standings",
     "check_budget_bounds",
     "estimate_cost",
     "fingerprint_of",

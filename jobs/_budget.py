@@ -11,7 +11,7 @@ from llm_dispatch.core import PICO_PER_USD, ConfigError, Settings, from_pico, jo
 
 from ._costs import JobCost, money
 
-__all__ = ["BudgetStanding", "budget_standing", "check_budget_bounds", "run_budget", "to_pico"]
+__all__ = ["BudgetStanding", "budget_standing", "check_budget_bounds", "job_budget_standings", "run_budget", "to_pico"]
 
 
 def to_pico(dollars: float) -> int:
@@ -32,6 +32,7 @@ async def run_budget(settings: Settings, *, sessions: storage.Sessions, job_id: 
         if found is None:
             raise ConfigError(f"no budget named {settings.budget_name!r} in this database; create it with "
                               f"`llm-dispatch budget set {settings.budget_name} --limit USD --per day|month|total`")
+        await storage.note_job_budget(sessions, job_id=job_id, name=found.name)
         return found
     return await storage.get_budget(sessions, name=job_budget_name(job_id))
 
@@ -97,3 +98,10 @@ async def budget_standing(
                           limit=from_pico(usage.limit_pico_usd), spent=from_pico(usage.spent_pico_usd),
                           reserved=from_pico(usage.reserved_pico_usd), left=from_pico(usage.left_pico_usd),
                           over_budget=over_budget)
+
+
+async def job_budget_standings(sessions: storage.Sessions, *, job_id: str) -> list[BudgetStanding]:
+    """Where each budget holding job ``job_id`` stands now: its own (``--budget``), then the named one its latest run
+    held (``--budget-name``: the whole budget's current period, every job's spending on it)."""
+    return [standing for budget in await storage.budgets_of_job(sessions, job_id=job_id)
+            if (standing := await budget_standing(sessions, budget=budget)) is not None]

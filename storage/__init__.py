@@ -45,6 +45,7 @@ if TYPE_CHECKING:
         settle_holds,
     )
     from ._capabilities import no_batch_api, remember_no_batch_api
+    from ._job_budgets import budgets_of_job, note_job_budget
     from ._engine import Sessions, check_database_url, create_engine, open_database, session_factory
     from ._migrate import migrate, require_current_schema
     from ._models import Base, Batch, Budget, BudgetSpend, Job, Prompt, Reservation, Result
@@ -116,6 +117,8 @@ __all__ = [
     "release_holds",
     "set_budget",
     "set_job_budget",
+    "budgets_of_job",
+    "note_job_budget",
     "settle_batch",
     "settle_holds",
     "Base",

@@ -87,6 +87,8 @@ class Job(Base):
     model: Mapped[str] = mapped_column(String())
     settings: Mapped[dict[str, Any]] = mapped_column()  # public settings only, never secrets
     status: Mapped[str] = mapped_column(String(16))
+    # The named budget (--budget-name) the job's latest run held; its own (--budget) is the budget "job:<id>".
+    budget_name: Mapped[str | None] = mapped_column(String())
 
 
 class Prompt(Base):

@@ -3,6 +3,7 @@ with a higher budget sends the rest, each prompt answered once."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -90,3 +91,42 @@ def test_the_command_says_where_the_budget_stands_and_exits_4(
     [line] = [line for line in result.output.splitlines() if line.startswith("error:")]
     assert "budget --budget reached: spent $" in line and "reserved $0.000000, left $" in line
     assert "prompts are left pending: run `llm-dispatch run --resume" in line and "--budget HIGHER" in line
+
+
+def test_status_and_cost_show_where_each_budget_holding_the_job_stands(
+    prefect_api: str, db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    path = _prompts(tmp_path, n=30)
+    runner = CliRunner()
+    sim = ["--simulate", "--sim-latency", "0.01", "--database-url", db_url, "--route", "all-realtime"]
+    assert runner.invoke(app, ["budget", "set", "team", "--limit", str(BUDGET), "--per", "day",
+                               "--database-url", db_url]).exit_code == 0
+    stopped = runner.invoke(app, ["run", str(path), *sim, "--budget-name", "team"])
+    assert stopped.exit_code == EXIT_BUDGET, stopped.output
+    [(job_id,)] = rows(db_url, "SELECT id FROM jobs")
+
+    def report(name: str) -> dict:
+        shown = runner.invoke(app, [name, job_id[:8], "--database-url", db_url, "--json"])
+        assert shown.exit_code == 0, shown.output
+        return json.loads(shown.stdout)
+
+    first_cost = _paid(db_url)[0] / PICO_PER_USD
+    [team] = report("status")["budgets"]
+    assert (team["name"], team["label"], team["per"], team["limit"]) == ("team", "'team'", "day", BUDGET)
+    assert team["spent"] == round(first_cost, 6) and team["reserved"] == 0
+    assert team["left"] == pytest.approx(BUDGET - first_cost, abs=1e-6)
+
+    # Resumed with a budget of its own: both hold it, and both are shown.
+    resumed = runner.invoke(app, ["run", "--resume", job_id, *sim, "--budget", "1"])
+    assert resumed.exit_code == 0, resumed.output
+    total = _paid(db_url)[0] / PICO_PER_USD
+    for data in (report("status"), report("cost")):
+        own, team = data["budgets"]
+        assert (own["name"], own["label"], own["limit"]) == (f"job:{job_id}", "--budget", 1.0)
+        assert own["spent"] == round(total, 6) and own["left"] == pytest.approx(1 - total, abs=1e-6)
+        assert team["name"] == "team" and team["spent"] == round(first_cost, 6)
+    for name in ("status", "cost"):
+        said = " ".join(runner.invoke(app, [name, job_id[:8], "--database-url", db_url]).stdout.split())
+        assert f"budget --budget: limit $1.000000, spent ${total:.6f}, reserved $0.000000" in said
+        assert f"budget 'team' this day (" in said and f"limit ${BUDGET:.6f}, spent ${first_cost:.6f}" in said

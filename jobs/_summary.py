@@ -96,14 +96,6 @@ class SweepSummary:
     @property
     def lost(self) -> list[BatchProblem]:
         return [problem for problem in self.problems if problem.lost]
-    # What went wrong, a batch at a time (each kept on its batch; the others went on), and the batches left
-    # alone because an earlier error's wait is not over.
-    problems: list[BatchProblem] = field(default_factory=list)
-    waiting: list[int] = field(default_factory=list)
-
-    @property
-    def lost(self) -> list[BatchProblem]:
-        return [problem for problem in self.problems if problem.lost]
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,8 +105,6 @@ class CancelSummary:
     job_id: str
     cancelled: list[int]
     ingested: list[IngestOutcome]
-    # Batches the provider could not be asked (each kept on its batch; the others were cancelled).
-    problems: list[BatchProblem] = field(default_factory=list)
     # Batches the provider could not be asked (each kept on its batch; the others were cancelled).
     problems: list[BatchProblem] = field(default_factory=list)
 

@@ -97,7 +97,8 @@ class Prompt(Base):
     # read a keyset page at a time by input position (planning) and by request (the estimate).
     __table_args__ = (
         UniqueConstraint("job_id", "custom_id"),
-        Index("ix_prompts_job_id_status", "job_id", "status"),
+        # Covering for a job's counts by status, and by route and status (``status``).
+        Index("ix_prompts_job_id_status_route", "job_id", "status", "planned_route"),
         Index("ix_prompts_job_id_position", "job_id", "position"),
         Index("ix_prompts_job_id_dedupe_key", "job_id", "dedupe_key"),
     )

@@ -228,3 +228,27 @@ async def test_a_reask_whose_call_fails_is_a_row_of_its_own_and_the_prompt_keeps
     assert "'age' is a required property" in row.violation
     assert row.prompt_cost_pico_usd == sum(cost for *_, cost in results) > 0
     assert stats is not None and (stats.still_invalid, stats.reasks) == (1, 1)
+
+
+# --- how an answer is judged: compiled first, jsonschema's words for what it does not pass --------------------
+
+@pytest.mark.parametrize(("schema", "text", "valid"), [
+    # A pattern for Python's re: the compiled validator reads \w and $ as ECMA 262 does, jsonschema lets them by.
+    ({"type": "string", "pattern": "^\\w+$"}, '"h\u00e9llo"', True),
+    ({"type": "string", "pattern": "^a$"}, '"a\\n"', True),
+    ({"type": "integer"}, "1.0", True),
+    ({"type": "integer"}, "100000000000000000000", True),
+    ({"type": "number", "multipleOf": 0.01}, "0.07", True),  # exactly, as the draft says
+    ({"type": "string", "format": "email"}, '"nope"', True),  # formats are annotations in 2020-12
+    ({"type": "array", "uniqueItems": True}, "[1, 1.0]", False),
+    ({"$defs": {"n": {"type": "string"}}, "$ref": "#/$defs/n"}, "3", False),
+    (PERSON, '{"name": "Ada", "age": 3.5}', False),
+], ids=["unicode \\w", "$ before a newline", "1.0 integer", "big integer", "multipleOf fraction", "format",
+        "uniqueItems 1 and 1.0", "$ref", "a float age"])
+def test_an_answer_is_judged_as_draft_2020_12_says(schema: dict, text: str, valid: bool) -> None:
+    assert check_answer(schema, text=text).valid is valid
+
+
+def test_an_invalid_answer_s_first_violation_is_said_in_jsonschema_s_words() -> None:
+    assert check_answer(PERSON, text='{"name": 5, "age": 1}').violation == "at $.name: 5 is not of type 'string'"
+    assert check_answer(PERSON, text='{"name": "Ada"}').violation == "at $: 'age' is a required property"

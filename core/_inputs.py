@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -84,6 +84,9 @@ class InputCheck:
     warnings: tuple[str, ...] = ()
     # The providers the prompts go to (``provider_for`` of each model): their clients need keys.
     providers: frozenset[str] = frozenset()
+    # The checked prompts themselves, in input order, when the check was asked to keep them (``keep``) and there
+    # were no more: storing them needs no second pass over the input.
+    specs: tuple[PromptSpec, ...] | None = field(default=None, repr=False, compare=False)
 
 
 class _Problems:
@@ -115,6 +118,7 @@ def check_prompts(
     default_max_tokens: int = DEFAULT_MAX_TOKENS,
     anthropic_version: str = DEFAULT_ANTHROPIC_VERSION,
     warn: bool = True,
+    keep: int = 0,
 ) -> InputCheck:
     """Validate the whole input as ``read_prompts`` does, in one streaming pass (a second one only
     when two ids may be the same): its count, fingerprint and repeated requests, no prompt held.
@@ -123,7 +127,8 @@ def check_prompts(
     and one whose provider (``model_providers``, then claude-* -> anthropic) is Anthropic any parameter Anthropic
     cannot take. Anthropic prompts with no max_tokens make one warning for the whole input, and deadlines already
     past another, returned as ``warnings`` and logged unless ``warn`` is false (a caller that checks twice warns
-    once). Raises ``InputError`` naming every bad line (up to ``MAX_PROBLEMS``)."""
+    once). Raises ``InputError`` naming every bad line (up to ``MAX_PROBLEMS``). An input of at most ``keep`` prompts
+    comes back with them (``InputCheck.specs``)."""
     digest = hashlib.sha256()
     ids, keys = HashBag(), HashBag()
     count = uncapped = thinking = past = 0
@@ -136,6 +141,7 @@ def check_prompts(
     now = datetime.now(timezone.utc)
     # Model -> prompts, for models whose provider has announced a shutdown.
     retiring: dict[str, int] = {}
+    kept: list[PromptSpec] | None = [] if keep > 0 else None
     for line, spec in _iter_specs(source, default_model=default_model, default_params=default_params,
                                   default_endpoint=default_endpoint, table=table,
                                   model_providers=model_providers, now=now, anthropic_version=anthropic_version):
@@ -162,6 +168,10 @@ def check_prompts(
         ids.add(text_hash(spec.custom_id))
         keys.add(key_hash(spec.dedupe_key))
         count += 1
+        if kept is not None:
+            kept = kept if count <= keep else None
+            if kept is not None:
+                kept.append(spec)
         providers.add(provider)
         if table is not None and table.shutdown_ahead(spec.model) is not None:
             retiring[spec.model] = retiring.get(spec.model, 0) + 1
@@ -200,7 +210,8 @@ def check_prompts(
         for warning in warnings:
             logger.warning("%s", warning)
     return InputCheck(count=count, fingerprint=digest.hexdigest(), repeated_keys=RepeatedKeys(keys.repeated()),
-                      warnings=tuple(warnings), providers=frozenset(providers))
+                      warnings=tuple(warnings), providers=frozenset(providers),
+                      specs=None if kept is None else tuple(kept))
 
 
 def _duplicate_ids(

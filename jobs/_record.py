@@ -47,6 +47,8 @@ logger = logging.getLogger(__name__)
 # Slices of the rest grow from the first size to at most this many prompts: early ones reach the
 # sender quickly; a slice is held in memory while it is planned and its chunks are sent.
 MAX_SLICE = 10_000
+# An input of at most this many prompts is kept by its check (a slice's worth) and stored from there, not read again.
+KEEP_CHECKED = MAX_SLICE
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,9 +67,12 @@ class PromptInput:
     # Every prompt's parameters unless it sets its own: the job's schema as ``response_format`` (``--schema``).
     default_params: Mapping[str, Any] | None = None
 
-    def specs(self, *, start: int = 0) -> Iterator[PromptSpec]:
-        """Its prompts in input order, from input position ``start``. The input was checked whole
-        (``check``), so the model-limit checks are not run again (no token estimates); every other check is."""
+    def specs(self, *, start: int = 0, checked: InputCheck | None = None) -> Iterator[PromptSpec]:
+        """Its prompts in input order, from input position ``start``: those ``checked`` (its check) kept, else read
+        again. The input was checked whole (``check``), so the model-limit checks are not run again (no token
+        estimates); every other check is."""
+        if checked is not None and checked.specs is not None:
+            return iter(checked.specs[start:])
         return islice(iter_prompts(self.source, default_model=self.default_model,
                                    default_endpoint=self.default_endpoint, default_params=self.default_params,
                                    model_providers=self.model_providers, anthropic_version=self.anthropic_version),
@@ -86,7 +91,7 @@ class PromptInput:
                                 default_endpoint=self.default_endpoint, default_params=self.default_params,
                                 table=self.table,
                                 model_providers=self.model_providers, default_max_tokens=self.default_max_tokens,
-                                anthropic_version=self.anthropic_version, warn=warn)
+                                anthropic_version=self.anthropic_version, warn=warn, keep=KEEP_CHECKED)
         if remember and key is not None:
             checked_inputs.set({**checked_inputs.get(), key: checked})
         return checked
@@ -300,13 +305,15 @@ async def record_job(
                            name=name, started_over_from=started_over_from)
     if not split:
         await storage.add_prompts(sessions, job_id=new_id,
-                                  prompts=new_prompts(given.specs(), rules=rules, now=now, table=given.table),
+                                  prompts=new_prompts(given.specs(checked=checked), rules=rules, now=now,
+                                                      table=given.table),
                                   then_status="created")
         logger.info("recorded job %s: %d prompts", new_id, checked.count)
         return recorded
     assert head is not None
     await storage.add_prompts(sessions, job_id=new_id,
-                              prompts=new_prompts(islice(given.specs(), head), rules=rules, now=now, table=given.table))
+                              prompts=new_prompts(islice(given.specs(checked=checked), head), rules=rules, now=now,
+                                                  table=given.table))
     logger.info("recording job %s: %d prompts, the first %d stored", new_id, checked.count, head)
     return replace(recorded, input=given, head=head, recorded_at=now, repeated_keys=checked.repeated_keys)
 

@@ -128,7 +128,7 @@ class ChunkFeed:
             await self._before_storing()
         async for stored in store_rest(job_id=job.job_id, given=job.input, start=job.stored, sessions=self._sessions,
                                        first_slice=job.stored, recorded_at=job.recorded_at, then_status="running",
-                                       rules=self._rules):
+                                       rules=self._rules, checked=job.checked):
             yield await self._plan(positions=(stored.start, stored.stop), hold_keys=hold, track_positions=True), stored
 
     async def _plan(self, *, size: int | None = None, **slice_: Any) -> RealtimePlan:

@@ -139,6 +139,8 @@ class RecordedJob:
     # Requests (dedupe keys) that more than one prompt of the job makes: their prompts may be split
     # between slices, so a sender grouping identical requests waits until all are stored.
     repeated_keys: Container[str] = frozenset()
+    # The input's check, whose kept prompts (``InputCheck.specs``, a small input's) ``store_rest`` stores.
+    checked: InputCheck | None = field(default=None, repr=False)
     # The providers its prompts go to: the run needs a client (a key) for each before it sends anything.
     providers: frozenset[str] = frozenset()
     name: str = ""
@@ -315,7 +317,8 @@ async def record_job(
                               prompts=new_prompts(islice(given.specs(checked=checked), head), rules=rules, now=now,
                                                   table=given.table))
     logger.info("recording job %s: %d prompts, the first %d stored", new_id, checked.count, head)
-    return replace(recorded, input=given, head=head, recorded_at=now, repeated_keys=checked.repeated_keys)
+    return replace(recorded, input=given, head=head, recorded_at=now, repeated_keys=checked.repeated_keys,
+                   checked=checked)
 
 
 async def _require_job(sessions: async_sessionmaker[AsyncSession], *, job_id: str,
@@ -352,17 +355,19 @@ async def store_rest(
     recorded_at: datetime,
     then_status: JobStatus,
     rules: RoutingRules | None = None,
+    checked: InputCheck | None = None,
 ) -> AsyncIterator[StoredSlice]:
     """Store the prompts of ``given`` from input position ``start`` on (those ``record_job`` left for
     later), yielding each slice once stored, so that it can be sent while the next is stored.
 
     Slices start at ``first_slice`` prompts and grow to ``MAX_SLICE``, each its own transaction, routed
     by ``rules`` as of ``recorded_at`` like the first ones. The last slice moves the job on from
-    ``recording`` to ``then_status``. Only the slice at hand is in memory.
+    ``recording`` to ``then_status``. Only the slice at hand is in memory, unless ``checked`` (the input's check)
+    kept the whole input: its prompts are stored from there.
     """
     if first_slice < 1:
         raise ValueError("first_slice must be at least 1")
-    specs = given.specs(start=start)
+    specs = given.specs(start=start, checked=checked)
     size = min(first_slice, MAX_SLICE)
     part = list(islice(specs, size))
     while part:

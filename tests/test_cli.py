@@ -219,10 +219,14 @@ def test_a_read_only_command_loads_neither_prefect_nor_the_send_path(command: li
 
 
 @pytest.mark.prefect
-def test_a_run_reads_its_file_once_to_check_it_and_once_to_store_it(
-    prefect_api: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(("keep", "reads"), [(10_000, 1), (2, 2)], ids=["small file", "larger than kept"])
+def test_a_run_reads_a_small_file_once_and_a_larger_one_once_to_check_it_and_once_to_store_it(
+    prefect_api: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, keep: int, reads: int
 ) -> None:
+    from llm_dispatch.jobs import _record
+
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(_record, "KEEP_CHECKED", keep)
     prompts = write_prompts(tmp_path / "p.jsonl", [{"id": f"q{i}", "prompt": f"question {i}"} for i in range(3)])
     opened: list[Path] = []
     path_open = Path.open
@@ -236,6 +240,10 @@ def test_a_run_reads_its_file_once_to_check_it_and_once_to_store_it(
     result = CliRunner().invoke(app, ["run", "p.jsonl", "--simulate", "--sim-latency", "0.01", "--json"])
 
     assert result.exit_code == 0, result.output
-    # The command's check before the flow starts, then the store: the flow does not check the same file again.
-    assert len(opened) == 2
-    assert json.loads(result.output[result.output.index("{"):])["counts"] == {"succeeded": 3}
+    # The command's check keeps the prompts of a file of at most KEEP_CHECKED and the job is stored from them; a
+    # larger file is read again to store it (in flat memory). The flow never checks the same file again.
+    assert len(opened) == reads, result.output
+    # The report is a JSON document on lines of its own (Prefect's log handler may complain around it, in a second
+    # command run in the same process, about the first one's closed stream).
+    report, _ = json.JSONDecoder().raw_decode(result.output, result.output.index("\n{\n") + 1)
+    assert report["counts"] == {"succeeded": 3}

@@ -109,11 +109,11 @@ async def test_upgrade_from_0001_keeps_the_data(db: Db) -> None:
     # Prompts as 0001 stored them (its columns only); the writer touches only 0001's columns.
     job_id = await storage.create_job(
         sessions, name="old", fingerprint="f" * 64, input_path=None, model="gpt-4o-mini", settings={})
-    async with engine.begin() as conn:
-        await conn.execute(insert(Prompt.__table__), [
-            {"job_id": job_id, "custom_id": p.custom_id, "position": p.position, "model": p.model,
-             "messages": p.messages, "params": p.params, "metadata": p.metadata, "dedupe_key": p.dedupe_key}
-            for p in new_prompts(3)])
+    now = datetime.now(UTC)
+    await insert_as_old(engine, "prompts", [
+        {"job_id": job_id, "custom_id": p.custom_id, "position": p.position, "model": p.model, "messages": p.messages,
+         "params": p.params, "metadata": p.metadata, "dedupe_key": p.dedupe_key, "created_at": now, "updated_at": now}
+        for p in new_prompts(3)])
     ids = await prompt_ids(sessions, job_id)
     await old_results(engine, job_id, [
         {"prompt_id": ids["p-0"], "route": "realtime", "status": "succeeded", "text": "kept", "attempts": 1,
@@ -142,10 +142,15 @@ async def old_results(engine: AsyncEngine, job_id: str, rows: list[dict[str, Any
     now = datetime.now(UTC)
     blank = dict.fromkeys(("text", "prompt_tokens", "completion_tokens", "cached_tokens", "error_class"))
     values = [{**blank, "job_id": job_id, "created_at": now, **row} for row in rows]
-    # A table of just these columns: today's model would also write the columns (and client-side defaults) of later
-    # revisions, which an older schema does not have.
-    names = dict.fromkeys(name for value in values for name in value)
-    old_table = table("results", *(column(name) for name in names))
+    await insert_as_old(engine, "results", values)
+
+
+async def insert_as_old(engine: AsyncEngine, name: str, values: list[dict[str, Any]]) -> None:
+    """Rows into table ``name`` through a table of just the columns given (typed as today's): today's model would
+    also write the columns (and client-side defaults) of later revisions, which an older schema does not have."""
+    today = Prompt.metadata.tables[name]
+    names = dict.fromkeys(column_name for value in values for column_name in value)
+    old_table = table(name, *(column(column_name, today.c[column_name].type) for column_name in names))
     async with engine.begin() as conn:
         await conn.execute(insert(old_table), values)
 

@@ -30,7 +30,6 @@ import json
 import os
 import resource
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path

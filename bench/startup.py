@@ -283,8 +283,9 @@ def child_baseline(args: argparse.Namespace) -> None:
 
     if args.rate_429:
         from ratelimits import Attempts, run_baseline  # bench/ is the script's folder, first on sys.path
+        from realtime import MODEL
 
-        items = [{"model": "gpt-4o-mini", "messages": [{"role": "user", "content": json.loads(line)["prompt"]}],
+        items = [{"model": MODEL, "messages": [{"role": "user", "content": json.loads(line)["prompt"]}],
                   "max_tokens": 64} for line in Path(args.prompts_file).read_text().splitlines()]
         result = asyncio.run(run_baseline(base_url=args.base_url, items=items, concurrency=args.concurrency,
                                           attempts=Attempts()))

@@ -12,7 +12,7 @@ from typing import Any, Final, Required, TypedDict, Unpack
 from ._json import json_field
 from ._pricing import Charge, PriceTable, billing_tier
 from ._providers import provider_lookup
-from ._status import ROUTES, Route
+from ._status import Route
 from ._tokens import estimate_input_tokens, reply_cap
 from ._types import ChatRequest
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Final, NamedTuple
 
-from ._catalog import LIMIT_FIELDS, PRICE_FIELDS, merge_catalogs, parse_catalog, prices_on
+from ._catalog import LIMIT_FIELDS, merge_catalogs, parse_catalog, prices_on
 from ._exceptions import ConfigError
 from ._providers import provider_lookup
 from ._lanes import Lane, LaneOffer, lane_offers

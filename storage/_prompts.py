@@ -20,7 +20,7 @@ from llm_dispatch.core import (
 )
 
 from ._bulk import IN_CHUNK, INSERT_BATCH, bind_processor, bind_value, chunks, placeholders
-from ._models import Job, Prompt, Result, aware, utcnow
+from ._models import Job, Prompt, Result, utcnow
 from ._records import NewPrompt, WorkRow
 from ._engine import Sessions
 from ._unfinished import WORK_COLUMNS, work_row

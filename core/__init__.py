@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from ._budgets import BUDGET_PERIODS, BudgetPeriod, SpendGate, job_budget_name, period_key
     from ._client import LLMClient
     from ._constants import DEFAULT_CONCURRENCY, DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
-    from ._costs import CostTotals, RouteTotals, estimate_request_cost, worst_case_cost
+    from ._costs import CostTotals, EstimateSums, RouteTotals, estimate_request_cost, worst_case_cost
     from ._vectors import vector_bytes, vector_floats
     from ._endpoints import DEFAULT_ENDPOINT, ENDPOINTS, SUPPORTED_ENDPOINTS, Endpoint, batch_url, check_batch_url
     from ._dispatch import ChatSender, DispatchOutcome, Progress, ResultSink, WorkItem, current_progress, reask, send_all
@@ -137,6 +137,7 @@ __all__ = [
     "DispatchOutcome",
     "estimate_prompt_tokens",
     "estimate_request_cost",
+    "EstimateSums",
     "FileInfo",
     "format_duration",
     "check_prompts",

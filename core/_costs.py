@@ -4,7 +4,7 @@ request is expected to cost, the most it can cost, and running totals per route.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Final, Required, TypedDict, Unpack
@@ -19,6 +19,7 @@ from ._types import ChatRequest
 __all__ = [
     "CostEstimate",
     "CostTotals",
+    "EstimateSums",
     "RouteTotals",
     "Usage",
     "estimate_request_cost",
@@ -254,3 +255,91 @@ class CostTotals:
         """What the requests of discounted lanes (the Batch API, flex, background windows) would have cost at the
         standard real-time price, minus what they cost."""
         return self.discounted_at_realtime - self.discounted_cost
+
+
+@dataclass(slots=True)
+class _Group:
+    """Requests of one price group (see ``EstimateSums``): how many, and their estimated prompt tokens summed."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+
+
+class EstimateSums:
+    """The estimate of many requests (``estimate_request_cost`` of each, summed), kept as sums per price group.
+
+    ``add`` estimates a request's input tokens, the one per-request cost; every other input of the price is
+    shared by a group: model, route, endpoint, requested tier, reply cap, choices, Anthropic cache marks and
+    whether the prompt is above its model's long-prompt threshold. The price formula is linear in tokens within a
+    group, so ``totals`` prices each group once, with the typical reply length of each model known by then
+    (the only input that needs the database). Identical requests are added once by the caller.
+    """
+
+    def __init__(self, *, table: PriceTable) -> None:
+        self.table = table
+        self._groups: dict[tuple[Any, ...], _Group] = {}
+        # Model -> the prompt tokens above which its long-prompt price applies (None: one price).
+        self._long_above: dict[str, int | None] = {}
+
+    @property
+    def models(self) -> set[str]:
+        return {key[0] for key in self._groups}
+
+    def add(self, request: ChatRequest, *, route: Route) -> None:
+        params = request.params
+        prompt_tokens = estimate_input_tokens(request)
+        model = request.model
+        try:
+            above = self._long_above[model]
+        except KeyError:
+            price = self.table.price_for(model)
+            above = self._long_above[model] = (
+                price.long_prompt.above if price is not None and price.long_prompt is not None else None)
+        key = (model, route, request.endpoint, _requested_tier(params), reply_cap(params), _choices(params),
+               _cache_marks(request),
+               above is not None and prompt_tokens > above)
+        group = self._groups.get(key)
+        if group is None:
+            group = self._groups[key] = _Group()
+        group.requests += 1
+        group.prompt_tokens += prompt_tokens
+
+    def totals(
+        self, *, reply_tokens: Mapping[str, int], provider_of: Callable[[str], str] | None = None
+    ) -> tuple[CostTotals, Decimal, dict[str, int]]:
+        """(the expected totals, the worst case of the priced requests, model -> priced requests with no bound on
+        their reply). ``reply_tokens``: each model's typical reply length."""
+        totals = CostTotals(table=self.table, provider_of=provider_of or provider_lookup())
+        bound = Decimal(0)
+        unbounded: dict[str, int] = {}
+        for (model, route, endpoint, tier, cap, choices, (marked, extended), long), group in self._groups.items():
+            count, prompt_tokens = group.requests, group.prompt_tokens
+            # An embedding has no reply: its input is all it is billed for.
+            expected = 0 if endpoint == "embeddings" else round(
+                expected_reply_tokens(typical=reply_tokens[model], cap=cap) * choices)
+            cost = totals.add(model=model, route=route, endpoint=endpoint, prompt_tokens=prompt_tokens,
+                              completion_tokens=expected * count, service_tier=tier, requests=count, long_prompt=long)
+            if cost is None:
+                continue  # unpriced: counted in totals.unpriced_models, out of both figures
+            limits = self.table.limits_for(model)
+            most = limits.max_output_tokens if limits is not None else None
+            longest = 0 if endpoint == "embeddings" else min(cap, most) if cap is not None and most is not None \
+                else cap if cap is not None else most
+            if longest is None:
+                unbounded[model] = unbounded.get(model, 0) + count
+                continue
+            usage: dict[str, Any] = {"model": model, "route": route, "prompt_tokens": prompt_tokens,
+                                     "completion_tokens": longest * choices * count, "service_tier": tier,
+                                     "long_prompt": long}
+            worst = self.table.price(**usage)
+            info = self.table.info_for(model)
+            if worst is not None and (marked or info is None or info.provider != "anthropic"):
+                # As ``worst_case_cost``: every prompt token at the dearer of input and a cache write.
+                written = self.table.price(**usage, cache_creation_tokens=prompt_tokens,
+                                           cache_creation_extended_tokens=prompt_tokens * extended)
+                assert written is not None
+                worst = max(worst, written, key=lambda charge: charge.cost)
+            assert worst is not None
+            bound += worst.dollars
+        return totals, bound, unbounded
+

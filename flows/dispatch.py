@@ -166,7 +166,7 @@ async def run_dispatch(
         table = run.prices
         job = await record_prompts(source=quote(source), job_id=job_id, settings=settings, sessions=run.sessions,
                                    name=job_name, new_job=new_job, retry_failed=retry_failed,
-                                   rules=routing_rules(settings))
+                                   rules=routing_rules(settings), estimate=True)
         run.clients.require(job.providers)  # a missing key stops the run here, before anything is sent
         if replan and job.resumed:
             moved = await replan_pending(run.sessions, job_id=job.job_id, rules=routing_rules(settings),
@@ -181,7 +181,8 @@ async def run_dispatch(
         estimate = await estimate_cost(sessions=run.sessions, job_id=job.job_id, table=table,
                                        typical_completion_tokens=settings.typical_completion_tokens,
                                        retry_failed=retry_failed, dedupe=settings.dedupe,
-                                       provider_of=run.clients.provider_of)
+                                       provider_of=run.clients.provider_of,
+                                       recorded=None if job.resumed else job.sums)
         described = describe_estimate(estimate)
         logger.info("Job %s: estimated cost %s.", job.job_id, described)
         progress = current_progress.get()

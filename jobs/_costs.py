@@ -4,17 +4,18 @@ Plain async code over storage and the price table (no Prefect)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Container, Iterable, Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import ClassVar
 
 
 from llm_dispatch import storage
-from llm_dispatch.core import ChatRequest, CostTotals, PriceTable, RouteTotals, estimate_request_cost, from_pico, provider_lookup
+from llm_dispatch.core import ChatRequest, CostTotals, EstimateSums, PriceTable, RouteTotals, from_pico, provider_lookup
 from llm_dispatch.core import REQUEST_ROUTES, ROUTES, RetryFailed, Route, json_field, money
 
-__all__ = ["JobCost", "PriceBasis", "RepricedRow", "Repricing", "actual_cost", "estimate_cost", "money", "reprice"]
+__all__ = ["JobCost", "PriceBasis", "RepricedRow", "Repricing", "actual_cost", "counted_prompts", "estimate_cost", "money",
+           "reprice"]
 # Answers of a model this database must hold before the reply length learnt from them replaces the setting.
 CALIBRATION_MIN = 20
 # Open prompts read per query while estimating (a keyset page; memory stays at one page).
@@ -112,6 +113,7 @@ async def estimate_cost(
     retry_failed: RetryFailed = "retryable",
     dedupe: bool = True,
     provider_of: Callable[[str], str] | None = None,
+    recorded: EstimateSums | None = None,
 ) -> JobCost:
     """What sending the job's open prompts will cost, per planned route (lane), before anything is sent.
 
@@ -122,38 +124,57 @@ async def estimate_cost(
     answers cut at their cap count as longer), else ``typical_completion_tokens``. Identical requests
     count once when ``dedupe`` is on, as they are sent once. ``provider_of`` says which provider each
     model goes to, for the totals per provider (default: the built-in rule, ``claude-*`` -> Anthropic).
+
+    ``recorded``: the sums a new job's recording made of its prompts as it stored them (``counted_prompts``), all
+    of them open; then they are not read back.
     """
-    estimate = JobCost(totals=CostTotals(table=table, provider_of=provider_of or provider_lookup()))
-    bound = Decimal(0)
-    for half in ("realtime", "batch"):
-        # Pages come ordered by request: an identical request is the one just before it, never held.
-        last_key: str | None = None
-        async for rows in storage.unfinished_work_pages(sessions, job_id=job_id, page=ESTIMATE_PAGE,
-                                                  retry_failed=retry_failed, planned_route=half):
-            for row in rows:
-                # The real-time half's prompts each by their own lane (flex, a background window...).
-                route = row.planned_route if half == "realtime" and row.planned_route in REQUEST_ROUTES else half
-                if dedupe:
-                    if row.dedupe_key == last_key:
-                        continue
-                    last_key = row.dedupe_key
-                if row.model not in estimate.reply_tokens:
-                    estimate.reply_tokens[row.model] = await _typical_reply(
-                        sessions, model=row.model, default=typical_completion_tokens)
-                request = ChatRequest(model=row.model, messages=row.messages, params=row.params, endpoint=row.endpoint)
-                guess = estimate_request_cost(request=request, route=route, table=table,  # type: ignore[arg-type]
-                                              typical_completion_tokens=estimate.reply_tokens[row.model])
-                estimate.totals.add(model=row.model, route=route, endpoint=row.endpoint,  # type: ignore[arg-type]
-                                    prompt_tokens=guess.prompt_tokens, completion_tokens=guess.completion_tokens)
-                if guess.cost is None:
-                    continue  # unpriced: counted in totals.unpriced_models, out of both figures
-                if guess.max_cost is None:
-                    estimate.unbounded_models[row.model] = estimate.unbounded_models.get(row.model, 0) + 1
-                else:
-                    bound += guess.max_cost
-    estimate.reply_tokens = dict(sorted(estimate.reply_tokens.items()))
-    estimate.max_total = None if estimate.unbounded_models else bound
-    return estimate
+    sums = recorded
+    if sums is None:
+        sums = EstimateSums(table=table)
+        for half in ("realtime", "batch"):
+            # Pages come ordered by request: an identical request is the one just before it, never held.
+            last_key: str | None = None
+            async for rows in storage.unfinished_work_pages(sessions, job_id=job_id, page=ESTIMATE_PAGE,
+                                                            retry_failed=retry_failed, planned_route=half):
+                for row in rows:
+                    if dedupe:
+                        if row.dedupe_key == last_key:
+                            continue
+                        last_key = row.dedupe_key
+                    sums.add(ChatRequest(model=row.model, messages=row.messages, params=row.params,
+                                         endpoint=row.endpoint), route=_estimated_lane(row.planned_route))
+    reply_tokens = {model: await _typical_reply(sessions, model=model, default=typical_completion_tokens)
+                    for model in sorted(sums.models)}
+    totals, bound, unbounded = sums.totals(reply_tokens=reply_tokens, provider_of=provider_of)
+    return JobCost(totals=totals, max_total=None if unbounded else bound, reply_tokens=reply_tokens,
+                   unbounded_models=unbounded)
+
+
+def _estimated_lane(planned_route: str | None) -> Route:
+    """The lane an open prompt is estimated at: its own where it is sent as a request (real-time, flex, a
+    background window), else the Batch API's."""
+    if planned_route == "batch":
+        return "batch"
+    return planned_route if planned_route in REQUEST_ROUTES else "realtime"  # type: ignore[return-value]
+
+
+def counted_prompts(
+    prompts: Iterable[storage.NewPrompt], *, sums: EstimateSums, dedupe: bool, repeated: Container[str]
+) -> Iterator[storage.NewPrompt]:
+    """``prompts`` unchanged, each added to ``sums`` on its way to be stored, as ``estimate_cost`` would read it back
+    from the database: at its lane, and an identical request (``repeated``: the keys the input has more than once)
+    once per half when ``dedupe`` is on, as it is sent once."""
+    seen: set[tuple[bool, str]] = set()
+    for prompt in prompts:
+        if dedupe and prompt.dedupe_key in repeated:
+            first = (prompt.planned_route == "batch", prompt.dedupe_key)
+            if first in seen:
+                yield prompt
+                continue
+            seen.add(first)
+        sums.add(ChatRequest(model=prompt.model, messages=prompt.messages, params=prompt.params,
+                             endpoint=prompt.endpoint), route=_estimated_lane(prompt.planned_route))
+        yield prompt
 
 
 async def _typical_reply(sessions: storage.Sessions, *, model: str, default: int) -> int:

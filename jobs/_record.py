@@ -17,6 +17,7 @@ from llm_dispatch import storage
 from llm_dispatch.core import (
     DEFAULT_ENDPOINT,
     ConfigError,
+    EstimateSums,
     DEFAULT_OFFERS,
     LaneOffer,
     UnknownJobError,
@@ -40,6 +41,7 @@ from llm_dispatch.core import (
     unfinished,
 )
 
+from ._costs import counted_prompts
 from ._run import load_prices
 
 logger = logging.getLogger(__name__)
@@ -146,6 +148,9 @@ class RecordedJob:
     name: str = ""
     # A resumed job: its prompts with an outcome (succeeded or failed) when this run found it.
     answered: int = 0
+    # A new job stored whole with ``record_job(estimate=True)``: the estimate's sums of its prompts, made as they were
+    # stored (``estimate_cost(recorded=...)``), so the estimate does not read them back.
+    sums: EstimateSums | None = field(default=None, repr=False, compare=False)
     # A new job started because the finished job of the same input was not to be resumed (``dedupe`` off).
     started_over_from: str | None = None
 
@@ -238,6 +243,7 @@ async def record_job(
     retry_failed: RetryFailed = "retryable",
     rules: RoutingRules | None = None,
     head: int | None = None,
+    estimate: bool = False,
 ) -> RecordedJob:
     """Record the prompts of ``source`` as a job, or find the job they already are and resume it.
 
@@ -255,6 +261,8 @@ async def record_job(
     ``RecordedJob.rest`` for ``store_rest``, so sending can start while they are stored; until
     then the job's status is ``recording``. A job left ``recording`` (its run was cut off) gets
     its missing prompts stored when it is met again, from the same input or its input file.
+
+    ``estimate``: a new job stored whole comes back with the cost estimate's sums of its prompts (``sums``).
     """
     if job_id is not None:
         job_id = await storage.resolve_job(sessions, reference=job_id)
@@ -306,12 +314,13 @@ async def record_job(
     recorded = RecordedJob(job_id=new_id, total=checked.count, resumed=False, providers=checked.providers,
                            name=name, started_over_from=started_over_from)
     if not split:
-        await storage.add_prompts(sessions, job_id=new_id,
-                                  prompts=new_prompts(given.specs(checked=checked), rules=rules, now=now,
-                                                      table=given.table),
-                                  then_status="created")
+        rows = new_prompts(given.specs(checked=checked), rules=rules, now=now, table=given.table)
+        sums = EstimateSums(table=given.table) if estimate and given.table is not None else None
+        if sums is not None:
+            rows = counted_prompts(rows, sums=sums, dedupe=settings.dedupe, repeated=checked.repeated_keys)
+        await storage.add_prompts(sessions, job_id=new_id, prompts=rows, then_status="created")
         logger.info("recorded job %s: %d prompts", new_id, checked.count)
-        return recorded
+        return replace(recorded, sums=sums)
     assert head is not None
     await storage.add_prompts(sessions, job_id=new_id,
                               prompts=new_prompts(islice(given.specs(checked=checked), head), rules=rules, now=now,

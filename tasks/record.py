@@ -37,13 +37,16 @@ async def record_prompts(
     retry_failed: RetryFailed = "retryable",
     rules: RoutingRules | None = None,
     head: int | None = None,
+    estimate: bool = False,
 ) -> RecordedJob:
     """Validate the whole input and store it as a job, or resume the job it already is (``record_job`` says which).
 
-    ``head``: store only the first ``head`` prompts of a new job now, the rest as it is sent.
+    ``head``: store only the first ``head`` prompts of a new job now, the rest as it is sent. ``estimate``: a new
+    job comes back with its cost estimate's sums, made while it was stored.
     """
     job = await record_job(source=source, job_id=job_id, settings=settings, sessions=sessions, name=name,
-                           new_job=new_job, retry_failed=retry_failed, rules=rules, head=head)
+                           new_job=new_job, retry_failed=retry_failed, rules=rules, head=head,
+                           estimate=estimate)
     logger = get_run_logger()
     if job.resumed:
         logger.info("Resuming job %s (%s): %d of its %d prompts answered before; only the unfinished ones are sent "

@@ -183,3 +183,90 @@ async def test_a_model_of_unknown_maximum_output_without_max_tokens_is_unbounded
     described = describe_estimate(estimate)
     assert "(at most: unbounded, no max_tokens and no maximum output known for my-model)" in described
     assert "NO PRICE for mystery" in described
+
+
+async def _recorded_estimates(db_url: str, path, *, table: PriceTable):
+    """(the estimate from the sums made while recording the input at ``path`` as a new job, the estimate read back
+    from the database, the job's open rows)."""
+    from llm_dispatch.core import Settings
+    from llm_dispatch.jobs import record_job, routing_rules
+
+    settings = Settings(database_url=db_url)
+    async with storage.open_database(db_url) as sessions:
+        job = await record_job(source=str(path), job_id=None, settings=settings, sessions=sessions,
+                               rules=routing_rules(settings), estimate=True, new_job=True)
+        assert job.sums is not None
+        made = await estimate_cost(sessions=sessions, job_id=job.job_id, table=table, typical_completion_tokens=100,
+                                   recorded=job.sums)
+        read = await estimate_cost(sessions=sessions, job_id=job.job_id, table=table, typical_completion_tokens=100)
+        rows = [row async for page in storage.unfinished_work_pages(sessions, job_id=job.job_id, page=100)
+                for row in page]
+    return made, read, rows
+
+
+async def test_a_new_jobs_estimate_made_while_it_is_stored_is_the_one_read_back(db_url: str, tmp_path) -> None:
+    """``run`` estimates a new job from the sums its recording made (no second read of every prompt); the figures
+    are those of the estimate read back from the database, and of each open request estimated on its own."""
+    import json
+
+    from llm_dispatch.core import REQUEST_ROUTES, ChatRequest, estimate_request_cost
+
+    long_text = "word " * 300_000  # above gpt-6.1-terra's long-prompt threshold (272,000 tokens)
+    marked = [{"role": "user", "content": [{"type": "text", "text": "cached context", "cache_control":
+                                             {"type": "ephemeral", "ttl": "1h"}}]}]
+    records = [
+        *({"id": f"luna-{i}", "model": "gpt-6-luna", "prompt": f"question {i}", "params": {"max_completion_tokens": 80},
+           "urgency": "urgent"} for i in range(5)),
+        {"id": "same-1", "model": "gpt-4o-mini", "prompt": "the same", "urgency": "urgent"},
+        {"id": "same-2", "model": "gpt-4o-mini", "prompt": "the same", "urgency": "urgent"},
+        {"id": "same-3", "model": "gpt-4o-mini", "prompt": "the same", "urgency": "bulk"},
+        {"id": "uncapped", "model": "gpt-4o-mini", "prompt": "no cap", "urgency": "urgent"},
+        {"id": "capped", "model": "gpt-4o-mini", "prompt": "capped answers", "params": {"max_tokens": 30}},
+        {"id": "priority", "model": "gpt-6.1-terra", "prompt": "fast", "params": {"service_tier": "priority",
+                                                                               "max_completion_tokens": 40}},
+        {"id": "long", "model": "gpt-6.1-terra", "prompt": long_text, "params": {"max_completion_tokens": 10},
+         "urgency": "urgent"},
+        {"id": "lane", "model": "gpt-5.5", "endpoint": "responses", "prompt": "in three hours",
+         "params": {"max_completion_tokens": 200}, "deadline": "3h"},
+        {"id": "claude", "model": "claude-sonnet-5-5", "messages": marked, "params": {"max_tokens": 64}},
+        {"id": "claude-plain", "model": "claude-sonnet-5-5", "prompt": "plain", "params": {"max_tokens": 64},
+         "urgency": "bulk"},
+        {"id": "vector", "model": "text-embedding-3-small", "endpoint": "embeddings", "input": "a text to embed"},
+        {"id": "mystery", "model": "mystery-model", "prompt": "unpriced", "params": {"max_tokens": 5}},
+    ]
+    path = tmp_path / "mixed.jsonl"
+    path.write_text("".join(json.dumps(record) + "\n" for record in records))
+    table = PriceTable.load()
+    made, read, rows = await _recorded_estimates(db_url, path, table=table)
+    assert to_json(made) == to_json(read)
+    assert (made.max_total, made.unbounded_models, made.reply_tokens) == (
+        read.max_total, read.unbounded_models, read.reply_tokens)
+    assert made.unpriced_models == {"mystery-model": 1}
+    # Every lane the input took is in it: real-time, the Batch API and the 3-hour one.
+    assert {"realtime", "batch"} < set(made.routes) and len(made.routes) == 3
+    assert made.totals.endpoints.keys() == {"chat", "responses", "embeddings"}
+    # Each open request on its own (an identical request once per half), summed: the same total and worst case.
+    seen: set[tuple[bool, str]] = set()
+    total = worst = Decimal(0)
+    for row in sorted(rows, key=lambda row: row.id):
+        half = row.planned_route == "batch"
+        if (half, row.dedupe_key) in seen:
+            continue
+        seen.add((half, row.dedupe_key))
+        lane = row.planned_route if row.planned_route in REQUEST_ROUTES else "batch" if half else "realtime"
+        guess = estimate_request_cost(request=ChatRequest(model=row.model, messages=row.messages, params=row.params,
+                                                          endpoint=row.endpoint),
+                                      route=lane, table=table, typical_completion_tokens=100)
+        total += guess.cost or 0
+        worst += guess.max_cost or 0
+    assert len(seen) == len(records) - 1  # same-1 and same-2 are one request
+    assert made.totals.realtime.prompts + made.totals.batch.prompts == len(seen)
+    assert made.total == total and made.total > 0
+    assert made.max_total == worst
+
+    # A priced model of unknown maximum output with no cap leaves the worst case unbounded, however it was made.
+    assert table.limits_for("gpt-5-pro") is None or table.limits_for("gpt-5-pro").max_output_tokens is None
+    path.write_text(path.read_text() + json.dumps({"id": "unbounded", "model": "gpt-5-pro", "prompt": "x"}) + "\n")
+    made, read, _ = await _recorded_estimates(db_url, path, table=table)
+    assert to_json(made) == to_json(read)
+    assert made.unbounded_models == read.unbounded_models == {"gpt-5-pro": 1} and made.max_total is None

@@ -4,6 +4,7 @@ prompts: ``storage._unfinished``; results: ``storage._results``)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Collection, Iterable, Sequence
 from datetime import datetime
 from typing import Any
@@ -91,7 +92,12 @@ async def add_prompts(
         stamp = bind_value(table.c.created_at, now, dialect)
         sql = _insert_prompts_sql(dialect, skip_existing=skip_existing)
         sql_endpoint = _insert_prompts_sql(dialect, skip_existing=skip_existing, endpoint=True)
-        for batch in chunks(prompts, INSERT_BATCH):
+        batches = chunks(prompts, INSERT_BATCH)
+
+        def next_rows() -> tuple[str, list[tuple[Any, ...]]] | None:
+            batch = next(batches, None)
+            if batch is None:
+                return None
             rows = [
                 (
                     job_id, p.custom_id, p.position, p.model, to_json["messages"](p.messages),
@@ -101,10 +107,20 @@ async def add_prompts(
                 for p in batch
             ]
             if any(p.endpoint != "chat" for p in batch):
-                rows = [(*row, p.endpoint) for row, p in zip(rows, batch)]
-                await conn.exec_driver_sql(sql_endpoint, rows)  # type: ignore[arg-type]
-            else:
-                await conn.exec_driver_sql(sql, rows)  # type: ignore[arg-type]
+                return sql_endpoint, [(*row, p.endpoint) for row, p in zip(rows, batch)]
+            return sql, rows
+
+        # Each batch's rows are made (the input read, checked and routed on the way) in a worker thread while the
+        # one before is written: the driver works outside the GIL, so the two overlap. One statement at a time.
+        made = next_rows()
+        while made is not None:
+            statement, rows = made
+            write = asyncio.ensure_future(conn.exec_driver_sql(statement, rows))  # type: ignore[arg-type]
+            try:
+                made = await asyncio.to_thread(next_rows)
+            finally:
+                # The statement ends before anything else uses the connection, a rollback included.
+                await write
             total += len(rows)
         if then_status is not None:
             await session.execute(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -203,7 +204,7 @@ async def run_dispatch(
                                             deployment=realtime_deployment, retry_failed=retry_failed,
                                             label=job.name)
                 selection = Selection(retry_failed=retry_failed, planned_route="realtime")
-                return await send_realtime(run=run, job=job, selection=selection, budget=held)
+                return await send_realtime(run=run, job=job, selection=selection, budget=held, job_stats=False)
             finally:
                 realtime_done.set()
 
@@ -232,8 +233,12 @@ async def run_dispatch(
             standing = await budget_standing(run.sessions, budget=held, over_budget=over)
         await storage.set_job_status(run.sessions, job_id=job.job_id,
                                      status="running" if report.unfinished else "finished")
+    half = realtime.result()
+    if isinstance(half, RealtimeSummary):
+        # The job's statistics once both halves are done: the report's (the half left them out).
+        half = replace(half, stats=report.stats)
     summary = DispatchSummary(report=report, resumed=job.resumed, prompts=job.total, wait=wait,
-                              realtime=realtime.result(), batch=batch.result(), wall_s=time.monotonic() - started,
+                              realtime=half, batch=batch.result(), wall_s=time.monotonic() - started,
                               job_name=job.name, answered_before=job.answered,
                               started_over_from=job.started_over_from, budget=standing)
     await publish_report(summary, logger=logger)

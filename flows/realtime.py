@@ -112,12 +112,14 @@ async def send_realtime(
     selection: Selection = Selection(),
     started: float | None = None,
     budget: storage.BudgetInfo | None = None,
+    job_stats: bool = True,
 ) -> RealtimeSummary:
     """The real-time half of a run: the unfinished prompts of ``job`` that ``selection`` takes, sent
     chunk by chunk, each answer stored. A job still being recorded (``job.rest``) has the rest stored
     as its first chunks go out. ``started``: when the run began, for its phases. ``budget``: held before each
     request (a ``storage.BudgetLease``); once the next does not fit, the requests out finish and the rest stay
-    pending.
+    pending. ``job_stats``: False leaves the job's result statistics (a pass over all its results) to a caller
+    that reads the job's report anyway once its other half is done (``dispatch``, which puts the report's in).
     """
     logger = get_run_logger()
     settings = run.settings
@@ -160,9 +162,10 @@ async def send_realtime(
                 if progress is not None:
                     progress.total = feed.expected_requests
         sent_at = time.monotonic()
-    counts, stats, _ = await asyncio.gather(storage.job_counts(run.sessions, job_id=job.job_id),
-                                            storage.result_stats(run.sessions, job_id=job.job_id),
-                                            board.close(sender.outcome))
+    counts, _, *read = await asyncio.gather(
+        storage.job_counts(run.sessions, job_id=job.job_id), board.close(sender.outcome),
+        *([storage.result_stats(run.sessions, job_id=job.job_id)] if job_stats else []))
+    stats = read[0] if read else storage.ResultStats()
     await storage.set_job_status(run.sessions, job_id=job.job_id,
                                  status="running" if unfinished(counts) else "finished")
     outcome = sender.outcome

@@ -247,3 +247,5 @@ def test_a_run_reads_a_small_file_once_and_a_larger_one_once_to_check_it_and_onc
     # command run in the same process, about the first one's closed stream).
     report, _ = json.JSONDecoder().raw_decode(result.output, result.output.index("\n{\n") + 1)
     assert report["counts"] == {"succeeded": 3}
+    # The real-time half's statistics are the job's, read once at the end of the run.
+    assert report["realtime"]["stats"] == report["stats"] and report["stats"]["succeeded"] == 3

@@ -17,7 +17,7 @@ from llm_dispatch import storage
 from llm_dispatch.cli.main import app
 from llm_dispatch.core import PriceTable
 from llm_dispatch.core._types import ChatResult, dedupe_key
-from conftest import Sim, write_prompts
+from conftest import Sim, rows, write_prompts
 
 
 @pytest.fixture
@@ -216,6 +216,36 @@ def test_a_read_only_command_loads_neither_prefect_nor_the_send_path(command: li
                          env={**os.environ, "PREFECT_API_URL": ""})
     assert ran.returncode == 0, ran.stderr[-2000:]
     assert ran.stdout.strip().splitlines()[-1] == "[]"
+
+
+# Modules `llm-dispatch run` does not need: Alembic (only to upgrade an older database), the structured-answer
+# validator (no prompt has a schema), pyarrow (export), the simulator (no --simulate).
+NOT_FOR_A_RUN = ["alembic", "jsonschema_rs", "llm_dispatch.simulator", "pyarrow"]
+
+
+@pytest.mark.prefect
+def test_a_run_loads_no_alembic_validator_export_or_simulator(
+    cli_env: dict[str, str], db_url: str, tmp_path: Path
+) -> None:
+    write_prompts(tmp_path / "p.jsonl", [{"id": f"q{i}", "prompt": f"question {i}"} for i in range(3)])
+    # A fresh interpreter for each run, as a user's command is: this test process has imported everything long since.
+    script = (
+        "import sys\n"
+        "from typer.testing import CliRunner\n"
+        "from llm_dispatch.cli import app\n"
+        "result = CliRunner().invoke(app, ['run', 'p.jsonl', '--new-job', '--json'])\n"
+        "assert result.exit_code == 0, result.output\n"
+        f"print(sorted(m for m in {NOT_FOR_A_RUN!r} if m in sys.modules))\n"
+    )
+    loaded = []
+    for _ in range(2):
+        ran = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=180,
+                             env=cli_env)
+        assert ran.returncode == 0, ran.stderr[-2000:]
+        loaded.append(ran.stdout.strip().splitlines()[-1])
+    # The first run made the database and stamped it at head; the second found it at head.
+    assert loaded == ["[]", "[]"]
+    assert rows(db_url, "SELECT status, count(*) FROM prompts GROUP BY status") == [("succeeded", 6)]
 
 
 @pytest.mark.prefect

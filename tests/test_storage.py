@@ -23,7 +23,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Column, Integer, MetaData, event, select, text
+from sqlalchemy import Column, Integer, MetaData, event, inspect as sa_inspect, select, text
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -307,10 +307,49 @@ async def test_migrate_again_is_a_no_op_and_keeps_data(db: Db) -> None:
     assert (await storage.job_counts(sessions, job_id=job_id))["pending"] == 3
 
 
+def test_the_head_is_read_from_the_migration_files_as_alembic_reads_it() -> None:
+    # A run on a database at head checks it without loading Alembic (storage._migrate): both readings must agree.
+    from llm_dispatch.storage._migrate import _config, _revisions, _script_heads
+
+    script = ScriptDirectory.from_config(_config())
+    assert _revisions() == {
+        s.revision: (s.down_revision,) if isinstance(s.down_revision, str) else tuple(s.down_revision or ())
+        for s in script.walk_revisions()
+    }
+    assert _script_heads() == frozenset(script.get_heads()) == {HEAD}
+
+
 async def test_a_new_database_is_made_at_head_and_migrates_from_there(engine: AsyncEngine) -> None:
     async with engine.connect() as conn:
         assert (await conn.execute(text("SELECT version_num FROM alembic_version"))).scalars().all() == [HEAD]
     assert await _schema_diff(engine, storage.Base.metadata) == []
+
+
+async def test_a_new_database_is_stamped_as_alembic_stamps_one(engine: AsyncEngine) -> None:
+    # storage.migrate made this database and wrote its version row without Alembic; Alembic's own stamp of it makes
+    # the same table and row.
+    def version_table(sync_conn: Any) -> tuple[Any, ...]:
+        found = sa_inspect(sync_conn)
+        columns = [(c["name"], str(c["type"]), c["nullable"]) for c in found.get_columns("alembic_version")]
+        return (columns, found.get_pk_constraint("alembic_version"),
+                sync_conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all())
+
+    def stamp_again(sync_conn: Any) -> None:
+        from alembic import command
+
+        from llm_dispatch.storage._migrate import _config
+
+        sync_conn.execute(text("DROP TABLE alembic_version"))
+        config = _config()
+        config.attributes["connection"] = sync_conn
+        command.stamp(config, "head")
+
+    async with engine.begin() as conn:
+        ours = await conn.run_sync(version_table)
+        await conn.run_sync(stamp_again)
+        alembics = await conn.run_sync(version_table)
+    assert ours == alembics
+    assert ours[2] == [HEAD]
 
 
 async def test_downgrade_to_nothing_and_up_again(engine: AsyncEngine) -> None:

@@ -16,13 +16,16 @@ Needs a running Prefect server (a temporary one would be most of what is measure
     PREFECT_HOME=/tmp/x PREFECT_API_DATABASE_CONNECTION_URL=postgresql+asyncpg://postgres@127.0.0.1:5432/x \\
         prefect server start --port 4377 &
     PREFECT_API_URL=http://127.0.0.1:4377/api python bench/startup.py [--prompts 10000] [--concurrency 400] \\
-        [--latency 0.2] [--repeat 3] [--server-pid PID] [--profile DIR] [--reports]
+        [--latency 0.2] [--repeat 3] [--server-pid PID] [--profile DIR] [--reports [--reports-prompts 100000]
+        [--reports-only]]
 
 ``--rate-429 0.2`` has the simulator answer a share of requests 429 (Retry-After ``--retry-after``), and the bare
 loop retry as ``bench/ratelimits.py``'s does. ``--profile DIR`` adds one run under pyinstrument (``pip install
 pyinstrument``; not a dependency) and one under ``python -X importtime``, and writes the whole-process profile
-and the import times by package to DIR. ``--reports`` then times ``llm-dispatch status JOB`` and ``export JOB`` on
-the first run's database with no Prefect server configured, and says whether either started one. For a closer look
+and the import times by package to DIR. ``--reports`` then times ``llm-dispatch status JOB`` and ``export JOB``
+(jsonl, csv, parquet) on the first run's database with no Prefect server configured, and says whether either
+started one; ``--reports-prompts N`` times them on a database of N prompts made by one more run instead
+(``--reports-only``: that alone, no run comparison). For a closer look
 at one step, ``LLMD_STARTUP_PROBES=MODULE:ATTRIBUTE:LABEL:KIND,...`` adds probes (kinds as in ``PROBES``).
 """
 
@@ -506,8 +509,22 @@ def make_prompts(path: Path, count: int) -> None:
     write(path, count)
 
 
+def reports_database(*, workdir: Path, count: int, env: dict[str, str], python: str, concurrency: int) -> Path:
+    """A database of COUNT answered prompts, made as a user makes one: ``llm-dispatch run FILE`` (to the simulator)."""
+    prompts, database = workdir / f"reports-{count}.jsonl", workdir / f"reports-{count}.db"
+    make_prompts(prompts, count)
+    started = time.time()
+    subprocess.run([str(Path(python).parent / "llm-dispatch"), "run", str(prompts), "--concurrency", str(concurrency),
+                    "--database-url", f"sqlite+aiosqlite:///{database}"],
+                   env=env, cwd=workdir, capture_output=True, check=True, timeout=max(900, count / 50))
+    print(f"\nreports database: {count:,} prompts run in {time.time() - started:.0f} s")
+    return database
+
+
 def reports(*, workdir: Path, database: Path, repeat: int, python: str, timeout: float) -> None:
-    """``status JOB`` and ``export JOB`` on DATABASE with no Prefect server configured, as whole processes."""
+    """``status JOB`` and ``export JOB`` (jsonl, csv, parquet) on DATABASE with no Prefect server configured, as whole
+    processes: wall seconds, and the process's CPU seconds (the machine may be shared)."""
+    import resource
     import sqlite3
 
     with sqlite3.connect(database) as connection:
@@ -519,31 +536,36 @@ def reports(*, workdir: Path, database: Path, repeat: int, python: str, timeout:
     env = {key: value for key, value in os.environ.items() if not key.startswith("PREFECT_")}
     env["PREFECT_HOME"] = str(home)
     url = f"sqlite+aiosqlite:///{database}"
-    exported = workdir / "export.jsonl"
+    exported = workdir / "export.out"
     commands = {
         "status JOB": ["status", job, "--database-url", url],
         "export JOB -o FILE": ["export", job, "--database-url", url, "-o", str(exported)],
+        "export JOB --format csv": ["export", job, "--database-url", url, "--format", "csv", "-o", str(exported)],
+        "export JOB --format parquet": ["export", job, "--database-url", url, "--format", "parquet", "-o",
+                                        str(exported)],
     }
     command = str(Path(python).parent / "llm-dispatch")
     print(f"\nreports on a {prompts:,}-prompt SQLite database, PREFECT_API_URL unset, PREFECT_HOME empty "
           f"(median of {repeat}; a temporary Prefect server would leave a database in PREFECT_HOME)")
     for name, argv in commands.items():
-        walls = []
+        walls, cpus = [], []
         for _ in range(repeat):
             exported.unlink(missing_ok=True)
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
             started = time.time()
             try:
                 subprocess.run([command, *argv], env=env, cwd=workdir, capture_output=True, timeout=timeout, check=True)
             except subprocess.TimeoutExpired:
-                rows = sum(1 for _ in exported.open()) if exported.exists() else 0
-                print(f"  llm-dispatch {name:<20} did not finish in {timeout:.0f} s ({rows:,} of {prompts:,} rows "
-                      "written by then)")
+                print(f"  llm-dispatch {name:<28} did not finish in {timeout:.0f} s")
                 break
             walls.append(time.time() - started)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpus.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
         started_server = any(home.rglob("*.db"))
         if walls:
-            print(f"  llm-dispatch {name:<20} {statistics.median(walls):6.2f} s  (runs "
-                  f"{', '.join(f'{w:.2f}' for w in walls)}; temporary Prefect server: {'yes' if started_server else 'no'})")
+            print(f"  llm-dispatch {name:<28} {statistics.median(walls):6.2f} s wall, {statistics.median(cpus):5.2f} s "
+                  f"CPU  (runs {', '.join(f'{w:.2f}' for w in walls)}; load {os.getloadavg()[0]:.2f}; temporary "
+                  f"Prefect server: {'yes' if started_server else 'no'})")
     probe = subprocess.run([python, "-c", "import sys; from llm_dispatch.cli import reports, main; "
                             "print('prefect' in sys.modules, len(sys.modules))"],
                            env=env, capture_output=True, text=True, check=True)
@@ -567,6 +589,9 @@ def main() -> None:
     parser.add_argument("--profile", type=Path, help="one more run under pyinstrument, its profile written here")
     parser.add_argument("--reports", action="store_true", help="time status and export on the first run's database")
     parser.add_argument("--reports-timeout", type=float, default=300.0, help="seconds before a report run is given up")
+    parser.add_argument("--reports-prompts", type=int,
+                        help="time the reports on a database of this many prompts (one more run) instead")
+    parser.add_argument("--reports-only", action="store_true", help="with --reports: no run comparison, reports alone")
     parser.add_argument("--child", choices=["baseline"])
     parser.add_argument("--base-url")
     parser.add_argument("--prompts-file")
@@ -592,6 +617,11 @@ def main() -> None:
         print(f"{args.prompts:,} prompts, concurrency {args.concurrency}, simulator latency {args.latency * 1000:.0f} ms"
               + (f", {args.rate_429:.0%} answered 429 (Retry-After {args.retry_after} s)" if args.rate_429 else "")
               + f"; {args.repeat} runs each, {os.cpu_count()} cores, PREFECT_API_URL={os.environ['PREFECT_API_URL']}")
+        if args.reports and args.reports_only:
+            database = reports_database(workdir=workdir, count=args.reports_prompts or args.prompts, env=env,
+                                        python=python, concurrency=args.concurrency)
+            reports(workdir=workdir, database=database, repeat=args.repeat, python=python, timeout=args.reports_timeout)
+            return
         runs: dict[str, list[dict[str, Any]]] = {"baseline": [], "cli": []}
         database = workdir / "cli-0.db"
         for n in range(args.repeat + (1 if args.profile else 0)):
@@ -626,7 +656,11 @@ def main() -> None:
                       + (" (exit 1: some prompts failed)" if run["exit"] else ""), flush=True)
         report(args, runs)
         if args.reports:
-            reports(workdir=workdir, database=workdir / "cli-0.db", repeat=args.repeat, python=python,
+            database = workdir / "cli-0.db"
+            if args.reports_prompts and args.reports_prompts != args.prompts:
+                database = reports_database(workdir=workdir, count=args.reports_prompts, env=env, python=python,
+                                            concurrency=args.concurrency)
+            reports(workdir=workdir, database=database, repeat=args.repeat, python=python,
                     timeout=args.reports_timeout)
 
 

@@ -12,20 +12,28 @@ from __future__ import annotations
 import csv
 import json
 import math
+import operator
 import struct
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import IO, Any, Final, Literal, TextIO
+from typing import IO, Any, Final, Literal, NamedTuple, TextIO
 
 from llm_dispatch import storage
 from llm_dispatch.core import PICO_PER_USD, TRUNCATED_FINISH_REASONS, ConfigError, vector_floats
-
 
 
 __all__ = ["BINARY_FORMATS", "DEFAULT_FIELDS", "EXPORT_FIELDS", "EXPORT_FORMATS", "ExportColumn", "ExportPlan", "export_columns",
            "plan_export"]
 
 Getter = Callable[[storage.ExportRow], Any]
+
+
+class Field(NamedTuple):
+    """A built-in column: how it is read from a stored row, and which of the row's fields that takes (an export
+    reads no others)."""
+
+    read: Getter
+    reads: tuple[str, ...]
 
 
 def _prompt_text(row: storage.ExportRow) -> str | None:
@@ -46,18 +54,27 @@ def _cost_usd(row: storage.ExportRow) -> float | None:
     return None if row.cost_pico_usd is None else row.cost_pico_usd / PICO_PER_USD
 
 
-def _stored(name: str) -> Getter:
-    return lambda row: getattr(row, name)
+def _stored(name: str) -> Field:
+    return Field(operator.attrgetter(name), (name,))
 
 
 def _prompt_cost_usd(row: storage.ExportRow) -> float | None:
     return None if row.prompt_cost_pico_usd is None else row.prompt_cost_pico_usd / PICO_PER_USD
 
 
+def _truncated(row: storage.ExportRow) -> bool | None:
+    # Cut at the request's cap or the model's window: the text is all there is, not all the model would say.
+    return None if row.finish_reason is None else row.finish_reason in TRUNCATED_FINISH_REASONS
+
+
+def _embedding(row: storage.ExportRow) -> list[float] | None:
+    return None if row.embedding is None else vector_floats(row.embedding)
+
+
 # Every built-in column, in the order ``--fields all`` writes them.
-EXPORT_FIELDS: Final[Mapping[str, Getter]] = {
+EXPORT_FIELDS: Final[Mapping[str, Field]] = {
     "id": _stored("custom_id"),
-    "prompt": _prompt_text,
+    "prompt": Field(_prompt_text, ("messages",)),
     "messages": _stored("messages"),
     "answer": _stored("text"),
     "status": _stored("status"),
@@ -71,14 +88,13 @@ EXPORT_FIELDS: Final[Mapping[str, Getter]] = {
     "cache_creation_extended_tokens": _stored("cache_creation_extended_tokens"),
     "reasoning_tokens": _stored("reasoning_tokens"),
     "service_tier": _stored("service_tier"),
-    "cost_usd": _cost_usd,
+    "cost_usd": Field(_cost_usd, ("cost_pico_usd",)),
     "latency_ms": _stored("latency_ms"),
     # Attempts of the call the provider may have billed, and the start of a 2xx that was no answer.
     "maybe_billed": _stored("maybe_billed"),
     "raw_body": _stored("raw_body"),
     "finish_reason": _stored("finish_reason"),
-    # Cut at the request's cap or the model's window: the text is all there is, not all the model would say.
-    "truncated": lambda row: None if row.finish_reason is None else row.finish_reason in TRUNCATED_FINISH_REASONS,
+    "truncated": Field(_truncated, ("finish_reason",)),
     "tool_calls": _stored("tool_calls"),
     "refusal": _stored("refusal"),
     "route": _stored("route"),
@@ -95,9 +111,9 @@ EXPORT_FIELDS: Final[Mapping[str, Getter]] = {
     "parsed": _stored("parsed"),
     "violation": _stored("violation"),
     "reasks": _stored("reask"),
-    "prompt_cost_usd": _prompt_cost_usd,
+    "prompt_cost_usd": Field(_prompt_cost_usd, ("prompt_cost_pico_usd",)),
     # An embeddings answer's vector (as floats; float32 in a typed format).
-    "embedding": lambda row: None if row.embedding is None else vector_floats(row.embedding),
+    "embedding": Field(_embedding, ("embedding",)),
 }
 # Added to the defaults for a job whose prompts have a schema, before a column per property of the schema.
 STRUCTURED_FIELDS: Final = ("violation", "reasks", "prompt_cost_usd")
@@ -138,19 +154,22 @@ class ExportColumn:
     name: str
     read: Getter
     kind: ColumnKind = "string"
+    # The fields of ``storage.ExportRow`` that ``read`` reads.
+    reads: tuple[str, ...] = ()
 
 
 def _builtin(name: str) -> ExportColumn:
-    return ExportColumn(name, EXPORT_FIELDS[name], _KINDS.get(name, "string"))
+    field = EXPORT_FIELDS[name]
+    return ExportColumn(name, field.read, _KINDS.get(name, "string"), field.reads)
 
 
 def _parsed_column(key: str, spec: Any, *, name: str) -> ExportColumn:
-    return ExportColumn(name=name, kind=schema_kind(spec),
+    return ExportColumn(name=name, kind=schema_kind(spec), reads=("parsed",),
                         read=lambda row: row.parsed.get(key) if isinstance(row.parsed, dict) else None)
 
 
 def _metadata_column(key: str, *, name: str) -> ExportColumn:
-    return ExportColumn(name=name, read=lambda row: (row.metadata or {}).get(key))
+    return ExportColumn(name=name, reads=("metadata",), read=lambda row: (row.metadata or {}).get(key))
 
 
 def export_columns(shape: storage.ExportShape, fields: Sequence[str] | None = None) -> list[ExportColumn]:
@@ -195,6 +214,10 @@ def export_columns(shape: storage.ExportShape, fields: Sequence[str] | None = No
     return columns
 
 
+# json.dumps(value, ensure_ascii=False), without making an encoder for each value.
+_json: Final = json.JSONEncoder(ensure_ascii=False).encode
+
+
 class _Csv:
     """One header line, then a line per row; a list or an object (metadata, messages) as JSON in its cell."""
 
@@ -203,7 +226,7 @@ class _Csv:
         self._writer.writerow([c.name for c in columns])
 
     def write(self, record: dict[str, Any]) -> None:
-        self._writer.writerow(["" if v is None else json.dumps(v, ensure_ascii=False) if isinstance(v, (dict, list))
+        self._writer.writerow(["" if v is None else _json(v) if isinstance(v, (dict, list))
                                else v for v in record.values()])
 
     def close(self) -> None:
@@ -217,7 +240,7 @@ class _JsonLines:
         self._handle = handle
 
     def write(self, record: dict[str, Any]) -> None:
-        self._handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self._handle.write(_json(record) + "\n")
 
     def close(self) -> None:
         pass
@@ -231,7 +254,7 @@ class _JsonArray:
         handle.write("[")
 
     def write(self, record: dict[str, Any]) -> None:
-        self._handle.write(("," if self._count else "") + "\n" + json.dumps(record, ensure_ascii=False))
+        self._handle.write(("," if self._count else "") + "\n" + _json(record))
         self._count += 1
 
     def close(self) -> None:
@@ -243,7 +266,7 @@ PARQUET_INSTALL: Final = "pip install 'llm-dispatch[parquet]' (it adds pyarrow)"
 
 
 def _json_text(value: Any) -> str | None:
-    return None if value is None else json.dumps(value, ensure_ascii=False)
+    return None if value is None else _json(value)
 
 
 class _Parquet:
@@ -334,7 +357,7 @@ def _scalar(kind: ColumnKind) -> Callable[[Any], Any]:
         if value is None or (isinstance(value, bool) and kind in ("int", "float")):
             return None
         if kind == "string" and isinstance(value, (dict, list)):
-            return json.dumps(value, ensure_ascii=False)
+            return _json(value)
         if kind == "string" and not isinstance(value, str):
             return str(value)
         return value if isinstance(value, accepted) else None
@@ -370,9 +393,12 @@ class ExportPlan:
     async def write(self, *, sessions: storage.Sessions, handle: TextIO | IO[bytes]) -> int:
         """Every prompt of the job, in input order, to ``handle``, a page at a time; returns how many rows."""
         writer = EXPORT_FORMATS[self.fmt](handle, self.columns)
+        names = [column.name for column in self.columns]
+        reads = [column.read for column in self.columns]
+        fields = {field for column in self.columns for field in column.reads}
         count = 0
-        async for row in storage.export_rows(sessions, job_id=self.job_id):
-            writer.write({column.name: column.read(row) for column in self.columns})
+        async for row in storage.export_rows(sessions, job_id=self.job_id, fields=fields):
+            writer.write(dict(zip(names, [read(row) for read in reads])))
             count += 1
         writer.close()
         return count

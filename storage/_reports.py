@@ -3,14 +3,17 @@ and results joined to their inputs for export. The small query API for programma
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 from typing import Any, ClassVar
 
-from sqlalchemy import Text, and_, case, cast, func, literal, or_, select
+from sqlalchemy import Text, and_, case, cast, func, literal, null, or_, select
+from sqlalchemy.engine import Row
 from sqlalchemy.orm import aliased
 
 from llm_dispatch.core import CLOSED_BATCH_STATUSES, PAID_RESULT_STATUSES, answer_schema, from_pico
@@ -77,7 +80,8 @@ class JobSummary:
     unfinished_batches: int
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: a frozen dataclass sets each field through object.__setattr__, and an export makes one per prompt.
+@dataclass(slots=True)
 class ExportRow:
     """One prompt in input order with its latest outcome."""
 
@@ -308,15 +312,23 @@ _EXPORTED_RESULT_FIELDS = ("route", "text", "finish_reason", "prompt_tokens", "c
 
 # What an export reads of a prompt, under ExportRow's names: columns, not ORM objects (no identity map, no
 # columns nobody writes out: a page of plain rows).
-_EXPORTED_PROMPT_COLUMNS = (
-    Prompt.position, Prompt.custom_id, Prompt.id.label("prompt_id"), Prompt.model, Prompt.metadata_.label("metadata"),
-    Prompt.status, Prompt.planned_route, Prompt.route_reason, Prompt.messages,
-)
+_EXPORTED_PROMPT_COLUMNS = {
+    "position": Prompt.position, "custom_id": Prompt.custom_id, "prompt_id": Prompt.id, "model": Prompt.model,
+    "metadata": Prompt.metadata_, "status": Prompt.status, "planned_route": Prompt.planned_route,
+    "route_reason": Prompt.route_reason, "messages": Prompt.messages,
+}
+_EXPORT_ROW_FIELDS = tuple(f.name for f in dataclasses.fields(ExportRow))
 
 
-async def export_rows(sessions: Sessions, *, job_id: str) -> AsyncIterator[ExportRow]:
+async def export_rows(sessions: Sessions, *, job_id: str,
+                      fields: Collection[str] | None = None) -> AsyncIterator[ExportRow]:
     """Every prompt of the job in input order, with its latest result (or none yet), a page at a time. A re-ask whose
-    call failed is not its outcome (the invalid answer before it stays that), only part of its cost."""
+    call failed is not its outcome (the invalid answer before it stays that), only part of its cost. ``fields``: the
+    ``ExportRow`` fields to read (the others are None); default all of them."""
+    wanted = set(_EXPORT_ROW_FIELDS if fields is None else fields) | {"position"}  # position: where a page ends
+    unknown = wanted.difference(_EXPORT_ROW_FIELDS)
+    if unknown:
+        raise ValueError(f"ExportRow has no field {', '.join(sorted(unknown))}")
     # Each prompt's latest result by the index on results.prompt_id, a lookup per row of the page: a page costs
     # its own rows, never the whole job's results again.
     earlier = aliased(Result)
@@ -325,32 +337,42 @@ async def export_rows(sessions: Sessions, *, job_id: str) -> AsyncIterator[Expor
               .scalar_subquery())
     every = aliased(Result)
     paid = (select(func.sum(every.cost_pico_usd)).where(every.prompt_id == Prompt.id).correlate(Prompt)
-            .scalar_subquery().label("prompt_cost_pico_usd"))
-    columns = (*_EXPORTED_PROMPT_COLUMNS, *(getattr(Result, name) for name in _EXPORTED_RESULT_FIELDS), paid)
-    last_position = -1
-    while True:
-        stmt = (
-            select(*columns)
-            .outerjoin(Result, Result.id == latest)
-            .where(Prompt.job_id == job_id, Prompt.position > last_position)
-            .order_by(Prompt.position)
-            .limit(EXPORT_PAGE)
-        )
+            .scalar_subquery())
+    read = {**_EXPORTED_PROMPT_COLUMNS, **{name: getattr(Result, name) for name in _EXPORTED_RESULT_FIELDS},
+            "prompt_cost_pico_usd": paid}
+    # Every field in ExportRow's order, a NULL for those not read: a row is its arguments as they stand.
+    columns = [(read[name] if name in wanted else null()).label(name) for name in _EXPORT_ROW_FIELDS]
+    query = select(*columns)
+    if wanted.intersection(_EXPORTED_RESULT_FIELDS):
+        query = query.outerjoin(Result, Result.id == latest)
+
+    async def page_after(position: int) -> Sequence[Row[Any]]:
+        stmt = (query.where(Prompt.job_id == job_id, Prompt.position > position)
+                .order_by(Prompt.position).limit(EXPORT_PAGE))
         async with sessions() as session:
             # On the connection: plain rows, without the ORM's loading machinery.
-            page = (await (await session.connection()).execute(stmt)).all()
-        if not page:
-            return
-        for row in page:
-            yield ExportRow(**row._mapping)
-        last_position = page[-1].position
+            return (await (await session.connection()).execute(stmt)).all()
+
+    page = await page_after(-1)
+    while page:
+        # The next page is read (by the driver's thread, or the server) while this one is consumed.
+        following = asyncio.ensure_future(page_after(page[-1].position))
+        try:
+            for row in page:
+                yield ExportRow(*row)
+        except BaseException:  # the consumer stopped early (or failed): the next page is not wanted
+            following.cancel()
+            raise
+        page = await following
 
 
 async def export_shape(sessions: Sessions, *, job_id: str) -> ExportShape:
     """The job's ``ExportShape``: its prompts' metadata read as a stream in input order (only that column), and
     one count of conversations."""
     keys: dict[str, None] = {}
-    stmt = (select(Prompt.metadata_).where(Prompt.job_id == job_id, Prompt.metadata_.is_not(None))
+    # Prompts with metadata only: none stored is JSON null, not SQL NULL.
+    stmt = (select(Prompt.metadata_).where(Prompt.job_id == job_id, Prompt.metadata_.is_not(None),
+                                           cast(Prompt.metadata_, Text) != "null")
             .order_by(Prompt.position).execution_options(yield_per=EXPORT_PAGE))
     # json_array_length reads a JSON array on SQLite (JSON1) and PostgreSQL (json) alike.
     multi = select(func.count()).where(Prompt.job_id == job_id, func.json_array_length(Prompt.messages) > 1)

@@ -164,6 +164,31 @@ def test_export_for_scoring_chosen_fields_and_metadata_columns(runner: CliRunner
     assert "this job's metadata keys: label, id, status, difficulty" in unknown.output
 
 
+def test_export_all_fields_reads_each_column_from_what_is_stored(runner: CliRunner, in_tmp: Path) -> None:
+    url = f"sqlite+aiosqlite:///{in_tmp / 'results.db'}"
+    job_id = asyncio.run(_answered_job(url))
+
+    result = runner.invoke(app, ["export", job_id, "--fields", "all", "--json", "--database-url", url])
+
+    assert result.exit_code == 0, result.output
+    answered, pending = json.loads(result.output)
+    assert answered["cost_usd"] == answered["prompt_cost_usd"] > 0
+    assert answered == {
+        "id": "q-1", "prompt": "Capital of Australia?", "messages": [{"role": "user", "content": "Capital of Australia?"}],
+        "answer": "Canberra", "status": "succeeded", "error": None, "error_class": None, "model": "gpt-4o-mini",
+        "prompt_tokens": 12, "completion_tokens": 3, "cached_tokens": 0, "cache_creation_tokens": None,
+        "cache_creation_extended_tokens": None, "reasoning_tokens": None, "service_tier": None,
+        "cost_usd": answered["cost_usd"], "latency_ms": 100.0, "maybe_billed": 1, "raw_body": None,
+        "finish_reason": "stop", "truncated": False, "tool_calls": None, "refusal": None, "route": "realtime",
+        "planned_route": "realtime", "route_reason": "test", "discount": "0",
+        "prices_as_of": PriceTable.load().prices_as_of, "cost_basis": "answer", "position": 0,
+        "prompt_id": answered["prompt_id"], "parsed": None, "violation": None, "reasks": 0,
+        "prompt_cost_usd": answered["cost_usd"], "embedding": None, "source": "quiz"}
+    # Not answered yet: what its prompt says, and nothing of an answer.
+    assert {key for key, value in pending.items() if value is not None} == {
+        "id", "prompt", "messages", "status", "model", "planned_route", "route_reason", "position", "prompt_id"}
+
+
 async def _answered_job(url: str, *, metadata: list[dict | None] | None = None,
                         second: list[dict] | None = None) -> str:
     """A job of two prompts in ``url``, the first answered (``second``: the messages of the second)."""

@@ -828,6 +828,30 @@ async def test_export_rows_in_input_order_with_each_prompts_latest_result(
         (3, "failed", None, "BadRequestError"), (4, "pending", None, None)]
 
 
+async def test_export_rows_reads_the_fields_asked_for_and_stops_when_its_reader_does(
+    sessions: Sessions, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from llm_dispatch.storage import _reports
+
+    monkeypatch.setattr(_reports, "EXPORT_PAGE", 2)
+    job_id = await make_job(sessions, new_prompts(5))
+    ids = list((await prompt_ids(sessions, job_id)).values())
+    async with ResultWriter(sessions) as writer:
+        await writer.success(prompt_ids=[ids[0]], result=answer("first"))
+
+    rows = [row async for row in storage.export_rows(sessions, job_id=job_id, fields=["custom_id", "text"])]
+    assert [(r.position, r.custom_id, r.text, r.status, r.messages) for r in rows] == [
+        (0, "p-0", "first", None, None), (1, "p-1", None, None, None), (2, "p-2", None, None, None),
+        (3, "p-3", None, None, None), (4, "p-4", None, None, None)]
+    with pytest.raises(ValueError, match="ExportRow has no field answer"):
+        [row async for row in storage.export_rows(sessions, job_id=job_id, fields=["answer"])]
+
+    first = storage.export_rows(sessions, job_id=job_id)
+    assert (await anext(first)).text == "first"  # a reader that stops after one row of a page of two
+    await first.aclose()
+    assert [r.position async for r in storage.export_rows(sessions, job_id=job_id)] == [0, 1, 2, 3, 4]
+
+
 # --- writer under lock contention (SQLite: another process holds the write lock) ----
 
 

@@ -235,12 +235,62 @@ def test_a_read_only_command_loads_neither_prefect_nor_the_send_path(command: li
         "from llm_dispatch.cli import app\n"
         f"result = CliRunner().invoke(app, {argv!r})\n"
         "assert result.exit_code == 0, result.output\n"
-        "print(sorted({name.split('.')[0] for name in sys.modules} & {'prefect', 'httpx', 'aiohttp', 'jsonschema'}))\n"
+        "print(sorted({name.split('.')[0] for name in sys.modules} & {'prefect', 'httpx', 'aiohttp', 'jsonschema', "
+        "'alembic'}))\n"
     )
     ran = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120,
                          env={**os.environ, "PREFECT_API_URL": ""})
     assert ran.returncode == 0, ran.stderr[-2000:]
     assert ran.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_a_database_at_an_older_revision_is_upgraded_by_status_and_refused_by_reprice(
+    runner: CliRunner, tmp_path: Path
+) -> None:
+    from alembic import command
+    from sqlalchemy import text
+
+    from llm_dispatch.storage._migrate import _config
+
+    url = f"sqlite+aiosqlite:///{tmp_path / 'results.db'}"
+    job_id = asyncio.run(_answered_job(url))
+
+    async def downgrade_one() -> list[str]:
+        # The database as the release before the newest migration left it.
+        def down(connection: object) -> None:
+            config = _config()
+            config.attributes["connection"] = connection
+            command.downgrade(config, "-1")
+
+        engine = storage.create_engine(url)
+        try:
+            async with engine.begin() as connection:
+                await connection.run_sync(down)
+                return list((await connection.execute(text("SELECT version_num FROM alembic_version"))).scalars())
+        finally:
+            await engine.dispose()
+
+    async def revision() -> list[str]:
+        engine = storage.create_engine(url)
+        try:
+            async with engine.connect() as connection:
+                return list((await connection.execute(text("SELECT version_num FROM alembic_version"))).scalars())
+        finally:
+            await engine.dispose()
+
+    head = asyncio.run(revision())
+    older = asyncio.run(downgrade_one())
+    assert older != head
+
+    refused = runner.invoke(app, ["reprice", job_id, "--tier", "flex", "--database-url", url])
+    assert refused.exit_code == 2
+    assert "this database's schema is older than this llm-dispatch: run `llm-dispatch cost` once" in refused.output
+    assert asyncio.run(revision()) == older  # reprice changes nothing
+
+    shown = runner.invoke(app, ["status", job_id, "--database-url", url, "--json"])
+    assert shown.exit_code == 0, shown.output
+    assert json.loads(shown.output)["counts"] == {"succeeded": 1, "pending": 1}
+    assert asyncio.run(revision()) == head
 
 
 # Modules `llm-dispatch run` does not need: Alembic (only to upgrade an older database), the structured-answer

@@ -29,7 +29,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from llm_dispatch.core import to_json
 from llm_dispatch import storage
-from llm_dispatch.core._exceptions import BadRequestError, ConfigError, RateLimitError, UnknownJobError, UnknownPromptError
+from llm_dispatch.core._exceptions import (
+    BadRequestError, ConfigError, DatabaseError, RateLimitError, UnknownJobError, UnknownPromptError,
+)
 from llm_dispatch.core._types import ChatResult, dedupe_key
 from llm_dispatch.storage import NewPrompt, Prompt, Result, ResultWriter, Sessions
 from conftest import PG_SKIP_REASON, PG_URL_ENV
@@ -368,6 +370,17 @@ async def test_downgrade_to_nothing_and_up_again(engine: AsyncEngine) -> None:
     assert tables <= {"alembic_version"}
     await storage.migrate(engine)
     assert await _schema_diff(engine, storage.Base.metadata) == []
+
+
+async def test_a_database_stamped_other_than_the_heads_is_not_taken_as_current(engine: AsyncEngine) -> None:
+    sessions = storage.session_factory(engine)
+    for stamp in ("0001", "ffff"):  # an older release's, a newer release's
+        async with engine.begin() as conn:
+            await conn.execute(text("UPDATE alembic_version SET version_num = :stamp"), {"stamp": stamp})
+        with pytest.raises(DatabaseError, match="schema is older than this llm-dispatch"):
+            await storage.require_current_schema(sessions)
+    with pytest.raises(Exception, match="Can't locate revision identified by 'ffff'"):
+        await storage.migrate(engine)
 
 
 async def test_migrate_at_head_does_not_wait_for_other_writers(db: Db, engine: AsyncEngine) -> None:

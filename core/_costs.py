@@ -79,26 +79,38 @@ def worst_case_cost(
     Anthropic when the request marks a ``cache_control`` block (at the 1-hour price when one asks for it).
     """
     params = request.params
-    cap = reply_cap(params)
-    limits = table.limits_for(request.model)
-    most = limits.max_output_tokens if limits is not None else None
-    longest = min(cap, most) if cap is not None and most is not None else cap if cap is not None else most
-    if request.endpoint == "embeddings":
-        longest = 0
+    longest = _longest_reply(table, model=request.model, endpoint=request.endpoint, cap=reply_cap(params))
     if longest is None:
         return None
     ceiling = longest * _choices(params)
     prompt = estimate_input_tokens(request) if prompt_tokens is None else prompt_tokens
     usage: dict[str, Any] = {"model": request.model, "route": route, "prompt_tokens": prompt,
                              "completion_tokens": ceiling, "service_tier": _requested_tier(params)}
+    return ceiling, _dearest(table, usage=usage, marks=_cache_marks(request))
+
+
+def _longest_reply(table: PriceTable, *, model: str, endpoint: str, cap: int | None) -> int | None:
+    """The longest reply per choice a request allows: its cap, else its model's maximum output (0 for an
+    embedding); None when neither is known."""
+    if endpoint == "embeddings":
+        return 0
+    limits = table.limits_for(model)
+    most = limits.max_output_tokens if limits is not None else None
+    return min(cap, most) if cap is not None and most is not None else cap if cap is not None else most
+
+
+def _dearest(table: PriceTable, *, usage: dict[str, Any], marks: tuple[bool, bool]) -> Charge | None:
+    """The charge of ``usage`` with every prompt token at the dearer of input and a cache write where the requests
+    can write the cache (``worst_case_cost``); None when the model has no price."""
     plain = table.price(**usage)
-    info = table.info_for(request.model)
-    marked, extended = _cache_marks(request)
+    info = table.info_for(usage["model"])
+    marked, extended = marks
     if plain is None or not (marked or info is None or info.provider != "anthropic"):
-        return ceiling, plain
+        return plain
+    prompt = usage["prompt_tokens"]
     written = table.price(**usage, cache_creation_tokens=prompt, cache_creation_extended_tokens=prompt * extended)
     assert written is not None
-    return ceiling, max(plain, written, key=lambda charge: charge.cost)
+    return max(plain, written, key=lambda charge: charge.cost)
 
 
 def _choices(params: dict[str, Any]) -> int:
@@ -321,24 +333,13 @@ class EstimateSums:
                               completion_tokens=expected * count, service_tier=tier, requests=count, long_prompt=long)
             if cost is None:
                 continue  # unpriced: counted in totals.unpriced_models, out of both figures
-            limits = self.table.limits_for(model)
-            most = limits.max_output_tokens if limits is not None else None
-            longest = 0 if endpoint == "embeddings" else min(cap, most) if cap is not None and most is not None \
-                else cap if cap is not None else most
+            longest = _longest_reply(self.table, model=model, endpoint=endpoint, cap=cap)
             if longest is None:
                 unbounded[model] = unbounded.get(model, 0) + count
                 continue
-            usage: dict[str, Any] = {"model": model, "route": route, "prompt_tokens": prompt_tokens,
-                                     "completion_tokens": longest * choices * count, "service_tier": tier,
-                                     "long_prompt": long}
-            worst = self.table.price(**usage)
-            info = self.table.info_for(model)
-            if worst is not None and (marked or info is None or info.provider != "anthropic"):
-                # As ``worst_case_cost``: every prompt token at the dearer of input and a cache write.
-                written = self.table.price(**usage, cache_creation_tokens=prompt_tokens,
-                                           cache_creation_extended_tokens=prompt_tokens * extended)
-                assert written is not None
-                worst = max(worst, written, key=lambda charge: charge.cost)
+            worst = _dearest(self.table, marks=(marked, extended), usage={
+                "model": model, "route": route, "prompt_tokens": prompt_tokens,
+                "completion_tokens": longest * choices * count, "service_tier": tier, "long_prompt": long})
             assert worst is not None
             bound += worst.dollars
         return totals, bound, unbounded

@@ -3,6 +3,7 @@ no Prefect: costs are the ones stored with each answer; only ``reprice`` prices 
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -89,17 +90,24 @@ async def status(*, settings: Settings, job_id: str | None) -> dict[str, Any] | 
         job = await storage.get_job(sessions, job_id=job_id)
         if job is None:
             return None
-        batches = await storage.job_batches(sessions, job_id=job_id)
-        ledger = await actual_cost(sessions=sessions, job_id=job_id, provider_of=provider_lookup(settings.model_providers))
+        # Independent reads, each in a session (a connection) of its own: they run at once, the database's work
+        # for one overlapping the others'.
+        batches, ledger, routes, structured, budgets = await asyncio.gather(
+            storage.job_batches(sessions, job_id=job_id),
+            actual_cost(sessions=sessions, job_id=job_id, provider_of=provider_lookup(settings.model_providers)),
+            storage.route_counts(sessions, job_id=job_id),
+            storage.structured_stats(sessions, job_id=job_id),
+            _budgets(sessions, job_id=job_id),
+        )
         return {
             "job_id": job.id, "name": job.name, "status": job.status, "counts": job.counts,
-            "routes": await storage.route_counts(sessions, job_id=job_id),
+            "routes": routes,
             "cost": money(ledger.total), "cost_complete": ledger.complete,
             "cost_per_endpoint": {endpoint: {route: money(paid.cost) for route, paid in by_route.items()}
                                   for endpoint, by_route in ledger.endpoints.items()},
             "unpriced_models": dict(ledger.totals.unpriced_models),
-            "structured": to_json(await storage.structured_stats(sessions, job_id=job_id)),
-            "budgets": await _budgets(sessions, job_id=job_id),
+            "structured": to_json(structured),
+            "budgets": budgets,
             "batches": [
                 {"id": b.id, "provider": b.provider, "provider_batch_id": b.provider_batch_id, "status": b.status,
                  "model": b.model,

@@ -3,6 +3,7 @@ prints and the artifacts show."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -198,10 +199,13 @@ async def job_report(
     sessions: storage.Sessions, *, job_id: str, estimate: JobCost | None = None, provider_of: Callable[[str], str] | None = None
 ) -> JobReport:
     """The job as it stands in the database, with the costs stored with its answers (per provider by ``provider_of``)."""
-    counts = await storage.job_counts(sessions, job_id=job_id)
-    return JobReport(
-        job_id=job_id, counts=counts, routes=await storage.route_counts(sessions, job_id=job_id),
-        stats=await storage.result_stats(sessions, job_id=job_id),
-        cost=await actual_cost(sessions=sessions, job_id=job_id, provider_of=provider_of), estimate=estimate,
-        structured=await storage.structured_stats(sessions, job_id=job_id),
+    # Independent reads, each in a session (a connection) of its own: they run at once.
+    counts, routes, stats, cost, structured = await asyncio.gather(
+        storage.job_counts(sessions, job_id=job_id),
+        storage.route_counts(sessions, job_id=job_id),
+        storage.result_stats(sessions, job_id=job_id),
+        actual_cost(sessions=sessions, job_id=job_id, provider_of=provider_of),
+        storage.structured_stats(sessions, job_id=job_id),
     )
+    return JobReport(job_id=job_id, counts=counts, routes=routes, stats=stats, cost=cost, estimate=estimate,
+                     structured=structured)

@@ -4,6 +4,9 @@ and one that sends never imports what only reports need.
 A package lists its names once, as the imports of an ``if TYPE_CHECKING:`` block in its ``__init__`` (what readers
 and type checkers see), and hands its module's ``__getattr__`` and ``__dir__`` to ``lazy_names``; the first use of a
 name (``from llm_dispatch.storage import open_database`` included) imports its own module only.
+
+A public name that is also the name of one of the package's modules (``llm_dispatch.flows.dispatch``, the module,
+and ``dispatch``, the flow it defines) stays the public name's: importing the module never binds the module over it.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import ast
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 __all__ = ["lazy_names"]
@@ -39,7 +43,22 @@ def lazy_names(package: str) -> tuple[Callable[[str], Any], Callable[[], list[st
     def __dir__() -> list[str]:
         return sorted({*vars(module), *where})
 
+    if any(source == "." + name for name, (source, _) in where.items()):
+        module.__class__ = _public_names_first(package, names=frozenset(where))
     return __getattr__, __dir__
+
+
+def _public_names_first(package: str, *, names: frozenset[str]) -> type[ModuleType]:
+    """A module class for ``package`` on which the import system's binding of a submodule to its name (done once the
+    submodule is loaded) is skipped when that name is one of ``names``: ``__getattr__`` then resolves it."""
+
+    class PublicNamesFirst(ModuleType):
+        def __setattr__(self, name: str, value: Any) -> None:
+            if name in names and isinstance(value, ModuleType) and value.__name__ == f"{package}.{name}":
+                return
+            super().__setattr__(name, value)
+
+    return PublicNamesFirst
 
 
 def _names_by_module(init: Path) -> dict[str, tuple[str, str]]:

@@ -1,5 +1,6 @@
 """Flows of the Batch API path: ``wait-for-batch`` (one batch to its end), ``collect-batches`` (a sweep over
-every open batch, for a schedule), ``cancel-batches`` and ``abandon-batch``; and the batch half of ``dispatch``."""
+every open batch, for a schedule), ``cancel-batches`` and ``abandon-batch``. The batch half of ``dispatch`` lives in
+``_batch_half``, so that a run of ``dispatch`` builds none of these flows."""
 
 from __future__ import annotations
 
@@ -12,28 +13,22 @@ from prefect import flow, get_run_logger
 from prefect.states import State
 from pydantic import SecretStr
 
-from llm_dispatch import jobs, storage
+from llm_dispatch import storage
 from llm_dispatch.jobs import (
     AbandonOutcome,
-    BatchHalfSummary,
     BatchLeft,
     BatchProblem,
     CancelSummary,
     IngestOutcome,
     JobRun,
-    RecordedJob,
-    Selection,
     SweepSummary,
-    RealtimeSummary,
     error_text,
     open_run,
-    run_budget,
 )
 from llm_dispatch.core import (
     ACTIVE_BATCH_STATUSES,
     HALF_SUBMITTED_BATCH_STATUSES,
     TERMINAL_BATCH_STATUSES,
-    RetryFailed,
     Settings,
     unfinished,
 )
@@ -47,20 +42,13 @@ from llm_dispatch.tasks import (
     submit_batches,
 )
 
-from ._artifacts import BatchBoard, publish_sweep, show_batch_progress
+from ._artifacts import publish_sweep, show_batch_progress
+from ._batch_half import POLL_GROWTH, send_rerouted
 from ._setup import collect_run_name, prepare, rename_run
 from ._states import run_state
-from .realtime import send_realtime
 
 # Settings a flow hands its sub-flows as plain parameters: everything public (no key, no database URL).
 _PRIVATE = frozenset({"api_key", "anthropic_api_key", "database_url"})
-POLL_GROWTH = 1.5
-# The providers whose endpoint may be known to have no Batch API (``jobs.known_without_batch_api``).
-BATCH_PROVIDERS = frozenset({"openai", "anthropic"})
-# Errors in a row after which a run stops following a batch and leaves it to collect-batches.
-FOLLOW_ERRORS = 3
-# Prompts an ingest re-routed to real-time, not already taken by a live run.
-REROUTED = Selection(retry_failed="none", planned_route="realtime", in_flight=False)
 
 
 def public_overrides(settings: Settings) -> dict[str, Any]:
@@ -111,157 +99,6 @@ async def follow_batch(*, run: JobRun, batch_id: int, ingest_when_done: bool = T
     if record.status in TERMINAL_BATCH_STATUSES and ingest_when_done:
         return await ingest_batch(run=run, batch_id=batch_id)
     return BatchLeft(batch_id=batch_id, status=record.status)
-
-
-async def _route_around(run: JobRun, *, job_id: str, error: BaseException | None, because: str,
-                        providers: frozenset[str] | None = None) -> bool:
-    """An endpoint has no Batch API: the pending prompts of its provider go real-time, with one warning; returns
-    whether any did (sent by ``_send_rerouted`` once the real-time half beside this one is done)."""
-    rerouted = await jobs.learn_no_batch_api(run, job_id=job_id, error=error, because=because, providers=providers)
-    if rerouted:
-        get_run_logger().warning("%s: %d prompts routed to the Batch API go real-time instead.", because, rerouted)
-    return rerouted > 0
-
-
-async def _send_rerouted(run: JobRun, *, job_id: str, realtime_done: asyncio.Event | None,
-                         summary: BatchHalfSummary) -> None:
-    """Send real-time what was re-routed there, once the real-time half beside this one is done with its own
-    prompts (so no prompt is picked up by both)."""
-    if realtime_done is not None:
-        await realtime_done.wait()
-    sent = await send_rerouted(run, job_id=job_id)
-    if sent is not None:
-        summary.realtime_fallback += sent.prompts
-        summary.budget_reached |= sent.budget is not None and sent.budget.stopped
-
-
-def endpoint_words(error: BaseException) -> str:
-    """The endpoint a 404 came from, as its message names it (``HTTP 404 from POST /files``...)."""
-    return " ".join(str(jobs.first_error(error)).split(" after ", 1)[0].split()[2:]) or "this endpoint"
-
-
-async def follow_batches(*, run: JobRun, batch_ids: list[int]) -> list[IngestOutcome]:
-    """Follow many batches to their end in one loop: each round polls every open one once (plain calls, no task run
-    each: hundreds of batches make no load on the Prefect API), ingests each that finished (an ``ingest-batch``
-    task), then sleeps the interval (growing from ``batch_poll_interval`` to ``batch_poll_max_interval``). One
-    progress artifact shows them all.
-
-    A batch's error is kept on it (``jobs.batch_trouble``) and it is polled again next round, the others going on;
-    after ``FOLLOW_ERRORS`` in a row, or ``batch_grace`` past its expiry, it is left to ``collect-batches``. A lost
-    batch's prompts are pending again for the caller's next round.
-    """
-    logger = get_run_logger()
-    settings = run.settings
-    grace = timedelta(seconds=settings.batch_grace)
-    interval = settings.batch_poll_interval
-    following = {batch_id: await storage.require_batch(run.sessions, batch_id=batch_id) for batch_id in batch_ids}
-    outcomes: list[IngestOutcome] = []
-    board = BatchBoard(total=len(following), logger=logger)
-    while following:
-        for batch_id, record in list(following.items()):
-            step = "poll"
-            try:
-                if record.status in ACTIVE_BATCH_STATUSES:
-                    record = await jobs.poll_batch(sessions=run.sessions, clients=run.clients, record=record)
-                if record.status in TERMINAL_BATCH_STATUSES:
-                    step = "ingest"
-                    outcomes.append(await ingest_batch(run=run, batch_id=batch_id))
-                    del following[batch_id]
-                elif record.status not in ACTIVE_BATCH_STATUSES:
-                    del following[batch_id]  # half-submitted again, or closed elsewhere: its own run's or a sweep's
-                elif record.expires_at is not None and datetime.now(UTC) > record.expires_at + grace:
-                    logger.warning("Batch %d is still %s %s after its expiry; leaving it to collect-batches.",
-                                   batch_id, record.status, grace)
-                    del following[batch_id]
-                else:
-                    following[batch_id] = record
-                if record.error_count:
-                    await storage.clear_batch_error(run.sessions, batch_id=batch_id)
-                    if batch_id in following:  # still followed: its row without the error count
-                        following[batch_id] = await storage.require_batch(run.sessions, batch_id=batch_id)
-            except Exception as exc:  # noqa: BLE001 - kept on the batch; the others go on
-                problem = await jobs.batch_trouble(run=run, record=record, step=step, error=exc)
-                logger.error(problem.line)
-                record = await storage.require_batch(run.sessions, batch_id=batch_id)
-                if problem.lost or problem.errors_in_a_row >= FOLLOW_ERRORS:
-                    del following[batch_id]
-                else:
-                    following[batch_id] = record
-        await board.show(following=following.values(), done=len(outcomes))
-        if following:
-            await asyncio.sleep(interval)
-            interval = min(interval * POLL_GROWTH, settings.batch_poll_max_interval)
-    return outcomes
-
-
-async def dispatch_batches(
-    *,
-    run: JobRun,
-    job_id: str,
-    wait: bool,
-    retry_failed: RetryFailed = "retryable",
-    realtime_done: asyncio.Event | None = None,
-) -> BatchHalfSummary:
-    """The batch half of ``dispatch``: finish submissions a crash left behind, submit the job's open
-    batch-routed prompts, and with ``wait`` follow every batch to the end (``follow_batches``: one loop for all of
-    them), resubmitting and falling back to real-time as the ingests decide, until nothing is open.
-
-    Fallbacks to real-time wait for ``realtime_done`` (the real-time half running beside this one), so
-    no prompt is picked up by both.
-    """
-    logger = get_run_logger()
-    settings, sessions = run.settings, run.sessions
-    started = time.monotonic()
-    summary = BatchHalfSummary()
-    # Prompts of a provider whose endpoint has no Batch API go real-time; the other providers' still go in batches.
-    around = False
-    for provider, why in (await jobs.known_without_batch_api(run, providers=BATCH_PROVIDERS)).items():
-        around |= await _route_around(run, job_id=job_id, error=None, because=f"{why}; sent real-time",
-                                      providers=frozenset({provider}))
-    # Half-submitted batches: a crash's, or other providers' cut short by one endpoint's 404.
-    finish_left = True
-    for round_ in range(settings.batch_max_submissions + 1):
-        retry = retry_failed if round_ == 0 else "none"
-        try:
-            if finish_left:
-                finish_left = False
-                for record in await storage.unfinished_batches(sessions, job_id=job_id):
-                    if record.status in HALF_SUBMITTED_BATCH_STATUSES:
-                        await finish_submission(run=run, batch_id=record.id)
-            size = await storage.unfinished_prompt_count(sessions, job_id=job_id, planned_route="batch",
-                                                         retry_failed=retry)
-            submitted = await submit_batches(run=run, job_id=job_id, retry_failed=retry, size=size) if size else None
-        except Exception as exc:
-            if not jobs.is_missing_batch_api(exc):
-                raise
-            because = f"no Batch API at this endpoint ({endpoint_words(exc)} answered 404); sent real-time"
-            around |= await _route_around(run, job_id=job_id, error=exc, because=because)
-            finish_left = True
-            continue  # the next round submits what other providers' endpoints take
-        if submitted is not None:
-            summary.submitted.add(submitted)
-            logger.info("Job %s: %d prompts sent to the Batch API in %d batches (%d requests); %d answered from "
-                        "storage.", job_id, submitted.prompts, len(submitted.batch_ids), submitted.lines,
-                        submitted.reused)
-            # Cut to what the budget holds: the rest waits for money the batches out give back, or a higher budget.
-            summary.budget_reached = submitted.over_budget > 0
-            if submitted.over_budget:
-                logger.warning("Job %s: %d batch prompts wait: their worst case does not fit the budget.", job_id,
-                               submitted.over_budget)
-        if not wait:
-            break
-        waiting = [batch.id for batch in await storage.unfinished_batches(sessions, job_id=job_id)]
-        if not waiting:
-            break
-        summary.rounds += 1
-        summary.ingested.extend(await follow_batches(run=run, batch_ids=waiting))
-        if await _rerouted(run, job_id=job_id):
-            # Re-routed by the ingests (deadline, or too many batches): real-time now.
-            await _send_rerouted(run, job_id=job_id, realtime_done=realtime_done, summary=summary)
-    if around:
-        await _send_rerouted(run, job_id=job_id, realtime_done=realtime_done, summary=summary)
-    summary.wall_s = time.monotonic() - started
-    return summary
 
 
 @flow(name="collect-batches", flow_run_name=collect_run_name, log_prints=False)
@@ -362,26 +199,6 @@ async def sweep_batch(*, run: JobRun, record: storage.BatchRecord, cutoff: datet
     if record.error_count:
         await storage.clear_batch_error(run.sessions, batch_id=record.id)
     return step != "poll"  # a submission finished, or an ingest: the job may have prompts to send again
-
-
-async def send_rerouted(run: JobRun, *, job_id: str) -> RealtimeSummary | None:
-    """Send real-time the job's pending prompts routed (or re-routed by an ingest) real-time (its ``prompts``: how
-    many); None when there were none.
-
-    In-flight ones are left alone: another live run is sending them. The job's budget (``run_budget``) holds as it
-    does for the run that left them.
-    """
-    late = await _rerouted(run, job_id=job_id)
-    if late:
-        job = RecordedJob(job_id=job_id, total=late, resumed=True)
-        held = await run_budget(run.settings, sessions=run.sessions, job_id=job_id)
-        return await send_realtime(run=run, job=job, selection=REROUTED, budget=held)
-    return None
-
-
-async def _rerouted(run: JobRun, *, job_id: str) -> int:
-    return await storage.unfinished_prompt_count(run.sessions, job_id=job_id, retry_failed=REROUTED.retry_failed,
-                                           planned_route=REROUTED.planned_route, in_flight=REROUTED.in_flight)
 
 
 async def _close_if_done(run: JobRun, *, job_id: str) -> None:

@@ -50,8 +50,8 @@ from llm_dispatch.tasks import record_prompts, run_state
 from ._artifacts import publish_report
 from ._setup import input_run_name, prepare, scheduled_job_name
 from ._states import BUDGET_REACHED, MAX_COST_REFUSED, failed_prompts, final_state
-from .batch import dispatch_batches
-from .realtime import send_realtime
+from ._batch_half import dispatch_batches
+from ._realtime_half import send_realtime
 
 
 @flow(name="dispatch", flow_run_name=input_run_name, log_prints=False)

@@ -294,8 +294,10 @@ def test_a_database_at_an_older_revision_is_upgraded_by_status_and_refused_by_re
 
 
 # Modules `llm-dispatch run` does not need: Alembic (only to upgrade an older database), the structured-answer
-# validator (no prompt has a schema), pyarrow (export), the simulator (no --simulate).
-NOT_FOR_A_RUN = ["alembic", "jsonschema_rs", "llm_dispatch.simulator", "pyarrow"]
+# validator (no prompt has a schema), pyarrow (export), the simulator (no --simulate), the modules of the flows a run
+# does not run (each builds its flows' parameter schemas as it is imported).
+NOT_FOR_A_RUN = ["alembic", "jsonschema_rs", "llm_dispatch.simulator", "pyarrow", "llm_dispatch.flows.batch",
+                 "llm_dispatch.flows.realtime"]
 
 
 @pytest.mark.prefect
@@ -321,6 +323,33 @@ def test_a_run_loads_no_alembic_validator_export_or_simulator(
     # The first run made the database and stamped it at head; the second found it at head.
     assert loaded == ["[]", "[]"]
     assert rows(db_url, "SELECT status, count(*) FROM prompts GROUP BY status") == [("succeeded", 6)]
+
+
+def test_importing_the_dispatch_flow_builds_no_other_flow() -> None:
+    # A fresh interpreter, as a user's command is; every flow built is counted as Prefect builds it.
+    script = (
+        "import sys\n"
+        "import prefect.flows\n"
+        "built = []\n"
+        "init = prefect.flows.Flow.__init__\n"
+        "def counting(self, *args, **kwargs):\n"
+        "    init(self, *args, **kwargs)\n"
+        "    built.append(self.name)\n"
+        "prefect.flows.Flow.__init__ = counting\n"
+        "import llm_dispatch.flows.dispatch\n"
+        "print(sorted(built))\n"
+        "print(sorted(m for m in sys.modules if m in ('llm_dispatch.flows.batch', 'llm_dispatch.flows.realtime')))\n"
+        # The package's name is the flow (as README's `from llm_dispatch.flows import dispatch`), not its module.
+        "from llm_dispatch.flows import dispatch\n"
+        "print(dispatch.name)\n"
+    )
+    ran = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PREFECT_API_URL": ""})
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    built, modules, name = ran.stdout.strip().splitlines()[-3:]
+    assert built == "['dispatch', 'dispatch-directory']"
+    assert modules == "[]"
+    assert name == "dispatch"
 
 
 @pytest.mark.prefect

@@ -47,13 +47,9 @@ from ._batch_half import POLL_GROWTH, send_rerouted
 from ._setup import collect_run_name, prepare, rename_run
 from ._states import run_state
 
-# Settings a flow hands its sub-flows as plain parameters: everything public (no key, no database URL).
+# Settings never taken from ``settings_overrides`` (plain flow parameters): the keys stay in the environment, the
+# database URL comes as its own SecretStr parameter.
 _PRIVATE = frozenset({"api_key", "anthropic_api_key", "database_url"})
-
-
-def public_overrides(settings: Settings) -> dict[str, Any]:
-    """The settings as JSON-ready flow parameters; the key stays in the environment, the URL goes as a SecretStr."""
-    return settings.model_dump(mode="json", exclude=set(_PRIVATE))
 
 
 @flow(name="wait-for-batch", flow_run_name="wait for batch {batch_id}", log_prints=False)

@@ -15,7 +15,7 @@ import time
 import urllib.request
 
 from llm_dispatch.core import ChatRequest, LLMClient
-from llm_dispatch.core._deadlines import attempt_deadline
+from llm_dispatch.core.http._deadlines import attempt_deadline
 from llm_dispatch.simulator import Simulator, SimulatorConfig
 
 

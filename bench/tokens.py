@@ -3,7 +3,7 @@
 The reference is ``bpe-openai`` (GitHub's exact Rust BPE with the o200k_base and cl100k_base
 vocabularies embedded; ``pip install bpe-openai`` into the interpreter that runs this script). It
 is a measuring stick only, never a dependency of the project. The script imports just the two
-pure-Python modules it measures (``core/_tokens.py`` and ``simulator/_tokens.py``),
+pure-Python modules it measures (``core/pricing/_tokens.py`` and ``simulator/_tokens.py``),
 skipping the packages' ``__init__`` and their httpx/aiohttp imports, so any Python 3.11 that has
 bpe-openai runs it from a checkout, e.g. the throwaway venv::
 

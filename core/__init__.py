@@ -10,8 +10,8 @@ from ._status import *  # noqa: F403 - every status and route word, listed in _s
 from ._lazy import lazy_names
 
 if TYPE_CHECKING:
-    from ._anthropic_answers import read_message_batch_results
-    from ._batch_files import BatchFile, BatchFileWriter, BatchLine, read_batch_output, unpack_line, write_batch_files
+    from .batches._message_batch_results import read_message_batch_results
+    from .batches._batch_files import BatchFile, BatchFileWriter, BatchLine, read_batch_output, unpack_line, write_batch_files
     from ._batch_types import (
         DEFAULT_BATCH_LIMITS,
         MESSAGE_BATCH_LIMITS,
@@ -21,20 +21,20 @@ if TYPE_CHECKING:
         FileInfo,
         RequestCounts,
     )
-    from ._budgets import BUDGET_PERIODS, BudgetPeriod, SpendGate, job_budget_name, period_key
-    from ._client import LLMClient
+    from .pricing._budgets import BUDGET_PERIODS, BudgetPeriod, SpendGate, job_budget_name, period_key
+    from .http._client import LLMClient
     from ._constants import DEFAULT_CONCURRENCY, DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
-    from ._costs import CostTotals, EstimateSums, RouteTotals, estimate_request_cost, worst_case_cost
-    from ._vectors import vector_bytes, vector_floats
+    from .pricing._costs import CostTotals, EstimateSums, RouteTotals, estimate_request_cost, worst_case_cost
+    from .wire._vectors import vector_bytes, vector_floats
     from ._endpoints import DEFAULT_ENDPOINT, ENDPOINTS, SUPPORTED_ENDPOINTS, Endpoint, batch_url, check_batch_url
-    from ._dispatch import ChatSender, DispatchOutcome, Progress, ResultSink, WorkItem, current_progress, reask, send_all
+    from .sending._dispatch import ChatSender, DispatchOutcome, Progress, ResultSink, WorkItem, current_progress, reask, send_all
     from ._hashes import key_hash
-    from ._inputs import InputCheck, PromptSource, RepeatedKeys, check_prompts, fingerprint, iter_prompts
+    from .inputs._inputs import InputCheck, PromptSource, RepeatedKeys, check_prompts, fingerprint, iter_prompts
     from ._json import json_field, money, stored_json, to_json
-    from ._message_shapes import anthropic_messages_refusal, openai_messages_refusal
-    from ._model_rules import Refusal, anthropic_refusal, batch_metadata_problem, openai_refusal
-    from ._lanes import DEFAULT_OFFERS, Lane, LaneOffer
-    from ._packing import (
+    from .wire._message_shapes import anthropic_messages_refusal, openai_messages_refusal
+    from .wire._model_rules import Refusal, anthropic_refusal, batch_metadata_problem, openai_refusal
+    from .pricing._lanes import DEFAULT_OFFERS, Lane, LaneOffer
+    from .wire._packing import (
         EMBEDDING_PACK_LIMITS,
         embedding_text,
         PackLimits,
@@ -44,12 +44,11 @@ if TYPE_CHECKING:
         packed_request,
         split_member_id,
     )
-    from ._pricing import PICO_PER_USD, Charge, ModelInfo, PriceTable, from_pico
+    from .pricing._pricing import PICO_PER_USD, Charge, ModelInfo, PriceTable, from_pico
     from ._providers import PROVIDERS, provider_lookup
-    from ._prompt_spec import PromptSpec
+    from .inputs._prompt_spec import PromptSpec
     from ._retry import DEFAULT_MAX_RETRY_AFTER
-    from ._routing import (
-        RoutePolicy,
+    from .pricing._routing import (
         RoutingRules,
         decide_route,
         format_duration,
@@ -57,7 +56,7 @@ if TYPE_CHECKING:
         prompt_chars,
     )
     from ._settings import DEFAULT_ANTHROPIC_VERSION, DEFAULT_MAX_TOKENS, Settings
-    from ._structured import (
+    from .wire._structured import (
         AnswerCheck,
         answer_schema,
         answer_text,
@@ -69,11 +68,11 @@ if TYPE_CHECKING:
         response_format_for,
         response_format_problem,
     )
-    from ._stops import RunStop, Stopped
-    from ._tokens import estimate_prompt_tokens
-    from ._transport import default_transport
+    from .http._stops import RunStop, Stopped
+    from .pricing._tokens import estimate_prompt_tokens
+    from .http._transport import default_transport
     from ._types import TRUNCATED_FINISH_REASONS, ChatRequest, ChatResult, dedupe_key
-    from ._wire import check_provider_key
+    from .wire._wire import check_provider_key
 
 
 __all__ = [
@@ -172,7 +171,6 @@ __all__ = [
     "read_message_batch_results",
     "RequestCounts",
     "ResultSink",
-    "RoutePolicy",
     "RoutingRules",
     "RouteTotals",
     "RunStop",

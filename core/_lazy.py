@@ -23,7 +23,7 @@ __all__ = ["lazy_names"]
 
 def lazy_names(package: str) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """``__getattr__`` and ``__dir__`` for ``package``, whose ``__init__`` imports its names from its own modules in
-    an ``if TYPE_CHECKING:`` block (``from ._module import name``, one level, no star)."""
+    an ``if TYPE_CHECKING:`` block (``from ._module import name``, or ``from .part._module import name`` for a module in one of its parts; no star)."""
     module = sys.modules[package]
     where = _names_by_module(Path(module.__file__ or ""))
 
@@ -68,7 +68,8 @@ def _names_by_module(init: Path) -> dict[str, tuple[str, str]]:
         if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
             for statement in node.body:
                 if not (isinstance(statement, ast.ImportFrom) and statement.level == 1 and statement.module):
-                    raise TypeError(f"{init}: only `from .module import name` belongs in its TYPE_CHECKING block")
+                    raise TypeError(f"{init}: only `from .module import name` (or `from .part.module import name`) belongs in "
+                                    "its TYPE_CHECKING block")
                 for alias in statement.names:
                     names[alias.asname or alias.name] = ("." + statement.module, alias.name)
     return names

@@ -5,10 +5,15 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from fnmatch import fnmatchcase
 
-from ._settings import PROVIDERS, Settings
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ._settings import Settings
 
 __all__ = ["BUILTIN_MODEL_PROVIDERS", "PROVIDERS", "provider_for", "provider_lookup"]
 
+# Every provider a prompt can go to; a model's provider is decided by ``provider_for``.
+PROVIDERS: tuple[str, ...] = ("openai", "anthropic")
 # Checked after the user's ``model_providers``; a model no pattern matches goes to the OpenAI-compatible endpoint.
 BUILTIN_MODEL_PROVIDERS: tuple[tuple[str, str], ...] = (("claude-*", "anthropic"),)
 

@@ -10,7 +10,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ._constants import DEFAULT_FILE_TIMEOUT, DEFAULT_TIMEOUT
 from ._endpoints import DEFAULT_ENDPOINT, Endpoint
-from ._routing import RoutePolicy
+from ._providers import PROVIDERS
+from ._status import RoutePolicy
 
 __all__ = [
     "DEFAULT_ANTHROPIC_BASE_URL",
@@ -18,7 +19,6 @@ __all__ = [
     "DEFAULT_BASE_URL",
     "DEFAULT_DATABASE_URL",
     "DEFAULT_MAX_TOKENS",
-    "PROVIDERS",
     "AuthHeader",
     "Settings",
 ]
@@ -30,8 +30,6 @@ DEFAULT_BASE_URL = "https://api.openai.com/v1"
 DEFAULT_ANTHROPIC_BASE_URL = "https://api.anthropic.com"
 DEFAULT_ANTHROPIC_VERSION = "2023-06-01"
 DEFAULT_MAX_TOKENS = 4096
-# Every provider a prompt can go to; a model's provider is decided by ``provider_for``.
-PROVIDERS: tuple[str, ...] = ("openai", "anthropic")
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///llm_dispatch.db"
 
 

@@ -36,6 +36,7 @@ __all__ = [
     "ResultRoute",
     "ResultStatus",
     "RetryFailed",
+    "RoutePolicy",
     "Route",
     "unfinished",
 ]
@@ -54,6 +55,9 @@ BACKGROUND_WINDOWS: Final[Mapping[str, str]] = MappingProxyType({"background-2h"
 # stored success) shared by an identical request, whose tokens were not paid for again.
 ResultRoute = Literal["realtime", "flex", "background-2h", "background-8h", "batch", "reused"]
 RESULT_ROUTES: Final[tuple[ResultRoute, ...]] = get_args(ResultRoute)
+
+# How the prompts with neither urgency nor deadline are routed: by their length, or all one way.
+RoutePolicy = Literal["length", "all-realtime", "all-batch"]
 
 # "recording": the job exists and its prompts are being stored, a slice at a time while the first ones
 # are already sent. A run cut off then leaves some out: the same input again stores the rest.

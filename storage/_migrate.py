@@ -21,10 +21,11 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from llm_dispatch.core import DatabaseError
 
 from ._models import Base
-from ._engine import Sessions
 
 if TYPE_CHECKING:
     from alembic.config import Config
+
+    from ._engine import Sessions
 
 __all__ = ["migrate", "require_current_schema"]
 

@@ -28,7 +28,7 @@ from llm_dispatch.core import (
     RateLimitError,
     read_message_batch_results,
 )
-from llm_dispatch.core._anthropic import anthropic_params
+from llm_dispatch.core.wire._anthropic import anthropic_params
 
 KEY = "sk-ant-socket-test"
 STATES = ("in_progress", "canceling", "ended")

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from llm_dispatch.core import ChatRequest, read_message_batch_results
-from llm_dispatch.core._anthropic import anthropic_params
-from llm_dispatch.core._batch_files import INVALID_OUTPUT_LINE
+from llm_dispatch.core.wire._anthropic import anthropic_params
+from llm_dispatch.core.batches._batch_files import INVALID_OUTPUT_LINE
 
 
 def body(messages: list[dict[str, Any]], **params: Any) -> dict[str, Any]:

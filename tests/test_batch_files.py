@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from llm_dispatch.core import BatchFileWriter
-from llm_dispatch.core._batch_files import INVALID_OUTPUT_LINE, UNUSABLE_ANSWER, read_batch_output, write_batch_files
+from llm_dispatch.core.batches._batch_files import INVALID_OUTPUT_LINE, UNUSABLE_ANSWER, read_batch_output, write_batch_files
 from llm_dispatch.core._batch_types import BatchLimits
 from llm_dispatch.core._types import ChatRequest
 
@@ -114,7 +114,7 @@ def test_a_request_larger_than_a_file_is_refused(tmp_path: Path) -> None:
 _MEASURE_SCRIPT = """
 import json, sys, time
 from pathlib import Path
-from llm_dispatch.core._batch_files import write_batch_files
+from llm_dispatch.core.batches._batch_files import write_batch_files
 from llm_dispatch.core._types import ChatRequest
 
 def status_kb(field):

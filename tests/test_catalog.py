@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from llm_dispatch.cli.main import app
 from llm_dispatch.core import InputError, PriceTable, Settings, check_prompts
-from llm_dispatch.core._inputs import parse_prompt_dicts
+from llm_dispatch.core.inputs._inputs import parse_prompt_dicts
 
 M = 1_000_000
 TODAY = date(2026, 11, 26)

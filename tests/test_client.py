@@ -18,7 +18,7 @@ import respx
 from aiohttp import web
 from pydantic import SecretStr
 
-from llm_dispatch.core._client import LLMClient, default_transport
+from llm_dispatch.core.http._client import LLMClient, default_transport
 from llm_dispatch.core._exceptions import (
     APIConnectionError,
     APIResponseValidationError,

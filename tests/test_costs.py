@@ -11,8 +11,8 @@ import pytest
 
 from llm_dispatch.core import to_json
 from llm_dispatch import storage
-from llm_dispatch.core._pricing import ModelPrice, PriceTable
-from llm_dispatch.core._tokens import estimate_prompt_tokens
+from llm_dispatch.core.pricing._pricing import ModelPrice, PriceTable
+from llm_dispatch.core.pricing._tokens import estimate_prompt_tokens
 from llm_dispatch.core._types import ChatResult, dedupe_key
 from llm_dispatch.jobs import actual_cost, estimate_cost, reprice
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from llm_dispatch.core._deadlines import Deadlines
+from llm_dispatch.core.http._deadlines import Deadlines
 
 
 async def test_an_attempt_past_its_deadline_ends_in_timeout_error_soon_after() -> None:
@@ -105,7 +105,7 @@ async def test_the_timer_slows_again_once_a_short_deadline_is_no_longer_in_fligh
 
 
 def test_an_attempts_deadline_grows_with_its_maximum_output_at_anthropics_pace() -> None:
-    from llm_dispatch.core._deadlines import attempt_deadline
+    from llm_dispatch.core.http._deadlines import attempt_deadline
 
     # 1 h per 128,000 output tokens, never under the request timeout.
     assert attempt_deadline(max_output=None, floor=600) == 600

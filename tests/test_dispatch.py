@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import pytest
 
 from llm_dispatch.core import BadRequestError, ChatRequest, ChatResult
-from llm_dispatch.core._dispatch import Progress, WorkItem, send_all
+from llm_dispatch.core.sending._dispatch import Progress, WorkItem, send_all
 
 
 def result(text: str) -> ChatResult:

@@ -23,9 +23,9 @@ from llm_dispatch.core import (
     WorkItem,
     send_all,
 )
-from llm_dispatch.core._dispatch import pack_work
-from llm_dispatch.core._packing import token_shares, unpack_embeddings
-from llm_dispatch.core._tokens import estimate_text_tokens
+from llm_dispatch.core.sending._dispatch import pack_work
+from llm_dispatch.core.wire._packing import token_shares, unpack_embeddings
+from llm_dispatch.core.pricing._tokens import estimate_text_tokens
 from llm_dispatch.simulator import embedding_vector
 
 from conftest import cli, rows, write_prompts

@@ -28,7 +28,7 @@ from llm_dispatch.core import (
     vector_floats,
     write_batch_files,
 )
-from llm_dispatch.core._inputs import parse_prompt_dicts
+from llm_dispatch.core.inputs._inputs import parse_prompt_dicts
 from llm_dispatch.simulator import embedding_vector
 
 from conftest import FakeTime, cli, make_client, rows, write_prompts

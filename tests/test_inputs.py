@@ -9,8 +9,8 @@ import pytest
 
 from llm_dispatch.jobs import PromptInput
 from llm_dispatch.core import InputError, Settings
-from llm_dispatch.core._inputs import fingerprint, iter_prompts, parse_prompt_dicts, read_prompts
-from llm_dispatch.core._pricing import PriceTable
+from llm_dispatch.core.inputs._inputs import fingerprint, iter_prompts, parse_prompt_dicts, read_prompts
+from llm_dispatch.core.pricing._pricing import PriceTable
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:

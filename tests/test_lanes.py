@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from llm_dispatch.cli.main import app
 from llm_dispatch.core import ChatRequest, ConfigError, LLMClient, PriceTable, RoutingRules, decide_route
-from llm_dispatch.core._catalog import parse_catalog
+from llm_dispatch.core.pricing._catalog import parse_catalog
 
 from conftest import cli, rows, write_prompts
 

@@ -130,3 +130,104 @@ def test_a_flow_run_never_loads_the_simulator() -> None:
     result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def module_imports(path: Path, *, package: str) -> set[str]:
+    """The modules of ``llm_dispatch`` that ``path`` (in package ``package``) imports, at its load or in a function
+    when that runs: every relative and absolute import but those under ``if TYPE_CHECKING:``."""
+    found: set[str] = set()
+
+    def visit(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, ast.If):
+                if not (isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"):
+                    visit(node.body)
+                    visit(node.orelse)
+            elif isinstance(node, (ast.Try, ast.With, ast.AsyncWith, ast.For, ast.AsyncFor, ast.While,
+                                   ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                visit(node.body)
+                for handler in getattr(node, "handlers", []):
+                    visit(handler.body)
+                visit(getattr(node, "orelse", []))
+                visit(getattr(node, "finalbody", []))
+            elif isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names if alias.name.startswith(ROOT_PACKAGE + "."))
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                    module = ".".join([*base, *(node.module.split(".") if node.module else [])])
+                else:
+                    module = node.module or ""
+                if module.startswith(ROOT_PACKAGE):
+                    found.add(module)
+                    found.update(f"{module}.{alias.name}" for alias in node.names)
+
+    visit(ast.parse(path.read_text(encoding="utf-8")).body)
+    return found
+
+
+def product_modules() -> dict[str, Path]:
+    """Every product module by its import name (``llm_dispatch.core.wire._wire``), packages by their ``__init__``."""
+    modules: dict[str, Path] = {}
+    for top in PACKAGES:
+        for path in (ROOT / top).rglob("*.py"):
+            if "migrations" in path.parts:
+                continue
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            name = ".".join([ROOT_PACKAGE, *parts])
+            modules[name.removesuffix(".__init__")] = path
+    return modules
+
+
+def test_no_module_imports_itself_in_a_circle() -> None:
+    """No module needs itself, even late: the import graph of modules (every import but those for type checkers;
+    an import through a package's face is the layer tests' concern) has no cycle."""
+    modules = product_modules()
+    graph = {
+        name: {target for target in module_imports(path, package=name if path.name == "__init__.py"
+                                                    else name.rpartition(".")[0])
+               if target in modules and target != name and modules[target].name != "__init__.py"}
+        for name, path in modules.items()
+    }
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}
+
+    def walk(node: str, trail: list[str]) -> None:
+        state[node] = 1
+        for target in sorted(graph[node]):
+            if state.get(target) == 1:
+                cycles.append(trail[trail.index(target):] + [target])
+            elif target not in state:
+                walk(target, [*trail, target])
+        state[node] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            walk(name, [name])
+    assert cycles == []
+
+
+# core's parts, lowest first: a module in one imports only its own part's modules, the lower parts' and the
+# vocabulary at core's top (statuses, errors, settings), never a higher part's.
+CORE_PARTS = ["pricing", "wire", "http", "batches", "sending", "inputs"]
+
+
+def test_cores_parts_import_only_lower_parts() -> None:
+    modules = product_modules()
+    core = f"{ROOT_PACKAGE}.core"
+
+    def part(module: str) -> str | None:
+        rest = module.removeprefix(core + ".").split(".")
+        return rest[0] if module.startswith(core + ".") and rest[0] in CORE_PARTS else None
+
+    offenders: dict[str, list[str]] = {}
+    for name, path in modules.items():
+        if not name.startswith(core + ".") or path.name == "__init__.py":
+            continue
+        own = part(name)
+        rank = CORE_PARTS.index(own) if own else -1
+        higher = sorted(target for target in module_imports(path, package=name.rpartition(".")[0])
+                        if (theirs := part(target)) is not None and CORE_PARTS.index(theirs) > rank)
+        if higher:
+            offenders[name] = higher
+    assert offenders == {}

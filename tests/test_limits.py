@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from llm_dispatch.core._limits import AdaptiveLimiter, Pace, RateLimiter, SharedPause
-from llm_dispatch.core._tokens import (
+from llm_dispatch.core.http._limits import AdaptiveLimiter, Pace, RateLimiter, SharedPause
+from llm_dispatch.core.pricing._tokens import (
     DEFAULT_COMPLETION_TOKENS,
     TOKENS_PER_IMAGE,
     estimate_prompt_tokens,

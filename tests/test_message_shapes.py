@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from llm_dispatch.core import InputError
-from llm_dispatch.core._inputs import parse_prompt_dicts
+from llm_dispatch.core.inputs._inputs import parse_prompt_dicts
 
 USER = {"role": "user", "content": "What is the weather in Paris?"}
 CALL = {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Paris"}'}}

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from llm_dispatch.core import PICO_PER_USD, ChatRequest, Charge, ConfigError, from_pico
-from llm_dispatch.core._costs import CostEstimate, CostTotals, estimate_request_cost, expected_reply_tokens
-from llm_dispatch.core._pricing import ModelLimits, ModelPrice, PriceTable
-from llm_dispatch.core._tokens import estimate_prompt_tokens
+from llm_dispatch.core.pricing._costs import CostEstimate, CostTotals, estimate_request_cost, expected_reply_tokens
+from llm_dispatch.core.pricing._pricing import ModelLimits, ModelPrice, PriceTable
+from llm_dispatch.core.pricing._tokens import estimate_prompt_tokens
 
 M = 1_000_000
 

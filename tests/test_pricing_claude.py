@@ -149,7 +149,7 @@ async def test_reprice_prices_each_request_at_its_own_length(tmp_path: Path) -> 
 
 def test_the_worst_case_writes_the_prompt_to_the_cache_only_where_the_request_can(table: PriceTable) -> None:
     from llm_dispatch.core import worst_case_cost
-    from llm_dispatch.core._tokens import estimate_input_tokens
+    from llm_dispatch.core.pricing._tokens import estimate_input_tokens
 
     plain = ChatRequest(model="claude-haiku-4-5", messages=[{"role": "user", "content": "word " * 500}],
                         params={"max_tokens": 1_000})

@@ -19,8 +19,8 @@ from conftest import Sim, rows
 from llm_dispatch.core import to_json
 from llm_dispatch import storage
 from llm_dispatch.core import ChatRequest, ChatResult, ConfigError, PriceTable, estimate_request_cost
-from llm_dispatch.core._anthropic_answers import parse_message
-from llm_dispatch.core._responses import parse_chat
+from llm_dispatch.core.wire._anthropic_answers import parse_message
+from llm_dispatch.core.wire._responses import parse_chat
 
 M = 1_000_000
 # Two models written as a price file would give them; the figures are those of the provider pages they stand for
@@ -282,7 +282,7 @@ async def test_a_flex_request_over_real_sockets_is_stored_at_the_flex_price(
 
 def test_a_prompt_over_the_models_maximum_input_is_refused_though_it_fits_the_window(tmp_path: Path) -> None:
     from llm_dispatch.core import InputError
-    from llm_dispatch.core._inputs import parse_prompt_dicts
+    from llm_dispatch.core.inputs._inputs import parse_prompt_dicts
 
     path = tmp_path / "p.json"
     path.write_text(json.dumps({"models": {"m": {"input": 1, "output": 1, "context_window": 1_000,

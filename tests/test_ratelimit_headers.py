@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from llm_dispatch.core._ratelimit_headers import (
+from llm_dispatch.core.wire._ratelimit_headers import (
     OPENAI_RATE_LIMIT_HEADERS,
     KindLimit,
     RateLimitHeaders,

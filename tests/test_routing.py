@@ -6,7 +6,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from llm_dispatch.core._routing import RouteDecision, RoutingRules, decide_route, parse_deadline, prompt_chars
+from llm_dispatch.core.pricing._routing import RouteDecision, RoutingRules, decide_route, parse_deadline, prompt_chars
 
 NOW = datetime(2026, 11, 20, 18, 30, tzinfo=timezone.utc)
 RULES = RoutingRules()

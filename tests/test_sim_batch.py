@@ -12,9 +12,9 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from llm_dispatch.core._batch_files import BatchFile, read_batch_output, write_batch_files
+from llm_dispatch.core.batches._batch_files import BatchFile, read_batch_output, write_batch_files
 from llm_dispatch.core import BatchInfo, BatchStatus
-from llm_dispatch.core._client import LLMClient
+from llm_dispatch.core.http._client import LLMClient
 from llm_dispatch.core._exceptions import (
     APIConnectionError,
     APITimeoutError,

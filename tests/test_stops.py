@@ -26,7 +26,7 @@ from llm_dispatch.core import (
     WorkItem,
     send_all,
 )
-from llm_dispatch.core._stops import STOP_AFTER
+from llm_dispatch.core.http._stops import STOP_AFTER
 from llm_dispatch.core._exceptions import APIStatusError, PermissionDeniedError
 
 from conftest import FakeTime, Sim, make_client, rows, write_prompts

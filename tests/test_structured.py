@@ -14,7 +14,7 @@ import pytest
 import respx
 
 from llm_dispatch.core import ChatRequest, check_answer, load_schema, ConfigError
-from llm_dispatch.core._anthropic import anthropic_params
+from llm_dispatch.core.wire._anthropic import anthropic_params
 
 from conftest import FakeTime, Sim, make_client, rows
 

@@ -20,7 +20,7 @@ import pytest
 
 from llm_dispatch.simulator import count_message_tokens, count_tokens
 from llm_dispatch.core import ChatRequest
-from llm_dispatch.core._tokens import estimate_input_tokens, estimate_prompt_tokens, estimate_text_tokens, input_tokens_at_most
+from llm_dispatch.core.pricing._tokens import estimate_input_tokens, estimate_prompt_tokens, estimate_text_tokens, input_tokens_at_most
 
 PROSE = (
     "Most of the town's water comes from a reservoir in the hills, built in the 1930s when the old wells "

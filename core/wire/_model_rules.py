@@ -1,0 +1,472 @@
+"""What each model family accepts, from its provider's documentation: the one home of every per-model request rule.
+
+The input check refuses with the file what a model would refuse with a 400 (``openai_refusal``,
+``anthropic_refusal``), the request builders send what a model needs (``openai_body``: ``max_tokens`` as
+``max_completion_tokens`` to OpenAI's reasoning models; ``anthropic_max_tokens``: room for thinking), and the
+simulator answers the same 400s in each provider's words (``Refusal.api_message``).
+
+A rule is here only when a source says so; each family cites it. [doc] is the provider's own page or SDK (types
+generated from its OpenAPI spec); [observed] is a 400 body quoted in a public issue; [secondary] is a third party.
+A model no rule names is sent as given: the provider decides, and its 400 is stored with the prompt.
+
+OpenAI (chat completions):
+- ``max_tokens`` "is not compatible with o-series models", deprecated for ``max_completion_tokens`` [doc:
+  openai-python ``completion_create_params.py``]; refused by gpt-5, 5.1, 5.2, 5.4 with "Unsupported parameter:
+  'max_tokens' is not supported with this model. Use 'max_completion_tokens' instead." [observed]. openai-python
+  itself does not rename it (LiteLLM does): llm-dispatch renames it for the reasoning families below.
+- temperature, top_p, logprobs, top_logprobs: "only supported when using GPT-5.2 with reasoning effort set to
+  none ... older GPT-5 models (gpt-5, gpt-5-mini, gpt-5-nano) that include these fields will raise an error"
+  [doc: developers.openai.com/api/docs/guides/latest-model, quoted]; "When reasoning effort is not none, remove
+  temperature, top_p, and top_logprobs; also remove logprobs" [doc: guides/deployment-checklist]. So they depend
+  on the effort the request runs at: its ``reasoning_effort``, else the model's default.
+- Defaults: "gpt-5.1 defaults to none ... All models before gpt-5.1 default to medium ... and do not support
+  none. The gpt-5-pro model defaults to (and only supports) high" [doc: openai-python ``reasoning_effort``
+  docstring until 2026-07-09]; gpt-5.5 and 5.6 default to medium [doc: guides/reasoning; 5.6 guide, quoted];
+  gpt-5.2 and 5.4 to none [secondary]; no GPT-6 model to none [secondary].
+- ``stop``: "Not supported with latest reasoning models o3 and o4-mini" [doc: SDK]; gpt-5 refuses it [observed].
+- Function tools with an effort other than none: "Function tools with reasoning_effort are not supported for
+  gpt-5.6-luna in /v1/chat/completions. To use function tools, use /v1/responses or set reasoning_effort to
+  'none'." [observed: gpt-5.2, 5.4 (openai/openai-openapi#541), 5.5, 5.6-sol/terra/luna]; "GPT-6 Sol and GPT-6
+  Luna support function calling in Chat Completions only with reasoning_effort: "none"", "GPT-6 Astra and GPT-6.1
+  Sol require Responses for tool calling" [doc: deployment checklist]. gpt-5.1: "Tool calls are supported for all
+  reasoning values" [doc: SDK].
+- ``reasoning_effort`` on a model that does not reason: "Unrecognized request argument supplied:
+  reasoning_effort" [observed: gpt-4o-mini].
+
+Anthropic (Messages API; see ``anthropic_refusal`` for the API versions):
+- ``anthropic-version: 2026-10-21``: "The temperature, top_p, and top_k request parameters are removed. A request
+  that sends any of them returns a 400" [doc: platform.claude.com/docs/en/api/versioning]; a document block in an
+  assistant turn, or a user text block with citations, is a 400 [doc: api/migration-2026-10-21].
+- Under 2023-06-01: Opus 4.7, 4.8, 5, 5.5, Sonnet 5, 5.5, Haiku 5.5, Fable 5, 5.1, Mythos 5, 5.1 and Mythos
+  Preview refuse non-default temperature, top_p or top_k [doc: Sonnet 5 overview, Haiku 5.5 what's new;
+  the list: secondary paraphrase of the thinking page]; "Use only temperature OR top_p, not both. Setting both
+  returns a 400 error on Claude Haiku 4.5" [doc: Haiku 4.5 migration guide], also Sonnet 4.5 [observed] and the
+  other 4.5/4.6 models [secondary]; with extended thinking on, temperature and top_k may not be changed and
+  top_p must be 0.95-1 [secondary, quoting the thinking page].
+- Forced tool use (``tool_choice`` any or tool; our ``"required"`` and named functions): "tool_choice: type "tool"
+  and "any" are not supported for this model." on Fable 5.1 / Mythos 5.1 [doc mirror], Opus 5.5 and Sonnet 5.5
+  [doc]; Opus 5, Sonnet 5, Fable 5 accept it; Haiku 5.5 and Fable 5.2 say nothing (sent as given). With extended
+  thinking (``thinking.type: enabled``) it is refused on every model [secondary, quoting the thinking page].
+- ``thinking``: "Claude 4.7 and later models do not support [enabled] and reject requests that use it"; 4.5 and
+  earlier take only enabled; Fable 5/5.1, Mythos 5/5.1, Opus 5.5 and Sonnet 5.5 refuse disabled; "Only Claude
+  Sonnet 5.5 accepts between_tools" [doc: build-with-claude/thinking-troubleshooting, and the models' pages].
+  Fable 5.x, Mythos 5.x, Opus 5, 5.5, Sonnet 5, 5.5 and Haiku 5.5 think when ``thinking`` is not given, and
+  "thinking tokens also count toward [max_tokens]" [doc: thinking; Haiku 5.5 what's new].
+- ``output_config.effort`` is "not supported on Haiku 4.5 or Sonnet 4.5" [doc: build-with-claude/effort].
+- Structured outputs (``output_config.format: {type: "json_schema", schema}``) are "generally available ... for
+  Claude Opus 4.6, Claude Sonnet 4.6, Claude Sonnet 4.5, Claude Opus 4.5, and Claude Haiku 4.5" and the later
+  models [doc: platform.claude.com/docs/en/build-with-claude/structured-outputs, read through a mirror]; older
+  models get the schema as a forced tool (``anthropic_output_format``), refused where forced tools are.
+- ``service_tier``: "auto" or "standard_only" only [doc: api/service-tiers; SDK ``message_create_params``].
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from .._params import MAX_METADATA_KEY, MAX_METADATA_PAIRS, MAX_METADATA_VALUE, shown, shown_json
+from .._types import ChatRequest
+
+__all__ = [
+    "ANTHROPIC_SAMPLING_REMOVED_IN",
+    "ANTHROPIC_SERVICE_TIERS",
+    "DEFAULT_THINKING_MAX_TOKENS",
+    "OPENAI_BATCH_METADATA_KEYS",
+    "Refusal",
+    "anthropic_max_tokens",
+    "anthropic_output_format",
+    "anthropic_refusal",
+    "anthropic_thinks",
+    "batch_metadata_problem",
+    "is_openai_model",
+    "openai_body",
+    "openai_params",
+    "openai_refusal",
+]
+
+# The anthropic-version from which temperature, top_p and top_k are refused on every model.
+ANTHROPIC_SAMPLING_REMOVED_IN = "2026-10-21"
+ANTHROPIC_SERVICE_TIERS = frozenset({"auto", "standard_only"})
+# max_tokens for a Claude request that thinks and sets none: thinking counts against it, so the 4,096 default can
+# end an answer before its text. The largest round figure under the point where the Anthropic SDK refuses a
+# non-streaming request as too long (3,600 s * max_tokens / 128,000 > 600 s, i.e. 21,334 tokens).
+DEFAULT_THINKING_MAX_TOKENS = 16_000
+# OpenAI's batch metadata is a request's: "Set of 16 key-value pairs ... Keys ... maximum length of 64 characters.
+# Values ... maximum length of 512" (openai-python ``batch_create_params.py``); llm-dispatch adds two of its own.
+OPENAI_BATCH_METADATA_KEYS = MAX_METADATA_PAIRS
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A request its provider answers with a 400: what to tell the user, and the provider's own answer."""
+
+    # Where in the prompt, as the input check names it ("params.temperature").
+    field: str
+    # One line for the user: the model, what it refuses, what to do instead.
+    message: str
+    # The 400's message in the provider's words (what the simulator answers), and OpenAI's ``param`` and ``code``.
+    api_message: str
+    api_param: str | None = None
+    api_code: str | None = None
+
+
+# ----------------------------------------------------------------------------------------------------- OpenAI
+
+Tools = Literal["any", "effort-none", "responses-only"]
+_ALL_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+_SAMPLING = ("temperature", "top_p", "logprobs", "top_logprobs")
+
+
+@dataclass(frozen=True, slots=True)
+class _OpenAIFamily:
+    name: str
+    reasoning: bool = True
+    # The reasoning_effort values it takes, where documented; None: not documented (any is sent).
+    efforts: tuple[str, ...] | None = None
+    # Documented to refuse "none" (its full list unknown).
+    refuses_none: bool = False
+    # The effort it runs at when the request gives none; None: not documented.
+    default_effort: str | None = None
+    takes_stop: bool = True
+    tools: Tools = "any"
+
+    @property
+    def has_none(self) -> bool | None:
+        if self.refuses_none:
+            return False
+        return None if self.efforts is None else "none" in self.efforts
+
+
+_O_SERIES = ("low", "medium", "high")
+_GPT5 = ("minimal", "low", "medium", "high")
+_GPT51 = ("none", "low", "medium", "high")
+_GPT52 = ("none", "low", "medium", "high", "xhigh")
+_PRO = ("medium", "high", "xhigh")
+_NONE_TO_MAX = ("none", "low", "medium", "high", "xhigh", "max")
+_LOW_TO_MAX = ("low", "medium", "high", "xhigh", "max")
+
+# First match wins; a dated snapshot (-2025-08-07) and a fine-tune (ft:BASE:...) go by their base name.
+_OPENAI_FAMILIES: tuple[tuple[str, _OpenAIFamily], ...] = (
+    (r"o1(-mini|-preview|-pro)?", _OpenAIFamily("o1", efforts=_O_SERIES, default_effort="medium")),
+    (r"o3(-mini|-pro|-deep-research)?|o4-mini(-deep-research)?",
+     _OpenAIFamily("o3/o4-mini", efforts=_O_SERIES, default_effort="medium", takes_stop=False)),
+    (r"gpt-5(-mini|-nano)?", _OpenAIFamily("gpt-5", efforts=_GPT5, default_effort="medium", takes_stop=False)),
+    (r"gpt-5-pro", _OpenAIFamily("gpt-5-pro", efforts=("high",), default_effort="high")),
+    (r"gpt-5\.1", _OpenAIFamily("gpt-5.1", efforts=_GPT51, default_effort="none")),
+    (r"gpt-5\.2", _OpenAIFamily("gpt-5.2", efforts=_GPT52, default_effort="none", tools="effort-none")),
+    (r"gpt-5\.(2|4)-pro", _OpenAIFamily("gpt-5.x-pro", efforts=_PRO)),
+    (r"gpt-5\.4", _OpenAIFamily("gpt-5.4", efforts=_GPT52, default_effort="none", tools="effort-none")),
+    (r"gpt-5\.5", _OpenAIFamily("gpt-5.5", default_effort="medium", tools="effort-none")),
+    (r"gpt-5\.6(-sol|-terra|-luna)?",
+     _OpenAIFamily("gpt-5.6", efforts=_NONE_TO_MAX, default_effort="medium", tools="effort-none")),
+    (r"gpt-6-(sol|luna)", _OpenAIFamily("gpt-6 sol/luna", efforts=_NONE_TO_MAX, default_effort="not none",
+                                        tools="effort-none")),
+    (r"gpt-6-astra", _OpenAIFamily("gpt-6-astra", refuses_none=True, tools="responses-only")),
+    (r"gpt-6\.1-sol", _OpenAIFamily("gpt-6.1-sol", efforts=_LOW_TO_MAX, tools="responses-only")),
+    (r"gpt-6\.1-terra", _OpenAIFamily("gpt-6.1-terra", efforts=_NONE_TO_MAX, default_effort="medium")),
+    (r"gpt-6\.2-(sol|astra)", _OpenAIFamily("gpt-6.2", refuses_none=True)),
+    # Other reasoning models (a new tier, a codex or mini variant): max_completion_tokens, and the general rule.
+    (r"(o[1-9]|gpt-[5-9](\.\d+)?)(-[a-z0-9.]+)*", _OpenAIFamily("reasoning")),
+    (r"gpt-4o(-mini)?(-[a-z-]+)?|gpt-4\.1(-mini|-nano)?|gpt-4(-turbo|-32k)?(-preview)?|gpt-3\.5-turbo(-\d+k)?"
+     r"|chatgpt-4o-latest", _OpenAIFamily("not reasoning", reasoning=False)),
+)
+_PATTERNS = tuple((re.compile(rf"(?:{pattern})(?:-\d{{4}}-\d{{2}}-\d{{2}})?"), family)
+                  for pattern, family in _OPENAI_FAMILIES)
+# *-chat-latest models are chat models of a reasoning line: no rule documented, sent as given.
+_CHAT_LATEST = re.compile(r".*-chat(-latest)?")
+
+
+@functools.lru_cache(maxsize=1024)
+def _openai_family(model: str) -> _OpenAIFamily | None:
+    name = model.split(":")[1] if model.startswith("ft:") and model.count(":") >= 1 else model
+    if _CHAT_LATEST.fullmatch(name):
+        return None
+    for pattern, family in _PATTERNS:
+        if pattern.fullmatch(name):
+            return family
+    return None
+
+
+def is_openai_model(model: str) -> bool:
+    """Whether ``model`` names one of OpenAI's own chat models (whose request shapes OpenAI's docs describe)."""
+    return _openai_family(model) is not None or bool(_CHAT_LATEST.fullmatch(model))
+
+
+def openai_params(model: str, params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` as sent to ``model``: ``max_tokens`` as ``max_completion_tokens`` to a reasoning model (both
+    given: unchanged, for ``openai_refusal`` to refuse). The same dict when nothing changes."""
+    if "max_tokens" not in params:
+        return params
+    family = _openai_family(model)
+    if family is None or not family.reasoning:
+        return params
+    cap = params["max_tokens"]
+    if cap is not None and params.get("max_completion_tokens") is not None:
+        return params
+    renamed = {key: value for key, value in params.items() if key != "max_tokens"}
+    if renamed.get("max_completion_tokens") is None:
+        renamed["max_completion_tokens"] = cap
+    return renamed
+
+
+def openai_body(request: ChatRequest) -> dict[str, Any]:
+    """The chat-completions body for ``request`` (real-time and batch lines alike): ``openai_params`` of its
+    params, its model and messages."""
+    return {**openai_params(request.model, request.params), "model": request.model, "messages": request.messages}
+
+
+def openai_refusal(model: str, params: Mapping[str, Any]) -> Refusal | None:
+    """The first thing ``model`` refuses in ``params`` (as sent: after ``openai_params``), or None."""
+    family = _openai_family(model)
+    if family is None:
+        return None
+    effort = params.get("reasoning_effort")
+    if not family.reasoning:
+        if effort is not None:
+            return Refusal("params.reasoning_effort", f"{model} does not reason: remove reasoning_effort",
+                           "Unrecognized request argument supplied: reasoning_effort")
+        return None
+    if params.get("max_tokens") is not None:
+        return Refusal("params.max_tokens",
+                       f"{model} takes max_completion_tokens (llm-dispatch sends max_tokens as it); this prompt sets "
+                       "both: remove max_tokens",
+                       "Unsupported parameter: 'max_tokens' is not supported with this model. "
+                       "Use 'max_completion_tokens' instead.", "max_tokens", "unsupported_parameter")
+    if effort is not None:
+        problem = _effort_refusal(model, family, effort)
+        if problem is not None:
+            return problem
+    # The effort the request runs at: its own, else "not none" for a model that always reasons, else the documented
+    # default (None when undocumented: nothing is refused on a guess).
+    at = effort if effort is not None else "not none" if family.has_none is False else family.default_effort
+    if at is not None and at != "none":
+        if effort is not None:
+            why, instead = f"at reasoning_effort {shown(effort)}", "set reasoning_effort to 'none' or remove"
+        elif family.has_none is False:
+            why, instead = "(it always reasons)", "remove"
+        else:
+            default = f" {shown(at)}" if at != "not none" else ""
+            why, instead = f"at its default reasoning_effort{default}", "set reasoning_effort to 'none' or remove"
+        for name in _SAMPLING:
+            value = params.get(name)
+            if value is None or (name in ("temperature", "top_p") and value == 1) or (name == "logprobs" and not value):
+                continue
+            if name in ("temperature", "top_p"):
+                api = (f"Unsupported value: '{name}' does not support {shown_json(value)} with this model. "
+                       "Only the default (1) value is supported.")
+                code = "unsupported_value"
+            else:
+                api, code = f"Unsupported parameter: '{name}' is not supported with this model.", "unsupported_parameter"
+            return Refusal(f"params.{name}", f"{model} takes no {name} {why}: {instead} {name}", api, name, code)
+        if params.get("tools") and family.tools == "effort-none":
+            return _tools_refusal(model, family, f"runs {why.removeprefix('(').removesuffix(')')}")
+    if params.get("tools") and family.tools == "responses-only":
+        return _tools_refusal(model, family, "")
+    if params.get("stop") is not None and not family.takes_stop:
+        return Refusal("params.stop", f"{model} takes no stop sequences: remove stop",
+                       "Unsupported parameter: 'stop' is not supported with this model.", "stop",
+                       "unsupported_parameter")
+    return None
+
+
+def _effort_refusal(model: str, family: _OpenAIFamily, effort: Any) -> Refusal | None:
+    if not isinstance(effort, str):
+        return None  # a type problem, said by ``param_problem``
+    takes = family.efforts
+    if takes is None:
+        if not (family.refuses_none and effort == "none"):
+            return None
+        return Refusal("params.reasoning_effort", f"{model} always reasons: give a reasoning_effort other than 'none'",
+                       f"Unsupported value: 'none' is not supported with the '{model}' model.", "reasoning_effort",
+                       "unsupported_value")
+    if effort in takes:
+        return None
+    return Refusal("params.reasoning_effort", f"{model} takes reasoning_effort {_listed(takes, 'or')}, not "
+                   f"{shown(effort)}",
+                   f"Unsupported value: {shown(effort)} is not supported with the '{model}' model. Supported values "
+                   f"are: {_listed(takes, 'and')}.", "reasoning_effort", "unsupported_value")
+
+
+def _listed(values: tuple[str, ...], last: str) -> str:
+    quoted = [f"'{value}'" for value in values]
+    return quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + f", {last} {quoted[-1]}"
+
+
+def _tools_refusal(model: str, family: _OpenAIFamily, runs: str) -> Refusal:
+    if family.tools == "responses-only":
+        message = (f"{model} calls tools only through OpenAI's Responses API, which llm-dispatch does not use: "
+                   "remove tools, or use a model that takes them on Chat Completions")
+    else:
+        message = (f"{model} takes function tools on Chat Completions only with reasoning_effort 'none' (this prompt "
+                   f"{runs}): set reasoning_effort to 'none'")
+    return Refusal("params.tools", message,
+                   f"Function tools with reasoning_effort are not supported for {model} in /v1/chat/completions. "
+                   "To use function tools, use /v1/responses or set reasoning_effort to 'none'.",
+                   "reasoning_effort", None)
+
+
+def batch_metadata_problem(metadata: Mapping[str, Any], *, added: int) -> str | None:
+    """What OpenAI would refuse in a batch's ``metadata`` once llm-dispatch adds ``added`` keys of its own, or None."""
+    room = OPENAI_BATCH_METADATA_KEYS - added
+    if len(metadata) > room:
+        return (f"OpenAI takes {OPENAI_BATCH_METADATA_KEYS} metadata keys on a batch and llm-dispatch sets {added}: "
+                f"give at most {room}, not {len(metadata)}")
+    for key, value in metadata.items():
+        if not isinstance(key, str) or len(key) > MAX_METADATA_KEY:
+            return f"batch metadata key {shown(key)} must be a string of at most {MAX_METADATA_KEY} characters"
+        if not isinstance(value, str) or len(value) > MAX_METADATA_VALUE:
+            return (f"batch metadata value of {shown(key)} must be a string of at most {MAX_METADATA_VALUE} "
+                    "characters")
+    return None
+
+
+# -------------------------------------------------------------------------------------------------- Anthropic
+
+_CLAUDE = re.compile(r"claude-(opus|sonnet|haiku|fable|mythos)-(\d+)(?:-(\d))?(?:-\d{8})?")
+_MYTHOS_PREVIEW = "claude-mythos-preview"
+# (tier, version) of the documented models; a version is (major, minor).
+_FIXED_SAMPLING = frozenset({
+    ("opus", (4, 7)), ("opus", (4, 8)), ("opus", (5, 0)), ("opus", (5, 5)), ("sonnet", (5, 0)), ("sonnet", (5, 5)),
+    ("haiku", (5, 5)), ("fable", (5, 0)), ("fable", (5, 1)), ("mythos", (5, 0)), ("mythos", (5, 1)),
+})
+_ONE_OF_TEMPERATURE_TOP_P = _FIXED_SAMPLING | {
+    ("haiku", (4, 5)), ("sonnet", (4, 5)), ("opus", (4, 5)), ("sonnet", (4, 6)), ("opus", (4, 6)),
+}
+_NO_FORCED_TOOLS = frozenset({("fable", (5, 1)), ("mythos", (5, 1)), ("opus", (5, 5)), ("sonnet", (5, 5))})
+_THINKS_BY_DEFAULT = frozenset({
+    ("fable", (5, 0)), ("fable", (5, 1)), ("fable", (5, 2)), ("mythos", (5, 0)), ("mythos", (5, 1)),
+    ("mythos", (5, 2)), ("opus", (5, 0)), ("opus", (5, 5)), ("sonnet", (5, 0)), ("sonnet", (5, 5)), ("haiku", (5, 5)),
+})
+_NO_THINKING_DISABLED = frozenset({("fable", (5, 0)), ("fable", (5, 1)), ("mythos", (5, 0)), ("mythos", (5, 1)),
+                                   ("opus", (5, 5)), ("sonnet", (5, 5))})
+_BETWEEN_TOOLS = frozenset({("sonnet", (5, 5))})
+_NO_EFFORT = frozenset({("haiku", (4, 5)), ("sonnet", (4, 5))})
+_FORCED = frozenset({"any", "tool"})
+_FORCED_API = 'tool_choice: type "tool" and "any" are not supported for this model.'
+
+
+@functools.lru_cache(maxsize=256)
+def _claude(model: str) -> tuple[str, tuple[int, int]] | None:
+    """(tier, (major, minor)) of a Claude model name, or None for a name this module does not know."""
+    if model == _MYTHOS_PREVIEW:
+        return ("mythos", (0, 0))
+    match = _CLAUDE.fullmatch(model)
+    if match is None:
+        return None
+    tier, major, minor = match.groups()
+    return tier, (int(major), int(minor or 0))
+
+
+_OUTPUT_FORMAT_FROM = (4, 5)
+
+
+def anthropic_output_format(model: str) -> bool:
+    """Whether ``model`` takes a JSON schema as ``output_config.format`` (else as a forced tool): Claude 4.5 and
+    later, and any name this module does not know (a newer model)."""
+    claude = _claude(model)
+    return claude is None or claude[0] in ("fable", "mythos") or claude[1] >= _OUTPUT_FORMAT_FROM
+
+
+def anthropic_thinks(model: str, params: Mapping[str, Any]) -> bool:
+    """Whether a request to ``model`` with these (OpenAI-style or Anthropic) params thinks before it answers."""
+    thinking = params.get("thinking")
+    kind = thinking.get("type") if isinstance(thinking, Mapping) else None
+    if kind in ("enabled", "adaptive"):
+        return True
+    if kind in ("disabled", "between_tools"):
+        return False
+    return _claude(model) in _THINKS_BY_DEFAULT
+
+
+def anthropic_max_tokens(model: str, params: Mapping[str, Any], *, default: int, thinking_default: int) -> int:
+    """The max_tokens sent to ``model`` for a request that sets none: ``default``, or ``thinking_default`` when it
+    thinks (and at least room for the answer past a ``budget_tokens``, which must be below max_tokens)."""
+    if not anthropic_thinks(model, params):
+        return default
+    thinking = params.get("thinking")
+    budget = thinking.get("budget_tokens") if isinstance(thinking, Mapping) else None
+    if isinstance(budget, int) and not isinstance(budget, bool):
+        return max(thinking_default, budget + default)
+    return thinking_default
+
+
+def anthropic_refusal(body: Mapping[str, Any], *, version: str) -> Refusal | None:
+    """The first thing the Messages API refuses in ``body`` (as sent, after the translation) for its model under
+    ``anthropic-version: version``, or None. Messages are checked by ``anthropic_messages_refusal``."""
+    model = str(body.get("model"))
+    removed = version >= ANTHROPIC_SAMPLING_REMOVED_IN
+    for name in ("temperature", "top_p", "top_k"):
+        if removed and name in body:
+            return Refusal(f"params.{name}",
+                           f"anthropic-version {version} takes no {name} for any model: remove it (or set "
+                           "LLM_DISPATCH_ANTHROPIC_VERSION=2023-06-01, where older models still take it)",
+                           f"{name}: Extra inputs are not permitted")
+    tier = body.get("service_tier")
+    if tier is not None and tier not in ANTHROPIC_SERVICE_TIERS:
+        return Refusal("params.service_tier",
+                       f"Anthropic's service_tier is 'auto' or 'standard_only', not {shown(tier)} (flex, priority and "
+                       "fast are OpenAI's): remove it for claude models",
+                       "service_tier: Input should be 'auto' or 'standard_only'")
+    claude = _claude(model)
+    if claude is None:
+        return None
+    temperature, top_p = body.get("temperature"), body.get("top_p")
+    if claude in _FIXED_SAMPLING:
+        for name, default in (("temperature", 1), ("top_p", None), ("top_k", None)):
+            value = body.get(name)
+            if value is not None and value != default:
+                return Refusal(f"params.{name}", f"{model} takes no {name} (its sampling is fixed): remove it",
+                               f"{name}: setting sampling parameters to non-default values is not supported for "
+                               "this model.")
+    if claude in _ONE_OF_TEMPERATURE_TOP_P and temperature is not None and top_p is not None:
+        return Refusal("params.top_p", f"{model} takes temperature or top_p, not both: remove one",
+                       "temperature and top_p cannot both be specified for this model. Please use only one.")
+    thinking = body.get("thinking")
+    kind = thinking.get("type") if isinstance(thinking, Mapping) else None
+    problem = _thinking_refusal(model, claude, kind)
+    if problem is not None:
+        return problem
+    if kind == "enabled":
+        if temperature is not None and temperature != 1 or body.get("top_k") is not None:
+            name = "temperature" if temperature is not None and temperature != 1 else "top_k"
+            return Refusal(f"params.{name}", f"{model} with extended thinking takes no {name}: remove it",
+                           f"{name} may not be set when thinking is enabled")
+        if top_p is not None and not 0.95 <= top_p <= 1:
+            return Refusal("params.top_p", f"{model} with extended thinking takes top_p from 0.95 to 1 only",
+                           "top_p must be between 0.95 and 1 when thinking is enabled")
+    choice = body.get("tool_choice")
+    forced = isinstance(choice, Mapping) and choice.get("type") in _FORCED
+    if forced and (claude in _NO_FORCED_TOOLS or kind == "enabled"):
+        why = "refuses forced tool use" if claude in _NO_FORCED_TOOLS else "refuses forced tool use with thinking on"
+        return Refusal("params.tool_choice",
+                       f"{model} {why} (tool_choice 'required', 'any' or a named tool): use 'auto' with the tool "
+                       "marked strict, or output_config.format", _FORCED_API)
+    output_config = body.get("output_config")
+    if isinstance(output_config, Mapping) and output_config.get("effort") is not None and claude in _NO_EFFORT:
+        return Refusal("params.output_config", f"{model} takes no output_config.effort: remove it",
+                       "output_config.effort: effort is not supported for this model.")
+    return None
+
+
+def _thinking_refusal(model: str, claude: tuple[str, tuple[int, int]], kind: Any) -> Refusal | None:
+    if kind is None:
+        return None
+    api = f'"thinking.type.{kind}" is not supported for this model.'
+    tier, version = claude
+    if kind == "enabled" and version >= (4, 7):
+        return Refusal("params.thinking", f"{model} takes no extended thinking (type 'enabled'): use "
+                       "{'type': 'adaptive'} with output_config.effort", api)
+    if kind == "adaptive" and version <= (4, 5) and tier != "mythos":
+        return Refusal("params.thinking", f"{model} takes only extended thinking: use {{'type': 'enabled', "
+                       "'budget_tokens': N}", api)
+    if kind == "disabled" and claude in _NO_THINKING_DISABLED:
+        instead = "use {'type': 'between_tools'}" if claude in _BETWEEN_TOOLS else "remove thinking (it always thinks)"
+        return Refusal("params.thinking", f"{model} cannot turn thinking off: {instead}", api)
+    if kind == "between_tools" and claude not in _BETWEEN_TOOLS:
+        return Refusal("params.thinking", f"{model} takes no thinking type 'between_tools' (only Sonnet 5.5 does)",
+                       api)
+    return None

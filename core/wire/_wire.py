@@ -1,0 +1,172 @@
+"""What differs between providers on the wire, in one value the client's one send path reads.
+
+A ``Wire`` says where a chat goes, how the key is sent, how a ``ChatRequest`` becomes a body and an answer a
+``Chat``, where the rate-limit headers are, and what to tell the user for each error status. Retries are the
+same for both (408, 409, 429 and 5xx, Anthropic's 529 included; ``retry-after`` honoured; ``x-should-retry``
+obeyed), as both providers' own SDKs do.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import httpx
+
+from ._anthropic import anthropic_params
+from ._anthropic_answers import parse_message
+from ._embeddings import embeddings_body, parse_embedding
+from ._openai_responses import parse_response, responses_body
+from .._exceptions import ConfigError
+from ._model_rules import openai_body
+from ._ratelimit_headers import OPENAI_RATE_LIMIT_HEADERS, RateLimitHeaders
+from ._responses import Chat, parse_chat
+from .._settings import DEFAULT_ANTHROPIC_VERSION, DEFAULT_MAX_TOKENS, AuthHeader, Settings
+from .._providers import PROVIDERS
+from .._types import ChatRequest
+
+__all__ = ["ANTHROPIC_RATE_LIMIT_HEADERS", "OPENAI_WIRE", "STATUS_HINTS", "UNUSABLE_HINT", "Route", "Wire", "anthropic_wire", "check_provider_key", "wire_for"]
+
+# What to do about an error status from an OpenAI-compatible endpoint; each provider's wire may word its own.
+STATUS_HINTS: dict[int | str, str] = {
+    400: "Fix the request: check the model name and the parameters sent.",
+    401: "Check the API key (LLM_DISPATCH_API_KEY or OPENAI_API_KEY), and LLM_DISPATCH_AUTH_HEADER=api-key for Azure.",
+    403: "The key may not use this model or endpoint; check the account's access.",
+    404: "Check the model name and LLM_DISPATCH_BASE_URL (usually ending in /v1).",
+    408: "The provider timed the request out; try again later.",
+    409: "The provider reported a conflict; try again later.",
+    422: "Fix the request parameters.",
+    429: "Rate limited: lower LLM_DISPATCH_CONCURRENCY, set LLM_DISPATCH_RPM / LLM_DISPATCH_TPM, or check the quota.",
+}
+UNUSABLE_HINT = "Check that LLM_DISPATCH_BASE_URL points at an OpenAI-compatible API (usually ending in /v1)."
+ANTHROPIC_RATE_LIMIT_HEADERS = RateLimitHeaders(
+    limit="anthropic-ratelimit-{kind}-limit",
+    remaining="anthropic-ratelimit-{kind}-remaining",
+    reset="anthropic-ratelimit-{kind}-reset",
+)
+ANTHROPIC_HINTS: Mapping[int | str, str] = {
+    **STATUS_HINTS,
+    401: "Check the Anthropic API key (ANTHROPIC_API_KEY or LLM_DISPATCH_ANTHROPIC_API_KEY).",
+    403: "The Anthropic key may not use this model or endpoint; check the workspace's access.",
+    404: "Check the model name and LLM_DISPATCH_ANTHROPIC_BASE_URL (the host alone, without /v1).",
+    413: "The request is larger than Anthropic accepts; shorten the prompt or its images.",
+    429: "Rate limited: lower LLM_DISPATCH_CONCURRENCY, set LLM_DISPATCH_RPM / LLM_DISPATCH_TPM, "
+         "or check the Anthropic tier's limits.",
+    529: "Anthropic is overloaded; try again later.",
+    # By reason (an error type, or a 429's details.error_code): the account's, so waiting does not help.
+    "billing_error": "Anthropic refused for billing (billing_error): check the organization's credit balance and "
+                     "payment details in the Anthropic Console (Settings > Billing).",
+    "enforced_spend_limit_reached": "The organization reached its monthly spend limit: raise it in the Anthropic "
+                                    "Console (Settings > Limits), or wait for the next month.",
+    "contract_spend_limit_reached": "The organization reached its contract's spend limit: see the Anthropic "
+                                    "Console (Settings > Limits) or your account team.",
+}
+_LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+class Route(NamedTuple):
+    """Where one endpoint's request goes, how its body is made, and how its answer is read."""
+
+    path: str
+    body: Callable[[ChatRequest], dict[str, Any]]
+    parse: Callable[[httpx.Response], Chat]
+
+
+
+@dataclass(frozen=True, slots=True)
+class Wire:
+    """One provider's side of every call. ``chat_body`` and ``parse_chat`` run once per request: keep them lean."""
+
+    provider: str
+    chat_path: str
+    chat_body: Callable[[ChatRequest], dict[str, Any]]
+    parse_chat: Callable[[httpx.Response], Chat]
+    rate_limit_headers: RateLimitHeaders
+    hints: Mapping[int | str, str] = field(default_factory=lambda: STATUS_HINTS)
+    unusable_hint: str = UNUSABLE_HINT
+    # The setting that names the endpoint, for a message about a connection that failed.
+    url_setting: str = "LLM_DISPATCH_BASE_URL"
+    version: str | None = None
+    # The endpoints besides chat this provider speaks (``_endpoints.ENDPOINTS``).
+    others: Mapping[str, Route] = field(default_factory=dict)
+
+    def route(self, endpoint: str) -> Route:
+        """How a request to ``endpoint`` is sent and read; ``ValueError`` for one this provider does not have."""
+        if endpoint == "chat":
+            return Route(self.chat_path, self.chat_body, self.parse_chat)
+        route = self.others.get(endpoint)
+        if route is None:
+            raise ValueError(f"{self.provider} has no {endpoint} endpoint")
+        return route
+
+    def headers(
+        self, key: str | None, *, auth_header: AuthHeader, organization: str | None = None, project: str | None = None
+    ) -> dict[str, str]:
+        """The fixed headers of every request: the key (when there is one); for Anthropic, the API version; for
+        OpenAI, the organization and project a key of several should bill (as openai-python sends them)."""
+        if self.provider == "anthropic":
+            headers = {"anthropic-version": self.version or DEFAULT_ANTHROPIC_VERSION}
+            if key is not None:
+                headers["x-api-key"] = key
+            return headers
+        headers = {}
+        if key is not None:
+            headers = {"api-key": key} if auth_header == "api-key" else {"Authorization": f"Bearer {key}"}
+        if organization:
+            headers["OpenAI-Organization"] = organization
+        if project:
+            headers["OpenAI-Project"] = project
+        return headers
+
+    def check_key(self, *, key_set: bool, base_url: str) -> None:
+        """Anthropic always wants a key; only a local server (the simulator) goes without."""
+        if self.provider == "anthropic" and not key_set and httpx.URL(base_url).host not in _LOCAL_HOSTS:
+            raise ConfigError(
+                f"No Anthropic API key for {base_url}: set ANTHROPIC_API_KEY (or LLM_DISPATCH_ANTHROPIC_API_KEY), "
+                "or map the claude models elsewhere with LLM_DISPATCH_MODEL_PROVIDERS"
+            )
+
+
+OPENAI_WIRE = Wire(
+    provider="openai",
+    chat_path="/chat/completions",
+    chat_body=openai_body,
+    parse_chat=parse_chat,
+    rate_limit_headers=OPENAI_RATE_LIMIT_HEADERS,
+    others={"embeddings": Route("/embeddings", embeddings_body, parse_embedding),
+            "responses": Route("/responses", responses_body, parse_response)},
+)
+
+
+def anthropic_wire(*, version: str = DEFAULT_ANTHROPIC_VERSION, default_max_tokens: int = DEFAULT_MAX_TOKENS) -> Wire:
+    """Anthropic's Messages API; its base URL is the host (``https://api.anthropic.com``), the paths carry /v1."""
+    return Wire(
+        provider="anthropic",
+        chat_path="/v1/messages",
+        chat_body=functools.partial(anthropic_params, default_max_tokens=default_max_tokens),
+        parse_chat=parse_message,
+        rate_limit_headers=ANTHROPIC_RATE_LIMIT_HEADERS,
+        hints=ANTHROPIC_HINTS,
+        unusable_hint="Check that LLM_DISPATCH_ANTHROPIC_BASE_URL points at Anthropic's API (the host, without /v1).",
+        url_setting="LLM_DISPATCH_ANTHROPIC_BASE_URL",
+        version=version,
+    )
+
+
+def wire_for(provider: str, *, version: str = DEFAULT_ANTHROPIC_VERSION, default_max_tokens: int = DEFAULT_MAX_TOKENS) -> Wire:
+    if provider == "openai":
+        return OPENAI_WIRE
+    if provider == "anthropic":
+        return anthropic_wire(version=version, default_max_tokens=default_max_tokens)
+    raise ValueError(f"provider must be one of {', '.join(PROVIDERS)}, got {provider!r}")
+
+
+def check_provider_key(settings: Settings, *, provider: str) -> None:
+    """Raise ``ConfigError`` when ``provider``'s client could not be made for want of a key, as ``LLMClient`` would."""
+    if provider == "anthropic":
+        key = settings.anthropic_api_key
+        # A named Secret block stands for the key: the flow reads it, and says so if it is missing.
+        key_set = (key is not None and bool(key.get_secret_value())) or settings.anthropic_api_key_block is not None
+        wire_for(provider).check_key(key_set=key_set, base_url=settings.anthropic_base_url)

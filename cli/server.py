@@ -72,6 +72,8 @@ def start_server(*, port: int = DEFAULT_PORT, timeout: float = STARTUP_TIMEOUT) 
     # Its telemetry only logs errors on an offline machine; a user's own setting still wins.
     env = {"PREFECT_SERVER_ANALYTICS_ENABLED": "false", **os.environ}
     env.pop("PREFECT_API_URL", None)
+    # The UI asks its server where the API is (/ui-settings); unset, that is the default port's, whatever --port is.
+    env["PREFECT_UI_API_URL"] = api_url
     with log.open("ab") as sink:
         process = subprocess.Popen(
             [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
@@ -155,7 +157,8 @@ def server_start(
     local, started = start_server(port=port)
     ui = local.api_url.removesuffix("/api")
     err.print(f"Prefect server {'started' if started else 'already up'} at {ui} (pid {local.pid}, log {local.log}); "
-              "run, collect and cancel use it until `llm-dispatch server stop`", highlight=False, soft_wrap=True)
+              f"run, collect and cancel use it until `llm-dispatch server stop`, in every terminal of this account "
+              f"without PREFECT_API_URL (its state: {_home() / STATE_FILE})", highlight=False, soft_wrap=True)
 
 
 @server_app.command("stop")

@@ -35,6 +35,8 @@ def test_a_started_server_is_used_by_later_runs_until_stopped(sim: Sim, tmp_path
         started = cli("server", "start", "--port", str(port), env=env, cwd=tmp_path, timeout=300)
         assert started.returncode == 0, started.stderr[-2000:]
         assert f"Prefect server started at http://127.0.0.1:{port}" in started.stderr
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/ui-settings", timeout=30) as answer:
+            assert json.load(answer)["api_url"] == api_url  # the UI reaches this server's API, not the default port's
         again = cli("server", "start", "--port", str(port), env=env, cwd=tmp_path)
         assert again.returncode == 0 and "already up" in again.stderr
 

@@ -6,7 +6,9 @@ from decimal import Decimal
 from typing import Any
 
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
+from rich.text import Text
 
 from llm_dispatch.core import PriceTable, format_duration
 
@@ -61,58 +63,95 @@ def describe(table: PriceTable, name: str) -> dict[str, Any]:
     }
 
 
+# The table's columns, and which go first (last of this tuple first) when a terminal is too narrow for all.
+_COLUMNS = ("model", "provider", "input", "cached", "write", "write+", "output", "window", "max out", "tiers",
+            "shutdown", "as of")
+_DROPPED_FIRST = ("as of", "write+", "write", "tiers", "max out", "provider", "window", "cached")
+
+
 def print_catalog(console: Console, data: dict[str, Any]) -> None:
-    title = (f"models, USD per 1M tokens, as priced on {data['priced_on']}"
-             + (f" ({data['prices_file']} over the bundled catalog)" if data["prices_file"] else ""))
-    table = Table(title=title, padding=(0, 1))
-    for column in ("model", "provider", "input", "cached", "write", "write+", "output", "window", "max out", "tiers",
-                   "shutdown", "as of"):
-        table.add_column(column, justify="left" if column in ("model", "provider", "tiers", "shutdown") else "right",
-                         no_wrap=column in ("model", "provider", "tiers", "shutdown", "as of"))
-    for model in data["models"]:
-        marked = set(model["secondary"]["fields"]) if model["secondary"] else set()
-
-        def shown(key: str, fmt: Any = str, *, same_as: str | None = None) -> str:
-            value = model[key]
-            # A cache price equal to the input price is no price of its own: such tokens are billed as input.
-            if value is None or (same_as is not None and value == model[same_as]):
-                return "-"
-            return fmt(value) + (SECONDARY_MARK if key in marked or key.removesuffix("_extended") in marked else "")
-
-        status = model["shutdown"] or ""
-        if model["status"] == "shut down":
-            status = f"[red]{status} (past)[/]"
-        elif model["status"] == "shutting down":
-            status = f"[yellow]{status}[/]"
-        tiers = [_TIER_SHORT.get(tier, tier) for tier in model["tiers"]]
-        if model["long_prompt"]:
-            tiers.append(">" + _tokens(model["long_prompt"]["above"]))
-        tiers_marked = "tiers" in marked or "long_prompt" in marked or any(f.startswith("tiers.") for f in marked)
-        table.add_row(
-            model["name"], model["provider"] or "-",
-            shown("input", _money), shown("cached_input", _money, same_as="input"),
-            shown("cache_write", _money, same_as="input"),
-            shown("cache_write_extended", _money, same_as="cache_write"),
-            shown("output", _money, same_as="kind" if model["kind"] != "embedding" else "output"),
-            shown("context_window", _tokens), shown("max_output_tokens", _tokens),
-            ",".join(tiers) + (SECONDARY_MARK if tiers_marked and tiers else ""), status, model["prices_as_of"],
-        )
-    table.caption = (f"{SECONDARY_MARK}: a figure only a secondary source gives (--json: secondary, source). "
-                     "cached: a cache read; write: a cache write (Anthropic 5 minutes, OpenAI 30 minutes); write+: "
-                     "Anthropic's 1-hour, OpenAI's 12-hour write; -: no price of its own (billed as input, write+ as a "
-                     "write). The Batch API: half price. "
-                     "tiers: service tiers with their own price (prio = priority/fast); >N: every token of a request "
-                     "over N prompt tokens at a higher price. --json has them all, with aliases and each model's source page.")
-    console.print(table)
+    """The catalog as tables. Piped, every cell whole at the width it needs; in a terminal too narrow for every
+    column, the least needed columns are left out (the caption names them) rather than any being squeezed."""
+    rows = [_row(model) for model in data["models"]]
+    shown = list(_COLUMNS)
+    table = _table(data, rows, shown)
+    if console.is_terminal:
+        for column in _DROPPED_FIRST:
+            if _width(console, table) <= console.width:
+                break
+            shown.remove(column)
+            table = _table(data, rows, shown)
+    else:
+        console = Console(file=console.file, width=max(console.width, _width(console, table)),
+                          no_color=console.no_color, force_terminal=False)
+    console.print(table, crop=False)
+    hidden = [column for column in _COLUMNS if column not in shown]
+    console.print(Text(
+        f"{SECONDARY_MARK}: a figure only a secondary source gives (--json: secondary, source). "
+        "cached: a cache read; write: a cache write (Anthropic 5 minutes, OpenAI 30 minutes); write+: Anthropic's "
+        "1-hour, OpenAI's 12-hour write; -: no price of its own (billed as input, write+ as a write). The Batch API: "
+        "half price. tiers: service tiers with their own price (prio = priority/fast); >N: every token of a request "
+        "over N prompt tokens at a higher price. --json has them all, with aliases and each model's source page."
+        + (f" Not shown at this width: {', '.join(hidden)} (a wider terminal, or --json, has them)." if hidden else ""),
+        style="dim"), width=min(console.width, 120))
     if data["lanes"]:
         lanes = Table(title="lanes shorter than the Batch API's 24 h (a deadline takes the cheapest that fits)")
         for column in ("lane", "provider", "endpoints", "window", "discount", "source"):
-            lanes.add_column(column)
+            lanes.add_column(column, no_wrap=column != "source", overflow="fold")
         for lane in data["lanes"]:
             off = f"{lane['discount']:.0%}" if lane["discount"] is not None else f"the model's {lane['tier']} tier"
             lanes.add_row(lane["lane"], lane["provider"], ", ".join(lane["endpoints"]), lane["window"], off,
                           lane["source"])
         console.print(lanes)
+
+
+def _width(console: Console, table: Table) -> int:
+    """The width ``table`` takes with every cell whole."""
+    return Measurement.get(console, console.options.update_width(100_000), table).maximum
+
+
+def _table(data: dict[str, Any], rows: list[dict[str, str]], columns: list[str]) -> Table:
+    title = (f"models, USD per 1M tokens, as priced on {data['priced_on']}"
+             + (f" ({data['prices_file']} over the bundled catalog)" if data["prices_file"] else ""))
+    table = Table(title=title, padding=(0, 1))
+    for column in columns:
+        table.add_column(column, justify="left" if column in ("model", "provider", "tiers", "shutdown") else "right",
+                         no_wrap=True)
+    for row in rows:
+        table.add_row(*(row[column] for column in columns))
+    return table
+
+
+def _row(model: dict[str, Any]) -> dict[str, str]:
+    """One model's cells, by column."""
+    marked = set(model["secondary"]["fields"]) if model["secondary"] else set()
+
+    def shown(key: str, fmt: Any = str, *, same_as: str | None = None) -> str:
+        value = model[key]
+        # A cache price equal to the input price is no price of its own: such tokens are billed as input.
+        if value is None or (same_as is not None and value == model[same_as]):
+            return "-"
+        return fmt(value) + (SECONDARY_MARK if key in marked or key.removesuffix("_extended") in marked else "")
+
+    status = model["shutdown"] or ""
+    if model["status"] == "shut down":
+        status = f"[red]{status} (past)[/]"
+    elif model["status"] == "shutting down":
+        status = f"[yellow]{status}[/]"
+    tiers = [_TIER_SHORT.get(tier, tier) for tier in model["tiers"]]
+    if model["long_prompt"]:
+        tiers.append(">" + _tokens(model["long_prompt"]["above"]))
+    tiers_marked = "tiers" in marked or "long_prompt" in marked or any(f.startswith("tiers.") for f in marked)
+    return {
+        "model": model["name"], "provider": model["provider"] or "-",
+        "input": shown("input", _money), "cached": shown("cached_input", _money, same_as="input"),
+        "write": shown("cache_write", _money, same_as="input"),
+        "write+": shown("cache_write_extended", _money, same_as="cache_write"),
+        "output": shown("output", _money, same_as="kind" if model["kind"] != "embedding" else "output"),
+        "window": shown("context_window", _tokens), "max out": shown("max_output_tokens", _tokens),
+        "tiers": ",".join(tiers) + (SECONDARY_MARK if tiers_marked and tiers else ""), "shutdown": status,
+        "as of": model["prices_as_of"],
+    }
 
 
 _TIER_SHORT = {"priority": "prio", "ultrafast": "ultra"}

@@ -232,3 +232,39 @@ def test_a_price_file_in_the_first_format_still_loads_and_merges(tmp_path: Path)
     assert table.limits_for("my-vllm").context_window == 32768
     # Bundled models it does not name are as bundled.
     assert table.price_for("gpt-6-luna") == PriceTable.load(on=TODAY).price_for("gpt-6-luna")
+
+
+@pytest.mark.parametrize("width", [80, 120, 200])
+def test_the_models_table_shows_whole_cells_in_a_terminal_of_any_width(width: int) -> None:
+    """Too narrow a terminal leaves columns out (and says which), never squeezes one into nothing or cuts a cell."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    from llm_dispatch.cli.catalog import catalog, print_catalog
+
+    data = catalog(PriceTable.load())
+    screen = StringIO()
+    print_catalog(Console(file=screen, width=width, force_terminal=True, color_system=None), data)
+    lines = screen.getvalue().splitlines()
+    assert max(len(line) for line in lines) <= width
+    assert not [line for line in lines if "…" in line]
+    header = next(line for line in lines if "model" in line and "input" in line)
+    assert "output" in header and "┃┃" not in header and "┃ ┃" not in header  # no column squeezed to nothing
+    assert "gpt-5.4-mini" in screen.getvalue() and "$0.075*" in screen.getvalue()
+    assert ("Not shown at this width" in screen.getvalue()) == (width < 160)
+
+
+def test_the_models_table_piped_keeps_every_column_and_cell_whole() -> None:
+    from io import StringIO
+
+    from rich.console import Console
+
+    from llm_dispatch.cli.catalog import catalog, print_catalog
+
+    piped = StringIO()
+    print_catalog(Console(file=piped, width=160, force_terminal=False), catalog(PriceTable.load()))
+    text = piped.getvalue()
+    assert "…" not in text and "Not shown" not in text
+    header = next(line for line in text.splitlines() if "model" in line and "input" in line)
+    assert all(column in header for column in ("provider", "write+", "tiers", "shutdown", "as of"))

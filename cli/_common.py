@@ -10,6 +10,7 @@ import click
 import typer
 from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
 from typer.core import TyperGroup
 
 from llm_dispatch.core import APIError, ConfigError, LLMDispatchError, Settings
@@ -72,7 +73,9 @@ class _Commands(TyperGroup):
 
 
 def _fail(message: str, *, code: int = EXIT_INPUT) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    """Each line of ``message`` printed as an error line (a file's bad lines are one each), then exit ``code``."""
+    for line in message.splitlines() or [""]:
+        err.print(f"[bold red]error:[/] {escape(line)}", highlight=False, soft_wrap=True)
     return typer.Exit(code)
 
 

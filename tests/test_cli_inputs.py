@@ -81,9 +81,15 @@ def test_every_bad_line_up_to_20_is_named_at_once(tmp_path: Path) -> None:
     seen = refused(tmp_path, "many.jsonl", jsonl(*records))
     assert len(seen) == 21
     assert seen[0] == "error: many.jsonl:3: must be a non-empty string (field 'prompt')"
-    assert [line.split(":")[1] for line in seen[1:20]] == [str(n) for n in (6, 9, 12, 15, 18, 21, 24, 27, 30,
+    assert all(line.startswith("error: many.jsonl:") for line in seen)  # each line says what it is
+    assert [line.split(":")[2] for line in seen[1:20]] == [str(n) for n in (6, 9, 12, 15, 18, 21, 24, 27, 30,
                                                                            31, 32, 33, 34, 35, 36, 37, 38, 39, 40)]
-    assert seen[-1] == "many.jsonl: 25 problems in all, the first 20 shown; fix them and run again"
+    assert seen[-1] == "error: many.jsonl: 25 problems in all, the first 20 shown; fix them and run again"
+
+
+def test_a_string_broken_over_two_lines_is_named_at_its_column(tmp_path: Path) -> None:
+    seen = refused(tmp_path, "broken.jsonl", b'{"id": "a", "prompt": "hi"}\n{"id": "b", "prompt": "line\nbroken"}\n')
+    assert seen[0] == "error: broken.jsonl:2: invalid JSON (Invalid control character at column 28)"
 
 
 def test_an_excel_csv_keeps_its_ids_and_a_past_deadline_warns_and_goes_real_time(tmp_path: Path) -> None:

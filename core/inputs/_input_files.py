@@ -122,7 +122,9 @@ def _jsonl_records(lines: Iterable[str], *, where: str) -> Iterator[tuple[int, R
                                      path=where, line=number)
             continue
         except json.JSONDecodeError as exc:
-            yield number, InputError(f"invalid JSON ({exc.msg} at column {exc.colno})", path=where, line=number)
+            # Some of json's messages end in "at" ("Invalid control character at"): the column follows once.
+            yield number, InputError(f"invalid JSON ({exc.msg.removesuffix(' at')} at column {exc.colno})", path=where,
+                                     line=number)
             continue
         except RecursionError:
             yield number, InputError("JSON nested too deep to read; flatten it", path=where, line=number)

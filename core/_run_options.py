@@ -1,11 +1,13 @@
 """A run's options, declared once: every door that starts a run (the ``run`` command, ``run_prompts``, the
-``dispatch`` and ``realtime-dispatch`` flows, and the parameters ``dispatch`` hands each real-time shard) takes the
-options this table gives it, under its name, type and default there; ``tests/test_run_options.py`` fails when a door
-drifts from it. The settings a door's values override, and the values a flow run or a shard is given, are built from
-it too (``setting_overrides``, ``flow_parameters``, ``shard_parameters``), never listed again.
+``dispatch``, ``realtime-dispatch`` and ``dispatch-directory`` flows, and the parameters ``dispatch`` hands each
+real-time shard) takes the options this table gives it, under its name, type and default there;
+``tests/test_run_options.py`` fails when a door drifts from it. The settings a door's values override, and the values
+a flow run or a shard is given, are built from it too (``setting_overrides``, ``flow_parameters``,
+``shard_parameters``), never listed again.
 
 The flows keep real signatures (Prefect builds their parameter schema, and ``prefect deploy`` reads it from the
-source, from the function's own definition); the command's flags and help are made from the table (``cli``'s ``run_flag``).
+source, from the function's own definition); the command's flags and help are made from the table (``cli``'s
+``run_flag``).
 """
 
 from __future__ import annotations
@@ -29,9 +31,10 @@ if TYPE_CHECKING:
 __all__ = ["DOORS", "REQUIRED", "RUN_OPTIONS", "Door", "DoorParameter", "RunOption", "Taken", "door_parameters",
            "flow_parameters", "run_option", "setting_overrides", "shard_parameters"]
 
-# ``cli``: ``llm-dispatch run``; ``python``: ``run_prompts`` / ``arun_prompts``; ``dispatch`` and ``realtime``: the
-# flows' parameters; ``shard``: the parameters ``dispatch`` gives each ``realtime-dispatch`` run of a shard.
-Door = Literal["cli", "python", "dispatch", "realtime", "shard"]
+# ``cli``: ``llm-dispatch run``; ``python``: ``run_prompts`` / ``arun_prompts``; ``dispatch``, ``realtime`` and
+# ``directory``: the parameters of the flows ``dispatch``, ``realtime-dispatch`` and ``dispatch-directory``; ``shard``:
+# the parameters ``dispatch`` gives each ``realtime-dispatch`` run of a shard.
+Door = Literal["cli", "python", "dispatch", "realtime", "directory", "shard"]
 DOORS: Final[tuple[Door, ...]] = get_args(Door)
 
 # A parameter with no default (a keyword that must be given).
@@ -93,7 +96,8 @@ class RunOption:
         return None if self.setting is None else f"LLM_DISPATCH_{self.setting.upper()}"
 
 
-_ALL: Final[frozenset[Door]] = frozenset(DOORS)
+# dispatch-directory, a schedule's door, takes a few options; the workers' environment gives it the rest.
+_ALL: Final[frozenset[Door]] = frozenset(DOORS) - {"directory"}
 _FLOWS: Final[frozenset[Door]] = frozenset({"dispatch", "realtime"})
 # The doors a user starts a run by (a shard is a run its parent starts).
 _RUNS: Final[frozenset[Door]] = frozenset({"cli", "python", "dispatch", "realtime"})
@@ -120,14 +124,14 @@ RUN_OPTIONS: Final[tuple[RunOption, ...]] = (
             doors=_FLOWS_AND_SHARD | {"cli"}, cli=Taken(name="resume"), flags=("--resume",)),
     _option("new_job", bool, False,
             "start a new job even if FILE was run before (default: resume the job FILE already is)",
-            doors=_RUNS, flags=("--new-job",)),
+            doors=_RUNS | {"directory"}, flags=("--new-job",)),
     # A shard is named for its share of its parent's job (``input_run_name``).
     _option("job_name", str | None, None,
             "name the job; a run with the same name and FILE resumes it, another name starts a new one",
             doors=_RUNS | {"shard"}, flags=("--job-name",)),
     _option("simulate", bool, False, "send to the bundled simulator: no key, no network", doors=_COMMAND,
             flags=("--simulate",)),
-    _option("model", str | None, None, "default model for prompts that name none", doors=_ALL,
+    _option("model", str | None, None, "default model for prompts that name none", doors=_ALL | {"directory"},
             setting="model"),
     _option("endpoint", Endpoint | None, None,
             "endpoint for prompts that name none: chat|responses|embeddings (default chat)",
@@ -153,16 +157,16 @@ RUN_OPTIONS: Final[tuple[RunOption, ...]] = (
     # Not realtime-dispatch's: it records every prompt real-time, routing none.
     _option("route_policy", RoutePolicy | None, None,
             "rule for prompts with no urgency or deadline: length|all-realtime|all-batch (default length)",
-            doors=frozenset({"cli", "python", "dispatch"}), setting="route_policy",
+            doors=frozenset({"cli", "python", "dispatch", "directory"}), setting="route_policy",
             cli=Taken(name="route", type=str | None), python=Taken(name="route")),
     _option("urgent_below_chars", int | None, None,
             "the length policy's line: shorter prompts are urgent (default 1000 characters)",
             doors=frozenset({"dispatch"}), setting="urgent_below_chars"),
     _option("wait", bool, False, "follow batches to the end here, or submit them and leave them to `collect`",
-            doors=frozenset({"cli", "python", "dispatch"}), flags=("--wait/--no-wait",),
+            doors=frozenset({"cli", "python", "dispatch", "directory"}), flags=("--wait/--no-wait",),
             cli=Taken(default=True), python=Taken(default=True)),
     _option("max_cost", float | None, None, "refuse the run if its estimate is above this many dollars",
-            doors=frozenset({"cli", "python", "dispatch"})),
+            doors=frozenset({"cli", "python", "dispatch", "directory"})),
     # A shard's state is read by its parent alone, which counts the job's failed prompts against its own.
     _option("fail_above", float, 0.0,
             "share of the job's prompts (0-1) that may fail with the run still Completed in Prefect and exit 0; "
@@ -208,6 +212,10 @@ RUN_OPTIONS: Final[tuple[RunOption, ...]] = (
             doors=frozenset({"realtime", "shard"})),
     _option("planned_route", Route | None, None, "only the prompts routed here",
             doors=frozenset({"realtime", "shard"})),
+    _option("directory", str, REQUIRED, "the folder the prompt files are dropped in",
+            doors=frozenset({"directory"})),
+    _option("pattern", str, "*.jsonl", "which of its files are prompt files (a glob)",
+            doors=frozenset({"directory"})),
 )
 
 _BY_NAME: Final[dict[str, RunOption]] = {option.name: option for option in RUN_OPTIONS}

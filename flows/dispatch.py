@@ -319,7 +319,7 @@ async def dispatch_directory(
     file is sent again, each as a new job. A new job from a scheduled run is named after its file and
     the day (``questions-2026-11-26``)."""
     logger = get_run_logger()
-    settings = Settings.with_overrides(model=model, route_policy=route_policy)
+    settings = Settings.with_overrides(**setting_overrides(locals(), door="directory"))
     folder = Path(directory)
     if not folder.is_dir():
         raise ConfigError(f"{directory} is not a directory; give the folder the prompt files are dropped in")

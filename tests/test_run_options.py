@@ -1,8 +1,8 @@
 """A run's options are declared once (``core.RUN_OPTIONS``) and every door takes what the declaration gives it: the
 ``run`` command (its parameters, and the flags and help a user sees), ``run_prompts`` / ``arun_prompts``, the
-``dispatch`` and ``realtime-dispatch`` flows (their signatures, and the parameter schema Prefect builds from them),
-and the parameters ``dispatch`` hands each real-time shard. A parameter missing or extra, another default or another
-type at any door fails here."""
+``dispatch``, ``realtime-dispatch`` and ``dispatch-directory`` flows (their signatures, and the parameter schema
+Prefect builds from them), and the parameters ``dispatch`` hands each real-time shard. A parameter missing or extra,
+another default or another type at any door fails here."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from llm_dispatch.core._run_options import REQUIRED, Door
 
 from conftest import Sim, rows, write_prompts
 
-FLOW_DOORS: tuple[Door, ...] = ("dispatch", "realtime")
+FLOW_DOORS: tuple[Door, ...] = ("dispatch", "realtime", "directory")
 
 
 def _flow(door: Door) -> Any:
@@ -39,6 +39,10 @@ def _flow(door: Door) -> Any:
         from llm_dispatch.flows.dispatch import dispatch
 
         return dispatch
+    if door == "directory":
+        from llm_dispatch.flows.dispatch import dispatch_directory
+
+        return dispatch_directory
     from llm_dispatch.flows.realtime import realtime_dispatch
 
     return realtime_dispatch
@@ -100,9 +104,10 @@ def test_prefect_builds_each_flows_parameter_schema_from_the_declared_options(do
     schema = _flow(door).parameters
     declared = door_parameters(door)
     assert list(schema.properties) == list(inspect.signature(_flow(door).fn).parameters)
-    assert set(schema.properties) == set(declared) and schema.required == []
-    defaults = {name: schema.properties[name].get("default") for name in declared}
-    assert defaults == {name: taken.default for name, taken in declared.items()}
+    required = [name for name, taken in declared.items() if taken.default is REQUIRED]
+    assert set(schema.properties) == set(declared) and schema.required == required
+    defaults = {name: schema.properties[name].get("default") for name in declared if name not in required}
+    assert defaults == {name: taken.default for name, taken in declared.items() if name not in required}
 
 
 def test_every_option_that_overrides_a_setting_names_a_field_of_settings_and_its_environment_variable() -> None:

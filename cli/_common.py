@@ -13,10 +13,23 @@ from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperGroup
 
-from llm_dispatch.core import APIError, ConfigError, LLMDispatchError, Settings
+from llm_dispatch.core import APIError, ConfigError, LLMDispatchError, Settings, run_option
+
+
+def run_flag(name: str, **click: Any) -> Any:
+    """The ``run`` command's option for the run option ``name`` (its flows' name): its flags and help as the
+    declaration (``core.RUN_OPTIONS``) gives them; ``click``: what only the command checks (``min``, ``max``)."""
+    option = run_option(name)
+    return typer.Option(*option.flags, help=option.taken("cli").help, **click)
+
+
+def run_argument(name: str) -> Any:
+    """The ``run`` command's argument for the run option ``name``, its help as the declaration gives it."""
+    return typer.Argument(help=run_option(name).taken("cli").help)
+
 
 # Options several commands take alike.
-DatabaseUrl = Annotated[Optional[str], typer.Option(help="SQLAlchemy URL (default: ./llm_dispatch.db)")]
+DatabaseUrl = Annotated[Optional[str], run_flag("database_url")]
 AsJson = Annotated[bool, typer.Option("--json", help="print as JSON")]
 
 err = Console(stderr=True)

@@ -8,7 +8,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from llm_dispatch.core import ConfigError, RetryFailed, Settings
+from llm_dispatch.core import ConfigError, RetryFailed, Settings, flow_parameters
 
 from ._prefect import _prefect_settings
 
@@ -63,14 +63,7 @@ async def dispatch_summary(
 
     with _prefect_settings():
         return await result_of(await dispatch(
-            prompts=source, job_id=job_id, model=settings.model, endpoint=settings.endpoint,
-            route_policy=settings.route_policy,
-            wait=wait, max_cost=max_cost, concurrency=settings.concurrency, chunk_size=settings.chunk_size,
-            chunk_concurrency=settings.chunk_concurrency, dedupe=settings.dedupe, retry_failed=retry_failed,
-            retry_refused=retry_refused, base_url=settings.base_url, anthropic_base_url=settings.anthropic_base_url,
-            database_url=settings.database_url, prices_file=settings.prices_file,
-            answer_schema=settings.response_schema, max_reasks=settings.max_reasks,
-            batch_poll_interval=settings.batch_poll_interval, new_job=new_job, job_name=job_name,
-            budget=settings.budget, budget_name=settings.budget_name,
-            fail_above=fail_above, return_state=True,
+            prompts=source, job_id=job_id, wait=wait, max_cost=max_cost, retry_failed=retry_failed,
+            retry_refused=retry_refused, new_job=new_job, job_name=job_name, fail_above=fail_above,
+            **flow_parameters(settings, door="dispatch"), return_state=True,
         ))

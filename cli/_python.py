@@ -17,11 +17,13 @@ from pydantic import ValidationError
 
 from llm_dispatch.core import (
     ConfigError,
+    Endpoint,
     InputError,
     RetryFailed,
     RoutePolicy,
     from_pico,
     pydantic_schema,
+    setting_overrides,
 )
 
 from ._common import _settings
@@ -79,12 +81,14 @@ async def arun_prompts(
     model: str | None = None,
     simulate: bool = False,
     database_url: str | None = None,
+    endpoint: Endpoint | None = None,
     route: RoutePolicy | None = None,
     max_reasks: int | None = None,
     budget: float | None = None,
     budget_name: str | None = None,
     max_cost: float | None = None,
     concurrency: int | None = None,
+    prices_file: str | os.PathLike[str] | None = None,
     job_name: str | None = None,
     new_job: bool = False,
     retry_failed: RetryFailed = "retryable",
@@ -97,17 +101,20 @@ async def arun_prompts(
     line (``{"id": ..., "prompt": ..., "metadata": ...}``). ``schema``: a Pydantic model class, every answer's
     schema (sent as strict structured output, checked, asked again up to ``max_reasks`` times when invalid), each
     valid answer returned as an instance of it. ``route``: ``length`` (default), ``all-realtime`` or ``all-batch``.
+    ``endpoint``: the endpoint of prompts that name none (``chat``, the default, ``responses``, ``embeddings``).
+    ``prices_file``: your own price table (JSON) over the bundled one, for the estimate, ``max_cost``, budgets and
+    the costs stored.
     ``budget`` (dollars over the job's life) or ``budget_name`` (a shared budget) hold each request's worst case
     before it is sent; what does not fit stays ``pending``. ``simulate``: against the bundled simulator, in this
     process (no key, no network). The other settings come from the environment (``LLM_DISPATCH_*``), as for the
     command. Raises ``InputError``/``ConfigError`` (nothing sent) for bad prompts or settings, ``BudgetExceededError``
     for an estimate above ``max_cost``; failed prompts are rows, not errors.
     """
+    given = dict(locals())
     check_simulated_wait(simulate=simulate, wait=wait)
     source = _source(prompts)
-    settings = _settings(model=model, database_url=database_url, route_policy=route, max_reasks=max_reasks,
-                         budget=budget, budget_name=budget_name, concurrency=concurrency,
-                         response_schema=None if schema is None else pydantic_schema(schema))
+    given["schema"] = None if schema is None else pydantic_schema(schema)
+    settings = _settings(**setting_overrides(given, door="python"))
     with simulated(settings, latency=sim_latency) if simulate else contextlib.nullcontext(settings) as sending:
         summary = await dispatch_summary(source=source, job_id=None, settings=sending, wait=wait,
                                          max_cost=max_cost, retry_failed=retry_failed, new_job=new_job,

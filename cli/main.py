@@ -22,6 +22,7 @@ from llm_dispatch.core import (
     RetryFailed,
     Settings,
     money,
+    setting_overrides,
     to_json,
 )
 
@@ -36,6 +37,8 @@ from ._common import (
     _settings,
     err,
     out,
+    run_argument,
+    run_flag,
 )
 from ._flow_runs import SIM_BATCH_SECONDS, check_simulated_wait, dispatch_summary, simulated
 from .batches import abandon, cancel, collect
@@ -68,45 +71,30 @@ def main() -> None:
 
 
 def run(
-    file: Annotated[Optional[Path], typer.Argument(help="a .jsonl or .csv file of prompts")] = None,
-    resume: Annotated[Optional[str], typer.Option(
-        "--resume", help="the job to resume: its id (or the id's first characters) or its name; no FILE needed")] = None,
-    new_job: Annotated[bool, typer.Option(
-        "--new-job", help="start a new job even if FILE was run before (default: resume the job FILE already is)")] = False,
-    job_name: Annotated[Optional[str], typer.Option(
-        "--job-name", help="name the job; a run with the same name and FILE resumes it, another name starts a new one")] = None,
-    simulate: Annotated[bool, typer.Option("--simulate", help="send to the bundled simulator: no key, no network")] = False,
-    model: Annotated[Optional[str], typer.Option(help="default model for prompts that name none")] = None,
-    endpoint: Annotated[Optional[str], typer.Option(
-        help="endpoint for prompts that name none: chat|responses|embeddings (default chat)")] = None,
-    concurrency: Annotated[Optional[int], typer.Option(help="requests in flight per run")] = None,
-    chunk_size: Annotated[Optional[int], typer.Option(help="prompts per Prefect task")] = None,
-    dedupe: Annotated[bool, typer.Option("--dedupe/--no-dedupe", help="reuse stored answers to identical requests")] = True,
-    retry_failed: Annotated[str, typer.Option(help="on resume, resend failed prompts: retryable|all|none")] = "retryable",
-    retry_refused: Annotated[bool, typer.Option(
-        "--retry-refused", help="on resume, ask the prompts the model refused again (each is paid again)")] = False,
-    route: Annotated[Optional[str], typer.Option(
-        help="rule for prompts with no urgency or deadline: length|all-realtime|all-batch (default length)")] = None,
-    wait: Annotated[bool, typer.Option(
-        "--wait/--no-wait", help="follow batches to the end here, or submit them and leave them to `collect`")] = True,
-    max_cost: Annotated[Optional[float], typer.Option(help="refuse the run if its estimate is above this many dollars")] = None,
-    fail_above: Annotated[float, typer.Option(
-        "--fail-above", min=0.0, max=1.0,
-        help="share of the job's prompts (0-1) that may fail with the run still Completed in Prefect and exit 0; "
-             "default 0: any failed prompt makes the run Failed (exit 1)")] = 0.0,
-    budget: Annotated[Optional[float], typer.Option(
-        help="the most the job may spend, in dollars, over all its runs: each request's worst case is reserved "
-             "before it is sent (env LLM_DISPATCH_BUDGET)")] = None,
-    budget_name: Annotated[Optional[str], typer.Option(
-        "--budget-name", help="hold a named budget (`llm-dispatch budget set`) shared with every run naming it")] = None,
-    prices_file: Annotated[Optional[Path], typer.Option(help="your own price table (JSON), over the bundled one")] = None,
-    schema: Annotated[Optional[str], typer.Option(
-        "--schema", help="every answer's schema (unless a prompt gives its own): a JSON Schema file or module:Model")] = None,
-    max_reasks: Annotated[Optional[int], typer.Option(
-        "--max-reasks", help="times an answer that breaks its schema is asked again (default 2)")] = None,
+    file: Annotated[Optional[Path], run_argument("prompts")] = None,
+    resume: Annotated[Optional[str], run_flag("job_id")] = None,
+    new_job: Annotated[bool, run_flag("new_job")] = False,
+    job_name: Annotated[Optional[str], run_flag("job_name")] = None,
+    simulate: Annotated[bool, run_flag("simulate")] = False,
+    model: Annotated[Optional[str], run_flag("model")] = None,
+    endpoint: Annotated[Optional[str], run_flag("endpoint")] = None,
+    concurrency: Annotated[Optional[int], run_flag("concurrency")] = None,
+    chunk_size: Annotated[Optional[int], run_flag("chunk_size")] = None,
+    dedupe: Annotated[bool, run_flag("dedupe")] = True,
+    retry_failed: Annotated[str, run_flag("retry_failed")] = "retryable",
+    retry_refused: Annotated[bool, run_flag("retry_refused")] = False,
+    route: Annotated[Optional[str], run_flag("route_policy")] = None,
+    wait: Annotated[bool, run_flag("wait")] = True,
+    max_cost: Annotated[Optional[float], run_flag("max_cost")] = None,
+    fail_above: Annotated[float, run_flag("fail_above", min=0.0, max=1.0)] = 0.0,
+    budget: Annotated[Optional[float], run_flag("budget")] = None,
+    budget_name: Annotated[Optional[str], run_flag("budget_name")] = None,
+    prices_file: Annotated[Optional[Path], run_flag("prices_file")] = None,
+    schema: Annotated[Optional[str], run_flag("answer_schema")] = None,
+    max_reasks: Annotated[Optional[int], run_flag("max_reasks")] = None,
     database_url: DatabaseUrl = None,
-    sim_latency: Annotated[float, typer.Option(help="with --simulate: seconds per request")] = 0.2,
-    as_json: Annotated[bool, typer.Option("--json", help="print the summary as JSON")] = False,
+    sim_latency: Annotated[float, run_flag("sim_latency")] = 0.2,
+    as_json: Annotated[bool, run_flag("json")] = False,
 ) -> None:
     """Send FILE's prompts: urgent ones now as concurrent real-time calls, the rest through the Batch API
     at half price. Every result, token count and cost lands in the database."""
@@ -119,10 +107,7 @@ def run(
     check_simulated_wait(simulate=simulate, wait=wait)
     if retry_failed not in RETRY_FAILED:
         raise _fail(f"--retry-failed must be retryable, all or none, not {retry_failed!r}")
-    settings = _settings(model=model, endpoint=endpoint, concurrency=concurrency, chunk_size=chunk_size, dedupe=dedupe,
-                         database_url=database_url, route_policy=route,
-                         prices_file=str(prices_file) if prices_file else None, response_schema=schema,
-                         max_reasks=max_reasks, budget=budget, budget_name=budget_name)
+    settings = _settings(**setting_overrides(locals(), door="cli"))
     if prices_file is not None:
         from llm_dispatch.core import PriceTable
 

@@ -55,6 +55,16 @@ if TYPE_CHECKING:
         parse_deadline,
         prompt_chars,
     )
+    from ._run_options import (
+        RUN_OPTIONS,
+        Door,
+        RunOption,
+        door_parameters,
+        flow_parameters,
+        run_option,
+        setting_overrides,
+        shard_parameters,
+    )
     from ._settings import DEFAULT_ANTHROPIC_VERSION, DEFAULT_MAX_TOKENS, Settings
     from .wire._structured import (
         AnswerCheck,
@@ -173,6 +183,14 @@ __all__ = [
     "ResultSink",
     "RoutingRules",
     "RouteTotals",
+    "RUN_OPTIONS",
+    "Door",
+    "RunOption",
+    "door_parameters",
+    "flow_parameters",
+    "run_option",
+    "setting_overrides",
+    "shard_parameters",
     "RunStop",
     "Stopped",
     "money",

@@ -44,6 +44,8 @@ from llm_dispatch.core import (
     Settings,
     ShardRunsFailedError,
     current_progress,
+    setting_overrides,
+    shard_parameters,
 )
 from llm_dispatch.tasks import record_prompts, run_state
 
@@ -114,14 +116,7 @@ async def dispatch(
     """
     if shards < 1:
         raise ConfigError(f"shards must be at least 1, got {shards}")
-    settings = Settings.with_overrides(
-        model=model, endpoint=endpoint, route_policy=route_policy, urgent_below_chars=urgent_below_chars,
-        concurrency=concurrency,
-        chunk_size=chunk_size, chunk_concurrency=chunk_concurrency, concurrency_tag=concurrency_tag, dedupe=dedupe,
-        base_url=base_url, anthropic_base_url=anthropic_base_url, prices_file=prices_file,
-        batch_poll_interval=batch_poll_interval, database_url=database_url, response_schema=answer_schema,
-        max_reasks=max_reasks, budget=budget, budget_name=budget_name,
-    )
+    settings = Settings.with_overrides(**setting_overrides(locals(), door="dispatch"))
     try:
         summary = await run_dispatch(source=prompts, job_id=job_id, settings=settings, wait=wait, max_cost=max_cost,
                                      retry_failed=retry_failed, retry_refused=retry_refused, shards=shards,
@@ -252,21 +247,15 @@ async def run_shards(
     *, job_id: str, settings: Settings, shards: int, deployment: str, retry_failed: str, label: str
 ) -> ShardRuns:
     """The real-time half as ``shards`` deployment runs (one per shard of the prompts), awaited together;
-    each named for its share of the job ``label`` names (``shard 2/4 of questions.jsonl``, by ``input_run_name``)."""
+    each named for its share of the job ``label`` names (``shard 2/4 of questions.jsonl``, by ``input_run_name``) and
+    given every setting this run has but the database URL (``shard_parameters``), so that it sends as this run would."""
     from prefect.deployments import run_deployment
 
     logger = get_run_logger()
-    parameters = {
-        "job_id": job_id, "planned_route": "realtime", "shards": shards, "retry_failed": retry_failed,
-        "model": settings.model, "concurrency": settings.concurrency, "chunk_size": settings.chunk_size,
-        "chunk_concurrency": settings.chunk_concurrency, "concurrency_tag": settings.concurrency_tag,
-        "dedupe": settings.dedupe, "base_url": settings.base_url, "anthropic_base_url": settings.anthropic_base_url,
-        "max_reasks": settings.max_reasks,
-        "budget": settings.budget, "budget_name": settings.budget_name,
-    }
     runs = await asyncio.gather(*(
-        run_deployment(deployment, parameters={**parameters, "shard": index, "job_name": label},  # type: ignore[misc]
-                       timeout=None)
+        run_deployment(deployment, timeout=None,  # type: ignore[misc]
+                       parameters=shard_parameters(settings, job_id=job_id, job_name=label, planned_route="realtime",
+                                                   shards=shards, shard=index, retry_failed=retry_failed))
         for index in range(shards)
     ))
     # A shard Failed for its failed prompts did its work (stored); the job's own state counts them.
@@ -330,7 +319,7 @@ async def dispatch_directory(
     file is sent again, each as a new job. A new job from a scheduled run is named after its file and
     the day (``questions-2026-11-26``)."""
     logger = get_run_logger()
-    settings = Settings.with_overrides(model=model, route_policy=route_policy)
+    settings = Settings.with_overrides(**setting_overrides(locals(), door="directory"))
     folder = Path(directory)
     if not folder.is_dir():
         raise ConfigError(f"{directory} is not a directory; give the folder the prompt files are dropped in")

@@ -12,7 +12,7 @@ from pydantic import SecretStr
 
 from llm_dispatch import storage
 from llm_dispatch.jobs import Selection, open_run, run_budget
-from llm_dispatch.core import ConfigError, RetryFailed, Route, Settings
+from llm_dispatch.core import ConfigError, Endpoint, RetryFailed, Route, Settings, setting_overrides
 from llm_dispatch.tasks import record_prompts
 
 from ._realtime_half import send_realtime
@@ -25,6 +25,7 @@ async def realtime_dispatch(
     prompts: str | list[dict[str, Any]] | None = None,
     job_id: str | None = None,
     model: str | None = None,
+    endpoint: Endpoint | None = None,
     concurrency: int | None = None,
     chunk_size: int | None = None,
     chunk_concurrency: int | None = None,
@@ -35,6 +36,7 @@ async def realtime_dispatch(
     base_url: str | None = None,
     anthropic_base_url: str | None = None,
     database_url: SecretStr | None = None,
+    prices_file: str | None = None,
     planned_route: Route | None = None,
     shard: int | None = None,
     shards: int | None = None,
@@ -51,7 +53,9 @@ async def realtime_dispatch(
     Re-running the same input, or passing ``job_id``, resumes: a prompt that succeeded is never
     sent again, and an identical request already answered is reused unless ``dedupe`` is False; a refused one
     is asked again only with ``retry_refused``. ``new_job`` starts a new job instead; ``job_name`` names it (see
-    ``dispatch``).
+    ``dispatch``). ``endpoint`` is the endpoint of prompts that name none; ``prices_file`` a price table over the
+    bundled one, for the costs stored, the budget's reservations and the input's checks (both as ``dispatch``'s).
+    Every prompt it records is routed real-time, so it takes no route policy.
     ``planned_route`` sends only prompts routed there; ``shard``/``shards`` only one share of them
     (the ``dispatch`` flow's scale-out across workers runs one shard per deployment run). ``answer_schema`` and
     ``max_reasks``: as ``dispatch``'s. ``budget`` (dollars, the job's own) or ``budget_name`` (a shared budget) caps
@@ -64,12 +68,7 @@ async def realtime_dispatch(
         raise ConfigError("give both shard and shards, or neither")
     part = (shard, shards) if shard is not None and shards is not None else None
     # A SecretStr parameter reaches the Prefect API as '**********': a password in the URL stays here.
-    settings = Settings.with_overrides(
-        model=model, concurrency=concurrency, chunk_size=chunk_size, chunk_concurrency=chunk_concurrency,
-        concurrency_tag=concurrency_tag, dedupe=dedupe, base_url=base_url,
-        anthropic_base_url=anthropic_base_url, database_url=database_url, response_schema=answer_schema,
-        max_reasks=max_reasks, budget=budget, budget_name=budget_name,
-    )
+    settings = Settings.with_overrides(**setting_overrides(locals(), door="realtime"))
     settings = await prepare(settings, logger=get_run_logger(), tag_limit=True)
     # A new job's first chunk per lane goes out while the rest of it is stored; a shard's job is stored already.
     head = None if part else settings.chunk_size * lane_count(settings)

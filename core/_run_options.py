@@ -22,8 +22,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, get_args
 from pydantic import SecretStr
 
 from ._endpoints import Endpoint
-from ._routing import RoutePolicy
-from ._status import RetryFailed, Route
+from ._status import RetryFailed, Route, RoutePolicy
 
 if TYPE_CHECKING:
     from ._settings import Settings

@@ -11,6 +11,8 @@ from ._lazy import lazy_names
 
 if TYPE_CHECKING:
     from ._anthropic_answers import read_message_batch_results
+    from ._batch_api import Adopted, BatchApi, BatchRef, ResultFile
+    from ._batch_backends import BACKENDS, batch_api
     from ._batch_files import BatchFile, BatchFileWriter, BatchLine, read_batch_output, unpack_line, write_batch_files
     from ._batch_types import (
         DEFAULT_BATCH_LIMITS,
@@ -32,7 +34,9 @@ if TYPE_CHECKING:
     from ._inputs import InputCheck, PromptSource, RepeatedKeys, check_prompts, fingerprint, iter_prompts
     from ._json import json_field, money, stored_json, to_json
     from ._message_shapes import anthropic_messages_refusal, openai_messages_refusal
+    from ._message_batches import MessageBatchApi
     from ._model_rules import Refusal, anthropic_refusal, batch_metadata_problem, openai_refusal
+    from ._openai_batches import BATCH_ID_KEY, JOB_ID_KEY, OpenAIBatchApi
     from ._lanes import DEFAULT_OFFERS, Lane, LaneOffer
     from ._packing import (
         EMBEDDING_PACK_LIMITS,
@@ -118,6 +122,16 @@ __all__ = [
     "anthropic_messages_refusal",
     "anthropic_refusal",
     "batch_metadata_problem",
+    "Adopted",
+    "BACKENDS",
+    "BATCH_ID_KEY",
+    "BatchApi",
+    "batch_api",
+    "BatchRef",
+    "JOB_ID_KEY",
+    "MessageBatchApi",
+    "OpenAIBatchApi",
+    "ResultFile",
     "BatchFile",
     "BatchFileWriter",
     "BatchInfo",

@@ -223,10 +223,12 @@ async def batch_path(
         out["peak_reset"] = _reset_peak_rss()
 
         async with LLMClient(base_url=base_url, api_key=None) as client:
+            clients = Clients.of(client)
             # Time the output download inside ingest_batch without touching its code.
             download_s = 0.0
             downloaded_bytes = 0
-            download = client.download_file
+            api = clients.batch_api("openai")
+            download = api.download_file
 
             async def timed_download(file_id: str, *, to: Path, timeout: float | None = None) -> Path:
                 nonlocal download_s, downloaded_bytes
@@ -238,14 +240,14 @@ async def batch_path(
                 downloaded_bytes += path.stat().st_size
                 return path
 
-            client.download_file = timed_download  # type: ignore[method-assign]
+            api.download_file = timed_download  # type: ignore[method-assign]
 
             # 2. build + upload + create.
             sim_before, threads_before, cpu_before = _sim_cpu(base_url), _thread_cpu(), time.process_time()
             started = time.perf_counter()
             with profiler.run("submit"):
                 async with storage.ResultWriter(sessions, job_id=job_id, prices=prices) as writer:
-                    outcome = await submit_prompts(sessions=sessions, clients=Clients.of(client), writer=writer,
+                    outcome = await submit_prompts(sessions=sessions, clients=clients, writer=writer,
                                                    job_id=job_id, directory=directory)
             out["submit_s"] = time.perf_counter() - started
             out["submit_cpu_s"] = time.process_time() - cpu_before
@@ -271,7 +273,7 @@ async def batch_path(
                     if time.perf_counter() - started > WAIT_TIMEOUT:
                         raise SystemExit(f"batch {batch_id} still {record.status} after {WAIT_TIMEOUT:.0f} s")
                     await asyncio.sleep(POLL_INTERVAL)
-                    record = await poll_batch(sessions=sessions, clients=Clients.of(client), record=record)
+                    record = await poll_batch(sessions=sessions, clients=clients, record=record)
                 if record.status != "completed":
                     raise SystemExit(f"batch {batch_id} ended {record.status}: {record.errors}")
                 records.append(record)
@@ -284,7 +286,7 @@ async def batch_path(
             with profiler.run("ingest"):
                 for record in records:
                     async with storage.ResultWriter(sessions, job_id=job_id, **writer_options) as writer:
-                        got = await ingest_batch(sessions=sessions, clients=Clients.of(client), writer=writer, record=record,
+                        got = await ingest_batch(sessions=sessions, clients=clients, writer=writer, record=record,
                                                  directory=directory, max_submissions=3)
                     succeeded += got.succeeded
             out["ingest_s"] = time.perf_counter() - started

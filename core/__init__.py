@@ -11,6 +11,8 @@ from ._lazy import lazy_names
 
 if TYPE_CHECKING:
     from .batches._message_batch_results import read_message_batch_results
+    from .batches._batch_api import Adopted, BatchApi, BatchRef, ResultFile
+    from .batches._batch_backends import BACKENDS, batch_api
     from .batches._batch_files import BatchFile, BatchFileWriter, BatchLine, read_batch_output, unpack_line, write_batch_files
     from ._batch_types import (
         DEFAULT_BATCH_LIMITS,
@@ -32,7 +34,9 @@ if TYPE_CHECKING:
     from .inputs._inputs import InputCheck, PromptSource, RepeatedKeys, check_prompts, fingerprint, iter_prompts
     from ._json import json_field, money, stored_json, to_json
     from .wire._message_shapes import anthropic_messages_refusal, openai_messages_refusal
+    from .batches._message_batches import MessageBatchApi
     from .wire._model_rules import Refusal, anthropic_refusal, batch_metadata_problem, openai_refusal
+    from .batches._openai_batches import BATCH_ID_KEY, JOB_ID_KEY, OpenAIBatchApi
     from .pricing._lanes import DEFAULT_OFFERS, Lane, LaneOffer
     from .wire._packing import (
         EMBEDDING_PACK_LIMITS,
@@ -48,13 +52,6 @@ if TYPE_CHECKING:
     from ._providers import PROVIDERS, provider_lookup
     from .inputs._prompt_spec import PromptSpec
     from ._retry import DEFAULT_MAX_RETRY_AFTER
-    from .pricing._routing import (
-        RoutingRules,
-        decide_route,
-        format_duration,
-        parse_deadline,
-        prompt_chars,
-    )
     from ._run_options import (
         RUN_OPTIONS,
         Door,
@@ -64,6 +61,13 @@ if TYPE_CHECKING:
         run_option,
         setting_overrides,
         shard_parameters,
+    )
+    from .pricing._routing import (
+        RoutingRules,
+        decide_route,
+        format_duration,
+        parse_deadline,
+        prompt_chars,
     )
     from ._settings import DEFAULT_ANTHROPIC_VERSION, DEFAULT_MAX_TOKENS, Settings
     from .wire._structured import (
@@ -127,6 +131,24 @@ __all__ = [
     "anthropic_messages_refusal",
     "anthropic_refusal",
     "batch_metadata_problem",
+    "Adopted",
+    "BACKENDS",
+    "BATCH_ID_KEY",
+    "BatchApi",
+    "batch_api",
+    "BatchRef",
+    "JOB_ID_KEY",
+    "MessageBatchApi",
+    "OpenAIBatchApi",
+    "ResultFile",
+    "RUN_OPTIONS",
+    "Door",
+    "RunOption",
+    "door_parameters",
+    "flow_parameters",
+    "run_option",
+    "setting_overrides",
+    "shard_parameters",
     "BatchFile",
     "BatchFileWriter",
     "BatchInfo",
@@ -183,14 +205,6 @@ __all__ = [
     "ResultSink",
     "RoutingRules",
     "RouteTotals",
-    "RUN_OPTIONS",
-    "Door",
-    "RunOption",
-    "door_parameters",
-    "flow_parameters",
-    "run_option",
-    "setting_overrides",
-    "shard_parameters",
     "RunStop",
     "Stopped",
     "money",

@@ -30,6 +30,7 @@ from llm_dispatch.core import (
 )
 
 from ._run import JobRun
+from ._submit import adopted_by
 
 __all__ = ["BATCH_RETRY_FIRST", "BATCH_RETRY_MAX", "AbandonOutcome", "BatchProblem", "abandon_batch", "batch_trouble",
            "batch_error_wait", "error_text", "lose_batch"]
@@ -171,7 +172,7 @@ async def abandon_batch(*, run: JobRun, batch_id: int, force: bool = False) -> A
         if record.provider_batch_id is not None:
             info = await api.retrieve(record.provider_batch_id)
         elif record.status == "uploaded":  # its create may have got through without our hearing of it
-            info = await api.find(sessions=run.sessions, record=record)
+            info = await api.find(record=record, adopted=adopted_by(run.sessions))
     except (NotFoundError, APIConnectionError, InternalServerError) as exc:
         said = error_text(exc)  # unknown or unreachable: what abandon is for; a refused key stops here instead
     if info is not None:

@@ -3,25 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any, Final
+from typing import Any
 
 import httpx
 
-from llm_dispatch.core import PROVIDERS, ChatRequest, ChatResult, LLMClient, Settings, provider_lookup
+from llm_dispatch.core import PROVIDERS, BatchApi, ChatRequest, ChatResult, LLMClient, Settings, batch_api, \
+    provider_lookup
 
-from ._batch_anthropic import MessageBatchApi
-from ._batch_api import BatchApi
-from ._batch_openai import OpenAIBatchApi
-
-__all__ = ["BACKENDS", "Clients", "batch_api"]
-
-# Each provider's batch backend (``_batch_api.BatchApi``), side by side.
-BACKENDS: Final[dict[str, type[BatchApi]]] = {"openai": OpenAIBatchApi, "anthropic": MessageBatchApi}
-
-
-def batch_api(client: LLMClient) -> BatchApi:
-    """The Batch API of ``client``'s provider."""
-    return BACKENDS[client.provider](client)
+__all__ = ["Clients"]
 
 
 class Clients:
@@ -66,7 +55,8 @@ class Clients:
         return client
 
     def batch_api(self, provider: str) -> BatchApi:
-        """The provider's Batch API, one per run: its creates take turns where the provider needs them to."""
+        """The provider's Batch API (``core.batch_api``), one per run: its creates take turns where the provider
+        needs them to."""
         api = self._batch_apis.get(provider)
         if api is None:
             api = self._batch_apis[provider] = batch_api(self.for_provider(provider))

@@ -31,9 +31,13 @@ from typing import Final
 
 from llm_dispatch import storage
 from llm_dispatch.core import (
+    BATCH_ID_KEY,
     DEFAULT_MAX_RETRIES,
+    JOB_ID_KEY,
+    Adopted,
     APIError,
     APIStatusError,
+    BatchApi,
     BatchConflictError,
     BatchInfo,
     BatchLimits,
@@ -47,17 +51,14 @@ from llm_dispatch.core import (
     RetryFailed,
 )
 
-from ._batch_api import BatchApi
-from ._batch_openai import BATCH_ID_KEY, JOB_ID_KEY
 from ._batch_build import BatchBuilder, BuiltFile, Group, request_groups
 from ._clients import Clients
 from ._reuse import reuse_stored_answers
 
 __all__ = [
-    "BATCH_ID_KEY",
-    "JOB_ID_KEY",
     "SubmitOutcome",
     "advance_submission",
+    "adopted_by",
     "find_provider_batch",
     "submit_prompts",
 ]
@@ -256,7 +257,7 @@ async def advance_submission(
     if record.status != "uploaded":
         return record
     async with api.creating():
-        info = await api.find(sessions=sessions, record=record) if sent_before else None
+        info = await api.find(record=record, adopted=adopted_by(sessions)) if sent_before else None
         if info is not None:
             logger.info("batch %d: adopting provider batch %s, created before this process lost track of it",
                         record.id, info.id)
@@ -298,7 +299,7 @@ async def _create(
     path = await _input_file(sessions=sessions, record=record) if not api.uploads else None
 
     async def find_lost() -> BatchInfo | None:
-        found = await api.find(sessions=sessions, record=record)
+        found = await api.find(record=record, adopted=adopted_by(sessions))
         if found is not None:
             logger.info("batch %d: a create attempt got no answer, but made %s: adopted", record.id, found.id)
         return found
@@ -328,7 +329,16 @@ def _gave_up(error: APIError, *, record: storage.BatchRecord) -> APIError:
 async def find_provider_batch(*, sessions: storage.Sessions, clients: Clients,
                               record: storage.BatchRecord) -> BatchInfo | None:
     """The provider batch created for our batch ``record``, if any (see ``BatchApi.find``)."""
-    return await clients.batch_api(record.provider).find(sessions=sessions, record=record)
+    return await clients.batch_api(record.provider).find(record=record, adopted=adopted_by(sessions))
+
+
+def adopted_by(sessions: storage.Sessions) -> Adopted:
+    """Whether one of our stored batches already holds a provider batch id (``BatchApi.find``'s ``adopted``)."""
+
+    async def adopted(provider_batch_id: str) -> bool:
+        return await storage.find_batch_by_provider_id(sessions, provider_batch_id=provider_batch_id) is not None
+
+    return adopted
 
 
 async def _input_file(*, sessions: storage.Sessions, record: storage.BatchRecord) -> Path:

@@ -20,6 +20,7 @@ from llm_dispatch.core import (
     ConfigError,
     InternalServerError,
     LLMClient,
+    MessageBatchApi,
     NotFoundError,
     PermissionDeniedError,
     RateLimitError,
@@ -235,7 +236,7 @@ async def test_each_batch_state_maps_to_the_neutral_status(
 ) -> None:
     anthropic.get("/v1/messages/batches/msgbatch_01").respond(200, json=batch(status, **extra))
     async with client_for(anthropic, fake_time) as client:
-        info = await client.retrieve_message_batch("msgbatch_01")
+        info = await MessageBatchApi(client).retrieve("msgbatch_01")
     assert info.status is expected
     assert (info.request_counts.total, info.request_counts.completed, info.request_counts.failed) == (10, 5, 3)
     assert info.created_at is not None and info.created_at.hour == 10 and info.metadata == {}
@@ -248,8 +249,9 @@ async def test_a_batch_is_created_from_requests_and_cancelled(anthropic: respx.R
     cancel = anthropic.post("/v1/messages/batches/msgbatch_01/cancel").respond(200, json=batch("canceling"))
     requests = [{"custom_id": "p-1_a", "params": {"model": "claude-haiku-4-5", "max_tokens": 9, "messages": []}}]
     async with client_for(anthropic, fake_time) as client:
-        created = await client.create_message_batch(requests=requests)
-        cancelled = await client.cancel_message_batch("msgbatch_01")
+        batches = MessageBatchApi(client)
+        created = await batches.create_message_batch(requests=requests)
+        cancelled = await batches.cancel("msgbatch_01")
     assert json.loads(create.calls.last.request.content) == {"requests": requests}
     assert create.calls.last.request.headers["x-api-key"] == KEY
     assert created.status is BatchStatus.IN_PROGRESS and cancelled.status is BatchStatus.CANCELLING
@@ -261,7 +263,7 @@ async def test_a_bad_custom_id_is_refused_before_sending(fake_time: FakeTime, cu
     router = respx.Router(base_url=BASE, assert_all_mocked=True)
     async with client_for(router, fake_time) as client:
         with pytest.raises(ValueError, match="custom_id"):
-            await client.create_message_batch(requests=[{"custom_id": custom_id, "params": {}}])
+            await MessageBatchApi(client).create_message_batch(requests=[{"custom_id": custom_id, "params": {}}])
 
 
 async def test_a_lost_create_is_not_retried_when_the_caller_says_so(
@@ -270,7 +272,8 @@ async def test_a_lost_create_is_not_retried_when_the_caller_says_so(
     route = anthropic.post("/v1/messages/batches").mock(return_value=error(500, "api_error"))
     async with client_for(anthropic, fake_time) as client:
         with pytest.raises(InternalServerError):
-            await client.create_message_batch(requests=[{"custom_id": "a", "params": {}}], max_retries=0)
+            await MessageBatchApi(client).create_message_batch(requests=[{"custom_id": "a", "params": {}}],
+                                                               max_retries=0)
     assert route.call_count == 1
 
 
@@ -281,7 +284,7 @@ async def test_batches_are_listed_newest_first_page_by_page(anthropic: respx.Rou
         httpx.Response(200, json={"data": [batch(id="msgbatch_1")], "has_more": False}),
     ])
     async with client_for(anthropic, fake_time) as client:
-        ids = [info.id async for info in client.iter_message_batches(page_size=2)]
+        ids = [info.id async for info in MessageBatchApi(client).iter_message_batches(page_size=2)]
     assert ids == ["msgbatch_3", "msgbatch_2", "msgbatch_1"]
     assert route.calls[1].request.url.params["after_id"] == "msgbatch_2"
     assert route.calls[0].request.url.params["limit"] == "2"
@@ -291,7 +294,8 @@ async def test_results_are_downloaded_to_a_file(anthropic: respx.Router, fake_ti
     lines = b'{"custom_id":"a","result":{"type":"canceled"}}\n'
     anthropic.get("/v1/messages/batches/msgbatch_01/results").respond(200, content=lines)
     async with client_for(anthropic, fake_time) as client:
-        path = await client.download_message_batch_results("msgbatch_01", to=tmp_path / "out" / "r.jsonl")
+        path = await MessageBatchApi(client).download_message_batch_results("msgbatch_01",
+                                                                            to=tmp_path / "out" / "r.jsonl")
     assert path.read_bytes() == lines
 
 
@@ -300,7 +304,7 @@ async def test_each_error_class_of_a_batch_call(anthropic: respx.Router, fake_ti
     route = anthropic.get("/v1/messages/batches/msgbatch_01").mock(return_value=error(status, "some_error"))
     async with client_for(anthropic, fake_time, max_retries=1) as client:
         with pytest.raises(APIStatusError) as caught:
-            await client.retrieve_message_batch("msgbatch_01")
+            await MessageBatchApi(client).retrieve("msgbatch_01")
     assert caught.value.status_code == status
     assert route.call_count == (2 if status in (429, 500, 529) else 1)
 
@@ -309,7 +313,7 @@ async def test_message_batch_calls_need_an_anthropic_client(fake_time: FakeTime)
     router = respx.Router(base_url=BASE, assert_all_mocked=True)
     async with client_for(router, fake_time, provider="openai") as client:
         with pytest.raises(ValueError, match="Anthropic"):
-            await client.retrieve_message_batch("msgbatch_01")
+            await MessageBatchApi(client).retrieve("msgbatch_01")
 
 
 async def test_a_connection_failure_names_the_anthropic_url_setting(fake_time: FakeTime) -> None:

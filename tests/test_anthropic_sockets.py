@@ -23,6 +23,7 @@ from llm_dispatch.core import (
     ChatRequest,
     InternalServerError,
     LLMClient,
+    MessageBatchApi,
     NotFoundError,
     PermissionDeniedError,
     RateLimitError,
@@ -203,7 +204,7 @@ async def test_each_batch_state_over_a_socket(served: tuple[Anthropic, str], sta
     expected = {"in_progress": BatchStatus.IN_PROGRESS, "canceling": BatchStatus.CANCELLING,
                 "ended": BatchStatus.COMPLETED}[state]
     async with client(url) as llm:
-        info = await llm.retrieve_message_batch(f"msgbatch_{state}")
+        info = await MessageBatchApi(llm).retrieve(f"msgbatch_{state}")
     assert info.status is expected and info.request_counts.total == 3
     assert (info.cancelling_at is not None) == (state == "canceling")
 
@@ -213,7 +214,7 @@ async def test_each_error_class_of_a_batch_call_over_a_socket(served: tuple[Anth
     _, url = served
     async with client(url, max_retries=0) as llm:
         with pytest.raises(APIStatusError) as caught:
-            await llm.retrieve_message_batch(f"msgbatch_error-{status}-some_error")
+            await MessageBatchApi(llm).retrieve(f"msgbatch_error-{status}-some_error")
     assert caught.value.status_code == status
 
 
@@ -224,10 +225,11 @@ async def test_a_batch_is_created_listed_cancelled_and_its_results_read(
     request = ChatRequest(model="claude-haiku-4-5", messages=[{"role": "user", "content": "x"}], params={"stop": "Z"})
     params = anthropic_params(request, default_max_tokens=50)
     async with client(url) as llm:
-        created = await llm.create_message_batch(requests=[{"custom_id": f"p-{i}", "params": params} for i in range(3)])
-        listed = [info.id async for info in llm.iter_message_batches(page_size=2)]
-        cancelled = await llm.cancel_message_batch(created.id)
-        path = await llm.download_message_batch_results("msgbatch_ended", to=tmp_path / "results.jsonl")
+        batches = MessageBatchApi(llm)
+        created = await batches.create_message_batch(requests=[{"custom_id": f"p-{i}", "params": params} for i in range(3)])
+        listed = [info.id async for info in batches.iter_message_batches(page_size=2)]
+        cancelled = await batches.cancel(created.id)
+        path = await batches.download_message_batch_results("msgbatch_ended", to=tmp_path / "results.jsonl")
     assert created.status is BatchStatus.IN_PROGRESS and created.request_counts.total == 3
     assert fake.bodies[-1]["requests"][0] == {"custom_id": "p-0", "params": {
         "model": "claude-haiku-4-5", "max_tokens": 50, "messages": [{"role": "user", "content": "x"}],

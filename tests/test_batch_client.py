@@ -11,7 +11,7 @@ import httpx
 import pytest
 import respx
 
-from llm_dispatch.core import BatchInfo, BatchLimits, BatchStatus, FileInfo
+from llm_dispatch.core import BatchInfo, BatchLimits, BatchStatus, FileInfo, OpenAIBatchApi
 from llm_dispatch.core._batch_types import batch_status_from_api
 from llm_dispatch.core._exceptions import APIResponseValidationError, BadRequestError, InternalServerError, NotFoundError
 
@@ -57,7 +57,7 @@ async def test_upload_sends_multipart_and_retries_like_chat(
         httpx.Response(503), httpx.Response(429, headers={"retry-after": "1"}), httpx.Response(200, json=file_object()),
     ])
     async with make_client(router, fake_time) as client:
-        info = await client.upload_file(source)
+        info = await OpenAIBatchApi(client).upload_file(source)
 
     # The second retry grows from the Retry-After: 1 s plus 5% (no jitter here).
     assert route.call_count == 3 and fake_time.sleeps == pytest.approx([0.5, 1.05])
@@ -83,7 +83,7 @@ async def test_download_streams_to_disk_with_retries(
     )
     target = tmp_path / "nested" / "out.jsonl"  # the directory is made on the way
     async with make_client(router, fake_time) as client:
-        saved = await client.download_file("file-out", to=target)
+        saved = await OpenAIBatchApi(client).download_file("file-out", to=target)
     assert saved == target and route.call_count == 2
     assert target.read_text().count("\n") == 50
     assert list(target.parent.iterdir()) == [target]  # no .part file left behind
@@ -96,19 +96,19 @@ async def test_delete_file_and_missing_ok(router: respx.Router, fake_time: FakeT
         httpx.Response(404, json={"error": {"message": "No such File object: file-abc"}}),
     ])
     async with make_client(router, fake_time) as client:
-        await client.delete_file("file-abc")
-        await client.delete_file("file-abc", missing_ok=True)
+        await OpenAIBatchApi(client).delete_file("file-abc")
+        await OpenAIBatchApi(client).delete_file("file-abc", missing_ok=True)
         with pytest.raises(NotFoundError):
-            await client.delete_file("file-abc")
+            await OpenAIBatchApi(client).delete_file("file-abc")
     assert route.call_count == 3
 
 
 async def test_ids_are_one_path_segment(router: respx.Router, fake_time: FakeTime) -> None:
     route = router.get("/files/file%2F..%2Fx", name="odd").respond(200, json=file_object(id="file/../x"))
     async with make_client(router, fake_time) as client:
-        assert (await client.retrieve_file("file/../x")).id == "file/../x"
+        assert (await OpenAIBatchApi(client).retrieve_file("file/../x")).id == "file/../x"
         with pytest.raises(ValueError):
-            await client.retrieve_batch("")
+            await OpenAIBatchApi(client).retrieve("")
     assert route.call_count == 1
 
 
@@ -120,7 +120,7 @@ async def test_create_batch_sends_openai_body_and_retries(router: respx.Router, 
         httpx.Response(500, json={"error": {"message": "oops"}}), httpx.Response(200, json=batch_object()),
     ])
     async with make_client(router, fake_time) as client:
-        batch = await client.create_batch(input_file_id="file-abc", metadata={"run": "r1"})
+        batch = await OpenAIBatchApi(client).create_batch(input_file_id="file-abc", metadata={"run": "r1"})
     assert route.call_count == 2
     assert json.loads(route.calls.last.request.content) == {
         "input_file_id": "file-abc", "endpoint": "/v1/chat/completions", "completion_window": "24h",
@@ -135,7 +135,7 @@ async def test_create_batch_with_max_retries_0_makes_one_attempt(router: respx.R
     route = router.post("/batches", name="create").mock(side_effect=[httpx.Response(502, json={"error": {}})])
     async with make_client(router, fake_time) as client:
         with pytest.raises(InternalServerError, match="after 1 attempt"):
-            await client.create_batch(input_file_id="file-abc", max_retries=0)
+            await OpenAIBatchApi(client).create_batch(input_file_id="file-abc", max_retries=0)
     assert route.call_count == 1 and fake_time.sleeps == []
 
 
@@ -143,7 +143,7 @@ async def test_create_batch_without_metadata_and_a_400_is_final(router: respx.Ro
     route = router.post("/batches", name="create").respond(400, json={"error": {"message": "bad window"}})
     async with make_client(router, fake_time) as client:
         with pytest.raises(BadRequestError, match="bad window"):
-            await client.create_batch(input_file_id="file-abc", completion_window="1h")
+            await OpenAIBatchApi(client).create_batch(input_file_id="file-abc", completion_window="1h")
     assert route.call_count == 1 and fake_time.sleeps == []
     assert "metadata" not in json.loads(route.calls.last.request.content)
 
@@ -164,7 +164,7 @@ async def test_a_lost_create_is_looked_up_after_the_servers_wait_on_the_clients_
         return made if len(looked) == 2 else None
 
     async with make_client(router, fake_time) as client:
-        batch = await client.create_batch(input_file_id="file-abc", find_lost=find_lost)
+        batch = await OpenAIBatchApi(client).create_batch(input_file_id="file-abc", find_lost=find_lost)
     assert batch is made and route.call_count == 2
     # The second wait is the house rule's after a server's wait: the last one plus 5% (no jitter here).
     assert fake_time.sleeps == pytest.approx([7.0, 7.35]) and looked == pytest.approx([1007.0, 1014.35])
@@ -182,7 +182,7 @@ async def test_a_create_that_gives_up_looks_once_more_after_its_last_attempt(
 
     async with make_client(router, fake_time, max_retries=5) as client:
         with pytest.raises(InternalServerError, match="after 2 attempts") as caught:
-            await client.create_batch(input_file_id="file-abc", max_retries=1, find_lost=find_lost)
+            await OpenAIBatchApi(client).create_batch(input_file_id="file-abc", max_retries=1, find_lost=find_lost)
     assert looked == [1, 2] and fake_time.sleeps == [0.5, 1.0] and caught.value.retryable
 
 
@@ -194,7 +194,7 @@ async def test_a_400_is_final_and_nothing_is_looked_up(router: respx.Router, fak
 
     async with make_client(router, fake_time) as client:
         with pytest.raises(BadRequestError, match="bad file"):
-            await client.create_batch(input_file_id="file-abc", find_lost=find_lost)
+            await OpenAIBatchApi(client).create_batch(input_file_id="file-abc", find_lost=find_lost)
     assert fake_time.sleeps == []
 
 
@@ -209,8 +209,8 @@ async def test_retrieve_and_cancel(router: respx.Router, fake_time: FakeTime) ->
         200, json=batch_object(status="cancelling", cancelling_at=CREATED + 9)
     )
     async with make_client(router, fake_time) as client:
-        batch = await client.retrieve_batch("batch_abc")
-        cancelling = await client.cancel_batch("batch_abc")
+        batch = await OpenAIBatchApi(client).retrieve("batch_abc")
+        cancelling = await OpenAIBatchApi(client).cancel("batch_abc")
     assert batch.status.is_terminal and (batch.output_file_id, batch.error_file_id) == ("file-out", "file-err")
     assert (batch.request_counts.total, batch.request_counts.completed, batch.request_counts.failed) == (100, 95, 5)
     assert batch.completed_at == datetime.fromtimestamp(CREATED + 61, tz=UTC)
@@ -223,7 +223,7 @@ async def test_unknown_status_is_a_validation_error_not_asked_again(router: resp
     route = router.get("/batches/batch_abc", name="retrieve").respond(200, json=batch_object(status="paused"))
     async with make_client(router, fake_time, max_retries=1) as client:
         with pytest.raises(APIResponseValidationError, match="'paused'"):
-            await client.retrieve_batch("batch_abc")
+            await OpenAIBatchApi(client).retrieve("batch_abc")
     assert route.call_count == 1
 
 
@@ -237,8 +237,8 @@ async def test_list_batches_pages_and_keeps_the_base_query(router: respx.Router,
         side_effect=[page(["b3", "b2"], True), page(["b3", "b2"], True), page(["b1"], False)]
     )
     async with make_client(router, fake_time, base_url=f"{BASE_URL}?api-version=2024-10-21") as client:
-        first = await client.list_batches(limit=2)
-        every = [batch.id async for batch in client.iter_batches(page_size=2)]
+        first = await OpenAIBatchApi(client).list_batches(limit=2)
+        every = [batch.id async for batch in OpenAIBatchApi(client).iter_batches(page_size=2)]
     assert [batch.id for batch in first] == ["b3", "b2"]
     assert every == ["b3", "b2", "b1"]
     params = [dict(call.request.url.params) for call in route.calls]

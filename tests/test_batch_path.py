@@ -14,12 +14,11 @@ from sqlalchemy import func, select
 
 from llm_dispatch import storage
 from conftest import BatchEnv, Sim
-from llm_dispatch.core import LLMClient
+from llm_dispatch.core import BATCH_ID_KEY, JOB_ID_KEY, LLMClient, OpenAIBatchApi
 from llm_dispatch.core._types import dedupe_key
 from llm_dispatch.storage import Prompt, Result, Sessions
 from llm_dispatch.jobs import ingest_batch
 from llm_dispatch.jobs import advance_submission, submit_prompts
-from llm_dispatch.jobs._submit import BATCH_ID_KEY, JOB_ID_KEY
 
 
 @dataclass
@@ -282,7 +281,7 @@ async def test_cancel_keeps_what_completed_and_fails_the_rest(env: Env) -> None:
     [batch_id] = await env.submit(job_id)
     record = await env.poll(batch_id, until=lambda r: r.request_completed >= 50)
     await storage.update_batch(env.sessions, batch_id=batch_id, cancel_requested=True)
-    await env.client.cancel_batch(record.provider_batch_id)  # type: ignore[arg-type]
+    await OpenAIBatchApi(env.client).cancel(record.provider_batch_id)  # type: ignore[arg-type]
     outcome = await env.finish(batch_id)
     assert outcome.status == "cancelled"
     assert outcome.succeeded >= 50 and outcome.succeeded + outcome.failed == 400
@@ -301,7 +300,7 @@ async def uploaded_batch(env: Env, job_id: str, ids: list[int]) -> storage.Batch
         directory=env.directory)
     batch_id = await storage.create_batch_record(env.sessions, job_id=job_id, model="gpt-4o-mini",
                                                  members=[(pid, f"p{pid}") for pid in ids], file_path=str(file.path))
-    uploaded = await env.client.upload_file(file.path)
+    uploaded = await OpenAIBatchApi(env.client).upload_file(file.path)
     await storage.update_batch(env.sessions, batch_id=batch_id, status="uploaded", input_file_id=uploaded.id)
     record = await env.batch(batch_id)
     return record
@@ -313,7 +312,7 @@ async def test_a_create_that_reached_the_provider_is_adopted_not_repeated(env: E
     batch_id = record.id
     # The process created the batch, then died before storing its id.
     assert record.input_file_id is not None
-    created = await env.client.create_batch(
+    created = await OpenAIBatchApi(env.client).create_batch(
         input_file_id=record.input_file_id, metadata={JOB_ID_KEY: job_id, BATCH_ID_KEY: str(batch_id)})
 
     record = await advance_submission(sessions=env.sessions, clients=env.clients, record=record)

@@ -18,6 +18,7 @@ import respx
 from aiohttp import web
 from pydantic import SecretStr
 
+from llm_dispatch.core import OpenAIBatchApi
 from llm_dispatch.core.http._client import LLMClient, default_transport
 from llm_dispatch.core._exceptions import (
     APIConnectionError,
@@ -431,7 +432,7 @@ async def test_organization_and_project_go_as_openai_headers_from_their_environm
     batches = router.get("/batches", name="batches").respond(200, json={"data": [], "has_more": False})
     async with LLMClient.from_settings(settings, transport=httpx.MockTransport(router.async_handler)) as client:
         await client.chat(REQUEST)
-        await client.list_batches()
+        await OpenAIBatchApi(client).list_batches()
         with pytest.raises(PermissionDeniedError) as caught:
             await client.chat(REQUEST)
         shown = repr(client)
@@ -841,11 +842,11 @@ async def test_every_call_goes_through_the_transports_one_method(
     transport = _CountingTransport(router)
     async with make_client(router, fake_time, transport=transport) as client:
         await client.chat(REQUEST)
-        await client.upload_file(source)
-        await client.download_file("file-1", to=tmp_path / "out.jsonl")
-        await client.delete_file("file-1")
-        await client.create_batch(input_file_id="file-1")
-        await client.list_batches()
+        await OpenAIBatchApi(client).upload_file(source)
+        await OpenAIBatchApi(client).download_file("file-1", to=tmp_path / "out.jsonl")
+        await OpenAIBatchApi(client).delete_file("file-1")
+        await OpenAIBatchApi(client).create_batch(input_file_id="file-1")
+        await OpenAIBatchApi(client).list_batches()
     assert [(r.method, r.url.path) for r in transport.requests] == [
         ("POST", "/v1/chat/completions"), ("POST", "/v1/files"), ("GET", "/v1/files/file-1/content"),
         ("DELETE", "/v1/files/file-1"), ("POST", "/v1/batches"), ("GET", "/v1/batches"),

@@ -13,8 +13,8 @@ import respx
 
 from llm_dispatch import storage
 from llm_dispatch.jobs import Clients
-from llm_dispatch.jobs._clients import batch_api
-from llm_dispatch.core import ChatRequest, ConfigError, LLMClient, Settings
+from llm_dispatch.jobs._submit import adopted_by
+from llm_dispatch.core import ChatRequest, ConfigError, LLMClient, Settings, batch_api
 
 OPENAI = "https://api.openai.test/v1"
 ANTHROPIC = "https://api.anthropic.test"
@@ -106,7 +106,7 @@ async def test_a_lost_message_batch_is_found_by_size_and_time_and_never_one_alre
     ])
     async with LLMClient(provider="anthropic", base_url=ANTHROPIC, api_key="sk-ant-key",
                          transport=httpx.MockTransport(mock.async_handler)) as client:
-        found = await batch_api(client).find(sessions=sessions, record=record)
+        found = await batch_api(client).find(record=record, adopted=adopted_by(sessions))
     assert found is not None and found.id == "msgbatch_ours"
     # Paged with after_id, and stopped at the first batch older than the record (no third page asked for).
     assert route.call_count == 2 and route.calls[1].request.url.params["after_id"] == "msgbatch_wrong_size"
@@ -115,8 +115,7 @@ async def test_a_lost_message_batch_is_found_by_size_and_time_and_never_one_alre
 
 async def test_each_provider_has_a_batch_backend_of_its_own() -> None:
     from llm_dispatch.core import PROVIDERS
-    from llm_dispatch.jobs._batch_api import BatchApi
-    from llm_dispatch.jobs._clients import BACKENDS
+    from llm_dispatch.core import BACKENDS, BatchApi
 
     assert set(BACKENDS) == set(PROVIDERS)
     for provider, backend in BACKENDS.items():

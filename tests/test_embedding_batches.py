@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from llm_dispatch.core import BatchLimits, BatchLine, ChatResult, LLMClient, unpack_line
+from llm_dispatch.core import BatchLimits, BatchLine, ChatResult, LLMClient, OpenAIBatchApi, unpack_line
 from llm_dispatch.jobs._batch_build import BatchBuilder, Group
 from llm_dispatch.simulator import embedding_vector
 
@@ -88,13 +88,13 @@ async def test_the_simulator_fails_an_embeddings_batch_of_more_than_50000_inputs
             out.write(json.dumps({"custom_id": f"p{line}", "method": "POST", "url": "/v1/embeddings",
                                   "body": body}) + "\n")
     async with LLMClient(base_url=base_url, api_key="sk-test", max_retries=0) as client:
-        uploaded = await client.upload_file(source)
-        batch = await client.create_batch(input_file_id=uploaded.id, endpoint="/v1/embeddings")
+        uploaded = await OpenAIBatchApi(client).upload_file(source)
+        batch = await OpenAIBatchApi(client).create_batch(input_file_id=uploaded.id, endpoint="/v1/embeddings")
         deadline = time.monotonic() + 30
         while not batch.status.is_terminal:
             assert time.monotonic() < deadline, f"batch stuck in {batch.status}"
             await asyncio.sleep(0.05)
-            batch = await client.retrieve_batch(batch.id)
+            batch = await OpenAIBatchApi(client).retrieve(batch.id)
     assert batch.status.value == "failed"
     assert [error.code for error in batch.errors] == ["too_many_embedding_inputs"]
     assert "52000" in batch.errors[0].message

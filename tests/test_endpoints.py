@@ -23,6 +23,7 @@ from llm_dispatch.core import (
     ConfigError,
     InputError,
     LLMClient,
+    OpenAIBatchApi,
     check_prompts,
     read_batch_output,
     vector_floats,
@@ -40,7 +41,7 @@ async def test_a_batch_to_an_endpoint_whose_lines_cannot_be_read_is_refused_befo
     # No route: any request would fail the test (the router is strict).
     async with make_client(router, fake_time) as client:
         with pytest.raises(ConfigError, match="/v1/moderations cannot be read back by llm-dispatch"):
-            await client.create_batch(input_file_id="file-abc", endpoint="/v1/moderations")
+            await OpenAIBatchApi(client).create_batch(input_file_id="file-abc", endpoint="/v1/moderations")
 
 
 def test_the_endpoint_is_named_per_prompt_and_defaults_to_the_jobs() -> None:

@@ -22,6 +22,7 @@ from llm_dispatch.core import (
     BatchStatus,
     InternalServerError,
     LLMClient,
+    MessageBatchApi,
     read_message_batch_results,
 )
 from llm_dispatch.simulator import Simulator, SimulatorConfig, anthropic_base_url
@@ -68,13 +69,13 @@ async def wait_until_ended(client: LLMClient, batch: BatchInfo, *, timeout: floa
     while batch.status is not BatchStatus.COMPLETED:
         assert time.monotonic() < deadline, f"batch stuck in {batch.status}"
         await asyncio.sleep(POLL_SECONDS)
-        batch = await client.retrieve_message_batch(batch.id)
+        batch = await MessageBatchApi(client).retrieve(batch.id)
         seen.append((batch.status, batch.request_counts.completed))
     return batch, seen
 
 
 async def results(client: LLMClient, batch: BatchInfo, tmp_path: Path) -> dict[str, BatchLine]:
-    path = await client.download_message_batch_results(batch.id, to=tmp_path / f"{batch.id}.jsonl")
+    path = await MessageBatchApi(client).download_message_batch_results(batch.id, to=tmp_path / f"{batch.id}.jsonl")
     return {line.custom_id: line for line in read_message_batch_results(path)}
 
 
@@ -83,7 +84,7 @@ async def test_a_batch_runs_to_ended_with_succeeded_and_errored_lines(
 ) -> None:
     texts = ["Name a river.", "[[sim:400]] bad", "[[sim:500]] broken", "[[sim:529]] busy", "[[sim:429]] slow",
              "Name a lake."]
-    created = await client.create_message_batch(requests=requests(texts))
+    created = await MessageBatchApi(client).create_message_batch(requests=requests(texts))
     assert created.status is BatchStatus.IN_PROGRESS and created.request_counts.total == 6
     ended, seen = await wait_until_ended(client, created)
     assert (ended.request_counts.completed, ended.request_counts.failed) == (2, 4)
@@ -110,7 +111,8 @@ async def test_an_expired_batch_answers_a_fraction_and_expires_the_rest(
     client: LLMClient, admin: httpx.Client, tmp_path: Path
 ) -> None:
     admin.post("/_sim/batch_faults", json={"faults": ["expire:0.5"]}).raise_for_status()
-    created = await client.create_message_batch(requests=requests([f"Question {i}" for i in range(4)]))
+    created = await MessageBatchApi(client).create_message_batch(
+        requests=requests([f"Question {i}" for i in range(4)]))
     ended, _ = await wait_until_ended(client, created)
     lines = await results(client, ended, tmp_path)
     assert [(line.custom_id, line.error_code) for line in lines.values()] == [
@@ -124,8 +126,9 @@ async def test_a_cancelled_batch_ends_with_the_unanswered_canceled(
     client: LLMClient, admin: httpx.Client, tmp_path: Path
 ) -> None:
     admin.post("/_sim/config", json={"batch_processing_seconds": 2.0}).raise_for_status()
-    created = await client.create_message_batch(requests=requests([f"Question {i}" for i in range(40)]))
-    cancelling = await client.cancel_message_batch(created.id)
+    batches = MessageBatchApi(client)
+    created = await batches.create_message_batch(requests=requests([f"Question {i}" for i in range(40)]))
+    cancelling = await batches.cancel(created.id)
     assert cancelling.status is BatchStatus.CANCELLING and cancelling.cancelling_at is not None
     ended, _ = await wait_until_ended(client, cancelling)
     lines = await results(client, ended, tmp_path)
@@ -149,8 +152,8 @@ async def test_a_lost_create_answer_still_creates_exactly_one_batch(
     async with LLMClient(provider="anthropic", base_url=sim_url, api_key="k", max_retries=0,
                          request_timeout=0.5, file_timeout=0.5) as llm:
         with pytest.raises(exception):
-            await llm.create_message_batch(requests=requests(["Name a river."]))
-        listed = [batch async for batch in llm.iter_message_batches()]
+            await MessageBatchApi(llm).create_message_batch(requests=requests(["Name a river."]))
+        listed = [batch async for batch in MessageBatchApi(llm).iter_message_batches()]
     assert len(listed) == 1 and admin.get("/_sim/stats").json()["message_batches"] == 1
 
 
@@ -159,13 +162,14 @@ async def test_a_hung_create_creates_nothing(sim_url: str, admin: httpx.Client) 
     async with LLMClient(provider="anthropic", base_url=sim_url, api_key="k", max_retries=0,
                          request_timeout=0.3, file_timeout=0.3) as llm:
         with pytest.raises(APITimeoutError):
-            await llm.create_message_batch(requests=requests(["Name a river."]))
+            await MessageBatchApi(llm).create_message_batch(requests=requests(["Name a river."]))
     assert admin.get("/_sim/stats").json()["message_batches"] == 0
 
 
 async def test_batches_are_listed_newest_first_a_page_at_a_time(client: LLMClient, admin: httpx.Client) -> None:
-    created = [(await client.create_message_batch(requests=requests([f"Batch {i}"]))).id for i in range(3)]
-    listed = [batch.id async for batch in client.iter_message_batches(page_size=2)]
+    batches = MessageBatchApi(client)
+    created = [(await batches.create_message_batch(requests=requests([f"Batch {i}"]))).id for i in range(3)]
+    listed = [batch.id async for batch in batches.iter_message_batches(page_size=2)]
     assert listed == created[::-1]
     first = admin.get("/v1/messages/batches", params={"limit": 2}).json()
     second = admin.get("/v1/messages/batches", params={"limit": 2, "after_id": first["last_id"]}).json()
@@ -223,5 +227,5 @@ async def test_a_message_batch_create_has_the_upload_deadline_not_a_chats(sim_ur
     admin.post("/_sim/batch_faults", json={"faults": ["create_lost_hang:0.6"]}).raise_for_status()
     async with LLMClient(provider="anthropic", base_url=sim_url, api_key="k", max_retries=0,
                          request_timeout=0.2, file_timeout=5) as llm:
-        created = await llm.create_message_batch(requests=requests(["Name a river."]))
+        created = await MessageBatchApi(llm).create_message_batch(requests=requests(["Name a river."]))
     assert created.id and admin.get("/_sim/stats").json()["message_batches"] == 1

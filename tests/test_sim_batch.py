@@ -13,7 +13,7 @@ import pytest
 import pytest_asyncio
 
 from llm_dispatch.core.batches._batch_files import BatchFile, read_batch_output, write_batch_files
-from llm_dispatch.core import BatchInfo, BatchStatus
+from llm_dispatch.core import BatchInfo, BatchStatus, OpenAIBatchApi
 from llm_dispatch.core.http._client import LLMClient
 from llm_dispatch.core._exceptions import (
     APIConnectionError,
@@ -66,8 +66,8 @@ def one_file(tmp_path: Path, texts: list[str]) -> BatchFile:
 
 
 async def submit(client: LLMClient, path: Path, *, metadata: dict[str, str] | None = None) -> BatchInfo:
-    uploaded = await client.upload_file(path)
-    return await client.create_batch(input_file_id=uploaded.id, metadata=metadata)
+    uploaded = await OpenAIBatchApi(client).upload_file(path)
+    return await OpenAIBatchApi(client).create_batch(input_file_id=uploaded.id, metadata=metadata)
 
 
 async def wait_until_done(client: LLMClient, batch: BatchInfo, *, timeout: float = 5.0) -> tuple[BatchInfo, list]:
@@ -77,14 +77,14 @@ async def wait_until_done(client: LLMClient, batch: BatchInfo, *, timeout: float
     while not batch.status.is_terminal:
         assert time.monotonic() < deadline, f"batch stuck in {batch.status}"
         await asyncio.sleep(POLL_SECONDS)
-        batch = await client.retrieve_batch(batch.id)
+        batch = await OpenAIBatchApi(client).retrieve(batch.id)
         seen.append((batch.status, batch.request_counts.completed, batch.request_counts.failed))
     return batch, seen
 
 
 async def read_file(client: LLMClient, file_id: str | None, to: Path) -> list:
     assert file_id is not None
-    return list(read_batch_output(await client.download_file(file_id, to=to)))
+    return list(read_batch_output(await OpenAIBatchApi(client).download_file(file_id, to=to)))
 
 
 # --- happy path -------------------------------------------------------------------------------
@@ -96,11 +96,11 @@ async def test_batch_end_to_end_matches_real_time_answers(
     texts = [f"Describe lighthouse number {i} in two sentences." for i in range(12)]
     batch_file = one_file(tmp_path, texts)
 
-    uploaded = await client.upload_file(batch_file.path)
+    uploaded = await OpenAIBatchApi(client).upload_file(batch_file.path)
     assert uploaded.id.startswith("file-") and uploaded.purpose == "batch"
     assert uploaded.bytes == batch_file.bytes == batch_file.path.stat().st_size
     assert uploaded.filename == batch_file.path.name
-    created = await client.create_batch(input_file_id=uploaded.id, metadata={"run": "e2e"})
+    created = await OpenAIBatchApi(client).create_batch(input_file_id=uploaded.id, metadata={"run": "e2e"})
     assert created.id.startswith("batch_") and created.status is BatchStatus.VALIDATING
     assert created.metadata == {"run": "e2e"} and created.input_file_id == uploaded.id
     assert created.expires_at is not None and created.created_at is not None
@@ -136,14 +136,14 @@ async def test_batch_end_to_end_matches_real_time_answers(
 async def test_file_routes_get_content_and_delete(client: LLMClient, tmp_path: Path) -> None:
     source = tmp_path / "notes.jsonl"
     source.write_bytes(b'{"a": 1}\n' * 1000)
-    uploaded = await client.upload_file(source)
-    assert (await client.retrieve_file(uploaded.id)).bytes == 9000
-    copy = await client.download_file(uploaded.id, to=tmp_path / "sub" / "copy.jsonl")
+    uploaded = await OpenAIBatchApi(client).upload_file(source)
+    assert (await OpenAIBatchApi(client).retrieve_file(uploaded.id)).bytes == 9000
+    copy = await OpenAIBatchApi(client).download_file(uploaded.id, to=tmp_path / "sub" / "copy.jsonl")
     assert copy.read_bytes() == source.read_bytes()
-    await client.delete_file(uploaded.id)
+    await OpenAIBatchApi(client).delete_file(uploaded.id)
     with pytest.raises(NotFoundError):
-        await client.retrieve_file(uploaded.id)
-    await client.delete_file(uploaded.id, missing_ok=True)
+        await OpenAIBatchApi(client).retrieve_file(uploaded.id)
+    await OpenAIBatchApi(client).delete_file(uploaded.id, missing_ok=True)
 
 
 # --- faults -----------------------------------------------------------------------------------
@@ -234,10 +234,10 @@ async def test_a_lost_create_answer_still_creates_the_batch(
 ) -> None:
     admin.post("/_sim/batch_faults", json={"faults": [fault]}).raise_for_status()
     async with LLMClient(base_url=sim_url, max_retries=0, request_timeout=0.3) as client:
-        uploaded = await client.upload_file(one_file(tmp_path, ["one", "two"]).path)
+        uploaded = await OpenAIBatchApi(client).upload_file(one_file(tmp_path, ["one", "two"]).path)
         with pytest.raises(error, match=message):
-            await client.create_batch(input_file_id=uploaded.id, metadata={"run": "lost"})
-        [created] = await client.list_batches()
+            await OpenAIBatchApi(client).create_batch(input_file_id=uploaded.id, metadata={"run": "lost"})
+        [created] = await OpenAIBatchApi(client).list_batches()
         assert created.metadata == {"run": "lost"} and created.input_file_id == uploaded.id
         done, _ = await wait_until_done(client, created)
     assert (done.status, done.request_counts.completed) == (BatchStatus.COMPLETED, 2)
@@ -290,11 +290,11 @@ async def test_cancel_keeps_partial_output(client: LLMClient, admin: httpx.Clien
     batch = await submit(client, batch_file.path)
     while batch.request_counts.completed < 5:
         await asyncio.sleep(POLL_SECONDS)
-        batch = await client.retrieve_batch(batch.id)
+        batch = await OpenAIBatchApi(client).retrieve(batch.id)
 
-    cancelling = await client.cancel_batch(batch.id)
+    cancelling = await OpenAIBatchApi(client).cancel(batch.id)
     assert cancelling.status is BatchStatus.CANCELLING and cancelling.cancelling_at is not None
-    assert (await client.cancel_batch(batch.id)).status is BatchStatus.CANCELLING  # a repeat is harmless
+    assert (await OpenAIBatchApi(client).cancel(batch.id)).status is BatchStatus.CANCELLING  # a repeat is harmless
     done, _ = await wait_until_done(client, cancelling)
 
     assert done.status is BatchStatus.CANCELLED and done.cancelled_at is not None
@@ -303,43 +303,43 @@ async def test_cancel_keeps_partial_output(client: LLMClient, admin: httpx.Clien
     assert [line.custom_id for line in answered] == batch_file.custom_ids[: len(answered)]
     assert done.error_file_id is None
     with pytest.raises(ConflictError):
-        await client.cancel_batch(batch.id)
+        await OpenAIBatchApi(client).cancel(batch.id)
 
 
 async def test_list_batches_newest_first_with_paging(client: LLMClient, tmp_path: Path) -> None:
-    uploaded = await client.upload_file(one_file(tmp_path, ["x"]).path)
-    ids = [(await client.create_batch(input_file_id=uploaded.id)).id for _ in range(3)]
+    uploaded = await OpenAIBatchApi(client).upload_file(one_file(tmp_path, ["x"]).path)
+    ids = [(await OpenAIBatchApi(client).create_batch(input_file_id=uploaded.id)).id for _ in range(3)]
 
-    first = await client.list_batches(limit=2)
+    first = await OpenAIBatchApi(client).list_batches(limit=2)
     assert [batch.id for batch in first] == [ids[2], ids[1]]
-    rest = await client.list_batches(limit=2, after=first[-1].id)
+    rest = await OpenAIBatchApi(client).list_batches(limit=2, after=first[-1].id)
     assert [batch.id for batch in rest] == [ids[0]]
-    assert [batch.id async for batch in client.iter_batches(page_size=1)] == ids[::-1]
+    assert [batch.id async for batch in OpenAIBatchApi(client).iter_batches(page_size=1)] == ids[::-1]
 
 
 async def test_create_rejects_bad_parameters(client: LLMClient, tmp_path: Path, sim_url: str) -> None:
-    uploaded = await client.upload_file(one_file(tmp_path, ["x"]).path)
+    uploaded = await OpenAIBatchApi(client).upload_file(one_file(tmp_path, ["x"]).path)
     # The client refuses such an endpoint itself (it could not read its lines); the simulator's own 400, by hand:
     refused = httpx.post(f"{sim_url}/batches", json={"input_file_id": uploaded.id, "endpoint": "/v1/moderations",
                                                      "completion_window": "24h"})
     assert refused.status_code == 400 and "supports '/v1/chat/completions', '/v1/responses', '/v1/embeddings'" in refused.text
     with pytest.raises(BadRequestError, match="24h"):
-        await client.create_batch(input_file_id=uploaded.id, completion_window="1h")
+        await OpenAIBatchApi(client).create_batch(input_file_id=uploaded.id, completion_window="1h")
     with pytest.raises(BadRequestError, match="Unknown batch fault"):
-        await client.create_batch(input_file_id=uploaded.id, metadata={"sim_fault": "explode"})
+        await OpenAIBatchApi(client).create_batch(input_file_id=uploaded.id, metadata={"sim_fault": "explode"})
     with pytest.raises(NotFoundError):
-        await client.create_batch(input_file_id="file-missing")
+        await OpenAIBatchApi(client).create_batch(input_file_id="file-missing")
     with pytest.raises(NotFoundError):
-        await client.retrieve_batch("batch_missing")
+        await OpenAIBatchApi(client).retrieve("batch_missing")
 
 
 async def test_reset_forgets_files_and_batches(client: LLMClient, admin: httpx.Client, tmp_path: Path) -> None:
     batch = await submit(client, one_file(tmp_path, ["x"]).path)
     admin.post("/_sim/reset").raise_for_status()
     with pytest.raises(NotFoundError):
-        await client.retrieve_batch(batch.id)
+        await OpenAIBatchApi(client).retrieve(batch.id)
     with pytest.raises(NotFoundError):
-        await client.retrieve_file(batch.input_file_id)
+        await OpenAIBatchApi(client).retrieve_file(batch.input_file_id)
 
 
 async def test_a_large_batch_does_not_block_the_event_loop(
@@ -353,7 +353,7 @@ async def test_a_large_batch_does_not_block_the_event_loop(
     worst, polls, began = 0.0, 0, time.monotonic()
     while not batch.status.is_terminal:
         started = time.monotonic()
-        batch = await client.retrieve_batch(batch.id)
+        batch = await OpenAIBatchApi(client).retrieve(batch.id)
         worst = max(worst, time.monotonic() - started)
         polls += 1
     answering = time.monotonic() - began

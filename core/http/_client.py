@@ -1,9 +1,12 @@
-"""The async client for OpenAI-compatible APIs and Anthropic's: one retry loop, under the shared limits, for every call.
+"""The async client for OpenAI-compatible APIs and Anthropic's: it sends a request and reads its answer, one retry
+loop under the shared limits for every call.
 
-``LLMClient._request`` owns the loop (retry rules from ``_retry``, limits from ``_limits``) and the one
-send path: it builds an ``httpx.Request`` and hands it to the transport (``default_transport``, or
-respx / ``httpx.MockTransport`` in tests), then reads the ``httpx.Response`` with ``_responses``. What
-differs by provider (path, auth, body, answer, rate-limit headers, hints) is the client's ``Wire``.
+``LLMClient._request`` owns the loop (retry rules from ``_retry``, gates from ``_gates``) and the one send path: it
+builds an ``httpx.Request`` and hands it to the transport (``default_transport``, or respx /
+``httpx.MockTransport`` in tests), then reads the ``httpx.Response`` with ``_responses``. What differs by provider
+(path, auth, body, answer, rate-limit headers, hints) is the client's ``Wire``. A provider's other surfaces take the
+client and call its send path: its Batch API (``_batch_api``: ``_openai_batches``, ``_message_batches``) and
+OpenAI's background responses (``_background``).
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import asyncio
 import logging
 import random as _random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Generic, NamedTuple, TypeVar, get_args
@@ -20,71 +23,35 @@ from typing import Any, Generic, NamedTuple, TypeVar, get_args
 import httpx
 from pydantic import SecretStr
 
-from .._batch_types import BATCH_CHAT_ENDPOINT, DEFAULT_COMPLETION_WINDOW, BatchInfo, FileInfo
-from .._constants import (
-    DEFAULT_CONCURRENCY,
-    DEFAULT_CONNECT_TIMEOUT,
-    DEFAULT_FILE_TIMEOUT,
-    DEFAULT_LIST_LIMIT,
-    DEFAULT_MAX_RETRIES,
-    DEFAULT_TIMEOUT,
-)
+from ._background import DEFAULT_BACKGROUND_POLL, BackgroundResponses, Creating, Started
+from .._constants import DEFAULT_CONCURRENCY, DEFAULT_CONNECT_TIMEOUT, DEFAULT_FILE_TIMEOUT, DEFAULT_MAX_RETRIES, \
+    DEFAULT_TIMEOUT
 from ._deadlines import Deadlines, attempt_deadline
-from .._endpoints import check_batch_url
-from ..wire._openai_responses import TERMINAL_RESPONSE_STATUSES, parse_response_status, response_from_body, \
-    runs_in_background
-from ._failures import LOST_GENERATION_RETRIES, Failure, final_error, scrub
-from .._exceptions import APIError, APIResponseValidationError, NotFoundError
-from ._gates import Gates
+from ..wire._openai_responses import runs_in_background
+from ._failures import Failure, Tally, final_error, scrub
+from .._exceptions import APIError, APIResponseValidationError
+from ._gates import Admission, Gates
 from ._limits import AdaptiveLimiter, SharedPause
-from ..wire._message_batches import MessageBatchMethods
 from ..wire._ratelimit_headers import RateLimitHeaders
-from ..wire._requests import RequestBuilder, path_segment
-from ..wire._responses import (
-    BatchPage,
-    Chat,
-    parse_batch_info,
-    parse_batch_page,
-    parse_file_info,
-    parse_json,
-    save_body,
-)
+from ..wire._requests import RequestBuilder
+from ..wire._responses import Chat, parse_json, save_body
 from .._retry import DEFAULT_MAX_RETRY_AFTER, retry_delay
-from .._status import BACKGROUND_WINDOWS
 from .._settings import DEFAULT_ANTHROPIC_VERSION, DEFAULT_BASE_URL, DEFAULT_MAX_TOKENS, AuthHeader, Settings
 from ..pricing._tokens import estimate_request_tokens
 from ._transport import BodyCut, default_transport
 from .._types import ChatRequest, ChatResult
 from ..wire._wire import wire_for
 
-__all__ = [
-    "DEFAULT_CONCURRENCY",
-    "DEFAULT_CONNECT_TIMEOUT",
-    "DEFAULT_FILE_TIMEOUT",
-    "DEFAULT_LIST_LIMIT",
-    "DEFAULT_MAX_RETRIES",
-    "DEFAULT_MAX_RETRY_AFTER",
-    "DEFAULT_TIMEOUT",
-    "LLMClient",
-]
+__all__ = ["DEFAULT_CONCURRENCY", "DEFAULT_CONNECT_TIMEOUT", "DEFAULT_FILE_TIMEOUT", "DEFAULT_MAX_RETRIES",
+           "DEFAULT_MAX_RETRY_AFTER", "DEFAULT_TIMEOUT", "LLMClient"]
 
 logger = logging.getLogger(__name__)
 
-FILES_PATH = "/files"
-BATCHES_PATH = "/batches"
-RESPONSES_PATH = "/responses"
-# Seconds between polls of a background response.
-DEFAULT_BACKGROUND_POLL = 2.0
 # The shortest deadline of a flex attempt: OpenAI's flex-processing guide raises the SDKs' 10 minutes to 15.
 FLEX_TIMEOUT = 900.0
 
 _T = TypeVar("_T")
-# Told a background response's id as soon as it is created (to store it: a re-run polls it, never creates again).
-Started = Callable[[str], Awaitable[None]]
-# Awaited before a background create is sent (to count it: a re-run that finds more creates than stored ids knows
-# one may be running, and billed, without its id).
-Creating = Callable[[], Awaitable[None]]
-# What a create that may have worked without saying so is looked up with (``create_batch``'s ``find_lost``).
+# What a create that may have worked without saying so is looked up with (a batch create's ``find_lost``).
 FindLost = Callable[[], Awaitable[_T | None]]
 
 
@@ -105,7 +72,7 @@ def _plain(value: SecretStr | str | None) -> str | None:
     return value.get_secret_value() if isinstance(value, SecretStr) else value
 
 
-class LLMClient(MessageBatchMethods):
+class LLMClient:
     """An async client for one provider's endpoint (``provider``: OpenAI-compatible or Anthropic), shared by
     every concurrent caller. What differs between providers is the ``Wire`` (``_wire``); the send path is one.
 
@@ -165,7 +132,6 @@ class LLMClient(MessageBatchMethods):
         self._max_retries = max_retries
         self._max_retry_after = float(max_retry_after)
         self._sleep = sleep
-        self._background_poll = float(background_poll)
         self._random = random
         self._clock = clock
 
@@ -176,6 +142,8 @@ class LLMClient(MessageBatchMethods):
         self._limiter = self._gates.limiter
         self._deadlines = Deadlines()
         self._chat_route = self._wire.route("chat")
+        self._background = BackgroundResponses(send=self._request, wire=self._wire, gates=self._gates, sleep=sleep,
+                                               clock=clock, poll=float(background_poll))
 
         url = httpx.URL(base_url.rstrip("/"))
         self._display_url = str(url.copy_with(userinfo=b"", query=None))
@@ -259,7 +227,7 @@ class LLMClient(MessageBatchMethods):
         embedding's vector in ``ChatResult.embedding``), retried by the house rules; raises an
         ``APIError`` subclass when it gives up, or ``ValueError`` for a request the provider's API cannot express."""
         if runs_in_background(request):
-            return await self._background(request, started=started, creating=creating)
+            return await self._background.answer(request, started=started, creating=creating)
         estimate = estimate_request_tokens(request) if self._gates.counts_tokens else 0
         route = self._chat_route if request.endpoint == "chat" else self._wire.route(request.endpoint)
         body = route.body(request)
@@ -280,161 +248,8 @@ class LLMClient(MessageBatchMethods):
         result.maybe_billed = sent.maybe_billed - 1 + result.maybe_billed
         return result
 
-    async def _background(self, request: ChatRequest, *, started: Started | None, creating: Creating | None) -> ChatResult:
-        """A Responses request in background mode: created with ``background: true`` (unless ``background_id``
-        says it was), ``creating`` awaited before the create is sent, its id handed to ``started`` before anything
-        else, then polled until it leaves queued and in_progress. Only the create is billed: a poll that fails is
-        retried by the house rules. A create whose answer was lost may have made a response: it is counted as
-        possibly billed, and so is each of ``request.lost_creates``. A response that failed or was cancelled
-        raises ``APIResponseValidationError`` (it may have been billed)."""
-        admitted = self._clock()
-        response_id = request.background_id
-        attempts = estimate = 0
-        # Creates that may be running, and billed, beside the one whose answer this is.
-        unanswered = request.lost_creates
-        if unanswered:
-            logger.warning("%d background create(s) of this request were sent before and their ids never stored (a run "
-                           "was killed between a create's answer and storing its id): counted as possibly billed",
-                           unanswered)
-        if response_id is None:
-            if creating is not None:
-                await creating()
-            route = self._wire.route("responses")
-            body = {**route.body(request), "background": True}
-            window = BACKGROUND_WINDOWS.get(request.lane or "")
-            if window is not None:
-                body["background_options"] = {**(body.get("background_options") or {}), "completion_window": window}
-            estimate = estimate_request_tokens(request) if self._gates.counts_tokens else 0
-            sent = await self._request("POST", route.path, json=body, parse=parse_response_status, paced=True,
-                                       tokens=estimate)
-            attempts, admitted = sent.attempts, sent.admitted_at
-            unanswered += sent.maybe_billed - 1
-            status, answer = sent.value
-            response_id = answer["id"]
-            if started is not None:
-                await started(response_id)
-        else:
-            status, answer = "queued", None
-        path = f"{RESPONSES_PATH}/{path_segment(response_id)}"
-        while status not in TERMINAL_RESPONSE_STATUSES:
-            await self._sleep(self._background_poll)
-            status, answer = (await self._request("GET", path, parse=parse_response_status)).value
-        chat = response_from_body(answer)
-        if chat is None:
-            error = answer.get("error") if isinstance(answer, dict) else None
-            detail = error.get("message") if isinstance(error, dict) else None
-            raise APIResponseValidationError(
-                f"background response {response_id} ended {status}" + (f": {detail}" if detail else "")
-                + "; it may have been billed, so it is not sent again: --retry-failed all would")
-        self._gates.used_tokens(chat.total_tokens - estimate)
-        result = chat.finished(latency_s=self._clock() - admitted, attempts=max(attempts, 1))
-        result.maybe_billed += unanswered
-        return result
-
-    # --- files and batches (the Batch API) -------------------------------------------------------
-    # Same loop, same rules as chat: a 5xx or timeout on create_batch is retried, so a create that did
-    # reach the provider may be sent twice, unless the caller gives ``find_lost`` to look it up first.
-
-    async def upload_file(self, path: Path, *, purpose: str = "batch", timeout: float | None = None) -> FileInfo:
-        """Upload ``path`` as multipart form data, streamed from disk; a retry sends the whole file again.
-
-        ``timeout`` bounds one attempt (default: the larger of the client's file timeout and its request timeout).
-        """
-        path = Path(path)
-        with path.open("rb") as handle:
-            sent = await self._request(
-                "POST",
-                FILES_PATH,
-                files={"file": (path.name, handle, "application/jsonl")},
-                data={"purpose": purpose},
-                parse=parse_file_info,
-                timeout=self._transfer_timeout(timeout),
-            )
-        return sent.value
-
-    async def retrieve_file(self, file_id: str) -> FileInfo:
-        sent = await self._request("GET", f"{FILES_PATH}/{path_segment(file_id)}", parse=parse_file_info)
-        return sent.value
-
-    async def download_file(self, file_id: str, *, to: Path, timeout: float | None = None) -> Path:
-        """Stream a file's content to ``to`` (written beside it and renamed, so never half a file); returns ``to``."""
-        to = Path(to)
-        # Made up front: a missing directory would otherwise look like a network error and be retried.
-        to.parent.mkdir(parents=True, exist_ok=True)
-        sent = await self._request(
-            "GET", f"{FILES_PATH}/{path_segment(file_id)}/content", stream_to=to, timeout=self._transfer_timeout(timeout)
-        )
-        return sent.value
-
-    async def delete_file(self, file_id: str, *, missing_ok: bool = False) -> None:
-        """Delete a file; with ``missing_ok`` a file that is already gone (say, a retried delete) is no error."""
-        try:
-            await self._request("DELETE", f"{FILES_PATH}/{path_segment(file_id)}")
-        except NotFoundError:
-            if not missing_ok:
-                raise
-
-    async def create_batch(
-        self,
-        *,
-        input_file_id: str,
-        endpoint: str = BATCH_CHAT_ENDPOINT,
-        completion_window: str = DEFAULT_COMPLETION_WINDOW,
-        metadata: Mapping[str, str] | None = None,
-        max_retries: int | None = None,
-        find_lost: FindLost[BatchInfo] | None = None,
-    ) -> BatchInfo:
-        """Create a batch. ``max_retries`` overrides the client's for this call. ``find_lost`` is awaited after each
-        attempt that may have made the batch without saying so (a timeout, a dropped connection, a 5xx), once the
-        wait before the next has passed; a batch it finds is the answer, and no attempt follows. An ``endpoint``
-        whose output lines this package cannot read is refused (``ConfigError``) before anything is sent."""
-        check_batch_url(endpoint)
-        body: dict[str, Any] = {
-            "input_file_id": input_file_id,
-            "endpoint": endpoint,
-            "completion_window": completion_window,
-        }
-        if metadata is not None:
-            body["metadata"] = dict(metadata)
-        sent = await self._request("POST", BATCHES_PATH, json=body, parse=parse_batch_info, max_retries=max_retries,
-                                   find_lost=find_lost)
-        return sent.value
-
-    async def retrieve_batch(self, batch_id: str) -> BatchInfo:
-        sent = await self._request("GET", f"{BATCHES_PATH}/{path_segment(batch_id)}", parse=parse_batch_info)
-        return sent.value
-
-    async def cancel_batch(self, batch_id: str) -> BatchInfo:
-        """Ask the provider to stop a batch; it answers ``cancelling`` and reaches ``cancelled`` later."""
-        sent = await self._request("POST", f"{BATCHES_PATH}/{path_segment(batch_id)}/cancel", parse=parse_batch_info)
-        return sent.value
-
-    async def list_batches(self, *, limit: int = DEFAULT_LIST_LIMIT, after: str | None = None) -> list[BatchInfo]:
-        """One page of batches, newest first; ``after`` is the id of the last batch of the previous page."""
-        page = await self._batch_page(limit=limit, after=after)
-        return page.batches
-
-    async def iter_batches(self, *, page_size: int = DEFAULT_LIST_LIMIT) -> AsyncIterator[BatchInfo]:
-        """Every batch, newest first, fetched a page at a time."""
-        after: str | None = None
-        while True:
-            page = await self._batch_page(limit=page_size, after=after)
-            for batch in page.batches:
-                yield batch
-            if not page.has_more or not page.batches:
-                return
-            after = page.batches[-1].id
-
-    async def _batch_page(self, *, limit: int, after: str | None) -> BatchPage:
-        if limit < 1:
-            raise ValueError(f"limit must be at least 1, got {limit}")
-        params = {"limit": str(limit)}
-        if after is not None:
-            params["after"] = after
-        sent = await self._request("GET", BATCHES_PATH, params=params, parse=parse_batch_page)
-        return sent.value
-
     def _transfer_timeout(self, timeout: float | None) -> float:
+        """One attempt's deadline for a file's transfer: ``timeout``, or the larger of the file and request timeouts."""
         if timeout is not None:
             if timeout <= 0:
                 raise ValueError(f"timeout must be positive, got {timeout}")
@@ -442,18 +257,9 @@ class LLMClient(MessageBatchMethods):
         return max(self._request_timeout, self._file_timeout)
 
     async def _request(
-        self,
-        method: str,
-        path: str,
-        *,
-        stream_to: Path | None = None,
-        parse: Callable[[httpx.Response], Any] | None = None,
-        tokens: int = 0,
-        timeout: float | None = None,
-        max_retries: int | None = None,
-        paced: bool = False,
-        find_lost: FindLost[Any] | None = None,
-        **content: Any,
+        self, method: str, path: str, *, stream_to: Path | None = None,
+        parse: Callable[[httpx.Response], Any] | None = None, tokens: int = 0, timeout: float | None = None,
+        max_retries: int | None = None, paced: bool = False, find_lost: FindLost[Any] | None = None, **content: Any,
     ) -> _Sent[Any]:
         """Send one API call, retrying by the house rules, and return what ``parse`` makes of the answer.
 
@@ -472,81 +278,91 @@ class LLMClient(MessageBatchMethods):
         deadline = self._request_timeout if timeout is None else timeout
         if parse is None:
             parse = parse_json if stream_to is None else (lambda _response: stream_to)
-        attempt = 0
+        tally = Tally()
         delay: float | None = None
-        # Attempts the provider may have billed, and those whose generation was lost (each tried again once).
-        billed = lost = 0
         while True:
-            attempt += 1
-            admission = await self._gates.admit(tokens, paced=paced)
-            if attempt == 1:
-                admitted_at = self._clock()
-            try:
-                # Built afresh each attempt: a multipart body is a stream that one attempt consumes.
-                # An answer other than a download's arrives whole or not at all (a completion, a batch created): only
-                # the deadline bounds the wait for it. A download's reads each have the read timeout.
-                request = self._requests.build(method, path, deadline=deadline, silent=stream_to is None, **content)
-                outcome = await self._send_once(request, stream_to=stream_to, timeout=deadline)
-                if isinstance(outcome, Failure):
-                    failure = outcome
-                else:
-                    limited = outcome.status_code == 429
-                    limits = self._gates.observe(outcome, admission, counted=not limited) if paced else {}
-                    if outcome.is_success:
-                        try:
-                            value = parse(outcome)
-                        except APIResponseValidationError as exc:
-                            failure = Failure("invalid", exc.message, response=outcome, cause=exc)
-                        else:
-                            self._gates.succeeded(admission)
-                            return _Sent(value, attempt, admitted_at, billed + 1)
-                    else:
-                        failure = Failure.status(outcome, max_retry_after=self._max_retry_after)
-                        # An account out of credit is no reason to slow anyone: its run stops (core._stops).
-                        if limited and failure.lasting is None:
-                            self._gates.rate_limited(failure, admission, limits=limits)
-            finally:
-                # Released before any retry sleep, so a waiting request never holds a slot.
-                self._gates.release()
-
-            billed += failure.maybe_billed
-            # A generation (a chat) is what costs: a lost one is tried again once. A file's transfer cut short is
-            # retried as any connection error.
-            lost += paced and failure.lost_generation
-            last = attempt > retries or lost > LOST_GENERATION_RETRIES
-            if not failure.retryable or (last and find_lost is None):
-                raise self._gave_up(failure, method=method, path=path, attempts=attempt, billed=billed,
-                                    lost=lost) from failure.cause
-            delay = retry_delay(
-                retries_taken=attempt - 1,
-                headers=failure.headers,
-                previous=delay,
-                max_retry_after=self._max_retry_after,
-                random=self._random,
-            )
+            outcome = await self._attempt(method, path, tally=tally, tokens=tokens, paced=paced, deadline=deadline,
+                                          stream_to=stream_to, parse=parse, content=content)
+            if not isinstance(outcome, Failure):
+                return outcome
+            last = tally.failed(outcome, paced=paced, retries=retries)
+            if not outcome.retryable or (last and find_lost is None):
+                raise self._gave_up(outcome, method=method, path=path, tally=tally) from outcome.cause
+            delay = retry_delay(retries_taken=tally.attempts - 1, headers=outcome.headers, previous=delay,
+                                max_retry_after=self._max_retry_after, random=self._random)
             logger.info(
                 "%s %s: %s on attempt %d of %d; %s in %.2fs",
-                method, path, scrub(failure.describe(), self._secrets), attempt, retries + 1,
+                method, path, scrub(outcome.describe(), self._secrets), tally.attempts, retries + 1,
                 "looking for what it did" if last else "retrying", delay,
             )
             await self._sleep(delay)
             if find_lost is not None:
-                found = await find_lost()
+                found = await self._look_up_lost(find_lost, outcome, last=last, method=method, path=path, tally=tally)
                 if found is not None:
-                    return _Sent(found, attempt, admitted_at)
-                if last:
-                    raise self._gave_up(failure, method=method, path=path, attempts=attempt, billed=billed,
-                                        lost=lost) from failure.cause
+                    return found
 
-    def _gave_up(
-        self, failure: Failure, *, method: str, path: str, attempts: int, billed: int = 0, lost: int = 0
-    ) -> APIError:
-        """The error a call that gives up raises: what happened, and what to change; ``billed`` and ``lost``: its
-        attempts the provider may have billed, and those whose generation was lost."""
+    async def _attempt(
+        self, method: str, path: str, *, tally: Tally, tokens: int, paced: bool, deadline: float,
+        stream_to: Path | None, parse: Callable[[httpx.Response], Any], content: dict[str, Any],
+    ) -> _Sent[Any] | Failure:
+        """One attempt through the gates: admitted, sent, its answer judged; its slot released before any wait."""
+        tally.attempts += 1
+        admission = await self._gates.admit(tokens, paced=paced)
+        if tally.attempts == 1:
+            tally.admitted_at = self._clock()
+        try:
+            # Built afresh each attempt: a multipart body is a stream that one attempt consumes.
+            # An answer other than a download's arrives whole or not at all (a completion, a batch created): only
+            # the deadline bounds the wait for it. A download's reads each have the read timeout.
+            request = self._requests.build(method, path, deadline=deadline, silent=stream_to is None, **content)
+            outcome = await self._send_once(request, stream_to=stream_to, timeout=deadline)
+            if isinstance(outcome, Failure):
+                return outcome
+            return self._judge(outcome, admission, parse=parse, paced=paced, tally=tally)
+        finally:
+            # Released before any retry sleep, so a waiting request never holds a slot.
+            self._gates.release()
+
+    def _judge(
+        self, response: httpx.Response, admission: Admission, *, parse: Callable[[httpx.Response], Any], paced: bool,
+        tally: Tally,
+    ) -> _Sent[Any] | Failure:
+        """An answer as the gates see it (a paced call's headers set the pace, a 429 slows it) and as the caller
+        gets it: ``parse``'s value, or the failure it is."""
+        limited = response.status_code == 429
+        limits = self._gates.observe(response, admission, counted=not limited) if paced else {}
+        if response.is_success:
+            try:
+                value = parse(response)
+            except APIResponseValidationError as exc:
+                return Failure("invalid", exc.message, response=response, cause=exc)
+            self._gates.succeeded(admission)
+            return _Sent(value, tally.attempts, tally.admitted_at, tally.billed + 1)
+        failure = Failure.status(response, max_retry_after=self._max_retry_after)
+        # An account out of credit is no reason to slow anyone: its run stops (core._stops).
+        if limited and failure.lasting is None:
+            self._gates.rate_limited(failure, admission, limits=limits)
+        return failure
+
+    async def _look_up_lost(
+        self, find_lost: FindLost[Any], failure: Failure, *, last: bool, method: str, path: str, tally: Tally
+    ) -> _Sent[Any] | None:
+        """After a create that may have worked without saying so, and its wait: what ``find_lost`` finds is the
+        answer; after the last attempt, finding nothing gives up."""
+        found = await find_lost()
+        if found is not None:
+            return _Sent(found, tally.attempts, tally.admitted_at)
+        if last:
+            raise self._gave_up(failure, method=method, path=path, tally=tally) from failure.cause
+        return None
+
+    def _gave_up(self, failure: Failure, *, method: str, path: str, tally: Tally) -> APIError:
+        """The error a call that gives up raises: what happened, and what to change; with its attempts, those the
+        provider may have billed, and those whose generation was lost."""
         return final_error(
-            failure, method=method, path=path, attempts=attempts, base_url=self._display_url, secret=self._secrets,
-            hints=self._wire.hints, unusable_hint=self._wire.unusable_hint, url_setting=self._wire.url_setting,
-            maybe_billed=billed, lost=lost,
+            failure, method=method, path=path, attempts=tally.attempts, base_url=self._display_url,
+            secret=self._secrets, hints=self._wire.hints, unusable_hint=self._wire.unusable_hint,
+            url_setting=self._wire.url_setting, maybe_billed=tally.billed, lost=tally.lost,
         )
 
     async def _send_once(

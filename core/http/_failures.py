@@ -22,7 +22,7 @@ from ..wire._wire import STATUS_HINTS, UNUSABLE_HINT
 from .._retry import DEFAULT_MAX_RETRY_AFTER, parse_retry_after, should_retry_status
 from ._stops import lasting_failure
 
-__all__ = ["LOST_GENERATION_RETRIES", "Failure", "final_error",
+__all__ = ["LOST_GENERATION_RETRIES", "Failure", "Tally", "final_error",
            "scrub"]
 
 # By the provider's reason (``error_reason``), before the status's hint: an account out of credit is a 429 too,
@@ -141,6 +141,25 @@ class Failure:
         if self.kind == "invalid":
             return "an invalid response body"
         return self.detail
+
+
+class Tally:
+    """One call's attempts so far: how many, when the first passed the client's gates, those the provider may have
+    billed, and those whose generation was lost (each tried again once)."""
+
+    __slots__ = ("admitted_at", "attempts", "billed", "lost")
+
+    def __init__(self) -> None:
+        self.attempts = self.billed = self.lost = 0
+        self.admitted_at = 0.0
+
+    def failed(self, failure: Failure, *, paced: bool, retries: int) -> bool:
+        """Count a failed attempt; whether it was the last one allowed."""
+        self.billed += failure.maybe_billed
+        # A generation (a chat) is what costs: a lost one is tried again once. A file's transfer cut short is
+        # retried as any connection error.
+        self.lost += paced and failure.lost_generation
+        return self.attempts > retries or self.lost > LOST_GENERATION_RETRIES
 
 
 def final_error(

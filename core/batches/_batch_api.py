@@ -1,9 +1,13 @@
 """The batch backend interface: what the batch steps (submit, poll, ingest, cancel) ask of a provider's Batch API.
 
-Each provider implements it in a module of its own, side by side: OpenAI's Batch API (a file uploaded, then a
-batch of it) in ``_batch_openai.py``, Anthropic's Message Batches (the requests in the create call) in
-``_batch_anthropic.py``; ``Clients.batch_api`` picks by the batch's provider (``BACKENDS`` in ``_clients.py``), so a
-third provider is one more module and its line there.
+Each provider's backend is one module beside its wire, holding that provider's batch calls over the client's one
+send path (the client sends and reads; it knows no batch): OpenAI's files and batches in ``_openai_batches.py``,
+Anthropic's Message Batches in ``_message_batches.py``. ``batch_api`` (``_batch_backends.py``) picks one by the
+client's provider.
+
+Adding a provider's Batch API: write ``_<provider>_batches.py`` with a subclass of ``BatchApi`` (its limits, whether
+it uploads, and each abstract method, calling ``self._call`` with the provider's paths and parsers) and add its line
+to ``BACKENDS`` in ``_batch_backends.py``. Nothing in the client or in ``jobs`` changes.
 
 Every backend keeps a batch's input as a JSONL file on disk in OpenAI's line format (``write_batch_files``): it is
 what a crash leaves to finish from. A create whose answer was lost is found again by ``find`` before any retry.
@@ -12,24 +16,49 @@ what a crash leaves to finish from. A create whose answer was lost is found agai
 from __future__ import annotations
 
 import dataclasses
-
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
-from typing import ClassVar, Final
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Protocol
 
-from llm_dispatch import storage
-from llm_dispatch.core import BatchInfo, BatchLimits, BatchLine, LLMClient
+from ._batch_files import BatchLine
+from .._batch_types import BatchInfo, BatchLimits
 
-__all__ = ["CLOCK_SLACK", "BatchApi", "FindLost", "ResultFile"]
+if TYPE_CHECKING:
+    from ..http._client import LLMClient
 
-# Looks a create up that may have worked without saying so (see ``LLMClient.create_batch``).
+__all__ = ["CLOCK_SLACK", "Adopted", "BatchApi", "BatchRef", "FindLost", "ResultFile"]
+
+# Looks a create up that may have worked without saying so (``LLMClient._request``'s ``find_lost``).
 FindLost = Callable[[], Awaitable[BatchInfo | None]]
+# Whether one of our batches already holds a provider batch id: a lost create's look-up never takes it twice.
+Adopted = Callable[[str], Awaitable[bool]]
 # How far before our record's creation a provider batch may claim to be created (clock skew).
 CLOCK_SLACK: Final = timedelta(minutes=10)
+
+
+class BatchRef(Protocol):
+    """What a backend reads of our stored batch (``storage.BatchRecord`` is one)."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def job_id(self) -> str: ...
+    @property
+    def endpoint(self) -> str: ...
+    @property
+    def created_at(self) -> datetime: ...
+    @property
+    def request_total(self) -> int: ...
+    @property
+    def provider_batch_id(self) -> str | None: ...
+    @property
+    def output_file_id(self) -> str | None: ...
+    @property
+    def error_file_id(self) -> str | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +73,8 @@ class ResultFile:
 
 class BatchApi(ABC):
     """One provider's Batch API as the batch steps use it: submit (``upload``, ``create``), poll (``retrieve``),
-    results (``result_files``), ``cancel``, finding a lost create (``find``) and a batch that answered 404 (``locate``)."""
+    results (``result_files``), ``cancel``, finding a lost create (``find``) and a batch that answered 404
+    (``locate``). Made with the client whose send path (its retries, limits and errors) every call takes."""
 
     # Whether the input file is uploaded before the create, or its requests travel in the create.
     uploads: ClassVar[bool]
@@ -52,6 +82,10 @@ class BatchApi(ABC):
 
     def __init__(self, client: LLMClient) -> None:
         self.client = client
+
+    async def _call(self, method: str, path: str, **options: Any) -> Any:
+        """One API call by the client's send path (``LLMClient._request``'s options), answered by its value."""
+        return (await self.client._request(method, path, **options)).value
 
     def creating(self) -> AbstractAsyncContextManager[object]:
         """Held from a batch's look-up through its create to storing its id; nothing to hold where a batch
@@ -69,7 +103,7 @@ class BatchApi(ABC):
         """Make the input file available to the create; returns its provider file id (None: nothing uploaded)."""
 
     @abstractmethod
-    async def create(self, *, record: storage.BatchRecord, path: Path | None, input_file_id: str | None,
+    async def create(self, *, record: BatchRef, path: Path | None, input_file_id: str | None,
                      metadata: Mapping[str, str], max_retries: int, find_lost: FindLost) -> BatchInfo:
         """Create the batch, retried by the client's rules, ``find_lost`` looking it up before each retry."""
 
@@ -82,14 +116,15 @@ class BatchApi(ABC):
         """Ask the provider to stop the batch (it answers while still cancelling)."""
 
     @abstractmethod
-    async def find(self, *, sessions: storage.Sessions, record: storage.BatchRecord) -> BatchInfo | None:
-        """The provider batch created for our batch ``record``, if any: a create whose answer was lost."""
+    async def find(self, *, record: BatchRef, adopted: Adopted) -> BatchInfo | None:
+        """The provider batch created for our batch ``record``, if any: a create whose answer was lost. ``adopted``
+        says whether a provider batch is already another of ours."""
 
     @abstractmethod
-    async def locate(self, record: storage.BatchRecord) -> BatchInfo | None:
+    async def locate(self, record: BatchRef) -> BatchInfo | None:
         """Our created batch ``record`` as the provider lists it now, or None when the provider lists no such
         batch: what a batch that answered 404 is looked up by."""
 
     @abstractmethod
-    def result_files(self, record: storage.BatchRecord) -> list[ResultFile]:
+    def result_files(self, record: BatchRef) -> list[ResultFile]:
         """The files that hold a finished batch's lines, in the order they are read."""

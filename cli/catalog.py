@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from decimal import Decimal
+from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
@@ -72,7 +73,7 @@ def print_catalog(console: Console, data: dict[str, Any]) -> None:
     for model in data["models"]:
         marked = set(model["secondary"]["fields"]) if model["secondary"] else set()
 
-        def shown(key: str, fmt: Any = str, *, same_as: str | None = None) -> str:
+        def shown(key: str, fmt: Callable[[Any], str] = str, *, same_as: str | None = None) -> str:
             value = model[key]
             # A cache price equal to the input price is no price of its own: such tokens are billed as input.
             if value is None or (same_as is not None and value == model[same_as]):

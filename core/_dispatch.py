@@ -21,6 +21,7 @@ from ._budgets import SpendGate
 from ._exceptions import APIError, APIStatusError
 from ._openai_responses import runs_in_background
 from ._packing import EMBEDDING_PACK_LIMITS, PackLimits, Packer, embedding_text, pack_key, unpack_embeddings
+from ._status import ResultRoute
 from ._stops import RunStop
 from ._structured import answer_schema, answer_text, checked, reask_messages
 from ._types import ChatRequest, ChatResult
@@ -106,7 +107,8 @@ class ResultSink(Protocol):
     # ``model`` is the one requested (the price table's name for it); the answer's own may be a dated snapshot.
     # ``reask``: which asking of the prompts ``result`` answers (0: their own request; n: the n-th re-ask).
     async def success(
-        self, *, prompt_ids: Sequence[int], result: ChatResult, route: str = "realtime", model: str | None = None,
+        self, *, prompt_ids: Sequence[int], result: ChatResult, route: ResultRoute = "realtime",
+        model: str | None = None,
         reask: int = 0,
     ) -> None: ...
 

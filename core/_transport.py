@@ -199,7 +199,7 @@ class _ReadResponse(httpx.Response):
         self._body = body
 
     @property
-    def headers(self) -> httpx.Headers:  # type: ignore[override]
+    def headers(self) -> httpx.Headers:
         # Parsed when first read: on most answers only the raw pairs are (``raw_headers``).
         if self._headers is None:
             self._headers = httpx.Headers(self.raw_headers)

@@ -236,7 +236,8 @@ class ChunkSender:
         if isinstance(exc, Exception):
             await self._group.__aexit__(None, None, None)
             return None  # the body's error goes on
-        return await self._group.__aexit__(exc_type, exc, tb)
+        await self._group.__aexit__(exc_type, exc, tb)
+        return None
 
     async def start(self, chunk: Chunk, *, of: int) -> None:
         """Start sending ``chunk`` (the run's chunk number so-many ``of`` about ``of``); waits until it may

@@ -226,9 +226,11 @@ class BatchRun(BatchWork):
             self._state.stats.batch_lines += 1
 
         lines = _records(handle)
-        outcome, first_unanswered = await answer_paced(
+        # Awaited into one name first: unpacked at once, mypy infers the record type as optional.
+        paced = await answer_paced(
             lines, total=total, duration=self._seconds * (1.0 - _VALIDATING_SHARE - _FINALIZING_SHARE),
             stop_after=stop_after, cancel=batch.cancel_requested, answer=answer)
+        outcome, first_unanswered = paced
         if first_unanswered is not None:
             await self._expire_rest(first_unanswered, lines, failures)
         return outcome

@@ -106,6 +106,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
             data: bytes | httpx.AsyncByteStream | None = request.content or None
         except httpx.RequestNotRead:
             # A streamed body (a multipart upload); aiohttp frames it itself.
+            # httpx types a request's stream as sync or async; an AsyncClient's is async.
             data = request.stream  # type: ignore[assignment]
             request.headers.pop("transfer-encoding", None)
         headers = header_pairs(request)

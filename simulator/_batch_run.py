@@ -259,9 +259,9 @@ class BatchRun(BatchWork):
         kind = None
         if MARKER_BYTES in raw:
             forced = self._marker_fault(body, digest)
-            if forced in OPENAI_LINE_CODES:
+            if isinstance(forced, str) and forced in OPENAI_LINE_CODES:
                 return False, _error_line(custom_id, {
-                    "code": OPENAI_LINE_CODES[forced],  # type: ignore[index]
+                    "code": OPENAI_LINE_CODES[forced],
                     "message": f"This request was stopped inside the batch (simulator marker [[sim:{forced}]])."})
             if isinstance(forced, web.Response):
                 return False, self._response_line(custom_id, forced.status, forced.body)

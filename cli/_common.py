@@ -4,9 +4,9 @@ command group that turns any error of llm-dispatch's tree into one line and its 
 from __future__ import annotations
 
 import sys
-from typing import Annotated, Any, Optional
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
-import click
 import typer
 from pydantic import ValidationError
 from rich.console import Console
@@ -27,6 +27,10 @@ def run_argument(name: str) -> Any:
     """The ``run`` command's argument for the run option ``name``, its help as the declaration gives it."""
     return typer.Argument(help=run_option(name).taken("cli").help)
 
+
+if TYPE_CHECKING:
+    # The context TyperGroup.invoke takes: Typer 0.29 vendors Click, whose Context is no longer click's.
+    from typer._click.core import Context
 
 # Options several commands take alike.
 DatabaseUrl = Annotated[Optional[str], run_flag("database_url")]
@@ -65,17 +69,22 @@ def expected_error(exc: BaseException) -> LLMDispatchError | None:
     return None
 
 
+# Whether the running command was given ``--debug`` (an option of the command group), set by ``_Commands.invoke``:
+# not read through click.get_current_context, which does not see the context of a Typer that vendors Click.
+_DEBUG: ContextVar[bool] = ContextVar("llm_dispatch_debug", default=False)
+
+
 def _debug() -> bool:
-    """Whether ``--debug`` was given (an option of the command group, read from the running command's context)."""
-    context = click.get_current_context(silent=True)
-    return bool(context is not None and context.find_root().params.get("debug"))
+    """Whether ``--debug`` was given to the running command."""
+    return _DEBUG.get()
 
 
 class _Commands(TyperGroup):
     """The command group: any error of llm-dispatch's tree becomes one line and its exit code (the traceback with
     ``--debug``); an error outside it is a bug, shown as Python shows it."""
 
-    def invoke(self, ctx: click.Context) -> Any:
+    def invoke(self, ctx: Context) -> Any:
+        debug = _DEBUG.set(bool(ctx.params.get("debug")))
         try:
             return super().invoke(ctx)
         except (LLMDispatchError, BaseExceptionGroup) as exc:
@@ -83,6 +92,8 @@ class _Commands(TyperGroup):
             if error is None or ctx.params.get("debug"):
                 raise
             raise _fail(str(error), code=exit_code(error)) from None
+        finally:
+            _DEBUG.reset(debug)
 
 
 def _fail(message: str, *, code: int = EXIT_INPUT) -> typer.Exit:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from decimal import Decimal
+from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
@@ -126,7 +127,7 @@ def _row(model: dict[str, Any]) -> dict[str, str]:
     """One model's cells, by column."""
     marked = set(model["secondary"]["fields"]) if model["secondary"] else set()
 
-    def shown(key: str, fmt: Any = str, *, same_as: str | None = None) -> str:
+    def shown(key: str, fmt: Callable[[Any], str] = str, *, same_as: str | None = None) -> str:
         value = model[key]
         # A cache price equal to the input price is no price of its own: such tokens are billed as input.
         if value is None or (same_as is not None and value == model[same_as]):

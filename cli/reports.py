@@ -26,6 +26,7 @@ from llm_dispatch.jobs import (
 from llm_dispatch.core import (
     DatabaseError,
     PriceTable,
+    Route,
     RouteTotals,
     Settings,
     provider_lookup,
@@ -224,7 +225,7 @@ def _print_bases(console: Console, data: dict[str, Any]) -> None:
 
 async def reprice(
     *, settings: Settings, job_id: str | None, prices_file: Path | None, tier: str | None = None,
-    route: str | None = None,
+    route: Route | None = None,
 ) -> dict[str, Any] | None:
     """The job's stored cost beside its cost under ``prices_file`` (else the bundled table), at ``tier`` or by
     ``route`` when given; writes nothing (not even a migration)."""
@@ -234,9 +235,9 @@ async def reprice(
         found = await _job_id(sessions, job_id)
         if found is None:
             return None
-        what_if = await reprice_job(sessions=sessions, job_id=found, table=table, tier=tier,
-                                    route=route)  # type: ignore[arg-type]
-    return to_json(what_if)
+        what_if = await reprice_job(sessions=sessions, job_id=found, table=table, tier=tier, route=route)
+    payload: dict[str, Any] = to_json(what_if)
+    return payload
 
 
 def print_reprice(console: Console, data: dict[str, Any]) -> None:

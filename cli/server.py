@@ -133,7 +133,8 @@ def _alive(pid: int) -> bool:
 def _healthy(api_url: str) -> bool:
     try:
         with urllib.request.urlopen(f"{api_url}/health", timeout=2) as answer:
-            return answer.status == 200
+            status: int = answer.status
+            return status == 200
     except (urllib.error.URLError, OSError, ValueError):
         return False
 

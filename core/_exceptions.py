@@ -233,7 +233,7 @@ class APIStatusError(APIError):
         self.status_code = status_code
         self.request_id = request_id
         # The client's own decision (the provider's x-should-retry included) when it made this; else the status's.
-        self.retryable = should_retry_status(status_code) if retryable is None else retryable  # type: ignore[misc]
+        self.retryable = should_retry_status(status_code) if retryable is None else retryable
 
 
 class BadRequestError(APIStatusError): ...
@@ -252,7 +252,7 @@ class BatchLineError(APIError):
     def __init__(self, message: str, *, code: str | None, retryable: bool, attempts: int = 1) -> None:
         super().__init__(message, attempts=attempts)
         self.code = code
-        self.retryable = retryable  # type: ignore[misc]
+        self.retryable = retryable
 
 
 class BatchFailedError(APIError):

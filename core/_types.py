@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._json import canonical_json
+from ._status import Route
 
 __all__ = ["TRUNCATED_FINISH_REASONS", "ChatRequest", "ChatResult", "dedupe_key"]
 
@@ -39,7 +40,7 @@ class ChatRequest:
     background_id: str | None = None
     # The lane it goes by (``REQUEST_ROUTES``; None: a plain request): ``flex`` is sent at that service tier, a
     # background lane in background mode with its completion window. Not part of what it asks, so not of its key.
-    lane: str | None = None
+    lane: Route | None = None
     # Background creates sent for it before whose ids were never stored (a run killed between a create's answer and
     # storing its id): each may be running and billed, so its answer counts them as possibly billed.
     lost_creates: int = 0

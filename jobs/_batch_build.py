@@ -62,15 +62,17 @@ async def request_groups(
     each batch's prompts side by side in the table, so recording and settling a batch touches few pages.
     Without ``dedupe`` each prompt is its own group.
     """
-    where = {"planned_route": "batch", "retry_failed": retry_failed}
-    repeated = await storage.unfinished_repeated_keys(sessions, job_id=job_id, **where) if dedupe else RepeatedKeys()
+    repeated = (await storage.unfinished_repeated_keys(sessions, job_id=job_id, planned_route="batch",
+                                                       retry_failed=retry_failed) if dedupe else RepeatedKeys())
     grouped: set[int] = set()  # the hashes of the repeated requests whose group is made
-    async for rows in storage.unfinished_work_in_order(sessions, job_id=job_id, page=page, **where):
+    async for rows in storage.unfinished_work_in_order(sessions, job_id=job_id, page=page, planned_route="batch",
+                                                       retry_failed=retry_failed):
         firsts = {row.dedupe_key for row in rows
                   if row.dedupe_key in repeated and key_hash(row.dedupe_key) not in grouped}
         members: dict[str, list[int]] = {}
         if firsts:
-            for prompt in await storage.unfinished_prompts(sessions, job_id=job_id, dedupe_keys=firsts, **where):
+            for prompt in await storage.unfinished_prompts(sessions, job_id=job_id, dedupe_keys=firsts,
+                                                           planned_route="batch", retry_failed=retry_failed):
                 members.setdefault(prompt.dedupe_key, []).append(prompt.id)
         groups: list[Group] = []
         for row in rows:

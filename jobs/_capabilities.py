@@ -92,4 +92,4 @@ async def learn_no_batch_api(
     models = [model for model in await storage.job_models(run.sessions, job_id=job_id)
               if run.clients.provider_of(model) in lacking]
     return await storage.reroute_pending(run.sessions, job_id=job_id, route="realtime", reason=because,
-                                         from_routes=("batch",), models=models)
+                                         from_routes=["batch"], models=models)

@@ -150,12 +150,12 @@ async def estimate_cost(
                    unbounded_models=unbounded)
 
 
-def _estimated_lane(planned_route: str | None) -> Route:
+def _estimated_lane(planned_route: Route | None) -> Route:
     """The lane an open prompt is estimated at: its own where it is sent as a request (real-time, flex, a
     background window), else the Batch API's."""
     if planned_route == "batch":
         return "batch"
-    return planned_route if planned_route in REQUEST_ROUTES else "realtime"  # type: ignore[return-value]
+    return planned_route if planned_route is not None and planned_route in REQUEST_ROUTES else "realtime"
 
 
 def counted_prompts(
@@ -192,7 +192,7 @@ async def actual_cost(*, sessions: storage.Sessions, job_id: str, provider_of: C
     ledger = JobCost(totals=CostTotals(table=None, provider_of=provider_of or provider_lookup()))
     bases: dict[tuple[str | None, str | None, str | None], int] = {}
     for usage in await storage.usage_by_route(sessions, job_id=job_id):
-        ledger.totals.add_priced(model=usage.model, route=usage.route, endpoint=usage.endpoint,  # type: ignore[arg-type]
+        ledger.totals.add_priced(model=usage.model, route=usage.route, endpoint=usage.endpoint,
                                  prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
                                  cached_tokens=usage.cached_tokens, requests=usage.prompts,
                                  cost=from_pico(usage.cost_pico_usd), at_realtime=from_pico(usage.list_cost_pico_usd),
@@ -212,7 +212,7 @@ class RepricedRow:
 
     json_properties: ClassVar = ("difference",)
 
-    route: str
+    route: Route
     model: str
     requests: int
     prompt_tokens: int
@@ -253,7 +253,7 @@ class Repricing:
     repriced: JobCost
     # The what-ifs asked for: every real-time answer at this tier; every answer by this route (None: as they were).
     tier: str | None = None
-    route: str | None = None
+    route: Route | None = None
 
     @property
     def prices_file(self) -> str | None:
@@ -291,27 +291,27 @@ async def reprice(
     stored = await actual_cost(sessions=sessions, job_id=job_id)
     repriced = JobCost(totals=CostTotals(table=table))
     # Priced per route, model, long-prompt price and tier; shown per route and model.
-    merged: dict[tuple[str, str, bool, str | None], list[int]] = {}
+    merged: dict[tuple[Route, str, bool, str | None], list[int]] = {}
     for row in usage:  # one row per route, model, length, tier and price table
         sums = merged.setdefault((row.route, row.model, row.long_prompt, row.service_tier), [0] * 8)
         for index, value in enumerate((row.prompts, row.prompt_tokens, row.completion_tokens, row.cached_tokens,
                                        row.cost_pico_usd, row.unpriced, row.cache_creation_tokens,
                                        row.cache_creation_extended_tokens)):
             sums[index] += value
-    shown: dict[tuple[str, str], RepricedRow] = {}
+    shown: dict[tuple[Route, str], RepricedRow] = {}
     for (sent, model, long, served), (requests, prompt_tokens, completion_tokens, cached_tokens, cost, unpriced,
                                       written, extended) in merged.items():
-        again = repriced.totals.add(model=model, route=route or sent,  # type: ignore[typeddict-item]
+        again = repriced.totals.add(model=model, route=route or sent,
                                     prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
                                     cached_tokens=cached_tokens, cache_creation_tokens=written,
                                     cache_creation_extended_tokens=extended, requests=requests, long_prompt=long,
                                     service_tier=served if tier is None else tier)
         route_shown = sent
-        row = RepricedRow(route=route_shown, model=model, requests=requests, prompt_tokens=prompt_tokens,
-                          completion_tokens=completion_tokens, cached_tokens=cached_tokens,
-                          stored=from_pico(cost), stored_unpriced=unpriced, repriced=again)
+        priced = RepricedRow(route=route_shown, model=model, requests=requests, prompt_tokens=prompt_tokens,
+                             completion_tokens=completion_tokens, cached_tokens=cached_tokens,
+                             stored=from_pico(cost), stored_unpriced=unpriced, repriced=again)
         before = shown.get((route_shown, model))
-        shown[(route_shown, model)] = row if before is None else before.plus(row)
+        shown[(route_shown, model)] = priced if before is None else before.plus(priced)
     rows = list(shown.values())
     repriced.max_total = repriced.total
     return Repricing(job_id=job_id, rows=rows, stored=stored, repriced=repriced, tier=tier, route=route)

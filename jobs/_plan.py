@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 
 from llm_dispatch import storage
-from llm_dispatch.core import ResultSink, RetryFailed
+from llm_dispatch.core import ResultSink, RetryFailed, Route
 
 from ._reuse import reuse_stored_answers
 
@@ -30,7 +30,7 @@ class Selection:
     # Which failed prompts go again: those whose error may pass, all, or none.
     retry_failed: RetryFailed = "retryable"
     # Only prompts routed here; None: any not waiting in a batch.
-    planned_route: str | None = None
+    planned_route: Route | None = None
     # False leaves prompts marked in flight to the live run sending them (a sweep must not take them over).
     in_flight: bool = True
     # Only this share ``(index, of)`` of them: one shard of a job sent by several runs.

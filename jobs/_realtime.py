@@ -98,17 +98,17 @@ class ChunkFeed:
     async def _pages(self) -> AsyncIterator[tuple[RealtimePlan, StoredSlice | None]]:
         """A job recorded whole: its open prompts a keyset page at a time."""
         job, selection = self._job, self._selection
-        where = {"retry_failed": selection.retry_failed, "planned_route": selection.planned_route,
-                 "in_flight": selection.in_flight, "shard": selection.shard}
         self.unplanned = await storage.unfinished_prompt_count(
-            self._sessions, job_id=job.job_id, **where)  # type: ignore[arg-type]
+            self._sessions, job_id=job.job_id, retry_failed=selection.retry_failed,
+            planned_route=selection.planned_route, in_flight=selection.in_flight, shard=selection.shard)
         if not self.unplanned:
             return
         self._size = chunk_size_for(self.unplanned, chunk_size=self._first_size)
         hold: Container[str] = frozenset()
         if self._dedupe:
             hold = await storage.unfinished_repeated_keys(
-                self._sessions, job_id=job.job_id, **where)  # type: ignore[arg-type]
+                self._sessions, job_id=job.job_id, retry_failed=selection.retry_failed,
+                planned_route=selection.planned_route, in_flight=selection.in_flight, shard=selection.shard)
         after: tuple[int, int] | None = None
         while True:
             plan = await self._plan(page=(after, self._size), hold_keys=hold)
@@ -236,7 +236,8 @@ class ChunkSender:
         if isinstance(exc, Exception):
             await self._group.__aexit__(None, None, None)
             return None  # the body's error goes on
-        return await self._group.__aexit__(exc_type, exc, tb)
+        await self._group.__aexit__(exc_type, exc, tb)
+        return None
 
     async def start(self, chunk: Chunk, *, of: int) -> None:
         """Start sending ``chunk`` (the run's chunk number so-many ``of`` about ``of``); waits until it may

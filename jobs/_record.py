@@ -38,6 +38,7 @@ from llm_dispatch.core import (
     provider_lookup,
     JobStatus,
     RetryFailed,
+    Route,
     unfinished,
 )
 
@@ -191,6 +192,7 @@ def new_prompts(
     offers: dict[tuple[str, str, bool], tuple[LaneOffer, ...]] = {}
     for spec in specs:
         deadline = parse_deadline(spec.deadline, now=now) if spec.deadline else None
+        route: Route
         if rules is None:
             route, reason = "realtime", "sent by the realtime-dispatch flow"
         else:
@@ -330,7 +332,7 @@ async def record_job(
                    checked=checked)
 
 
-async def _require_job(sessions: async_sessionmaker[AsyncSession], *, job_id: str,
+async def _require_job(sessions: storage.Sessions, *, job_id: str,
                        settings: Settings) -> storage.JobInfo:
     job = await storage.get_job(sessions, job_id=job_id)
     if job is None:
@@ -339,7 +341,7 @@ async def _require_job(sessions: async_sessionmaker[AsyncSession], *, job_id: st
     return job
 
 
-async def _all_answered(sessions: async_sessionmaker[AsyncSession], *, job_id: str,
+async def _all_answered(sessions: storage.Sessions, *, job_id: str,
                         retry_failed: RetryFailed) -> bool:
     """Whether a resume of the job would send nothing: no prompt waits (pending, in flight, in a batch) and no
     failed one is to be sent again."""

@@ -135,7 +135,8 @@ class JobReport:
         return self.stats.failed_by_class
 
 
-@dataclass(frozen=True, slots=True)
+# Keyword-only: ``report`` and ``wall_s`` are made by ``json_field``, whose fields a type checker takes as defaulted.
+@dataclass(frozen=True, slots=True, kw_only=True)
 class DispatchSummary:
     """A ``dispatch`` run: the job's report, and what each half did."""
 

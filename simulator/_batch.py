@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from aiohttp import BodyPartReader, web
+from aiohttp.typedefs import Handler
 
 from ._batch_faults import (
     CREATE_ANSWER_FAULTS,
@@ -94,7 +95,7 @@ def _no_batch_api(state: SimState) -> Any:
     """With ``batch_api`` off, the files and batches routes are not there: a 404 as for an unknown URL."""
 
     @web.middleware
-    async def middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         if not state.config.batch_api and request.path.startswith(("/v1/files", "/v1/batches")):
             return error_response(status=404, message=f"Invalid URL ({request.method} {request.path})")
         return await handler(request)

@@ -226,9 +226,11 @@ class BatchRun(BatchWork):
             self._state.stats.batch_lines += 1
 
         lines = _records(handle)
-        outcome, first_unanswered = await answer_paced(
+        # Awaited into one name first: unpacked at once, mypy infers the record type as optional.
+        paced = await answer_paced(
             lines, total=total, duration=self._seconds * (1.0 - _VALIDATING_SHARE - _FINALIZING_SHARE),
             stop_after=stop_after, cancel=batch.cancel_requested, answer=answer)
+        outcome, first_unanswered = paced
         if first_unanswered is not None:
             await self._expire_rest(first_unanswered, lines, failures)
         return outcome
@@ -257,9 +259,9 @@ class BatchRun(BatchWork):
         kind = None
         if MARKER_BYTES in raw:
             forced = self._marker_fault(body, digest)
-            if forced in OPENAI_LINE_CODES:
+            if isinstance(forced, str) and forced in OPENAI_LINE_CODES:
                 return False, _error_line(custom_id, {
-                    "code": OPENAI_LINE_CODES[forced],  # type: ignore[index]
+                    "code": OPENAI_LINE_CODES[forced],
                     "message": f"This request was stopped inside the batch (simulator marker [[sim:{forced}]])."})
             if isinstance(forced, web.Response):
                 return False, self._response_line(custom_id, forced.status, forced.body)

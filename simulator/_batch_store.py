@@ -64,7 +64,7 @@ def newest_page(
     """A page of ``items`` (id -> item, in creation order) newest first, after the cursor id, as both providers
     list batches: ``{"data", "first_id", "last_id", "has_more"}``. An unknown cursor (a batch forgotten by a
     reset) ends the listing rather than restarting it."""
-    ids = list(reversed(items.keys()))
+    ids = list(items)[::-1]
     start = 0
     if after:
         start = ids.index(after) + 1 if after in items else len(ids)

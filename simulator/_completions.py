@@ -7,7 +7,7 @@ import hashlib
 import json
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from ._config import STRUCTURED_FAULTS
 from ._http import completion_body, message_fields, unusable_body
@@ -44,6 +44,16 @@ REASONING_PER_TOKEN = 3
 # Models that report prompt-cache writes (cache_write_tokens, billed from the GPT-5.6 family on).
 CACHE_WRITE_MODELS = ("gpt-5.6", "gpt-6")
 REFUSAL_TEXT = "I'm sorry, but I can't help with that request."
+
+
+class _Usage(TypedDict):
+    """The usage a chat.completion body reports (``completion_body``'s and ``unusable_body``'s keywords)."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    cache_write_tokens: int | None
+    reasoning_tokens: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +112,7 @@ def plan_completion(
     tier = _SERVED_TIERS.get(str(body.get("service_tier") or "").lower(), "default")
     value = int.from_bytes(digest, "little")
     text: str | None = None
+    answer_tokens: int | None
     if kind == "refuse":
         choices, reasoning = [(value, count_tokens(REFUSAL_TEXT), "stop")] * n, (0,) * n
     elif kind == "slow":
@@ -178,12 +189,14 @@ def schema_value(schema: Any, *, pick: int = 0, depth: int = 0) -> Any:
     kind = schema.get("type")
     if isinstance(kind, list):
         kind = next((k for k in kind if k != "null"), "null")
-    if kind == "object" or isinstance(schema.get("properties"), dict):
-        properties = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+    listed = schema.get("properties")
+    if kind == "object" or isinstance(listed, dict):
+        properties = listed if isinstance(listed, dict) else {}
         return {name: schema_value(spec, pick=pick + index, depth=depth + 1)
                 for index, (name, spec) in enumerate(properties.items())}
     if kind == "array":
-        return [schema_value(schema.get("items"), pick=pick, depth=depth + 1)] if isinstance(schema.get("items"), dict) else []
+        items = schema.get("items")
+        return [schema_value(items, pick=pick, depth=depth + 1)] if isinstance(items, dict) else []
     if kind == "integer":
         return max(pick, int(schema.get("minimum", 0)))
     if kind == "number":
@@ -198,14 +211,13 @@ def schema_value(schema: Any, *, pick: int = 0, depth: int = 0) -> Any:
 def render_completion(plan: PlannedCompletion, *, state: SimState) -> tuple[bytes, int]:
     """(chat.completion body, cached tokens) of a planned answer; its prompt prefixes join the cache. An
     ``empty_choices`` or ``error200`` answer reports the same usage around no answer at all."""
-    cached, written = _cache_use(plan, state=state)
-    if not plan.model.startswith(CACHE_WRITE_MODELS):
-        written = None
-    usage = dict(prompt_tokens=plan.prompt_tokens, completion_tokens=plan.completion_tokens, cached_tokens=cached,
-                 cache_write_tokens=written, reasoning_tokens=plan.reasoning_tokens)
+    cached, cache_written = _cache_use(plan, state=state)
+    written = cache_written if plan.model.startswith(CACHE_WRITE_MODELS) else None
+    usage: _Usage = {"prompt_tokens": plan.prompt_tokens, "completion_tokens": plan.completion_tokens,
+                     "cached_tokens": cached, "cache_write_tokens": written, "reasoning_tokens": plan.reasoning_tokens}
     if plan.kind in ("empty_choices", "error200"):
         return unusable_body(kind=plan.kind, response_id=state.next_response_id(), model=plan.model,
-                             **usage), cached  # type: ignore[arg-type]
+                             **usage), cached
     body = completion_body(
         response_id=state.next_response_id(),
         created=int(time.time()),
@@ -215,7 +227,7 @@ def render_completion(plan: PlannedCompletion, *, state: SimState) -> tuple[byte
                  in enumerate(zip(plan.choices, plan.reasoning or (0,) * plan.n))],
         system_fingerprint=SYSTEM_FINGERPRINT,
         service_tier=plan.service_tier,
-        **usage,  # type: ignore[arg-type]
+        **usage,
     )
     return body, cached
 
@@ -238,9 +250,10 @@ def _message(plan: PlannedCompletion, index: int, digest: int, visible: int, rea
 def _called_tool(body: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
     """The function tool a body's answer calls: the one ``tool_choice`` names, else the first; none when it has
     no function tools or ``tool_choice`` is "none". (A model given tools may answer in text; this one calls.)"""
-    tools = [tool.get("function") for tool in body.get("tools") or ()
-             if isinstance(tool, dict) and tool.get("type") == "function" and isinstance(tool.get("function"), dict)]
-    tools = [tool for tool in tools if isinstance(tool.get("name"), str)]
+    functions = [tool.get("function") for tool in body.get("tools") or () if isinstance(tool, dict)
+                 and tool.get("type") == "function"]
+    tools = [function for function in functions
+             if isinstance(function, dict) and isinstance(function.get("name"), str)]
     choice = body.get("tool_choice")
     if not tools or choice == "none":
         return None
@@ -254,12 +267,15 @@ def _called_tool(body: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
 
 def tool_input(schema: dict[str, Any]) -> dict[str, Any]:
     """Arguments for a tool call that fit ``schema``'s required properties (by type), the same every time."""
-    properties = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
-    required = schema.get("required") if isinstance(schema.get("required"), list) else list(properties)
+    listed = schema.get("properties")
+    properties = listed if isinstance(listed, dict) else {}
+    named = schema.get("required")
+    required = named if isinstance(named, list) else list(properties)
     words = ("alpha", "beta", "gamma", "delta")
     values: dict[str, Any] = {}
     for position, name in enumerate(required):
-        spec = properties.get(name) if isinstance(properties.get(name), dict) else {}
+        given = properties.get(name)
+        spec = given if isinstance(given, dict) else {}
         kind = spec.get("type")
         pick = position
         if isinstance(spec.get("enum"), list) and spec["enum"]:

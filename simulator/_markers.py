@@ -55,9 +55,9 @@ def marker_fault(
                 seen[fault] = seen.get(fault, 0) + 1
             if times is None:
                 return fault
-            seen = hits.get(digest, 0) + 1
-            hits[digest] = seen
-            return fault if seen <= int(times) else None
+            count = hits.get(digest, 0) + 1
+            hits[digest] = count
+            return fault if count <= int(times) else None
     return None
 
 

@@ -133,9 +133,11 @@ class MessageBatchRun(BatchWork):
             self._state.stats.message_batch_lines += 1
 
         pending = iter(batch.requests)
-        outcome, first_unanswered = await answer_paced(
+        # Awaited into one name first: unpacked at once, mypy infers the record type as optional.
+        paced = await answer_paced(
             pending, total=total, duration=self._seconds, stop_after=stop_after, cancel=batch.cancel_requested,
             answer=answer)
+        outcome, first_unanswered = paced
         if outcome == "expired":
             if first_unanswered is not None:
                 await self._close_out(first_unanswered, pending, sink=sink, kind="expired")

@@ -109,8 +109,9 @@ def plan_message(
 def _output_schema(body: dict[str, Any]) -> dict[str, Any] | None:
     output_config = body.get("output_config")
     spec = output_config.get("format") if isinstance(output_config, dict) else None
-    if isinstance(spec, dict) and spec.get("type") == "json_schema" and isinstance(spec.get("schema"), dict):
-        return spec["schema"]
+    if isinstance(spec, dict) and spec.get("type") == "json_schema":
+        schema = spec.get("schema")
+        return schema if isinstance(schema, dict) else None
     return None
 
 
@@ -124,7 +125,8 @@ def _thinking_tokens(body: dict[str, Any], completion: PlannedCompletion) -> int
     budget = thinking.get("budget_tokens")
     if isinstance(budget, int) and not isinstance(budget, bool):
         wanted = min(wanted, budget)
-    return max(0, min(wanted, body["max_tokens"] - completion.completion_tokens))
+    max_tokens: int = body["max_tokens"]
+    return max(0, min(wanted, max_tokens - completion.completion_tokens))
 
 
 def _called_tool(body: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:

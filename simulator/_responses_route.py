@@ -184,6 +184,7 @@ class _ResponseRoutes(_ChatRoutes):
         answer = await super()._answer_valid(request, body=body, model=model, digest=digest, kind=kind)
         if answer.status != 200 or not isinstance(answer, web.Response) or answer.body is None:
             return answer
+        # aiohttp types a body as bytes or a Payload; the chat route's answers set bytes.
         completion = json.loads(bytes(answer.body))  # type: ignore[arg-type]
         response_id = "resp_" + completion["id"].removeprefix("chatcmpl-")
         answer.body = json.dumps(response_object(completion, response_id=response_id)).encode()

@@ -102,12 +102,13 @@ class RealTimeRoutes:
         if state.allowed_models is not None and model not in state.allowed_models:
             return self._counted(self._unknown_model(model))
         digest = self._digest(raw, body)
-        forced = None
+        forced: str | None = None
         if MARKER_BYTES in raw:
-            forced = marker_fault(body["messages"], digest=digest, hits=state.marker_hits, pattern=_MARKER_BODY,
-                                  allowed=MARKERS, where="", refuse=self._unknown_marker, seen=state.stats.markers)
-            if isinstance(forced, web.Response):
-                return self._counted(forced)
+            found = marker_fault(body["messages"], digest=digest, hits=state.marker_hits, pattern=_MARKER_BODY,
+                                 allowed=MARKERS, where="", refuse=self._unknown_marker, seen=state.stats.markers)
+            if isinstance(found, web.Response):
+                return self._counted(found)
+            forced = found
         if state.config.always_fault is not None:
             return await self._fault(request, state.config.always_fault, model=model)
         if forced is not None and forced not in ANSWER_KINDS:
@@ -290,7 +291,9 @@ def limit_views(state: SimState, *, now: float | None = None) -> list[LimitView]
     the window's, which is what a quota enforced over a shorter window really has left."""
     now = time.monotonic() if now is None else now
     views = []
-    for kind, window in (("requests", state.requests_window), ("tokens", state.tokens_window)):
+    quotas: tuple[tuple[QuotaKind, QuotaWindow | None], ...] = (
+        ("requests", state.requests_window), ("tokens", state.tokens_window))
+    for kind, window in quotas:
         if window is not None:
             views.append(LimitView(kind=kind, per_minute=window.per_minute, remaining=window.remaining(now=now),
                                    reset_in=window.reset_in(now=now)))

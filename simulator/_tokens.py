@@ -137,7 +137,7 @@ def count_message_tokens(messages: list[dict[str, Any]]) -> int:
 # neighbours, so any slice of n pieces is n tokens under count_tokens: the simulator's
 # completion_tokens is then the true count of the text it sends, at the cost of a join.
 
-_VOCABULARY = (
+_WORDS = (
     "the of and to in is that it for as with was on be by this are or from at an which not have "
     "has but can all were one their more also when there these may will other into some time "
     "only been its new most such first what over two used would about many like then than them "
@@ -152,7 +152,7 @@ _VOCABULARY = (
 ).split()
 # Words of up to 8 letters, each one token with its leading space. Up to 11 would count as one now,
 # but admitting them would change every completion the simulator has ever sent, for nothing.
-_VOCABULARY = tuple(dict.fromkeys(w for w in _VOCABULARY if len(w) <= 8))
+_VOCABULARY = tuple(dict.fromkeys(w for w in _WORDS if len(w) <= 8))
 
 _STREAM_PIECES = 4096
 _MAX_COMPLETION = 300  # the longest natural answer; max_tokens only ever shortens it

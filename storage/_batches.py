@@ -27,7 +27,7 @@ from llm_dispatch.core import (
 )
 
 from ._budgets import release_batch, settle_batch
-from ._bulk import IN_CHUNK, INSERT_BATCH, chunks
+from ._bulk import IN_CHUNK, INSERT_BATCH, changed_rows, chunks
 from ._models import Batch, BatchMember, Prompt, aware, utcnow
 from ._records import BatchRecord
 from ._results import RowLedger, answer_rows, write_results
@@ -125,10 +125,10 @@ async def create_batch_record(
         for chunk in chunks(members, INSERT_BATCH):
             rows = [{"batch_id": batch_id, "prompt_id": pid, "custom_id": cid} for pid, cid in chunk]
             await session.execute(insert(BatchMember.__table__), rows)
-        for chunk in chunks(prompt_ids, IN_CHUNK):
+        for ids in chunks(prompt_ids, IN_CHUNK):
             await session.execute(
                 update(Prompt)
-                .where(Prompt.id.in_(chunk), Prompt.status != "succeeded")
+                .where(Prompt.id.in_(ids), Prompt.status != "succeeded")
                 .values(status="batched", updated_at=now)
                 .execution_options(synchronize_session=False)
             )
@@ -154,12 +154,12 @@ async def _check_members(session: AsyncSession, *, job_id: str, prompt_ids: Sequ
         return
     holders: set[int] = set()
     for chunk in chunks(held, IN_CHUNK):
-        stmt = (
+        holding = (
             select(BatchMember.batch_id)
             .join(Batch, Batch.id == BatchMember.batch_id)
             .where(BatchMember.prompt_id.in_(chunk), Batch.status.not_in(CLOSED_BATCH_STATUSES))
         )
-        holders.update((await session.execute(stmt)).scalars())
+        holders.update((await session.execute(holding)).scalars())
     raise BatchConflictError(
         f"{len(held)} of these prompts already wait in open batch(es) {sorted(holders)} "
         f"(prompt ids {held[:10]}); leave them out, or ingest those batches or release_members() first",
@@ -186,7 +186,7 @@ async def update_batch(sessions: Sessions, *, batch_id: int, **fields: Any) -> N
     async with sessions.begin() as session:
         stmt = update(Batch).where(Batch.id == batch_id).values(**fields, updated_at=utcnow())
         done = await session.execute(stmt.execution_options(synchronize_session=False))
-        if done.rowcount == 0:
+        if changed_rows(done) == 0:
             raise UnknownBatchError(f"no batch with id {batch_id!r}")
 
 
@@ -344,7 +344,7 @@ async def mark_batch_ingested(sessions: Sessions, *, batch_id: int) -> int:
             .values(status="ingested", updated_at=now)
             .execution_options(synchronize_session=False)
         )
-        if done.rowcount == 0:
+        if changed_rows(done) == 0:
             raise UnknownBatchError(f"no batch with id {batch_id!r}")
         # The batch is over: what its budget reservation did not spend is given back.
         await release_batch(await session.connection(), batch_id=batch_id)
@@ -366,7 +366,7 @@ async def mark_batch_lost(sessions: Sessions, *, batch_id: int, reason: str) -> 
             .values(status="lost", last_error=reason, last_error_at=now, retry_after=None, updated_at=now)
             .execution_options(synchronize_session=False)
         )
-        if done.rowcount == 0:
+        if changed_rows(done) == 0:
             raise UnknownBatchError(f"no batch with id {batch_id!r}")
         # The batch is over: what its budget reservation did not spend is given back.
         await release_batch(await session.connection(), batch_id=batch_id)
@@ -413,7 +413,7 @@ async def _release(session: AsyncSession, *, batch_id: int, prompt_ids: list[int
         if chunk is not None:
             stmt = stmt.where(Prompt.id.in_(chunk))
         stmt = stmt.values(status="pending", updated_at=now).execution_options(synchronize_session=False)
-        released += (await session.execute(stmt)).rowcount
+        released += changed_rows(await session.execute(stmt))
     return released
 
 
@@ -425,9 +425,10 @@ _OPTIONAL_TIMES: Final = ("submitted_at", "expires_at", "finished_at", "last_pol
 
 
 def _record(batch: Batch) -> BatchRecord:
+    times: dict[str, Any] = {name: _maybe_aware(getattr(batch, name)) for name in _OPTIONAL_TIMES}
     return BatchRecord(
         **{name: getattr(batch, name) for name in _PLAIN_FIELDS},
-        **{name: _maybe_aware(getattr(batch, name)) for name in _OPTIONAL_TIMES},
+        **times,
         created_at=aware(batch.created_at),
         updated_at=aware(batch.updated_at),
         cancel_requested=bool(batch.cancel_requested),

@@ -33,6 +33,7 @@ from llm_dispatch.core import (
     worst_case_cost,
 )
 
+from ._bulk import changed_rows
 from ._engine import Sessions
 from ._models import Budget, BudgetSpend, Reservation, utcnow
 
@@ -96,7 +97,7 @@ async def set_budget(sessions: Sessions, *, name: str, limit_pico_usd: int, per:
     async with sessions.begin() as session:
         changed = await session.execute(
             update(Budget).where(Budget.name == name).values(limit_pico_usd=limit_pico_usd, per=per, updated_at=utcnow()))
-        if changed.rowcount == 0:  # type: ignore[attr-defined]
+        if changed_rows(changed) == 0:
             session.add(Budget(name=name, limit_pico_usd=limit_pico_usd, per=per))
     return BudgetInfo(name=name, limit_pico_usd=limit_pico_usd, per=per)
 
@@ -171,7 +172,7 @@ async def _take(conn: AsyncConnection, *, budget: str, period: str, amount: int)
         .where(BudgetSpend.budget == budget, BudgetSpend.period == period,
                BudgetSpend.spent_pico_usd + BudgetSpend.reserved_pico_usd + amount <= limit)
         .values(reserved_pico_usd=BudgetSpend.reserved_pico_usd + amount, updated_at=now))
-    return taken.rowcount == 1  # type: ignore[attr-defined]
+    return taken.rowcount == 1
 
 
 async def _move(conn: AsyncConnection, *, budget: str, period: str, spent: int, reserved: int) -> None:
@@ -265,7 +266,7 @@ async def _give_back(conn: AsyncConnection, *, hold_id: int, budget: str, period
     stmt = delete(Reservation).where(Reservation.id == hold_id, Reservation.amount_pico_usd == amount)
     if expired_before is not None:
         stmt = stmt.where(Reservation.expires_at < expired_before)
-    if (await conn.execute(stmt)).rowcount == 1:  # type: ignore[attr-defined]
+    if (await conn.execute(stmt)).rowcount == 1:
         return amount
     await _move(conn, budget=budget, period=period, spent=0, reserved=amount)
     return 0
@@ -407,7 +408,7 @@ class BudgetLease:
             moved = await conn.execute(
                 update(Reservation).where(Reservation.id == self._id, Reservation.amount_pico_usd >= amount)
                 .values(amount_pico_usd=Reservation.amount_pico_usd - amount, expires_at=now + self._ttl))
-            if moved.rowcount != 1:  # type: ignore[attr-defined]
+            if moved.rowcount != 1:
                 return  # given back as expired meanwhile: the batch goes without a hold of its own
             await conn.execute(insert(Reservation).values(
                 budget=self.budget.name, period=self._period, job_id=self._job_id, batch_id=batch_id,
@@ -430,7 +431,7 @@ class BudgetLease:
             await _move(conn, budget=self.budget.name, period=self._period, spent=cost, reserved=-moved)
         renewed = await conn.execute(update(Reservation).where(Reservation.id == self._id).values(
             amount_pico_usd=Reservation.amount_pico_usd - moved, expires_at=self._clock() + self._ttl))
-        if renewed.rowcount != 1:  # type: ignore[attr-defined]
+        if renewed.rowcount != 1:
             # Given back as expired meanwhile: the money was no longer held, so this only spends.
             await _move(conn, budget=self.budget.name, period=self._period, spent=0, reserved=moved)
             return None
@@ -462,13 +463,13 @@ class BudgetLease:
                 taken = True
                 grown = await conn.execute(update(Reservation).where(Reservation.id == self._id).values(
                     amount_pico_usd=Reservation.amount_pico_usd + amount, expires_at=now + self._ttl))
-                if grown.rowcount != 1:  # type: ignore[attr-defined]
+                if grown.rowcount != 1:
                     # Given back as expired meanwhile: what this lease held is gone; hold the new money anew.
-                    made = await conn.execute(insert(Reservation).values(
+                    anew = await conn.execute(insert(Reservation).values(
                         budget=self.budget.name, period=self._period, job_id=self._job_id, holder=_holder(),
                         amount_pico_usd=amount, created_at=now, expires_at=now + self._ttl,
                     ).returning(Reservation.id))
-                    self._id, self.held = int(made.scalar_one()), 0
+                    self._id, self.held = int(anew.scalar_one()), 0
         if taken:
             self.held += amount
             return True

@@ -1,5 +1,5 @@
-"""Bulk statements: ids in IN lists and rows in executemany calls of bounded size, and driver-level
-executemany over plain tuples in the driver's own placeholder style.
+"""Bulk statements: ids in IN lists and rows in executemany calls of bounded size, driver-level
+executemany over plain tuples in the driver's own placeholder style, and how many rows a statement changed.
 
 SQLAlchemy's per-row parameter processing costs more than SQLite itself when rows arrive by the
 thousand; the driver-level statements skip it. A value that needs converting (a timestamp, JSON) goes
@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
-from sqlalchemy.engine import Dialect
+from sqlalchemy.engine import CursorResult, Dialect, Result
 
-__all__ = ["INSERT_BATCH", "IN_CHUNK", "bind_processor", "bind_value", "chunks", "placeholders"]
+__all__ = ["INSERT_BATCH", "IN_CHUNK", "bind_processor", "bind_value", "changed_rows", "chunks", "placeholders"]
 
 T = TypeVar("T")
 
@@ -54,6 +54,12 @@ def bind_processor(column: Any, dialect: Dialect) -> Callable[[Any], Any]:
 def bind_value(column: Any, value: Any, dialect: Dialect) -> Any:
     """``value`` as SQLAlchemy would hand it to the driver for ``column``."""
     return bind_processor(column, dialect)(value)
+
+
+def changed_rows(result: Result[Any]) -> int:
+    """The rows an UPDATE, INSERT or DELETE changed. ``AsyncSession.execute`` returns a ``CursorResult`` for one,
+    as a connection's does, but is typed to return any ``Result``, which has no ``rowcount``."""
+    return cast("CursorResult[Any]", result).rowcount
 
 
 def _same(value: Any) -> Any:

@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from llm_dispatch.core import JOB_STATUSES, PAID_RESULT_STATUSES, TRUNCATED_FINISH_REASONS, JobStatus, UnknownJobError
 
+from ._bulk import changed_rows
 from ._models import Job, Prompt, Result, aware, new_job_id, utcnow
 from ._records import JobInfo, ResultStats
 from ._engine import Sessions
@@ -116,7 +117,7 @@ async def set_job_status(sessions: Sessions, *, job_id: str, status: JobStatus) 
         raise ValueError(f"unknown job status {status!r}; expected one of {JOB_STATUSES}")
     async with sessions.begin() as session:
         done = await session.execute(update(Job).where(Job.id == job_id).values(status=status, updated_at=utcnow()))
-        if done.rowcount == 0:
+        if changed_rows(done) == 0:
             raise UnknownJobError(f"no job with id {job_id!r}; `llm-dispatch status` lists jobs")
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, ClassVar
 
 from sqlalchemy import (
     JSON,
@@ -22,6 +22,7 @@ from sqlalchemy import (
     LargeBinary,
     MetaData,
     String,
+    Table,
     Text,
     UniqueConstraint,
     false as sql_false,
@@ -29,6 +30,9 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+# Read by SQLAlchemy when it maps the classes: imported, not only for the type checker.
+from llm_dispatch.core import JobStatus, PromptStatus, ResultRoute, ResultStatus, Route
 
 __all__ = ["PARSED_JSON", "Base", "Batch", "BatchMember", "Budget", "BudgetSpend", "Job", "Prompt", "Reservation",
            "Result", "aware", "new_job_id", "utcnow"]
@@ -66,6 +70,9 @@ def new_job_id() -> str:
 
 
 class Base(DeclarativeBase):
+    # Each model maps one table (DeclarativeBase types it as any FromClause).
+    __table__: ClassVar[Table]
+
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
     type_annotation_map = {
         datetime: DateTime(timezone=True),
@@ -86,7 +93,7 @@ class Job(Base):
     fingerprint: Mapped[str] = mapped_column(String(64), index=True)
     model: Mapped[str] = mapped_column(String())
     settings: Mapped[dict[str, Any]] = mapped_column()  # public settings only, never secrets
-    status: Mapped[str] = mapped_column(String(16))
+    status: Mapped[JobStatus] = mapped_column(String(16))
     # The named budget (--budget-name) the job's latest run held; its own (--budget) is the budget "job:<id>".
     budget_name: Mapped[str | None] = mapped_column(String())
 
@@ -120,13 +127,13 @@ class Prompt(Base):
     params: Mapped[dict[str, Any]] = mapped_column()
     metadata_: Mapped[dict[str, Any] | None] = mapped_column("metadata")
     dedupe_key: Mapped[str] = mapped_column(String(64), index=True)
-    status: Mapped[str] = mapped_column(String(16), default="pending", server_default="pending")
+    status: Mapped[PromptStatus] = mapped_column(String(16), default="pending", server_default="pending")
     attempts: Mapped[int] = mapped_column(Integer(), default=0, server_default=sql_text("0"))
     last_error_class: Mapped[str | None] = mapped_column(String())
     # Set when the prompt is failed: whether sending it again could succeed (429, 5xx, timeouts).
     failed_retryable: Mapped[bool | None] = mapped_column(Boolean())
     # Where the router sent the prompt (realtime or batch), why, and by when it must be answered.
-    planned_route: Mapped[str | None] = mapped_column(String(16))
+    planned_route: Mapped[Route | None] = mapped_column(String(16))
     route_reason: Mapped[str | None] = mapped_column(String())
     deadline: Mapped[datetime | None] = mapped_column()
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
@@ -140,8 +147,8 @@ class Result(Base):
     prompt_id: Mapped[int] = mapped_column(BigInt, ForeignKey("prompts.id"), index=True)
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
-    route: Mapped[str] = mapped_column(String(16))
-    status: Mapped[str] = mapped_column(String(16))
+    route: Mapped[ResultRoute] = mapped_column(String(16))
+    status: Mapped[ResultStatus] = mapped_column(String(16))
     text: Mapped[str | None] = mapped_column(Text())
     finish_reason: Mapped[str | None] = mapped_column(String())
     prompt_tokens: Mapped[int | None] = mapped_column(Integer())

@@ -17,10 +17,11 @@ from llm_dispatch.core import (
     SENDABLE_PROMPT_STATUSES,
     ChatResult,
     JobStatus,
+    Route,
     answer_schema,
 )
 
-from ._bulk import IN_CHUNK, INSERT_BATCH, bind_processor, bind_value, chunks, placeholders
+from ._bulk import IN_CHUNK, INSERT_BATCH, bind_processor, bind_value, changed_rows, chunks, placeholders
 from ._models import Job, Prompt, Result, utcnow
 from ._records import NewPrompt, WorkRow
 from ._engine import Sessions
@@ -115,7 +116,7 @@ async def add_prompts(
         made = next_rows()
         while made is not None:
             statement, rows = made
-            write = asyncio.ensure_future(conn.exec_driver_sql(statement, rows))  # type: ignore[arg-type]
+            write = asyncio.ensure_future(conn.exec_driver_sql(statement, rows))
             try:
                 made = await asyncio.to_thread(next_rows)
             finally:
@@ -144,7 +145,7 @@ async def reroute_late_prompts(sessions: Sessions, *, job_id: str, before: datet
         .execution_options(synchronize_session=False)
     )
     async with sessions.begin() as session:
-        return (await session.execute(stmt)).rowcount
+        return changed_rows(await session.execute(stmt))
 
 
 async def reopen_refused(sessions: Sessions, *, job_id: str) -> int:
@@ -157,10 +158,10 @@ async def reopen_refused(sessions: Sessions, *, job_id: str) -> int:
         .execution_options(synchronize_session=False)
     )
     async with sessions.begin() as session:
-        return (await session.execute(stmt)).rowcount
+        return changed_rows(await session.execute(stmt))
 
 
-async def set_planned_route(sessions: Sessions, *, prompt_ids: Sequence[int], route: str, reason: str) -> int:
+async def set_planned_route(sessions: Sessions, *, prompt_ids: Sequence[int], route: Route, reason: str) -> int:
     """Re-route prompts (say, from batch to real-time when a deadline no longer allows a batch); returns how many."""
     changed = 0
     async with sessions.begin() as session:
@@ -171,12 +172,12 @@ async def set_planned_route(sessions: Sessions, *, prompt_ids: Sequence[int], ro
                 .values(planned_route=route, route_reason=reason, updated_at=utcnow())
                 .execution_options(synchronize_session=False)
             )
-            changed += (await session.execute(stmt)).rowcount
+            changed += changed_rows(await session.execute(stmt))
     return changed
 
 
 async def reroute_pending(
-    sessions: Sessions, *, job_id: str, route: str, reason: str, from_routes: Collection[str] | None = None,
+    sessions: Sessions, *, job_id: str, route: Route, reason: str, from_routes: Collection[Route] | None = None,
     models: Collection[str] | None = None, due_after: datetime | None = None,
 ) -> int:
     """Re-route every pending prompt of the job that is routed otherwise (or, given ``from_routes``, by one of
@@ -196,7 +197,7 @@ async def reroute_pending(
             return 0
         stmt = stmt.where(Prompt.model.in_(list(models)))
     async with sessions.begin() as session:
-        return (await session.execute(stmt)).rowcount
+        return changed_rows(await session.execute(stmt))
 
 
 async def load_work(sessions: Sessions, *, prompt_ids: Sequence[int]) -> list[WorkRow]:
@@ -288,7 +289,7 @@ async def _move(sessions: Sessions, *, prompt_ids: Sequence[int], to: str, when:
                 .values(status=to, updated_at=now)
                 .execution_options(synchronize_session=False)
             )
-            changed += (await session.execute(stmt)).rowcount
+            changed += changed_rows(await session.execute(stmt))
     return changed
 
 

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, NamedTuple
 
+from llm_dispatch.core import JobStatus, Route
+
 __all__ = ["BatchRecord", "JobInfo", "NewPrompt", "UnfinishedPrompt", "ResultStats", "WorkRow"]
 
 
@@ -23,7 +25,7 @@ class _Request:
     # The provider endpoint (core.ENDPOINTS).
     endpoint: str = "chat"
     # The lane the router sent it by (core.ROUTES; None, from before there were lanes, is real-time).
-    planned_route: str | None = None
+    planned_route: Route | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -61,7 +63,7 @@ class JobInfo:
     name: str
     created_at: datetime
     updated_at: datetime
-    status: str
+    status: JobStatus
     model: str
     input_path: str | None
     fingerprint: str

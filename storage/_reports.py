@@ -10,13 +10,23 @@ from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Unpack
 
-from sqlalchemy import Text, and_, case, cast, func, literal, null, or_, select
+from sqlalchemy import Integer, Text, and_, case, cast, func, literal, null, or_, select, type_coerce
 from sqlalchemy.engine import Row
-from sqlalchemy.orm import aliased
+from sqlalchemy.sql.elements import TypeCoerce
+from sqlalchemy.orm import InstrumentedAttribute, aliased
 
-from llm_dispatch.core import CLOSED_BATCH_STATUSES, PAID_RESULT_STATUSES, answer_schema, from_pico
+from llm_dispatch.core import (
+    CLOSED_BATCH_STATUSES,
+    PAID_RESULT_STATUSES,
+    JobStatus,
+    PromptStatus,
+    ResultRoute,
+    Route,
+    answer_schema,
+    from_pico,
+)
 
 from ._models import Batch, Job, Prompt, Result, aware
 from ._engine import Sessions
@@ -46,7 +56,7 @@ class UsageRow:
     billed) and failures whose 2xx reported usage, ``reused`` ones left out (they cost 0). One row per price
     table the answers were priced with."""
 
-    route: str
+    route: Route
     model: str
     prompts: int
     prompt_tokens: int
@@ -75,7 +85,7 @@ class JobSummary:
     id: str
     name: str
     created_at: datetime
-    status: str
+    status: JobStatus
     prompts: int
     unfinished_batches: int
 
@@ -90,10 +100,10 @@ class ExportRow:
     prompt_id: int
     model: str
     metadata: dict[str, Any] | None
-    status: str
-    planned_route: str | None
+    status: PromptStatus
+    planned_route: Route | None
     route_reason: str | None
-    route: str | None  # how the answer came: realtime, batch or reused
+    route: ResultRoute | None  # how the answer came
     text: str | None
     finish_reason: str | None
     prompt_tokens: int | None
@@ -152,13 +162,13 @@ async def usage_by_route(
     stmt = (
         select(
             Result.route, Prompt.model, func.count(),
-            func.coalesce(func.sum(Result.prompt_tokens), 0),
-            func.coalesce(func.sum(Result.completion_tokens), 0),
-            func.coalesce(func.sum(Result.cached_tokens), 0),
-            func.coalesce(func.sum(Result.cache_creation_tokens), 0),
-            func.coalesce(func.sum(Result.cache_creation_extended_tokens), 0),
-            func.coalesce(func.sum(Result.cost_pico_usd), 0),
-            func.coalesce(func.sum(Result.list_cost_pico_usd), 0),
+            _total(Result.prompt_tokens),
+            _total(Result.completion_tokens),
+            _total(Result.cached_tokens),
+            _total(Result.cache_creation_tokens),
+            _total(Result.cache_creation_extended_tokens),
+            _total(Result.cost_pico_usd),
+            _total(Result.list_cost_pico_usd),
             func.count() - func.count(Result.cost_pico_usd),
             long.label("long_prompt"),
             Result.service_tier,
@@ -176,7 +186,8 @@ async def usage_by_route(
                           as_of, file, basis, cache_creation_tokens=int(w), cache_creation_extended_tokens=int(x),
                           long_prompt=bool(is_long), service_tier=tier, endpoint=endpoint)
                  for route, model, n, p, c, k, w, x, cost, listed, unknown, is_long, tier, endpoint, as_of, file, basis
-                 in await session.execute(stmt)]
+                 in await session.execute(stmt)
+                 if route != "reused"]  # as the query has it: each row's route is a Route
     # Sorted here: the databases put NULL stamps at opposite ends.
     return sorted(found, key=lambda u: (u.route, u.model, u.endpoint, u.long_prompt, u.service_tier or "",
                                         u.prices_as_of or "", u.prices_file or "", u.cost_basis or ""))
@@ -202,6 +213,11 @@ class ReplyLengths:
 
 # A reply stopped by its cap: OpenAI's finish_reason "length", Anthropic's stop_reason "max_tokens".
 CUT_FINISH_REASONS = ("length", "max_tokens")
+
+
+def _total(column: InstrumentedAttribute[int | None]) -> TypeCoerce[int]:
+    """SUM(column), 0 where there is nothing to add: never NULL, as its type says."""
+    return type_coerce(func.coalesce(func.sum(column), 0), Integer)
 
 
 async def reply_lengths(sessions: Sessions, *, models: list[str], sample: int = 5000) -> dict[str, ReplyLengths]:
@@ -346,7 +362,7 @@ async def export_rows(sessions: Sessions, *, job_id: str,
     if wanted.intersection(_EXPORTED_RESULT_FIELDS):
         query = query.outerjoin(Result, Result.id == latest)
 
-    async def page_after(position: int) -> Sequence[Row[Any]]:
+    async def page_after(position: int) -> Sequence[Row[Unpack[tuple[Any, ...]]]]:
         stmt = (query.where(Prompt.job_id == job_id, Prompt.position > position)
                 .order_by(Prompt.position).limit(EXPORT_PAGE))
         async with sessions() as session:

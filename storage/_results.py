@@ -13,7 +13,16 @@ from typing import Any, Final, Literal, NamedTuple
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from llm_dispatch.core import PROMPT_STATUSES, RESULT_ROUTES, ChatResult, PriceTable, PromptStatus, ResultRoute, Route
+from llm_dispatch.core import (
+    PROMPT_STATUSES,
+    RESULT_ROUTES,
+    ChatResult,
+    PriceTable,
+    PromptStatus,
+    ResultRoute,
+    ResultStatus,
+    Route,
+)
 
 from ._bulk import bind_processor, bind_value, placeholders
 from ._models import Prompt, Result
@@ -44,8 +53,8 @@ class ResultRow(NamedTuple):
     """
 
     prompt_id: int
-    route: str
-    status: str  # the result's: succeeded, refused or failed
+    route: ResultRoute
+    status: ResultStatus
     attempts: int
     created_at: datetime
     # The prompt's new status (not a column): succeeded; refused; failed; pending after a failure that is not final.
@@ -94,7 +103,8 @@ _TOOL_CALLS: Final = _PLAIN_COLUMNS.index("tool_calls")
 _PARSED: Final = _PLAIN_COLUMNS.index("parsed")
 
 
-def shares(prompt_ids: Sequence[int], route: str, row: Callable[[int, ResultRoute, bool], ResultRow]) -> list[ResultRow]:
+def shares(prompt_ids: Sequence[int], route: ResultRoute,
+           row: Callable[[int, ResultRoute, bool], ResultRow]) -> list[ResultRow]:
     """The rows of one call that answered (or failed) these identical prompts: ``row(prompt_id, route, paid)``
     for each.
 
@@ -105,14 +115,13 @@ def shares(prompt_ids: Sequence[int], route: str, row: Callable[[int, ResultRout
         raise ValueError(f"route must be one of {RESULT_ROUTES}, got {route!r}")
     if not prompt_ids:
         return []
-    first: ResultRoute = route  # type: ignore[assignment]  # checked above
     if len(prompt_ids) == 1:
-        return [row(prompt_ids[0], first, first != "reused")]
-    return [row(prompt_ids[0], first, first != "reused"), *(row(pid, "reused", False) for pid in prompt_ids[1:])]
+        return [row(prompt_ids[0], route, route != "reused")]
+    return [row(prompt_ids[0], route, route != "reused"), *(row(pid, "reused", False) for pid in prompt_ids[1:])]
 
 
 # ``ResultRow``'s ledger fields (``LEDGER_FIELDS``), in that order.
-LedgerValues = tuple[int | None, int | None, str | None, str | None, str | None, str | None]
+LedgerValues = tuple[int | None, int | None, str | None, str | None, str | None, CostBasis | None]
 # Distinct usages priced per writer before the memo starts again: a batch's answers repeat a few hundred.
 _PRICED_MEMO = 4096
 
@@ -130,7 +139,7 @@ class RowLedger:
 
     def __init__(self, prices: PriceTable | None) -> None:
         self.prices = prices
-        self.stamp: tuple[str | None, str | None, str] = (
+        self.stamp: tuple[str | None, str | None, CostBasis] = (
             (None, None, "answer") if prices is None else (prices.prices_as_of, prices.prices_file, "answer"))
         self.free: LedgerValues = (0, 0, None, *self.stamp)
         # No table: the cost is unknown, and so is when it would have been worked out.
@@ -145,7 +154,7 @@ class RowLedger:
                  result.service_tier)
         values = self._priced.get(usage)
         if values is None:
-            charge = self.prices.price(model=usage[0], route=route, prompt_tokens=usage[2],  # type: ignore[arg-type]
+            charge = self.prices.price(model=usage[0], route=route, prompt_tokens=usage[2],
                                        completion_tokens=usage[3], cached_tokens=usage[4],
                                        cache_creation_tokens=usage[5], cache_creation_extended_tokens=usage[6],
                                        service_tier=usage[7])
@@ -163,7 +172,7 @@ NO_PRICES: Final = RowLedger(None)
 def answer_rows(
     answers: Iterable[tuple[Sequence[int], ChatResult]],
     *,
-    route: str,
+    route: ResultRoute,
     now: datetime,
     latency_s: float | None = None,
     ledger: RowLedger = NO_PRICES,
@@ -183,7 +192,7 @@ def answer_rows(
     """
     if route not in RESULT_ROUTES:
         raise ValueError(f"route must be one of {RESULT_ROUTES}, got {route!r}")
-    paying = route != "reused"
+    paid_route: Route | None = None if route == "reused" else route
     free = ledger.free
     rows: list[ResultRow] = []
     for prompt_ids, result in answers:
@@ -197,20 +206,22 @@ def answer_rows(
                   result.service_tier)
         # After the ledger's fields, in ResultRow's order; the paid row counts the attempts that may have been billed.
         kind = (result.tool_calls, result.refusal)
-        checked = (result.parsed, result.violation, reask)
-        status = ("invalid" if result.violation is not None else "succeeded" if result.refusal is None
-                  else "refused")
-        if paying:
+        # Passed one by one, not as a third starred tuple: mypy cannot place one after another's fields.
+        parsed, violation = result.parsed, result.violation
+        status: ResultStatus = ("invalid" if result.violation is not None else "succeeded" if result.refusal is None
+                                else "refused")
+        if paid_route is not None:
             # A call its provider did not bill (Anthropic's refusal before any output) costs 0, its usage kept.
-            cost = ledger.paid(result, model=model, route=route) if result.maybe_billed else free  # type: ignore[arg-type]
+            cost = ledger.paid(result, model=model, route=paid_route) if result.maybe_billed else free
             rows.append(ResultRow(prompt_ids[0], route, status, result.attempts, now, status, *answer,
-                                  200, None, None, *cost, *kind, result.maybe_billed, None, *checked))
+                                  200, None, None, *cost, *kind, result.maybe_billed, None, parsed, violation,
+                                  reask))
         else:
             rows.append(ResultRow(prompt_ids[0], route, status, 0, now, status, *answer, None, None, None,
-                                  *free, *kind, 0, None, *checked))
+                                  *free, *kind, 0, None, parsed, violation, reask))
         if len(prompt_ids) > 1:
             rows.extend(ResultRow(pid, "reused", status, 0, now, status, *answer, None, None, None, *free, *kind, 0,
-                                  None, *checked) for pid in prompt_ids[1:])
+                                  None, parsed, violation, reask) for pid in prompt_ids[1:])
         if result.embedding is not None:
             # Only an embeddings answer has one: set after the fact, so the chat rows' building is as it was.
             rows[-len(prompt_ids):] = [row._replace(embedding=result.embedding) for row in rows[-len(prompt_ids):]]
@@ -221,7 +232,7 @@ def failure_rows(
     prompt_ids: Sequence[int],
     error: BaseException,
     *,
-    route: str,
+    route: ResultRoute,
     now: datetime,
     final: bool,
     ledger: RowLedger = NO_PRICES,
@@ -247,7 +258,7 @@ def failure_rows(
 
     def row(prompt_id: int, route: ResultRoute, paid: bool) -> ResultRow:
         billed: dict[str, Any] = {}
-        if paid and usage is not None:
+        if paid and route != "reused" and usage is not None:  # the one row that paid took a Route
             billed = {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
                       "cached_tokens": usage.cached_tokens, "cache_creation_tokens": usage.cache_creation_tokens or None,
                       "cache_creation_extended_tokens": usage.cache_creation_extended_tokens or None,
@@ -297,7 +308,7 @@ async def write_results(
     to_json = bind_processor(Result.__table__.c.tool_calls, dialect)
     # The type for this dialect (JSONB on PostgreSQL), as SQLAlchemy's own statements would bind it.
     parsed_type = Result.__table__.c.parsed.type.dialect_impl(dialect)
-    to_parsed = parsed_type.bind_processor(dialect) or (lambda value: value)
+    to_parsed: Callable[[Any], Any] = parsed_type.bind_processor(dialect) or (lambda value: value)
     stamp: datetime | None = None
     bound = None
     one_job = job_ids if isinstance(job_ids, str) else None
@@ -306,23 +317,23 @@ async def write_results(
         if row.created_at is not stamp:  # the rows of one call share their timestamp: convert it once
             stamp = row.created_at
             bound = to_time(stamp)
-        job_id = one_job if one_job is not None else job_ids[row.prompt_id]  # type: ignore[index]
+        job_id = one_job if one_job is not None else job_ids[row.prompt_id]
         values = _plain_values(row)
         if row.tool_calls is not None:  # the JSON columns: as their types write them
             values = (*values[:_TOOL_CALLS], to_json(row.tool_calls), *values[_TOOL_CALLS + 1:])
         if row.parsed is not None:
             values = (*values[:_PARSED], to_parsed(row.parsed), *values[_PARSED + 1:])
         params.append((*values, bound, job_id))
-    await conn.exec_driver_sql(_insert_sql(dialect), params)  # type: ignore[arg-type]
+    await conn.exec_driver_sql(_insert_sql(dialect), params)
     updated = bind_value(Prompt.__table__.c.updated_at, now, dialect)
     states = _prompt_states(rows)
     if all(state[0] == "succeeded" for state in states.values()):
         # Every prompt answered (a batch's output, most real-time flushes): no error to keep, fewer bindings.
         settled = [(attempts, updated, prompt_id) for prompt_id, (_, attempts, _, _) in states.items()]
-        await conn.exec_driver_sql(_succeeded_sql(dialect, only_if=only_if), settled)  # type: ignore[arg-type]
+        await conn.exec_driver_sql(_succeeded_sql(dialect, only_if=only_if), settled)
         return
     settle = [(*state, updated, prompt_id) for prompt_id, state in states.items()]
-    await conn.exec_driver_sql(_settle_sql(dialect, only_if=only_if), settle)  # type: ignore[arg-type]
+    await conn.exec_driver_sql(_settle_sql(dialect, only_if=only_if), settle)
 
 
 def _prompt_states(rows: Sequence[ResultRow]) -> dict[int, tuple[str, int, str | None, bool | None]]:

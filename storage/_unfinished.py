@@ -6,9 +6,17 @@ from array import array
 from collections.abc import AsyncIterator, Collection
 from typing import Any, TypedDict, Unpack
 
-from sqlalchemy import and_, func, or_, select, tuple_
+from sqlalchemy import ColumnElement, and_, func, or_, select, tuple_
 
-from llm_dispatch.core import REQUEST_ROUTES, RETRY_FAILED, SENDABLE_PROMPT_STATUSES, RepeatedKeys, RetryFailed, key_hash
+from llm_dispatch.core import (
+    REQUEST_ROUTES,
+    RETRY_FAILED,
+    SENDABLE_PROMPT_STATUSES,
+    RepeatedKeys,
+    RetryFailed,
+    Route,
+    key_hash,
+)
 
 from ._bulk import IN_CHUNK, chunks
 from ._models import Prompt, aware
@@ -23,7 +31,7 @@ class UnfinishedWhere(TypedDict, total=False):
     """Which open prompts ``unfinished_prompts`` and its kin return (see ``unfinished_prompts``)."""
 
     retry_failed: RetryFailed
-    planned_route: str | None
+    planned_route: Route | None
     in_flight: bool
     shard: tuple[int, int] | None
     positions: tuple[int, int] | None
@@ -38,13 +46,13 @@ def _open_filter(
     *,
     job_id: str,
     retry_failed: RetryFailed = "retryable",
-    planned_route: str | None = None,
+    planned_route: Route | None = None,
     in_flight: bool = True,
     shard: tuple[int, int] | None = None,
     positions: tuple[int, int] | None = None,
 ) -> list[Any]:
     """The WHERE clauses of the open prompts; see ``unfinished_prompts``."""
-    unfinished_when = [Prompt.status.in_(SENDABLE_PROMPT_STATUSES if in_flight else ("pending",))]
+    unfinished_when: list[ColumnElement[bool]] = [Prompt.status.in_(SENDABLE_PROMPT_STATUSES if in_flight else ("pending",))]
     if retry_failed == "all":
         unfinished_when.append(Prompt.status == "failed")
     elif retry_failed == "retryable":

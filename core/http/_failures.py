@@ -257,17 +257,17 @@ def _error(failure: Failure, call: _GiveUp) -> APIError:
             f"({failure.detail}). Check {url_setting} and the network."
         )
         return APIConnectionError(scrub(message, secret), attempts=attempts)
-    status = f"HTTP {failure.response.status_code}" if failure.response is not None else "the answer"
-    message = (f"Unusable answer to {where} after {tries}: {failure.detail}. {status} was received and may have "
+    received = f"HTTP {failure.response.status_code}" if failure.response is not None else "the answer"
+    message = (f"Unusable answer to {where} after {tries}: {failure.detail}. {received} was received and may have "
                f"been billed, so it is not sent again (--retry-failed all sends it). {unusable_hint}")
-    error = APIResponseValidationError(scrub(message, secret), attempts=attempts)
+    unusable = APIResponseValidationError(scrub(message, secret), attempts=attempts)
     # What the body said it used, when it said so: its cost is stored with the failure; and the body itself,
     # for inspection (its start: a proxy's error page, an answer in an unknown shape).
-    error.usage = getattr(failure.cause, "usage", None)
+    unusable.usage = getattr(failure.cause, "usage", None)
     if failure.response is not None:
-        error.raw_body = scrub(failure.response.content[:RAW_BODY_CHARS * 4].decode("utf-8", "replace")[
+        unusable.raw_body = scrub(failure.response.content[:RAW_BODY_CHARS * 4].decode("utf-8", "replace")[
             :RAW_BODY_CHARS], secret)
-    return error
+    return unusable
 
 
 def scrub(text: str, secret: str | Sequence[str] | None) -> str:

@@ -106,6 +106,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
             data: bytes | httpx.AsyncByteStream | None = request.content or None
         except httpx.RequestNotRead:
             # A streamed body (a multipart upload); aiohttp frames it itself.
+            # httpx types a request's stream as sync or async; an AsyncClient's is async.
             data = request.stream  # type: ignore[assignment]
             request.headers.pop("transfer-encoding", None)
         headers = header_pairs(request)
@@ -199,7 +200,7 @@ class _ReadResponse(httpx.Response):
         self._body = body
 
     @property
-    def headers(self) -> httpx.Headers:  # type: ignore[override]
+    def headers(self) -> httpx.Headers:
         # Parsed when first read: on most answers only the raw pairs are (``raw_headers``).
         if self._headers is None:
             self._headers = httpx.Headers(self.raw_headers)

@@ -16,7 +16,7 @@ from .._exceptions import InputError
 from ..wire._openai_responses import RESPONSES_PARAMS, response_param_problem
 from ._input_files import lone_surrogate_at
 from ..wire._anthropic import anthropic_param_problem, anthropic_params
-from ..wire._message_shapes import anthropic_messages_refusal, openai_messages_refusal
+from ..wire._message_shapes import PartRules, anthropic_messages_refusal, openai_messages_refusal
 from ..wire._model_rules import anthropic_refusal, is_openai_model, openai_params, openai_refusal
 from .._params import misspelling, param_problem, shown
 from ..wire._structured import response_format_problem
@@ -124,7 +124,7 @@ def prompt_spec(
     else:
         # OpenAI's shapes, to the letter for OpenAI's own models; other content kinds are left to the provider (and
         # to the check of the translated body for Anthropic's).
-        parts = "openai" if not anthropic and is_openai_model(model) else "any"
+        parts: PartRules = "openai" if not anthropic and is_openai_model(model) else "any"
         shape = openai_messages_refusal(record["messages"], parts=parts)
         if shape is not None:
             raise fail(shape.message, shape.field)

@@ -224,7 +224,8 @@ class CostTotals:
             raise TypeError("these totals have no price table: count priced requests with add_priced()")
         if usage.get("requests", 1) > 1 and "long_prompt" not in usage:
             raise TypeError("summed usage of several requests needs long_prompt: the price may depend on each's length")
-        charge = self.table.price(**{key: value for key, value in usage.items() if key not in _NOT_PRICED})
+        priced: dict[str, Any] = {key: value for key, value in usage.items() if key not in _NOT_PRICED}
+        charge = self.table.price(**priced)
         cost = None if charge is None else charge.dollars
         self.add_priced(**usage, cost=cost or Decimal(0), at_realtime=Decimal(0) if charge is None else charge.list_dollars,
                         unpriced=usage.get("requests", 1) if charge is None else 0)

@@ -100,7 +100,7 @@ class ModelPrice:
 
     @property
     def rates(self) -> _Prices:
-        return _Prices(self.input, self.cached_input, self.cache_write, self.cache_write_extended,  # type: ignore[arg-type]
+        return _Prices(self.input, self.cached_input, self.cache_write, self.cache_write_extended,
                        self.output)
 
     def for_prompt(self, prompt_tokens: int) -> ModelPrice:
@@ -239,7 +239,8 @@ class PriceTable:
             merged = merge_catalogs(merged, user, where=where)
         day = on or datetime.now(UTC).date()
         default_discount = merged["batch_discount"]
-        prices, limits, info, aliases = {}, {}, {}, {}
+        prices, limits, info = {}, {}, {}
+        aliases: dict[str, str] = {}
         # A model whose entry names no provider goes where the built-in rule sends it (claude-* to Anthropic).
         builtin = provider_lookup()
         for name, entry in merged["models"].items():
@@ -412,7 +413,7 @@ def _charge(rates: _Prices, usage: tuple[int, int, int, int, int]) -> int:
     return total if type(total) is int else int(total.to_integral_value())
 
 
-def _billing(price: ModelPrice | None, *, route: str, tier: str | None, lane_discount: Decimal) -> _Billing | None:
+def _billing(price: ModelPrice | None, *, route: Route, tier: str | None, lane_discount: Decimal) -> _Billing | None:
     """A lane's own discount (a background completion window) applies at the standard tier; a tier the answer
     reports is billed as that tier."""
     if price is None:

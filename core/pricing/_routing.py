@@ -87,8 +87,8 @@ def _duration(text: str) -> timedelta | None:
     iso = _ISO_DURATION.fullmatch(text)
     if iso and any(iso.groups()) and not text.upper().endswith("T"):
         weeks, days, hours, minutes = (int(g or 0) for g in iso.groups()[:4])
-        seconds = float((iso.group(5) or "0").replace(",", "."))
-        return timedelta(weeks=weeks, days=days, hours=hours, minutes=minutes, seconds=seconds)
+        return timedelta(weeks=weeks, days=days, hours=hours, minutes=minutes,
+                         seconds=float((iso.group(5) or "0").replace(",", ".")))
     return None
 
 

@@ -21,6 +21,7 @@ from ..pricing._budgets import SpendGate
 from .._exceptions import APIError, APIStatusError
 from ..wire._openai_responses import runs_in_background
 from ..wire._packing import EMBEDDING_PACK_LIMITS, PackLimits, Packer, embedding_text, pack_key, unpack_embeddings
+from .._status import ResultRoute
 from ..http._stops import RunStop
 from ..wire._structured import answer_schema, answer_text, checked, reask_messages
 from .._types import ChatRequest, ChatResult
@@ -106,7 +107,8 @@ class ResultSink(Protocol):
     # ``model`` is the one requested (the price table's name for it); the answer's own may be a dated snapshot.
     # ``reask``: which asking of the prompts ``result`` answers (0: their own request; n: the n-th re-ask).
     async def success(
-        self, *, prompt_ids: Sequence[int], result: ChatResult, route: str = "realtime", model: str | None = None,
+        self, *, prompt_ids: Sequence[int], result: ChatResult, route: ResultRoute = "realtime",
+        model: str | None = None,
         reask: int = 0,
     ) -> None: ...
 
@@ -218,8 +220,8 @@ async def reask(
             await sink.success(prompt_ids=item.prompt_ids, result=result, route=again.lane or "realtime",
                                model=item.request.model, reask=number)
         finally:
-            if amount is not None:
-                budget.landed(amount)  # type: ignore[union-attr]
+            if budget is not None and amount is not None:
+                budget.landed(amount)
         if result.violation is None:
             outcome.valid_after_reask += len(item.prompt_ids)
     return result
@@ -324,8 +326,9 @@ async def send_all(
             result = checked(result, schema)
             await sink.success(prompt_ids=item.prompt_ids, result=result, route=item.request.lane or "realtime",
                                model=model)
-            if result.violation is not None and max_reasks:
-                result = await reask(client=client, item=item, result=result, schema=schema, sink=sink,  # type: ignore[arg-type]
+            # A violation comes only with a schema.
+            if schema is not None and result.violation is not None and max_reasks:
+                result = await reask(client=client, item=item, result=result, schema=schema, sink=sink,
                                      max_reasks=max_reasks, outcome=outcome, budget=budget)
             if result.violation is not None:
                 outcome.invalid += len(item.prompt_ids)
@@ -388,9 +391,10 @@ async def send_all(
         dispatched()  # also with nothing to send, or when the run fails: the caller must not wait forever
     if left or unfunded:
         await sink.release(prompt_ids=[pid for item in (*left, *unfunded) for pid in item.prompt_ids])
-        for item in left:
+        for item in left:  # left only by a stop
             outcome.left += len(item.prompt_ids)
-            stop.left(item.request.model, len(item.prompt_ids))  # type: ignore[union-attr]
+            if stop is not None:
+                stop.left(item.request.model, len(item.prompt_ids))
         outcome.over_budget += sum(len(item.prompt_ids) for item in unfunded)
     return outcome
 

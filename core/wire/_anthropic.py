@@ -177,10 +177,10 @@ def _messages(messages: list[dict[str, Any]]) -> tuple[str | list[dict[str, Any]
         return None, turns
     if all(isinstance(part, str) for part in system):
         return "\n\n".join(system), turns
-    blocks: list[dict[str, Any]] = []
+    system_blocks: list[dict[str, Any]] = []
     for part in system:
-        blocks += _system_blocks(part)
-    return blocks, turns
+        system_blocks += _system_blocks(part)
+    return system_blocks, turns
 
 
 def _system_blocks(part: Any) -> list[dict[str, Any]]:

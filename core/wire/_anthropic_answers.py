@@ -59,7 +59,8 @@ def _chat(body: Any) -> Chat | None:
     if not isinstance(content, list):
         return None
     assert isinstance(body, dict)
-    usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
+    reported = body.get("usage")
+    usage = reported if isinstance(reported, dict) else {}
     cache_read = _count(usage.get("cache_read_input_tokens"))
     cache_write = _count(usage.get("cache_creation_input_tokens"))
     # 5-minute writes cost 1.25x input, 1-hour writes 2x: the breakdown says how many were which.

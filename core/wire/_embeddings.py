@@ -51,7 +51,8 @@ def embeddings_body(request: ChatRequest) -> dict[str, Any]:
     given: str | list[str] | None = text
     if text is None and len(request.messages) > 1:
         texts = [embedding_text([message]) for message in request.messages]
-        given = None if None in texts else texts  # type: ignore[assignment]
+        known = [text for text in texts if text is not None]
+        given = known if len(known) == len(texts) else None
     if given is None:
         raise ValueError("an embeddings prompt holds one text: give it as 'prompt' or 'input'")
     return {"encoding_format": "base64", **request.params, "model": request.model, "input": given}

@@ -92,6 +92,7 @@ def openai_messages_refusal(messages: Any, *, parts: PartRules = "openai") -> Re
         problem = _role_problem(role, where=where, parts=parts)
         if problem is not None:
             return problem
+        assert isinstance(role, str)  # _role_problem refuses any other
         if role != "tool" and calls_from is not None and open_calls:
             return _unanswered(open_calls, calls_from)
         if role != "tool":

@@ -50,6 +50,7 @@ def parse_reset(value: str | None, *, now: float | None = None) -> float | None:
     text = value.strip()
     if not text:
         return None
+    seconds: float | None
     try:
         seconds = float(text)
     except ValueError:

@@ -109,7 +109,7 @@ class _ReadRequest(httpx.Request):
         self._content = body
 
     @property
-    def headers(self) -> httpx.Headers:  # type: ignore[override]
+    def headers(self) -> httpx.Headers:
         if self._headers is None:
             self._headers = httpx.Headers(self._pairs, encoding="ascii")
         return self._headers

@@ -193,7 +193,8 @@ def _chat_from_body(body: Any) -> Chat | None:
     if not isinstance(message, dict):
         return None
     assert isinstance(body, dict) and isinstance(first, dict)
-    usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
+    reported = body.get("usage")
+    usage = reported if isinstance(reported, dict) else {}
     details = usage.get("prompt_tokens_details")
     details = details if isinstance(details, dict) else {}
     output = usage.get("completion_tokens_details")

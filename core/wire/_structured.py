@@ -72,8 +72,9 @@ def answer_schema(params: Mapping[str, Any]) -> dict[str, Any] | None:
         return schema if isinstance(schema, dict) else None
     output_config = params.get("output_config")
     spec = output_config.get("format") if isinstance(output_config, Mapping) else None
-    if isinstance(spec, Mapping) and spec.get("type") == "json_schema" and isinstance(spec.get("schema"), dict):
-        return spec["schema"]
+    if isinstance(spec, Mapping) and spec.get("type") == "json_schema":
+        schema = spec.get("schema")
+        return schema if isinstance(schema, dict) else None
     return None
 
 
@@ -102,7 +103,8 @@ def pydantic_schema(model: Any) -> dict[str, Any]:
     if not callable(to_schema):
         raise ConfigError(f"{getattr(model, '__name__', model)!r} is not a Pydantic model class (it has no "
                           "model_json_schema); give a subclass of pydantic.BaseModel")
-    return _strict(to_schema())
+    schema: dict[str, Any] = _strict(to_schema())
+    return schema
 
 
 def _load(spec: str) -> dict[str, Any]:
@@ -131,7 +133,8 @@ def _named(schema: Any, *, default: str, where: str) -> dict[str, Any]:
     """A JSON Schema as a strict ``response_format`` named by its ``title`` (else ``default``)."""
     if not isinstance(schema, dict):
         raise ConfigError(f"{where}: a JSON Schema is an object, got {type(schema).__name__}")
-    name = schema.get("title") if isinstance(schema.get("title"), str) else default
+    title = schema.get("title")
+    name = title if isinstance(title, str) else default
     return response_format_for(schema, name=_safe_name(name))
 
 
@@ -344,7 +347,8 @@ def answer_text(result: ChatResult) -> str | None:
         return result.text
     for call in result.tool_calls or ():
         if (call.get("function") or {}).get("name") == STRUCTURED_TOOL:
-            return call["function"].get("arguments")
+            arguments: str | None = call["function"].get("arguments")
+            return arguments
     return result.refusal
 
 

@@ -191,7 +191,7 @@ class Settings(BaseSettings):
         A ``SecretStr`` (how flows take the database URL, so the Prefect API shows it masked) is
         unwrapped here, at the edge, and nowhere else.
         """
-        values = {
+        values: dict[str, Any] = {
             key: value.get_secret_value() if isinstance(value, SecretStr) and key not in _SECRET_FIELDS else value
             for key, value in overrides.items()
             if value is not None

@@ -75,10 +75,9 @@ async def send_realtime(
                 if progress is not None:
                     progress.total = feed.expected_requests
         sent_at = time.monotonic()
-    counts, _, *read = await asyncio.gather(
+    counts, _, stats = await asyncio.gather(
         storage.job_counts(run.sessions, job_id=job.job_id), board.close(sender.outcome),
-        *([storage.result_stats(run.sessions, job_id=job.job_id)] if job_stats else []))
-    stats = read[0] if read else storage.ResultStats()
+        storage.result_stats(run.sessions, job_id=job.job_id) if job_stats else _no_stats())
     await storage.set_job_status(run.sessions, job_id=job.job_id,
                                  status="running" if unfinished(counts) else "finished")
     outcome = sender.outcome
@@ -116,3 +115,8 @@ def _log_plan(logger: Any, *, job: RecordedJob, feed: ChunkFeed) -> None:
     later = f"; the other {feed.unplanned} are planned as they are stored" if feed.unplanned else ""
     logger.info("Job %s: sending %d prompts as %d requests in %d chunks, %d answered from storage%s.",
                 job.job_id, feed.prompts, feed.requests, feed.chunks, feed.reused, later)
+
+
+async def _no_stats() -> storage.ResultStats:
+    """A run whose caller reads the job's statistics itself, once both halves are done."""
+    return storage.ResultStats()

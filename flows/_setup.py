@@ -49,7 +49,7 @@ async def _secret(name: str, *, variable: str) -> str:
             f"no Prefect Secret block named {name!r}: create it (`prefect block create secret` or "
             f"Secret(value=...).save({name!r})) or unset {variable}"
         ) from None
-    value = block.get()
+    value: object = block.get()
     if not isinstance(value, str) or not value:
         raise ConfigError(f"the Secret block {name!r} holds no API key string")
     return value

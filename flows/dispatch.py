@@ -252,8 +252,9 @@ async def run_shards(
     from prefect.deployments import run_deployment
 
     logger = get_run_logger()
-    runs = await asyncio.gather(*(
-        run_deployment(deployment, timeout=None,  # type: ignore[misc]
+    # run_deployment is typed as FlowRun or its coroutine (it is sync-compatible); called here it is the coroutine.
+    runs = await asyncio.gather(*(  # type: ignore[arg-type]
+        run_deployment(deployment, timeout=None,
                        parameters=shard_parameters(settings, job_id=job_id, job_name=label, planned_route="realtime",
                                                    shards=shards, shard=index, retry_failed=retry_failed))
         for index in range(shards)

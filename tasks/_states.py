@@ -7,7 +7,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from prefect.states import Completed, Failed, State
+from prefect import State
+from prefect.states import Completed, Failed
 
 from llm_dispatch.core import RunFailedError
 
@@ -28,18 +29,17 @@ def run_state(result: Any, *, failure: str | None = None, message: str = "", nam
     reads ``result`` from a run called with ``return_state=True`` by ``result_of``, either way."""
     text = failure if failure is not None else message
     text = text if len(text) <= MAX_MESSAGE else text[: MAX_MESSAGE - 1] + "…"
-    named = {"name": name} if name else {}
     if failure is None:
-        return Completed(message=text, data=result, **named)
+        return Completed(message=text, data=result, name=name or None)
     _quiet_tracebacks_of_nothing()
     data = result if isinstance(result, BaseException) else RunFailedError(text, summary=result)
-    return Failed(message=text, data=data, **named)
+    return Failed(message=text, data=data, name=name or None)
 
 
 async def result_of(state: State) -> Any:
     """What a run called with ``return_state=True`` returned, whether it ended ``Completed`` or ``Failed`` by
     ``run_state``; an exception it raised is raised here."""
-    return outcome_of(await state.result(raise_on_failure=False))
+    return outcome_of(await state.aresult(raise_on_failure=False))
 
 
 def outcome_of(result: Any) -> Any:

@@ -22,7 +22,9 @@ from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Final, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Protocol, TypeVar, overload
+
+import httpx
 
 from ._batch_files import BatchLine
 from .._batch_types import BatchInfo, BatchLimits
@@ -30,6 +32,7 @@ from .._batch_types import BatchInfo, BatchLimits
 if TYPE_CHECKING:
     from ..http._client import LLMClient
 
+_T = TypeVar("_T")
 __all__ = ["CLOCK_SLACK", "Adopted", "BatchApi", "BatchRef", "FindLost", "ResultFile"]
 
 # Looks a create up that may have worked without saying so (``LLMClient._request``'s ``find_lost``).
@@ -83,8 +86,16 @@ class BatchApi(ABC):
     def __init__(self, client: LLMClient) -> None:
         self.client = client
 
+    @overload
+    async def _call(self, method: str, path: str, *, parse: Callable[[httpx.Response], _T], **options: Any) -> _T: ...
+    @overload
+    async def _call(self, method: str, path: str, *, stream_to: Path, **options: Any) -> Path: ...
+    @overload
+    async def _call(self, method: str, path: str, **options: Any) -> Any: ...
+
     async def _call(self, method: str, path: str, **options: Any) -> Any:
-        """One API call by the client's send path (``LLMClient._request``'s options), answered by its value."""
+        """One API call by the client's send path (``LLMClient._request``'s options), answered by its value: what
+        ``parse`` makes of the answer, the file ``stream_to`` names once the body is saved there, else the JSON."""
         return (await self.client._request(method, path, **options)).value
 
     def creating(self) -> AbstractAsyncContextManager[object]:

@@ -17,13 +17,18 @@ if TYPE_CHECKING:
         to_pico,
     )
     from ._clients import Clients
+    from ._batch_life import BatchStep, FinishSubmission, Ingest, advance_batch
     from ._batch_trouble import (
+        FOLLOW_ERRORS,
         AbandonOutcome,
         BatchProblem,
         abandon_batch,
+        backoff,
+        batch_error_wait,
         batch_trouble,
         error_text,
         lose_batch,
+        poll_wait,
     )
     from ._capabilities import first_error, is_missing_batch_api, known_without_batch_api, learn_no_batch_api
     from ._collect import IngestOutcome, cancel_batch, ingest_batch, poll_batch
@@ -43,7 +48,6 @@ if TYPE_CHECKING:
     )
     from ._summary import (
         BatchHalfSummary,
-        BatchLeft,
         CancelSummary,
         DirectorySummary,
         DispatchSummary,
@@ -63,13 +67,20 @@ __all__ = [
     "learn_no_batch_api",
     "AbandonOutcome",
     "BatchProblem",
+    "BatchStep",
+    "FOLLOW_ERRORS",
+    "FinishSubmission",
+    "Ingest",
     "abandon_batch",
+    "advance_batch",
+    "backoff",
+    "batch_error_wait",
     "batch_trouble",
+    "poll_wait",
     "cancel_batch",
     "error_text",
     "lose_batch",
     "BatchHalfSummary",
-    "BatchLeft",
     "BudgetStanding",
     "CancelSummary",
     "Chunk",

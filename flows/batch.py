@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import time
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.states import State

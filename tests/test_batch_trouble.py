@@ -6,6 +6,7 @@ Real Prefect flow runs against the simulator over real sockets."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import sqlite3
 import time
@@ -258,6 +259,8 @@ async def test_a_run_follows_many_batches_in_one_sub_flow_and_one_failing_poll_s
             artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[child.id])))
     assert flow.name == "wait-for-batches" and child.name == f"wait for 20 batches of job {summary['job_id'][:8]}"
     assert child.state is not None and child.state.is_completed()
+    # The parent's run was handed over in-process: the UI shows its type, never its settings (the database URL).
+    assert child.parameters["run"] == "<JobRun>" and db_url not in json.dumps(child.parameters)
     assert [a.type for a in artifacts] == ["progress"]
     assert "20 of 20 batches ingested" in (artifacts[0].description or "")
 

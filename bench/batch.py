@@ -422,7 +422,7 @@ async def baselines(*, base_url: str, count: int, workdir: Path, run: int, outpu
 def child(args: argparse.Namespace) -> None:
     from llm_dispatch.flows._setup import tune_gc
 
-    # As the flows running these steps do (wait-for-batch, collect-batches); the baselines get it too.
+    # As the flows running these steps do (wait-for-batches, collect-batches); the baselines get it too.
     tune_gc()
     workdir = Path(args.workdir)
     if args.child == "path":

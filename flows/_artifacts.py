@@ -114,23 +114,6 @@ class BatchBoard:
             self._logger.warning("Batch progress artifact not shown: %s", exc)
 
 
-async def show_batch_progress(record: storage.BatchRecord, artifact: Any, *, logger: Logger) -> Any:
-    """Create or update a batch's progress artifact; returns its id (None when the API refused it)."""
-    done = record.request_completed + record.request_failed
-    progress = 100.0 * done / record.request_total if record.request_total else 0.0
-    description = (
-        f"batch {record.id} ({record.provider_batch_id}, {record.model}): {record.status}; "
-        f"completed {record.request_completed} / failed {record.request_failed} / total {record.request_total}"
-    )
-    try:
-        if artifact is None:
-            return await acreate_progress_artifact(progress=progress, description=description)
-        await aupdate_progress_artifact(artifact_id=artifact, progress=progress, description=description)
-    except Exception as exc:  # noqa: BLE001 - a progress display must not stop the run
-        logger.warning("Progress artifact of batch %d not shown: %s", record.id, exc)
-    return artifact
-
-
 async def publish_sweep(summary: SweepSummary, *, scope: str, logger: Logger) -> None:
     """A ``collect-batches`` sweep as a markdown artifact (key ``collect-batches``): its counts, then every batch
     with a problem (lost ones first) and every batch waiting out the wait after an earlier error."""

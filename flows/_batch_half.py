@@ -1,37 +1,30 @@
-"""The batch half of ``dispatch`` (``dispatch_batches``: submit, follow every batch in one loop, fall back to
-real-time) and ``send_rerouted``, which ``collect-batches`` also uses; no flow is defined here, so importing it
-builds none."""
+"""The batch half of ``dispatch`` (``dispatch_batches``: submit, follow every batch of a round in one
+``wait-for-batches`` sub-flow run, fall back to real-time) and ``send_rerouted``, which ``collect-batches`` also
+uses; no flow is defined here, so importing it builds none."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from datetime import UTC, datetime, timedelta
 
 from prefect import get_run_logger
 
 from llm_dispatch import jobs, storage
 from llm_dispatch.jobs import (
     BatchHalfSummary,
-    IngestOutcome,
     JobRun,
     RealtimeSummary,
     RecordedJob,
     Selection,
     run_budget,
 )
-from llm_dispatch.core import ACTIVE_BATCH_STATUSES, HALF_SUBMITTED_BATCH_STATUSES, TERMINAL_BATCH_STATUSES, RetryFailed
-from llm_dispatch.tasks import finish_submission, ingest_batch, submit_batches
+from llm_dispatch.core import HALF_SUBMITTED_BATCH_STATUSES, RetryFailed
+from llm_dispatch.tasks import finish_submission, submit_batches
 
-from ._artifacts import BatchBoard
 from ._realtime_half import send_realtime
 
-# Each wait between polls is this many times the last, up to ``batch_poll_max_interval``.
-POLL_GROWTH = 1.5
 # The providers whose endpoint may be known to have no Batch API (``jobs.known_without_batch_api``).
 BATCH_PROVIDERS = frozenset({"openai", "anthropic"})
-# Errors in a row after which a run stops following a batch and leaves it to collect-batches.
-FOLLOW_ERRORS = 3
 # Prompts an ingest re-routed to real-time, not already taken by a live run.
 REROUTED = Selection(retry_failed="none", planned_route="realtime", in_flight=False)
 
@@ -63,60 +56,6 @@ def endpoint_words(error: BaseException) -> str:
     return " ".join(str(jobs.first_error(error)).split(" after ", 1)[0].split()[2:]) or "this endpoint"
 
 
-async def follow_batches(*, run: JobRun, batch_ids: list[int]) -> list[IngestOutcome]:
-    """Follow many batches to their end in one loop: each round polls every open one once (plain calls, no task run
-    each: hundreds of batches make no load on the Prefect API), ingests each that finished (an ``ingest-batch``
-    task), then sleeps the interval (growing from ``batch_poll_interval`` to ``batch_poll_max_interval``). One
-    progress artifact shows them all.
-
-    A batch's error is kept on it (``jobs.batch_trouble``) and it is polled again next round, the others going on;
-    after ``FOLLOW_ERRORS`` in a row, or ``batch_grace`` past its expiry, it is left to ``collect-batches``. A lost
-    batch's prompts are pending again for the caller's next round.
-    """
-    logger = get_run_logger()
-    settings = run.settings
-    grace = timedelta(seconds=settings.batch_grace)
-    interval = settings.batch_poll_interval
-    following = {batch_id: await storage.require_batch(run.sessions, batch_id=batch_id) for batch_id in batch_ids}
-    outcomes: list[IngestOutcome] = []
-    board = BatchBoard(total=len(following), logger=logger)
-    while following:
-        for batch_id, record in list(following.items()):
-            step = "poll"
-            try:
-                if record.status in ACTIVE_BATCH_STATUSES:
-                    record = await jobs.poll_batch(sessions=run.sessions, clients=run.clients, record=record)
-                if record.status in TERMINAL_BATCH_STATUSES:
-                    step = "ingest"
-                    outcomes.append(await ingest_batch(run=run, batch_id=batch_id))
-                    del following[batch_id]
-                elif record.status not in ACTIVE_BATCH_STATUSES:
-                    del following[batch_id]  # half-submitted again, or closed elsewhere: its own run's or a sweep's
-                elif record.expires_at is not None and datetime.now(UTC) > record.expires_at + grace:
-                    logger.warning("Batch %d is still %s %s after its expiry; leaving it to collect-batches.",
-                                   batch_id, record.status, grace)
-                    del following[batch_id]
-                else:
-                    following[batch_id] = record
-                if record.error_count:
-                    await storage.clear_batch_error(run.sessions, batch_id=batch_id)
-                    if batch_id in following:  # still followed: its row without the error count
-                        following[batch_id] = await storage.require_batch(run.sessions, batch_id=batch_id)
-            except Exception as exc:  # noqa: BLE001 - kept on the batch; the others go on
-                problem = await jobs.batch_trouble(run=run, record=record, step=step, error=exc)
-                logger.error(problem.line)
-                record = await storage.require_batch(run.sessions, batch_id=batch_id)
-                if problem.lost or problem.errors_in_a_row >= FOLLOW_ERRORS:
-                    del following[batch_id]
-                else:
-                    following[batch_id] = record
-        await board.show(following=following.values(), done=len(outcomes))
-        if following:
-            await asyncio.sleep(interval)
-            interval = min(interval * POLL_GROWTH, settings.batch_poll_max_interval)
-    return outcomes
-
-
 async def dispatch_batches(
     *,
     run: JobRun,
@@ -126,8 +65,9 @@ async def dispatch_batches(
     realtime_done: asyncio.Event | None = None,
 ) -> BatchHalfSummary:
     """The batch half of ``dispatch``: finish submissions a crash left behind, submit the job's open
-    batch-routed prompts, and with ``wait`` follow every batch to the end (``follow_batches``: one loop for all of
-    them), resubmitting and falling back to real-time as the ingests decide, until nothing is open.
+    batch-routed prompts, and with ``wait`` follow every batch to the end (each round's batches in one
+    ``wait-for-batches`` sub-flow run), resubmitting and falling back to real-time as the ingests decide, until
+    nothing is open.
 
     Fallbacks to real-time wait for ``realtime_done`` (the real-time half running beside this one), so
     no prompt is picked up by both.
@@ -177,7 +117,10 @@ async def dispatch_batches(
         if not waiting:
             break
         summary.rounds += 1
-        summary.ingested.extend(await follow_batches(run=run, batch_ids=waiting))
+        # Imported here: a run that does not wait builds no flow but its own.
+        from ._batch_wait import wait_for_batches
+
+        summary.ingested.extend(await wait_for_batches(run=run, job_id=job_id, batch_ids=waiting))
         if await _rerouted(run, job_id=job_id):
             # Re-routed by the ingests (deadline, or too many batches): real-time now.
             await _send_rerouted(run, job_id=job_id, realtime_done=realtime_done, summary=summary)

@@ -136,6 +136,15 @@ def collect_run_name() -> str:
     return f"collect the batches of job {job_id}" if job_id else "collect open batches"
 
 
+def wait_run_name() -> str:
+    """A ``wait-for-batches`` run named for what it follows: ``wait for 20 batches of job 0eea949d``."""
+    from prefect.runtime import flow_run
+
+    parameters = flow_run.parameters
+    batch_ids, job_id = parameters.get("batch_ids") or [], str(parameters.get("job_id"))
+    return f"wait for {len(batch_ids)} batch{'es' if len(batch_ids) != 1 else ''} of job {short_id(job_id)}"
+
+
 async def rename_run(name: str, *, logger: Logger) -> None:
     """Give the running flow run ``name``, once it knows what it did; best effort (the name is a display)."""
     from prefect.client.orchestration import get_client

@@ -1,101 +1,41 @@
-"""Flows of the Batch API path: ``wait-for-batch`` (one batch to its end), ``collect-batches`` (a sweep over
-every open batch, for a schedule), ``cancel-batches`` and ``abandon-batch``. The batch half of ``dispatch`` lives in
-``_batch_half``, so that a run of ``dispatch`` builds none of these flows."""
+"""Flows of the Batch API path: ``collect-batches`` (a sweep over every open batch, for a schedule),
+``cancel-batches`` and ``abandon-batch``. The batch half of ``dispatch`` lives in ``_batch_half`` and its polling
+sub-flow ``wait-for-batches`` in ``_batch_wait``, so that a run of ``dispatch`` builds none of these flows."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.states import State
 from pydantic import SecretStr
 
-from llm_dispatch import storage
+from llm_dispatch import jobs, storage
 from llm_dispatch.jobs import (
     AbandonOutcome,
-    BatchLeft,
     BatchProblem,
     CancelSummary,
-    IngestOutcome,
     JobRun,
     SweepSummary,
     error_text,
     open_run,
 )
-from llm_dispatch.core import (
-    ACTIVE_BATCH_STATUSES,
-    HALF_SUBMITTED_BATCH_STATUSES,
-    TERMINAL_BATCH_STATUSES,
-    Settings,
-    unfinished,
-)
+from llm_dispatch.core import ACTIVE_BATCH_STATUSES, Settings, unfinished
 from llm_dispatch.tasks import (
     abandon_batch,
     cancel_batch,
     finish_submission,
     ingest_batch,
-    poll_batch,
     record_batch_error,
     submit_batches,
 )
 
-from ._artifacts import publish_sweep, show_batch_progress
-from ._batch_half import POLL_GROWTH, send_rerouted
+from ._artifacts import publish_sweep
+from ._batch_half import send_rerouted
 from ._setup import collect_run_name, prepare, rename_run
 from ._states import run_state
-
-# Settings never taken from ``settings_overrides`` (plain flow parameters): the keys stay in the environment, the
-# database URL comes as its own SecretStr parameter.
-_PRIVATE = frozenset({"api_key", "anthropic_api_key", "database_url"})
-
-
-@flow(name="wait-for-batch", flow_run_name="wait for batch {batch_id}", log_prints=False)
-async def wait_for_batch(
-    batch_id: int,
-    database_url: SecretStr | None = None,
-    settings_overrides: dict[str, Any] | None = None,
-    ingest_when_done: bool = True,
-) -> IngestOutcome | BatchLeft:
-    """Poll one batch until the provider is done with it (interval growing from ``batch_poll_interval``
-    to ``batch_poll_max_interval``), keeping a progress artifact current; then ingest its output.
-
-    Gives up, leaving the batch to ``collect-batches``, once ``batch_grace`` seconds pass its expiry.
-    """
-    overrides = {key: value for key, value in (settings_overrides or {}).items() if key not in _PRIVATE}
-    settings = await prepare(Settings.with_overrides(**overrides, database_url=database_url), logger=get_run_logger())
-    async with open_run(settings, migrate=False) as run:
-        outcome = await follow_batch(run=run, batch_id=batch_id, ingest_when_done=ingest_when_done)
-    return outcome
-
-
-async def follow_batch(*, run: JobRun, batch_id: int, ingest_when_done: bool = True) -> IngestOutcome | BatchLeft:
-    """The recipe behind ``wait-for-batch``: the ingest's outcome, or how the batch stands when left."""
-    logger = get_run_logger()
-    settings = run.settings
-    record = await storage.require_batch(run.sessions, batch_id=batch_id)
-    if record.status in HALF_SUBMITTED_BATCH_STATUSES:
-        record = await finish_submission(run=run, batch_id=batch_id)
-    artifact = None
-    interval = settings.batch_poll_interval
-    grace = timedelta(seconds=settings.batch_grace)
-    while record.status in ACTIVE_BATCH_STATUSES:
-        record = await poll_batch(run=run, batch_id=batch_id)
-        artifact = await show_batch_progress(record, artifact, logger=logger)
-        if record.status not in ACTIVE_BATCH_STATUSES:
-            break
-        if record.expires_at is not None and datetime.now(UTC) > record.expires_at + grace:
-            logger.warning("Batch %d is still %s %s after its expiry; leaving it to collect-batches.",
-                           batch_id, record.status, grace)
-            return BatchLeft(batch_id=batch_id, status=record.status, gave_up=True)
-        await asyncio.sleep(interval)
-        interval = min(interval * POLL_GROWTH, settings.batch_poll_max_interval)
-    if record.status in TERMINAL_BATCH_STATUSES and ingest_when_done:
-        return await ingest_batch(run=run, batch_id=batch_id)
-    return BatchLeft(batch_id=batch_id, status=record.status)
-
 
 @flow(name="collect-batches", flow_run_name=collect_run_name, log_prints=False)
 async def collect_batches(
@@ -172,29 +112,19 @@ async def sweep(*, run: JobRun, job_id: str | None, stale_after: float, retry_no
 
 
 async def sweep_batch(*, run: JobRun, record: storage.BatchRecord, cutoff: datetime, summary: SweepSummary) -> bool:
-    """One batch of a sweep: finish its submission once stale, poll it, ingest it once finished; an error is kept
-    on the batch (``record_batch_error``) and in ``summary``. Returns whether its job has prompts to send again."""
-    step = "finish its submission"
-    try:
-        if record.status in HALF_SUBMITTED_BATCH_STATUSES:
-            if record.updated_at > cutoff:
-                summary.skipped_recent += 1
-                return False
-            record = await finish_submission(run=run, batch_id=record.id)
-        elif record.status in ACTIVE_BATCH_STATUSES:
-            step = "poll"
-            record = await poll_batch(run=run, batch_id=record.id)
-            summary.polled += 1
-        if record.status in TERMINAL_BATCH_STATUSES:
-            step = "ingest"
-            summary.ingested.append(await ingest_batch(run=run, batch_id=record.id))
-    except Exception as exc:  # noqa: BLE001 - kept on the batch; the sweep goes on with the others
-        problem = await record_batch_error(run=run, batch_id=record.id, step=step, error=exc)
-        summary.problems.append(problem)
-        return problem.lost
-    if record.error_count:
-        await storage.clear_batch_error(run.sessions, batch_id=record.id)
-    return step != "poll"  # a submission finished, or an ingest: the job may have prompts to send again
+    """One batch of a sweep, one step forward (``jobs.advance_batch``): its submission finished once unchanged since
+    ``cutoff``, polled, ingested once finished; an error is kept on the batch and in ``summary``. Returns whether
+    its job may have prompts to send again."""
+    step = await jobs.advance_batch(run=run, record=record, ingest=ingest_batch, finish=finish_submission,
+                                    stale_before=cutoff)
+    summary.polled += step.polled
+    if step.ingested is not None:
+        summary.ingested.append(step.ingested)
+    if step.problem is not None:
+        summary.problems.append(step.problem)
+    elif step.happened == "left":
+        summary.skipped_recent += 1
+    return step.released
 
 
 async def _close_if_done(run: JobRun, *, job_id: str) -> None:
@@ -227,15 +157,19 @@ async def cancel_job_batches(
         deadline = time.monotonic() + wait_seconds
         ingested = []
         for record in records:
-            try:
-                while record.status in ACTIVE_BATCH_STATUSES and time.monotonic() < deadline:
+            # Until the provider has stopped it (ingested), a problem (kept on it), or the wait is over: whatever is
+            # left, collect-batches finishes.
+            while record.status not in ACTIVE_BATCH_STATUSES or time.monotonic() < deadline:
+                if record.status in ACTIVE_BATCH_STATUSES:
                     await asyncio.sleep(min(1.0, settings.batch_poll_interval))
-                    record = await poll_batch(run=run, batch_id=record.id)
-                if record.status in TERMINAL_BATCH_STATUSES:
-                    ingested.append(await ingest_batch(run=run, batch_id=record.id))
-            except Exception as exc:  # noqa: BLE001 - as above; collect-batches finishes it later
-                problems.append(await record_batch_error(run=run, batch_id=record.id, step="poll after cancel",
-                                                         error=exc))
+                step = await jobs.advance_batch(run=run, record=record, ingest=ingest_batch, leave_after_errors=1)
+                if step.ingested is not None:
+                    ingested.append(step.ingested)
+                if step.problem is not None:
+                    problems.append(step.problem)
+                if not step.following:
+                    break
+                record = step.record
         await _close_if_done(run, job_id=job_id)
     for problem in problems:
         logger.error(problem.line)

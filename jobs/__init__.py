@@ -17,13 +17,16 @@ if TYPE_CHECKING:
         to_pico,
     )
     from ._clients import Clients
+    from ._batch_life import BatchStep, FinishSubmission, Ingest, advance_batch
     from ._batch_trouble import (
+        FOLLOW_ERRORS,
         AbandonOutcome,
         BatchProblem,
         abandon_batch,
         batch_trouble,
         error_text,
         lose_batch,
+        poll_wait,
     )
     from ._capabilities import first_error, is_missing_batch_api, known_without_batch_api, learn_no_batch_api
     from ._collect import IngestOutcome, cancel_batch, ingest_batch, poll_batch
@@ -43,7 +46,6 @@ if TYPE_CHECKING:
     )
     from ._summary import (
         BatchHalfSummary,
-        BatchLeft,
         CancelSummary,
         DirectorySummary,
         DispatchSummary,
@@ -63,13 +65,18 @@ __all__ = [
     "learn_no_batch_api",
     "AbandonOutcome",
     "BatchProblem",
+    "BatchStep",
+    "FOLLOW_ERRORS",
+    "FinishSubmission",
+    "Ingest",
     "abandon_batch",
+    "advance_batch",
     "batch_trouble",
+    "poll_wait",
     "cancel_batch",
     "error_text",
     "lose_batch",
     "BatchHalfSummary",
-    "BatchLeft",
     "BudgetStanding",
     "CancelSummary",
     "Chunk",

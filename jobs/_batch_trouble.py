@@ -2,6 +2,10 @@
 a sweep tries it again; a batch the provider no longer knows looked up again, then closed as ``lost`` with its
 prompts pending again; and ``abandon``, which gives a batch up by hand. Plain async code (no Prefect).
 
+The one back-off rule for a batch's waits lives here too (``backoff``): the wait between a run's polls
+(``poll_wait``) and the wait a sweep leaves a batch alone after errors in a row (``batch_error_wait``) are that
+rule with their own first wait, growth and most.
+
 Never paid twice: a batch is only lost when the provider answers 404 for its id *and* its list of batches holds
 neither that id nor (OpenAI) a batch whose metadata names ours. A batch the provider does not hold runs nothing
 and bills nothing, so sending its prompts again pays for each once. ``abandon`` refuses a batch the provider
@@ -14,7 +18,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import ClassVar, Final
+from typing import ClassVar, Final, TypeVar
 
 from llm_dispatch import storage
 from llm_dispatch.core import (
@@ -26,21 +30,32 @@ from llm_dispatch.core import (
     APIConnectionError,
     InternalServerError,
     NotFoundError,
+    Settings,
     json_field,
 )
 
 from ._run import JobRun
 from ._submit import adopted_by
 
-__all__ = ["BATCH_RETRY_FIRST", "BATCH_RETRY_MAX", "AbandonOutcome", "BatchProblem", "abandon_batch", "batch_trouble",
-           "batch_error_wait", "error_text", "lose_batch"]
+__all__ = ["BATCH_RETRY_FIRST", "BATCH_RETRY_MAX", "ERROR_GROWTH", "FOLLOW_ERRORS", "POLL_GROWTH", "AbandonOutcome",
+           "BatchProblem", "abandon_batch", "backoff", "batch_error_wait", "batch_trouble", "error_text", "lose_batch",
+           "poll_wait"]
 
 logger = logging.getLogger(__name__)
 
-# After a batch's first error a sweep leaves it alone this long, twice as long after each further one in a row,
-# never longer than the maximum: a scheduled sweep (every 15 minutes) tries it on the next sweep, then less often.
+Wait = TypeVar("Wait", float, timedelta)
+
+# After a batch's first error a sweep leaves it alone this long, ERROR_GROWTH times as long after each further one
+# in a row, never longer than the maximum: a scheduled sweep (every 15 minutes) tries it on the next sweep, then less
+# often.
 BATCH_RETRY_FIRST: Final = timedelta(minutes=5)
 BATCH_RETRY_MAX: Final = timedelta(hours=6)
+ERROR_GROWTH: Final = 2.0
+# Each wait between a run's polls is this many times the last, from ``batch_poll_interval`` up to
+# ``batch_poll_max_interval``.
+POLL_GROWTH: Final = 1.5
+# Errors in a row after which a run stops following a batch and leaves it to collect-batches.
+FOLLOW_ERRORS: Final = 3
 # A stored error line is cut here: a provider's message can be long, a row's error is read in a table.
 ERROR_CHARS: Final = 300
 
@@ -76,9 +91,21 @@ class BatchProblem:
         return None if self.retry_after is None else self.retry_after.isoformat(timespec="seconds")
 
 
+def backoff(times: int, *, first: Wait, most: Wait, growth: float) -> Wait:
+    """The wait after ``times`` waits before it: ``first``, ``growth`` times longer each time, never beyond ``most``."""
+    # The cap on the exponent only keeps growth**times finite; the wait is capped long before that.
+    return min(first * growth ** min(max(0, times), 64), most)
+
+
+def poll_wait(polls: int, *, settings: Settings) -> float:
+    """Seconds a run waits after its ``polls``-th round of polls (0 for the first) before the next."""
+    return backoff(polls, first=settings.batch_poll_interval, most=settings.batch_poll_max_interval,
+                   growth=POLL_GROWTH)
+
+
 def batch_error_wait(errors_in_a_row: int) -> timedelta:
     """How long a sweep leaves a batch alone after its ``errors_in_a_row``-th error in a row."""
-    return min(BATCH_RETRY_FIRST * 2 ** max(0, errors_in_a_row - 1), BATCH_RETRY_MAX)
+    return backoff(errors_in_a_row - 1, first=BATCH_RETRY_FIRST, most=BATCH_RETRY_MAX, growth=ERROR_GROWTH)
 
 
 def error_text(error: BaseException) -> str:

@@ -179,16 +179,6 @@ class DispatchSummary:
 
 
 @dataclass(frozen=True, slots=True)
-class BatchLeft:
-    """A ``wait-for-batch`` run that ingested nothing: how the batch stood when it was left, and whether the wait
-    gave up past its expiry (``collect-batches`` finishes it)."""
-
-    batch_id: int
-    status: str
-    gave_up: bool = False
-
-
-@dataclass(frozen=True, slots=True)
 class DirectorySummary:
     """A ``dispatch-directory`` run: the files dispatched, and those skipped as finished already."""
 

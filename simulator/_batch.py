@@ -11,9 +11,10 @@
     GET    /_sim/batch_faults       faults still queued for the next batches
     POST   /_sim/batch_faults       {"faults": ["expire", "slow_finalizing:1.5"]} for the next batches, in order
                                     (OpenAI's or Anthropic's, whichever is created next; see ``_message_batches``)
-    POST   /_sim/batch_trouble      {"batch_id": ID, "trouble": "forget" | 500 | 502 | 503 | 504 | null}: forget
-                                    the batch (a 404 from then on, and gone from the list: a provider that lost
-                                    it), or answer every GET and cancel of it with that server error (null: heal)
+    POST   /_sim/batch_trouble      {"batch_id": ID, "trouble": "forget" | 500 | 502 | 503 | 504 | null, "times": N}:
+                                    forget the batch (a 404 from then on, and gone from the list: a provider that
+                                    lost it), or answer every GET and cancel of it with that server error (the next
+                                    ``times`` of them only, when given; null: heal)
 
 A batch takes about ``batch_processing_seconds``: a tenth validating, eight tenths in_progress (its
 ``request_counts`` advancing as lines are answered), a tenth finalizing. Every input line must be
@@ -28,6 +29,7 @@ the rest in the error file as ``batch_expired``; ``fail_validation`` fails valid
 ``slow_finalizing[:SECONDS]`` stays ``finalizing`` that long (default ``batch_processing_seconds``);
 ``hang_create[:SECONDS]`` holds ``POST /v1/batches`` that long (default an hour), then answers 503
 without creating the batch: a client that gives up or dies there has uploaded its file and has no batch.
+``unreachable[:COUNT]`` answers the batch's first COUNT (default 1) GETs and cancels with a 503, then serves it.
 The ``create_lost_*`` faults create the batch (it runs as usual) and lose the answer: ``create_lost_hang[:SECONDS]``
 holds it that long (default an hour, so the client times out), ``create_lost_drop`` closes the connection,
 ``create_lost_502`` answers 502. A client that simply tries again has two batches for one file.
@@ -54,6 +56,7 @@ from ._batch_faults import (
     CREATE_ANSWER_FAULTS,
     HANG_CREATE_SECONDS,
     SIM_FAULT_KEY,
+    UNREACHABLE_STATUS,
     BatchFault,
     fault_text,
     lose_create_answer,
@@ -196,7 +199,7 @@ class _BatchRoutes:
         if denied is not None:
             return denied
         found_id = request.match_info[key]
-        status = self._store.troubled.get(found_id)
+        status = self._store.trouble(found_id)
         if status is not None:
             return server_error_response(status)
         found = table.get(found_id)
@@ -281,6 +284,8 @@ class _BatchRoutes:
             fault=None if lose_answer else fault, created_at=now(),
         )
         self._store.batches[batch.id] = batch
+        if fault is not None and fault.name == "unreachable":
+            self._store.make_trouble(batch.id, UNREACHABLE_STATUS, times=int(fault.argument or 1))
         self._state.stats.batches += 1
         self._store.start(BatchRun(batch=batch, store=self._store, state=self._state).run())
         if lose_answer is not None:
@@ -338,16 +343,20 @@ class _BatchRoutes:
         body = await read_json_object(request)
         batch_id = body.get("batch_id") if body is not None else None
         trouble = body.get("trouble") if body is not None else None
+        times = body.get("times") if body is not None else None
         if not isinstance(batch_id, str) or batch_id not in self._store.batches and trouble == "forget":
             return invalid_request('Send {"batch_id": <a batch id>, "trouble": "forget" | 500 | 502 | 503 | 504 '
                                    '| null}.', param="batch_id", code=None)
+        if times is not None and (not isinstance(times, int) or isinstance(times, bool) or times < 1):
+            return invalid_request(f"times must be a whole number of calls, 1 or more, got {times!r}.",
+                                   param="times", code="invalid_value")
         if trouble == "forget":
             del self._store.batches[batch_id]
-            self._store.troubled.pop(batch_id, None)
+            self._store.make_trouble(batch_id, None)
         elif trouble is None:
-            self._store.troubled.pop(batch_id, None)
+            self._store.make_trouble(batch_id, None)
         elif trouble in _TROUBLE_STATUSES:
-            self._store.troubled[batch_id] = int(trouble)
+            self._store.make_trouble(batch_id, int(trouble), times=times)
         else:
             return invalid_request(f"Unknown trouble {trouble!r}; use forget, {sorted(_TROUBLE_STATUSES)} or null.",
                                    param="trouble", code="invalid_value")

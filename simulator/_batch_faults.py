@@ -32,6 +32,7 @@ __all__ = [
     "LINE_STOPS",
     "OPENAI_LINE_CODES",
     "SIM_FAULT_KEY",
+    "UNREACHABLE_STATUS",
     "BatchFault",
     "fault_text",
     "line_fault_response",
@@ -42,7 +43,9 @@ __all__ = [
 # The create happens, then its answer is lost: held until the client gives up, the connection
 # closed, or a 502 from a gateway that lost the provider's answer.
 CREATE_ANSWER_FAULTS = frozenset({"create_lost_hang", "create_lost_drop", "create_lost_502"})
-BATCH_FAULTS = frozenset({"expire", "fail_validation", "slow_finalizing", "hang_create"}) | CREATE_ANSWER_FAULTS
+BATCH_FAULTS = frozenset({"expire", "fail_validation", "slow_finalizing", "hang_create", "unreachable"}) | CREATE_ANSWER_FAULTS
+# The server error an ``unreachable[:COUNT]`` batch answers its first COUNT (default 1) retrieves and cancels with.
+UNREACHABLE_STATUS = 503
 LINE_ERROR_MARKER = "line_error"
 # A line the provider stopped without an answer, each in its API's words: OpenAI's error lines request_timeout,
 # batch_cancelled and batch_expired; Anthropic's errored timeout_error, and canceled and expired results.
@@ -56,7 +59,7 @@ DEFAULT_EXPIRE_FRACTION = 0.5
 HANG_CREATE_SECONDS = 3600.0
 _NO_ARGUMENT = frozenset({"fail_validation", "create_lost_drop", "create_lost_502"})
 _USAGE = ("expire[:FRACTION], fail_validation, slow_finalizing[:SECONDS], hang_create[:SECONDS], "
-          "create_lost_hang[:SECONDS], create_lost_drop or create_lost_502")
+          "create_lost_hang[:SECONDS], create_lost_drop, create_lost_502 or unreachable[:COUNT]")
 
 _FAULT_TEXT = re.compile(r"(?P<name>[a-z][a-z0-9_]*)(?::(?P<arg>[0-9]*\.?[0-9]+))?")
 
@@ -68,7 +71,8 @@ class BatchFault(NamedTuple):
 
 def parse_batch_fault(text: str) -> BatchFault:
     """``expire[:FRACTION]``, ``fail_validation``, ``slow_finalizing[:SECONDS]``, ``hang_create[:SECONDS]``,
-    ``create_lost_hang[:SECONDS]``, ``create_lost_drop`` or ``create_lost_502``; anything else is a ValueError."""
+    ``create_lost_hang[:SECONDS]``, ``create_lost_drop``, ``create_lost_502`` or ``unreachable[:COUNT]``; anything
+    else is a ValueError."""
     found = _FAULT_TEXT.fullmatch(text.strip())
     name = found.group("name") if found else None
     if found is None or name not in BATCH_FAULTS:
@@ -81,6 +85,8 @@ def parse_batch_fault(text: str) -> BatchFault:
         raise ValueError(f"The batch fault {name} takes no argument.")
     if name == "expire" and not 0.0 <= value <= 1.0:
         raise ValueError(f"expire:FRACTION needs a fraction from 0 to 1, got {arg}.")
+    if name == "unreachable" and (value < 1 or value != int(value)):
+        raise ValueError(f"unreachable:COUNT needs a whole number of calls, 1 or more, got {arg}.")
     return BatchFault(name, value)
 
 

@@ -166,9 +166,33 @@ class BatchStore:
         self.files: dict[str, StoredFile] = {}
         self.batches: dict[str, Batch] = {}  # in creation order
         self.queued_faults: deque[BatchFault] = deque()
-        # Batch id -> the server error every GET and cancel of it answers (POST /_sim/batch_trouble).
+        # Batch id -> the server error every GET and cancel of it answers (POST /_sim/batch_trouble, or the batch
+        # fault ``unreachable``), and for how many more of them when counted.
         self.troubled: dict[str, int] = {}
+        self.trouble_left: dict[str, int] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+
+    def make_trouble(self, batch_id: str, status: int | None, *, times: int | None = None) -> None:
+        """Answer the GETs and cancels of ``batch_id`` with ``status`` (None: heal it), the next ``times`` of them only
+        when given: a count, not a time, so a test's client meets it however slow the machine."""
+        self.trouble_left.pop(batch_id, None)
+        if status is None:
+            self.troubled.pop(batch_id, None)
+            return
+        self.troubled[batch_id] = status
+        if times is not None:
+            self.trouble_left[batch_id] = times
+
+    def trouble(self, batch_id: str) -> int | None:
+        """The server error this call about ``batch_id`` answers, if any (a counted trouble counts it)."""
+        status = self.troubled.get(batch_id)
+        left = self.trouble_left.get(batch_id)
+        if status is not None and left is not None:
+            if left <= 1:
+                self.make_trouble(batch_id, None)
+            else:
+                self.trouble_left[batch_id] = left - 1
+        return status
 
     def new_path(self, name: str) -> Path:
         if self._directory is None or not self._directory.exists():
@@ -196,6 +220,7 @@ class BatchStore:
         self.batches.clear()
         self.queued_faults.clear()
         self.troubled.clear()
+        self.trouble_left.clear()
         directory, self._directory = self._directory, None
         if directory is not None:
             shutil.rmtree(directory, ignore_errors=True)

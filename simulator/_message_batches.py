@@ -21,7 +21,8 @@ metadata): ``expire[:FRACTION]`` answers that fraction (default 0.5), then ends 
 ``fail_validation`` refuses the create with a 400; ``slow_finalizing[:SECONDS]`` keeps the batch in_progress
 that long after its last answer; ``hang_create[:SECONDS]`` holds the create (default an hour), then answers 529
 without creating anything; ``create_lost_hang[:SECONDS]``, ``create_lost_drop`` and ``create_lost_502`` create
-the batch (it runs as usual) and lose the answer. Quotas and random fault rates apply to real-time calls only.
+the batch (it runs as usual) and lose the answer; ``unreachable[:COUNT]`` answers the batch's first COUNT (default 1)
+calls (retrieve, cancel, results) with a 529. Quotas and random fault rates apply to real-time calls only.
 """
 
 from __future__ import annotations
@@ -98,6 +99,8 @@ class _MessageBatchRoutes:
         batch = MessageBatch(id=new_batch_id(), requests=parsed, fault=None if lose_answer else fault,
                              created_at=time.time(), version=api_version(request))
         self.batches[batch.id] = batch
+        if fault is not None and fault.name == "unreachable":
+            store.make_trouble(batch.id, 529, times=int(fault.argument or 1))
         self._state.stats.message_batches += 1
         store.start(MessageBatchRun(batch=batch, store=store, state=self._state).run())
         if lose_answer is not None:
@@ -110,6 +113,8 @@ class _MessageBatchRoutes:
         if refused is not None:
             return refused
         batch_id = request.match_info["batch_id"]
+        if self._store.trouble(batch_id) is not None:
+            return anthropic_error(529, retry_after=self._state.config.retry_after)
         batch = self.batches.get(batch_id)
         return batch if batch is not None else anthropic_error(404, f"No batch found with id '{batch_id}'.")
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .batch import abandon_batch, cancel_batch, finish_submission, ingest_batch, poll_batch, record_batch_error, submit_batches
+from .batch import abandon_batch, cancel_batch, finish_submission, ingest_batch, record_batch_error, submit_batches
 from .realtime import chunk_sender, send_chunk
 from .record import record_prompts
 from ._states import outcome_of, result_of, run_state
@@ -14,7 +14,6 @@ __all__ = [
     "finish_submission",
     "ingest_batch",
     "outcome_of",
-    "poll_batch",
     "record_batch_error",
     "record_prompts",
     "result_of",

@@ -1,5 +1,6 @@
-"""Tasks over the Batch API steps of ``jobs``: submit, finish a submission, poll, ingest, cancel, and a batch's
-errors kept on it (or the batch given up)."""
+"""Tasks over the Batch API steps of ``jobs``: submit, finish a submission, ingest, cancel, and a batch's
+errors kept on it (or the batch given up). Polls are plain calls (``jobs.advance_batch``): one task run per poll
+would load the Prefect API with every open batch."""
 
 from __future__ import annotations
 
@@ -41,12 +42,6 @@ async def finish_submission(*, run: JobRun, batch_id: int) -> storage.BatchRecor
     return await jobs.advance_submission(sessions=run.sessions, clients=run.clients,
                                          record=await storage.require_batch(run.sessions, batch_id=batch_id),
                                          max_retries=run.settings.max_retries)
-
-
-@task(name="poll-batch", task_run_name="poll batch {batch_id}", cache_policy=NO_CACHE)
-async def poll_batch(*, run: JobRun, batch_id: int) -> storage.BatchRecord:
-    """Ask the provider how the batch stands, and store it."""
-    return await jobs.poll_batch(sessions=run.sessions, clients=run.clients, record=await storage.require_batch(run.sessions, batch_id=batch_id))
 
 
 @task(name="ingest-batch", task_run_name="ingest batch {batch_id}", cache_policy=NO_CACHE)

@@ -119,7 +119,7 @@ def test_no_wait_run_then_a_later_collect_sweep_finishes_it(cli_env: dict[str, s
     assert summary["counts"] == {"batched": 30}
     assert summary["batch"]["submitted_batches"] == 1
 
-    time.sleep(2.5)  # the provider finishes; the submitting process is long gone
+    asyncio.run(wait_for_provider(sim, timeout=60.0))  # the provider finishes; the submitting process is long gone
     swept = cli("collect", "--json", env=cli_env, cwd=tmp_path)
     assert swept.returncode == 0, swept.stderr[-2000:]
     sweep = json.loads(swept.stdout)

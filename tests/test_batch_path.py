@@ -424,3 +424,70 @@ async def test_a_follow_up_batch_that_fails_leaves_each_prompt_invalid_with_its_
                                        .where(Prompt.custom_id != "c-0").order_by(Prompt.custom_id, Result.id))).all()
     assert [tuple(row) for row in found] == [("c-1", 0, "invalid", None), ("c-1", 1, "failed", "BatchFailedError"),
                                             ("c-2", 0, "invalid", None), ("c-2", 1, "failed", "BatchFailedError")]
+
+
+async def test_one_step_of_a_batch_says_what_happened_errors_kept_then_cleared_left_past_its_grace(env: Env) -> None:
+    from llm_dispatch.core import PriceTable, Settings
+    from llm_dispatch.jobs import JobRun, advance_batch
+    from llm_dispatch.jobs._batch_trouble import BATCH_RETRY_FIRST
+
+    env.sim.configure(batch_processing_seconds=60.0)  # open for as long as the test looks at it
+    env.queue_faults("unreachable:3")  # the client tries each call three times (max_retries=2)
+    job_id, _ = await env.job(["q 0", "q 1"])
+    [batch_id] = await env.submit(job_id)
+    run = JobRun(settings=Settings(), sessions=env.sessions, clients=env.clients, prices=PriceTable.load())
+    ingests: list[int] = []
+
+    async def ingest(*, run: JobRun, batch_id: int) -> Any:
+        ingests.append(batch_id)
+
+    now = datetime.now(UTC)
+    errored = await advance_batch(run=run, record=await env.batch(batch_id), ingest=ingest, now=now,
+                                  leave_after_errors=2)
+    assert (errored.happened, errored.following, errored.polled) == ("errored", True, False)
+    assert errored.problem is not None and errored.problem.errors_in_a_row == 1
+    assert errored.problem.retry_after == now + BATCH_RETRY_FIRST and errored.record.error_count == 1
+
+    opened = await advance_batch(run=run, record=errored.record, ingest=ingest, now=now)
+    assert (opened.happened, opened.polled, opened.record.error_count) == ("open", True, 0)  # the error cleared
+    assert opened.record.expires_at is not None
+
+    grace = timedelta(hours=1)
+    late = opened.record.expires_at + grace + timedelta(seconds=1)
+    left = await advance_batch(run=run, record=opened.record, ingest=ingest, grace=grace, now=late)
+    assert (left.happened, left.following, left.released) == ("left", False, False) and "after its expiry" in left.why
+    assert ingests == []
+
+
+async def test_one_step_finishes_only_a_stale_half_submitted_batch_and_loses_one_the_provider_forgot(env: Env) -> None:
+    from llm_dispatch.core import PriceTable, Settings
+    from llm_dispatch.jobs import JobRun, advance_batch
+
+    env.sim.configure(batch_processing_seconds=60.0)
+    job_id, ids = await env.job(["q 0", "q 1"])
+    run = JobRun(settings=Settings(), sessions=env.sessions, clients=env.clients, prices=PriceTable.load())
+
+    async def ingest(*, run: JobRun, batch_id: int) -> Any:
+        raise AssertionError("nothing here has finished")
+
+    async def finish(*, run: JobRun, batch_id: int) -> storage.BatchRecord:
+        return await advance_submission(sessions=env.sessions, clients=env.clients, record=await env.batch(batch_id))
+
+    uploaded = await uploaded_batch(env, job_id, ids)
+    young = await advance_batch(run=run, record=uploaded, ingest=ingest, finish=finish,
+                                stale_before=uploaded.updated_at - timedelta(minutes=10))
+    assert young.happened == "left" and not young.polled and "still uploaded" in young.why
+    assert provider_batches(env.sim) == []
+
+    stale = await advance_batch(run=run, record=uploaded, ingest=ingest, finish=finish,
+                                stale_before=uploaded.updated_at + timedelta(seconds=1))
+    assert (stale.happened, stale.following, stale.released) == ("submitted", True, True)
+    [made] = provider_batches(env.sim)
+    assert stale.record.provider_batch_id == made["id"]
+
+    httpx.post(f"{env.sim.root}/_sim/batch_trouble", json={"batch_id": made["id"], "trouble": "forget"},
+               timeout=5).raise_for_status()
+    lost = await advance_batch(run=run, record=stale.record, ingest=ingest)
+    assert (lost.happened, lost.following, lost.released) == ("lost", False, True)
+    assert lost.problem is not None and lost.problem.released == 2 and lost.record.status == "lost"
+    assert await env.statuses(job_id) == {"pending": 2}

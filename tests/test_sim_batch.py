@@ -251,6 +251,24 @@ def test_create_answer_faults_take_an_argument_only_when_they_hang(admin: httpx.
     assert refused.status_code == 400 and "create_lost_502 takes no argument" in refused.text
 
 
+async def test_an_unreachable_batch_answers_503_a_counted_number_of_times_then_serves_it(
+    client: LLMClient, admin: httpx.Client, tmp_path: Path
+) -> None:
+    admin.post("/_sim/batch_faults", json={"faults": ["unreachable:2"]}).raise_for_status()
+    batch = await submit(client, one_file(tmp_path, ["a", "b"]).path)
+    for _ in range(2):
+        with pytest.raises(InternalServerError, match="503"):
+            await client.retrieve_batch(batch.id)
+    assert (await client.retrieve_batch(batch.id)).id == batch.id
+    # The admin route counts the same way.
+    admin.post("/_sim/batch_trouble", json={"batch_id": batch.id, "trouble": 502, "times": 1}).raise_for_status()
+    with pytest.raises(InternalServerError, match="502"):
+        await client.retrieve_batch(batch.id)
+    assert (await client.retrieve_batch(batch.id)).id == batch.id
+    refused = admin.post("/_sim/batch_faults", json={"faults": ["unreachable:0.5"]})
+    assert refused.status_code == 400 and "whole number" in refused.text
+
+
 async def test_line_markers_give_per_line_errors(client: LLMClient, tmp_path: Path) -> None:
     texts = ["fine", "boom [[sim:500]]", "slow down [[sim:429]]", "bad [[sim:400]]", "lost [[sim:line_error]]", "ok"]
     batch_file = one_file(tmp_path, texts)

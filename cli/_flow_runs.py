@@ -62,8 +62,9 @@ async def dispatch_summary(
     from llm_dispatch.tasks import result_of
 
     with _prefect_settings():
-        return await result_of(await dispatch(
+        summary: DispatchSummary = await result_of(await dispatch(
             prompts=source, job_id=job_id, wait=wait, max_cost=max_cost, retry_failed=retry_failed,
             retry_refused=retry_refused, new_job=new_job, job_name=job_name, fail_above=fail_above,
             **flow_parameters(settings, door="dispatch"), return_state=True,
         ))
+    return summary

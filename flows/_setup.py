@@ -8,6 +8,8 @@ import logging
 from datetime import UTC, datetime
 from pathlib import Path
 
+from typing import Any
+
 from pydantic import SecretStr
 
 from llm_dispatch.core import ConfigError, Settings
@@ -43,7 +45,7 @@ async def _secret(name: str, *, variable: str) -> str:
     from prefect.blocks.system import Secret
 
     try:
-        block = await Secret.aload(name)
+        block: Secret[Any] = await Secret.aload(name)
     except ValueError as exc:
         raise ConfigError(
             f"no Prefect Secret block named {name!r}: create it (`prefect block create secret` or "

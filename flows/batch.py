@@ -9,7 +9,7 @@ import time
 from datetime import UTC, datetime, timedelta
 
 from prefect import flow, get_run_logger
-from prefect.states import State
+from prefect import State
 from pydantic import SecretStr
 
 from llm_dispatch import jobs, storage
@@ -29,13 +29,13 @@ from llm_dispatch.tasks import (
     finish_submission,
     ingest_batch,
     record_batch_error,
+    run_state,
     submit_batches,
 )
 
 from ._artifacts import publish_sweep
 from ._batch_half import send_rerouted
 from ._setup import collect_run_name, prepare, rename_run
-from ._states import run_state
 
 @flow(name="collect-batches", flow_run_name=collect_run_name, log_prints=False)
 async def collect_batches(

@@ -238,13 +238,13 @@ async def ingest_batch(
         _count(outcome, "batch_failed", len(unanswered))
         unanswered = []
     elif unanswered and record.cancel_requested:
-        error = BatchCancelledError(
+        cancelled = BatchCancelledError(
             f"batch {record.id} was cancelled with `llm-dispatch cancel` before answering this prompt; "
             "run the job again with --retry-failed all to send it"
         )
         # One row per prompt: these were not answered, so nothing is "reused".
         for pid in unanswered:
-            await writer.failure(prompt_ids=[pid], error=error, route="batch")
+            await writer.failure(prompt_ids=[pid], error=cancelled, route="batch")
         outcome.failed += len(unanswered)
         _count(outcome, "cancelled", len(unanswered))
         unanswered = []
@@ -254,15 +254,15 @@ async def ingest_batch(
     outcome.resend += released
     if to_reask:
         # After the batch is closed: its invalid members go into a batch of their own.
-        asked = await reask_invalid(
+        reasked = await reask_invalid(
             sessions=sessions, clients=clients, writer=writer, job_id=record.job_id, invalid=to_reask,
             levels=reask_from, max_reasks=max_reasks, directory=directory.parent, now=now or datetime.now(UTC),
             margin=deadline_margin, budget=budget)
         await writer.flush()
-        outcome.reask_batches += asked.batch_ids
-        outcome.reasked_in_batches += asked.batched
-        outcome.reasked_realtime += asked.realtime
-        outcome.reasks_over_budget += asked.over_budget
+        outcome.reask_batches += reasked.batch_ids
+        outcome.reasked_in_batches += reasked.batched
+        outcome.reasked_realtime += reasked.realtime
+        outcome.reasks_over_budget += reasked.over_budget
     to_realtime = await _over_the_limit(
         sessions, prompt_ids=[*again, *unanswered], submissions=submissions, max_submissions=max_submissions
     )

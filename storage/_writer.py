@@ -127,12 +127,12 @@ class ResultWriter:
             raise self._error
 
     async def success(
-        self, *, prompt_ids: Sequence[int], result: ChatResult, route: str = "realtime", model: str | None = None,
-        reask: int = 0,
+        self, *, prompt_ids: Sequence[int], result: ChatResult, route: ResultRoute = "realtime",
+        model: str | None = None, reask: int = 0,
     ) -> None:
         """Record one answer for these prompts (one request answered identical prompts).
 
-        ``route`` is one of ``RESULT_ROUTES`` (a plain str, as the core's ``ResultSink`` has it; checked here).
+        ``route`` is one of ``RESULT_ROUTES`` (checked here too: a caller may not be type-checked).
         Which prompt counts the call is ``storage.shares``' rule: the first id paid, the others reused.
         ``model`` is the model asked for, as the price table names it (default: the answer's own). ``reask``: which
         asking of the prompts it answers (0: their own request).

@@ -6,7 +6,7 @@ from collections.abc import Awaitable, Callable
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
-from prefect.states import State
+from prefect import State
 from prefect.utilities.annotations import quote
 
 from llm_dispatch import storage
@@ -86,8 +86,10 @@ def chunk_sender(*, tag: str) -> SendChunk:
 
     async def send(*, chunk: Chunk, **kwargs: object) -> DispatchOutcome:
         # quote(): Prefect would otherwise walk every id of the chunk looking for futures, twice per task run.
-        state = await tagged(chunk=quote(chunk), size=chunk.prompts, return_state=True,  # type: ignore[arg-type]
+        # Prefect types an async task called with return_state=True as its State, not the coroutine it is.
+        state = await tagged(chunk=quote(chunk), size=chunk.prompts, return_state=True,  # type: ignore[misc]
                              **kwargs)
-        return await result_of(state)
+        outcome: DispatchOutcome = await result_of(state)
+        return outcome
 
     return send

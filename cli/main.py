@@ -136,7 +136,7 @@ def run(
 
         try:
             summary = asyncio.run(_run_with_progress(source=str(file) if file else None, job_id=resume, settings=settings,
-                                                     retry_failed=retry_failed, retry_refused=retry_refused,  # type: ignore[arg-type]
+                                                     retry_failed=retry_failed, retry_refused=retry_refused,
                                                      show=not as_json, wait=wait, max_cost=max_cost, new_job=new_job,
                                                      job_name=job_name, fail_above=fail_above))
         except (TerminationSignal, BaseExceptionGroup) as exc:
@@ -176,8 +176,8 @@ def run(
         if held.name.startswith("job:"):
             again = f"run `llm-dispatch run --resume {job} --budget HIGHER`"
         else:
-            wait = "" if held.per == "total" else f", or wait for the next {held.per}"
-            again = (f"raise it (`llm-dispatch budget set {held.name} --limit HIGHER --per {held.per}`{wait}), "
+            next_period = "" if held.per == "total" else f", or wait for the next {held.per}"
+            again = (f"raise it (`llm-dispatch budget set {held.name} --limit HIGHER --per {held.per}`{next_period}), "
                      f"then run `llm-dispatch run --resume {job} --budget-name {held.name}`")
         raise _fail(f"{budget_line(held)}; {held.over_budget} prompts are left pending: {again} to send them",
                     code=EXIT_BUDGET)
@@ -380,4 +380,4 @@ app.add_typer(budget_app, name="budget")
 app.add_typer(server_app, name="server")
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    main()

@@ -73,12 +73,16 @@ class ProgressBoard:
         if artifact is None:
             return
         self._last = time.monotonic()
-        done = outcome.succeeded + outcome.failed
+        # Every prompt with its final outcome is done: a refusal and an answer still invalid after its re-asks too.
+        done = outcome.succeeded + outcome.refused + outcome.invalid + outcome.failed
+        told = ", ".join(f"{n} {word}" for n, word in ((outcome.refused, "refused"), (outcome.invalid, "invalid"))
+                         if n)
         try:
             await aupdate_progress_artifact(
                 artifact_id=artifact, progress=min(100.0, 100.0 * done / max(1, self._prompts)),
-                description=(f"real-time: {outcome.succeeded} succeeded / {outcome.failed} failed / {self._prompts} "
-                             f"prompts; {self._finished} of {self._chunks} chunks done"),
+                description=(f"real-time: {done} of {self._prompts} prompts done ({outcome.succeeded} succeeded"
+                             f"{', ' + told if told else ''}, {outcome.failed} failed); {self._finished} of "
+                             f"{self._chunks} chunks"),
             )
         except Exception as exc:  # noqa: BLE001 - a progress display must not stop the run
             self._logger.warning("Progress artifact of job %s not updated: %s", self._job, exc)
@@ -172,10 +176,9 @@ async def publish_report(summary: DispatchSummary, *, logger: Logger) -> None:
             "invalid": statuses.get("invalid", 0),
             "failed": statuses.get("failed", 0),
             "unfinished": unfinished(statuses),
-            "prompt_tokens": cost.prompt_tokens,
-            "completion_tokens": cost.completion_tokens,
-            "cost_usd": money(cost.cost),
-            "estimate_usd": money(estimate.cost) if estimate is not None else None,
+            "tokens in / out": f"{cost.prompt_tokens:,} / {cost.completion_tokens:,}",
+            "cost": f"${money(cost.cost):.6f}",
+            "estimate": f"${money(estimate.cost):.6f}" if estimate is not None else "-",
         })
     job = job_label(name=summary.job_name, job_id=report.job_id)
     key = f"dispatch-{artifact_key(summary.job_name, job_id=report.job_id)}"

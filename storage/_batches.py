@@ -196,6 +196,15 @@ async def get_batch(sessions: Sessions, *, batch_id: int) -> BatchRecord | None:
     return None if batch is None else _record(batch)
 
 
+async def batch_number(sessions: Sessions, *, record: BatchRecord) -> int:
+    """Which of its job's batches ``record`` is, counted from 1 in the order they were made (a batch's id counts
+    across the database)."""
+    async with sessions() as session:
+        found = await session.scalar(select(func.count()).select_from(Batch)
+                                     .where(Batch.job_id == record.job_id, Batch.id <= record.id))
+    return int(found or 1)
+
+
 async def require_batch(sessions: Sessions, *, batch_id: int) -> BatchRecord:
     """The stored batch; ``UnknownBatchError`` when there is none (a wrong id, or a row removed by hand)."""
     record = await get_batch(sessions, batch_id=batch_id)

@@ -88,7 +88,7 @@ async def test_dispatch_routes_each_prompt_sends_both_halves_and_reports_cost(
     assert bars and all(a.data == 100.0 for a in bars)
     # So did the real-time half.
     realtime_bars = [a for a in artifacts if a.type == "progress" and (a.description or "").startswith(
-        "real-time: 3 succeeded / 0 failed / 3 prompts")]
+        "real-time: 3 of 3 prompts done (3 succeeded, 0 failed)")]
     assert realtime_bars and realtime_bars[0].data == 100.0
     table_rows = json.loads(table.data) if isinstance(table.data, str) else table.data
     assert [(r["route"], r["prompts"], r["succeeded"]) for r in table_rows] == [("realtime", 3, 3), ("batch", 3, 3)]

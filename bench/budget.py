@@ -20,12 +20,11 @@ import os
 import resource
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from _child import report, run_measured  # bench/ is the script's folder, first on sys.path
-from realtime import make_prompts
+from realtime import add_child_arguments, child_argv, prompts_workdir
 
 VARIANTS = ("none", "budget", "named")
 
@@ -80,11 +79,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=400)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=["none", "budget"])
-    parser.add_argument("--child", choices=VARIANTS)
-    parser.add_argument("--base-url")
-    parser.add_argument("--prompts-file")
-    parser.add_argument("--c", type=int)
-    parser.add_argument("--db")
+    add_child_arguments(parser, kinds=VARIANTS)
     args = parser.parse_args()
     if args.child:
         child(args)
@@ -92,10 +87,7 @@ def main() -> None:
 
     from llm_dispatch.simulator import Simulator, SimulatorConfig
 
-    with tempfile.TemporaryDirectory(prefix="bench-budget-") as tmp:
-        workdir = Path(tmp)
-        prompts = workdir / "prompts.jsonl"
-        make_prompts(prompts, args.prompts)
+    with prompts_workdir(args.prompts, prefix="bench-budget-") as (workdir, prompts):
         # A loaded machine starts Prefect's temporary server in more than its default 20 s.
         env = {**os.environ, "PREFECT_LOGGING_LEVEL": "WARNING", "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "300",
                "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
@@ -107,8 +99,8 @@ def main() -> None:
             for run in range(args.repeat):
                 for variant in args.variants:
                     db = f"sqlite+aiosqlite:///{workdir / f'bench-{variant}-{run}.db'}"
-                    argv = [__file__, "--child", variant, "--base-url", base_url, "--prompts-file", str(prompts),
-                            "--c", str(args.concurrency), "--db", db]
+                    argv = child_argv(__file__, variant, base_url=base_url, prompts=prompts,
+                                      concurrency=args.concurrency, db=db)
                     results[variant].append(run_measured(argv, env=env, what=f"{variant} run", cwd=workdir,
                                                          timeout=1800))
                     print(f"  run {run + 1} {variant:6s} {results[variant][-1]['count'] / results[variant][-1]['seconds']:7.1f} "

@@ -32,6 +32,8 @@ import resource
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from _child import report, run_measured  # bench/ is the script's folder, first on sys.path
@@ -50,6 +52,31 @@ def make_prompts(path: Path, count: int) -> None:
         for i in range(count):
             handle.write(json.dumps({"id": i, "prompt": f"Benchmark question number {i}: what is {i} squared?",
                                      "model": MODEL, "params": {"max_tokens": 64}}) + "\n")
+
+
+@contextmanager
+def prompts_workdir(count: int, *, prefix: str) -> Iterator[tuple[Path, Path]]:
+    """A scratch folder (the runs' databases go there too) and COUNT benchmark prompts written in it."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        workdir = Path(tmp)
+        prompts = workdir / "prompts.jsonl"
+        make_prompts(prompts, count)
+        yield workdir, prompts
+
+
+def add_child_arguments(parser: argparse.ArgumentParser, *, kinds: Sequence[str]) -> None:
+    """The flags by which a parent has a child run one kind of flow over a prompts file (``child_argv``)."""
+    parser.add_argument("--child", choices=kinds)
+    parser.add_argument("--base-url")
+    parser.add_argument("--prompts-file")
+    parser.add_argument("--c", type=int)
+    parser.add_argument("--db")
+
+
+def child_argv(script: str, kind: str, *, base_url: str, prompts: Path, concurrency: int, db: str) -> list[str]:
+    """``script``'s arguments for a child that runs ``kind`` (read by ``add_child_arguments``' flags)."""
+    return [script, "--child", kind, "--base-url", base_url, "--prompts-file", str(prompts), "--c", str(concurrency),
+            "--db", db]
 
 
 async def baseline(*, base_url: str, prompts: Path, concurrency: int) -> dict[str, float]:
@@ -128,8 +155,8 @@ def run_child(
 ) -> dict[str, float]:
     db = f"sqlite+aiosqlite:///{workdir / f'bench-{kind}-{concurrency}-{run}.db'}"
     env = {**os.environ, "PREFECT_LOGGING_LEVEL": "WARNING"}
-    argv = [__file__, "--child", kind, "--base-url", base_url, "--prompts-file", str(prompts), "--c", str(concurrency),
-            "--db", db, *(["--record-first"] if record_first else []), *(["--rss-log", rss_log] if rss_log else [])]
+    argv = [*child_argv(__file__, kind, base_url=base_url, prompts=prompts, concurrency=concurrency, db=db),
+            *(["--record-first"] if record_first else []), *(["--rss-log", rss_log] if rss_log else [])]
     return run_measured(argv, env=env, what=f"{kind} run", cwd=workdir, timeout=timeout)
 
 
@@ -139,11 +166,7 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=0.2)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[100, 400])
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--child", choices=["baseline", "flow"])
-    parser.add_argument("--base-url")
-    parser.add_argument("--prompts-file")
-    parser.add_argument("--c", type=int)
-    parser.add_argument("--db")
+    add_child_arguments(parser, kinds=["baseline", "flow"])
     parser.add_argument("--record-first", action="store_true", help="store a new job whole before sending")
     parser.add_argument("--rss-log", help="(child) write RSS samples over time to this JSON-lines file")
     args = parser.parse_args()
@@ -153,10 +176,7 @@ def main() -> None:
 
     from llm_dispatch.simulator import Simulator, SimulatorConfig
 
-    with tempfile.TemporaryDirectory(prefix="bench-realtime-") as tmp:
-        workdir = Path(tmp)
-        prompts = workdir / "prompts.jsonl"
-        make_prompts(prompts, args.prompts)
+    with prompts_workdir(args.prompts, prefix="bench-realtime-") as (workdir, prompts):
         with Simulator.in_process(SimulatorConfig(latency=args.latency)) as base_url:
             print(f"{args.prompts} prompts, simulator latency {args.latency * 1000:.0f} ms, {args.repeat} runs each, "
                   f"{os.cpu_count()} cores")

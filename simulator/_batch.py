@@ -70,9 +70,8 @@ from ._batch_store import (
     BatchStore,
     StoredFile,
     batch_store,
-    list_limit,
-    newest_page,
     now,
+    requested_page,
 )
 from ._chat import CHAT_COMPLETIONS_PATH
 from ._embeddings import EMBEDDINGS_PATH
@@ -85,7 +84,7 @@ __all__ = ["register"]
 
 _PURPOSES = frozenset({"batch", "fine-tune", "assistants", "vision", "user_data", "evals"})
 _METADATA_PAIRS, _METADATA_KEY_CHARS, _METADATA_VALUE_CHARS = 16, 64, 512
-_DEFAULT_LIST_LIMIT, _MAX_LIST_LIMIT = 20, 100
+_MAX_LIST_LIMIT = 100
 
 _Found = TypeVar("_Found", StoredFile, Batch)
 
@@ -312,13 +311,11 @@ class _BatchRoutes:
         denied = check_auth(request, self._state)
         if denied is not None:
             return denied
-        raw_limit = request.query.get("limit")
-        limit = list_limit(raw_limit, default=_DEFAULT_LIST_LIMIT, maximum=_MAX_LIST_LIMIT)
-        if limit is None:
-            return invalid_request(
-                f"Invalid 'limit': expected an integer from 1 to {_MAX_LIST_LIMIT}, but got {raw_limit!r} instead.",
-                param="limit", code="invalid_value")
-        page = newest_page(self._store.batches, after=request.query.get("after"), limit=limit, to_api=Batch.to_api)
+        page = requested_page(self._store.batches, request.query, cursor="after", maximum=_MAX_LIST_LIMIT,
+                              to_api=Batch.to_api)
+        if page is None:
+            return invalid_request(f"Invalid 'limit': expected an integer from 1 to {_MAX_LIST_LIMIT}, but got "
+                                   f"{request.query.get('limit')!r} instead.", param="limit", code="invalid_value")
         return json_response({"object": "list", **page})
 
     # --- faults --------------------------------------------------------------------------------

@@ -32,9 +32,8 @@ __all__ = [
     "Sink",
     "StoredFile",
     "batch_store",
-    "list_limit",
-    "newest_page",
     "now",
+    "requested_page",
 ]
 
 # The only completion window OpenAI's Batch API offers, and how long it is.
@@ -47,7 +46,19 @@ _WRITE_BUFFER = 1024 * 1024
 _Listed = TypeVar("_Listed")
 
 
-def list_limit(raw: str | None, *, default: int, maximum: int) -> int | None:
+def requested_page(
+    items: Mapping[str, _Listed], query: Mapping[str, str], *, cursor: str, maximum: int,
+    to_api: Callable[[_Listed], dict[str, Any]], default: int = 20,
+) -> dict[str, Any] | None:
+    """The page of ``items`` a listing's query asks for (``newest_page``): after the id in its ``cursor`` value, as
+    many as its ``limit`` (``default`` if absent); None when that limit is not an integer from 1 to ``maximum``."""
+    limit = _list_limit(query.get("limit"), default=default, maximum=maximum)
+    if limit is None:
+        return None
+    return newest_page(items, after=query.get(cursor), limit=limit, to_api=to_api)
+
+
+def _list_limit(raw: str | None, *, default: int, maximum: int) -> int | None:
     """A listing's ``limit`` query value as an integer from 1 to ``maximum`` (``default`` if absent), else None."""
     if raw is None:
         return default

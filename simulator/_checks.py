@@ -17,7 +17,14 @@ from llm_dispatch.core import openai_messages_refusal, openai_refusal, response_
 from ._http import error_response
 from ._state import SimState
 
-__all__ = ["check_auth", "invalid_request", "model_not_found", "unknown_marker", "validate_chat_body"]
+__all__ = [
+    "check_auth",
+    "invalid_request",
+    "missing_model_or",
+    "model_not_found",
+    "unknown_marker",
+    "validate_chat_body",
+]
 
 _MAX_CHOICES = 128
 
@@ -75,16 +82,25 @@ def validate_chat_body(body: Any) -> web.Response | None:
     return invalid_request(message, param=param, code=code)
 
 
+def missing_model_or(body: dict[str, Any], field: str) -> tuple[str, str, str] | None:
+    """(message, param, code) for an OpenAI body without its model or its other required ``field``, in OpenAI's
+    words, or None when it has both."""
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        return "you must provide a model parameter", "model", "missing_required_parameter"
+    if body.get(field) is None:
+        return f"Missing required parameter: '{field}'.", field, "missing_required_parameter"
+    return None
+
+
 def _problem(body: Any) -> tuple[str, str | None, str | None] | None:
     """(message, param, code) of the first thing wrong with a chat body, in OpenAI's words."""
     if not isinstance(body, dict):
         return f"Invalid type for body: expected an object, but got {_type_name(body)} instead.", None, "invalid_type"
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        return "you must provide a model parameter", "model", "missing_required_parameter"
-    messages = body.get("messages")
-    if messages is None:
-        return "Missing required parameter: 'messages'.", "messages", "missing_required_parameter"
+    missing = missing_model_or(body, "messages")
+    if missing is not None:
+        return missing
+    model, messages = body["model"], body["messages"]
     shape = openai_messages_refusal(messages, parts="openai")
     if shape is not None:
         return shape.api_message, shape.api_param, shape.api_code

@@ -19,7 +19,7 @@ from typing import Any
 from aiohttp import web
 
 from ._chat import _ChatRoutes
-from ._checks import invalid_request
+from ._checks import invalid_request, missing_model_or
 from ._state import SimState
 from ._tokens import count_tokens
 
@@ -70,12 +70,10 @@ def embeddings_problem(body: Any) -> tuple[str, str | None, str | None] | None:
     """(message, param, code) of the first thing OpenAI would refuse in an embeddings body, or None."""
     if not isinstance(body, dict):
         return "Invalid type for body: expected an object.", None, "invalid_type"
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        return "you must provide a model parameter", "model", "missing_required_parameter"
-    given = body.get("input")
-    if given is None:
-        return "Missing required parameter: 'input'.", "input", "missing_required_parameter"
+    missing = missing_model_or(body, "input")
+    if missing is not None:
+        return missing
+    given = body["input"]
     inputs = [given] if isinstance(given, str) else given
     if not isinstance(inputs, list) or not inputs or not all(isinstance(text, str) for text in inputs):
         return "'input' must be a non-empty string or array of strings.", "input", "invalid_type"

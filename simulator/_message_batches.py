@@ -40,7 +40,7 @@ from llm_dispatch.core import MESSAGE_BATCH_LIMITS
 from ._anthropic_checks import api_version, check_headers, messages_body_problem, required_list
 from ._anthropic_http import anthropic_error
 from ._batch_faults import CREATE_ANSWER_FAULTS, HANG_CREATE_SECONDS, BatchFault, lose_create_answer
-from ._batch_store import BatchStore, batch_store, list_limit, newest_page
+from ._batch_store import BatchStore, batch_store, requested_page
 from ._http import json_response
 from ._message_batch_run import MessageBatch, MessageBatchRun, MessageRequest, new_batch_id
 from ._state import SimState
@@ -49,7 +49,7 @@ __all__ = ["MESSAGE_BATCHES_PATH", "register"]
 
 MESSAGE_BATCHES_PATH = "/v1/messages/batches"
 _CUSTOM_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
-_DEFAULT_LIST_LIMIT, _MAX_LIST_LIMIT = 20, 1000
+_MAX_LIST_LIMIT = 1000
 
 
 def register(app: web.Application, state: SimState) -> None:
@@ -138,14 +138,13 @@ class _MessageBatchRoutes:
         refused = check_headers(request, self._state)
         if refused is not None:
             return refused
-        raw_limit = request.query.get("limit")
-        limit = list_limit(raw_limit, default=_DEFAULT_LIST_LIMIT, maximum=_MAX_LIST_LIMIT)
-        if limit is None:
-            return anthropic_error(400, f"limit: Input should be an integer from 1 to {_MAX_LIST_LIMIT}, "
-                                        f"got {raw_limit!r}")
         origin = _origin(request)
-        return json_response(newest_page(self.batches, after=request.query.get("after_id"), limit=limit,
-                                         to_api=lambda batch: batch.to_api(origin=origin)))
+        page = requested_page(self.batches, request.query, cursor="after_id", maximum=_MAX_LIST_LIMIT,
+                              to_api=lambda batch: batch.to_api(origin=origin))
+        if page is None:
+            return anthropic_error(400, f"limit: Input should be an integer from 1 to {_MAX_LIST_LIMIT}, "
+                                        f"got {request.query.get('limit')!r}")
+        return json_response(page)
 
     async def results(self, request: web.Request) -> web.StreamResponse:
         batch = self._batch(request)

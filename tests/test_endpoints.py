@@ -143,6 +143,19 @@ def test_a_batch_file_holds_one_endpoint_and_its_lines_are_read_as_that_endpoint
         read_batch_output(output, endpoint="moderations")
 
 
+def run_in_both_lanes(
+    path: Path, *, endpoint: str, model: str, columns: list[str], cli_env: dict[str, str], db_url: str
+) -> tuple[subprocess.CompletedProcess[str], list[tuple[Any, ...]]]:
+    """``llm-dispatch run PATH --endpoint ENDPOINT --model MODEL --json`` for prompts urgent (real-time) and bulk (one
+    batch of that endpoint), which succeeds; and each prompt's id with its result's ``columns``, in input order."""
+    done = cli("run", str(path), "--endpoint", endpoint, "--model", model, "--json", env=cli_env, cwd=path.parent)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert rows(db_url, "SELECT endpoint FROM batches") == [(endpoint,)]
+    stored = rows(db_url, f"SELECT p.custom_id, {', '.join('r.' + column for column in columns)} FROM results r "
+                          "JOIN prompts p ON p.id = r.prompt_id ORDER BY p.position")
+    return done, stored
+
+
 @pytest.mark.prefect
 def test_embeddings_run_in_both_lanes_store_vectors_as_float32_and_are_priced(
     cli_env: dict[str, str], db_url: str, tmp_path: Path
@@ -151,12 +164,9 @@ def test_embeddings_run_in_both_lanes_store_vectors_as_float32_and_are_priced(
     path = write_prompts(tmp_path / "e.jsonl", [
         {"id": f"e{i}", "input": text, "urgency": "urgent" if i < 3 else "bulk", "params": {"dimensions": 4}}
         for i, text in enumerate(texts)])
-    done = cli("run", str(path), "--endpoint", "embeddings", "--model", "text-embedding-3-small", "--json",
-               env=cli_env, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
-    stored = rows(db_url, "SELECT p.custom_id, r.route, r.embedding, r.prompt_tokens, r.completion_tokens, "
-                          "r.cost_pico_usd, r.list_cost_pico_usd FROM results r JOIN prompts p ON p.id = r.prompt_id "
-                          "ORDER BY p.position")
+    done, stored = run_in_both_lanes(
+        path, endpoint="embeddings", model="text-embedding-3-small", cli_env=cli_env, db_url=db_url,
+        columns=["route", "embedding", "prompt_tokens", "completion_tokens", "cost_pico_usd", "list_cost_pico_usd"])
     assert [(custom_id, route) for custom_id, route, *_ in stored] == [
         ("e0", "realtime"), ("e1", "realtime"), ("e2", "realtime"), ("e3", "batch"), ("e4", "batch"), ("e5", "batch")]
     for (custom_id, route, vector, prompt_tokens, completion_tokens, cost, list_cost), text in zip(stored, texts):
@@ -165,7 +175,6 @@ def test_embeddings_run_in_both_lanes_store_vectors_as_float32_and_are_priced(
                         embedding_vector(text, model="text-embedding-3-small", dimensions=4))
         # $0.02 per 1M input tokens, half of it through the Batch API.
         assert list_cost == prompt_tokens * 20_000 and cost == (list_cost if route == "realtime" else list_cost // 2)
-    assert rows(db_url, "SELECT endpoint FROM batches") == [("embeddings",)]
 
     job_id = json.loads(done.stdout)["job_id"]
     exported = cli("export", job_id, env=cli_env, cwd=tmp_path)
@@ -266,18 +275,15 @@ def test_responses_run_in_both_lanes_priced_with_refusals_and_truncation_stored(
         {"id": "r2", "prompt": "hello", "urgency": "bulk", "params": {"max_completion_tokens": 3}},
         {"id": "r3", "prompt": "hello there", "urgency": "bulk"},
     ])
-    done = cli("run", str(path), "--endpoint", "responses", "--model", "gpt-4.1-mini", "--json",
-               env=cli_env, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
-    stored = rows(db_url, "SELECT p.custom_id, r.route, r.status, r.finish_reason, r.response_id, r.completion_tokens, "
-                          "r.cost_pico_usd, r.list_cost_pico_usd FROM results r JOIN prompts p ON p.id = r.prompt_id "
-                          "ORDER BY p.position")
+    _, stored = run_in_both_lanes(
+        path, endpoint="responses", model="gpt-4.1-mini", cli_env=cli_env, db_url=db_url,
+        columns=["route", "status", "finish_reason", "response_id", "completion_tokens", "cost_pico_usd",
+                 "list_cost_pico_usd"])
     assert [row[:4] for row in stored] == [("r0", "realtime", "succeeded", "stop"), ("r1", "realtime", "refused", "stop"),
                                            ("r2", "batch", "succeeded", "max_output_tokens"),
                                            ("r3", "batch", "succeeded", "stop")]
     assert all(row[4].startswith("resp_") and row[6] > 0 for row in stored)
     assert [row[6] * 2 == row[7] for row in stored] == [False, False, True, True]  # the Batch API's half price
-    assert rows(db_url, "SELECT endpoint FROM batches") == [("responses",)]
 
 
 # --- background mode ---------------------------------------------------------------------------------------------

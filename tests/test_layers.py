@@ -231,3 +231,19 @@ def test_cores_parts_import_only_lower_parts() -> None:
         if higher:
             offenders[name] = higher
     assert offenders == {}
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_a_packages_face_names_each_public_name_where_type_checkers_and_its_module_see_it(package: str) -> None:
+    """A public name is written up to three times, each read by someone: the face's ``TYPE_CHECKING`` import (what
+    loads it, ``core/_lazy.py``), the face's ``__all__`` (a literal: mypy and pyright take re-exports from it, not
+    from a list built at run time) and its module's ``__all__`` where the module keeps one. They cannot drift apart."""
+    from llm_dispatch.core._lazy import _names_by_module
+
+    face = importlib.import_module(f"{ROOT_PACKAGE}.{package}")
+    imported = _names_by_module(Path(face.__file__ or ""))
+    assert sorted(set(imported) - set(face.__all__)) == []
+    for source, original in imported.values():
+        module = importlib.import_module(f"{face.__name__}{source}")
+        if hasattr(module, "__all__"):
+            assert original in module.__all__, f"{module.__name__}.__all__ lacks {original}"

@@ -14,7 +14,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
 from ..pricing._budgets import SpendGate
@@ -166,15 +166,13 @@ class DispatchOutcome:
     over_budget: int = 0
 
     def add(self, other: DispatchOutcome) -> None:
-        self.succeeded += other.succeeded
-        self.failed += other.failed
-        self.refused += other.refused
-        self.invalid += other.invalid
-        self.valid_after_reask += other.valid_after_reask
-        self.reasks += other.reasks
-        self.left += other.left
-        self.over_budget += other.over_budget
-        self.failed_by_class.update(other.failed_by_class)
+        """Count ``other``'s prompts in too: every field is a count (``failed_by_class``, one a class)."""
+        for counted in fields(self):
+            mine = getattr(self, counted.name)
+            if isinstance(mine, Counter):
+                mine.update(getattr(other, counted.name))
+            else:
+                setattr(self, counted.name, mine + getattr(other, counted.name))
 
 
 async def reask(

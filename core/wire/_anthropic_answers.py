@@ -19,7 +19,7 @@ from .._batch_types import BatchInfo, RequestCounts, batch_status_from_api, int_
 from .._status import BatchStatus
 from .._exceptions import APIResponseValidationError
 from .._json import compact_json
-from ._responses import BatchPage, Chat, parse_answer, parse_json, reported_usage
+from ._responses import BatchPage, Chat, parse_answer, parse_json, result_from_body
 from .._types import ChatResult
 
 __all__ = [
@@ -37,7 +37,6 @@ MESSAGE_BATCH_STATUSES: Mapping[str, BatchStatus] = MappingProxyType({
     "canceling": BatchStatus.CANCELLING,
     "ended": BatchStatus.COMPLETED,
 })
-_SNIPPET_CHARS = 300
 
 
 def parse_message(response: httpx.Response) -> Chat:
@@ -46,12 +45,8 @@ def parse_message(response: httpx.Response) -> Chat:
 
 def message_result_from_body(body: Any, *, latency_s: float = 0.0, attempts: int = 1) -> ChatResult:
     """A ``ChatResult`` from a Message read elsewhere (a batch result line), parsed as ``chat`` does."""
-    chat = _chat(body)
-    if chat is None:
-        error = APIResponseValidationError(f"the body is not a Message with content: {str(body)[:_SNIPPET_CHARS]!r}")
-        error.usage = reported_usage(body, read=_chat)
-        raise error
-    return chat.finished(latency_s=latency_s, attempts=attempts)
+    return result_from_body(body, _chat, problem="is not a Message with content", latency_s=latency_s,
+                            attempts=attempts)
 
 
 def _chat(body: Any) -> Chat | None:

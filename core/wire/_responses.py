@@ -32,6 +32,7 @@ __all__ = [
     "parse_file_info",
     "parse_json",
     "reported_usage",
+    "result_from_body",
     "save_body",
 ]
 
@@ -97,10 +98,19 @@ def reported_usage(body: Any, *, read: Callable[[Any], Chat | None]) -> ChatResu
 
 def chat_result_from_body(body: Any, *, latency_s: float = 0.0, attempts: int = 1) -> ChatResult:
     """A ``ChatResult`` from a chat.completion body read elsewhere (a batch output line), parsed as ``chat`` does."""
-    chat = _chat_from_body(body)
+    return result_from_body(body, _chat_from_body, problem="has no choices[0].message", latency_s=latency_s,
+                            attempts=attempts)
+
+
+def result_from_body(
+    body: Any, read: Callable[[Any], Chat | None], *, problem: str, latency_s: float, attempts: int
+) -> ChatResult:
+    """What ``read`` makes of a body read elsewhere (a batch result line), finished; ``None`` from it is an unusable
+    answer, raised with what the body says it used (``problem``: what is wrong with it)."""
+    chat = read(body)
     if chat is None:
-        error = APIResponseValidationError(f"the body has no choices[0].message: {str(body)[:_SNIPPET_CHARS]!r}")
-        error.usage = reported_usage(body, read=_chat_from_body)
+        error = APIResponseValidationError(f"the body {problem}: {str(body)[:_SNIPPET_CHARS]!r}")
+        error.usage = reported_usage(body, read=read)
         raise error
     return chat.finished(latency_s=latency_s, attempts=attempts)
 

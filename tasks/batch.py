@@ -52,7 +52,8 @@ async def ingest_batch(*, run: JobRun, batch_id: int) -> IngestOutcome:
     ``Failed`` when lines of it failed for good; its outcome is returned either way."""
     record = await storage.require_batch(run.sessions, batch_id=batch_id)
     number = await storage.batch_number(run.sessions, record=record)
-    state = await _ingest_batch(run=run, record=record, label=f"batch {number} of job {record.job_id[:8]} "
+    # Prefect types an async task called with return_state=True as its State, not the coroutine it is.
+    state = await _ingest_batch(run=run, record=record, label=f"batch {number} of job {record.job_id[:8]} "  # type: ignore[misc]
                                                                 f"(id {record.id})", return_state=True)
     outcome: IngestOutcome = await result_of(state)
     return outcome

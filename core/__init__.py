@@ -30,9 +30,17 @@ if TYPE_CHECKING:
     from .sending._dispatch import ChatSender, DispatchOutcome, Progress, ResultSink, WorkItem, current_progress, reask, send_all
     from ._hashes import key_hash
     from .inputs._inputs import InputCheck, PromptSource, RepeatedKeys, check_prompts, fingerprint, iter_prompts
-    from ._json import json_field, money, stored_json, to_json
+    from ._json import dollars, json_field, money, stored_json, to_json
+    from ._params import counted
     from .wire._message_shapes import anthropic_messages_refusal, openai_messages_refusal
-    from .wire._model_rules import Refusal, anthropic_refusal, batch_metadata_problem, openai_refusal
+    from .wire._model_rules import (
+        THINKING_PER_ANSWER_TOKEN,
+        THINKING_ROOM,
+        Refusal,
+        anthropic_refusal,
+        batch_metadata_problem,
+        openai_refusal,
+    )
     from .pricing._lanes import DEFAULT_OFFERS, Lane, LaneOffer
     from .wire._packing import (
         EMBEDDING_PACK_LIMITS,
@@ -194,6 +202,10 @@ __all__ = [
     "RunStop",
     "Stopped",
     "money",
+    "counted",
+    "dollars",
+    "THINKING_PER_ANSWER_TOKEN",
+    "THINKING_ROOM",
     "send_all",
     "Settings",
     "stored_json",

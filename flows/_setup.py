@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pydantic import SecretStr
 
-from llm_dispatch.core import ConfigError, Settings
+from llm_dispatch.core import ConfigError, Settings, counted
 
 Logger = logging.Logger | logging.LoggerAdapter  # type: ignore[type-arg]
 
@@ -119,7 +119,7 @@ def input_run_name() -> str:
     if isinstance(source, str):
         return Path(source).name
     if isinstance(source, list):
-        return f"{len(source)} prompts"
+        return counted(len(source), "prompt")
     return f"resume job {short_id(str(job_id))}" if job_id else "no input"
 
 

@@ -36,6 +36,8 @@ from llm_dispatch.jobs import (
     run_budget,
 )
 from llm_dispatch.core import (
+    counted,
+    dollars,
     BudgetExceededError,
     Endpoint,
     ConfigError,
@@ -61,6 +63,7 @@ async def dispatch(
     prompts: str | list[dict[str, Any]] | None = None,
     job_id: str | None = None,
     model: str | None = None,
+    allow_unknown_model: bool | None = None,
     endpoint: Endpoint | None = None,
     route_policy: RoutePolicy | None = None,
     urgent_below_chars: int | None = None,
@@ -288,7 +291,8 @@ def _check_budget(estimate: JobCost, *, max_cost: float | None) -> None:
 
 def describe_estimate(estimate: JobCost) -> str:
     parts = [
-        f"{route} {cost.prompts} requests ~${money(cost.cost):.6f}"
+        f"{route} {counted(cost.prompts, 'request')} "
+        + ("~" + dollars(cost.cost, unpriced=cost.unpriced) if cost.cost or not cost.unpriced else "cost unknown")
         for route, cost in estimate.routes.items() if cost.prompts
     ]
     text = ", ".join(parts) or "nothing to send"

@@ -68,6 +68,8 @@ class PromptInput:
     anthropic_version: str = DEFAULT_ANTHROPIC_VERSION
     # Every prompt's parameters unless it sets its own: the job's schema as ``response_format`` (``--schema``).
     default_params: Mapping[str, Any] | None = None
+    # Send models the catalog does not name (``Settings.allow_unknown_model``) instead of refusing them.
+    allow_unknown_model: bool = False
 
     def specs(self, *, start: int = 0, checked: InputCheck | None = None) -> Iterator[PromptSpec]:
         """Its prompts in input order, from input position ``start``: those ``checked`` (its check) kept, else read
@@ -93,7 +95,8 @@ class PromptInput:
                                 default_endpoint=self.default_endpoint, default_params=self.default_params,
                                 table=self.table,
                                 model_providers=self.model_providers, default_max_tokens=self.default_max_tokens,
-                                anthropic_version=self.anthropic_version, warn=warn, keep=KEEP_CHECKED)
+                                anthropic_version=self.anthropic_version, warn=warn, keep=KEEP_CHECKED,
+                                allow_unknown_model=self.allow_unknown_model)
         if remember and key is not None:
             checked_inputs.set({**checked_inputs.get(), key: checked})
         return checked
@@ -217,7 +220,8 @@ def prompt_input(source: str | Path | Sequence[Mapping[str, Any]], *, settings: 
     return PromptInput(source=source, default_model=settings.model, default_endpoint=settings.endpoint,
                        table=load_prices(settings),
                        model_providers=settings.model_providers, default_max_tokens=settings.default_max_tokens,
-                       anthropic_version=settings.anthropic_version, default_params=job_params(settings))
+                       anthropic_version=settings.anthropic_version, default_params=job_params(settings),
+                       allow_unknown_model=settings.allow_unknown_model)
 
 
 def job_params(settings: Settings) -> dict[str, Any] | None:

@@ -316,7 +316,8 @@ def structured_line(structured: dict[str, Any]) -> str:
     """One line on a job's answers checked against their schemas (the ``structured`` object of the JSON)."""
     cost = structured.get("reask_cost")
     return (f"structured answers: {structured['valid_first']} valid at first, {structured['valid_after_reasks']} "
-            f"valid after re-asks, {structured['still_invalid']} still invalid; {structured['reasks']} re-asks cost "
+            f"valid after re-asks, {structured['still_invalid']} still invalid; "
+            f"{counted(structured['reasks'], 're-ask')} cost "
             + ("unknown" if cost is None else f"${cost:.6f}"))
 
 
@@ -330,6 +331,8 @@ FAILURE_CHARS = 70
 _STATUS = re.compile(r"\bHTTP (\d{3})\b")
 _SAID = re.compile(r'"message"\s*:\s*"((?:[^"\\]|\\.)*)"')
 _AFTER_TRIES = re.compile(r"\bafter \d+ attempts?: ")
+# What llm-dispatch adds after the provider's words (the request id, what to do): in the export, not this line.
+_ADDED = re.compile(r"\.? Request id \S+.*$")
 
 
 def failure_line(name: str, message: str) -> str:
@@ -342,7 +345,7 @@ def failure_line(name: str, message: str) -> str:
         told = said.group(1).replace('\\"', '"')
     else:
         after = _AFTER_TRIES.search(text)
-        told = text[after.end():] if after is not None else text
+        told = _ADDED.sub("", text[after.end():]) if after is not None else text
     told = told if len(told) <= FAILURE_CHARS else told[:FAILURE_CHARS - 3].rstrip() + "..."
     return f"{name}" + (f" (HTTP {status.group(1)})" if status else "") + f": {told}"
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from llm_dispatch import storage
 from llm_dispatch.core import (
+    counted,
     DEFAULT_ENDPOINT,
     ConfigError,
     EstimateSums,
@@ -276,7 +277,7 @@ async def record_job(
         job = await _require_job(sessions, job_id=job_id, settings=settings)
         if job.status == "recording":
             job = await _finish_recording(sessions, job=job, given=_input_of(job, settings=settings), rules=rules)
-        logger.info("resuming job %s (%d prompts)", job_id, sum(job.counts.values()))
+        logger.info("resuming job %s (%s)", job_id, counted(sum(job.counts.values()), "prompt"))
         provider_of = provider_lookup(settings.model_providers)
         providers = frozenset(provider_of(model) for model in await storage.job_models(sessions, job_id=job_id))
         return _resumed(job, providers=providers)
@@ -323,13 +324,13 @@ async def record_job(
         if sums is not None:
             rows = counted_prompts(rows, sums=sums, dedupe=settings.dedupe, repeated=checked.repeated_keys)
         await storage.add_prompts(sessions, job_id=new_id, prompts=rows, then_status="created")
-        logger.info("recorded job %s: %d prompts", new_id, checked.count)
+        logger.info("recorded job %s: %s", new_id, counted(checked.count, "prompt"))
         return replace(recorded, sums=sums)
     assert head is not None
     await storage.add_prompts(sessions, job_id=new_id,
                               prompts=new_prompts(islice(given.specs(checked=checked), head), rules=rules, now=now,
                                                   table=given.table))
-    logger.info("recording job %s: %d prompts, the first %d stored", new_id, checked.count, head)
+    logger.info("recording job %s: %s, the first %d stored", new_id, counted(checked.count, "prompt"), head)
     return replace(recorded, input=given, head=head, recorded_at=now, repeated_keys=checked.repeated_keys,
                    checked=checked)
 

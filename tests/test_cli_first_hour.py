@@ -137,6 +137,9 @@ def test_a_model_the_user_declared_is_theirs_and_sent(tmp_path: Path) -> None:
     prices = tmp_path / "prices.json"
     prices.write_text(json.dumps({"models": {"meta-llama/Llama-3-8B": {"input": 0, "output": 0}}}))
     assert check_prompts(path, default_model="gpt-6-luna", table=PriceTable.load(path=prices), warn=False).warnings == ()
+    # A fine-tune of a catalog model is the user's by its name.
+    tuned = write_prompts(tmp_path / "ft.jsonl", [{"id": "a", "prompt": "x", "model": "ft:gpt-4.1-mini:acme::x1"}])
+    assert check_prompts(tuned, default_model="gpt-6-luna", table=table, warn=False).count == 1
     # Allowed: sent, with a warning that its cost is unknown.
     allowed = check_prompts(path, default_model="gpt-6-luna", table=table, warn=False, allow_unknown_model=True)
     assert len(allowed.warnings) == 1 and allowed.warnings[0].endswith(

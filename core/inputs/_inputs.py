@@ -150,6 +150,8 @@ def check_prompts(
     retiring: dict[str, int] = {}
     # Model -> [prompts, first line], for models the catalog does not name and the user did not declare.
     unknown: dict[str, list[int]] = {}
+    # Model -> whether the user declared it theirs (``_declared``), found once each.
+    declared: dict[str, bool] = {}
     # Reasoning prompts whose reply cap leaves too little room for their thinking: how many, the first line, and
     # the cap that leaves room for the largest.
     cramped, first_cramped, room = 0, 0, 0
@@ -185,9 +187,12 @@ def check_prompts(
             if kept is not None:
                 kept.append(spec)
         providers.add(provider)
-        if table is not None and table.model_name(spec.model) is None and not _declared(spec.model, model_providers):
-            seen = unknown.setdefault(spec.model, [0, line])
-            seen[0] += 1
+        if table is not None and table.model_name(spec.model) is None:
+            if spec.model not in declared:
+                declared[spec.model] = _declared(spec.model, model_providers, table=table)
+            if not declared[spec.model]:
+                seen = unknown.setdefault(spec.model, [0, line])
+                seen[0] += 1
         needs = thinking_room(spec.model, spec.params, provider=provider)
         if needs is not None:
             cramped += 1
@@ -247,8 +252,12 @@ def check_prompts(
                       specs=None if kept is None else tuple(kept))
 
 
-def _declared(model: str, model_providers: Mapping[str, str] | None) -> bool:
-    """Whether the user named ``model`` as theirs in ``model_providers`` (its exact name or a glob matching it)."""
+def _declared(model: str, model_providers: Mapping[str, str] | None, *, table: PriceTable) -> bool:
+    """Whether ``model`` is the user's own though the catalog does not name it: mapped in ``model_providers`` (its
+    exact name or a glob matching it), or a fine-tune of a catalog model (OpenAI's ``ft:BASE:ORG::ID``: no typo
+    makes one)."""
+    if model.startswith("ft:") and table.model_name(model.split(":")[1]) is not None:
+        return True
     return any(model == pattern or fnmatchcase(model, pattern) for pattern in model_providers or {})
 
 

@@ -32,11 +32,13 @@ OpenAI (chat completions):
   reasoning values" [doc: SDK].
 - ``reasoning_effort`` on a model that does not reason: "Unrecognized request argument supplied:
   reasoning_effort" [observed: gpt-4o-mini].
-- Room for thinking: reasoning tokens count against ``max_completion_tokens``; a request that reaches it while
-  still reasoning ends with no visible answer, and "OpenAI recommends reserving at least 25,000 tokens for reasoning
-  and outputs when you start experimenting with these models" [doc: platform.openai.com/docs/guides/reasoning,
-  "Allocating space for reasoning", read through a reader mirror]. ``thinking_room`` warns far lower, where an
-  ordinary answer cannot fit at all (see ``THINKING_ROOM``).
+- Room for thinking: reasoning tokens count against ``max_completion_tokens`` ("you can limit the total number of
+  tokens the model generates (including both reasoning and final output tokens)" [doc: OpenAI's reasoning guide,
+  platform.openai.com/docs/guides/reasoning, quoted on community.openai.com/t/1285430]); a request that reaches it
+  while still reasoning ends with no visible answer; the guide's "Allocating space for reasoning" recommends
+  reserving at least 25,000 tokens for reasoning and outputs when starting out [doc, the figure read through a
+  secondary paraphrase: vstorm-co.github.io/pydantic-ai-examples/examples/reasoning-effort]. ``thinking_room``
+  warns far lower, where an ordinary answer cannot fit at all (see ``THINKING_ROOM``).
 
 Anthropic (Messages API; see ``anthropic_refusal`` for the API versions):
 - ``anthropic-version: 2026-10-21``: "The temperature, top_p, and top_k request parameters are removed. A request

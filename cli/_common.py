@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperGroup
 
-from llm_dispatch.core import APIError, ConfigError, LLMDispatchError, Settings, run_option
+from llm_dispatch.core import RUN_OPTIONS, APIError, ConfigError, Door, LLMDispatchError, Settings, run_option
 
 
 def run_flag(name: str, **click: Any) -> Any:
@@ -103,17 +103,35 @@ def _fail(message: str, *, code: int = EXIT_INPUT) -> typer.Exit:
     return typer.Exit(code)
 
 
-def _settings(**overrides: Any) -> Settings:
-    """Settings from the environment with ``overrides`` on top (None: not given), for a command or ``run_prompts``;
-    a bad one (a database URL that cannot work included) is a ``ConfigError`` naming the setting and its
-    environment variable (a command says it in one line, exit 2)."""
+def given_as(setting: str, *, door: Door = "cli") -> str:
+    """How the user gave ``setting`` at ``door``: the ``run`` command's flag (``--route``), ``run_prompts``'s
+    keyword (``route``)."""
+    for option in RUN_OPTIONS:
+        if option.setting == setting and door in option.doors:
+            if door == "cli":
+                return option.flags[0].split("/")[0] if option.flags else "--" + option.taken(door).name.replace("_", "-")
+            return option.taken(door).name
+    return "--" + setting.replace("_", "-") if door == "cli" else setting
+
+
+def _settings(*, door: Door = "cli", **overrides: Any) -> Settings:
+    """Settings from the environment with ``overrides`` on top (None: not given), for a command (``door`` cli) or
+    ``run_prompts`` (python); a bad one (a database URL that cannot work included) is a ``ConfigError`` naming
+    where it came from: the flag or keyword when given, else the environment variable (a command says it in one
+    line, exit 2)."""
     from llm_dispatch.storage import check_database_url
 
+    given = {key: value for key, value in overrides.items() if value is not None}
     try:
-        settings = Settings(**{key: value for key, value in overrides.items() if value is not None})
+        settings = Settings(**given)
     except ValidationError as exc:
         first = exc.errors()[0]
         field = ".".join(str(p) for p in first["loc"])
+        setting = str(first["loc"][0]) if first["loc"] else field
+        if setting in given:
+            raise ConfigError(f"{given_as(setting, door=door)}: {first['msg']}, not {first['input']!r}") from None
         raise ConfigError(f"setting {field}: {first['msg']} (env LLM_DISPATCH_{field.upper()})") from None
-    check_database_url(settings.database_url)
+    url_given = "database_url" in given
+    check_database_url(settings.database_url,
+                       given_as=given_as("database_url", door=door) if url_given else "LLM_DISPATCH_DATABASE_URL")
     return settings

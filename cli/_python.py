@@ -79,6 +79,7 @@ async def arun_prompts(
     prompts: Prompts,
     schema: type[M] | None = None,
     model: str | None = None,
+    allow_unknown_model: bool = False,
     simulate: bool = False,
     database_url: str | None = None,
     endpoint: Endpoint | None = None,
@@ -114,7 +115,9 @@ async def arun_prompts(
     check_simulated_wait(simulate=simulate, wait=wait)
     source = _source(prompts)
     given["schema"] = None if schema is None else pydantic_schema(schema)
-    settings = _settings(**setting_overrides(given, door="python"))
+    # Not given (False) leaves the environment's setting (LLM_DISPATCH_ALLOW_UNKNOWN_MODEL) standing.
+    given["allow_unknown_model"] = allow_unknown_model or None
+    settings = _settings(door="python", **setting_overrides(given, door="python"))
     with simulated(settings, latency=sim_latency) if simulate else contextlib.nullcontext(settings) as sending:
         summary = await dispatch_summary(source=source, job_id=None, settings=sending, wait=wait,
                                          max_cost=max_cost, retry_failed=retry_failed, new_job=new_job,

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
-from llm_dispatch.core import to_json
+from llm_dispatch.core import counted, to_json
 
 from ._common import EXIT_PROVIDER, DatabaseUrl, _settings, err, out
 from ._prefect import _prefect_settings
@@ -49,9 +49,10 @@ def collect(
         ingested = summary.ingested
         waiting = f", {len(summary.waiting)} waiting to retry after errors" if summary.waiting else ""
         out.print(
-            f"{summary.open} open batches: polled {summary.polled}, ingested {len(ingested)} "
-            f"({sum(i.succeeded for i in ingested)} answers, {sum(i.failed for i in ingested)} failed), "
-            f"resubmitted {summary.resubmitted} prompts, sent {summary.realtime} real-time{waiting}",
+            f"{counted(summary.open, 'open batch', many='open batches')}: polled {summary.polled}, ingested "
+            f"{len(ingested)} ({counted(sum(i.succeeded for i in ingested), 'answer')}, "
+            f"{sum(i.failed for i in ingested)} failed), resubmitted {counted(summary.resubmitted, 'prompt')}, sent "
+            f"{summary.realtime} real-time{waiting}",
             highlight=False,
         )
         _print_problems(summary.problems)
@@ -70,7 +71,8 @@ def cancel(
     summary = _flow_result(cancel_job_batches(job_id=job, database_url=url,
                                               wait_seconds=wait_seconds, return_state=True))
     kept = sum(i.succeeded for i in summary.ingested)
-    out.print(f"cancelled {len(summary.cancelled)} batches of job {job}; kept {kept} answers they gave; "
+    out.print(f"cancelled {counted(len(summary.cancelled), 'batch', many='batches')} of job {job}; kept "
+              f"{counted(kept, 'answer')} they gave; "
               f"{len(summary.cancelled) - len(summary.ingested)} still stopping (`llm-dispatch collect` finishes them)",
               highlight=False)
     _print_problems(summary.problems)
@@ -94,8 +96,8 @@ def abandon(
     job = outcome.job_id[:8]
     cancelled = (f"; {outcome.cancelled} failed as cancelled (the job's batches were cancelled: "
                  "`--retry-failed all` sends them)" if outcome.cancelled else "")
-    out.print(f"batch {batch} abandoned ({outcome.provider_said}); {outcome.released} prompts of job {job} "
-              f"are pending again: `llm-dispatch run --resume {job}` sends them{cancelled}", highlight=False)
+    out.print(f"batch {batch} abandoned ({outcome.provider_said}); {counted(outcome.released, 'prompt')} of job {job} "
+              f"{'is' if outcome.released == 1 else 'are'} pending again: `llm-dispatch run --resume {job}` sends them{cancelled}", highlight=False)
 
 
 def _stored_url(database_url: str | None) -> Any:

@@ -21,6 +21,7 @@ from llm_dispatch.core import (
     LLMDispatchError,
     RetryFailed,
     Settings,
+    counted,
     money,
     setting_overrides,
     to_json,
@@ -77,6 +78,7 @@ def run(
     job_name: Annotated[Optional[str], run_flag("job_name")] = None,
     simulate: Annotated[bool, run_flag("simulate")] = False,
     model: Annotated[Optional[str], run_flag("model")] = None,
+    allow_unknown_model: Annotated[bool, run_flag("allow_unknown_model")] = False,
     endpoint: Annotated[Optional[str], run_flag("endpoint")] = None,
     concurrency: Annotated[Optional[int], run_flag("concurrency")] = None,
     chunk_size: Annotated[Optional[int], run_flag("chunk_size")] = None,
@@ -107,7 +109,8 @@ def run(
     check_simulated_wait(simulate=simulate, wait=wait)
     if retry_failed not in RETRY_FAILED:
         raise _fail(f"--retry-failed must be retryable, all or none, not {retry_failed!r}")
-    settings = _settings(**setting_overrides(locals(), door="cli"))
+    # A flag not given leaves the environment's setting (LLM_DISPATCH_ALLOW_UNKNOWN_MODEL) standing.
+    settings = _settings(**{**setting_overrides(locals(), door="cli"), "allow_unknown_model": allow_unknown_model or None})
     if prices_file is not None:
         from llm_dispatch.core import PriceTable
 
@@ -118,7 +121,7 @@ def run(
 
         # The whole file, before anything is sent or written; streaming, no prompt held.
         checked = prompt_input(file, settings=settings).check(warn=False, remember=True)
-        err.print(f"{file}: {checked.count} prompts valid", highlight=False)
+        err.print(f"{file}: {counted(checked.count, 'prompt')} valid", highlight=False)
         for warning in checked.warnings:
             err.print(f"[yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
         providers = checked.providers
@@ -162,13 +165,13 @@ def run(
     if as_json:
         out.print_json(json.dumps(to_json(summary), default=str))
     else:
-        _print_summary(summary)
+        _print_summary(summary, database_url=settings.database_url)
     stopped = summary.stopped
     if stopped:
         # One line: what stopped the run, what to fix (the stored hint), and that the same command continues.
         again = "the same command" if file is not None else f"llm-dispatch run --resume {resume}"
         causes = " ".join(found["message"] for found in stopped)
-        err.print(f"[bold red]error:[/] {causes} {summary.left} prompts are left pending: fix that, "
+        err.print(f"[bold red]error:[/] {causes} {counted(summary.left, 'prompt')} {'is' if summary.left == 1 else 'are'} left pending: fix that, "
                   f"then run {again} to send them.", highlight=False, soft_wrap=True)
     held = summary.budget
     if held is not None and held.stopped:
@@ -179,12 +182,12 @@ def run(
             next_period = "" if held.per == "total" else f", or wait for the next {held.per}"
             again = (f"raise it (`llm-dispatch budget set {held.name} --limit HIGHER --per {held.per}`{next_period}), "
                      f"then run `llm-dispatch run --resume {job} --budget-name {held.name}`")
-        raise _fail(f"{budget_line(held)}; {held.over_budget} prompts are left pending: {again} to send them",
+        raise _fail(f"{budget_line(held)}; {counted(held.over_budget, 'prompt')} {'is' if held.over_budget == 1 else 'are'} left pending: {again} to send them",
                     code=EXIT_BUDGET)
     counts = summary.report.counts
     failed = counts.get("failed", 0)
     if failed and failed <= fail_above * sum(counts.values()):
-        err.print(f"{failed} of {sum(counts.values())} prompts failed, within --fail-above {fail_above:g}: the run is "
+        err.print(f"{failed} of {counted(sum(counts.values()), 'prompt')} failed, within --fail-above {fail_above:g}: the run is "
                   "Completed", highlight=False)
         failed = 0
     # A run stopped by its provider's answers (a refused key, no credit): the provider's failure, as when a call
@@ -321,15 +324,26 @@ def _say_which_job(summary: DispatchSummary) -> None:
     sent = summary.sent_prompts
     if summary.started_over_from:
         err.print(f"job {summary.started_over_from[:8]} already answered this input and --no-dedupe was given: "
-                  f"new {job} sent its {summary.prompts} prompts again", highlight=False, soft_wrap=True)
+                  f"new {job} sent its {counted(summary.prompts, 'prompt')} again", highlight=False, soft_wrap=True)
     elif summary.resumed:
         before = summary.answered_before
-        did = "nothing sent" if not sent and not summary.report.unfinished else f"{sent} prompts sent now"
-        err.print(f"resumed {job}: {before} of its {summary.prompts} prompts were answered before this run, "
+        did = "nothing sent" if not sent and not summary.report.unfinished else f"{counted(sent, 'prompt')} sent now"
+        err.print(f"resumed {job}: {before} of its {counted(summary.prompts, 'prompt')} {'was' if before == 1 else 'were'} answered before this run, "
                   f"{did}; --new-job starts a new job from the same file", highlight=False, soft_wrap=True)
 
 
-def _print_summary(summary: DispatchSummary) -> None:
+def where_results_are(database_url: str) -> str:
+    """The database a run's results are in, as a user finds it: a SQLite file's path, any other URL without its
+    password."""
+    from sqlalchemy.engine import make_url
+
+    url = make_url(database_url)
+    if url.get_backend_name() == "sqlite" and url.database:
+        return url.database if Path(url.database).is_absolute() else f"./{url.database}"
+    return url.render_as_string(hide_password=True)
+
+
+def _print_summary(summary: DispatchSummary, *, database_url: str) -> None:
     from llm_dispatch.jobs import RealtimeSummary
 
     from .reports import job_table
@@ -346,8 +360,13 @@ def _print_summary(summary: DispatchSummary) -> None:
     out.print("  ".join(notes), highlight=False)
     waiting = summary.report.counts.get("batched", 0)
     if waiting:
-        out.print(f"{waiting} prompts wait in provider batches: `llm-dispatch collect` (or the collect-batches "
-                  "deployment) ingests them when they finish", highlight=False)
+        out.print(f"{counted(waiting, 'prompt')} wait in provider batches: `llm-dispatch collect` (or the "
+                  "collect-batches deployment) ingests them when they finish", highlight=False)
+    job = summary.report.job_id[:8]
+    out.print(f"results in {where_results_are(database_url)}; next: `llm-dispatch status {job}`, "
+              f"`llm-dispatch export {job} --format csv -o {job}.csv`, `llm-dispatch cost {job}`"
+              + (", `llm-dispatch collect` once its batches are done" if waiting else ""),
+              highlight=False, soft_wrap=True)
 
 
 def simulate(

@@ -4,9 +4,11 @@ no Prefect: costs are the ones stored with each answer; only ``reprice`` prices 
 from __future__ import annotations
 
 import asyncio
+import re
 import sys
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +31,8 @@ from llm_dispatch.core import (
     Route,
     RouteTotals,
     Settings,
+    counted,
+    dollars,
     provider_lookup,
     ROUTES,
     UNFINISHED_PROMPT_STATUSES,
@@ -140,8 +144,9 @@ def print_status(console: Console, data: dict[str, Any]) -> None:
         table.add_column(name, justify="right")
     for route, counts in sorted(data["routes"].items()):
         table.add_row(route, *(str(counts.get(name, 0)) for name in statuses))
-    unknown = "" if data["cost_complete"] else f" + unknown (no price for {', '.join(sorted(data['unpriced_models']))})"
-    table.caption = f"cost so far ${data['cost']:.6f}{unknown}; `llm-dispatch cost {data['job_id'][:8]}` for details"
+    unknown = "" if data["cost_complete"] else f" (no price for {', '.join(sorted(data['unpriced_models']))})"
+    so_far = dollars(Decimal(str(data["cost"])), unpriced=not data["cost_complete"])
+    table.caption = f"cost so far {so_far}{unknown}; `llm-dispatch cost {data['job_id'][:8]}` for details"
     if data.get("structured"):
         table.caption += "\n" + structured_line(data["structured"])
     for budget in data["budgets"]:
@@ -191,10 +196,11 @@ def print_cost(console: Console, data: dict[str, Any]) -> None:
         if len(by_key) > 1:
             rows += [(f"{key} {route}", r) for key, by_route in by_key.items() for route, r in by_route.items()]
     for label, r in rows:
-        unknown = f" + {r['unpriced']} unpriced" if r["unpriced"] else ""
+        cost = (f"${r['cost']:.6f} + {r['unpriced']} unpriced" if r["cost"] else "unknown") if r["unpriced"] else \
+            f"${r['cost']:.6f}"
         table.add_row(label, str(r["requests"]), str(r["prompt_tokens"]), str(r["cached_tokens"]),
-                      str(r["completion_tokens"]), f"${r['cost']:.6f}{unknown}")
-    table.add_row("total", "", "", "", "", f"${data['total']:.6f}" + ("" if data["complete"] else " + unknown"))
+                      str(r["completion_tokens"]), cost)
+    table.add_row("total", "", "", "", "", dollars(Decimal(str(data["total"])), unpriced=not data["complete"]))
     table.add_row("saved by discounted lanes", "", "", "", "", f"${data['savings']:.6f}")
     console.print(table)
     for budget in data["budgets"]:
@@ -220,7 +226,7 @@ def _print_bases(console: Console, data: dict[str, Any]) -> None:
             how = f"priced when answered with {source} as of {basis['prices_as_of']}"
         else:
             how = "stored without a price table: cost unknown"
-        console.print(f"  {basis['requests']} requests {how}", highlight=False)
+        console.print(f"  {counted(basis['requests'], 'request')} {how}", highlight=False)
 
 
 async def reprice(
@@ -303,7 +309,7 @@ def _split_rows(table: Table, *, actual: Mapping[str, Mapping[str, RouteTotals]]
             paid = paid or RouteTotals()  # answered nothing yet: estimated only
             table.add_row(
                 f"{key} {route}", f"{paid.prompts} req", "", "", "", "", f"{paid.prompt_tokens}/{paid.completion_tokens}",
-                f"${money(paid.cost):.6f}", f"${money(guess.cost):.6f}" if guess is not None else "-",
+                _cost(paid), _cost(guess) if guess is not None else "-",
             )
 
 
@@ -311,15 +317,49 @@ def structured_line(structured: dict[str, Any]) -> str:
     """One line on a job's answers checked against their schemas (the ``structured`` object of the JSON)."""
     cost = structured.get("reask_cost")
     return (f"structured answers: {structured['valid_first']} valid at first, {structured['valid_after_reasks']} "
-            f"valid after re-asks, {structured['still_invalid']} still invalid; {structured['reasks']} re-asks cost "
+            f"valid after re-asks, {structured['still_invalid']} still invalid; "
+            f"{counted(structured['reasks'], 're-ask')} cost "
             + ("unknown" if cost is None else f"${cost:.6f}"))
 
 
+def _cost(totals: RouteTotals) -> str:
+    """A route's cost or estimate: "unknown" where none of its prompts' models has a price, never $0."""
+    return dollars(totals.cost, unpriced=totals.unpriced)
+
+
+# A failure's line under the run's table: its kind, its status, and what the provider said, this long at most.
+FAILURE_CHARS = 70
+_STATUS = re.compile(r"\bHTTP (\d{3})\b")
+_SAID = re.compile(r'"message"\s*:\s*"((?:[^"\\]|\\.)*)"')
+_AFTER_TRIES = re.compile(r"\bafter \d+ attempts?: ")
+# What llm-dispatch adds after the provider's words (the request id, what to do): in the export, not this line.
+_ADDED = re.compile(r"\.? Request id \S+.*$")
+
+
+def failure_line(name: str, message: str) -> str:
+    """One line for a kind of failure (its newest stored message): the error class, the HTTP status, and the
+    provider's own message (the ``message`` of a JSON error body, else the stored text), cut to ``FAILURE_CHARS``."""
+    text = " ".join(message.split())
+    status = _STATUS.search(text)
+    said = _SAID.search(text)
+    if said is not None:
+        told = said.group(1).replace('\\"', '"')
+    else:
+        after = _AFTER_TRIES.search(text)
+        told = _ADDED.sub("", text[after.end():]) if after is not None else text
+    told = told if len(told) <= FAILURE_CHARS else told[:FAILURE_CHARS - 3].rstrip() + "..."
+    return f"{name}" + (f" (HTTP {status.group(1)})" if status else "") + f": {told}"
+
+
 def job_table(summary: DispatchSummary, *, title: str) -> Table:
-    """The table a run ends with: per route, prompts by outcome, tokens, cost and the estimate."""
-    table = Table(title=title)
-    for column in ("route", "prompts", "succeeded", "refused", "failed", "unfinished", "tokens in/out", "cost",
-                   "estimate"):
+    """The table a run ends with: per route, prompts by outcome, tokens, cost and the estimate. A resumed job's
+    cost is the whole job's, its estimate this run's (the prompts it had left): the headers say so."""
+    # Left-aligned: its lines (failures, notes) are read, not admired.
+    table = Table(title=title, caption_justify="left")
+    cost_header, estimate_header = ("cost (whole job)", "estimate (this run)") if summary.resumed else (
+        "cost", "estimate")
+    for column in ("route", "prompts", "succeeded", "refused", "failed", "unfinished", "tokens in/out", cost_header,
+                   estimate_header):
         table.add_column(column, justify="left" if column == "route" else "right")
     report = summary.report
     cost, estimate, stats = report.cost, report.estimate, report.stats
@@ -333,7 +373,7 @@ def job_table(summary: DispatchSummary, *, title: str) -> Table:
             route, str(sum(statuses.values())), str(statuses.get("succeeded", 0)), str(statuses.get("refused", 0)),
             str(statuses.get("failed", 0)), str(unfinished(statuses)),
             f"{actual.prompt_tokens}/{actual.completion_tokens}",
-            f"${money(actual.cost):.6f}", f"${money(guess.cost):.6f}" if guess is not None else "-",
+            _cost(actual), _cost(guess) if guess is not None else "-",
         )
     # A job that spans providers or endpoints: a row per provider and route, and per endpoint and lane.
     _split_rows(table, actual=cost.providers, estimated=estimate.providers if estimate is not None else {})
@@ -342,8 +382,8 @@ def job_table(summary: DispatchSummary, *, title: str) -> Table:
     table.add_row("total", str(sum(report.counts.values())), str(report.counts.get("succeeded", 0)),
                   str(report.counts.get("refused", 0)), str(report.counts.get("failed", 0)),
                   str(report.unfinished), "",
-                  f"${money(cost.total):.6f}" + ("" if cost.complete else " + unknown"),
-                  f"${money(estimate.total):.6f}" if estimate is not None else "-")
+                  dollars(cost.total, unpriced=not cost.complete),
+                  dollars(estimate.total, unpriced=not estimate.complete) if estimate is not None else "-")
     table.caption = (
         f"saved by the Batch API and discounted lanes: ${money(cost.savings):.6f}   prices as of {cost.prices_as_of}"
         + (f" ({cost.backfilled} back-filled at migration)" if cost.backfilled else "")
@@ -353,7 +393,7 @@ def job_table(summary: DispatchSummary, *, title: str) -> Table:
         table.add_row(f"  failed: {name}", "", "", "", str(count), "", "", "", "")
     # What each kind of failure was, as stored with it: the provider's words and what to change.
     for name, message in sorted(stats.failure_messages.items()):
-        table.caption += f"\n{name}: {message}"
+        table.caption += "\n" + failure_line(name, message)
     kinds = [f"{getattr(stats, key)} {label}" for key, label in (
         ("refused", "refused (sent again only with --retry-refused)"),
         ("truncated", "truncated (cut at max_tokens or the context window: raise max_tokens to get all of them)"),
@@ -363,7 +403,7 @@ def job_table(summary: DispatchSummary, *, title: str) -> Table:
     if report.structured is not None:
         table.caption += "\n" + structured_line(to_json(report.structured))
     if stats.billed_unanswered:
-        table.caption += (f"\n{stats.billed_unanswered} attempts may have been billed with no answer kept (a "
+        table.caption += (f"\n{counted(stats.billed_unanswered, 'attempt')} may have been billed with no answer kept (a "
                           "generation timed out or cut off, a 2xx that was no answer): see maybe_billed in the export")
     if stats.reasoning_tokens:
         table.caption += f"\nreasoning tokens (in the output tokens): {stats.reasoning_tokens}"

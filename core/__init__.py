@@ -32,10 +32,18 @@ if TYPE_CHECKING:
     from .sending._dispatch import ChatSender, DispatchOutcome, Progress, ResultSink, WorkItem, current_progress, reask, send_all
     from ._hashes import key_hash
     from .inputs._inputs import InputCheck, PromptSource, RepeatedKeys, check_prompts, fingerprint, iter_prompts
-    from ._json import json_field, money, stored_json, to_json
+    from ._json import dollars, json_field, money, stored_json, to_json
+    from ._params import counted
     from .wire._message_shapes import anthropic_messages_refusal, openai_messages_refusal
     from .batches._message_batches import MessageBatchApi
-    from .wire._model_rules import Refusal, anthropic_refusal, batch_metadata_problem, openai_refusal
+    from .wire._model_rules import (
+        THINKING_PER_ANSWER_TOKEN,
+        THINKING_ROOM,
+        Refusal,
+        anthropic_refusal,
+        batch_metadata_problem,
+        openai_refusal,
+    )
     from .batches._openai_batches import BATCH_ID_KEY, JOB_ID_KEY, OpenAIBatchApi
     from .pricing._lanes import DEFAULT_OFFERS, Lane, LaneOffer
     from .wire._packing import (
@@ -208,6 +216,10 @@ __all__ = [
     "RunStop",
     "Stopped",
     "money",
+    "counted",
+    "dollars",
+    "THINKING_PER_ANSWER_TOKEN",
+    "THINKING_ROOM",
     "send_all",
     "Settings",
     "stored_json",

@@ -15,7 +15,7 @@ from decimal import Decimal
 from enum import Enum
 from typing import Any
 
-__all__ = ["JsonAs", "canonical_json", "compact_json", "json_field", "make_json_encoder", "money", "stored_json",
+__all__ = ["JsonAs", "canonical_json", "compact_json", "dollars", "json_field", "make_json_encoder", "money", "stored_json",
            "to_json"]
 
 
@@ -49,6 +49,14 @@ stored_json = make_json_encoder(separators=(", ", ": "))
 def money(value: Decimal) -> float:
     """Dollars for JSON and tables, to a millionth (a small job's whole cost is a fraction of a cent)."""
     return float(value.quantize(Decimal("0.000001")))
+
+
+def dollars(value: Decimal, *, unpriced: int | bool = False) -> str:
+    """A cost as a report shows it: "$0.001234"; when some of what it counts has no price (``unpriced``), "unknown"
+    if nothing of it is priced, else "$0.001234 + unknown": an unknown price is never shown as $0."""
+    if not unpriced:
+        return f"${money(value):.6f}"
+    return "unknown" if not value else f"${money(value):.6f} + unknown"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

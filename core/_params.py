@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["MAX_METADATA_KEY", "MAX_METADATA_PAIRS", "MAX_METADATA_VALUE", "OPENAI_PARAMS", "misspelling", "param_problem", "shown", "shown_json", "suggestion"]
+__all__ = ["MAX_METADATA_KEY", "MAX_METADATA_PAIRS", "MAX_METADATA_VALUE", "OPENAI_PARAMS", "misspelling", "counted", "param_problem", "shown", "shown_json", "suggestion"]
 
 # Every chat-completions request parameter (openai-python 3.3.1, ``types/chat/completion_create_params.py``).
 OPENAI_PARAMS = frozenset({
@@ -178,6 +178,12 @@ def shown_json(value: Any, *, limit: int = 40) -> str:
     except (ValueError, RecursionError):
         text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def counted(count: int, thing: str, *, many: str | None = None) -> str:
+    """``count`` things, the noun agreeing with it: ``counted(1, "chunk")`` is "1 chunk", ``counted(2_000, "batch",
+    many="batches")`` "2,000 batches" (``many``: the plural where it is not ``thing`` + s)."""
+    return f"{count:,} {thing if count == 1 else many or thing + 's'}"
 
 
 def shown(value: Any, *, limit: int = 40) -> str:

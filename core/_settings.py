@@ -60,6 +60,9 @@ class Settings(BaseSettings):
     # May carry a password (Postgres): kept out of reprs; recorded only through public_dict().
     database_url: str = Field(default=DEFAULT_DATABASE_URL, repr=False)
     model: str = "gpt-6-luna"
+    # A model the price catalog does not name (nor the user's price file, nor model_providers) is refused before
+    # anything is sent, as a likely typo; True sends it with a warning, its cost unknown.
+    allow_unknown_model: bool = Field(default=False, description="send models the price catalog does not name")
     # The endpoint of prompts that name none (``chat``, ``responses``, ``embeddings``).
     endpoint: Endpoint = Field(default=DEFAULT_ENDPOINT, description="endpoint for prompts that name none")
 

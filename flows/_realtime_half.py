@@ -12,7 +12,7 @@ from prefect import get_run_logger
 
 from llm_dispatch import storage
 from llm_dispatch.jobs import ChunkFeed, ChunkSender, JobRun, RealtimeSummary, RecordedJob, Selection, budget_standing
-from llm_dispatch.core import RunStop, current_progress, unfinished
+from llm_dispatch.core import RunStop, counted, current_progress, unfinished
 from llm_dispatch.tasks import chunk_sender
 
 from ._artifacts import ProgressBoard, job_label
@@ -83,9 +83,9 @@ async def send_realtime(
     outcome = sender.outcome
     first_at = sent_at if first_at is None else first_at
     sent = outcome.succeeded + outcome.refused + outcome.failed
-    logger.info("Job %s: %d prompts sent, %d succeeded, %d refused, %d failed; %d answered from storage; %d left "
-                "unfinished.", job.job_id, sent, outcome.succeeded, outcome.refused, outcome.failed, feed.reused,
-                unfinished(counts))
+    logger.info("Job %s: %s sent, %d succeeded, %d refused, %d failed; %d answered from storage; %d left "
+                "unfinished.", job.job_id, counted(sent, "prompt"), outcome.succeeded, outcome.refused, outcome.failed,
+                feed.reused, unfinished(counts))
     stopped = [{"scope": found.scope, "error_class": type(found.error).__name__, "answers": found.answers,
                 "message": found.describe()} for found in stop.stopped.values()]
     # This run's prompts that were neither answered nor failed: left pending by the stop.
@@ -93,15 +93,15 @@ async def send_realtime(
     for found in stopped:
         logger.warning("Job %s: %s", job.job_id, found["message"])
     if stopped:
-        logger.warning("Job %s: %d prompts left pending; fix that, then run the same input again to send them.",
-                       job.job_id, left)
+        logger.warning("Job %s: %s left pending; fix that, then run the same input again to send them.",
+                       job.job_id, counted(left, "prompt"))
     standing = None
     if budget is not None:
         unfunded = max(outcome.over_budget, feed.expected_prompts - sent - left) if lease and lease.exhausted else 0
         standing = await budget_standing(run.sessions, budget=budget, over_budget=unfunded)
         if standing is not None and standing.stopped:
-            logger.warning("Job %s: %s; %d prompts left pending: run it again with a higher budget to send them.",
-                           job.job_id, standing.describe(), unfunded)
+            logger.warning("Job %s: %s; %s left pending: run it again with a higher budget to send them.",
+                           job.job_id, standing.describe(), counted(unfunded, "prompt"))
     return RealtimeSummary(
         job_id=job.job_id, resumed=job.resumed, prompts=job.total, sent_prompts=sent,
         reused=feed.reused, counts=counts, failed_by_class=dict(outcome.failed_by_class), stats=stats,
@@ -113,8 +113,9 @@ async def send_realtime(
 
 def _log_plan(logger: Any, *, job: RecordedJob, feed: ChunkFeed) -> None:
     later = f"; the other {feed.unplanned} are planned as they are stored" if feed.unplanned else ""
-    logger.info("Job %s: sending %d prompts as %d requests in %d chunks, %d answered from storage%s.",
-                job.job_id, feed.prompts, feed.requests, feed.chunks, feed.reused, later)
+    logger.info("Job %s: sending %s as %s in %s, %d answered from storage%s.", job.job_id,
+                counted(feed.prompts, "prompt"), counted(feed.requests, "request"), counted(feed.chunks, "chunk"),
+                feed.reused, later)
 
 
 async def _no_stats() -> storage.ResultStats:

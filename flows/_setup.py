@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import SecretStr
 
-from llm_dispatch.core import ConfigError, Settings
+from llm_dispatch.core import ConfigError, Settings, counted
 
 Logger = logging.Logger | logging.LoggerAdapter  # type: ignore[type-arg]
 
@@ -121,7 +121,7 @@ def input_run_name() -> str:
     if isinstance(source, str):
         return Path(source).name
     if isinstance(source, list):
-        return f"{len(source)} prompts"
+        return counted(len(source), "prompt")
     return f"resume job {short_id(str(job_id))}" if job_id else "no input"
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from prefect.client.schemas.objects import State as StateObject
 
-from llm_dispatch.core import to_json
+from llm_dispatch.core import counted, to_json
 from llm_dispatch.jobs import BudgetStanding
 from llm_dispatch.tasks import run_state
 
@@ -32,7 +32,7 @@ def final_state(result: object, *, budget: BudgetStanding | None, fail_above: fl
     counts = shown.get("counts") or {}
     failed, total = counts.get("failed", 0), sum(counts.values())
     share = failed / total if total else 0.0
-    said = f"{failed} of {total} prompts failed ({share:.1%}"
+    said = f"{failed:,} of {counted(total, 'prompt')} failed ({share:.1%}"
     classes = ", ".join(f"{name} {n}" for name, n in sorted((shown.get("failed_by_class") or {}).items()))
     stopped = budget is not None and budget.stopped
     if failed and share > fail_above:

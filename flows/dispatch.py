@@ -36,6 +36,8 @@ from llm_dispatch.jobs import (
     run_budget,
 )
 from llm_dispatch.core import (
+    counted,
+    dollars,
     BudgetExceededError,
     Endpoint,
     ConfigError,
@@ -61,6 +63,7 @@ async def dispatch(
     prompts: str | list[dict[str, Any]] | None = None,
     job_id: str | None = None,
     model: str | None = None,
+    allow_unknown_model: bool | None = None,
     endpoint: Endpoint | None = None,
     route_policy: RoutePolicy | None = None,
     urgent_below_chars: int | None = None,
@@ -238,8 +241,8 @@ async def run_dispatch(
                               started_over_from=job.started_over_from, budget=standing)
     await publish_report(summary, logger=logger)
     counts = report.counts
-    logger.info("Job %s: %d succeeded, %d failed, %d unfinished; cost $%.6f.", job.job_id, counts.get("succeeded", 0),
-                counts.get("failed", 0), report.unfinished, money(report.cost.total))
+    logger.info("Job %s: %d succeeded, %d failed, %d unfinished; cost %s.", job.job_id, counts.get("succeeded", 0),
+                counts.get("failed", 0), report.unfinished, dollars(report.cost.total, unpriced=not report.cost.complete))
     return summary
 
 
@@ -289,15 +292,20 @@ def _check_budget(estimate: JobCost, *, max_cost: float | None) -> None:
 
 def describe_estimate(estimate: JobCost) -> str:
     parts = [
-        f"{route} {cost.prompts} requests ~${money(cost.cost):.6f}"
+        f"{route} {counted(cost.prompts, 'request')} "
+        + ("~" + dollars(cost.cost, unpriced=cost.unpriced) if cost.cost or not cost.unpriced else "cost unknown")
         for route, cost in estimate.routes.items() if cost.prompts
     ]
     text = ", ".join(parts) or "nothing to send"
+    # What has no price is unknown, never counted as $0.
+    unknown = not estimate.complete
+    total = dollars(estimate.total, unpriced=unknown)
+    total = total if total == "unknown" else "~" + total
     if estimate.max_total is not None:
-        text += f"; total ~${money(estimate.total):.6f} (at most ${money(estimate.max_total):.6f})"
+        text += f"; total {total} (at most {dollars(estimate.max_total, unpriced=unknown)})"
     else:
         models = ", ".join(sorted(estimate.unbounded_models))
-        text += (f"; total ~${money(estimate.total):.6f} (at most: unbounded, no max_tokens and no maximum "
+        text += (f"; total {total} (at most: unbounded, no max_tokens and no maximum "
                  f"output known for {models})")
     if not estimate.complete:
         text += f"; NO PRICE for {', '.join(sorted(estimate.totals.unpriced_models))}: their cost is unknown"

@@ -25,6 +25,7 @@ async def realtime_dispatch(
     prompts: str | list[dict[str, Any]] | None = None,
     job_id: str | None = None,
     model: str | None = None,
+    allow_unknown_model: bool | None = None,
     endpoint: Endpoint | None = None,
     concurrency: int | None = None,
     chunk_size: int | None = None,

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 
 from llm_dispatch import storage
-from llm_dispatch.core import ResultSink, RetryFailed, Route
+from llm_dispatch.core import ResultSink, RetryFailed, Route, counted
 
 from ._reuse import reuse_stored_answers
 
@@ -125,7 +125,8 @@ async def plan_realtime(
     answered = await reuse_stored_answers(sessions=sessions, sink=sink, groups=by_key)
     reused = sum(len(by_key.pop(key)) for key in answered)
     if reused:
-        logger.info("%d prompts answered from stored identical requests (no new cost); --no-dedupe turns this off", reused)
+        logger.info("%s answered from stored identical requests (no new cost); --no-dedupe turns this off",
+                    counted(reused, "prompt"))
     groups = [tuple(ids) for ids in by_key.values()]
     return RealtimePlan(chunks=chunk_groups(groups, chunk_size=chunk_size), unfinished_prompts=len(found) - held,
                         reused=reused, held=held, held_keys=frozenset(held_keys), last=last,

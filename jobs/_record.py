@@ -15,6 +15,7 @@ from typing import Any
 
 from llm_dispatch import storage
 from llm_dispatch.core import (
+    counted,
     DEFAULT_ENDPOINT,
     ConfigError,
     EstimateSums,
@@ -69,6 +70,8 @@ class PromptInput:
     anthropic_version: str = DEFAULT_ANTHROPIC_VERSION
     # Every prompt's parameters unless it sets its own: the job's schema as ``response_format`` (``--schema``).
     default_params: Mapping[str, Any] | None = None
+    # Send models the catalog does not name (``Settings.allow_unknown_model``) instead of refusing them.
+    allow_unknown_model: bool = False
 
     def specs(self, *, start: int = 0, checked: InputCheck | None = None) -> Iterator[PromptSpec]:
         """Its prompts in input order, from input position ``start``: those ``checked`` (its check) kept, else read
@@ -94,7 +97,8 @@ class PromptInput:
                                 default_endpoint=self.default_endpoint, default_params=self.default_params,
                                 table=self.table,
                                 model_providers=self.model_providers, default_max_tokens=self.default_max_tokens,
-                                anthropic_version=self.anthropic_version, warn=warn, keep=KEEP_CHECKED)
+                                anthropic_version=self.anthropic_version, warn=warn, keep=KEEP_CHECKED,
+                                allow_unknown_model=self.allow_unknown_model)
         if remember and key is not None:
             checked_inputs.set({**checked_inputs.get(), key: checked})
         return checked
@@ -219,7 +223,8 @@ def prompt_input(source: str | Path | Sequence[Mapping[str, Any]], *, settings: 
     return PromptInput(source=source, default_model=settings.model, default_endpoint=settings.endpoint,
                        table=load_prices(settings),
                        model_providers=settings.model_providers, default_max_tokens=settings.default_max_tokens,
-                       anthropic_version=settings.anthropic_version, default_params=job_params(settings))
+                       anthropic_version=settings.anthropic_version, default_params=job_params(settings),
+                       allow_unknown_model=settings.allow_unknown_model)
 
 
 def job_params(settings: Settings) -> dict[str, Any] | None:
@@ -274,7 +279,7 @@ async def record_job(
         job = await _require_job(sessions, job_id=job_id, settings=settings)
         if job.status == "recording":
             job = await _finish_recording(sessions, job=job, given=_input_of(job, settings=settings), rules=rules)
-        logger.info("resuming job %s (%d prompts)", job_id, sum(job.counts.values()))
+        logger.info("resuming job %s (%s)", job_id, counted(sum(job.counts.values()), "prompt"))
         provider_of = provider_lookup(settings.model_providers)
         providers = frozenset(provider_of(model) for model in await storage.job_models(sessions, job_id=job_id))
         return _resumed(job, providers=providers)
@@ -321,13 +326,13 @@ async def record_job(
         if sums is not None:
             rows = counted_prompts(rows, sums=sums, dedupe=settings.dedupe, repeated=checked.repeated_keys)
         await storage.add_prompts(sessions, job_id=new_id, prompts=rows, then_status="created")
-        logger.info("recorded job %s: %d prompts", new_id, checked.count)
+        logger.info("recorded job %s: %s", new_id, counted(checked.count, "prompt"))
         return replace(recorded, sums=sums)
     assert head is not None
     await storage.add_prompts(sessions, job_id=new_id,
                               prompts=new_prompts(islice(given.specs(checked=checked), head), rules=rules, now=now,
                                                   table=given.table))
-    logger.info("recording job %s: %d prompts, the first %d stored", new_id, checked.count, head)
+    logger.info("recording job %s: %s, the first %d stored", new_id, counted(checked.count, "prompt"), head)
     return replace(recorded, input=given, head=head, recorded_at=now, repeated_keys=checked.repeated_keys,
                    checked=checked)
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from llm_dispatch import storage
-from llm_dispatch.core import json_field, unfinished
+from llm_dispatch.core import counted, dollars, json_field, unfinished
 
 from ._budget import BudgetStanding
 from ._batch_trouble import BatchProblem
@@ -154,6 +154,23 @@ class DispatchSummary:
     started_over_from: str | None = None
     # The budget the run held, as the run left it (None: no budget).
     budget: BudgetStanding | None = None
+
+    def __repr__(self) -> str:
+        """A short summary (``rows.summary`` in a notebook): the job, its prompts by outcome, cost and estimate;
+        ``core.to_json`` of it gives everything."""
+        report = self.report
+        counts = report.counts
+        outcomes = ", ".join(f"{counts.get(status, 0):,} {status}" for status in ("succeeded", "refused", "failed"))
+        estimate = report.estimate
+        estimated = "" if estimate is None else (
+            f", estimate {dollars(estimate.total, unpriced=not estimate.complete)}"
+            + (" (this run)" if self.resumed else ""))
+        return (f"<DispatchSummary job {report.job_id[:8]} ({self.job_name}){' resumed' if self.resumed else ''}: "
+                f"{counted(sum(counts.values()), 'prompt')}, {outcomes}, {report.unfinished:,} unfinished; "
+                f"cost {dollars(report.cost.total, unpriced=not report.cost.complete)}{estimated}; "
+                f"{self.wall_s:.1f} s>")
+
+    __str__ = __repr__
 
     @property
     def sent_prompts(self) -> int:

@@ -9,6 +9,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
+from llm_dispatch.core import THINKING_PER_ANSWER_TOKEN
+
 from ._config import STRUCTURED_FAULTS
 from ._http import completion_body, message_fields, unusable_body
 from ._state import SimState
@@ -40,7 +42,8 @@ canonical_json = json.JSONEncoder(sort_keys=True, ensure_ascii=False, separators
 # Models that reason before they answer (OpenAI's o-series and GPT-5/6 families): their completion tokens include
 # reasoning tokens, REASONING_PER_TOKEN for each token of visible answer, within the request's cap.
 REASONING_MODELS = ("o1", "o3", "o4", "gpt-5", "gpt-6")
-REASONING_PER_TOKEN = 3
+# The core's figure, so that the input check's warning (``core.THINKING_ROOM``) and the answers cut here agree.
+REASONING_PER_TOKEN = THINKING_PER_ANSWER_TOKEN
 # Models that report prompt-cache writes (cache_write_tokens, billed from the GPT-5.6 family on).
 CACHE_WRITE_MODELS = ("gpt-5.6", "gpt-6")
 REFUSAL_TEXT = "I'm sorry, but I can't help with that request."

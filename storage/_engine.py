@@ -69,12 +69,14 @@ def session_factory(engine: AsyncEngine) -> Sessions:
     return async_sessionmaker(engine, expire_on_commit=False)
 
 
-def check_database_url(url: str) -> None:
-    """Raise ``DatabaseError`` (saying what to give instead) for a URL no engine can be made for; connects to nothing."""
-    _async_url(url)
+def check_database_url(url: str, *, given_as: str = DATABASE_URL_ENV) -> None:
+    """Raise ``DatabaseError`` (saying what to give instead) for a URL no engine can be made for; connects to nothing.
+    ``given_as``: where the URL came from, as the messages name it (a flag, a keyword; the environment variable by
+    default)."""
+    _async_url(url, given_as=given_as)
 
 
-def _async_url(url: str) -> URL:
+def _async_url(url: str, *, given_as: str = DATABASE_URL_ENV) -> URL:
     try:
         parsed = make_url(url)
     except ArgumentError as exc:
@@ -82,22 +84,22 @@ def _async_url(url: str) -> URL:
             # A bare path: no password to hide, and the likely fix is plain.
             raise DatabaseError(
                 f"{url!r} is a path, not a database URL; for a SQLite file give sqlite+aiosqlite:///{url} "
-                f"(--database-url or {DATABASE_URL_ENV})"
+                f"({given_as})"
             ) from exc
         # The URL itself is not repeated: it may hold a password.
-        raise DatabaseError(f"Cannot parse the database URL; set {DATABASE_URL_ENV} to e.g. {_EXAMPLES}") from exc
+        raise DatabaseError(f"Cannot parse the database URL; set {given_as} to e.g. {_EXAMPLES}") from exc
     backend = "postgresql" if parsed.get_backend_name() == "postgres" else parsed.get_backend_name()
     driver = parsed.get_driver_name() if "+" in parsed.drivername else ""
     wanted = _ASYNC_DRIVERS.get(backend)
     if wanted is None:
         raise DatabaseError(
-            f"Unsupported database {backend!r} in {DATABASE_URL_ENV}; use SQLite or PostgreSQL, e.g. {_EXAMPLES}"
+            f"Unsupported database {backend!r} in {given_as}; use SQLite or PostgreSQL, e.g. {_EXAMPLES}"
         )
     if driver and driver != wanted:
         # Not swapped silently: query options differ between drivers (sslmode vs ssl).
         raise DatabaseError(
             f"The database driver {driver!r} is not supported (llm-dispatch talks to {backend} through "
-            f"{wanted}); set {DATABASE_URL_ENV} to a {backend}+{wanted}:// URL instead of {parsed.drivername}://"
+            f"{wanted}); set {given_as} to a {backend}+{wanted}:// URL instead of {parsed.drivername}://"
         )
     return parsed.set(drivername=f"{backend}+{wanted}")
 

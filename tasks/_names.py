@@ -16,5 +16,7 @@ def parameter(name: str) -> Any:
 
 
 def prompts(count: int) -> str:
-    return f"{count} prompt" if count == 1 else f"{count:,} prompts"
+    from llm_dispatch.core import counted
+
+    return counted(count, "prompt")
 

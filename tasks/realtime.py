@@ -23,10 +23,15 @@ from llm_dispatch.core import (
     send_all,
 )
 
+from ._names import parameter, prompts
 from ._states import result_of, run_state
 
 
-@task(name="send-chunk", task_run_name="send chunk {number}/{of} ({size} prompts)", cache_policy=NO_CACHE)
+def _chunk_run_name() -> str:
+    return f"send chunk {parameter('number')}/{parameter('of')} ({prompts(parameter('size'))})"
+
+
+@task(name="send-chunk", task_run_name=_chunk_run_name, cache_policy=NO_CACHE)
 async def send_chunk(
     *,
     number: int,
@@ -75,9 +80,9 @@ def chunk_state(outcome: DispatchOutcome, *, size: int) -> State:
     """A chunk with failed prompts ends ``Failed`` in the UI, its message counting them by class; the run goes on
     (its caller reads the outcome either way, by ``result_of``)."""
     if not outcome.failed:
-        return run_state(outcome, message=f"{outcome.succeeded} of {size} prompts answered")
+        return run_state(outcome, message=f"{outcome.succeeded:,} of {prompts(size)} answered")
     classes = ", ".join(f"{name} {n}" for name, n in outcome.failed_by_class.most_common())
-    return run_state(outcome, failure=f"{outcome.failed} of {size} prompts failed ({classes}); the run goes on")
+    return run_state(outcome, failure=f"{outcome.failed:,} of {prompts(size)} failed ({classes}); the run goes on")
 
 
 def chunk_sender(*, tag: str) -> SendChunk:

@@ -11,7 +11,7 @@ from prefect.cache_policies import NO_CACHE
 
 from llm_dispatch import storage
 from llm_dispatch.jobs import RecordedJob, record_job
-from llm_dispatch.core import RetryFailed, RoutingRules, Settings
+from llm_dispatch.core import RetryFailed, RoutingRules, Settings, counted
 
 from ._names import parameter, prompts
 
@@ -49,14 +49,14 @@ async def record_prompts(
                            estimate=estimate)
     logger = get_run_logger()
     if job.resumed:
-        logger.info("Resuming job %s (%s): %d of its %d prompts answered before; only the unfinished ones are sent "
-                    "(a new job: new_job / --new-job).", job.job_id, job.name, job.answered, job.total)
+        logger.info("Resuming job %s (%s): %d of its %s answered before; only the unfinished ones are sent "
+                    "(a new job: new_job / --new-job).", job.job_id, job.name, job.answered, counted(job.total, "prompt"))
     elif job.started_over_from:
         logger.info("Job %s (the same input) has answered every prompt and dedupe is off: new job %s (%s) sends all "
-                    "%d prompts again.", job.started_over_from, job.job_id, job.name, job.total)
+                    "%s again.", job.started_over_from, job.job_id, job.name, counted(job.total, "prompt"))
     elif job.rest:
-        logger.info("New job %s (%s): %d prompts checked; the first %d stored, the rest is stored as they are sent.",
-                    job.job_id, job.name, job.total, job.stored)
+        logger.info("New job %s (%s): %s checked; the first %d stored, the rest is stored as they are sent.",
+                    job.job_id, job.name, counted(job.total, "prompt"), job.stored)
     else:
-        logger.info("New job %s (%s): %d prompts checked and stored.", job.job_id, job.name, job.total)
+        logger.info("New job %s (%s): %s checked and stored.", job.job_id, job.name, counted(job.total, "prompt"))
     return job

@@ -60,7 +60,7 @@ def test_no_key_for_openai_says_what_to_do(runner: CliRunner, in_tmp: Path) -> N
     [
         (["run"], "give a prompt FILE"),
         (["run", "missing.jsonl"], "missing.jsonl: no such file"),
-        (["run", "x.jsonl", "--concurrency", "0"], "setting concurrency"),
+        (["run", "x.jsonl", "--concurrency", "0"], "--concurrency: Input should be greater than or equal to 1, not 0"),
         (["run", "x.jsonl", "--retry-failed", "some"], "--retry-failed must be"),
         (["run", "x.jsonl", "--simulate", "--no-wait"], "--no-wait cannot go with --simulate: the simulator stops"),
         (["run", "x.jsonl", "--job-name", " "], "--job-name must not be empty"),

@@ -191,7 +191,8 @@ async def _recorded_estimates(db_url: str, path, *, table: PriceTable):
     from llm_dispatch.core import Settings
     from llm_dispatch.jobs import record_job, routing_rules
 
-    settings = Settings(database_url=db_url)
+    # The input's unpriced model is the user's own: sent as given, its cost unknown.
+    settings = Settings(database_url=db_url, allow_unknown_model=True)
     async with storage.open_database(db_url) as sessions:
         job = await record_job(source=str(path), job_id=None, settings=settings, sessions=sessions,
                                rules=routing_rules(settings), estimate=True, new_job=True)

@@ -38,8 +38,10 @@ NEW_PRICES = {"prices_as_of": "2026-06-01", "models": {
 
 
 async def run(prompts: list[dict], *, sim: Sim, db_url: str, prices_file: Path | None = None) -> dict:
+    # house-model is the user's own: without their price file it is sent as given, its cost unknown.
     return to_json(await dispatch(prompts=prompts, base_url=sim.base_url, database_url=SecretStr(db_url), wait=True,
-                                  batch_poll_interval=0.2, prices_file=str(prices_file) if prices_file else None))
+                                  batch_poll_interval=0.2, prices_file=str(prices_file) if prices_file else None,
+                                  allow_unknown_model=True))
 
 
 async def invoke(*args: str, env: dict[str, str] | None = None) -> Result:

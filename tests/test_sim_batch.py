@@ -258,13 +258,13 @@ async def test_an_unreachable_batch_answers_503_a_counted_number_of_times_then_s
     batch = await submit(client, one_file(tmp_path, ["a", "b"]).path)
     for _ in range(2):
         with pytest.raises(InternalServerError, match="503"):
-            await client.retrieve_batch(batch.id)
-    assert (await client.retrieve_batch(batch.id)).id == batch.id
+            await OpenAIBatchApi(client).retrieve(batch.id)
+    assert (await OpenAIBatchApi(client).retrieve(batch.id)).id == batch.id
     # The admin route counts the same way.
     admin.post("/_sim/batch_trouble", json={"batch_id": batch.id, "trouble": 502, "times": 1}).raise_for_status()
     with pytest.raises(InternalServerError, match="502"):
-        await client.retrieve_batch(batch.id)
-    assert (await client.retrieve_batch(batch.id)).id == batch.id
+        await OpenAIBatchApi(client).retrieve(batch.id)
+    assert (await OpenAIBatchApi(client).retrieve(batch.id)).id == batch.id
     refused = admin.post("/_sim/batch_faults", json={"faults": ["unreachable:0.5"]})
     assert refused.status_code == 400 and "whole number" in refused.text
 

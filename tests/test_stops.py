@@ -204,8 +204,8 @@ def test_the_cli_says_in_one_line_what_to_fix_and_that_the_same_command_continue
     assert "stopped sending to openai after 3 identical answers: HTTP 429" in line
     assert "You exceeded your current quota" in line and "add credit" in line
     assert "38 prompts are left pending" in line and "run the same command" in line
-    # The table's failure lines say what was stored, not just the error class.
-    assert "RateLimitError: HTTP 429" in result.output
+    # The table's failure lines say what was stored, not just the error class: its status and the provider's words.
+    assert "RateLimitError (HTTP 429): You exceeded your current quota" in result.output
 
 
 @pytest.mark.prefect

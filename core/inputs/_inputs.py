@@ -11,10 +11,12 @@ of millions of prompts is checked and then read again as a stream (``iter_prompt
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import logging
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -24,8 +26,8 @@ from .._exceptions import InputError
 from ._input_files import PromptSource, records
 from .._hashes import HashBag, RepeatedKeys, key_hash, text_hash
 from ..wire._anthropic import has_max_tokens
-from ..wire._model_rules import DEFAULT_THINKING_MAX_TOKENS, anthropic_max_tokens, anthropic_thinks
-from .._params import shown
+from ..wire._model_rules import DEFAULT_THINKING_MAX_TOKENS, anthropic_max_tokens, anthropic_thinks, thinking_room
+from .._params import counted, shown
 from ..pricing._pricing import PriceTable
 from ._prompt_spec import PromptSpec, prompt_spec
 from .._providers import provider_lookup
@@ -119,6 +121,7 @@ def check_prompts(
     anthropic_version: str = DEFAULT_ANTHROPIC_VERSION,
     warn: bool = True,
     keep: int = 0,
+    allow_unknown_model: bool = False,
 ) -> InputCheck:
     """Validate the whole input as ``read_prompts`` does, in one streaming pass (a second one only
     when two ids may be the same): its count, fingerprint and repeated requests, no prompt held.
@@ -128,7 +131,11 @@ def check_prompts(
     cannot take. Anthropic prompts with no max_tokens make one warning for the whole input, and deadlines already
     past another, returned as ``warnings`` and logged unless ``warn`` is false (a caller that checks twice warns
     once). Raises ``InputError`` naming every bad line (up to ``MAX_PROBLEMS``). An input of at most ``keep`` prompts
-    comes back with them (``InputCheck.specs``)."""
+    comes back with them (``InputCheck.specs``).
+
+    With ``table``, a model it does not name (its own names, aliases and dated snapshots; the user's price file
+    merged in) is refused unless the user declared it (a pattern of ``model_providers`` matches it) or
+    ``allow_unknown_model``: then a warning says its cost is unknown. A misspelt model is never sent."""
     digest = hashlib.sha256()
     ids, keys = HashBag(), HashBag()
     count = uncapped = thinking = past = 0
@@ -141,6 +148,13 @@ def check_prompts(
     now = datetime.now(timezone.utc)
     # Model -> prompts, for models whose provider has announced a shutdown.
     retiring: dict[str, int] = {}
+    # Model -> [prompts, first line], for models the catalog does not name and the user did not declare.
+    unknown: dict[str, list[int]] = {}
+    # Model -> whether the user declared it theirs (``_declared``), found once each.
+    declared: dict[str, bool] = {}
+    # Reasoning prompts whose reply cap leaves too little room for their thinking: how many, the first line, and
+    # the cap that leaves room for the largest.
+    cramped, first_cramped, room = 0, 0, 0
     kept: list[PromptSpec] | None = [] if keep > 0 else None
     for line, spec in _iter_specs(source, default_model=default_model, default_params=default_params,
                                   default_endpoint=default_endpoint, table=table,
@@ -173,6 +187,17 @@ def check_prompts(
             if kept is not None:
                 kept.append(spec)
         providers.add(provider)
+        if table is not None and table.model_name(spec.model) is None:
+            if spec.model not in declared:
+                declared[spec.model] = _declared(spec.model, model_providers, table=table)
+            if not declared[spec.model]:
+                seen = unknown.setdefault(spec.model, [0, line])
+                seen[0] += 1
+        needs = thinking_room(spec.model, spec.params, provider=provider)
+        if needs is not None:
+            cramped += 1
+            first_cramped = first_cramped or line
+            room = max(room, needs)
         if table is not None and table.shutdown_ahead(spec.model) is not None:
             retiring[spec.model] = retiring.get(spec.model, 0) + 1
     clashes = ids.repeated()
@@ -186,6 +211,19 @@ def check_prompts(
     if not count:
         raise InputError("no prompts found; each line needs a 'prompt' or 'messages'", path=where)
     warnings: list[str] = []
+    if unknown and not allow_unknown_model:
+        refused = [_unknown_model(model, prompts=prompts, line=line, table=table, where=where)
+                   for model, (prompts, line) in unknown.items()]
+        raise InputError.several(refused, total=len(refused))
+    for model, (prompts, line) in unknown.items():
+        warnings.append(f"{where}: {counted(prompts, 'prompt')} use{'s' if prompts == 1 else ''} {model}, which is "
+                        f"not in the price catalog (first on line {line}): sent as given, its cost unknown")
+    if cramped:
+        warnings.append(
+            f"{where}: {counted(cramped, 'prompt')} to a reasoning model leave{'s' if cramped == 1 else ''} too "
+            f"little room for its thinking (the first on line {first_cramped}): their answers may be cut at "
+            f"max_completion_tokens; raise it to {room:,} or set reasoning_effort lower ('none' where the model "
+            "takes it)")
     if uncapped:
         sent = f"max_tokens={default_max_tokens:,}" if thinking < uncapped else ""
         if thinking:
@@ -212,6 +250,26 @@ def check_prompts(
     return InputCheck(count=count, fingerprint=digest.hexdigest(), repeated_keys=RepeatedKeys(keys.repeated()),
                       warnings=tuple(warnings), providers=frozenset(providers),
                       specs=None if kept is None else tuple(kept))
+
+
+def _declared(model: str, model_providers: Mapping[str, str] | None, *, table: PriceTable) -> bool:
+    """Whether ``model`` is the user's own though the catalog does not name it: mapped in ``model_providers`` (its
+    exact name or a glob matching it), or a fine-tune of a catalog model (OpenAI's ``ft:BASE:ORG::ID``: no typo
+    makes one)."""
+    if model.startswith("ft:") and table.model_name(model.split(":")[1]) is not None:
+        return True
+    return any(model == pattern or fnmatchcase(model, pattern) for pattern in model_providers or {})
+
+
+def _unknown_model(model: str, *, prompts: int, line: int, table: PriceTable | None, where: str) -> InputError:
+    """The line refusing ``model``: how many prompts use it, where first, the catalog's nearest names, and how to
+    send it anyway."""
+    names = [] if table is None else [*table.models, *table.aliases]
+    near = difflib.get_close_matches(model, names, n=1, cutoff=0.75)
+    hint = f"did you mean {near[0]}?" if near else "`llm-dispatch models` lists the catalog"
+    return InputError(f"unknown model {shown(model)} ({counted(prompts, 'prompt')}, first on line {line}); {hint} "
+                      "(your own model: give it in --prices-file or LLM_DISPATCH_MODEL_PROVIDERS, or pass "
+                      "--allow-unknown-model)", path=where)
 
 
 def _duplicate_ids(

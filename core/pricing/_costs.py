@@ -199,7 +199,8 @@ class CostTotals:
     where ``table`` may be None). Costs of models without a price are counted, not guessed.
     """
 
-    table: PriceTable | None
+    # Never in a repr: the whole catalog (tens of KB) would drown what the totals say.
+    table: PriceTable | None = field(repr=False)
     # Which provider a model's requests went to: the totals are also kept per provider and route.
     provider_of: Callable[[str], str] = field(default_factory=provider_lookup)
     # The real-time half (every lane sent as a request) and the Batch API.

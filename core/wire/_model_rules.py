@@ -32,6 +32,13 @@ OpenAI (chat completions):
   reasoning values" [doc: SDK].
 - ``reasoning_effort`` on a model that does not reason: "Unrecognized request argument supplied:
   reasoning_effort" [observed: gpt-4o-mini].
+- Room for thinking: reasoning tokens count against ``max_completion_tokens`` ("you can limit the total number of
+  tokens the model generates (including both reasoning and final output tokens)" [doc: OpenAI's reasoning guide,
+  platform.openai.com/docs/guides/reasoning, quoted on community.openai.com/t/1285430]); a request that reaches it
+  while still reasoning ends with no visible answer; the guide's "Allocating space for reasoning" recommends
+  reserving at least 25,000 tokens for reasoning and outputs when starting out [doc, the figure read through a
+  secondary paraphrase: vstorm-co.github.io/pydantic-ai-examples/examples/reasoning-effort]. ``thinking_room``
+  warns far lower, where an ordinary answer cannot fit at all (see ``THINKING_ROOM``).
 
 Anthropic (Messages API; see ``anthropic_refusal`` for the API versions):
 - ``anthropic-version: 2026-10-21``: "The temperature, top_p, and top_k request parameters are removed. A request
@@ -86,6 +93,9 @@ __all__ = [
     "openai_body",
     "openai_params",
     "openai_refusal",
+    "THINKING_PER_ANSWER_TOKEN",
+    "THINKING_ROOM",
+    "thinking_room",
 ]
 
 # The anthropic-version from which temperature, top_p and top_k are refused on every model.
@@ -98,6 +108,14 @@ DEFAULT_THINKING_MAX_TOKENS = 16_000
 # OpenAI's batch metadata is a request's: "Set of 16 key-value pairs ... Keys ... maximum length of 64 characters.
 # Values ... maximum length of 512" (openai-python ``batch_create_params.py``); llm-dispatch adds two of its own.
 OPENAI_BATCH_METADATA_KEYS = MAX_METADATA_PAIRS
+# A reasoning model's thinking, counted as tokens of thinking per token of visible answer at any effort but 'none':
+# a working figure (OpenAI documents no ratio, only that thinking counts against the cap), the one the simulator
+# thinks by, so its truncations are the ones ``thinking_room`` warns of.
+THINKING_PER_ANSWER_TOKEN = 3
+# The reply cap below which a reasoning request is warned: an answer of 300 tokens (a few paragraphs, the
+# simulator's longest unprompted one) and its thinking. Well under OpenAI's 25,000 (a starting reserve, not a
+# floor): a warning here means answers are likely to be cut, not that the cap is merely tight.
+THINKING_ROOM = (1 + THINKING_PER_ANSWER_TOKEN) * 300
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,6 +235,25 @@ def openai_body(request: ChatRequest) -> dict[str, Any]:
     """The chat-completions body for ``request`` (real-time and batch lines alike): ``openai_params`` of its
     params, its model and messages."""
     return {**openai_params(request.model, request.params), "model": request.model, "messages": request.messages}
+
+
+def thinking_room(model: str, params: Mapping[str, Any], *, provider: str = "openai") -> int | None:
+    """``THINKING_ROOM`` when a request to ``model`` (sent to ``provider``) reasons (OpenAI's reasoning families at
+    the effort it runs at: its ``reasoning_effort``, else the model's default) and its ``max_completion_tokens`` (or
+    ``max_tokens``) is below it; else None (no cap, no reasoning, or room enough)."""
+    if provider != "openai":
+        return None
+    family = _openai_family(model)
+    if family is None or not family.reasoning:
+        return None
+    cap = params.get("max_completion_tokens")
+    cap = params.get("max_tokens") if cap is None else cap
+    if not isinstance(cap, int) or isinstance(cap, bool) or cap >= THINKING_ROOM:
+        return None
+    effort = params.get("reasoning_effort")
+    # Undocumented defaults are taken to reason: every family here does unless told 'none'.
+    at = effort if effort is not None else family.default_effort
+    return None if at == "none" else THINKING_ROOM
 
 
 def openai_refusal(model: str, params: Mapping[str, Any]) -> Refusal | None:

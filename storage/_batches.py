@@ -35,6 +35,7 @@ from ._engine import Sessions
 
 __all__ = [
     "BATCH_FIELDS",
+    "batch_number",
     "batch_members",
     "batch_submissions",
     "clear_batch_error",

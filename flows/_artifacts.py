@@ -21,7 +21,7 @@ from prefect.artifacts import (
 
 from llm_dispatch import storage
 from llm_dispatch.jobs import DispatchSummary, SweepSummary
-from llm_dispatch.core import DispatchOutcome, ROUTES, RouteTotals, money, unfinished
+from llm_dispatch.core import DispatchOutcome, ROUTES, RouteTotals, counted, money, unfinished
 
 Logger = logging.Logger | logging.LoggerAdapter  # type: ignore[type-arg]
 
@@ -49,7 +49,7 @@ class ProgressBoard:
     async def _create(self) -> Any:
         try:
             return await acreate_progress_artifact(
-                progress=0.0, description=f"job {self._job}: real-time, {self._prompts} prompts")
+                progress=0.0, description=f"job {self._job}: real-time, {counted(self._prompts, 'prompt')}")
         except Exception as exc:  # noqa: BLE001 - a progress display must not stop the run
             self._logger.warning("No progress artifact for job %s: %s", self._job, exc)
             return None
@@ -106,7 +106,7 @@ class BatchBoard:
         lines = sum(r.request_total for r in records)
         answered = sum(r.request_completed + r.request_failed for r in records)
         progress = 100.0 * done / self._total if self._total else 100.0
-        description = (f"{done} of {self._total} batches ingested; {len(records)} open, {answered} of their {lines} "
+        description = (f"{done} of {counted(self._total, 'batch', many='batches')} ingested; {len(records)} open, {answered} of their {lines} "
                        "requests answered at the provider")
         try:
             if self._artifact is None:
@@ -124,7 +124,8 @@ async def publish_sweep(summary: SweepSummary, *, scope: str, logger: Logger) ->
     lines = [
         f"# Sweep over {scope}", "",
         f"{summary.open} open batches: {summary.polled} polled, {len(summary.ingested)} ingested "
-        f"({sum(i.succeeded for i in summary.ingested)} answers), {summary.resubmitted} prompts resubmitted, "
+        f"({counted(sum(i.succeeded for i in summary.ingested), 'answer')}), {counted(summary.resubmitted, 'prompt')} "
+        "resubmitted, "
         f"{summary.realtime} sent real-time.",
     ]
     if summary.problems:
@@ -140,7 +141,7 @@ async def publish_sweep(summary: SweepSummary, *, scope: str, logger: Logger) ->
     try:
         await acreate_markdown_artifact(markdown="\n".join(lines) + "\n", key="collect-batches",
                                         description=f"collect-batches over {scope}: "
-                                                    f"{len(summary.problems)} problems")
+                                                    f"{counted(len(summary.problems), 'problem')}")
     except Exception as exc:  # noqa: BLE001 - the sweep's work is done and stored; the display is extra
         logger.warning("Sweep artifact not published: %s", exc)
 
@@ -234,7 +235,7 @@ def report_markdown(summary: DispatchSummary) -> str:
                   for endpoint, by_route in cost.endpoints.items() for route, paid in by_route.items()]
     if summary.stopped:
         lines += ["", "## Stopped", ""] + [f"- {found['message']}" for found in summary.stopped]
-        lines.append(f"- {summary.left} prompts left pending: fix that, then run the job again.")
+        lines.append(f"- {counted(summary.left, 'prompt')} left pending: fix that, then run the job again.")
     if report.failed_by_class:
         told = stats.failure_messages
         lines += ["", "## Failures", "", "| class | prompts | what it said |", "|---|---|---|"]

@@ -18,7 +18,7 @@ from llm_dispatch.jobs import (
     Selection,
     run_budget,
 )
-from llm_dispatch.core import HALF_SUBMITTED_BATCH_STATUSES, RetryFailed
+from llm_dispatch.core import HALF_SUBMITTED_BATCH_STATUSES, RetryFailed, counted
 from llm_dispatch.tasks import finish_submission, submit_batches
 
 from ._realtime_half import send_realtime
@@ -35,7 +35,8 @@ async def _route_around(run: JobRun, *, job_id: str, error: BaseException | None
     whether any did (sent by ``_send_rerouted`` once the real-time half beside this one is done)."""
     rerouted = await jobs.learn_no_batch_api(run, job_id=job_id, error=error, because=because, providers=providers)
     if rerouted:
-        get_run_logger().warning("%s: %d prompts routed to the Batch API go real-time instead.", because, rerouted)
+        get_run_logger().warning("%s: %s routed to the Batch API go real-time instead.", because,
+                                 counted(rerouted, "prompt"))
     return rerouted > 0
 
 
@@ -103,9 +104,9 @@ async def dispatch_batches(
             continue  # the next round submits what other providers' endpoints take
         if submitted is not None:
             summary.submitted.add(submitted)
-            logger.info("Job %s: %d prompts sent to the Batch API in %d batches (%d requests); %d answered from "
-                        "storage.", job_id, submitted.prompts, len(submitted.batch_ids), submitted.lines,
-                        submitted.reused)
+            logger.info("Job %s: %s sent to the Batch API in %s (%s); %d answered from storage.", job_id,
+                        counted(submitted.prompts, "prompt"), counted(len(submitted.batch_ids), "batch", many="batches"),
+                        counted(submitted.lines, "request"), submitted.reused)
             # Cut to what the budget holds: the rest waits for money the batches out give back, or a higher budget.
             summary.budget_reached = submitted.over_budget > 0
             if submitted.over_budget:

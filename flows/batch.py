@@ -22,7 +22,7 @@ from llm_dispatch.jobs import (
     error_text,
     open_run,
 )
-from llm_dispatch.core import ACTIVE_BATCH_STATUSES, Settings, unfinished
+from llm_dispatch.core import ACTIVE_BATCH_STATUSES, Settings, counted, unfinished
 from llm_dispatch.tasks import (
     abandon_batch,
     cancel_batch,
@@ -66,18 +66,19 @@ async def collect_batches(
             job_id = await storage.resolve_job(run.sessions, reference=job_id)
         summary = await sweep(run=run, job_id=job_id, stale_after=stale_after, retry_now=retry_now)
     scope = f"job {job_id[:8]}" if job_id else "all jobs"
-    problems = f", {len(summary.problems)} problems" if summary.problems else ""
-    await rename_run(f"collect ({scope}): {summary.open} open batches, {len(summary.ingested)} ingested{problems}",
-                     logger=logger)
-    said = (f"Swept {summary.open} open batches: {summary.polled} polled, {len(summary.ingested)} ingested, "
-            f"{summary.resubmitted} prompts resubmitted, {summary.realtime} sent real-time, "
+    problems = f", {counted(len(summary.problems), 'problem')}" if summary.problems else ""
+    open_batches = counted(summary.open, "open batch", many="open batches")
+    await rename_run(f"collect ({scope}): {open_batches}, {len(summary.ingested)} ingested{problems}", logger=logger)
+    said = (f"Swept {open_batches}: {summary.polled} polled, {len(summary.ingested)} ingested, "
+            f"{counted(summary.resubmitted, 'prompt')} resubmitted, {summary.realtime} sent real-time, "
             f"{summary.skipped_recent} half-submitted ones left to their own run, {len(summary.waiting)} waiting to "
             "retry after errors.")
     logger.info(said)
     for problem in summary.problems:
         logger.error(problem.line)
     await publish_sweep(summary, scope=scope, logger=logger)
-    failure = (f"{len(summary.problems)} problems ({len(summary.lost)} batches lost): "
+    failure = (f"{counted(len(summary.problems), 'problem')} ({counted(len(summary.lost), 'batch', many='batches')} "
+               "lost): "
                + "; ".join(problem.line for problem in summary.problems)) if summary.problems else None
     return run_state(summary, failure=failure, message=said)
 
@@ -176,7 +177,7 @@ async def cancel_job_batches(
     summary = CancelSummary(job_id=job_id, cancelled=[r.id for r in records], ingested=ingested, problems=problems)
     failure = "; ".join(problem.line for problem in problems) or None
     return run_state(summary, failure=failure,
-                     message=f"cancelled {len(records)} batches, {len(ingested)} ingested")
+                     message=f"cancelled {counted(len(records), 'batch', many='batches')}, {len(ingested)} ingested")
 
 
 @flow(name="abandon-batch", flow_run_name="abandon batch {batch_id}", log_prints=False)

@@ -32,6 +32,7 @@ from llm_dispatch.core import (
     NotFoundError,
     Settings,
     json_field,
+    counted,
 )
 
 from ._run import JobRun
@@ -132,7 +133,7 @@ async def batch_trouble(*, run: JobRun, record: storage.BatchRecord, step: str, 
             if found is None:
                 reason = f"the provider answered 404 for {record.provider_batch_id} and lists no batch of ours in its place"
                 released, _ = await lose_batch(run=run, record=record, reason=reason)
-                logger.warning("batch %d lost: %s; %d prompts pending again", record.id, reason, released)
+                logger.warning("batch %d lost: %s; %s pending again", record.id, reason, counted(released, "prompt"))
                 return BatchProblem(batch_id=record.id, job_id=record.job_id, step=step, error=reason, lost=True,
                                     released=released)
             if found.id != record.provider_batch_id:
@@ -215,6 +216,6 @@ async def abandon_batch(*, run: JobRun, batch_id: int, force: bool = False) -> A
             except Exception as exc:  # noqa: BLE001 - forced: given up whatever the cancel says
                 said += f"; its cancel failed: {error_text(exc)}"
     released, cancelled = await lose_batch(run=run, record=record, reason=f"abandoned by hand ({said})")
-    logger.warning("batch %d abandoned by hand (%s); %d prompts pending again", batch_id, said, released)
+    logger.warning("batch %d abandoned by hand (%s); %s pending again", batch_id, said, counted(released, "prompt"))
     return AbandonOutcome(batch_id=batch_id, job_id=record.job_id, released=released, provider_said=said,
                           cancelled=cancelled)

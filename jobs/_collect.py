@@ -39,6 +39,7 @@ from llm_dispatch.core import (
     unpack_line,
     TERMINAL_BATCH_STATUSES,
     to_json,
+    counted,
 )
 
 
@@ -341,7 +342,7 @@ async def _over_the_limit(
         return 0
     return await storage.set_planned_route(
         sessions, prompt_ids=spent, route="realtime",
-        reason=f"unanswered in {max_submissions} batches; sent real-time",
+        reason=f"unanswered in {counted(max_submissions, 'batch', many='batches')}; sent real-time",
     )
 
 

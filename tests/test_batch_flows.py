@@ -84,7 +84,7 @@ async def test_dispatch_routes_each_prompt_sends_both_halves_and_reports_cost(
     key = "dispatch-prompts"  # a list of prompts: the job is called "prompts"
     table, report = by_key[f"{key}-routes"], by_key[f"{key}-report"]
     # The batches' one progress artifact ended at 100%.
-    bars = [a for a in artifacts if a.type == "progress" and (a.description or "").startswith("1 of 1 batches ingested")]
+    bars = [a for a in artifacts if a.type == "progress" and (a.description or "").startswith("1 of 1 batch ingested")]
     assert bars and all(a.data == 100.0 for a in bars)
     # So did the real-time half.
     realtime_bars = [a for a in artifacts if a.type == "progress" and (a.description or "").startswith(
@@ -174,7 +174,7 @@ def test_cancel_keeps_what_was_answered_and_fails_the_rest(cli_env: dict[str, st
 
     cancelled = cli("cancel", job_id, env=cli_env, cwd=tmp_path)
     assert cancelled.returncode == 0, cancelled.stderr[-2000:]
-    assert "cancelled 1 batches" in cancelled.stdout
+    assert "cancelled 1 batch of job" in cancelled.stdout
     counts = dict(rows(db_url, "SELECT status, COUNT(*) FROM prompts GROUP BY status"))
     assert counts.get("succeeded", 0) >= 1 and counts.get("succeeded", 0) + counts.get("failed", 0) == 300
     assert rows(db_url, "SELECT DISTINCT error_class FROM results WHERE status = 'failed'") in ([("BatchCancelledError",)], [])

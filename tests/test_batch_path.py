@@ -247,7 +247,7 @@ async def test_line_errors_final_ones_fail_retryable_ones_go_again(env: Env) -> 
     assert history == [("failed", 500), ("succeeded", 200)]
 
 
-UNANSWERED_IN_1 = "unanswered in 1 batches; sent real-time"
+UNANSWERED_IN_1 = "unanswered in 1 batch; sent real-time"
 
 
 async def test_retryable_line_errors_go_real_time_after_max_submissions(env: Env) -> None:

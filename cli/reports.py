@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from sqlalchemy.engine import make_url
 
@@ -393,7 +394,7 @@ def job_table(summary: DispatchSummary, *, title: str) -> Table:
         table.add_row(f"  failed: {name}", "", "", "", str(count), "", "", "", "")
     # What each kind of failure was, as stored with it: the provider's words and what to change.
     for name, message in sorted(stats.failure_messages.items()):
-        table.caption += "\n" + failure_line(name, message)
+        table.caption += "\n" + escape(failure_line(name, message))  # the provider's words, never markup
     kinds = [f"{getattr(stats, key)} {label}" for key, label in (
         ("refused", "refused (sent again only with --retry-refused)"),
         ("truncated", "truncated (cut at max_tokens or the context window: raise max_tokens to get all of them)"),

@@ -306,7 +306,8 @@ async def _settle_failure(
     error: in another batch, or real-time once over the limit). What a billed line cost is spent out of its batch's
     budget reservation, as its answers are."""
     code = line.error_code or "unknown_error"
-    message = f"batch line {line.custom_id}: {line.error_message or code}"
+    # Stored on each of its prompts' rows, which say whose it is: the line's own name (a member id) is ours alone.
+    message = f"its batch line failed: {line.error_message or code}"
     error: BaseException
     if line.status_code is not None and not 200 <= line.status_code < 300:
         error = status_error_class(line.status_code)(message, status_code=line.status_code)

@@ -261,3 +261,14 @@ def test_run_prompts_blames_its_keyword_not_the_environment(db_url: str) -> None
 
     with pytest.raises(ConfigError, match=r"^route: Input should be 'length', 'all-realtime' or 'all-batch', not 'fast'$"):
         run_prompts(prompts=["x"], simulate=True, route="fast", database_url=db_url)  # type: ignore[arg-type]
+
+
+def test_a_failed_batch_line_is_said_in_the_providers_words_not_our_member_names(prefect_api: str, in_tmp: Path) -> None:
+    write_prompts(in_tmp / "b.jsonl", [{"id": "kept", "prompt": "fine", "urgency": "bulk", "model": "gpt-4o-mini"},
+                                       {"id": "lost", "prompt": "[x] lost [[sim:line_error]]", "urgency": "bulk",
+                                        "model": "gpt-4o-mini"}])
+    ran = CliRunner().invoke(app, ["run", "b.jsonl", "--simulate", "--sim-latency", "0.01", "--wait"])
+    assert ran.exit_code == 1, ran.output  # a prompt failed
+    said = next(line for line in lines(ran.output) if line.startswith("BatchLineError"))
+    assert said.startswith("BatchLineError: its batch line failed: This request was stopped inside the batch")
+    assert " p1" not in said and " p2" not in said  # no member id of ours

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from ._json import json_field, money, stored_json, to_json
     from .wire._message_shapes import anthropic_messages_refusal, openai_messages_refusal
     from .batches._message_batches import MessageBatchApi
-    from .wire._model_rules import Refusal, anthropic_refusal, batch_metadata_problem, openai_refusal
+    from .wire._model_rules import Refusal, anthropic_refusal, batch_metadata_problem, gemini_refusal, openai_refusal
     from .batches._openai_batches import BATCH_ID_KEY, JOB_ID_KEY, OpenAIBatchApi
     from .pricing._lanes import DEFAULT_OFFERS, Lane, LaneOffer
     from .wire._packing import (
@@ -130,6 +130,7 @@ __all__ = [
     "SpendGate",
     "anthropic_messages_refusal",
     "anthropic_refusal",
+    "gemini_refusal",
     "batch_metadata_problem",
     "Adopted",
     "BACKENDS",

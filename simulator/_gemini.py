@@ -3,7 +3,8 @@
 A request goes through the same steps as chat and Messages (``_serving.RealTimeRoutes``): a queued fault;
 ``x-goog-api-key`` (when the config sets ``api_key``: none is Google's 403 PERMISSION_DENIED, a wrong one its 400
 API_KEY_INVALID); the body (Google's 400 INVALID_ARGUMENT for an unknown field, no contents, or what the model
-refuses: ``core.gemini_refusal``); the model list (404 NOT_FOUND); a ``[[sim:FAULT]]`` marker; the RPM/TPM quotas
+refuses: ``core.gemini_refusal``; on Gemini 3 and later, a function call of the current turn without its
+``thoughtSignature``, which the answers' calls carry); the model list (404 NOT_FOUND); a ``[[sim:FAULT]]`` marker; the RPM/TPM quotas
 (the same account as the other APIs'); a random fault; then the answer, counted and worded as the chat side would
 answer the same turns. Errors are Google's envelope, ``{"error": {"code", "message", "status", "details"}}``;
 a 429 is ``RESOURCE_EXHAUSTED`` with a ``google.rpc.QuotaFailure`` and a ``google.rpc.RetryInfo`` whose
@@ -145,7 +146,29 @@ def body_problem(body: Any, *, model: str) -> str | None:
     if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
         return "* GenerateContentRequest.generation_config.max_output_tokens: max_output_tokens must be positive."
     refusal = gemini_refusal(model, body)
-    return None if refusal is None else refusal.api_message
+    if refusal is not None:
+        return refusal.api_message
+    return _unsigned_call(contents, model=model)
+
+
+def _unsigned_call(contents: list[dict[str, Any]], *, model: str) -> str | None:
+    """Gemini 3 and later's 400 for a function call of the current turn (the model turns since the last user turn
+    with text) whose first call carries no ``thoughtSignature``; 2.5 models need none."""
+    if model.startswith("gemini-2."):
+        return None
+    for index in range(len(contents) - 1, -1, -1):
+        content = contents[index]
+        parts = [part for part in content["parts"] if isinstance(part, dict)]
+        if content.get("role", "user") == "user":
+            if any("text" in part for part in parts):
+                return None
+            continue
+        calls = [part for part in parts if "functionCall" in part]
+        if calls and not calls[0].get("thoughtSignature"):
+            name = calls[0]["functionCall"].get("name") if isinstance(calls[0]["functionCall"], dict) else None
+            return (f"Function call is missing a thought_signature in functionCall parts. This is required for tools "
+                    f"to work correctly. Additional data, function call `{name}`, position {index + 1}.")
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,7 +236,10 @@ def _parts(plan: _Planned, digest: int, tokens: int, finish_reason: str) -> list
     completion = plan.completion
     if completion.tool is not None:
         name, schema = completion.tool
-        return [{"functionCall": {"name": name, "args": tool_input(schema)}}]
+        call: dict[str, Any] = {"functionCall": {"name": name, "args": tool_input(schema)}}
+        if not completion.model.startswith("gemini-2."):
+            call["thoughtSignature"] = f"sim{digest & 0xFFFFFFFFFFFF:012x}"  # Gemini 3 and later sign each call
+        return [call]
     if completion.text is not None:
         return [{"text": completion.text}]
     return [{"text": completion_text(digest=digest, tokens=tokens, stop=finish_reason == "stop")}]

@@ -102,6 +102,33 @@ def test_a_conversation_with_tools_translates_both_ways() -> None:
     assert body["toolConfig"] == {"functionCallingConfig": {"mode": "ANY", "allowedFunctionNames": ["weather"]}}
 
 
+@respx.mock
+async def test_a_thought_signature_goes_back_with_its_call() -> None:
+    part = {"functionCall": {"name": "weather", "args": {"city": "Paris"}}, "thoughtSignature": "c2lnbmVk"}
+    respx.post(host=HOST, path="/v1beta/models/gemini-3.8-flash:generateContent").mock(
+        return_value=httpx.Response(200, json=answer(
+            candidates=[{"content": {"role": "model", "parts": [part]}, "finishReason": "STOP"}])))
+    async with client() as llm:
+        first = await llm.chat(ask(model="gemini-3.8-flash"))
+    assert first.tool_calls is not None
+    [call] = first.tool_calls
+    assert call["extra_content"] == {"google": {"thought_signature": "c2lnbmVk"}}
+    turn = [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": call["id"], "content": "sunny"}]
+    again = gemini_body(ask(*turn, model="gemini-3.8-flash"))
+    assert again["contents"][1]["parts"] == [part]
+    # A call with no signature of its own (written by hand): Gemini 3 and later get the validator's skip on the
+    # turn's first call; 2.5 models, which need none, get nothing.
+    bare = {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": "{}"}}
+    turn[1] = {"role": "assistant", "content": None, "tool_calls": [bare, {**bare, "id": "c2"}]}
+    turn[2] = {"role": "tool", "tool_call_id": "c1", "content": "sunny"}
+    turn.append({"role": "tool", "tool_call_id": "c2", "content": "rain"})
+    later = gemini_body(ask(*turn, model="gemini-4-hydrogen"))["contents"][1]["parts"]
+    assert [p.get("thoughtSignature") for p in later] == ["skip_thought_signature_validator", None]
+    older = gemini_body(ask(*turn, model="gemini-2.5-flash-lite"))["contents"][1]["parts"]
+    assert [p.get("thoughtSignature") for p in older] == [None, None]
+
+
 def test_a_schema_and_an_effort_become_generation_config() -> None:
     schema = {"type": "object", "properties": {"a": {"type": "string"}}}
     format_ = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}

@@ -66,3 +66,18 @@ def test_gemini_prompts_without_a_key_exit_2_naming_it(tmp_path: Path) -> None:
     assert done.returncode == 2
     lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and "GEMINI_API_KEY" in lines[0] and "--simulate" in lines[0]
+
+
+def test_the_models_command_lists_gemini_with_its_tiers_and_shutdowns(tmp_path: Path) -> None:
+    done = cli("models", "--provider", "gemini", "--json", env=clean_env(), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    listed = {model["name"]: model for model in json.loads(done.stdout)["models"]}
+    assert {"gemini-3.8-flash", "gemini-4-hydrogen", "gemini-2.5-pro", "gemini-2.5-flash-lite"} <= set(listed)
+    assert {model["provider"] for model in listed.values()} == {"gemini"}
+    pro = listed["gemini-2.5-pro"]
+    assert (pro["shutdown"], pro["replacement"], pro["long_prompt"]["above"]) == ("2026-12-01", "gemini-3.8-flash",
+                                                                                200000)
+    # Every Gemini figure names where it was read: Google's own page, and the secondary source of any price.
+    for model in listed.values():
+        assert model["source"].startswith(("https://ai.google.dev/", "https://docs.cloud.google.com/")), model["name"]
+        assert "input" in model["secondary"]["fields"] and model["secondary"]["source"], model["name"]

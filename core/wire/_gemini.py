@@ -9,7 +9,9 @@ sampling settings in ``generationConfig``.
 Rules: system (and developer) turns become ``systemInstruction`` (a user-role Content, as the SDK's ``t_content``
 makes of a string), in order; ``assistant`` is the ``model`` role; string content is one text part, ``image_url``
 parts with a ``data:`` URL ``inlineData``; an assistant's ``tool_calls`` become ``functionCall`` parts, and each
-``tool`` message a ``functionResponse`` part (its name found from the call it answers) in a user turn;
+``tool`` message a ``functionResponse`` part (its name found from the call it answers) in a user turn; a call's
+thought signature (kept on the answer's tool call as Gemini's OpenAI compatibility does,
+``extra_content.google.thought_signature``) goes back as its part's ``thoughtSignature``;
 ``max_tokens`` / ``max_completion_tokens`` -> ``maxOutputTokens``, ``temperature``, ``top_p`` -> ``topP``,
 ``top_k`` -> ``topK``, ``stop`` -> ``stopSequences``, ``presence_penalty`` / ``frequency_penalty`` / ``seed``;
 OpenAI function tools -> one tool of ``functionDeclarations`` (their JSON Schema as ``parametersJsonSchema``),
@@ -26,12 +28,13 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from ._model_rules import gemini_thinking
+from ._model_rules import gemini_25_family, gemini_thinking
 from .._params import shown, suggestion
 from ._structured import answer_schema
 from .._types import ChatRequest
 
-__all__ = ["GEMINI_CHAT_PATH", "GEMINI_PARAMS", "gemini_body", "gemini_param_problem"]
+__all__ = ["GEMINI_CHAT_PATH", "GEMINI_PARAMS", "SKIP_SIGNATURE", "gemini_body", "gemini_param_problem",
+           "thought_signature"]
 
 # The SDK's path for ``generate_content`` (``models.py``: ``'{model}:generateContent'`` under ``t_model``'s
 # ``models/``), after the API version its client puts first (``_api_client.py``: ``v1beta``).
@@ -56,6 +59,9 @@ _OPENAI_ONLY = frozenset({
     "verbosity", "user", "metadata", "service_tier",
 })
 _TOOL_MODES = {"auto": "AUTO", "required": "ANY", "none": "NONE"}
+# What a function call with no thought signature of its own carries on Gemini 3 and later: "set thoughtSignature to
+# skip_thought_signature_validator" for a call the model did not make (ai.google.dev/gemini-api/docs/thought-signatures).
+SKIP_SIGNATURE = "skip_thought_signature_validator"
 _IMAGE_DATA_PREFIX = "data:"
 
 
@@ -84,7 +90,7 @@ def gemini_param_problem(name: str, value: Any) -> str | None:
 def gemini_body(request: ChatRequest) -> dict[str, Any]:
     """The generateContent body for ``request``; raises ``ValueError`` naming what does not translate."""
     params = request.params
-    system, contents = _contents(request.messages)
+    system, contents = _contents(request.messages, model=request.model)
     body: dict[str, Any] = {"contents": contents}
     if system:
         body["systemInstruction"] = {"parts": system, "role": "user"}
@@ -124,8 +130,9 @@ def gemini_body(request: ChatRequest) -> dict[str, Any]:
     return body
 
 
-def _contents(messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _contents(messages: list[dict[str, Any]], *, model: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(the system instruction's parts, the other turns as Contents)."""
+    signs = gemini_25_family(model) is None
     system: list[dict[str, Any]] = []
     contents: list[dict[str, Any]] = []
     # A tool message names only the call it answers: its function's name comes from that call.
@@ -150,17 +157,35 @@ def _contents(messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], lis
                 contents.append({"role": "user", "parts": [part]})
         elif role == "assistant":
             parts = _parts(content) if content else []
-            for call in message.get("tool_calls") or ():
+            for index, call in enumerate(message.get("tool_calls") or ()):
                 function = call.get("function") or {}
                 if call.get("type") == "custom":
                     raise ValueError(f"tool call {shown(call.get('id'))} is OpenAI's custom kind, which has no "
                                      "Gemini equivalent")
                 names[str(call.get("id"))] = str(function.get("name"))
-                parts.append({"functionCall": {"name": function.get("name"), "args": _arguments(call)}})
+                call_part: dict[str, Any] = {"functionCall": {"name": function.get("name"),
+                                                              "args": _arguments(call)}}
+                signature = thought_signature(call)
+                if signature is not None:
+                    call_part["thoughtSignature"] = signature
+                elif signs and index == 0:
+                    # Gemini 3 and later refuse a function call of the current turn without its signature; one that
+                    # never had one (written by hand, or another model's) carries the validator's documented skip.
+                    call_part["thoughtSignature"] = SKIP_SIGNATURE
+                parts.append(call_part)
             contents.append({"role": "model", "parts": parts})
         else:
             contents.append({"role": "user", "parts": _parts(content)})
     return system, contents
+
+
+def thought_signature(call: Mapping[str, Any]) -> str | None:
+    """The thought signature an answer's tool call carries, where Gemini's OpenAI compatibility puts it
+    (``extra_content.google.thought_signature``; ``_gemini_answers`` writes it there)."""
+    extra = call.get("extra_content")
+    google = extra.get("google") if isinstance(extra, Mapping) else None
+    signature = google.get("thought_signature") if isinstance(google, Mapping) else None
+    return signature if isinstance(signature, str) and signature else None
 
 
 def _parts(content: Any) -> list[dict[str, Any]]:

@@ -86,15 +86,21 @@ def _chat(body: Any) -> Chat | None:
 
 def _tool_calls(parts: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
     """The answer's functionCall parts in OpenAI's tool-call shape, their args as the JSON text of ``arguments``;
-    an id Gemini gives is kept, else one is made from the call's place (what a tool message answers)."""
+    an id Gemini gives is kept, else one is made from the call's place (what a tool message answers); a part's
+    ``thoughtSignature`` kept as ``extra_content.google.thought_signature``."""
     calls: list[dict[str, Any]] = []
     for part in parts:
         call = part.get("functionCall")
         if not isinstance(call, dict):
             continue
         call_id = call.get("id") or f"call_{len(calls)}"
-        calls.append({"id": call_id, "type": "function",
-                      "function": {"name": call.get("name"), "arguments": compact_json(call.get("args") or {})}})
+        tool_call: dict[str, Any] = {"id": call_id, "type": "function", "function": {
+            "name": call.get("name"), "arguments": compact_json(call.get("args") or {})}}
+        signature = part.get("thoughtSignature")
+        if isinstance(signature, str) and signature:
+            # Where Gemini's OpenAI compatibility puts it: sent back with the call in a later turn (``_gemini``).
+            tool_call["extra_content"] = {"google": {"thought_signature": signature}}
+        calls.append(tool_call)
     return calls or None
 
 

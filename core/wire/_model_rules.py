@@ -82,6 +82,7 @@ __all__ = [
     "anthropic_refusal",
     "anthropic_thinks",
     "batch_metadata_problem",
+    "gemini_25_family",
     "gemini_refusal",
     "gemini_thinking",
     "is_openai_model",
@@ -511,7 +512,7 @@ _GEMINI_25 = re.compile(r"gemini-2\.5-(pro|flash-lite|flash)\b")
 _NO_PENALTIES = ("gemini-3.5-flash-lite",)
 
 
-def _gemini_25(model: str) -> str | None:
+def gemini_25_family(model: str) -> str | None:
     """The 2.5 family (``pro``, ``flash``, ``flash-lite``) of ``model``, or None for another model."""
     found = _GEMINI_25.match(model)
     return found.group(1) if found else None
@@ -523,7 +524,7 @@ def _gemini_levels(model: str) -> tuple[str, ...]:
 
 def gemini_thinking(model: str, effort: Any) -> dict[str, Any]:
     """The ``thinkingConfig`` a ``reasoning_effort`` is on ``model``; ``ValueError`` for one it cannot be."""
-    family = _gemini_25(model)
+    family = gemini_25_family(model)
     if family is not None:
         if not isinstance(effort, str) or effort not in _GEMINI_EFFORT_BUDGETS:
             raise ValueError(f"reasoning_effort {shown(effort)} has no Gemini 2.5 equivalent: use one of "
@@ -570,7 +571,7 @@ def gemini_refusal(model: str, body: Mapping[str, Any]) -> Refusal | None:
         return Refusal("params.thinkingConfig", "Gemini takes thinkingLevel or thinkingBudget, not both: remove one",
                        "You cannot use both thinking_level and the legacy thinking_budget parameter in the same "
                        "request.")
-    family = _gemini_25(model)
+    family = gemini_25_family(model)
     levels = _gemini_levels(model)
     if family is None and isinstance(level, str) and level.lower() not in levels:
         return Refusal("params.thinkingConfig", f"{model} takes thinkingLevel {_listed(levels, 'or')}, not "

@@ -495,9 +495,11 @@ def _thinking_refusal(model: str, claude: tuple[str, tuple[int, int]], kind: Any
 #   custom value for these parameters will throw an error", and a GenerateContent request whose last content has
 #   the model role returns an error [doc: .../models/gemini/3-5-flash-lite] (its temperature, top-K and top-P are
 #   ignored, not refused).
-# - ``reasoning_effort`` as Gemini's OpenAI compatibility maps it [doc: ai.google.dev/gemini-api/docs/openai]:
-#   on 2.5, minimal and low -> a 1,024-token budget, medium -> 8,192, high -> 24,576, none -> 0 (off; not 2.5
-#   Pro); on Gemini 3 and later, an effort is the thinkingLevel of that name where the model has it, and none is
+# - ``reasoning_effort`` as Gemini's OpenAI compatibility maps it: "low", "medium", and "high" ... "we map to 1K,
+#   8K, and 24K thinking token budgets. If you want to disable thinking, you can set the reasoning effort to none"
+#   [doc: ai.google.dev/gemini-api/docs/openai, quoted by a secondary source; the page itself was not in the index];
+#   on 2.5 that is low -> a 1,024-token budget, medium -> 8,192, high -> 24,576, none -> 0 (off; not 2.5 Pro), and
+#   minimal -> 1,024 (llm-dispatch's choice: the page names no minimal); on Gemini 3 and later, an effort is the thinkingLevel of that name where the model has it, and none is
 #   refused (their thinking cannot be turned off: the lowest level is the least).
 
 _GEMINI_EFFORT_BUDGETS = {"minimal": 1024, "low": 1024, "medium": 8192, "high": 24576, "none": 0}

@@ -33,12 +33,14 @@ def check_simulated_wait(*, simulate: bool, wait: bool) -> None:
 @contextlib.contextmanager
 def simulated(settings: Settings, *, latency: float) -> Iterator[Settings]:
     """``settings`` sending to the bundled simulator, run in a thread of this process for the block: one server
-    answers both providers (OpenAI's API under /v1, Anthropic's at the host), batches in ``SIM_BATCH_SECONDS``."""
+    answers every provider (OpenAI's API under /v1, Anthropic's and Gemini's at the host), batches in
+    ``SIM_BATCH_SECONDS``."""
     from llm_dispatch.simulator import Simulator, SimulatorConfig
 
     config = SimulatorConfig(latency=latency, batch_processing_seconds=SIM_BATCH_SECONDS)
     with Simulator.in_thread(config) as base_url:
         yield settings.model_copy(update={"base_url": base_url, "anthropic_base_url": base_url.removesuffix("/v1"),
+                                          "gemini_base_url": base_url.removesuffix("/v1"),
                                           "batch_poll_interval": SIM_POLL_SECONDS})
 
 

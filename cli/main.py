@@ -207,11 +207,11 @@ def _check_keys(settings: Settings, *, providers: frozenset[str]) -> None:
     if ("openai" in providers and settings.api_key is None and settings.api_key_block is None
             and "api.openai.com" in settings.base_url):
         raise _fail("no API key: set OPENAI_API_KEY (or LLM_DISPATCH_API_KEY), or add --simulate to use the bundled simulator")
-    if "anthropic" in providers:
+    for provider in sorted(providers & {"anthropic", "gemini"}):
         from llm_dispatch.core import check_provider_key
 
         try:
-            check_provider_key(settings, provider="anthropic")
+            check_provider_key(settings, provider=provider)
         except LLMDispatchError as exc:
             raise _fail(f"{exc}, or add --simulate to use the bundled simulator") from None
 

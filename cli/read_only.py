@@ -29,7 +29,7 @@ def status(
 
 def models(
     prices_file: Annotated[Optional[Path], typer.Option(help="your own price table (JSON), over the bundled one")] = None,
-    provider: Annotated[Optional[str], typer.Option(help="only this provider's models: openai|anthropic")] = None,
+    provider: Annotated[Optional[str], typer.Option(help="only this provider's models: openai|anthropic|gemini")] = None,
     as_json: AsJson = False,
 ) -> None:
     """The model catalog: each model's prices, context window, maximum output, shutdown date and where its figures

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
         Refusal,
         anthropic_refusal,
         batch_metadata_problem,
+        gemini_refusal,
         openai_refusal,
     )
     from .batches._openai_batches import BATCH_ID_KEY, JOB_ID_KEY, OpenAIBatchApi
@@ -138,6 +139,7 @@ __all__ = [
     "SpendGate",
     "anthropic_messages_refusal",
     "anthropic_refusal",
+    "gemini_refusal",
     "batch_metadata_problem",
     "Adopted",
     "BACKENDS",

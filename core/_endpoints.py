@@ -36,7 +36,11 @@ BATCH_URLS: dict[str, str] = {
 _NOT_OFFERED = {("anthropic", "embeddings"): "Anthropic has no embeddings endpoint; send embeddings to an OpenAI "
                                               "model (text-embedding-3-small, say)",
                 ("anthropic", "responses"): "Anthropic has no Responses API; send claude models to chat (its "
-                                             "Messages API)"}
+                                             "Messages API)",
+                ("gemini", "responses"): "Gemini has no Responses API; send gemini models to chat (its "
+                                          "generateContent)",
+                ("gemini", "embeddings"): "llm-dispatch does not send Gemini embeddings yet; send embeddings to an "
+                                           "OpenAI model (text-embedding-3-small, say)"}
 
 
 def endpoint_problem(endpoint: object, *, provider: str) -> str | None:

@@ -13,14 +13,14 @@ if TYPE_CHECKING:
 __all__ = ["BUILTIN_MODEL_PROVIDERS", "PROVIDERS", "provider_for", "provider_lookup"]
 
 # Every provider a prompt can go to; a model's provider is decided by ``provider_for``.
-PROVIDERS: tuple[str, ...] = ("openai", "anthropic")
+PROVIDERS: tuple[str, ...] = ("openai", "anthropic", "gemini")
 # Checked after the user's ``model_providers``; a model no pattern matches goes to the OpenAI-compatible endpoint.
-BUILTIN_MODEL_PROVIDERS: tuple[tuple[str, str], ...] = (("claude-*", "anthropic"),)
+BUILTIN_MODEL_PROVIDERS: tuple[tuple[str, str], ...] = (("claude-*", "anthropic"), ("gemini-*", "gemini"))
 
 
 def provider_for(model: str, *, settings: Settings) -> str:
     """The provider (one of ``PROVIDERS``) for ``model``: an exact name in ``settings.model_providers``, then its
-    globs in the order given, then ``claude-*`` -> anthropic; anything else is ``openai``."""
+    globs in the order given, then ``claude-*`` -> anthropic, ``gemini-*`` -> gemini; anything else is ``openai``."""
     return _provider(model, settings.model_providers)
 
 

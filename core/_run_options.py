@@ -203,6 +203,8 @@ RUN_OPTIONS: Final[tuple[RunOption, ...]] = (
             doors=_FLOWS_AND_SHARD, setting="base_url"),
     _option("anthropic_base_url", str | None, None, "Anthropic's API's base URL", doors=_FLOWS_AND_SHARD,
             setting="anthropic_base_url"),
+    _option("gemini_base_url", str | None, None, "Gemini's API's base URL (the host)", doors=_FLOWS_AND_SHARD,
+            setting="gemini_base_url"),
     _option("batch_poll_interval", float | None, None, "first wait between polls of a batch, seconds",
             doors=frozenset({"dispatch"}), setting="batch_poll_interval"),
     _option("shards", int, 1,

@@ -18,6 +18,7 @@ __all__ = [
     "DEFAULT_ANTHROPIC_VERSION",
     "DEFAULT_BASE_URL",
     "DEFAULT_DATABASE_URL",
+    "DEFAULT_GEMINI_BASE_URL",
     "DEFAULT_MAX_TOKENS",
     "AuthHeader",
     "Settings",
@@ -29,6 +30,8 @@ AuthHeader = Literal["authorization", "api-key"]
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 DEFAULT_ANTHROPIC_BASE_URL = "https://api.anthropic.com"
 DEFAULT_ANTHROPIC_VERSION = "2023-06-01"
+# The host, as google-genai takes a base URL (``GOOGLE_GEMINI_BASE_URL``); the client adds the API version.
+DEFAULT_GEMINI_BASE_URL = "https://generativelanguage.googleapis.com"
 DEFAULT_MAX_TOKENS = 4096
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///llm_dispatch.db"
 
@@ -76,9 +79,21 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("LLM_DISPATCH_ANTHROPIC_BASE_URL", "ANTHROPIC_BASE_URL"),
     )
     anthropic_version: str = Field(default=DEFAULT_ANTHROPIC_VERSION, description="the anthropic-version header")
+    # Gemini (gemini-* models, and any mapped to it). The key's names are google-genai's, in its order: it takes
+    # GOOGLE_API_KEY over GEMINI_API_KEY when both are set (``_api_client.get_env_api_key``).
+    gemini_api_key: SecretStr | None = Field(
+        default=None,
+        validation_alias=AliasChoices("LLM_DISPATCH_GEMINI_API_KEY", "GOOGLE_API_KEY", "GEMINI_API_KEY"),
+    )
+    gemini_base_url: str = Field(
+        default=DEFAULT_GEMINI_BASE_URL,
+        validation_alias=AliasChoices("LLM_DISPATCH_GEMINI_BASE_URL", "GEMINI_BASE_URL", "GOOGLE_GEMINI_BASE_URL"),
+        description="the Gemini API's scheme and host; llm-dispatch adds /v1beta",
+    )
     model_providers: dict[str, str] = Field(
         default_factory=dict,
-        description="model name or fnmatch glob -> provider (openai|anthropic), checked before the built-in claude-* rule",
+        description="model name or fnmatch glob -> provider (openai|anthropic|gemini), checked before the built-in "
+                    "claude-* and gemini-* rules",
     )
     default_max_tokens: int = Field(
         default=DEFAULT_MAX_TOKENS, ge=1,
@@ -101,6 +116,7 @@ class Settings(BaseSettings):
     # environment; a named block stands for its key until a flow reads it.
     api_key_block: str | None = None
     anthropic_api_key_block: str | None = None
+    gemini_api_key_block: str | None = None
 
     request_timeout: float = Field(
         default=DEFAULT_TIMEOUT, gt=0,
@@ -163,7 +179,7 @@ class Settings(BaseSettings):
         description="mean reply length the cost estimate assumes for a model with no stored answers, before max_tokens cuts it",
     )
 
-    @field_validator("base_url", "anthropic_base_url")
+    @field_validator("base_url", "anthropic_base_url", "gemini_base_url")
     @classmethod
     def _check_url(cls, value: str, info: ValidationInfo) -> str:
         if not value.startswith(("http://", "https://")):
@@ -214,13 +230,15 @@ class Settings(BaseSettings):
         data["anthropic_base_url"] = _redact_url(self.anthropic_base_url)
         data["api_key_set"] = self.api_key is not None
         data["anthropic_key_set"] = self.anthropic_api_key is not None
+        data["gemini_base_url"] = _redact_url(self.gemini_base_url)
+        data["gemini_key_set"] = self.gemini_api_key is not None
         data["openai_org_id_set"] = self.openai_org_id is not None
         data["openai_project_id_set"] = self.openai_project_id is not None
         return data
 
 
 # Fields that hold a key or an account's ids: kept SecretStr from the edge on, and never in public_dict().
-_SECRET_FIELDS = ("api_key", "anthropic_api_key", "openai_org_id", "openai_project_id")
+_SECRET_FIELDS = ("api_key", "anthropic_api_key", "gemini_api_key", "openai_org_id", "openai_project_id")
 
 
 def _redact_url(url: str) -> str:

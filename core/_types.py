@@ -14,7 +14,8 @@ __all__ = ["TRUNCATED_FINISH_REASONS", "ChatRequest", "ChatResult", "dedupe_key"
 # Answers cut short: at the request's cap (OpenAI's "length", a response's incomplete "max_output_tokens",
 # Anthropic's "max_tokens") or at the model's context
 # window (Anthropic's "model_context_window_exceeded"). Reports flag them; the text is stored as it came.
-TRUNCATED_FINISH_REASONS = frozenset({"length", "max_tokens", "model_context_window_exceeded", "max_output_tokens"})
+TRUNCATED_FINISH_REASONS = frozenset({"length", "max_tokens", "model_context_window_exceeded", "max_output_tokens",
+                                      "MAX_TOKENS"})
 
 
 def dedupe_key(*, model: str, messages: list[dict[str, Any]], params: dict[str, Any], endpoint: str = "chat") -> str:

@@ -22,12 +22,13 @@ GC_THRESHOLD = 10_000
 
 # (setting naming a Secret block, the key it holds, the variable that sets the name)
 _KEY_BLOCKS = (("api_key_block", "api_key", "LLM_DISPATCH_API_KEY_BLOCK"),
-               ("anthropic_api_key_block", "anthropic_api_key", "LLM_DISPATCH_ANTHROPIC_API_KEY_BLOCK"))
+               ("anthropic_api_key_block", "anthropic_api_key", "LLM_DISPATCH_ANTHROPIC_API_KEY_BLOCK"),
+               ("gemini_api_key_block", "gemini_api_key", "LLM_DISPATCH_GEMINI_API_KEY_BLOCK"))
 
 
 async def with_api_key(settings: Settings) -> Settings:
     """``settings`` with each key read from the Prefect Secret block named for it (``api_key_block``,
-    ``anthropic_api_key_block``), when one is.
+    ``anthropic_api_key_block``, ``gemini_api_key_block``), when one is.
 
     A key goes into a ``SecretStr`` and from there only into request headers: never into a log,
     the database, an artifact or an exception.

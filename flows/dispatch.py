@@ -78,6 +78,7 @@ async def dispatch(
     retry_refused: bool = False,
     base_url: str | None = None,
     anthropic_base_url: str | None = None,
+    gemini_base_url: str | None = None,
     database_url: SecretStr | None = None,
     prices_file: str | None = None,
     batch_poll_interval: float | None = None,

@@ -36,6 +36,7 @@ async def realtime_dispatch(
     retry_refused: bool = False,
     base_url: str | None = None,
     anthropic_base_url: str | None = None,
+    gemini_base_url: str | None = None,
     database_url: SecretStr | None = None,
     prices_file: str | None = None,
     planned_route: Route | None = None,

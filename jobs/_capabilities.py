@@ -26,7 +26,7 @@ _BATCH_PATHS = re.compile(r" (?:POST|GET) /(?:v1/)?(files|batches|messages/batch
 def endpoint_of(run: JobRun, *, provider: str) -> str:
     """The base URL a provider's calls go to, as remembered: no credentials, no query."""
     settings = run.settings
-    raw = settings.anthropic_base_url if provider == "anthropic" else settings.base_url
+    raw = {"anthropic": settings.anthropic_base_url, "gemini": settings.gemini_base_url}.get(provider, settings.base_url)
     return str(httpx.URL(raw.rstrip("/")).copy_with(userinfo=b"", query=None))
 
 

@@ -1,12 +1,13 @@
-"""A local server for OpenAI's API (chat completions, embeddings, files and the Batch API) and Anthropic's (Messages and
-Message Batches) with latency, faults and quotas on demand, so llm-dispatch runs and is tested end to end
-without an API key.
+"""A local server for OpenAI's API (chat completions, embeddings, files and the Batch API), Anthropic's (Messages and
+Message Batches) and Gemini's (generateContent) with latency, faults and quotas on demand, so llm-dispatch runs and
+is tested end to end without an API key.
 
-Both APIs share one port: OpenAI's base URL is ``http://HOST:PORT/v1`` (``Simulator.base_url``, what
-``in_thread`` and ``in_process`` yield), Anthropic's the host alone (``Simulator.anthropic_base_url``, or
-``anthropic_base_url(url)``), since its paths carry ``/v1``. They share the config, the ``/_sim`` admin routes,
-the fault queues and one account for the RPM/TPM quotas; ``/_sim/stats`` counts each API's answers apart
-(``completions``, ``batches``; ``messages``, ``message_batches``).
+The APIs share one port: OpenAI's base URL is ``http://HOST:PORT/v1`` (``Simulator.base_url``, what
+``in_thread`` and ``in_process`` yield), Anthropic's and Gemini's the host alone (``Simulator.anthropic_base_url``,
+``Simulator.gemini_base_url``, or ``anthropic_base_url(url)``), since their paths carry ``/v1`` and ``/v1beta``.
+They share the config, the ``/_sim`` admin routes, the fault queues and one account for the RPM/TPM quotas;
+``/_sim/stats`` counts each API's answers apart (``completions``, ``batches``; ``messages``, ``message_batches``;
+``generate_contents``).
 
 It is a product beside the core, never imported by it: a flow run does not load it.
 """

@@ -1,7 +1,8 @@
 """What every real-time model route does around its answer, whichever API's shapes it speaks: the in-flight
 gauge, the sampled latency, the faults that break the connection rather than answer, and quota admission.
 
-OpenAI's chat (``_chat``) and Anthropic's Messages (``_messages_route``) both call these; each renders its own
+OpenAI's chat (``_chat``), Anthropic's Messages (``_messages_route``) and Gemini's generateContent (``_gemini``) call
+these; each renders its own
 bodies and headers from what they return. Both draw on one account: the same RPM/TPM windows.
 """
 
@@ -98,13 +99,13 @@ class RealTimeRoutes:
         invalid = self._invalid_body(body, request)
         if invalid is not None:
             return self._counted(invalid)
-        model: str = body["model"]
+        model = self._model_of(request, body)
         if state.allowed_models is not None and model not in state.allowed_models:
             return self._counted(self._unknown_model(model))
         digest = self._digest(raw, body)
         forced: str | None = None
         if MARKER_BYTES in raw:
-            found = marker_fault(body["messages"], digest=digest, hits=state.marker_hits, pattern=_MARKER_BODY,
+            found = marker_fault(self._turns(body), digest=digest, hits=state.marker_hits, pattern=_MARKER_BODY,
                                  allowed=MARKERS, where="", refuse=self._unknown_marker, seen=state.stats.markers)
             if isinstance(found, web.Response):
                 return self._counted(found)
@@ -117,6 +118,15 @@ class RealTimeRoutes:
 
     def _refuse_headers(self, request: web.Request) -> web.Response | None:
         raise NotImplementedError
+
+    def _model_of(self, request: web.Request, body: dict[str, Any]) -> str:
+        """The model a valid body asks for: its ``model`` (Gemini's is in the path)."""
+        model: str = body["model"]
+        return model
+
+    def _turns(self, body: dict[str, Any]) -> Any:
+        """A valid body's turns, as the markers are looked for in them (``{"role", "content"}`` each)."""
+        return body["messages"]
 
     def _unparsable(self) -> web.Response:
         raise NotImplementedError

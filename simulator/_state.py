@@ -36,6 +36,7 @@ class SimStats:
     peak_in_flight: int = 0
     completions: int = 0  # POST /v1/chat/completions answered 200
     messages: int = 0  # POST /v1/messages answered 200
+    generate_contents: int = 0  # POST /v1beta/models/{model}:generateContent answered 200
     prompt_tokens: int = 0  # all input, a Message's cache reads and writes included
     completion_tokens: int = 0
     cached_tokens: int = 0  # chat's cached_tokens and a Message's cache_read_input_tokens

@@ -9,13 +9,15 @@ from llm_dispatch.core import MESSAGE_BATCH_LIMITS, PROVIDERS, ChatResult, Setti
 from llm_dispatch.core._providers import provider_for
 
 
-def test_claude_models_go_to_anthropic_everything_else_to_openai() -> None:
+def test_claude_models_go_to_anthropic_gemini_to_gemini_everything_else_to_openai() -> None:
     settings = Settings()
-    assert PROVIDERS == ("openai", "anthropic")
+    assert PROVIDERS == ("openai", "anthropic", "gemini")
     assert provider_for("claude-sonnet-4-5", settings=settings) == "anthropic"
     assert provider_for("claude-3-5-haiku-20241022", settings=settings) == "anthropic"
+    assert provider_for("gemini-3.8-flash", settings=settings) == "gemini"
     assert provider_for("gpt-4o-mini", settings=settings) == "openai"
     assert provider_for("my-claude", settings=settings) == "openai"
+    assert provider_for("my-gemini", settings=settings) == "openai"
 
 
 def test_the_users_mapping_is_checked_before_the_builtin_rule() -> None:

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Generic, NamedTuple, TypeVar, get_args
+from urllib.parse import quote
 
 import httpx
 from pydantic import SecretStr
@@ -168,13 +169,15 @@ class LLMClient:
             values.update(base_url=settings.anthropic_base_url, api_key=settings.anthropic_api_key,
                           anthropic_version=settings.anthropic_version,
                           default_max_tokens=settings.default_max_tokens)
+        elif provider == "gemini":
+            values.update(base_url=settings.gemini_base_url, api_key=settings.gemini_api_key)
         else:
             values.update(organization=settings.openai_org_id, project=settings.openai_project_id)
         return cls(**values, provider=provider, transport=transport)
 
     @property
     def provider(self) -> str:
-        """``openai`` (any OpenAI-compatible endpoint) or ``anthropic``."""
+        """``openai`` (any OpenAI-compatible endpoint), ``anthropic`` or ``gemini``."""
         return self._wire.provider
 
     def __repr__(self) -> str:
@@ -231,15 +234,18 @@ class LLMClient:
         estimate = estimate_request_tokens(request) if self._gates.counts_tokens else 0
         route = self._chat_route if request.endpoint == "chat" else self._wire.route(request.endpoint)
         body = route.body(request)
+        # Gemini names the model in the path, not the body.
+        path = route.path.format(model=quote(request.model, safe="")) if "{model}" in route.path else route.path
         floor = self._request_timeout
         if request.lane == "flex":
             body = {**body, "service_tier": "flex"}
             floor = max(floor, FLEX_TIMEOUT)
         # The cap as sent (Anthropic's body always has one): a long generation gets the time it may need.
-        cap = body.get("max_completion_tokens") or body.get("max_tokens") or body.get("max_output_tokens")
+        cap = (body.get("max_completion_tokens") or body.get("max_tokens") or body.get("max_output_tokens")
+               or (body.get("generationConfig") or {}).get("maxOutputTokens"))
         deadline = attempt_deadline(max_output=cap if isinstance(cap, int) else None, floor=floor)
         sent = await self._request(
-            "POST", route.path, json=body, parse=route.parse, tokens=estimate, paced=True, timeout=deadline
+            "POST", path, json=body, parse=route.parse, tokens=estimate, paced=True, timeout=deadline
         )
         chat: Chat = sent.value
         self._gates.used_tokens(chat.total_tokens - estimate)

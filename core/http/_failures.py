@@ -17,6 +17,7 @@ from .._exceptions import (
     APITimeoutError,
     status_error_class,
 )
+from ..wire._gemini_answers import retry_info_delay
 from ..wire._responses import error_detail, error_reason
 from ..wire._wire import STATUS_HINTS, UNUSABLE_HINT
 from .._retry import DEFAULT_MAX_RETRY_AFTER, parse_retry_after, should_retry_status
@@ -49,7 +50,9 @@ class Failure:
     reset, closed before a status line); ``cut``: a status line came, then the connection closed before the body
     was whole; ``invalid``: a 2xx whose body is no answer. ``sent``: the request reached the server (not a failure
     to connect). ``max_retry_after``: the longest Retry-After the client honours; a status asking for longer is
-    not retried (openai-python's rule).
+    not retried (openai-python's rule). ``asked``: the answer's headers with the wait its body asks as
+    ``retry-after-ms``, for a provider that says it there (Gemini's ``RetryInfo.retryDelay``) and not in a header:
+    every rule that reads a Retry-After (the retry's wait, a wait too long to wait, the shared pause) reads it.
     """
 
     kind: Literal["status", "timeout", "connection", "cut", "invalid"]
@@ -59,11 +62,12 @@ class Failure:
     sent: bool = True
     status_code: int | None = None
     max_retry_after: float = DEFAULT_MAX_RETRY_AFTER
+    asked: httpx.Headers | None = None
 
     @classmethod
     def status(cls, response: httpx.Response, *, max_retry_after: float = DEFAULT_MAX_RETRY_AFTER) -> Failure:
         return cls("status", error_detail(response), response=response, status_code=response.status_code,
-                   max_retry_after=max_retry_after)
+                   max_retry_after=max_retry_after, asked=_asked_in_body(response))
 
     @classmethod
     def deadline(cls, timeout: float, cause: BaseException) -> Failure:
@@ -88,6 +92,8 @@ class Failure:
 
     @property
     def headers(self) -> httpx.Headers | None:
+        if self.asked is not None:
+            return self.asked
         return self.response.headers if self.response is not None else None
 
     @property
@@ -268,6 +274,23 @@ def _error(failure: Failure, call: _GiveUp) -> APIError:
         unusable.raw_body = scrub(failure.response.content[:RAW_BODY_CHARS * 4].decode("utf-8", "replace")[
             :RAW_BODY_CHARS], secret)
     return unusable
+
+
+def _asked_in_body(response: httpx.Response) -> httpx.Headers | None:
+    """The answer's headers plus ``retry-after-ms`` from a ``google.rpc.RetryInfo`` in its error body, when it asks
+    a wait there and in no header; else None (the headers say all there is)."""
+    headers = response.headers
+    if "retry-after" in headers or "retry-after-ms" in headers or b"RetryInfo" not in response.content:
+        return None
+    try:
+        delay = retry_info_delay(response.json())
+    except ValueError:
+        return None
+    if delay is None:
+        return None
+    asked = headers.copy()
+    asked["retry-after-ms"] = f"{delay * 1000:g}"
+    return asked
 
 
 def scrub(text: str, secret: str | Sequence[str] | None) -> str:

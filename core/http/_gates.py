@@ -176,7 +176,7 @@ class Gates:
         if not paces and self.limiter.record_rate_limit(admission.permit):
             logger.warning("HTTP 429, quota: concurrency limit lowered to %d of %d",
                            self.limiter.limit, self.limiter.ceiling)
-        wait = server_retry_after(response.headers, max_retry_after=self._max_retry_after)
+        wait = server_retry_after(failure.headers, max_retry_after=self._max_retry_after)
         if wait is None:
             resets = [seen.reset for kind, seen in limits.items() if not exhausted or kind in exhausted]
             wait = min(max((r for r in resets if r is not None), default=0.0), self._max_retry_after)

@@ -36,9 +36,13 @@ CREDIT_CODES = frozenset({
 })
 
 
+# Keys refused with another status than 401: Google answers a wrong key 400 INVALID_ARGUMENT, reason API_KEY_INVALID.
+KEY_CODES = frozenset({"API_KEY_INVALID"})
+
+
 def lasting_failure(status: int, code: str | None) -> LastingKind | None:
     """Whether an error answer (``status``, the provider's ``code`` or error type) stays the same on every try."""
-    if status == 401:
+    if status == 401 or code in KEY_CODES:
         return "key"
     if status == 402 or code in CREDIT_CODES:
         return "credit"

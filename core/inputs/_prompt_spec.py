@@ -16,14 +16,19 @@ from .._exceptions import InputError
 from ..wire._openai_responses import RESPONSES_PARAMS, response_param_problem
 from ._input_files import lone_surrogate_at
 from ..wire._anthropic import anthropic_param_problem, anthropic_params
+from ..wire._gemini import gemini_body, gemini_param_problem
 from ..wire._message_shapes import PartRules, anthropic_messages_refusal, openai_messages_refusal
-from ..wire._model_rules import anthropic_refusal, is_openai_model, openai_params, openai_refusal
+from ..wire._model_rules import anthropic_refusal, gemini_refusal, is_openai_model, openai_params, openai_refusal
 from .._params import misspelling, param_problem, shown
 from ..wire._structured import response_format_problem
 from ..pricing._pricing import ModelLimits, PriceTable
 from ..pricing._routing import URGENCIES, parse_deadline
 from ..pricing._tokens import estimate_input_tokens, input_tokens_at_most, reply_cap
 from .._types import ChatRequest, dedupe_key
+
+# Parameters a provider bounds otherwise than OpenAI does, checked by its own rules instead of ``param_problem``'s:
+# Gemini takes up to 5 stop sequences (``_model_rules.gemini_refusal``), OpenAI 4.
+_OWN_RULES: dict[str, frozenset[str]] = {"gemini": frozenset({"stop"})}
 
 __all__ = ["PromptSpec", "prompt_spec"]
 
@@ -139,8 +144,9 @@ def prompt_spec(
         if bad:
             raise fail(f"'{bad[0]}' cannot be set per prompt (llm-dispatch sets it)", "params")
         params.update(given)
+    own_rules = _OWN_RULES.get(provider, frozenset())
     for name, value in params.items():
-        problem = param_problem(name, value)
+        problem = param_problem(name, value) if name not in own_rules else None
         if problem is not None:
             raise fail(problem, f"params.{name}")
     problem = response_format_problem(params.get("response_format"))
@@ -163,6 +169,18 @@ def prompt_spec(
             raise fail(f"cannot be sent to Anthropic: {exc}", "prompt" if has_prompt else "messages") from None
         refusal = anthropic_refusal(body, version=anthropic_version) or anthropic_messages_refusal(
             body, version=anthropic_version)
+    elif provider == "gemini":
+        for name, value in params.items():
+            problem = gemini_param_problem(name, value)
+            if problem is not None:
+                raise fail(problem, f"params.{name}")
+        try:  # what is left to go wrong is in the messages, or an effort the model cannot take
+            gemini = gemini_body(ChatRequest(model=model, messages=messages, params=params))
+        except (ValueError, TypeError, AttributeError) as exc:
+            field = "params.reasoning_effort" if "reasoning_effort" in str(exc) or "thinking" in str(exc) else (
+                "prompt" if has_prompt else "messages")
+            raise fail(f"cannot be sent to Gemini: {exc}", field) from None
+        refusal = gemini_refusal(model, gemini)
     elif endpoint == "responses":
         for name, value in params.items():
             problem = response_param_problem(name, value)

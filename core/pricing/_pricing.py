@@ -52,7 +52,7 @@ _STANDARD_TIERS: Final = frozenset({"", "default", "auto", "standard", "standard
 # OpenAI renamed priority processing "Fast mode" on 2026-07-30 and takes either word (and reports "priority");
 # Anthropic's fast mode (``speed: "fast"``) is a tier of its own name.
 _TIER_ALIASES: Final = MappingProxyType({"fast": "priority"})
-_PROVIDER_NAMES: Final = MappingProxyType({"openai": "OpenAI", "anthropic": "Anthropic"})
+_PROVIDER_NAMES: Final = MappingProxyType({"openai": "OpenAI", "anthropic": "Anthropic", "gemini": "Google"})
 # Distinct (model, route, tier) billings worked out per table before the memo starts again.
 _RATES_MEMO = 4096
 

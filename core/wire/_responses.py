@@ -145,7 +145,8 @@ def error_code(response: httpx.Response) -> str | None:
 def error_reason(response: httpx.Response) -> str | None:
     """The most precise machine-readable reason an error body gives: Anthropic's ``error.details.error_code``
     (``enforced_spend_limit_reached``), else the error's ``code`` (OpenAI's ``insufficient_quota``,
-    ``invalid_api_key``), else its ``type`` (Anthropic's ``billing_error``, ``authentication_error``)."""
+    ``invalid_api_key``), else its ``type`` (Anthropic's ``billing_error``, ``authentication_error``), else Google's
+    ``ErrorInfo`` reason (``API_KEY_INVALID``), else its ``status`` (Google's ``RESOURCE_EXHAUSTED``)."""
     try:
         body = response.json()
     except ValueError:
@@ -154,9 +155,20 @@ def error_reason(response: httpx.Response) -> str | None:
     if not isinstance(error, dict):
         return None
     details = error.get("details")
-    for value in (details.get("error_code") if isinstance(details, dict) else None, error.get("code"), error.get("type")):
+    # Google's errors give their reason in a ``google.rpc.ErrorInfo`` detail (``API_KEY_INVALID``), else as
+    # ``status`` (``RESOURCE_EXHAUSTED``, ``INVALID_ARGUMENT``); their ``code`` is the HTTP status, a number.
+    for value in (details.get("error_code") if isinstance(details, dict) else None, error.get("code"), error.get("type"),
+                  _error_info_reason(details), error.get("status")):
         if isinstance(value, str) and value:
             return value
+    return None
+
+
+def _error_info_reason(details: Any) -> str | None:
+    for detail in details if isinstance(details, list) else ():
+        if isinstance(detail, dict) and str(detail.get("@type", "")).endswith("google.rpc.ErrorInfo"):
+            reason = detail.get("reason")
+            return reason if isinstance(reason, str) else None
     return None
 
 
@@ -169,6 +181,10 @@ def error_detail(response: httpx.Response) -> str:
     if isinstance(body, dict):
         error = body.get("error")
         if isinstance(error, dict) and error.get("message"):
+            # Google's status word names the error (INVALID_ARGUMENT, RESOURCE_EXHAUSTED, UNAVAILABLE).
+            status = error.get("status")
+            if isinstance(status, str) and status.isupper() and status not in str(error["message"]):
+                return f"{status}: {error['message']}"
             return str(error["message"])
         if isinstance(error, str) and error:
             return error

@@ -2,8 +2,9 @@
 
 A ``Wire`` says where a chat goes, how the key is sent, how a ``ChatRequest`` becomes a body and an answer a
 ``Chat``, where the rate-limit headers are, and what to tell the user for each error status. Retries are the
-same for both (408, 409, 429 and 5xx, Anthropic's 529 included; ``retry-after`` honoured; ``x-should-retry``
-obeyed), as both providers' own SDKs do.
+same for every provider (408, 409, 429 and 5xx, Anthropic's 529 included; ``retry-after`` honoured, or a Gemini
+error's ``RetryInfo.retryDelay``; ``x-should-retry`` obeyed), as the providers' own SDKs do. A path may name the
+request's model as ``{model}`` (Gemini's ``/v1beta/models/{model}:generateContent``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import httpx
 from ._anthropic import anthropic_params
 from ._anthropic_answers import parse_message
 from ._embeddings import embeddings_body, parse_embedding
+from ._gemini import GEMINI_CHAT_PATH, gemini_body
+from ._gemini_answers import parse_generate_content
 from ._openai_responses import parse_response, responses_body
 from .._exceptions import ConfigError
 from ._model_rules import openai_body
@@ -27,7 +30,7 @@ from .._settings import DEFAULT_ANTHROPIC_VERSION, DEFAULT_MAX_TOKENS, AuthHeade
 from .._providers import PROVIDERS
 from .._types import ChatRequest
 
-__all__ = ["ANTHROPIC_RATE_LIMIT_HEADERS", "OPENAI_WIRE", "STATUS_HINTS", "UNUSABLE_HINT", "Route", "Wire", "anthropic_wire", "check_provider_key", "wire_for"]
+__all__ = ["ANTHROPIC_RATE_LIMIT_HEADERS", "GEMINI_WIRE", "NO_RATE_LIMIT_HEADERS", "OPENAI_WIRE", "STATUS_HINTS", "UNUSABLE_HINT", "Route", "Wire", "anthropic_wire", "check_provider_key", "wire_for"]
 
 # What to do about an error status from an OpenAI-compatible endpoint; each provider's wire may word its own.
 STATUS_HINTS: dict[int | str, str] = {
@@ -62,6 +65,27 @@ ANTHROPIC_HINTS: Mapping[int | str, str] = {
                                     "Console (Settings > Limits), or wait for the next month.",
     "contract_spend_limit_reached": "The organization reached its contract's spend limit: see the Anthropic "
                                     "Console (Settings > Limits) or your account team.",
+}
+# Gemini sends no rate-limit headers (its pace is learnt from what its 429s say): templates no header matches.
+NO_RATE_LIMIT_HEADERS = RateLimitHeaders(limit="", remaining="", reset="")
+# By status, then by Google's error status word (``error.status``, which ``error_reason`` reads), as the Gemini API's
+# troubleshooting page lists them (ai.google.dev/gemini-api/docs/troubleshooting).
+GEMINI_HINTS: Mapping[int | str, str] = {
+    **STATUS_HINTS,
+    400: "Fix the request (INVALID_ARGUMENT: a malformed body, or a parameter the model does not take).",
+    401: "Check the Gemini API key (GEMINI_API_KEY, GOOGLE_API_KEY or LLM_DISPATCH_GEMINI_API_KEY).",
+    403: "The Gemini API key may not use this model (PERMISSION_DENIED); check the key's project and restrictions.",
+    404: "Check the model name and LLM_DISPATCH_GEMINI_BASE_URL (the host alone: llm-dispatch adds /v1beta).",
+    429: "Rate limited (RESOURCE_EXHAUSTED): lower LLM_DISPATCH_CONCURRENCY, set LLM_DISPATCH_RPM / "
+         "LLM_DISPATCH_TPM, or raise the project's quota (ai.google.dev/gemini-api/docs/rate-limits).",
+    503: "Gemini is overloaded (UNAVAILABLE); try again later.",
+    504: "Gemini could not finish in time (DEADLINE_EXCEEDED): try again, or shorten the prompt.",
+    "API_KEY_INVALID": "Gemini refused the API key (API_KEY_INVALID): check GEMINI_API_KEY, GOOGLE_API_KEY or "
+                       "LLM_DISPATCH_GEMINI_API_KEY.",
+    "FAILED_PRECONDITION": "Gemini's free tier is not available in this country: enable billing on the key's "
+                           "project in Google AI Studio (FAILED_PRECONDITION).",
+    "PERMISSION_DENIED": "The Gemini API key may not use this model or was refused (PERMISSION_DENIED): check the "
+                         "key, its project and its restrictions in Google AI Studio.",
 }
 _LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 
@@ -111,6 +135,9 @@ class Wire:
             if key is not None:
                 headers["x-api-key"] = key
             return headers
+        if self.provider == "gemini":
+            # As google-genai's client sends a Developer API key (``_api_client.py``).
+            return {"x-goog-api-key": key} if key is not None else {}
         headers = {}
         if key is not None:
             headers = {"api-key": key} if auth_header == "api-key" else {"Authorization": f"Bearer {key}"}
@@ -121,12 +148,18 @@ class Wire:
         return headers
 
     def check_key(self, *, key_set: bool, base_url: str) -> None:
-        """Anthropic always wants a key; only a local server (the simulator) goes without."""
-        if self.provider == "anthropic" and not key_set and httpx.URL(base_url).host not in _LOCAL_HOSTS:
+        """Anthropic and Gemini always want a key; only a local server (the simulator) goes without."""
+        if key_set or self.provider == "openai" or httpx.URL(base_url).host in _LOCAL_HOSTS:
+            return
+        if self.provider == "anthropic":
             raise ConfigError(
                 f"No Anthropic API key for {base_url}: set ANTHROPIC_API_KEY (or LLM_DISPATCH_ANTHROPIC_API_KEY), "
                 "or map the claude models elsewhere with LLM_DISPATCH_MODEL_PROVIDERS"
             )
+        raise ConfigError(
+            f"No Gemini API key for {base_url}: set GEMINI_API_KEY (or GOOGLE_API_KEY, or "
+            "LLM_DISPATCH_GEMINI_API_KEY), or map the gemini models elsewhere with LLM_DISPATCH_MODEL_PROVIDERS"
+        )
 
 
 OPENAI_WIRE = Wire(
@@ -155,11 +188,27 @@ def anthropic_wire(*, version: str = DEFAULT_ANTHROPIC_VERSION, default_max_toke
     )
 
 
+# The Gemini Developer API; its base URL is the host (``https://generativelanguage.googleapis.com``, as the SDK's
+# ``GOOGLE_GEMINI_BASE_URL``), the path carries the API version.
+GEMINI_WIRE = Wire(
+    provider="gemini",
+    chat_path=GEMINI_CHAT_PATH,
+    chat_body=gemini_body,
+    parse_chat=parse_generate_content,
+    rate_limit_headers=NO_RATE_LIMIT_HEADERS,
+    hints=GEMINI_HINTS,
+    unusable_hint="Check that LLM_DISPATCH_GEMINI_BASE_URL points at the Gemini API (the host, without /v1beta).",
+    url_setting="LLM_DISPATCH_GEMINI_BASE_URL",
+)
+
+
 def wire_for(provider: str, *, version: str = DEFAULT_ANTHROPIC_VERSION, default_max_tokens: int = DEFAULT_MAX_TOKENS) -> Wire:
     if provider == "openai":
         return OPENAI_WIRE
     if provider == "anthropic":
         return anthropic_wire(version=version, default_max_tokens=default_max_tokens)
+    if provider == "gemini":
+        return GEMINI_WIRE
     raise ValueError(f"provider must be one of {', '.join(PROVIDERS)}, got {provider!r}")
 
 
@@ -170,3 +219,7 @@ def check_provider_key(settings: Settings, *, provider: str) -> None:
         # A named Secret block stands for the key: the flow reads it, and says so if it is missing.
         key_set = (key is not None and bool(key.get_secret_value())) or settings.anthropic_api_key_block is not None
         wire_for(provider).check_key(key_set=key_set, base_url=settings.anthropic_base_url)
+    elif provider == "gemini":
+        key = settings.gemini_api_key
+        key_set = (key is not None and bool(key.get_secret_value())) or settings.gemini_api_key_block is not None
+        wire_for(provider).check_key(key_set=key_set, base_url=settings.gemini_base_url)

@@ -34,17 +34,17 @@ if TYPE_CHECKING:
     from .inputs._inputs import InputCheck, PromptSource, RepeatedKeys, check_prompts, fingerprint, iter_prompts
     from ._json import dollars, json_field, money, stored_json, to_json
     from ._params import counted
-    from .wire._message_shapes import anthropic_messages_refusal, openai_messages_refusal
+    from .rules._message_shapes import anthropic_messages_refusal, openai_messages_refusal
     from .batches._message_batches import MessageBatchApi
-    from .wire._model_rules import (
+    from .rules._model_rules import (
         THINKING_PER_ANSWER_TOKEN,
         THINKING_ROOM,
         Refusal,
-        anthropic_refusal,
         batch_metadata_problem,
-        gemini_refusal,
         openai_refusal,
     )
+    from .rules._claude_rules import anthropic_refusal
+    from .rules._gemini_rules import gemini_refusal
     from .batches._openai_batches import BATCH_ID_KEY, JOB_ID_KEY, OpenAIBatchApi
     from .pricing._lanes import DEFAULT_OFFERS, Lane, LaneOffer
     from .wire._packing import (

@@ -15,7 +15,8 @@ from llm_dispatch.core import ChatRequest, InputError
 from llm_dispatch.core.wire._anthropic import anthropic_params
 from llm_dispatch.core.inputs._inputs import parse_prompt_dicts
 from llm_dispatch.core.batches._batch_files import write_batch_files
-from llm_dispatch.core.wire._model_rules import anthropic_refusal, openai_body, openai_refusal
+from llm_dispatch.core.rules._model_rules import openai_body, openai_refusal
+from llm_dispatch.core.rules._claude_rules import anthropic_refusal
 
 from conftest import FakeTime, make_client
 

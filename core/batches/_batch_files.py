@@ -19,7 +19,7 @@ from typing import IO, Any
 from .._batch_types import DEFAULT_BATCH_LIMITS, BatchLimits
 from ..wire._embeddings import embedding_result_from_body, embeddings_body
 from .._endpoints import DEFAULT_ENDPOINT, batch_url
-from ..wire._model_rules import openai_body
+from ..rules._model_rules import openai_body
 from ..wire._openai_responses import response_result_from_body, responses_body
 from ..wire._responses import chat_result_from_body
 from .._exceptions import APIResponseValidationError

@@ -19,7 +19,6 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Generic, NamedTuple, TypeVar, get_args
-from urllib.parse import quote
 
 import httpx
 from pydantic import SecretStr
@@ -41,7 +40,7 @@ from .._settings import DEFAULT_ANTHROPIC_VERSION, DEFAULT_BASE_URL, DEFAULT_MAX
 from ..pricing._tokens import estimate_request_tokens
 from ._transport import BodyCut, default_transport
 from .._types import ChatRequest, ChatResult
-from ..wire._wire import wire_for
+from ..wire._wire import provider_settings, reply_cap, wire_for
 
 __all__ = ["DEFAULT_CONCURRENCY", "DEFAULT_CONNECT_TIMEOUT", "DEFAULT_FILE_TIMEOUT", "DEFAULT_MAX_RETRIES",
            "DEFAULT_MAX_RETRY_AFTER", "DEFAULT_TIMEOUT", "LLMClient"]
@@ -163,16 +162,8 @@ class LLMClient:
         cls, settings: Settings, *, provider: str = "openai", transport: httpx.AsyncBaseTransport | None = None
     ) -> LLMClient:
         """The client a flow run uses for one provider: one per run and provider, so ``settings.concurrency``
-        is each one's ceiling. Anthropic's takes ``anthropic_base_url`` and ``anthropic_api_key``."""
-        values = {name: getattr(settings, name) for name in _FROM_SETTINGS}
-        if provider == "anthropic":
-            values.update(base_url=settings.anthropic_base_url, api_key=settings.anthropic_api_key,
-                          anthropic_version=settings.anthropic_version,
-                          default_max_tokens=settings.default_max_tokens)
-        elif provider == "gemini":
-            values.update(base_url=settings.gemini_base_url, api_key=settings.gemini_api_key)
-        else:
-            values.update(organization=settings.openai_org_id, project=settings.openai_project_id)
+        is each one's ceiling; its endpoint and key are its provider's (``provider_settings``)."""
+        values = {name: getattr(settings, name) for name in _FROM_SETTINGS} | provider_settings(provider, settings)
         return cls(**values, provider=provider, transport=transport)
 
     @property
@@ -234,16 +225,14 @@ class LLMClient:
         estimate = estimate_request_tokens(request) if self._gates.counts_tokens else 0
         route = self._chat_route if request.endpoint == "chat" else self._wire.route(request.endpoint)
         body = route.body(request)
-        # Gemini names the model in the path, not the body.
-        path = route.path.format(model=quote(request.model, safe="")) if "{model}" in route.path else route.path
+        path = route.path_for(request)
         floor = self._request_timeout
         if request.lane == "flex":
             body = {**body, "service_tier": "flex"}
             floor = max(floor, FLEX_TIMEOUT)
         # The cap as sent (Anthropic's body always has one): a long generation gets the time it may need.
-        cap = (body.get("max_completion_tokens") or body.get("max_tokens") or body.get("max_output_tokens")
-               or (body.get("generationConfig") or {}).get("maxOutputTokens"))
-        deadline = attempt_deadline(max_output=cap if isinstance(cap, int) else None, floor=floor)
+        cap = reply_cap(body)
+        deadline = attempt_deadline(max_output=cap, floor=floor)
         sent = await self._request(
             "POST", path, json=body, parse=route.parse, tokens=estimate, paced=True, timeout=deadline
         )

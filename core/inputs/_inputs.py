@@ -26,7 +26,8 @@ from .._exceptions import InputError
 from ._input_files import PromptSource, records
 from .._hashes import HashBag, RepeatedKeys, key_hash, text_hash
 from ..wire._anthropic import has_max_tokens
-from ..wire._model_rules import DEFAULT_THINKING_MAX_TOKENS, anthropic_max_tokens, anthropic_thinks, thinking_room
+from ..rules._model_rules import DEFAULT_THINKING_MAX_TOKENS, thinking_room
+from ..rules._claude_rules import anthropic_max_tokens, anthropic_thinks
 from .._params import counted, shown
 from ..pricing._pricing import PriceTable
 from ._prompt_spec import PromptSpec, prompt_spec

@@ -17,8 +17,10 @@ from ..wire._openai_responses import RESPONSES_PARAMS, response_param_problem
 from ._input_files import lone_surrogate_at
 from ..wire._anthropic import anthropic_param_problem, anthropic_params
 from ..wire._gemini import gemini_body, gemini_param_problem
-from ..wire._message_shapes import PartRules, anthropic_messages_refusal, openai_messages_refusal
-from ..wire._model_rules import anthropic_refusal, gemini_refusal, is_openai_model, openai_params, openai_refusal
+from ..rules._message_shapes import PartRules, anthropic_messages_refusal, openai_messages_refusal
+from ..rules._model_rules import is_openai_model, openai_params, openai_refusal
+from ..rules._claude_rules import anthropic_refusal
+from ..rules._gemini_rules import gemini_refusal
 from .._params import misspelling, param_problem, shown
 from ..wire._structured import response_format_problem
 from ..pricing._pricing import ModelLimits, PriceTable

@@ -19,7 +19,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from ._model_rules import DEFAULT_THINKING_MAX_TOKENS, anthropic_max_tokens, anthropic_output_format
+from ..rules._model_rules import DEFAULT_THINKING_MAX_TOKENS
+from ..rules._claude_rules import anthropic_max_tokens, anthropic_output_format
 from .._params import shown, suggestion
 from ._structured import STRUCTURED_TOOL, answer_schema
 from .._types import ChatRequest

@@ -28,7 +28,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from ._model_rules import gemini_25_family, gemini_thinking
+from ..rules._gemini_rules import gemini_25_family, gemini_thinking
 from .._params import shown, suggestion
 from ._structured import answer_schema
 from .._types import ChatRequest

@@ -14,6 +14,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from urllib.parse import quote
+
 import httpx
 
 from ._anthropic import anthropic_params
@@ -23,14 +25,16 @@ from ._gemini import GEMINI_CHAT_PATH, gemini_body
 from ._gemini_answers import parse_generate_content
 from ._openai_responses import parse_response, responses_body
 from .._exceptions import ConfigError
-from ._model_rules import openai_body
+from ..rules._model_rules import openai_body
 from ._ratelimit_headers import OPENAI_RATE_LIMIT_HEADERS, RateLimitHeaders
 from ._responses import Chat, parse_chat
 from .._settings import DEFAULT_ANTHROPIC_VERSION, DEFAULT_MAX_TOKENS, AuthHeader, Settings
 from .._providers import PROVIDERS
 from .._types import ChatRequest
 
-__all__ = ["ANTHROPIC_RATE_LIMIT_HEADERS", "GEMINI_WIRE", "NO_RATE_LIMIT_HEADERS", "OPENAI_WIRE", "STATUS_HINTS", "UNUSABLE_HINT", "Route", "Wire", "anthropic_wire", "check_provider_key", "wire_for"]
+__all__ = ["ANTHROPIC_RATE_LIMIT_HEADERS", "GEMINI_WIRE", "NO_RATE_LIMIT_HEADERS", "OPENAI_WIRE", "STATUS_HINTS",
+           "UNUSABLE_HINT", "Route", "Wire", "anthropic_wire", "check_provider_key", "provider_settings", "reply_cap",
+           "wire_for"]
 
 # What to do about an error status from an OpenAI-compatible endpoint; each provider's wire may word its own.
 STATUS_HINTS: dict[int | str, str] = {
@@ -96,6 +100,28 @@ class Route(NamedTuple):
     path: str
     body: Callable[[ChatRequest], dict[str, Any]]
     parse: Callable[[httpx.Response], Chat]
+
+    def path_for(self, request: ChatRequest) -> str:
+        """The path of ``request``'s call: the route's own, with the model put in where it names one (Gemini's)."""
+        return self.path.format(model=quote(request.model, safe="")) if "{model}" in self.path else self.path
+
+
+def reply_cap(body: Mapping[str, Any]) -> int | None:
+    """The cap on the reply a request body sets, as each provider names it."""
+    cap = (body.get("max_completion_tokens") or body.get("max_tokens") or body.get("max_output_tokens")
+           or (body.get("generationConfig") or {}).get("maxOutputTokens"))
+    return cap if isinstance(cap, int) else None
+
+
+def provider_settings(provider: str, settings: Settings) -> dict[str, Any]:
+    """What a client of ``provider`` takes from ``settings`` beyond what every client takes: its endpoint and key,
+    and what else its wire needs."""
+    if provider == "anthropic":
+        return {"base_url": settings.anthropic_base_url, "api_key": settings.anthropic_api_key,
+                "anthropic_version": settings.anthropic_version, "default_max_tokens": settings.default_max_tokens}
+    if provider == "gemini":
+        return {"base_url": settings.gemini_base_url, "api_key": settings.gemini_api_key}
+    return {"organization": settings.openai_org_id, "project": settings.openai_project_id}
 
 
 

@@ -73,7 +73,7 @@ def start_server(*, port: int = DEFAULT_PORT, timeout: float = STARTUP_TIMEOUT) 
     env = {"PREFECT_SERVER_ANALYTICS_ENABLED": "false", **os.environ}
     env.pop("PREFECT_API_URL", None)
     # The UI asks its server where the API is (/ui-settings); unset, that is the default port's, whatever --port is.
-    env["PREFECT_UI_API_URL"] = api_url
+    env.setdefault("PREFECT_UI_API_URL", api_url)
     with log.open("ab") as sink:
         process = subprocess.Popen(
             [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],

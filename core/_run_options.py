@@ -252,8 +252,14 @@ def setting_overrides(values: Mapping[str, Any], *, door: Door) -> dict[str, Any
 def flow_parameters(settings: Settings, *, door: Door) -> dict[str, Any]:
     """Every setting the ``door`` flow takes as a parameter, by its parameter's name, with its value in ``settings``:
     a flow run given them runs with these settings whatever its environment says."""
-    return {option.name: getattr(settings, option.setting) for option in RUN_OPTIONS
+    return {option.name: _masked(option, getattr(settings, option.setting)) for option in RUN_OPTIONS
             if door in option.doors and option.setting is not None}
+
+
+def _masked(option: RunOption, value: Any) -> Any:
+    """A secret setting as the flow takes it, a ``SecretStr``: the Prefect API stores the parameters a run is called
+    with, and a ``SecretStr`` is stored masked (a plain string would be stored as it is)."""
+    return SecretStr(value) if isinstance(value, str) and option.type == SecretStr | None else value
 
 
 def shard_parameters(settings: Settings, **run: Any) -> dict[str, Any]:

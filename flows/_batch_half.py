@@ -24,7 +24,7 @@ from llm_dispatch.tasks import finish_submission, submit_batches
 from ._realtime_half import send_realtime
 
 # The providers whose endpoint may be known to have no Batch API (``jobs.known_without_batch_api``).
-BATCH_PROVIDERS = frozenset({"openai", "anthropic"})
+BATCH_PROVIDERS = frozenset(BACKENDS)
 # Providers llm-dispatch has no batch backend for (``core.BACKENDS``): Gemini, until its Batch Mode is written. Their
 # prompts routed to the Batch API go real-time, with one warning, before anything is submitted.
 NO_BATCH_BACKEND = frozenset(PROVIDERS) - frozenset(BACKENDS)
@@ -116,8 +116,8 @@ async def dispatch_batches(
             # Cut to what the budget holds: the rest waits for money the batches out give back, or a higher budget.
             summary.budget_reached = submitted.over_budget > 0
             if submitted.over_budget:
-                logger.warning("Job %s: %d batch prompts wait: their worst case does not fit the budget.", job_id,
-                               submitted.over_budget)
+                logger.warning("Job %s: %s routed to batches wait: their worst case does not fit the budget.", job_id,
+                               counted(submitted.over_budget, "prompt"))
         if not wait:
             break
         waiting = [batch.id for batch in await storage.unfinished_batches(sessions, job_id=job_id)]

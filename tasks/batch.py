@@ -11,7 +11,7 @@ from prefect import State, task
 from prefect.cache_policies import NO_CACHE
 
 from llm_dispatch import storage
-from llm_dispatch.core import RetryFailed
+from llm_dispatch.core import RetryFailed, counted
 from llm_dispatch import jobs
 from llm_dispatch.jobs import AbandonOutcome, BatchProblem, IngestOutcome, JobRun, SubmitOutcome
 
@@ -59,7 +59,9 @@ async def ingest_batch(*, run: JobRun, batch_id: int) -> IngestOutcome:
     return outcome
 
 
-@task(name="ingest-batch", task_run_name="ingest {label}", cache_policy=NO_CACHE)
+# retries=0: a Failed ingest (lines failed for good) is its outcome, not a fault for Prefect's default retries to run
+# again (a second ingest finds nothing left to store and would report that instead).
+@task(name="ingest-batch", task_run_name="ingest {label}", cache_policy=NO_CACHE, retries=0)
 async def _ingest_batch(*, run: JobRun, record: storage.BatchRecord, label: str) -> State:
     """Its invalid answers' re-asks are held by the job's budget (``run_budget``), as every batch is."""
     settings = run.settings
@@ -76,7 +78,7 @@ async def _ingest_batch(*, run: JobRun, record: storage.BatchRecord, label: str)
     failure = None
     if outcome.failed:
         codes = ", ".join(f"{code} x{n}" for code, n in sorted(outcome.failed_by_code.items()))
-        failure = f"{label}: {outcome.failed} lines failed for good ({codes or 'see the job'}); {told}"
+        failure = f"{label}: {counted(outcome.failed, 'line')} failed for good ({codes or 'see the job'}); {told}"
     return run_state(outcome, failure=failure, message=f"{label}: {told}")
 
 

@@ -31,7 +31,9 @@ def _chunk_run_name() -> str:
     return f"send chunk {parameter('number')}/{parameter('of')} ({prompts(parameter('size'))})"
 
 
-@task(name="send-chunk", task_run_name=_chunk_run_name, cache_policy=NO_CACHE)
+# retries=0: a chunk that ends Failed for its failed prompts did its work (stored); Prefect's default retries would
+# send it again.
+@task(name="send-chunk", task_run_name=_chunk_run_name, cache_policy=NO_CACHE, retries=0)
 async def send_chunk(
     *,
     number: int,

@@ -62,7 +62,7 @@ def requests(texts: list[str]) -> list[dict[str, Any]]:
     return [{"custom_id": f"req-{i}", "params": params(text)} for i, text in enumerate(texts)]
 
 
-async def wait_until_ended(client: LLMClient, batch: BatchInfo, *, timeout: float = 5.0) -> tuple[BatchInfo, list]:
+async def wait_until_ended(client: LLMClient, batch: BatchInfo, *, timeout: float = 120.0) -> tuple[BatchInfo, list]:
     """Poll until ended; returns the last BatchInfo and every (status, completed) seen."""
     seen = [(batch.status, batch.request_counts.completed)]
     deadline = time.monotonic() + timeout

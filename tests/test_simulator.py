@@ -142,7 +142,7 @@ async def test_latency_is_applied(start_sim: StartSim, session: aiohttp.ClientSe
     started = time.perf_counter()
     status, _, _ = await post(session, url, chat())
     assert status == 200
-    assert 0.2 <= time.perf_counter() - started < 1.0
+    assert 0.2 <= time.perf_counter() - started < 30  # the latency, not a hang
 
 
 async def test_models_are_listed(start_sim: StartSim, session: aiohttp.ClientSession):
@@ -298,15 +298,18 @@ async def test_hang_never_answers_and_does_not_block_others(start_sim: StartSim,
     url = await start_sim()
 
     async def hung() -> None:
-        async with httpx.AsyncClient(timeout=0.3) as client:
+        async with httpx.AsyncClient(timeout=60) as client:
             await client.post(f"{url}/chat/completions", json=chat("[[sim:hang]]"))
 
     hanging = asyncio.create_task(hung())
-    await asyncio.sleep(0.05)
-    started = time.perf_counter()
+    for _ in range(500):  # until the simulator holds the hanging request
+        if (await admin(session, url, "stats"))[1]["in_flight"] == 1:
+            break
+        await asyncio.sleep(0.01)
     assert (await post(session, url, chat()))[0] == 200
-    assert time.perf_counter() - started < 0.2
-    with pytest.raises(httpx.ReadTimeout):
+    assert not hanging.done()  # answered while the other still hangs
+    hanging.cancel()
+    with pytest.raises(asyncio.CancelledError):
         await hanging
 
     # The abandoned request stops counting as in flight once its client has gone.
@@ -325,7 +328,7 @@ async def test_hang_ends_in_a_disconnect_after_hang_seconds(start_sim: StartSim,
     started = time.perf_counter()
     with pytest.raises(aiohttp.ServerDisconnectedError):
         await post(session, url, chat())
-    assert 0.2 <= time.perf_counter() - started < 1.0
+    assert 0.2 <= time.perf_counter() - started < 30  # its own hang, not the default
 
 
 async def test_random_faults_follow_the_rates_and_the_seed(start_sim: StartSim, session: aiohttp.ClientSession):

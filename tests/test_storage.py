@@ -888,7 +888,10 @@ async def test_writer_retries_once_when_the_database_is_locked(
         with sqlite_write_lock(db.path):
             for pid in ids:
                 await writer.success(prompt_ids=[pid], result=answer())
-            await asyncio.sleep(0.4)  # the first write gives up on the lock after 50 ms...
+            for _ in range(6000):  # the first write gives up on the lock after 50 ms...
+                if "retrying once" in caplog.text:
+                    break
+                await asyncio.sleep(0.01)
         # ...and the retry, after the lock is gone, succeeds.
     assert writer.rows_written == 20
     assert await count_results(sessions) == 20
@@ -932,7 +935,12 @@ async def test_writer_backpressure_holds_callers_while_the_database_is_busy(db: 
                     await writer.success(prompt_ids=[pid], result=answer())
 
             producer = asyncio.create_task(produce())
-            await asyncio.sleep(0.3)
+            for _ in range(6000):  # until the writer holds as many rows as it takes
+                if writer.pending_rows >= 100:
+                    break
+                await asyncio.sleep(0.01)
+            for _ in range(20):  # the producer, given the loop, gets no further
+                await asyncio.sleep(0.01)
             assert not producer.done()
             assert 100 <= writer.pending_rows <= 101
         await asyncio.wait_for(producer, timeout=30)

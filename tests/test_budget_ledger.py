@@ -33,11 +33,11 @@ def worst() -> int:
 # all of their worst case, and settle it in a transaction of their own, as the result writer does; until a
 # reservation does not fit. Prints what it sent and what its answers cost.
 SPENDER = textwrap.dedent("""
-    import asyncio, json, random, sys
+    import asyncio, json, pathlib, random, sys
     from llm_dispatch import storage
     from llm_dispatch.core import ChatRequest, PriceTable
 
-    async def main(url, name, seed):
+    async def main(url, name, seed, ready, processes):
         rng = random.Random(seed)
         request = ChatRequest(model="gpt-4o-mini", messages=[{"role": "user", "content": "hello there"}],
                               params={"max_tokens": 100})
@@ -45,6 +45,10 @@ SPENDER = textwrap.dedent("""
         await storage.migrate(engine)
         sessions = storage.session_factory(engine)
         budget = await storage.get_budget(sessions, name=name)
+        # Every process ready before any spends: they spend side by side however the machine schedules them.
+        pathlib.Path(ready, str(seed)).touch()
+        while len(list(pathlib.Path(ready).iterdir())) < processes:
+            await asyncio.sleep(0.01)
         sent, spent, refused = 0, 0, 0
         try:
             async with storage.BudgetLease(sessions, budget=budget, prices=PriceTable.load(), block=4) as lease:
@@ -69,7 +73,7 @@ SPENDER = textwrap.dedent("""
             await engine.dispose()
         print(json.dumps({"sent": sent, "spent": spent, "refused": refused}))
 
-    asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))
+    asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5])))
 """)
 
 
@@ -81,7 +85,10 @@ async def _shared_budget(url: str, *, processes: int, tmp_path: Path) -> None:
     await storage.set_budget(sessions, name="team", limit_pico_usd=limit, per="total")
     script = tmp_path / "spender.py"
     script.write_text(SPENDER)
-    procs = [subprocess.Popen([sys.executable, str(script), url, "team", str(seed)], stdout=subprocess.PIPE,
+    ready = tmp_path / "ready"
+    ready.mkdir()
+    procs = [subprocess.Popen([sys.executable, str(script), url, "team", str(seed), str(ready), str(processes)],
+                              stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for seed in range(processes)]
     outputs = [await asyncio.to_thread(proc.communicate, timeout=240) for proc in procs]
     for proc, (_, stderr) in zip(procs, outputs):
@@ -94,8 +101,9 @@ async def _shared_budget(url: str, *, processes: int, tmp_path: Path) -> None:
     assert usage.spent_pico_usd == spent
     assert usage.reserved_pico_usd == 0
     assert spent <= limit
-    # Each process stopped because its next reservation did not fit, once the budget was mostly spent.
-    assert all(each["refused"] and each["sent"] for each in found)
+    # Each process stopped because its next reservation did not fit, once the budget was mostly spent. (How the
+    # sends split between the processes is the scheduler's business: one may have spent it all.)
+    assert all(each["refused"] for each in found)
     assert spent > limit // 2
 
 

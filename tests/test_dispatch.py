@@ -114,7 +114,7 @@ async def test_items_waiting_for_the_clients_shared_limit_are_not_dispatched() -
 
     for _ in range(2):  # the other call finishes: slots free up, answers come, two rounds are left
         slots.release()
-    await asyncio.wait_for(dispatched.wait(), timeout=2)
+    await asyncio.wait_for(dispatched.wait(), timeout=60)
     assert len(sink.successes) >= 2
     outcome = await task
     assert outcome.succeeded == 10

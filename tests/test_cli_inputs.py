@@ -17,9 +17,13 @@ COMMAND = str(Path(sys.executable).parent / "llm-dispatch")
 MAX_LINE = 450
 
 
-def run(cwd: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def run(cwd: Path, *args: str, timeout: float = 120, prefect_api: str | None = None) -> subprocess.CompletedProcess[str]:
+    """The command as a user runs it; with ``prefect_api``, against the session's Prefect server (a run that sends
+    needs one: without it each would start a temporary server of its own, 10-20 s; test_cli.py keeps that path)."""
     env = {key: value for key, value in os.environ.items()
            if not key.startswith(("LLM_DISPATCH_", "OPENAI_", "ANTHROPIC_"))}
+    if prefect_api is not None:
+        env["PREFECT_API_URL"] = prefect_api
     # Rich wraps at the terminal's width: a wide one keeps each message on its own line, as in a real terminal.
     env["COLUMNS"] = "1000"
     return subprocess.run([COMMAND, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
@@ -92,11 +96,11 @@ def test_a_string_broken_over_two_lines_is_named_at_its_column(tmp_path: Path) -
     assert seen[0] == "error: broken.jsonl:2: invalid JSON (Invalid control character at column 28)"
 
 
-def test_an_excel_csv_keeps_its_ids_and_a_past_deadline_warns_and_goes_real_time(tmp_path: Path) -> None:
+def test_an_excel_csv_keeps_its_ids_and_a_past_deadline_warns_and_goes_real_time(tmp_path: Path, prefect_api: str) -> None:
     # Excel's "CSV UTF-8" starts the file with a byte-order mark, which used to become part of the first column's name.
     (tmp_path / "excel.csv").write_bytes("\ufeffid,prompt,deadline\nq1,hello,2020-01-01T00:00:00Z\nq2,bye,\n"
                                          .encode("utf-8"))
-    result = run(tmp_path, "run", "excel.csv", "--simulate", "--sim-latency", "0.01", "--json")
+    result = run(tmp_path, "run", "excel.csv", "--simulate", "--sim-latency", "0.01", "--json", prefect_api=prefect_api)
     assert result.returncode == 0, result.stderr
     warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
     assert warnings == ["warning: excel.csv: 1 prompt has a deadline already past (the first on line 2: "
@@ -108,13 +112,13 @@ def test_an_excel_csv_keeps_its_ids_and_a_past_deadline_warns_and_goes_real_time
     assert [(row["id"], row["route"]) for row in rows] == [("q1", "realtime"), ("q2", "realtime")]
 
 
-def test_max_tokens_to_a_reasoning_model_is_answered_under_simulate(tmp_path: Path) -> None:
+def test_max_tokens_to_a_reasoning_model_is_answered_under_simulate(tmp_path: Path, prefect_api: str) -> None:
     # Issue 24's first row: 20 of 25 prompts to gpt-6-luna set max_tokens, which the model refuses (the simulator
     # answers that 400 as OpenAI does); llm-dispatch sends it as max_completion_tokens, so all 25 are answered.
     records = [{"id": f"p{i}", "prompt": f"Question {i}?", "model": "gpt-6-luna", "urgency": "urgent",
                 **({"params": {"max_tokens": 50}} if i < 20 else {})} for i in range(25)]
     (tmp_path / "luna.jsonl").write_bytes(jsonl(*records))
-    result = run(tmp_path, "run", "luna.jsonl", "--simulate", "--sim-latency", "0.01", "--json")
+    result = run(tmp_path, "run", "luna.jsonl", "--simulate", "--sim-latency", "0.01", "--json", prefect_api=prefect_api)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["counts"] == {"succeeded": 25}
 

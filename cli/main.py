@@ -92,6 +92,7 @@ def run(
     budget: Annotated[Optional[float], run_flag("budget")] = None,
     budget_name: Annotated[Optional[str], run_flag("budget_name")] = None,
     prices_file: Annotated[Optional[Path], run_flag("prices_file")] = None,
+    providers_file: Annotated[Optional[Path], run_flag("providers_file")] = None,
     schema: Annotated[Optional[str], run_flag("answer_schema")] = None,
     max_reasks: Annotated[Optional[int], run_flag("max_reasks")] = None,
     database_url: DatabaseUrl = None,
@@ -214,6 +215,14 @@ def _check_keys(settings: Settings, *, providers: frozenset[str]) -> None:
             check_provider_key(settings, provider=provider)
         except LLMDispatchError as exc:
             raise _fail(f"{exc}, or add --simulate to use the bundled simulator") from None
+    from llm_dispatch.core import ProviderTable
+
+    table = ProviderTable.from_settings(settings)
+    for provider in sorted(providers & set(table.declared)):
+        try:
+            table.get(provider).check_key(source=table.source)
+        except LLMDispatchError as exc:
+            raise _fail(str(exc)) from None
 
 
 class _Interrupted(Exception):

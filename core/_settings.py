@@ -217,6 +217,17 @@ class Settings(BaseSettings):
         return {name: url.rstrip("/") for name, url in value.items()}
 
     @model_validator(mode="after")
+    def _mapped_to_a_provider(self) -> Settings:
+        # With no providers file, a provider is a built-in one; with one, the run's table checks the names it declares.
+        if self.providers_file is None:
+            for pattern, provider in self.model_providers.items():
+                if provider not in PROVIDERS:
+                    raise ValueError(
+                        f"model_providers maps {pattern!r} to {provider!r}; a provider is one of "
+                        f"{', '.join(PROVIDERS)}, or one a providers file declares (LLM_DISPATCH_PROVIDERS_FILE)")
+        return self
+
+    @model_validator(mode="after")
     def _default_chunk_concurrency(self) -> Settings:
         if self.chunk_concurrency is None:
             self.chunk_concurrency = self.concurrency

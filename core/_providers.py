@@ -164,7 +164,8 @@ class ProviderTable:
     def get(self, name: str) -> Provider:
         provider = self.declared.get(name) or BUILTIN_PROVIDERS.get(name)
         if provider is None:
-            raise ValueError(f"provider must be one of {', '.join(self.names)}, got {name!r}")
+            raise ValueError(f"provider {name!r} is not declared here (known: {', '.join(self.names)}): give the "
+                             "providers file that declares it (--providers-file, LLM_DISPATCH_PROVIDERS_FILE)")
         return provider
 
     @property

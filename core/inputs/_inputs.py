@@ -269,8 +269,8 @@ def _unknown_model(model: str, *, prompts: int, line: int, table: PriceTable | N
     near = difflib.get_close_matches(model, names, n=1, cutoff=0.75)
     hint = f"did you mean {near[0]}?" if near else "`llm-dispatch models` lists the catalog"
     return InputError(f"unknown model {shown(model)} ({counted(prompts, 'prompt')}, first on line {line}); {hint} "
-                      "(your own model: give it in --prices-file, LLM_DISPATCH_MODEL_PROVIDERS or a providers "
-                      "file's models, or pass --allow-unknown-model)", path=where)
+                      "(your own model: give it in --prices-file or LLM_DISPATCH_MODEL_PROVIDERS, or pass "
+                      "--allow-unknown-model)", path=where)
 
 
 def _duplicate_ids(

@@ -260,3 +260,43 @@ async def test_one_simulator_serves_a_named_provider_beside_the_built_in_ones(
     assert (root["messages"], root["message_batches"], root["message_batch_lines"]) == (2, 1, 1)
     stored = dict(rows(db_url, "SELECT custom_id, model FROM prompts WHERE provider = 'groq'"))
     assert stored == {f"groq-{i}": "groq/llama-3.3-70b-versatile" for i in range(3)}
+
+
+@pytest.mark.prefect
+async def test_a_declared_host_without_a_batch_api_sends_its_bulk_prompts_real_time_and_only_its_own(
+    prefect_api: str, db_url: str, tmp_path: Path
+) -> None:
+    """``batch_api = "learn"``: the host's 404 on its files is remembered for its URL alone (OpenAI's batches go on);
+    ``batch_api = false``: never tried, its prompts real-time from the start."""
+    import httpx
+
+    from llm_dispatch.flows.dispatch import dispatch
+    from llm_dispatch.simulator import Simulator, SimulatorConfig
+
+    providers = tmp_path / "providers.toml"
+    providers.write_text('[providers.vllm]\nwire = "openai"\nbase_url = "http://gpu.example:8000/v1"\n'
+                         'models = ["local-*"]\n\n[providers.ollama]\nwire = "openai"\n'
+                         'base_url = "http://ollama.example:11434/v1"\nbatch_api = false\nmodels = ["tiny-*"]\n')
+    prompts = [{"id": f"{model}-{i}", "model": model, "prompt": f"question {i}", "urgency": "bulk",
+                "params": {"max_tokens": 20}}
+               for model in ("local-model", "tiny-model", "gpt-6-luna") for i in range(2)]
+    async with Simulator(SimulatorConfig(batch_processing_seconds=0.3), providers=["vllm", "ollama"]) as sim:
+        async with httpx.AsyncClient(timeout=5) as admin:  # as vLLM and Ollama: no /v1/files, no /v1/batches
+            for name in ("vllm", "ollama"):
+                (await admin.post(f"{sim.anthropic_base_url}/p/{name}/_sim/config", json={"batch_api": False})
+                 ).raise_for_status()
+        summary = to_json(await dispatch(
+            prompts=prompts, base_url=sim.base_url, providers_file=str(providers),
+            provider_base_urls={"vllm": sim.provider_base_url("vllm"), "ollama": sim.provider_base_url("ollama")},
+            database_url=SecretStr(db_url), wait=True, batch_poll_interval=0.1, allow_unknown_model=True))
+        vllm, ollama, root = sim.stats(provider="vllm"), sim.stats(provider="ollama"), sim.stats()
+        vllm_url = sim.provider_base_url("vllm")
+    assert summary["counts"] == {"succeeded": len(prompts)}
+    assert set(successes_per_prompt(db_url).values()) == {1}
+    routes = dict(rows(db_url, """SELECT p.custom_id, r.route FROM prompts p JOIN results r ON r.prompt_id = p.id"""))
+    assert {route for custom_id, route in routes.items() if custom_id.startswith("gpt")} == {"batch"}
+    assert {route for custom_id, route in routes.items() if not custom_id.startswith("gpt")} == {"realtime"}
+    assert (vllm["completions"], ollama["completions"], root["batches"], root["batch_lines"]) == (2, 2, 1, 2)
+    # Learnt for the host that answered 404 alone; the one declared without a Batch API was never tried.
+    learnt = [url for (url,) in rows(db_url, "SELECT base_url FROM endpoint_capabilities WHERE batch_api = 0")]
+    assert learnt == [vllm_url]

@@ -33,15 +33,20 @@ def check_simulated_wait(*, simulate: bool, wait: bool) -> None:
 @contextlib.contextmanager
 def simulated(settings: Settings, *, latency: float) -> Iterator[Settings]:
     """``settings`` sending to the bundled simulator, run in a thread of this process for the block: one server
-    answers every provider (OpenAI's API under /v1, Anthropic's and Gemini's at the host), batches in
-    ``SIM_BATCH_SECONDS``."""
-    from llm_dispatch.simulator import Simulator, SimulatorConfig
+    answers every provider (OpenAI's API under /v1, Anthropic's and Gemini's at the host, each declared provider's
+    under /p/NAME), batches in ``SIM_BATCH_SECONDS``."""
+    from llm_dispatch.core import ProviderTable
+    from llm_dispatch.simulator import Simulator, SimulatorConfig, provider_base_url
 
     config = SimulatorConfig(latency=latency, batch_processing_seconds=SIM_BATCH_SECONDS)
-    with Simulator.in_thread(config) as base_url:
+    # Each provider the providers file declares is served beside the built-in three, at its own path, speaking its
+    # own wire, with state of its own.
+    declared = ProviderTable.from_settings(settings).declared
+    with Simulator.in_thread(config, providers=list(declared)) as base_url:
+        urls = {name: provider_base_url(base_url, name, wire=provider.wire) for name, provider in declared.items()}
         yield settings.model_copy(update={"base_url": base_url, "anthropic_base_url": base_url.removesuffix("/v1"),
                                           "gemini_base_url": base_url.removesuffix("/v1"),
-                                          "batch_poll_interval": SIM_POLL_SECONDS})
+                                          "provider_base_urls": urls, "batch_poll_interval": SIM_POLL_SECONDS})
 
 
 async def dispatch_summary(

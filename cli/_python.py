@@ -90,6 +90,7 @@ async def arun_prompts(
     max_cost: float | None = None,
     concurrency: int | None = None,
     prices_file: str | os.PathLike[str] | None = None,
+    providers_file: str | os.PathLike[str] | None = None,
     job_name: str | None = None,
     new_job: bool = False,
     retry_failed: RetryFailed = "retryable",

@@ -92,6 +92,7 @@ def run(
     budget: Annotated[Optional[float], run_flag("budget")] = None,
     budget_name: Annotated[Optional[str], run_flag("budget_name")] = None,
     prices_file: Annotated[Optional[Path], run_flag("prices_file")] = None,
+    providers_file: Annotated[Optional[Path], run_flag("providers_file")] = None,
     schema: Annotated[Optional[str], run_flag("answer_schema")] = None,
     max_reasks: Annotated[Optional[int], run_flag("max_reasks")] = None,
     database_url: DatabaseUrl = None,
@@ -214,6 +215,14 @@ def _check_keys(settings: Settings, *, providers: frozenset[str]) -> None:
             check_provider_key(settings, provider=provider)
         except LLMDispatchError as exc:
             raise _fail(f"{exc}, or add --simulate to use the bundled simulator") from None
+    from llm_dispatch.core import ProviderTable
+
+    table = ProviderTable.from_settings(settings)
+    for provider in sorted(providers & set(table.declared)):
+        try:
+            table.get(provider).check_key(source=table.source)
+        except LLMDispatchError as exc:
+            raise _fail(str(exc)) from None
 
 
 class _Interrupted(Exception):
@@ -378,19 +387,26 @@ def simulate(
     rpm: Annotated[Optional[int], typer.Option(help="requests-per-minute quota")] = None,
     tpm: Annotated[Optional[int], typer.Option(help="tokens-per-minute quota")] = None,
     batch_seconds: Annotated[float, typer.Option(help="how long a batch takes, seconds")] = 30.0,
+    provider: Annotated[Optional[list[str]], typer.Option(
+        help="also serve this named provider at /p/NAME (its OpenAI base URL /p/NAME/v1); repeat for several")] = None,
 ) -> None:
     """Run the bundled simulator (OpenAI's chat completions, files and batches; Anthropic's Messages and Message
     Batches) until interrupted."""
-    from llm_dispatch.simulator import SimulatorConfig, serve
+    from llm_dispatch.simulator import SimulatorConfig, provider_base_url, serve
 
     config = SimulatorConfig(latency=latency, rate_429=rate_429, rate_500=rate_500, rpm=rpm, tpm=tpm,
                              batch_processing_seconds=batch_seconds)
     def ready(base_url: str) -> None:
         err.print(f"simulator on {base_url} — point LLM_DISPATCH_BASE_URL there (and LLM_DISPATCH_ANTHROPIC_BASE_URL at "
                   f"{base_url.removesuffix('/v1')} for claude models); Ctrl-C stops it", highlight=False)
+        for name in named:
+            err.print(f"provider {name} at {provider_base_url(base_url, name)} (its OpenAI base URL; "
+                      f"{provider_base_url(base_url, name, wire='anthropic')} for another wire): point "
+                      "LLM_DISPATCH_PROVIDER_BASE_URLS there", highlight=False)
 
+    named = provider or []
     with contextlib.suppress(KeyboardInterrupt):
-        serve(host=host, port=port, config=config, on_ready=ready)
+        serve(host=host, port=port, config=config, on_ready=ready, providers=named)
 
 
 for command in (run, collect, cancel, abandon, status, models, cost, reprice, export, simulate):

@@ -34,6 +34,7 @@ from llm_dispatch.core import (
     Settings,
     counted,
     dollars,
+    ProviderTable,
     provider_lookup,
     ROUTES,
     UNFINISHED_PROMPT_STATUSES,
@@ -100,7 +101,7 @@ async def status(*, settings: Settings, job_id: str | None) -> dict[str, Any] | 
         # for one overlapping the others'.
         batches, ledger, routes, structured, budgets = await asyncio.gather(
             storage.job_batches(sessions, job_id=job_id),
-            actual_cost(sessions=sessions, job_id=job_id, provider_of=provider_lookup(settings.model_providers)),
+            actual_cost(sessions=sessions, job_id=job_id, provider_of=provider_lookup(ProviderTable.from_settings(settings))),
             storage.route_counts(sessions, job_id=job_id),
             storage.structured_stats(sessions, job_id=job_id),
             _budgets(sessions, job_id=job_id),
@@ -182,7 +183,7 @@ async def cost(*, settings: Settings, job_id: str | None) -> dict[str, Any] | No
         found = await _job_id(sessions, job_id)
         if found is None:
             return None
-        ledger = await actual_cost(sessions=sessions, job_id=found, provider_of=provider_lookup(settings.model_providers))
+        ledger = await actual_cost(sessions=sessions, job_id=found, provider_of=provider_lookup(ProviderTable.from_settings(settings)))
         budgets = await _budgets(sessions, job_id=found)
     return {"job_id": found, **to_json(ledger), "currency": "USD", "budgets": budgets}
 

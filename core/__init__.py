@@ -58,7 +58,7 @@ if TYPE_CHECKING:
         split_member_id,
     )
     from .pricing._pricing import PICO_PER_USD, Charge, ModelInfo, PriceTable, from_pico
-    from ._providers import PROVIDERS, provider_lookup
+    from ._providers import PROVIDERS, ModelRoute, Provider, ProviderTable, load_providers, provider_lookup
     from .inputs._prompt_spec import PromptSpec
     from ._retry import DEFAULT_MAX_RETRY_AFTER
     from ._run_options import (
@@ -130,6 +130,10 @@ __all__ = [
     "MESSAGE_BATCH_LIMITS",
     "OPENAI_BATCH_LIMITS",
     "PROVIDERS",
+    "ModelRoute",
+    "Provider",
+    "ProviderTable",
+    "load_providers",
     "PICO_PER_USD",
     "TRUNCATED_FINISH_REASONS",
     "BUDGET_PERIODS",

@@ -189,13 +189,15 @@ class APIError(LLMDispatchError):
     ``retryable``: whether a later run may send it again. ``usage``: what a 2xx that carried no usable answer
     said it used (a ``ChatResult`` with no text), so that its cost is stored; None otherwise. ``maybe_billed``:
     how many of its attempts the provider may have billed (a 2xx, a generation that timed out or was cut off).
-    ``raw_body``: the start of a 2xx body that was no answer, kept for inspection.
+    ``raw_body``: the start of a 2xx body that was no answer, kept for inspection. ``provider``: the name of the
+    provider whose client gave up (None: not a client's call).
     """
 
     retryable: bool = False
     usage: Any = None
     maybe_billed: int = 0
     raw_body: str | None = None
+    provider: str | None = None
 
     def __init__(self, message: str, *, attempts: int = 1) -> None:
         super().__init__(message)

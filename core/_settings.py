@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
@@ -92,9 +93,17 @@ class Settings(BaseSettings):
     )
     model_providers: dict[str, str] = Field(
         default_factory=dict,
-        description="model name or fnmatch glob -> provider (openai|anthropic|gemini), checked before the built-in "
-                    "claude-* and gemini-* rules",
+        description="model name or fnmatch glob -> provider (openai|anthropic|gemini, or one the providers file "
+                    "declares), checked before the providers file's model lists and the built-in claude-* and "
+                    "gemini-* rules",
     )
+    # Providers beyond the built-in three (core._providers.load_providers: TOML or JSON), and a base URL per declared
+    # provider over the file's (how --simulate points each at the simulator).
+    providers_file: str | None = Field(
+        default=None, description="your providers file (TOML or JSON): named providers, their wires, URLs, keys' "
+                                  "variables, models and prices")
+    provider_base_urls: dict[str, str] = Field(
+        default_factory=dict, description="declared provider -> base URL, over the providers file's")
     default_max_tokens: int = Field(
         default=DEFAULT_MAX_TOKENS, ge=1,
         description="max_tokens sent to Anthropic (which requires one) for a prompt that sets none",
@@ -190,12 +199,33 @@ class Settings(BaseSettings):
     @field_validator("model_providers")
     @classmethod
     def _check_providers(cls, value: dict[str, str]) -> dict[str, str]:
+        # A declared provider's name is checked against the providers file when the run's table is made.
         for pattern, provider in value.items():
-            if provider not in PROVIDERS:
+            if provider not in PROVIDERS and not re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,15}", provider):
                 raise ValueError(
-                    f"model_providers maps {pattern!r} to {provider!r}; a provider is one of {', '.join(PROVIDERS)}"
+                    f"model_providers maps {pattern!r} to {provider!r}; a provider is one of {', '.join(PROVIDERS)} "
+                    "or a name the providers file declares"
                 )
         return value
+
+    @field_validator("provider_base_urls")
+    @classmethod
+    def _check_provider_urls(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, url in value.items():
+            if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+                raise ValueError(f"provider_base_urls[{name!r}] must start with http:// or https://")
+        return {name: url.rstrip("/") for name, url in value.items()}
+
+    @model_validator(mode="after")
+    def _mapped_to_a_provider(self) -> Settings:
+        # With no providers file, a provider is a built-in one; with one, the run's table checks the names it declares.
+        if self.providers_file is None:
+            for pattern, provider in self.model_providers.items():
+                if provider not in PROVIDERS:
+                    raise ValueError(
+                        f"model_providers maps {pattern!r} to {provider!r}; a provider is one of "
+                        f"{', '.join(PROVIDERS)}, or one a providers file declares (LLM_DISPATCH_PROVIDERS_FILE)")
+        return self
 
     @model_validator(mode="after")
     def _default_chunk_concurrency(self) -> Settings:
@@ -232,6 +262,7 @@ class Settings(BaseSettings):
         data["anthropic_key_set"] = self.anthropic_api_key is not None
         data["gemini_base_url"] = _redact_url(self.gemini_base_url)
         data["gemini_key_set"] = self.gemini_api_key is not None
+        data["provider_base_urls"] = {name: _redact_url(url) for name, url in self.provider_base_urls.items()}
         data["openai_org_id_set"] = self.openai_org_id is not None
         data["openai_project_id_set"] = self.openai_project_id is not None
         return data

@@ -81,6 +81,8 @@ async def dispatch(
     gemini_base_url: str | None = None,
     database_url: SecretStr | None = None,
     prices_file: str | None = None,
+    providers_file: str | None = None,
+    provider_base_urls: dict[str, str] | None = None,
     batch_poll_interval: float | None = None,
     shards: int = 1,
     realtime_deployment: str = "realtime-dispatch/realtime",

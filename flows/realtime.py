@@ -39,6 +39,8 @@ async def realtime_dispatch(
     gemini_base_url: str | None = None,
     database_url: SecretStr | None = None,
     prices_file: str | None = None,
+    providers_file: str | None = None,
+    provider_base_urls: dict[str, str] | None = None,
     planned_route: Route | None = None,
     shard: int | None = None,
     shards: int | None = None,

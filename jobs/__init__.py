@@ -28,7 +28,8 @@ if TYPE_CHECKING:
         lose_batch,
         poll_wait,
     )
-    from ._capabilities import first_error, is_missing_batch_api, known_without_batch_api, learn_no_batch_api
+    from ._capabilities import first_error, is_missing_batch_api, known_without_batch_api, learn_no_batch_api, \
+        learning_batches, without_batches
     from ._collect import IngestOutcome, cancel_batch, ingest_batch, poll_batch
     from ._export import BINARY_FORMATS, ExportPlan, plan_export
     from ._costs import JobCost, PriceBasis, RepricedRow, Repricing, actual_cost, estimate_cost, money, reprice
@@ -63,6 +64,8 @@ __all__ = [
     "is_missing_batch_api",
     "known_without_batch_api",
     "learn_no_batch_api",
+    "learning_batches",
+    "without_batches",
     "AbandonOutcome",
     "BatchProblem",
     "BatchStep",

@@ -44,6 +44,8 @@ class BuiltFile:
     provider: str
     file: BatchFile
     members: list[tuple[int, str]]
+    # The model its prompts were recorded under (the file's is the name the provider's API knows).
+    model: str
 
 
 async def request_groups(
@@ -96,9 +98,14 @@ class BatchBuilder:
     evenly to its cap on texts (50,000 at OpenAI: 25 lines of 2,000).
     """
 
-    def __init__(self, *, directory: Path, provider_of: Callable[[str], str]) -> None:
+    def __init__(self, *, directory: Path, provider_of: Callable[[str], str],
+                 upstream: Callable[[str], str] = lambda model: model) -> None:
         self.directory = Path(directory)
         self.provider_of = provider_of
+        # A recorded model's name on its provider's API (a declared provider's without its ``NAME/``): the lines'.
+        self.upstream = upstream
+        # (provider, model as sent) -> the model as recorded.
+        self._recorded: dict[tuple[str, str], str] = {}
         self._writers: dict[str, BatchFileWriter] = {}
         self._packers: dict[str, Packer[Group]] = {}
         # Members of the file being filled, per (provider, model, endpoint): one open file each.
@@ -118,8 +125,9 @@ class BatchBuilder:
         for group in groups:
             first = group.first
             provider = self.provider_of(first.model)
-            request = ChatRequest(model=first.model, messages=first.messages, params=first.params,
+            request = ChatRequest(model=self.upstream(first.model), messages=first.messages, params=first.params,
                                   endpoint=first.endpoint)
+            self._recorded.setdefault((provider, request.model), first.model)
             key = pack_key(request)
             if key is None:
                 self._line(provider, [group], request, built)
@@ -135,7 +143,8 @@ class BatchBuilder:
         for provider, writer in sorted(self._writers.items()):
             for file in writer.close():
                 built.append(BuiltFile(provider=provider, file=file,
-                                       members=self._members.pop((provider, file.model, file.endpoint))))
+                                       members=self._members.pop((provider, file.model, file.endpoint)),
+                                       model=self._recorded[(provider, file.model)]))
         return built
 
     def discard(self) -> None:
@@ -152,9 +161,11 @@ class BatchBuilder:
         # custom_id rule (1-64 of [A-Za-z0-9_-]).
         custom_id = f"p{first.id}"
         done = self._writers[provider].add(custom_id, request)
-        key = (provider, first.model, first.endpoint)
+        # By the name sent, as the writer splits its files (one per provider, so one recorded name each).
+        key = (provider, request.model, first.endpoint)
         if done is not None:
-            built.append(BuiltFile(provider=provider, file=done, members=self._members.pop(key)))
+            built.append(BuiltFile(provider=provider, file=done, members=self._members.pop(key),
+                                   model=self._recorded[(provider, request.model)]))
         members = self._members.setdefault(key, [])
         if len(groups) == 1:
             members.extend((prompt_id, custom_id) for prompt_id in groups[0].prompt_ids)

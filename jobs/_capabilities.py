@@ -10,12 +10,13 @@ import re
 import httpx
 
 from llm_dispatch import storage
-from llm_dispatch.core import HALF_SUBMITTED_BATCH_STATUSES, NotFoundError
+from llm_dispatch.core import BACKENDS, HALF_SUBMITTED_BATCH_STATUSES, NotFoundError
 
 from ._batch_trouble import lose_batch
 from ._run import JobRun
 
-__all__ = ["endpoint_of", "first_error", "is_missing_batch_api", "known_without_batch_api", "learn_no_batch_api"]
+__all__ = ["endpoint_of", "first_error", "is_missing_batch_api", "known_without_batch_api", "learn_no_batch_api",
+           "learning_batches", "without_batches"]
 
 logger = logging.getLogger(__name__)
 
@@ -26,8 +27,32 @@ _BATCH_PATHS = re.compile(r" (?:POST|GET) /(?:v1/)?(files|batches|messages/batch
 def endpoint_of(run: JobRun, *, provider: str) -> str:
     """The base URL a provider's calls go to, as remembered: no credentials, no query."""
     settings = run.settings
-    raw = {"anthropic": settings.anthropic_base_url, "gemini": settings.gemini_base_url}.get(provider, settings.base_url)
+    declared = run.clients.providers.declared.get(provider)
+    raw = declared.base_url if declared is not None and declared.base_url else {
+        "anthropic": settings.anthropic_base_url, "gemini": settings.gemini_base_url}.get(provider, settings.base_url)
     return str(httpx.URL(raw.rstrip("/")).copy_with(userinfo=b"", query=None))
+
+
+def without_batches(run: JobRun) -> dict[str, str]:
+    """The run's providers whose prompts never go in batches, each with why: a wire llm-dispatch has no batch
+    backend for (``core.BACKENDS``), or a declared provider whose providers file says ``batch_api = false``."""
+    table = run.clients.providers
+    lacking: dict[str, str] = {}
+    for name in table.names:
+        provider = table.get(name)
+        if provider.wire not in BACKENDS:
+            lacking[name] = f"llm-dispatch has no {provider.wire} Batch API yet; sent real-time"
+        elif provider.batch_api is False:
+            lacking[name] = f"{name} has no Batch API (batch_api = false in the providers file); sent real-time"
+    return lacking
+
+
+def learning_batches(run: JobRun) -> frozenset[str]:
+    """The run's providers whose Batch API is learnt (``batch_api = "learn"``, the built-in ones'): an endpoint
+    remembered without one sends their batch-routed prompts real-time."""
+    table = run.clients.providers
+    return frozenset(name for name in table.names
+                     if table.get(name).wire in BACKENDS and table.get(name).batch_api == "learn")
 
 
 def is_missing_batch_api(error: BaseException) -> bool:
@@ -44,7 +69,11 @@ def missing_for(error: BaseException) -> frozenset[str]:
     if isinstance(error, BaseExceptionGroup):
         return frozenset().union(*(missing_for(inner) for inner in error.exceptions))
     path = _batch_path_of(error)
-    return frozenset() if path is None else frozenset({"anthropic" if path == "messages/batches" else "openai"})
+    if path is None:
+        return frozenset()
+    # The client that gave up names its provider; else the path says whose API it is.
+    named = getattr(error, "provider", None)
+    return frozenset({named or ("anthropic" if path == "messages/batches" else "openai")})
 
 
 def _batch_path_of(error: BaseException) -> str | None:

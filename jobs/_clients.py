@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import Any
 
 import httpx
 
-from llm_dispatch.core import PROVIDERS, BatchApi, ChatRequest, ChatResult, LLMClient, Settings, batch_api, \
-    provider_lookup
+from llm_dispatch.core import BatchApi, ChatRequest, ChatResult, LLMClient, ProviderTable, Settings, batch_api
 
 __all__ = ["Clients"]
 
@@ -20,9 +20,10 @@ class Clients:
     its own batches; the run's real-time requests to all providers together stay within
     ``settings.concurrency`` (the senders' worker pool), so a provider that pauses holds workers that
     the other could use until its pause ends. ``chat`` sends a request with the client of
-    its model's provider (``settings.model_providers``, then ``claude-*`` -> Anthropic), so a run's
-    real-time half sends a mixed job through one object. A provider whose key is missing raises
-    ``ConfigError`` when it is first needed, before any of its requests is sent.
+    its model's provider (``providers``: the built-in three and those the providers file declares; see
+    ``core.ProviderTable``), so a run's real-time half sends a mixed job through one object; a declared provider's
+    request goes out under the model name its API knows (``groq/llama-3.3-70b`` as ``llama-3.3-70b``). A provider
+    whose key is missing raises ``ConfigError`` when it is first needed, before any of its requests is sent.
     """
 
     def __init__(
@@ -31,14 +32,16 @@ class Clients:
         settings: Settings,
         transport: httpx.AsyncBaseTransport | None = None,
         clients: Iterable[LLMClient] = (),
+        providers: ProviderTable | None = None,
     ) -> None:
         self._settings = settings
         self._transport = transport
         self._clients: dict[str, LLMClient] = {client.provider: client for client in clients}
         self._batch_apis: dict[str, BatchApi] = {}
-        # Each model's client, once its provider's is made: ``chat`` looks a request's up once per model.
-        self._by_model: dict[str, LLMClient] = {}
-        self.provider_of: Callable[[str], str] = provider_lookup(settings.model_providers)
+        # Each model's client and the name it is sent under, once its provider's client is made.
+        self._by_model: dict[str, tuple[LLMClient, str | None]] = {}
+        self.providers = providers if providers is not None else ProviderTable.from_settings(settings)
+        self.provider_of: Callable[[str], str] = self.providers.provider_of
 
     @classmethod
     def of(cls, *clients: LLMClient, settings: Settings | None = None) -> Clients:
@@ -48,15 +51,16 @@ class Clients:
     def for_provider(self, provider: str) -> LLMClient:
         client = self._clients.get(provider)
         if client is None:
-            if provider not in PROVIDERS:
-                raise ValueError(f"provider must be one of {', '.join(PROVIDERS)}, got {provider!r}")
-            client = LLMClient.from_settings(self._settings, provider=provider, transport=self._transport)
+            declared = self.providers.get(provider)  # a ValueError for a name no table holds
+            declared.check_key(source=self.providers.source)
+            client = LLMClient.from_settings(self._settings, provider=provider, transport=self._transport,
+                                             declared=declared)
             self._clients[provider] = client
         return client
 
     def batch_api(self, provider: str) -> BatchApi:
-        """The provider's Batch API (``core.batch_api``), one per run: its creates take turns where the provider
-        needs them to."""
+        """The provider's Batch API (``core.batch_api``, by its wire), one per run: its creates take turns where the
+        provider needs them to."""
         api = self._batch_apis.get(provider)
         if api is None:
             api = self._batch_apis[provider] = batch_api(self.for_provider(provider))
@@ -68,14 +72,30 @@ class Clients:
             self.for_provider(provider)
 
     def for_model(self, model: str) -> LLMClient:
-        client = self._by_model.get(model)
-        if client is None:
-            client = self._by_model[model] = self.for_provider(self.provider_of(model))
-        return client
+        return self._route(model)[0]
+
+    def _route(self, model: str) -> tuple[LLMClient, str | None]:
+        found = self._by_model.get(model)
+        if found is None:
+            route = self.providers.resolve(model)
+            found = self._by_model[model] = (self.for_provider(route.provider),
+                                             route.upstream if route.upstream != model else None)
+        return found
+
+    def upstream(self, model: str) -> str:
+        """The name ``model`` (as recorded) is sent under: a declared provider's without its ``NAME/``."""
+        return self.providers.resolve(model).upstream
+
+    def sent_as(self, request: ChatRequest) -> ChatRequest:
+        """``request`` as its provider's API takes it: under the model name that API knows (a batch line's too)."""
+        upstream = self.upstream(request.model)
+        return request if upstream == request.model else replace(request, model=upstream)
 
     async def chat(self, request: ChatRequest, **options: Any) -> ChatResult:
         """One request, by the client of its model's provider (``options``: ``LLMClient.chat``'s)."""
-        client = self._by_model.get(request.model) or self.for_model(request.model)
+        client, upstream = self._by_model.get(request.model) or self._route(request.model)
+        if upstream is not None:
+            request = replace(request, model=upstream)
         return await client.chat(request, **options)
 
     @property

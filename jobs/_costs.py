@@ -196,7 +196,7 @@ async def actual_cost(*, sessions: storage.Sessions, job_id: str, provider_of: C
                                  prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
                                  cached_tokens=usage.cached_tokens, requests=usage.prompts,
                                  cost=from_pico(usage.cost_pico_usd), at_realtime=from_pico(usage.list_cost_pico_usd),
-                                 unpriced=usage.unpriced)
+                                 unpriced=usage.unpriced, provider=usage.provider)
         key = (usage.prices_as_of, usage.prices_file, usage.cost_basis)
         bases[key] = bases.get(key, 0) + usage.prompts
     ledger.priced_with = [PriceBasis(*key, requests=n)

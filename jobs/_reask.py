@@ -201,7 +201,7 @@ async def _follow_up(
                 outcome.over_budget += len(ids)
                 continue
             held[custom_id] = amount
-        closed = files.add(custom_id, request)
+        closed = files.add(custom_id, clients.sent_as(request))
         if closed is not None:
             done.append(closed)
         members[custom_id] = ids

@@ -36,7 +36,7 @@ from llm_dispatch.core import (
     load_schema,
     parse_deadline,
     prompt_chars,
-    provider_lookup,
+    ProviderTable,
     JobStatus,
     RetryFailed,
     Route,
@@ -63,8 +63,9 @@ class PromptInput:
     default_model: str
     default_endpoint: str = DEFAULT_ENDPOINT
     table: PriceTable | None = field(default=None, repr=False)
-    # Which provider each model goes to (``Settings.model_providers``), and Anthropic's max_tokens when none is set.
-    model_providers: Mapping[str, str] = field(default_factory=dict)
+    # Which provider each model goes to (``core.ProviderTable``, or a ``Settings.model_providers`` mapping), and
+    # Anthropic's max_tokens when none is set.
+    model_providers: Mapping[str, str] | ProviderTable = field(default_factory=dict)
     default_max_tokens: int = DEFAULT_MAX_TOKENS
     # What Anthropic's models refuse depends on the API version sent (``Settings.anthropic_version``).
     anthropic_version: str = DEFAULT_ANTHROPIC_VERSION
@@ -213,6 +214,7 @@ def new_prompts(
             custom_id=spec.custom_id, position=spec.position, model=spec.model, messages=spec.messages,
             params=spec.params, metadata=spec.metadata, dedupe_key=spec.dedupe_key,
             planned_route=route, route_reason=reason, deadline=deadline, endpoint=spec.endpoint,
+            provider=spec.provider,
         )
 
 
@@ -222,7 +224,8 @@ def prompt_input(source: str | Path | Sequence[Mapping[str, Any]], *, settings: 
     raises ``ConfigError`` for a bad price file."""
     return PromptInput(source=source, default_model=settings.model, default_endpoint=settings.endpoint,
                        table=load_prices(settings),
-                       model_providers=settings.model_providers, default_max_tokens=settings.default_max_tokens,
+                       model_providers=ProviderTable.from_settings(settings),
+                       default_max_tokens=settings.default_max_tokens,
                        anthropic_version=settings.anthropic_version, default_params=job_params(settings),
                        allow_unknown_model=settings.allow_unknown_model)
 
@@ -280,9 +283,7 @@ async def record_job(
         if job.status == "recording":
             job = await _finish_recording(sessions, job=job, given=_input_of(job, settings=settings), rules=rules)
         logger.info("resuming job %s (%s)", job_id, counted(sum(job.counts.values()), "prompt"))
-        provider_of = provider_lookup(settings.model_providers)
-        providers = frozenset(provider_of(model) for model in await storage.job_models(sessions, job_id=job_id))
-        return _resumed(job, providers=providers)
+        return _resumed(job, providers=await _stored_providers(sessions, job_id=job_id, settings=settings))
 
     given = prompt_input(source, settings=settings)
     checked = given.check()
@@ -353,6 +354,20 @@ async def _all_answered(sessions: storage.Sessions, *, job_id: str,
     counts = await storage.job_counts(sessions, job_id=job_id)
     return not unfinished(counts) and not await storage.unfinished_prompt_count(
         sessions, job_id=job_id, retry_failed=retry_failed)
+
+
+async def _stored_providers(sessions: storage.Sessions, *, job_id: str, settings: Settings) -> frozenset[str]:
+    """The providers a job's prompts were recorded for; ``ConfigError`` for one this run's providers file does not
+    declare (its prompts would have nowhere to go)."""
+    table = ProviderTable.from_settings(settings)
+    providers = frozenset(provider or table.provider_of(model)
+                          for model, provider in (await storage.job_providers(sessions, job_id=job_id)).items())
+    missing = sorted(provider for provider in providers if provider not in table)
+    if missing:
+        raise ConfigError(f"job {job_id}'s prompts were recorded for provider {missing[0]}, which no providers file "
+                          "of this run declares: give the providers file it was run with (--providers-file, "
+                          "LLM_DISPATCH_PROVIDERS_FILE)")
+    return providers
 
 
 def _resumed(job: storage.JobInfo, *, providers: frozenset[str]) -> RecordedJob:

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 
 from llm_dispatch import storage
-from llm_dispatch.core import PriceTable, Settings
+from llm_dispatch.core import PriceTable, ProviderTable, Settings
 
 from ._clients import Clients
 
@@ -29,8 +29,10 @@ class JobRun:
 
 
 def load_prices(settings: Settings) -> PriceTable:
-    """The bundled price table, with the user's ``settings.prices_file`` merged over it."""
-    return PriceTable.load(path=Path(settings.prices_file) if settings.prices_file else None)
+    """The bundled price table, with the user's ``settings.prices_file`` merged over it, and the prices of the
+    models of the providers ``settings.providers_file`` declares."""
+    providers = ProviderTable.from_settings(settings) if settings.providers_file else None
+    return PriceTable.load(path=Path(settings.prices_file) if settings.prices_file else None, providers=providers)
 
 
 @asynccontextmanager

@@ -129,7 +129,8 @@ async def submit_prompts(
         if problem is not None:
             raise InputError(problem, field="metadata")
     outcome = SubmitOutcome()
-    builder = BatchBuilder(directory=Path(directory) / job_id, provider_of=clients.provider_of)
+    builder = BatchBuilder(directory=Path(directory) / job_id, provider_of=clients.provider_of,
+                           upstream=clients.upstream)
     gate = asyncio.Semaphore(SUBMIT_CONCURRENCY)
     # The worst case reserved for each line, by its first prompt.
     held: dict[int, int] = {}
@@ -149,7 +150,7 @@ async def submit_prompts(
             file, members = item.file, item.members
             try:
                 batch_id = await storage.create_batch_record(
-                    sessions, job_id=job_id, model=file.model, members=members, file_path=str(file.path),
+                    sessions, job_id=job_id, model=item.model, members=members, file_path=str(file.path),
                     resubmission_of=resubmission_of, provider=item.provider, endpoint=file.endpoint,
                 )
             except BatchConflictError as exc:

@@ -7,7 +7,8 @@ The APIs share one port: OpenAI's base URL is ``http://HOST:PORT/v1`` (``Simulat
 ``Simulator.gemini_base_url``, or ``anthropic_base_url(url)``), since their paths carry ``/v1`` and ``/v1beta``.
 They share the config, the ``/_sim`` admin routes, the fault queues and one account for the RPM/TPM quotas;
 ``/_sim/stats`` counts each API's answers apart (``completions``, ``batches``; ``messages``, ``message_batches``;
-``generate_contents``).
+``generate_contents``). Named providers (``Simulator(providers=["groq", ...])``, ``--provider NAME``) are served
+beside them at ``/p/NAME`` (``provider_base_url``), each by an app of its own: every API, its own state and counters.
 
 It is a product beside the core, never imported by it: a flow run does not load it.
 """
@@ -17,7 +18,7 @@ from __future__ import annotations
 from ._cli import main
 from ._config import SimulatorConfig
 from ._embeddings import embedding_vector
-from ._server import Simulator, anthropic_base_url, serve
+from ._server import Simulator, anthropic_base_url, provider_base_url, serve
 from ._tokens import completion_text, count_message_tokens, count_tokens
 
 __all__ = [
@@ -29,5 +30,6 @@ __all__ = [
     "count_message_tokens",
     "count_tokens",
     "main",
+    "provider_base_url",
     "serve",
 ]

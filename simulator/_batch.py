@@ -77,7 +77,7 @@ from ._chat import CHAT_COMPLETIONS_PATH
 from ._embeddings import EMBEDDINGS_PATH
 from ._responses_route import RESPONSES_PATH
 from ._checks import check_auth, invalid_request
-from ._http import error_response, json_response, read_json_object, server_error_response
+from ._http import error_response, json_response, read_json_object, served_path, server_error_response
 from ._state import SimState
 
 __all__ = ["register"]
@@ -98,7 +98,7 @@ def _no_batch_api(state: SimState) -> Any:
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if not state.config.batch_api and request.path.startswith(("/v1/files", "/v1/batches")):
+        if not state.config.batch_api and served_path(request).startswith(("/v1/files", "/v1/batches")):
             return error_response(status=404, message=f"Invalid URL ({request.method} {request.path})")
         return await handler(request)
 

@@ -41,6 +41,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-processing-seconds", type=float, help="how long one batch takes (default 2)")
     parser.add_argument("--no-batch-api", dest="batch_api", action="store_const", const=False,
                         help="serve no Batch API (404 on /v1/files and /v1/batches), as vLLM or Ollama")
+    parser.add_argument("--provider", action="append", default=[], dest="providers", metavar="NAME",
+                        help="also serve a named provider at /p/NAME (its OpenAI base URL /p/NAME/v1), with state of "
+                             "its own; repeat for several")
     return parser
 
 
@@ -60,4 +63,4 @@ def main(argv: Sequence[str] | None = None) -> None:
         config = _config_from_args(args)
     except LLMDispatchError as exc:
         raise SystemExit(f"error: {exc}") from exc
-    serve(host=args.host, port=args.port, config=config)
+    serve(host=args.host, port=args.port, config=config, providers=args.providers)

@@ -9,6 +9,8 @@ from typing import Any
 from aiohttp import web
 
 __all__ = [
+    "SIM_PREFIX",
+    "served_path",
     "client_error_response",
     "completion_body",
     "cut_response",
@@ -215,3 +217,12 @@ def rate_limited_response(
     return error_response(
         status=429, message=message, type=limit_type, code="rate_limit_exceeded", headers=all_headers
     )
+
+
+# The path an app is served under: "" for the built-in providers', ``/p/NAME`` for a named provider's.
+SIM_PREFIX = web.AppKey("sim_prefix", str)
+
+
+def served_path(request: web.Request) -> str:
+    """``request``'s path within the app answering it (a named provider's without its ``/p/NAME``)."""
+    return request.path.removeprefix(request.app.get(SIM_PREFIX, ""))

@@ -41,7 +41,7 @@ from ._anthropic_checks import api_version, check_headers, messages_body_problem
 from ._anthropic_http import anthropic_error
 from ._batch_faults import CREATE_ANSWER_FAULTS, HANG_CREATE_SECONDS, BatchFault, lose_create_answer
 from ._batch_store import BatchStore, batch_store, requested_page
-from ._http import json_response
+from ._http import SIM_PREFIX, json_response
 from ._message_batch_run import MessageBatch, MessageBatchRun, MessageRequest, new_batch_id
 from ._state import SimState
 
@@ -64,7 +64,8 @@ def register(app: web.Application, state: SimState) -> None:
 
 
 def _origin(request: web.Request) -> str:
-    return str(request.url.origin())
+    """The server's origin and the path the answering app is served under (a named provider's ``/p/NAME``)."""
+    return str(request.url.origin()) + request.app.get(SIM_PREFIX, "")
 
 
 class _MessageBatchRoutes:

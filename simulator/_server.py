@@ -30,7 +30,7 @@ from llm_dispatch.core import LLMDispatchError
 from . import _admin, _batch, _chat, _embeddings, _gemini, _message_batches, _messages_route, _responses_route
 from ._anthropic_http import anthropic_error
 from ._config import SimulatorConfig
-from ._http import error_response
+from ._http import SIM_PREFIX, error_response
 from ._state import SimState
 
 __all__ = [
@@ -38,8 +38,11 @@ __all__ = [
     "SIM_STATE",
     "RouteGroup",
     "Simulator",
+    "SIM_PREFIX",
     "anthropic_base_url",
     "create_app",
+    "provider_base_url",
+    "provider_prefix",
     "serve",
 ]
 
@@ -54,6 +57,8 @@ _ROUTE_GROUPS: tuple[RouteGroup, ...] = (
 )
 
 SIM_STATE = web.AppKey("sim_state", SimState)
+# Each named provider's state, by name (the root app's).
+SIM_PROVIDERS = web.AppKey("sim_providers", dict[str, SimState])
 
 # Bodies up to this size are accepted; large prompts with images, and batch files later, need room.
 _CLIENT_MAX_SIZE = 256 * 1024 * 1024
@@ -62,17 +67,42 @@ _SHUTDOWN_TIMEOUT = 1.0
 _PROCESS_START_TIMEOUT = 60.0
 
 
-def create_app(*, config: SimulatorConfig, route_groups: Sequence[RouteGroup] = _ROUTE_GROUPS) -> web.Application:
-    """The simulator's aiohttp app: one ``SimState`` (also at ``app[SIM_STATE]``) shared by every route group."""
+def create_app(
+    *, config: SimulatorConfig, route_groups: Sequence[RouteGroup] = _ROUTE_GROUPS, providers: Sequence[str] = (),
+) -> web.Application:
+    """The simulator's aiohttp app: one ``SimState`` (also at ``app[SIM_STATE]``) shared by every route group.
+
+    Each of ``providers`` (named providers beside the built-in three) is served under ``/p/NAME`` by an app of its
+    own (``provider_prefix``): every API, with its own state, counters and batches, so one process serves several
+    providers side by side and each one's traffic is told apart (``Simulator.stats(provider=NAME)``)."""
+    app = _app(config=config, route_groups=route_groups, prefix="")
+    states: dict[str, SimState] = {}
+    for name in providers:
+        served = _app(config=config, route_groups=route_groups, prefix=provider_prefix(name))
+        states[name] = served[SIM_STATE]
+        app.add_subapp(provider_prefix(name), served)
+    app[SIM_PROVIDERS] = states
+    return app
+
+
+def _app(*, config: SimulatorConfig, route_groups: Sequence[RouteGroup], prefix: str) -> web.Application:
     state = SimState(config=config)
     app = web.Application(client_max_size=_CLIENT_MAX_SIZE)
     app[SIM_STATE] = state
+    app[SIM_PREFIX] = prefix
     for register in route_groups:
         register(app, state)
     # Last, so every group's routes match first: unknown /v1 paths get a JSON 404, Anthropic's for a request
     # that carries anthropic-version, else OpenAI's.
     app.router.add_route("*", "/v1/{tail:.*}", _unknown_url)
     return app
+
+
+def provider_prefix(name: str) -> str:
+    """The path a named provider is served under: ``/p/NAME`` (its OpenAI base URL adds ``/v1``)."""
+    if not name or "/" in name:
+        raise LLMDispatchError(f"a simulated provider needs a name without '/', got {name!r}")
+    return f"/p/{name}"
 
 
 async def _unknown_url(request: web.Request) -> web.Response:
@@ -86,6 +116,13 @@ def anthropic_base_url(base_url: str) -> str:
     """The Anthropic base URL of a simulator whose (OpenAI) base URL is ``base_url``: the same server, without
     ``/v1``, since Anthropic's paths carry it. For the URL that ``in_thread`` and ``in_process`` yield."""
     return base_url.removesuffix("/v1")
+
+
+def provider_base_url(base_url: str, name: str, *, wire: str = "openai") -> str:
+    """The base URL of the named provider ``name`` on the simulator whose (OpenAI) base URL is ``base_url``, as a
+    client of ``wire`` takes it: ``.../p/NAME/v1`` for OpenAI's wire, ``.../p/NAME`` for Anthropic's and Gemini's."""
+    root = anthropic_base_url(base_url) + provider_prefix(name)
+    return f"{root}/v1" if wire == "openai" else root
 
 
 def _base_url(host: str, port: int) -> str:
@@ -104,9 +141,10 @@ class Simulator:
             claude = LLMClient(provider="anthropic", base_url=sim.anthropic_base_url, api_key="k")  # no /v1
     """
 
-    def __init__(self, config: SimulatorConfig = DEFAULT_SIMULATOR_CONFIG) -> None:
-        self._app = create_app(config=config)
+    def __init__(self, config: SimulatorConfig = DEFAULT_SIMULATOR_CONFIG, *, providers: Sequence[str] = ()) -> None:
+        self._app = create_app(config=config, providers=providers)
         self._state = self._app[SIM_STATE]
+        self._providers = self._app[SIM_PROVIDERS]
         self._runner: web.AppRunner | None = None
         self._base_url: str | None = None
 
@@ -130,9 +168,16 @@ class Simulator:
         """The base URL for Gemini's API on the same server: the host (the client adds ``/v1beta``)."""
         return anthropic_base_url(self.base_url)
 
-    def stats(self) -> dict[str, Any]:
-        """The same counters as ``GET /_sim/stats``, without a request."""
-        return _admin.stats_snapshot(self._state)
+    def stats(self, *, provider: str | None = None) -> dict[str, Any]:
+        """The same counters as ``GET /_sim/stats`` (a named provider's: ``GET /p/NAME/_sim/stats``), without a
+        request."""
+        if provider is None:
+            return _admin.stats_snapshot(self._state)
+        return _admin.stats_snapshot(self._providers[provider])
+
+    def provider_base_url(self, name: str, *, wire: str = "openai") -> str:
+        """A named provider's base URL on this server, as a client of ``wire`` takes it (OpenAI's with ``/v1``)."""
+        return provider_base_url(self.base_url, name, wire=wire)
 
     async def start(self, *, host: str = "127.0.0.1", port: int = 0) -> str:
         """Listen on ``host:port`` (0 picks a free port) and return the base URL, ending in ``/v1``."""
@@ -172,13 +217,15 @@ class Simulator:
     @classmethod
     @contextlib.contextmanager
     def in_thread(
-        cls, config: SimulatorConfig = DEFAULT_SIMULATOR_CONFIG, *, host: str = "127.0.0.1", port: int = 0
+        cls, config: SimulatorConfig = DEFAULT_SIMULATOR_CONFIG, *, host: str = "127.0.0.1", port: int = 0,
+        providers: Sequence[str] = (),
     ) -> Iterator[str]:
-        """Run a simulator on its own event loop in a background thread; yields the base URL."""
+        """Run a simulator on its own event loop in a background thread; yields the base URL (each of ``providers``
+        at ``provider_base_url``)."""
         ready: Future[tuple[asyncio.AbstractEventLoop, asyncio.Event, str]] = Future()
 
         async def run() -> None:
-            simulator = cls(config=config)
+            simulator = cls(config=config, providers=providers)
             try:
                 url = await simulator.start(host=host, port=port)
             except BaseException as exc:
@@ -212,11 +259,13 @@ class Simulator:
         host: str = "127.0.0.1",
         port: int = 0,
         startup_timeout: float = _PROCESS_START_TIMEOUT,
+        providers: Sequence[str] = (),
     ) -> Iterator[str]:
         """Run a simulator in a child Python process (off the caller's CPU core); yields the base URL."""
         command = [
             sys.executable, "-m", "llm_dispatch.simulator",
             "--host", host, "--port", str(port), "--config-json", json.dumps(config.to_dict()),
+            *(arg for name in providers for arg in ("--provider", name)),
         ]
         process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
         try:
@@ -259,14 +308,14 @@ def _terminate(process: subprocess.Popen[str]) -> None:
 
 
 async def _serve_until_stopped(
-    *, host: str, port: int, config: SimulatorConfig, on_ready: Callable[[str], None]
+    *, host: str, port: int, config: SimulatorConfig, on_ready: Callable[[str], None], providers: Sequence[str] = (),
 ) -> None:
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
         # SIGTERM (e.g. from in_process) stops cleanly; not available off the main thread or on Windows.
         loop.add_signal_handler(signal.SIGTERM, stopping.set)
-    simulator = Simulator(config)
+    simulator = Simulator(config, providers=providers)
     on_ready(await simulator.start(host=host, port=port))
     try:
         await stopping.wait()
@@ -280,8 +329,11 @@ def _print_url(url: str) -> None:
     print(f"Anthropic base URL: {anthropic_base_url(url)}", flush=True)
 
 
-def serve(*, host: str, port: int, config: SimulatorConfig, on_ready: Callable[[str], None] = _print_url) -> None:
-    """Serve until Ctrl-C or SIGTERM. ``on_ready`` gets the base URL once listening (default: print it)."""
+def serve(*, host: str, port: int, config: SimulatorConfig, on_ready: Callable[[str], None] = _print_url,
+          providers: Sequence[str] = ()) -> None:
+    """Serve until Ctrl-C or SIGTERM. ``on_ready`` gets the base URL once listening (default: print it); each of
+    ``providers`` is served at ``provider_base_url``."""
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_serve_until_stopped(host=host, port=port, config=config, on_ready=on_ready))
+        asyncio.run(_serve_until_stopped(host=host, port=port, config=config, on_ready=on_ready,
+                                         providers=providers))
 

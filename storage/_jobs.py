@@ -23,6 +23,7 @@ __all__ = [
     "get_job",
     "job_counts",
     "job_models",
+    "job_providers",
     "resolve_job",
     "result_stats",
     "set_job_status",
@@ -132,6 +133,14 @@ async def job_models(sessions: Sessions, *, job_id: str) -> list[str]:
     async with sessions() as session:
         found = await session.execute(select(Prompt.model).where(Prompt.job_id == job_id).distinct())
         return sorted(model for (model,) in found)
+
+
+async def job_providers(sessions: Sessions, *, job_id: str) -> dict[str, str | None]:
+    """Each model a job's prompts name, with the provider they were recorded for (None: stored before providers
+    were kept, the built-in rule's)."""
+    async with sessions() as session:
+        found = await session.execute(select(Prompt.model, Prompt.provider).where(Prompt.job_id == job_id).distinct())
+        return dict(sorted((model, provider) for model, provider in found))
 
 
 async def _prompt_counts(session: AsyncSession, *, job_id: str) -> dict[str, int]:

@@ -117,6 +117,10 @@ class Prompt(Base):
     model: Mapped[str] = mapped_column(String())
     # The provider endpoint it goes to (core.ENDPOINTS): chat, responses or embeddings.
     endpoint: Mapped[str] = mapped_column(String(16), server_default="chat")
+    # The provider that serves it (core.ProviderTable: a built-in one's name, or a declared one's), fixed when it is
+    # recorded, so every result of the prompt is that provider's; NULL (stored before it was kept): the built-in
+    # rule's for its model.
+    provider: Mapped[str | None] = mapped_column(String(16))
     # The background response created for it (core ChatRequest.background_id): polled by a later run, never
     # created again; NULL when none was.
     background_id: Mapped[str | None] = mapped_column(String())

@@ -46,7 +46,7 @@ __all__ = [
 
 _PROMPT_COLUMNS = (
     "job_id", "custom_id", "position", "model", "messages", "params", "metadata", "dedupe_key", "planned_route",
-    "route_reason", "deadline", "status", "attempts", "created_at", "updated_at",
+    "route_reason", "deadline", "status", "attempts", "created_at", "updated_at", "provider",
 )
 
 
@@ -104,6 +104,7 @@ async def add_prompts(
                     job_id, p.custom_id, p.position, p.model, to_json["messages"](p.messages),
                     to_json["params"](p.params), to_json["metadata"](p.metadata), p.dedupe_key, p.planned_route,
                     p.route_reason, None if p.deadline is None else to_time(p.deadline), "pending", 0, stamp, stamp,
+                    p.provider,
                 )
                 for p in batch
             ]

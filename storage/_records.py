@@ -36,6 +36,8 @@ class NewPrompt(_Request):
     metadata: dict[str, Any] | None = None
     # Why the router sent it by its ``planned_route``.
     route_reason: str | None = None
+    # The provider that serves it (core.ProviderTable's name); None leaves it to the built-in rule.
+    provider: str | None = None
 
 
 class UnfinishedPrompt(NamedTuple):

@@ -78,6 +78,8 @@ class UsageRow:
     service_tier: str | None = None
     # The endpoint the prompts went to (core.ENDPOINTS).
     endpoint: str = "chat"
+    # The provider that served them (None: recorded before providers were kept; the built-in rule's).
+    provider: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,23 +175,25 @@ async def usage_by_route(
             long.label("long_prompt"),
             Result.service_tier,
             Prompt.endpoint,
+            Prompt.provider,
             *stamp,
         )
         .join(Prompt, Prompt.id == Result.prompt_id)
         .where(Result.job_id == job_id, Result.route != "reused",
                # Answers, and failures that reported what they used (a 2xx with no usable answer).
                or_(Result.status.in_(PAID_RESULT_STATUSES), Result.prompt_tokens.is_not(None)))
-        .group_by(Result.route, Prompt.model, "long_prompt", Result.service_tier, Prompt.endpoint, *stamp)
+        .group_by(Result.route, Prompt.model, "long_prompt", Result.service_tier, Prompt.endpoint, Prompt.provider,
+                  *stamp)
     )
     async with sessions() as session:
         found = [UsageRow(route, model, int(n), int(p), int(c), int(k), int(cost), int(listed), int(unknown),
                           as_of, file, basis, cache_creation_tokens=int(w), cache_creation_extended_tokens=int(x),
-                          long_prompt=bool(is_long), service_tier=tier, endpoint=endpoint)
-                 for route, model, n, p, c, k, w, x, cost, listed, unknown, is_long, tier, endpoint, as_of, file, basis
-                 in await session.execute(stmt)
+                          long_prompt=bool(is_long), service_tier=tier, endpoint=endpoint, provider=provider)
+                 for (route, model, n, p, c, k, w, x, cost, listed, unknown, is_long, tier, endpoint, provider, as_of,
+                      file, basis) in await session.execute(stmt)
                  if route != "reused"]  # as the query has it: each row's route is a Route
     # Sorted here: the databases put NULL stamps at opposite ends.
-    return sorted(found, key=lambda u: (u.route, u.model, u.endpoint, u.long_prompt, u.service_tier or "",
+    return sorted(found, key=lambda u: (u.route, u.model, u.provider or "", u.endpoint, u.long_prompt, u.service_tier or "",
                                         u.prices_as_of or "", u.prices_file or "", u.cost_basis or ""))
 
 

@@ -22,5 +22,5 @@ BACKENDS: Final[Mapping[str, type[BatchApi]]] = MappingProxyType({
 
 
 def batch_api(client: LLMClient) -> BatchApi:
-    """The Batch API of ``client``'s provider, its calls sent by ``client``."""
-    return BACKENDS[client.provider](client)
+    """The Batch API of ``client``'s provider (by the wire it speaks), its calls sent by ``client``."""
+    return BACKENDS[client.wire](client)

@@ -51,8 +51,8 @@ class MessageBatchApi(BatchApi):
     provider_limits: ClassVar[BatchLimits] = MESSAGE_BATCH_LIMITS
 
     def __init__(self, client: LLMClient) -> None:
-        if client.provider != "anthropic":
-            raise ValueError(f"Message Batches are Anthropic's API; this client speaks {client.provider}")
+        if client.wire != "anthropic":
+            raise ValueError(f"Message Batches are Anthropic's API; this client speaks {client.wire}")
         super().__init__(client)
         self._creating = asyncio.Lock()
 

@@ -40,6 +40,7 @@ from .._settings import DEFAULT_ANTHROPIC_VERSION, DEFAULT_BASE_URL, DEFAULT_MAX
 from ..pricing._tokens import estimate_request_tokens
 from ._transport import BodyCut, default_transport
 from .._types import ChatRequest, ChatResult
+from .._providers import Provider
 from ..wire._wire import provider_settings, reply_cap, wire_for
 
 __all__ = ["DEFAULT_CONCURRENCY", "DEFAULT_CONNECT_TIMEOUT", "DEFAULT_FILE_TIMEOUT", "DEFAULT_MAX_RETRIES",
@@ -100,6 +101,7 @@ class LLMClient:
         tpm: int | None = None,
         rate_limit_headers: RateLimitHeaders | None = None,
         provider: str = "openai",
+        wire: str | None = None,
         anthropic_version: str = DEFAULT_ANTHROPIC_VERSION,
         default_max_tokens: int = DEFAULT_MAX_TOKENS,
         background_poll: float = DEFAULT_BACKGROUND_POLL,
@@ -117,7 +119,9 @@ class LLMClient:
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, got {concurrency}")
 
-        self._wire = wire_for(provider, version=anthropic_version, default_max_tokens=default_max_tokens)
+        # The provider's name (a built-in one's is its wire's) and the wire it speaks.
+        self._name = provider
+        self._wire = wire_for(wire or provider, version=anthropic_version, default_max_tokens=default_max_tokens)
         self._api_key = SecretStr(api_key) if isinstance(api_key, str) else api_key
         if self._api_key is not None and not self._api_key.get_secret_value():
             self._api_key = None
@@ -159,16 +163,31 @@ class LLMClient:
 
     @classmethod
     def from_settings(
-        cls, settings: Settings, *, provider: str = "openai", transport: httpx.AsyncBaseTransport | None = None
+        cls, settings: Settings, *, provider: str = "openai", transport: httpx.AsyncBaseTransport | None = None,
+        declared: Provider | None = None,
     ) -> LLMClient:
         """The client a flow run uses for one provider: one per run and provider, so ``settings.concurrency``
-        is each one's ceiling; its endpoint and key are its provider's (``provider_settings``)."""
-        values = {name: getattr(settings, name) for name in _FROM_SETTINGS} | provider_settings(provider, settings)
-        return cls(**values, provider=provider, transport=transport)
+        is each one's ceiling; a built-in provider's endpoint and key are its settings' (``provider_settings``), a
+        ``declared`` one's its own (base URL, the key its ``key_env`` names, its auth header), with what else its
+        wire takes from the settings (Anthropic's version, its default max_tokens)."""
+        values = {name: getattr(settings, name) for name in _FROM_SETTINGS}
+        if declared is None or declared.builtin:
+            return cls(**values | provider_settings(provider, settings), provider=provider, transport=transport)
+        # Never an OpenAI organization or project: those are OpenAI's account's, not this host's.
+        extras = {name: value for name, value in provider_settings(declared.wire, settings).items()
+                  if name not in ("organization", "project")}
+        own = {"base_url": declared.base_url, "api_key": declared.key(), "auth_header": declared.auth_header}
+        return cls(**values | extras | own, provider=declared.name, wire=declared.wire, transport=transport)
 
     @property
     def provider(self) -> str:
-        """``openai`` (any OpenAI-compatible endpoint), ``anthropic`` or ``gemini``."""
+        """The provider's name: ``openai`` (any OpenAI-compatible endpoint), ``anthropic``, ``gemini``, or one a
+        providers file declares."""
+        return self._name
+
+    @property
+    def wire(self) -> str:
+        """The wire it speaks: ``openai``, ``anthropic`` or ``gemini`` (a built-in provider's is its name)."""
         return self._wire.provider
 
     def __repr__(self) -> str:
@@ -354,11 +373,13 @@ class LLMClient:
     def _gave_up(self, failure: Failure, *, method: str, path: str, tally: Tally) -> APIError:
         """The error a call that gives up raises: what happened, and what to change; with its attempts, those the
         provider may have billed, and those whose generation was lost."""
-        return final_error(
+        error = final_error(
             failure, method=method, path=path, attempts=tally.attempts, base_url=self._display_url,
             secret=self._secrets, hints=self._wire.hints, unusable_hint=self._wire.unusable_hint,
             url_setting=self._wire.url_setting, maybe_billed=tally.billed, lost=tally.lost,
         )
+        error.provider = self._name
+        return error
 
     async def _send_once(
         self, request: httpx.Request, *, stream_to: Path | None, timeout: float

@@ -16,7 +16,6 @@ import hashlib
 import logging
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from fnmatch import fnmatchcase
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,7 @@ from ..rules._claude_rules import anthropic_max_tokens, anthropic_thinks
 from .._params import counted, shown
 from ..pricing._pricing import PriceTable
 from ._prompt_spec import PromptSpec, prompt_spec
-from .._providers import provider_lookup
+from .._providers import ProviderTable, table_of
 from ..pricing._routing import parse_deadline
 from .._settings import DEFAULT_ANTHROPIC_VERSION, DEFAULT_MAX_TOKENS
 
@@ -117,7 +116,7 @@ def check_prompts(
     default_params: Mapping[str, Any] | None = None,
     default_endpoint: str = DEFAULT_ENDPOINT,
     table: PriceTable | None = None,
-    model_providers: Mapping[str, str] | None = None,
+    model_providers: Mapping[str, str] | ProviderTable | None = None,
     default_max_tokens: int = DEFAULT_MAX_TOKENS,
     anthropic_version: str = DEFAULT_ANTHROPIC_VERSION,
     warn: bool = True,
@@ -144,7 +143,7 @@ def check_prompts(
     first_past: tuple[int, str] | None = None
     problems = _Problems()
     where, _ = records(source)
-    provider_of = provider_lookup(model_providers)
+    resolve = table_of(model_providers).resolve
     providers: set[str] = set()
     now = datetime.now(timezone.utc)
     # Model -> prompts, for models whose provider has announced a shutdown.
@@ -166,9 +165,10 @@ def check_prompts(
         if spec.deadline is not None and parse_deadline(spec.deadline, now=now) < now:
             past += 1
             first_past = first_past or (line, spec.deadline)
-        provider = provider_of(spec.model)
-        if provider == "anthropic" and not has_max_tokens(spec.params):
-            cap = anthropic_max_tokens(spec.model, spec.params, default=default_max_tokens,
+        # Its provider's name, and the wire whose rules its model (as sent, ``upstream``) follows.
+        provider, wire, _, upstream = resolve(spec.model)
+        if wire == "anthropic" and not has_max_tokens(spec.params):
+            cap = anthropic_max_tokens(upstream, spec.params, default=default_max_tokens,
                                        thinking_default=thinking_default)
             most = table.limits_for(spec.model) if table is not None else None
             if most is not None and most.max_output_tokens and cap > most.max_output_tokens:
@@ -178,7 +178,7 @@ def check_prompts(
                     path=where, line=line, field="params.max_tokens"))
                 continue
             uncapped += 1
-            thinking += anthropic_thinks(spec.model, spec.params)
+            thinking += anthropic_thinks(upstream, spec.params)
         _add_to_fingerprint(digest, spec)
         ids.add(text_hash(spec.custom_id))
         keys.add(key_hash(spec.dedupe_key))
@@ -190,11 +190,11 @@ def check_prompts(
         providers.add(provider)
         if table is not None and table.model_name(spec.model) is None:
             if spec.model not in declared:
-                declared[spec.model] = _declared(spec.model, model_providers, table=table)
+                declared[spec.model] = _declared(spec.model, table_of(model_providers), table=table)
             if not declared[spec.model]:
                 seen = unknown.setdefault(spec.model, [0, line])
                 seen[0] += 1
-        needs = thinking_room(spec.model, spec.params, provider=provider)
+        needs = thinking_room(upstream, spec.params, provider=wire)
         if needs is not None:
             cramped += 1
             first_cramped = first_cramped or line
@@ -253,13 +253,13 @@ def check_prompts(
                       specs=None if kept is None else tuple(kept))
 
 
-def _declared(model: str, model_providers: Mapping[str, str] | None, *, table: PriceTable) -> bool:
-    """Whether ``model`` is the user's own though the catalog does not name it: mapped in ``model_providers`` (its
-    exact name or a glob matching it), or a fine-tune of a catalog model (OpenAI's ``ft:BASE:ORG::ID``: no typo
-    makes one)."""
+def _declared(model: str, providers: ProviderTable, *, table: PriceTable) -> bool:
+    """Whether ``model`` is the user's own though the catalog does not name it: a declared provider's, mapped in
+    ``model_providers`` (its exact name or a glob matching it), or a fine-tune of a catalog model (OpenAI's
+    ``ft:BASE:ORG::ID``: no typo makes one)."""
     if model.startswith("ft:") and table.model_name(model.split(":")[1]) is not None:
         return True
-    return any(model == pattern or fnmatchcase(model, pattern) for pattern in model_providers or {})
+    return providers.declared_model(model)
 
 
 def _unknown_model(model: str, *, prompts: int, line: int, table: PriceTable | None, where: str) -> InputError:
@@ -281,7 +281,7 @@ def _duplicate_ids(
     default_model: str,
     default_params: Mapping[str, Any] | None,
     default_endpoint: str = DEFAULT_ENDPOINT,
-    model_providers: Mapping[str, str] | None = None,
+    model_providers: Mapping[str, str] | ProviderTable | None = None,
     anthropic_version: str,
 ) -> Iterator[InputError]:
     """Each prompt whose id an earlier one has, among those whose hashes clash (two ids may share a hash)."""
@@ -310,7 +310,7 @@ def iter_prompts(
     default_params: Mapping[str, Any] | None = None,
     default_endpoint: str = DEFAULT_ENDPOINT,
     table: PriceTable | None = None,
-    model_providers: Mapping[str, str] | None = None,
+    model_providers: Mapping[str, str] | ProviderTable | None = None,
     anthropic_version: str = DEFAULT_ANTHROPIC_VERSION,
 ) -> Iterator[PromptSpec]:
     """The prompts of ``source`` one at a time, in input order, each validated as it is read.
@@ -335,13 +335,13 @@ def _iter_specs(
     default_params: Mapping[str, Any] | None,
     default_endpoint: str = DEFAULT_ENDPOINT,
     table: PriceTable | None,
-    model_providers: Mapping[str, str] | None = None,
+    model_providers: Mapping[str, str] | ProviderTable | None = None,
     now: datetime,
     anthropic_version: str = DEFAULT_ANTHROPIC_VERSION,
 ) -> Iterator[tuple[int, PromptSpec | InputError]]:
     """Each record's line number and its spec, or the ``InputError`` that says why it cannot be one."""
     where, lines = records(source)
-    provider_of = provider_lookup(model_providers)
+    resolve = table_of(model_providers).resolve
     from_file = isinstance(source, (str, Path))
     for position, (number, record) in enumerate(lines):
         if isinstance(record, InputError):
@@ -350,7 +350,7 @@ def _iter_specs(
         try:
             yield number, prompt_spec(record, where=where, line=number, position=position, default_model=default_model,
                                 default_params=default_params, default_endpoint=default_endpoint, table=table,
-                                provider_of=provider_of, now=now,
+                                resolve=resolve, now=now,
                                 from_file=from_file, anthropic_version=anthropic_version)
         except InputError as problem:
             yield number, problem
@@ -363,7 +363,7 @@ def read_prompts(
     default_params: Mapping[str, Any] | None = None,
     default_endpoint: str = DEFAULT_ENDPOINT,
     table: PriceTable | None = None,
-    model_providers: Mapping[str, str] | None = None,
+    model_providers: Mapping[str, str] | ProviderTable | None = None,
     anthropic_version: str = DEFAULT_ANTHROPIC_VERSION,
 ) -> list[PromptSpec]:
     """Read and validate a ``.jsonl`` or ``.csv`` prompt file, every prompt in a list.
@@ -383,7 +383,7 @@ def parse_prompt_dicts(
     default_params: Mapping[str, Any] | None = None,
     default_endpoint: str = DEFAULT_ENDPOINT,
     table: PriceTable | None = None,
-    model_providers: Mapping[str, str] | None = None,
+    model_providers: Mapping[str, str] | ProviderTable | None = None,
     anthropic_version: str = DEFAULT_ANTHROPIC_VERSION,
 ) -> list[PromptSpec]:
     """Validate prompts given as dicts (programmatic use), as ``read_prompts`` does; errors name the item number (1-based)."""
@@ -399,7 +399,7 @@ def _specs(
     default_params: Mapping[str, Any] | None,
     default_endpoint: str = DEFAULT_ENDPOINT,
     table: PriceTable | None,
-    model_providers: Mapping[str, str] | None = None,
+    model_providers: Mapping[str, str] | ProviderTable | None = None,
     anthropic_version: str = DEFAULT_ANTHROPIC_VERSION,
 ) -> list[PromptSpec]:
     where, _ = records(source)

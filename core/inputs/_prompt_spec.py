@@ -26,6 +26,7 @@ from ..wire._structured import response_format_problem
 from ..pricing._pricing import ModelLimits, PriceTable
 from ..pricing._routing import URGENCIES, parse_deadline
 from ..pricing._tokens import estimate_input_tokens, input_tokens_at_most, reply_cap
+from .._providers import ModelRoute
 from .._types import ChatRequest, dedupe_key
 
 # Parameters a provider bounds otherwise than OpenAI does, checked by its own rules instead of ``param_problem``'s:
@@ -60,6 +61,8 @@ class PromptSpec:
     deadline: str | None = None
     # The provider endpoint it goes to (``_endpoints.ENDPOINTS``).
     endpoint: str = DEFAULT_ENDPOINT
+    # The provider that serves it (``core.ProviderTable``): a built-in one's name, or one a providers file declares.
+    provider: str = "openai"
 
     def __post_init__(self) -> None:
         if not self.dedupe_key:
@@ -78,7 +81,7 @@ def prompt_spec(
     default_params: Mapping[str, Any] | None,
     default_endpoint: str = DEFAULT_ENDPOINT,
     table: PriceTable | None,
-    provider_of: Callable[[str], str],
+    resolve: Callable[[str], ModelRoute],
     now: datetime,
     from_file: bool,
     anthropic_version: str,
@@ -115,8 +118,12 @@ def prompt_spec(
     model = record.get("model", default_model)
     if not isinstance(model, str) or not model.strip():
         raise fail("must be a non-empty string", "model")
-    model = model.strip()
-    provider = provider_of(model)
+    try:
+        route = resolve(model.strip())
+    except ValueError as exc:  # a name two declared providers serve
+        raise fail(str(exc), "model") from None
+    # Recorded under its provider's qualified name (``model``); its wire's rules apply to the name it is sent under.
+    model, provider, sent = route.model, route.wire, route.upstream
     anthropic = provider == "anthropic"
     endpoint = record.get("endpoint", default_endpoint)
     problem = endpoint_problem(endpoint, provider=provider)
@@ -131,7 +138,7 @@ def prompt_spec(
     else:
         # OpenAI's shapes, to the letter for OpenAI's own models; other content kinds are left to the provider (and
         # to the check of the translated body for Anthropic's).
-        parts: PartRules = "openai" if not anthropic and is_openai_model(model) else "any"
+        parts: PartRules = "openai" if not anthropic and is_openai_model(sent) else "any"
         shape = openai_messages_refusal(record["messages"], parts=parts)
         if shape is not None:
             raise fail(shape.message, shape.field)
@@ -159,14 +166,14 @@ def prompt_spec(
         raise fail(shut, "model")
     if endpoint == "embeddings":
         return _embedding_spec(record, custom_id=str(raw_id), messages=messages, params=params, model=model,
-                               position=position, fail=fail, now=now, has_prompt=has_prompt)
+                               position=position, fail=fail, now=now, has_prompt=has_prompt, provider=route.provider)
     if anthropic:
         for name, value in params.items():
             problem = anthropic_param_problem(name, value)
             if problem is not None:
                 raise fail(problem, f"params.{name}")
         try:  # what is left to go wrong is in the messages (a tool call's arguments, say)
-            body = anthropic_params(ChatRequest(model=model, messages=messages, params=params), default_max_tokens=1)
+            body = anthropic_params(ChatRequest(model=sent, messages=messages, params=params), default_max_tokens=1)
         except (ValueError, TypeError, AttributeError) as exc:
             raise fail(f"cannot be sent to Anthropic: {exc}", "prompt" if has_prompt else "messages") from None
         refusal = anthropic_refusal(body, version=anthropic_version) or anthropic_messages_refusal(
@@ -177,26 +184,26 @@ def prompt_spec(
             if problem is not None:
                 raise fail(problem, f"params.{name}")
         try:  # what is left to go wrong is in the messages, or an effort the model cannot take
-            gemini = gemini_body(ChatRequest(model=model, messages=messages, params=params))
+            gemini = gemini_body(ChatRequest(model=sent, messages=messages, params=params))
         except (ValueError, TypeError, AttributeError) as exc:
             field = "params.reasoning_effort" if "reasoning_effort" in str(exc) or "thinking" in str(exc) else (
                 "prompt" if has_prompt else "messages")
             raise fail(f"cannot be sent to Gemini: {exc}", field) from None
-        refusal = gemini_refusal(model, gemini)
+        refusal = gemini_refusal(sent, gemini)
     elif endpoint == "responses":
         for name, value in params.items():
             problem = response_param_problem(name, value)
             if problem is not None:
                 raise fail(problem, f"params.{name}")
         # What the model refuses is the same in both APIs: checked on the parameters chat names too.
-        refusal = openai_refusal(model, openai_params(model, {name: value for name, value in params.items()
-                                                              if name not in RESPONSES_PARAMS}))
+        refusal = openai_refusal(sent, openai_params(sent, {name: value for name, value in params.items()
+                                                            if name not in RESPONSES_PARAMS}))
     else:
         for name in params:
             problem = misspelling(name)
             if problem is not None:
                 raise fail(problem, f"params.{name}")
-        refusal = openai_refusal(model, openai_params(model, params))
+        refusal = openai_refusal(sent, openai_params(sent, params))
     if refusal is not None:
         raise fail(refusal.message, refusal.field)
     limits = table.limits_for(model) if table is not None else None
@@ -218,11 +225,12 @@ def prompt_spec(
         urgency=_urgency(record.get("urgency"), fail=fail),
         deadline=_deadline(record.get("deadline"), now=now, fail=fail),
         endpoint=endpoint,
+        provider=route.provider,
     )
 
 
 def _embedding_spec(record: Mapping[str, Any], *, custom_id: str, messages: list[dict[str, Any]], params: dict[str, Any], model: str,
-                    position: int, fail: Any, now: datetime, has_prompt: bool) -> PromptSpec:
+                    position: int, fail: Any, now: datetime, has_prompt: bool, provider: str) -> PromptSpec:
     """An embeddings prompt: one text, and only the parameters that endpoint takes."""
     if embedding_text(messages) is None:
         raise fail("an embeddings prompt holds one text: give it as 'input' (or 'prompt')",
@@ -238,7 +246,7 @@ def _embedding_spec(record: Mapping[str, Any], *, custom_id: str, messages: list
         custom_id=custom_id, position=position, model=model, messages=messages, params=params,
         metadata=dict(metadata) if metadata is not None else None,
         urgency=_urgency(record.get("urgency"), fail=fail),
-        deadline=_deadline(record.get("deadline"), now=now, fail=fail), endpoint="embeddings",
+        deadline=_deadline(record.get("deadline"), now=now, fail=fail), endpoint="embeddings", provider=provider,
     )
 
 

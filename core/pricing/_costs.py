@@ -232,11 +232,13 @@ class CostTotals:
                         unpriced=usage.get("requests", 1) if charge is None else 0)
         return cost
 
-    def add_priced(self, *, cost: Decimal, at_realtime: Decimal, unpriced: int = 0, **usage: Unpack[Usage]) -> None:
+    def add_priced(self, *, cost: Decimal, at_realtime: Decimal, unpriced: int = 0, provider: str | None = None,
+                   **usage: Unpack[Usage]) -> None:
         """Count ``requests`` requests whose known cost is ``cost`` (``at_realtime`` at the real-time price);
-        ``unpriced`` of them have no price and are in neither figure."""
+        ``unpriced`` of them have no price and are in neither figure. ``provider``: who served them, as stored (None:
+        ``provider_of`` their model)."""
         route, model = usage["route"], usage["model"]
-        by_route = self.providers.setdefault(self.provider_of(model), {})
+        by_route = self.providers.setdefault(provider or self.provider_of(model), {})
         by_endpoint = self.endpoints.setdefault(usage.get("endpoint", "chat"), {})
         for totals in (self.batch if route == "batch" else self.realtime,
                        self.lanes.get(route) or self.lanes.setdefault(route, RouteTotals()),

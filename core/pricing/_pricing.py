@@ -8,6 +8,8 @@ table has no price (``None``), never a price of zero, and no known limits.
 
 from __future__ import annotations
 
+import json
+
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -20,7 +22,7 @@ from typing import Any, Final, NamedTuple
 
 from ._catalog import LIMIT_FIELDS, merge_catalogs, parse_catalog, prices_on
 from .._exceptions import ConfigError
-from .._providers import provider_lookup
+from .._providers import ProviderTable, provider_lookup
 from ._lanes import Lane, LaneOffer, lane_offers
 from .._status import ROUTES, Route
 
@@ -215,13 +217,16 @@ class PriceTable:
     _names: dict[str, str | None] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @classmethod
-    def load(cls, *, path: Path | None = None, on: date | None = None) -> PriceTable:
+    def load(cls, *, path: Path | None = None, on: date | None = None, providers: ProviderTable | None = None
+             ) -> PriceTable:
         """The bundled catalog, with the user's file at ``path`` (same format, any subset) on top, priced as on
         day ``on`` (default: today, UTC).
 
         The user's models replace bundled models of the same name, keeping the bundled facts (``context_window``,
         ``max_output_tokens``, provider, shutdown...) unless they give their own; its ``batch_discount``,
-        ``prices_as_of``, ``source`` and ``limits_*`` replace the bundled ones. Raises ``ConfigError``.
+        ``prices_as_of``, ``source`` and ``limits_*`` replace the bundled ones. A declared provider's priced models
+        (``providers``) join as ``NAME/model``, the provider's own: never the bundled model of that name's price.
+        Raises ``ConfigError``.
         """
         bundled_text = resources.files("llm_dispatch.core").joinpath("prices.json").read_text(encoding="utf-8")
         merged = parse_catalog(bundled_text, where="bundled prices.json", complete=True)
@@ -237,6 +242,16 @@ class PriceTable:
             user = parse_catalog(text, where=where, complete=False)
             user_models = frozenset(user.get("models", {}))
             merged = merge_catalogs(merged, user, where=where)
+        for provider in (providers.declared.values() if providers is not None else ()):
+            if provider.prices:
+                where = f"providers file {providers.source or ''} ({provider.name})" if providers else ""
+                own = parse_catalog(json.dumps({"models": {f"{provider.name}/{model}": dict(entry)
+                                                            for model, entry in provider.prices.items()}}, default=str),
+                                    where=where, complete=False)
+                for name, entry in own["models"].items():
+                    entry["provider"] = provider.name
+                    merged["models"][name] = entry
+                user_models |= frozenset(own["models"])
         day = on or datetime.now(UTC).date()
         default_discount = merged["batch_discount"]
         prices, limits, info = {}, {}, {}

@@ -18,16 +18,13 @@ from llm_dispatch.jobs import (
     Selection,
     run_budget,
 )
-from llm_dispatch.core import BACKENDS, HALF_SUBMITTED_BATCH_STATUSES, PROVIDERS, RetryFailed, counted
+from llm_dispatch.core import BACKENDS, HALF_SUBMITTED_BATCH_STATUSES, RetryFailed, counted
 from llm_dispatch.tasks import finish_submission, submit_batches
 
 from ._realtime_half import send_realtime
 
 # The providers whose endpoint may be known to have no Batch API (``jobs.known_without_batch_api``).
 BATCH_PROVIDERS = frozenset(BACKENDS)
-# Providers llm-dispatch has no batch backend for (``core.BACKENDS``): Gemini, until its Batch Mode is written. Their
-# prompts routed to the Batch API go real-time, with one warning, before anything is submitted.
-NO_BATCH_BACKEND = frozenset(PROVIDERS) - frozenset(BACKENDS)
 # Prompts an ingest re-routed to real-time, not already taken by a live run.
 REROUTED = Selection(retry_failed="none", planned_route="realtime", in_flight=False)
 
@@ -82,9 +79,6 @@ async def dispatch_batches(
     summary = BatchHalfSummary()
     # Prompts of a provider whose endpoint has no Batch API go real-time; the other providers' still go in batches.
     around = False
-    for provider in sorted(NO_BATCH_BACKEND):
-        around |= await _route_around(run, job_id=job_id, error=None, providers=frozenset({provider}),
-                                      because=f"llm-dispatch has no {provider} Batch API yet; sent real-time")
     for provider, why in (await jobs.known_without_batch_api(run, providers=BATCH_PROVIDERS)).items():
         around |= await _route_around(run, job_id=job_id, error=None, because=f"{why}; sent real-time",
                                       providers=frozenset({provider}))

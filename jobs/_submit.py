@@ -284,6 +284,9 @@ async def advance_submission(
             submitted_at=info.created_at or datetime.now(UTC),
             expires_at=info.expires_at,
             request_total=info.request_counts.total or record.request_total,
+            # An adopted batch may have ended already (it ran while its create's answer was lost): its results.
+            output_file_id=info.output_file_id,
+            error_file_id=info.error_file_id,
         )
     logger.info("batch %d: created %s (%d lines, %s)", record.id, info.id, record.request_total, record.model)
     return await storage.require_batch(sessions, batch_id=record.id)

@@ -398,7 +398,8 @@ class _GeminiBatchRun(BatchWork):
             fraction = batch.fault.argument if batch.fault.argument is not None else DEFAULT_EXPIRE_FRACTION
             stop_after = math.floor(total * fraction)
 
-        def answer(item: tuple[str | None, dict[str, Any]]) -> None:
+        def answer(item: tuple[str | None, dict[str, Any]] | None) -> None:
+            assert item is not None
             key, request = item
             ok, response = self._answer(request)
             self._write(key, response, ok=ok, sink=sink)

@@ -285,7 +285,7 @@ def _upload_status(response: httpx.Response, *, final: bool) -> str | None:
     if not final:
         return None
     file = parse_json(response).get("file")
-    name = file.get("name") if isinstance(file, dict) else None
+    name: object = file.get("name") if isinstance(file, dict) else None
     if not isinstance(name, str) or not name:
         raise APIResponseValidationError(f"the finished upload names no file: {response.text[:300]!r}")
     return name

@@ -21,7 +21,8 @@ that fraction, then ends BATCH_STATE_EXPIRED with no output; ``fail_validation``
 ``hang_create[:SECONDS]`` holds it, then answers 503 creating nothing; ``create_lost_hang[:SECONDS]``,
 ``create_lost_drop`` and ``create_lost_502`` create the batch and lose the answer; ``unreachable[:COUNT]`` answers
 the batch's first COUNT gets and cancels with a 503; ``slow_finalizing[:SECONDS]`` keeps it running that long after
-its last answer.
+its last answer; ``hang_upload[:SECONDS]`` (when it heads the queue at an upload's start) holds that upload's last
+chunk, then answers 503 with no file made.
 """
 
 from __future__ import annotations
@@ -150,6 +151,7 @@ class _Upload:
     path: Path
     size: int
     received: int = 0
+    hang: float | None = None  # a ``hang_upload`` fault: seconds its last chunk is held
 
 
 class GeminiBatchRoutes:
@@ -193,6 +195,9 @@ class GeminiBatchRoutes:
         command = {part.strip() for part in request.headers.get("X-Goog-Upload-Command", "").split(",")}
         offset = request.headers.get("X-Goog-Upload-Offset")
         chunk = await request.read()
+        if "finalize" in command and upload.hang is not None:
+            await asyncio.sleep(upload.hang)  # the client gives up (or dies) with no file
+            return gemini_error(503)
         if "upload" not in command or offset is None or not offset.isdigit() or int(offset) > upload.received:
             return gemini_error(400, f"Bad upload command {sorted(command)} at offset {offset!r} "
                                      f"(received {upload.received}).")
@@ -230,7 +235,13 @@ class GeminiBatchRoutes:
         upload_id = secrets.token_hex(12)
         path = self._store.new_path(f"gemini-upload-{upload_id}.jsonl")
         path.write_bytes(b"")
-        self._uploads[upload_id] = _Upload(path=path, size=int(size))
+        queued = self._store.queued_faults
+        hang = None
+        if queued and queued[0].name == "hang_upload":
+            fault = queued.popleft()
+            hang = HANG_CREATE_SECONDS if fault.argument is None else fault.argument
+        self._uploads[upload_id] = _Upload(path=path, size=int(size), hang=hang)
+        self._state.stats.gemini_uploads += 1
         url = f"{request.url.origin()}/upload/v1beta/files?upload_id={upload_id}&upload_protocol=resumable"
         return web.Response(status=200, headers={"X-Goog-Upload-URL": url, "X-Goog-Upload-Status": "active"})
 

@@ -39,7 +39,8 @@ GEMINI_BATCH_STATES: Mapping[str, BatchStatus] = MappingProxyType({
     **{f"{prefix}_CANCELLED": BatchStatus.CANCELLED for prefix in ("BATCH_STATE", "JOB_STATE")},
     **{f"{prefix}_EXPIRED": BatchStatus.EXPIRED for prefix in ("BATCH_STATE", "JOB_STATE")},
 })
-# "Batch jobs expire if they remain in pending or running for more than 48 hours" (the Batch Mode guide).
+# A batch still pending or running 48 hours after its creation expires (the figure issue 37 gives from Google's Batch
+# Mode guide; the guide's section that states it was not in the index this was written from).
 GEMINI_BATCH_WINDOW: Final = timedelta(hours=48)
 # The output_file_id of a batch whose responses are inlined in the batch itself (no file to download).
 INLINED_RESPONSES: Final = "inlinedResponses"

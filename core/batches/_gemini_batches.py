@@ -49,12 +49,13 @@ __all__ = ["GEMINI_BATCHES_PATH", "GEMINI_UPLOAD_PATH", "INLINE_MAX_BYTES", "UPL
 GEMINI_BATCHES_PATH: Final = "/v1beta/batches"
 GEMINI_UPLOAD_PATH: Final = "/upload/v1beta/files"
 _CREATE_PATH: Final = "/v1beta/models/{model}:batchGenerateContent"
-# "Inline requests ... suitable for smaller batches that keep the total request size under 20MB" (the Batch Mode
-# guide): the create's whole body is measured, envelope included.
+# Inline requests suit "smaller batches that keep the total request size under 20MB" (Google's Batch API guide,
+# ai.google.dev/gemini-api/docs/batch-api): the create's whole body is measured, envelope included.
 INLINE_MAX_BYTES: Final = 20 * 1024 * 1024
 # google-genai's ``_api_client.CHUNK_SIZE``: the bytes of one request of a resumable upload.
 UPLOAD_CHUNK: Final = 8 * 1024 * 1024
-# The type the Batch Mode guide gives its JSONL input (``UploadFileConfig(mime_type='jsonl')``).
+# The type Google's Batch API guide gives its JSONL input (``UploadFileConfig(mime_type='jsonl')``, as quoted in
+# discuss.ai.google.dev/t/95102; the guide's own page was not in the index past its start).
 JSONL_MIME_TYPE: Final = "jsonl"
 _DISPLAY_PREFIX: Final = "llm-dispatch"
 _LIST_PAGE: Final = 100
@@ -271,7 +272,7 @@ def _parse_page(response: httpx.Response) -> tuple[list[BatchInfo], str | None]:
 
 
 def _upload_url(response: httpx.Response) -> str:
-    url = response.headers.get("x-goog-upload-url")
+    url: str | None = response.headers.get("x-goog-upload-url")
     if not url:
         raise APIResponseValidationError("the upload's start answered no X-Goog-Upload-URL")
     return url
@@ -285,7 +286,7 @@ def _upload_status(response: httpx.Response, *, final: bool) -> str | None:
     if not final:
         return None
     file = parse_json(response).get("file")
-    name: object = file.get("name") if isinstance(file, dict) else None
+    name = file.get("name") if isinstance(file, dict) else None
     if not isinstance(name, str) or not name:
         raise APIResponseValidationError(f"the finished upload names no file: {response.text[:300]!r}")
     return name

@@ -179,3 +179,24 @@ async def test_a_crash_after_the_create_left_uploaded_is_adopted_by_the_next_run
     assert env.sim.stats()["gemini_batches"] == 1
     await env.finish(batch_id)
     assert await storage.job_counts(env.sessions, job_id=job_id) == {"succeeded": 4}
+
+
+async def test_an_upload_cut_short_leaves_the_batch_preparing_and_the_next_run_uploads_it_once(env: Env) -> None:
+    env.inline_max_bytes = 100
+    job_id, ids = await env.job([f"q {i}" for i in range(6)])
+    env.queue_faults("hang_upload:30")  # the upload's last chunk is held: the client gives up, as a killed run would
+    impatient = LLMClient(provider="gemini", base_url=env.sim.root, api_key=KEY, max_retries=0, request_timeout=0.5,
+                          file_timeout=0.5)
+    async with impatient as env.client:
+        with pytest.raises(ExceptionGroup):
+            await env.submit(job_id)
+    [record] = await storage.unfinished_batches(env.sessions, job_id=job_id)
+    assert (record.status, record.input_file_id, record.provider_batch_id) == ("preparing", None, None)
+    assert env.sim.stats()["gemini_uploads"] == 1 and gemini_batches(env.sim) == []
+    async with LLMClient(provider="gemini", base_url=env.sim.root, api_key=KEY, max_retries=2) as env.client:
+        record = await advance_submission(sessions=env.sessions, clients=env.clients, record=record)
+        assert record.input_file_id is not None and record.input_file_id.startswith("files/")
+        await env.finish(record.id)
+    assert env.sim.stats()["gemini_uploads"] == 2 and len(gemini_batches(env.sim)) == 1
+    assert await storage.job_counts(env.sessions, job_id=job_id) == {"succeeded": 6}
+    assert env.sim.stats()["gemini_batch_lines"] == 6

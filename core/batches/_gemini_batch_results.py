@@ -153,11 +153,11 @@ def read_gemini_batch_results(path: Path) -> Iterator[BatchLine]:
 def _result_line(record: dict[str, Any], key: str, number: int) -> BatchLine:
     error = record.get("error")
     if isinstance(error, dict):
-        code = error.get("code")
-        name, rule = gemini_line_error(code if isinstance(code, int) and not isinstance(code, bool) else None)
-        status = error.get("status")
+        code, status = error.get("code"), error.get("status")
+        name, rule = gemini_line_error(code if isinstance(code, int) and not isinstance(code, bool) else None,
+                                       status=status if isinstance(status, str) and status else None)
         message = error.get("message")
-        return BatchLine(custom_id=key, result=None, error_code=str(status) if isinstance(status, str) else name,
+        return BatchLine(custom_id=key, result=None, error_code=name,
                          error_message=message if isinstance(message, str) else "", status_code=None,
                          retryable=rule.retry, line=number, billed=rule.billed)
     response = record.get("response")

@@ -84,10 +84,10 @@ _GEMINI_RETRIED = frozenset({"CANCELLED", "UNKNOWN", "DEADLINE_EXCEEDED", "RESOU
                              "UNAVAILABLE"})
 
 
-def gemini_line_error(code: int | None) -> tuple[str, LineError]:
+def gemini_line_error(code: int | None, *, status: str | None = None) -> tuple[str, LineError]:
     """A Gemini batch request's error ``code`` (google.rpc, or an HTTP status from 100 up) as (its name, how it is
-    settled)."""
+    settled); with no code, its ``status`` word (``UNAVAILABLE``...) is read instead."""
     if code is not None and code >= 100:
-        return f"http_{code}", LineError(retry=should_retry_status(code), billed=False)
-    name = GEMINI_RPC_CODES.get(code or 0, "UNKNOWN")
+        return status or f"http_{code}", LineError(retry=should_retry_status(code), billed=False)
+    name = GEMINI_RPC_CODES.get(code, "UNKNOWN") if code is not None else status or "UNKNOWN"
     return name, LineError(retry=name in _GEMINI_RETRIED, billed=False)

@@ -8,12 +8,14 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from llm_dispatch import storage
 from conftest import BatchEnv, Sim
+from test_batch_path import PEOPLE, STRUCTURED
 from llm_dispatch.jobs import Clients, IngestOutcome, advance_submission, ingest_batch, submit_prompts
 from llm_dispatch.jobs._collect import cancel_batches
 from llm_dispatch.core import GeminiBatchApi, LLMClient, PriceTable, dedupe_key
@@ -35,13 +37,13 @@ class Env(BatchEnv):
             clients._batch_apis["gemini"] = GeminiBatchApi(self.client, inline_max_bytes=self.inline_max_bytes)
         return clients
 
-    async def job(self, contents: list[str]) -> tuple[str, list[int]]:
+    async def job(self, contents: list[str], *, params: dict[str, Any] | None = None) -> tuple[str, list[int]]:
         job_id = await storage.create_job(self.sessions, name="t", fingerprint="g" * 64, input_path=None, model=MODEL,
                                           settings={})
         prompts = []
         for i, content in enumerate(contents):
             messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": content}]
-            params = {"max_tokens": 20}
+            params = params or {"max_tokens": 20}
             prompts.append(storage.NewPrompt(
                 custom_id=f"c-{i}", position=i, model=MODEL, messages=messages, params=params,
                 dedupe_key=dedupe_key(model=MODEL, messages=messages, params=params),
@@ -49,17 +51,17 @@ class Env(BatchEnv):
         await storage.add_prompts(self.sessions, job_id=job_id, prompts=prompts)
         return job_id, await storage.unfinished_prompt_ids(self.sessions, job_id=job_id)
 
-    async def submit(self, job_id: str, **options: object) -> list[int]:
+    async def submit(self, job_id: str, **options: Any) -> list[int]:
         async with storage.ResultWriter(self.sessions, job_id=job_id, prices=PRICES) as writer:
             outcome = await submit_prompts(sessions=self.sessions, clients=self.clients, writer=writer, job_id=job_id,
                                            directory=self.directory, **options)  # type: ignore[arg-type]
         return outcome.batch_ids
 
-    async def finish(self, batch_id: int, *, max_submissions: int = 3) -> IngestOutcome:
+    async def finish(self, batch_id: int, *, max_submissions: int = 3, **options: Any) -> IngestOutcome:
         record = await self.poll(batch_id)
         async with storage.ResultWriter(self.sessions, job_id=record.job_id, prices=PRICES) as writer:
             return await ingest_batch(sessions=self.sessions, clients=self.clients, writer=writer, record=record,
-                                      directory=self.directory, max_submissions=max_submissions)
+                                      directory=self.directory, max_submissions=max_submissions, **options)
 
 
 @pytest.fixture
@@ -200,3 +202,22 @@ async def test_an_upload_cut_short_leaves_the_batch_preparing_and_the_next_run_u
     assert env.sim.stats()["gemini_uploads"] == 2 and len(gemini_batches(env.sim)) == 1
     assert await storage.job_counts(env.sessions, job_id=job_id) == {"succeeded": 6}
     assert env.sim.stats()["gemini_batch_lines"] == 6
+
+
+async def test_invalid_answers_are_asked_again_in_a_gemini_follow_up_batch_held_by_the_budget(env: Env) -> None:
+    job_id, _ = await env.job(PEOPLE, params=STRUCTURED)
+    budget = await storage.set_budget(env.sessions, name="gemini", limit_pico_usd=10**12, per="total")
+    [first] = await env.submit(job_id, budget=budget)
+    outcome = await env.finish(first, budget=budget, max_reasks=2)
+    [follow_up] = outcome.reask_batches
+    assert (outcome.invalid, outcome.reasked_in_batches, outcome.reasks_over_budget) == (2, 2, 0)
+    assert (await env.batch(follow_up)).provider == "gemini"
+    [usage] = await storage.budget_usage(env.sessions, name="gemini")
+    assert usage.reserved_pico_usd > 0  # the follow-up batch holds its worst case at the batch price
+    await env.finish(follow_up, budget=budget, max_reasks=2)
+    assert await storage.job_counts(env.sessions, job_id=job_id) == {"succeeded": 3}
+    [usage] = await storage.budget_usage(env.sessions, name="gemini")
+    spent = sum(r.cost_pico_usd or 0 for r in await env.results(job_id))
+    assert usage.spent_pico_usd == spent > 0 and usage.reserved_pico_usd == 0
+    made = gemini_batches(env.sim)
+    assert len(made) == 2 and all(batch["metadata"]["model"] == f"models/{MODEL}" for batch in made)

@@ -36,7 +36,7 @@ import httpx
 
 from ._batch_api import CLOCK_SLACK, Adopted, BatchApi, BatchRef, FindLost, ResultFile
 from ._gemini_batch_results import INLINED_RESPONSES, gemini_batch_info, inlined_lines, read_gemini_batch_results
-from .._batch_types import GEMINI_BATCH_LIMITS, BatchInfo, BatchLimits
+from .._batch_types import BATCH_CHAT_ENDPOINT, GEMINI_BATCH_LIMITS, BatchInfo, BatchLimits
 from .._exceptions import APIResponseValidationError
 from .._json import compact_json
 from .._types import ChatRequest
@@ -169,6 +169,10 @@ class GeminiBatchApi(BatchApi):
                 if not raw.strip():
                     continue
                 line = json.loads(raw)
+                if line.get("url") != BATCH_CHAT_ENDPOINT:
+                    # asyncBatchEmbedContent is another API, not written yet: never sent as generateContent bodies.
+                    raise ValueError(f"Gemini batches send chat requests only, not {line.get('url')!r}: route "
+                                     "these prompts real-time")
                 body = dict(line["body"])
                 request = ChatRequest(model=body.pop("model"), messages=body.pop("messages"), params=body)
                 yield line["custom_id"], self.client.request_body(request)

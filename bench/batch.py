@@ -7,6 +7,11 @@ baselines (over the same bytes the path downloaded). Medians over the repeats ar
     python bench/batch.py [--prompts 100000] [--repeats 3] [--batch-seconds 1.5] [--json [PATH]]
     python bench/batch.py --prompts 1000000 --repeats 1   # issue 13's 1M all-batch job (20 files of 50,000)
     python bench/batch.py --prompts 100000 --repeats 1 --profile /tmp/batch-prof   # cProfile of one run
+    python bench/batch.py --providers openai,gemini   # the batch path per provider, alternating (issue 37)
+
+With ``--providers`` each repeat runs the batch path once per provider, in turn, and no baselines: Gemini's
+through Batch Mode's file path (its batch uploaded through the Files API's resumable protocol, whatever its size,
+the responses file downloaded), OpenAI's through its files and batches.
 
 Per repeat, the batch path does:
 
@@ -50,6 +55,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 
 MODEL = "gpt-4o-mini"
+GEMINI_MODEL = "gemini-2.5-flash"
 PARAMS = {"max_tokens": 64}
 ENDPOINT = "/v1/chat/completions"
 POLL_INTERVAL = 0.2
@@ -75,7 +81,7 @@ def _messages(i: int) -> list[dict[str, Any]]:
     return [{"role": "user", "content": _content(i)}]
 
 
-def _prompts(count: int, *, distinct: int | None = None) -> Iterator[Any]:
+def _prompts(count: int, *, distinct: int | None = None, model: str = MODEL) -> Iterator[Any]:
     """NewPrompts as the CLI would store them after routing: distinct (no line shared or reused), or with
     ``distinct`` requests, prompt i asking question i % distinct (identical prompts share one line)."""
     from llm_dispatch import storage
@@ -84,8 +90,8 @@ def _prompts(count: int, *, distinct: int | None = None) -> Iterator[Any]:
     for i in range(count):
         messages = _messages(i % distinct if distinct else i)
         yield storage.NewPrompt(
-            custom_id=f"c-{i}", position=i, model=MODEL, messages=messages, params=dict(PARAMS),
-            dedupe_key=dedupe_key(model=MODEL, messages=messages, params=PARAMS),
+            custom_id=f"c-{i}", position=i, model=model, messages=messages, params=dict(PARAMS),
+            dedupe_key=dedupe_key(model=model, messages=messages, params=PARAMS),
             planned_route="batch", route_reason="bench",
         )
 
@@ -185,19 +191,19 @@ class _Profile:
 
 async def batch_path(
     *, base_url: str, count: int, workdir: Path, run: int, profile: Path | None, flush_rows: int | None,
-    distinct: int | None = None,
+    distinct: int | None = None, provider: str = "openai",
 ) -> dict[str, Any]:
     import logging
 
     from llm_dispatch import storage
-    from llm_dispatch.core import TERMINAL_BATCH_STATUSES, BatchLimits, LLMClient, PriceTable
+    from llm_dispatch.core import TERMINAL_BATCH_STATUSES, GeminiBatchApi, LLMClient, PriceTable
     from llm_dispatch.jobs import ingest_batch, poll_batch
     from llm_dispatch.jobs import Clients, submit_prompts
 
     logging.basicConfig(level=logging.WARNING)
     profiler = _Profile(profile)
-    out: dict[str, Any] = {}
-    limits = BatchLimits()
+    out: dict[str, Any] = {"provider": provider}
+    model = GEMINI_MODEL if provider == "gemini" else MODEL
     # The ingest's writer as the flows make it (each answer priced into the cost ledger as it is stored),
     # unless --flush-rows tries another batch size.
     prices = PriceTable.load()
@@ -213,8 +219,8 @@ async def batch_path(
         # 1. setup: record the prompts.
         started = time.perf_counter()
         job_id = await storage.create_job(sessions, name="bench-batch", fingerprint=f"{run:064d}", input_path=None,
-                                          model=MODEL, settings={})
-        await storage.add_prompts(sessions, job_id=job_id, prompts=_prompts(count, distinct=distinct))
+                                          model=model, settings={})
+        await storage.add_prompts(sessions, job_id=job_id, prompts=_prompts(count, distinct=distinct, model=model))
         recorded = await storage.unfinished_prompt_count(sessions, job_id=job_id, planned_route="batch")
         out["record_s"] = time.perf_counter() - started
         assert recorded == count, f"recorded {recorded} of {count} prompts"
@@ -222,12 +228,17 @@ async def batch_path(
         out["peak_rss_setup_mb"] = max(_ru_maxrss_mb(), (_status_kb("VmHWM") or 0) / 1024)
         out["peak_reset"] = _reset_peak_rss()
 
-        async with LLMClient(base_url=base_url, api_key=None) as client:
+        root = base_url if provider == "openai" else base_url.removesuffix("/v1")
+        async with LLMClient(base_url=root, api_key=None, provider=provider) as client:
             clients = Clients.of(client)
+            if provider == "gemini":
+                # Batch Mode's file path at any size: the Files API upload, the responses file downloaded.
+                clients._batch_apis["gemini"] = GeminiBatchApi(client, inline_max_bytes=0)
             # Time the output download inside ingest_batch without touching its code.
             download_s = 0.0
             downloaded_bytes = 0
-            api = clients.batch_api("openai")
+            api = clients.batch_api(provider)
+            limits = api.limits()
             download = api.download_file
 
             async def timed_download(file_id: str, *, to: Path, timeout: float | None = None) -> Path:
@@ -240,7 +251,7 @@ async def batch_path(
                 downloaded_bytes += path.stat().st_size
                 return path
 
-            api.download_file = timed_download  # type: ignore[method-assign]
+            api.download_file = timed_download  # type: ignore[method-assign,assignment]
 
             # 2. build + upload + create.
             sim_before, threads_before, cpu_before = _sim_cpu(base_url), _thread_cpu(), time.process_time()
@@ -428,7 +439,8 @@ def child(args: argparse.Namespace) -> None:
     if args.child == "path":
         result = asyncio.run(batch_path(base_url=args.base_url, count=args.prompts, workdir=workdir, run=args.run,
                                         profile=Path(args.profile) if args.profile else None,
-                                        flush_rows=args.flush_rows, distinct=args.distinct))
+                                        flush_rows=args.flush_rows, distinct=args.distinct,
+                                        provider=args.provider or "openai"))
     else:
         result = asyncio.run(baselines(base_url=args.base_url, count=args.prompts, workdir=workdir, run=args.run,
                                        output_files=json.loads(args.output_files)))
@@ -600,6 +612,32 @@ def repeated_requests(args: argparse.Namespace, *, base_url: str, workdir: Path,
           f"{target_rows:,.0f}), peak RSS {rss:.0f} MB (target <= {target_rss:g})")
 
 
+def side_by_side(args: argparse.Namespace, *, base_url: str, workdir: Path, extra: list[str]) -> None:
+    """The batch path of each provider in turn, every repeat (so load on the machine falls on each alike): medians of
+    submit seconds, ingest rows/s and the child's peak RSS per provider."""
+    providers = [name.strip() for name in args.providers.split(",") if name.strip()]
+    print(f"{args.prompts:,} prompts per provider, {args.repeats} runs alternating {', '.join(providers)}, simulator "
+          f"batch_processing_seconds {args.batch_seconds:g}, {os.cpu_count()} cores", flush=True)
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in providers}
+    for run in range(args.repeats):
+        for index, provider in enumerate(providers):
+            number = run * len(providers) + index
+            path = run_child("path", base_url=base_url, count=args.prompts, workdir=workdir, run=number,
+                             extra=[*extra, "--provider", provider])
+            runs[provider].append(path)
+            print(f"  run {run + 1} {provider}: submit {path['submit_s']:.2f} s ({path['batches']} batches, "
+                  f"{path['input_bytes'] / 1e6:.1f} MB), ingest {path['ingest_s']:.2f} s "
+                  f"({path['ingested'] / path['ingest_s']:,.0f} rows/s, download {path['download_s']:.2f} s), peak RSS "
+                  f"{path['peak_rss_mb']:.0f} MB", flush=True)
+            for suffix in ("", "-wal", "-shm"):
+                workdir.joinpath(f"batch-{number}.db{suffix}").unlink(missing_ok=True)
+    print(f"{'provider':<10} {'submit s':>9} {'ingest rows/s':>14} {'peak RSS MB':>12}")
+    for provider, done in runs.items():
+        print(f"{provider:<10} {statistics.median(r['submit_s'] for r in done):>9.2f} "
+              f"{statistics.median(r['ingested'] / r['ingest_s'] for r in done):>14,.0f} "
+              f"{statistics.median(r['peak_rss_mb'] for r in done):>12.0f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=100_000)
@@ -611,6 +649,9 @@ def main() -> None:
                         help="ResultWriter flush_rows for the ingest (default: the writer's own default)")
     parser.add_argument("--distinct", type=int, metavar="N",
                         help="N distinct requests, each made by prompts/N prompts (the batch path alone, no baselines)")
+    parser.add_argument("--providers", metavar="A,B",
+                        help="the batch path per provider (openai, gemini), alternating each repeat; no baselines")
+    parser.add_argument("--provider", help=argparse.SUPPRESS)
     parser.add_argument("--child", choices=["path", "baseline"], help=argparse.SUPPRESS)
     parser.add_argument("--base-url", help=argparse.SUPPRESS)
     parser.add_argument("--workdir", help=argparse.SUPPRESS)
@@ -627,6 +668,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-batch-") as tmp, Simulator.in_process(config) as base_url:
         workdir = Path(tmp)
         path_extra = [] if args.flush_rows is None else ["--flush-rows", str(args.flush_rows)]
+        if args.providers:
+            side_by_side(args, base_url=base_url, workdir=workdir, extra=path_extra)
+            return
         if args.distinct:
             repeated_requests(args, base_url=base_url, workdir=workdir, extra=[*path_extra, "--distinct", str(args.distinct)])
             return

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from ._params import counted
     from .rules._message_shapes import anthropic_messages_refusal, openai_messages_refusal
     from .batches._message_batches import MessageBatchApi
+    from .batches._gemini_batches import GeminiBatchApi
     from .rules._model_rules import (
         THINKING_PER_ANSWER_TOKEN,
         THINKING_ROOM,
@@ -152,6 +153,7 @@ __all__ = [
     "batch_api",
     "BatchRef",
     "JOB_ID_KEY",
+    "GeminiBatchApi",
     "MessageBatchApi",
     "OpenAIBatchApi",
     "ResultFile",

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import re
 from typing import Any, Literal
-from urllib.parse import urlsplit, urlunsplit
+import re
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from pydantic import AliasChoices, Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -273,9 +274,18 @@ _SECRET_FIELDS = ("api_key", "anthropic_api_key", "gemini_api_key", "openai_org_
 
 
 def _redact_url(url: str) -> str:
-    """Drop any password from a URL (``scheme://user:secret@host`` -> ``scheme://user:***@host``)."""
+    """Drop any password from a URL (``scheme://user:secret@host`` -> ``scheme://user:***@host``), and the value of
+    a query parameter that may hold a credential (Google's API takes its key as ``?key=``)."""
     parts = urlsplit(url)
+    if parts.query:
+        pairs = parse_qsl(parts.query, keep_blank_values=True)
+        if any(_SECRET_QUERY.search(name) for name, _ in pairs):
+            parts = parts._replace(query=urlencode(
+                [(name, "***" if _SECRET_QUERY.search(name) else value) for name, value in pairs], safe="*"))
     if parts.password is None:
-        return url
+        return urlunsplit(parts)
     netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
     return urlunsplit(parts._replace(netloc=netloc))
+
+
+_SECRET_QUERY = re.compile(r"key|token|secret|password|passwd|sig", re.IGNORECASE)

@@ -42,6 +42,7 @@ async def collect_batches(
     database_url: SecretStr | None = None,
     base_url: str | None = None,
     anthropic_base_url: str | None = None,
+    gemini_base_url: str | None = None,
     job_id: str | None = None,
     stale_after: float = 600.0,
     retry_now: bool = False,
@@ -60,6 +61,7 @@ async def collect_batches(
     """
     logger = get_run_logger()
     settings = await prepare(Settings.with_overrides(base_url=base_url, anthropic_base_url=anthropic_base_url,
+                                                    gemini_base_url=gemini_base_url,
                                                     database_url=database_url), logger=logger)
     async with open_run(settings) as run:
         if job_id is not None:
@@ -139,6 +141,7 @@ async def cancel_job_batches(
     database_url: SecretStr | None = None,
     base_url: str | None = None,
     anthropic_base_url: str | None = None,
+    gemini_base_url: str | None = None,
     wait_seconds: float = 120.0,
 ) -> State:
     """Cancel every open batch of a job, each on its own (one the provider cannot be asked about keeps the error
@@ -146,6 +149,7 @@ async def cancel_job_batches(
     to stop them and ingest what they completed; whatever is left, ``collect-batches`` finishes."""
     logger = get_run_logger()
     settings = await prepare(Settings.with_overrides(base_url=base_url, anthropic_base_url=anthropic_base_url,
+                                                    gemini_base_url=gemini_base_url,
                                                     database_url=database_url), logger=logger)
     async with open_run(settings) as run:
         job_id = await storage.resolve_job(run.sessions, reference=job_id)
@@ -186,11 +190,13 @@ async def abandon_batch_flow(
     database_url: SecretStr | None = None,
     base_url: str | None = None,
     anthropic_base_url: str | None = None,
+    gemini_base_url: str | None = None,
     force: bool = False,
 ) -> AbandonOutcome:
     """Give one batch up by hand: closed ``lost``, its unanswered prompts pending again for the next run (see
     ``jobs.abandon_batch``: a batch the provider still holds is refused unless ``force``)."""
     settings = await prepare(Settings.with_overrides(base_url=base_url, anthropic_base_url=anthropic_base_url,
+                                                    gemini_base_url=gemini_base_url,
                                                     database_url=database_url), logger=get_run_logger())
     async with open_run(settings) as run:
         outcome = await abandon_batch(run=run, batch_id=batch_id, force=force)

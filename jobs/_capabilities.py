@@ -21,7 +21,10 @@ __all__ = ["endpoint_of", "first_error", "is_missing_batch_api", "known_without_
 logger = logging.getLogger(__name__)
 
 # The paths of a Batch API: a 404 on one of them means the endpoint has none (not that an object is gone).
-_BATCH_PATHS = re.compile(r" (?:POST|GET) /(?:v1/)?(files|batches|messages/batches)(?: |$)")
+# Gemini's: its Files API upload and its batches list (a 404 on a create names a model it does not know).
+_BATCH_PATHS = re.compile(r" (?:POST|GET) /(?:v1/)?(files|batches|messages/batches|upload/v1beta/files|v1beta/batches)"
+                          r"(?:[ ?]|$)")
+_PROVIDER_OF_PATH = {"messages/batches": "anthropic", "upload/v1beta/files": "gemini", "v1beta/batches": "gemini"}
 
 
 def endpoint_of(run: JobRun, *, provider: str) -> str:
@@ -64,8 +67,8 @@ def is_missing_batch_api(error: BaseException) -> bool:
 
 
 def missing_for(error: BaseException) -> frozenset[str]:
-    """The providers whose Batch API answered ``error``'s 404s (Message Batches: Anthropic's; files and batches:
-    OpenAI's)."""
+    """The providers whose Batch API answered ``error``'s 404s (Message Batches: Anthropic's; ``/v1beta`` uploads and
+    batches: Gemini's; files and batches: OpenAI's)."""
     if isinstance(error, BaseExceptionGroup):
         return frozenset().union(*(missing_for(inner) for inner in error.exceptions))
     path = _batch_path_of(error)
@@ -73,7 +76,7 @@ def missing_for(error: BaseException) -> frozenset[str]:
         return frozenset()
     # The client that gave up names its provider; else the path says whose API it is.
     named = getattr(error, "provider", None)
-    return frozenset({named or ("anthropic" if path == "messages/batches" else "openai")})
+    return frozenset({named or _PROVIDER_OF_PATH.get(path, "openai")})
 
 
 def _batch_path_of(error: BaseException) -> str | None:

@@ -55,8 +55,8 @@ BATCH_WINDOW: Final = timedelta(hours=24)
 QUOTED_ERRORS: Final = 3
 READ_SLICE: Final = 5000
 # Line errors that mean "never answered, the batch was stopped": Anthropic's ``canceled`` result lines, OpenAI's
-# ``batch_cancelled`` error lines.
-CANCELLED_LINES: Final = frozenset({"canceled", "batch_cancelled"})
+# ``batch_cancelled`` error lines, Gemini's ``CANCELLED`` statuses.
+CANCELLED_LINES: Final = frozenset({"canceled", "batch_cancelled", "CANCELLED"})
 STORE_SLICE: Final = 5000
 
 

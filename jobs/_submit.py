@@ -10,7 +10,8 @@ batch got:
 
 ``advance_submission`` takes a batch from wherever it stands to created. For ``uploaded`` it first
 looks for the provider batch a create that reached the provider before the process died made
-(``BatchApi.find``: by our ids in its metadata on OpenAI, by its size and time on Anthropic) and
+(``BatchApi.find``: by our ids in its metadata on OpenAI, by its display name on Gemini, by its size and time on
+Anthropic) and
 adopts it, so a crash never makes a second batch for the same prompts. The create itself is one
 attempt at a time: after a timeout, a dropped connection or a 5xx the batch may exist all the same,
 so it is looked up again before every retry. Anthropic's Message Batches have no upload: their
@@ -267,7 +268,7 @@ async def advance_submission(
                 info = await _create(sessions=sessions, api=api, record=record, metadata=metadata or {},
                                      max_retries=max_retries)
             except NotFoundError:
-                if not api.uploads:
+                if not api.uploads or not record.input_file_id:
                     raise
                 # The uploaded file is gone (deleted, or expired at the provider): upload it again.
                 path = await _input_file(sessions=sessions, record=record)
@@ -284,6 +285,9 @@ async def advance_submission(
             submitted_at=info.created_at or datetime.now(UTC),
             expires_at=info.expires_at,
             request_total=info.request_counts.total or record.request_total,
+            # An adopted batch may have ended already (it ran while its create's answer was lost): its results.
+            output_file_id=info.output_file_id,
+            error_file_id=info.error_file_id,
         )
     logger.info("batch %d: created %s (%d lines, %s)", record.id, info.id, record.request_total, record.model)
     return await storage.require_batch(sessions, batch_id=record.id)
@@ -297,7 +301,8 @@ async def _create(
     and clock) sends the create, and after each attempt whose answer was lost (timeout, dropped connection, 5xx)
     it reads the provider's list (after the wait, giving the batch time to show) and adopts a batch found there
     instead of trying again. A refusal (a 4xx other than 408/409/429) is raised at once."""
-    path = await _input_file(sessions=sessions, record=record) if not api.uploads else None
+    # A backend that uploads may still send a small batch's requests in the create (Gemini's inline requests).
+    path = await _input_file(sessions=sessions, record=record) if not api.uploads or not record.input_file_id else None
 
     async def find_lost() -> BatchInfo | None:
         found = await api.find(record=record, adopted=adopted_by(sessions))

@@ -43,7 +43,10 @@ __all__ = [
 # The create happens, then its answer is lost: held until the client gives up, the connection
 # closed, or a 502 from a gateway that lost the provider's answer.
 CREATE_ANSWER_FAULTS = frozenset({"create_lost_hang", "create_lost_drop", "create_lost_502"})
-BATCH_FAULTS = frozenset({"expire", "fail_validation", "slow_finalizing", "hang_create", "unreachable"}) | CREATE_ANSWER_FAULTS
+# ``hang_upload[:SECONDS]``: Gemini's resumable upload holds its last chunk (the Files API; taken by the next upload
+# when it heads the queue).
+BATCH_FAULTS = frozenset({"expire", "fail_validation", "slow_finalizing", "hang_create", "hang_upload",
+                          "unreachable"}) | CREATE_ANSWER_FAULTS
 # The server error an ``unreachable[:COUNT]`` batch answers its first COUNT (default 1) retrieves and cancels with.
 UNREACHABLE_STATUS = 503
 LINE_ERROR_MARKER = "line_error"
@@ -58,7 +61,7 @@ LINE_MARKER = marker_pattern(LINE_FAULTS)
 DEFAULT_EXPIRE_FRACTION = 0.5
 HANG_CREATE_SECONDS = 3600.0
 _NO_ARGUMENT = frozenset({"fail_validation", "create_lost_drop", "create_lost_502"})
-_USAGE = ("expire[:FRACTION], fail_validation, slow_finalizing[:SECONDS], hang_create[:SECONDS], "
+_USAGE = ("expire[:FRACTION], fail_validation, slow_finalizing[:SECONDS], hang_create[:SECONDS], hang_upload[:SECONDS], "
           "create_lost_hang[:SECONDS], create_lost_drop, create_lost_502 or unreachable[:COUNT]")
 
 _FAULT_TEXT = re.compile(r"(?P<name>[a-z][a-z0-9_]*)(?::(?P<arg>[0-9]*\.?[0-9]+))?")

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from llm_dispatch.core import gemini_refusal
 
@@ -31,7 +32,8 @@ from ._serving import ANSWERED_AT_ONCE, RealTimeRoutes, admit, connection_fault
 from ._state import SimState
 from ._tokens import completion_text
 
-__all__ = ["GEMINI_PATH", "gemini_error", "register"]
+__all__ = ["GEMINI_PATH", "as_chat", "body_problem", "gemini_error", "plan_content", "realtime_handler",
+           "render_content", "target"]
 
 GEMINI_PATH = "/v1beta/models/{target}"
 _METHOD = "generateContent"
@@ -59,9 +61,15 @@ _QUOTA_FAILURE = "type.googleapis.com/google.rpc.QuotaFailure"
 _FINISH = {"stop": "STOP", "length": "MAX_TOKENS", "tool_use": "STOP", "tool_calls": "STOP"}
 
 
-def register(app: web.Application, state: SimState) -> None:
-    """Add ``POST /v1beta/models/{model}:generateContent``, bound to ``state``."""
-    app.router.add_post(GEMINI_PATH, _GeminiRoutes(state).handle)
+def realtime_handler(state: SimState) -> Handler:
+    """The handler of ``POST /v1beta/models/{model}:generateContent``, bound to ``state`` (``_gemini_batches``
+    registers the path, which ``:batchGenerateContent`` shares)."""
+    return _GeminiRoutes(state).handle
+
+
+def target(request: web.Request) -> tuple[str, str]:
+    """(model, method) of ``models/{model}:{method}``."""
+    return _target(request)
 
 
 def gemini_error(status: int, message: str | None = None, *, word: str | None = None,

@@ -48,6 +48,9 @@ class SimStats:
     batch_outcomes: dict[str, int] = field(default_factory=dict)  # final status -> batches
     message_batches: int = 0  # created through POST /v1/messages/batches
     message_batch_lines: int = 0  # requests answered (succeeded or errored), not those canceled or expired
+    gemini_batches: int = 0  # created through POST /v1beta/models/{model}:batchGenerateContent
+    gemini_batch_lines: int = 0  # requests of Gemini batches answered or ended (succeeded, failed or cancelled)
+    gemini_uploads: int = 0  # resumable uploads started (POST /upload/v1beta/files, command start)
     embedding_inputs: int = 0  # texts embedded, real-time and in batches (a packed request or line holds many)
     # Real-time requests that carried a [[sim:...]] marker, by marker (those past their xN included): how many
     # times a prompt with that marker was sent.

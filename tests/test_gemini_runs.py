@@ -1,6 +1,5 @@
 """Gemini prompts through `llm-dispatch run --simulate` in a process of its own, as a user runs them: every prompt
-answered once, real-time (llm-dispatch has no Gemini Batch API yet, so a prompt routed to batch goes real-time),
-each with its cost; and what Gemini refuses, refused with the file before anything is written."""
+answered once, the bulk one through Gemini's Batch Mode at half price, each with its cost; and what Gemini refuses, refused with the file before anything is written."""
 
 from __future__ import annotations
 
@@ -23,7 +22,7 @@ def clean_env(**extra: str) -> dict[str, str]:
     return {**env, **extra}
 
 
-def test_the_gemini_example_runs_offline_all_real_time(prefect_api: str, tmp_path: Path) -> None:
+def test_the_gemini_example_runs_offline_its_bulk_prompt_through_batch_mode(prefect_api: str, tmp_path: Path) -> None:
     done = cli("run", str(EXAMPLE), "--simulate", "--wait", "--sim-latency", "0.02", "--json",
                env=clean_env(PREFECT_API_URL=prefect_api), cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -32,11 +31,12 @@ def test_the_gemini_example_runs_offline_all_real_time(prefect_api: str, tmp_pat
     assert summary["counts"] == {"succeeded": len(prompts)} and summary["unfinished"] == 0
     db = f"sqlite+aiosqlite:///{tmp_path / 'llm_dispatch.db'}"
     assert set(successes_per_prompt(db).values()) == {1}
-    # The bulk prompt was routed to the Batch API, then sent real-time: no batch was made.
-    assert rows(db, "SELECT COUNT(*) FROM batches") == [(0,)]
+    # The bulk prompt went in one Gemini batch (Batch Mode, its requests inline), answered at half its list price.
+    assert rows(db, "SELECT provider, status, input_file_id FROM batches") == [("gemini", "ingested", None)]
     answered = dict(rows(db, "SELECT p.custom_id, r.route FROM prompts p JOIN results r ON r.prompt_id = p.id"))
-    assert set(answered.values()) == {"realtime"}
-    assert "no gemini Batch API yet" in done.stderr
+    assert sorted(answered.values()).count("batch") == 1 and set(answered.values()) == {"realtime", "batch"}
+    assert rows(db, "SELECT r.cost_pico_usd * 2 = r.list_cost_pico_usd FROM results r WHERE r.route = 'batch'") == [(1,)]
+    assert "Batch API yet" not in done.stderr
     assert set(summary["cost"]["providers"]) == {"gemini"} and summary["cost"]["total"] > 0
     [(tool_calls,)] = rows(db, """SELECT r.tool_calls FROM results r JOIN prompts p ON r.prompt_id = p.id
                                  WHERE p.custom_id = 'gem-05'""")

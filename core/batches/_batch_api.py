@@ -2,7 +2,7 @@
 
 Each provider's backend is one module beside its wire, holding that provider's batch calls over the client's one
 send path (the client sends and reads; it knows no batch): OpenAI's files and batches in ``_openai_batches.py``,
-Anthropic's Message Batches in ``_message_batches.py``. ``batch_api`` (``_batch_backends.py``) picks one by the
+Anthropic's Message Batches in ``_message_batches.py``, Gemini's Batch Mode in ``_gemini_batches.py``. ``batch_api`` (``_batch_backends.py``) picks one by the
 client's provider.
 
 Adding a provider's Batch API: write ``_<provider>_batches.py`` with a subclass of ``BatchApi`` (its limits, whether
@@ -50,6 +50,8 @@ class BatchRef(Protocol):
     def id(self) -> int: ...
     @property
     def job_id(self) -> str: ...
+    @property
+    def model(self) -> str: ...
     @property
     def endpoint(self) -> str: ...
     @property

@@ -7,6 +7,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Final
 
 from ._batch_api import BatchApi
+from ._gemini_batches import GeminiBatchApi
 from ._message_batches import MessageBatchApi
 from ._openai_batches import OpenAIBatchApi
 
@@ -18,6 +19,7 @@ __all__ = ["BACKENDS", "batch_api"]
 BACKENDS: Final[Mapping[str, type[BatchApi]]] = MappingProxyType({
     "openai": OpenAIBatchApi,
     "anthropic": MessageBatchApi,
+    "gemini": GeminiBatchApi,
 })
 
 

@@ -271,9 +271,10 @@ def read_batch_output(path: Path, *, endpoint: str = DEFAULT_ENDPOINT) -> Iterat
     return read_result_lines(path, functools.partial(_read_record, read=read))
 
 
-def read_result_lines(path: Path, read: Callable[[dict[str, Any], str, int], BatchLine]) -> Iterator[BatchLine]:
+def read_result_lines(path: Path, read: Callable[[dict[str, Any], str, int], BatchLine], *,
+                      key: str = "custom_id") -> Iterator[BatchLine]:
     """Each non-blank line of a results JSONL file as ``read(record, custom_id, line_number)`` makes it, once it
-    is a JSON object with a custom_id; any other line is a garbled ``BatchLine``."""
+    is a JSON object with a custom_id (in its field ``key``); any other line is a garbled ``BatchLine``."""
     with Path(path).open("rb") as handle:
         for number, raw in enumerate(handle, start=1):
             if not raw.strip():
@@ -286,9 +287,9 @@ def read_result_lines(path: Path, read: Callable[[dict[str, Any], str, int], Bat
             if not isinstance(record, dict):
                 yield garbled_line(None, number, "not a JSON object")
                 continue
-            custom_id = record.get("custom_id")
+            custom_id = record.get(key)
             if not isinstance(custom_id, str) or not custom_id:
-                yield garbled_line(None, number, "no custom_id")
+                yield garbled_line(None, number, f"no {key}")
                 continue
             yield read(record, custom_id, number)
 

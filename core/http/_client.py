@@ -41,7 +41,7 @@ from ..pricing._tokens import estimate_request_tokens
 from ._transport import BodyCut, default_transport
 from .._types import ChatRequest, ChatResult
 from .._providers import Provider
-from ..wire._wire import provider_settings, reply_cap, wire_for
+from ..wire._wire import display_url, provider_settings, reply_cap, wire_for
 
 __all__ = ["DEFAULT_CONCURRENCY", "DEFAULT_CONNECT_TIMEOUT", "DEFAULT_FILE_TIMEOUT", "DEFAULT_MAX_RETRIES",
            "DEFAULT_MAX_RETRY_AFTER", "DEFAULT_TIMEOUT", "LLMClient"]
@@ -150,7 +150,7 @@ class LLMClient:
                                                clock=clock, poll=float(background_poll))
 
         url = httpx.URL(base_url.rstrip("/"))
-        self._display_url = str(url.copy_with(userinfo=b"", query=None))
+        self._display_url = display_url(base_url)
         self._transport = (
             transport if transport is not None else default_transport(concurrency=concurrency, tls=url.scheme != "http")
         )

@@ -17,10 +17,10 @@ from typing import Any
 import httpx
 
 from .._json import compact_json
-from ._responses import Chat, count, parse_answer
+from ._responses import Chat, count, parse_answer, result_from_body
 from .._types import ChatResult
 
-__all__ = ["GEMINI_REFUSED_FINISH_REASONS", "parse_generate_content", "retry_info_delay"]
+__all__ = ["GEMINI_REFUSED_FINISH_REASONS", "gemini_result_from_body", "parse_generate_content", "retry_info_delay"]
 
 # A candidate these stop is blocked content, not an answer cut short (google-genai ``types.FinishReason``).
 GEMINI_REFUSED_FINISH_REASONS = frozenset({
@@ -33,6 +33,13 @@ _DURATION = re.compile(r"\s*(\d+(?:\.\d*)?)s\s*")
 
 def parse_generate_content(response: httpx.Response) -> Chat:
     return parse_answer(response, _chat, what="no candidates and no promptFeedback")
+
+
+def gemini_result_from_body(body: Any, *, latency_s: float = 0.0, attempts: int = 1) -> ChatResult:
+    """A ``ChatResult`` from a GenerateContentResponse read elsewhere (a Batch Mode response), parsed as ``chat``
+    does."""
+    return result_from_body(body, _chat, problem="has no candidates and no promptFeedback", latency_s=latency_s,
+                            attempts=attempts)
 
 
 def _chat(body: Any) -> Chat | None:

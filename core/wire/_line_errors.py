@@ -13,6 +13,14 @@ Anthropic (https://platform.claude.com/docs/en/build-with-claude/batch-processin
 never billed ("You will not be billed for these requests"), nor ``canceled`` or ``expired`` ones (not sent to the
 model). Errored types that are the provider's trouble are sent again (its sample code: anything but
 ``invalid_request`` "can be retried directly"); the request's own faults, and the account's, fail.
+
+Gemini (https://ai.google.dev/api/batch-mode): a request of a batch that has no answer carries a ``google.rpc.Status``
+(``error``: ``code``, ``message``) in its inlined response or its line of the responses file. Its ``code`` is the
+google.rpc code (3 INVALID_ARGUMENT, 8 RESOURCE_EXHAUSTED, 14 UNAVAILABLE ...); an HTTP status (400, 429, 503) is
+read too, as some servers write it. The service's trouble (a quota, an overload, a deadline, an internal error, a
+request cancelled with its batch) is sent again, as the real-time client retries it; the request's own faults and
+the key's fail. Google says nothing of billing for a request without an answer: counted as not billed (an error
+answer, as OpenAI's).
 """
 
 from __future__ import annotations
@@ -23,7 +31,8 @@ from typing import NamedTuple
 
 from .._retry import should_retry_status
 
-__all__ = ["ANTHROPIC_LINE_ERRORS", "OPENAI_LINE_ERRORS", "LineError", "anthropic_line_error", "openai_line_error"]
+__all__ = ["ANTHROPIC_LINE_ERRORS", "GEMINI_RPC_CODES", "OPENAI_LINE_ERRORS", "LineError", "anthropic_line_error",
+           "gemini_line_error", "openai_line_error"]
 
 
 class LineError(NamedTuple):
@@ -63,3 +72,22 @@ def openai_line_error(code: str | None, *, status: int | None = None) -> LineErr
 def anthropic_line_error(code: str | None) -> LineError:
     """An Anthropic result line's errored type, or ``canceled`` / ``expired``."""
     return ANTHROPIC_LINE_ERRORS.get(code or "", _UNKNOWN)
+
+
+# google.rpc.Code: each number's name (googleapis google/rpc/code.proto).
+GEMINI_RPC_CODES: Mapping[int, str] = MappingProxyType({
+    1: "CANCELLED", 2: "UNKNOWN", 3: "INVALID_ARGUMENT", 4: "DEADLINE_EXCEEDED", 5: "NOT_FOUND", 6: "ALREADY_EXISTS",
+    7: "PERMISSION_DENIED", 8: "RESOURCE_EXHAUSTED", 9: "FAILED_PRECONDITION", 10: "ABORTED", 11: "OUT_OF_RANGE",
+    12: "UNIMPLEMENTED", 13: "INTERNAL", 14: "UNAVAILABLE", 15: "DATA_LOSS", 16: "UNAUTHENTICATED",
+})
+_GEMINI_RETRIED = frozenset({"CANCELLED", "UNKNOWN", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "ABORTED", "INTERNAL",
+                             "UNAVAILABLE"})
+
+
+def gemini_line_error(code: int | None, *, status: str | None = None) -> tuple[str, LineError]:
+    """A Gemini batch request's error ``code`` (google.rpc, or an HTTP status from 100 up) as (its name, how it is
+    settled); with no code, its ``status`` word (``UNAVAILABLE``...) is read instead."""
+    if code is not None and code >= 100:
+        return status or f"http_{code}", LineError(retry=should_retry_status(code), billed=False)
+    name = GEMINI_RPC_CODES.get(code, "UNKNOWN") if code is not None else status or "UNKNOWN"
+    return name, LineError(retry=name in _GEMINI_RETRIED, billed=False)

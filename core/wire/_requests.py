@@ -55,13 +55,17 @@ class RequestBuilder:
         files: Any = None,
         data: Mapping[str, Any] | None = None,
         params: Mapping[str, str] | None = None,
+        content: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
         deadline: float | None = None,
         silent: bool = False,
     ) -> httpx.Request:
         """A request with its body read and its headers complete; ``params`` merge with the base URL's query.
         ``json_body`` is a JSON body encoded already (one too large to hold as objects). ``deadline``: the
         attempt's own, when it has one (a read timeout no shorter than it is left out). ``silent``: no byte of the
-        answer comes before it is whole (a completion, a batch created), so only the deadline bounds its reads."""
+        answer comes before it is whole (a completion, a batch created), so only the deadline bounds its reads.
+        ``content``: raw bytes sent as they are (a chunk of a file); ``headers``: this request's own, beside the
+        fixed ones (a resumable upload's commands)."""
         url = self._url(path, params)
         extensions = self._extensions
         if deadline is not None and (silent or self.read_timeout is not None and deadline <= self.read_timeout):
@@ -70,10 +74,14 @@ class RequestBuilder:
             return httpx.Request(method, url, headers=self._headers, files=files, data=data, extensions=extensions)
         if json_body is not None:
             pairs, content = self._json_pairs, json_body
+        elif content is not None:
+            pairs = self._pairs
         elif json is None:
             pairs, content = self._pairs, b""
         else:
             pairs, content = self._json_pairs, compact_json(json).encode()
+        if headers:
+            pairs = [*pairs, *headers.items()]
         if content or method in ("POST", "PUT", "PATCH"):
             pairs = [*pairs, ("Content-Length", str(len(content)))]
         return _ReadRequest(method, url, pairs=pairs, body=content, extensions=extensions)

@@ -33,7 +33,8 @@ from .._providers import PROVIDERS
 from .._types import ChatRequest
 
 __all__ = ["ANTHROPIC_RATE_LIMIT_HEADERS", "GEMINI_WIRE", "NO_RATE_LIMIT_HEADERS", "OPENAI_WIRE", "STATUS_HINTS",
-           "UNUSABLE_HINT", "Route", "Wire", "anthropic_wire", "check_provider_key", "provider_settings", "reply_cap",
+           "UNUSABLE_HINT", "Route", "Wire", "anthropic_wire", "check_provider_key", "display_url", "provider_settings",
+           "reply_cap",
            "wire_for"]
 
 # What to do about an error status from an OpenAI-compatible endpoint; each provider's wire may word its own.
@@ -106,6 +107,11 @@ class Route(NamedTuple):
         return self.path.format(model=quote(request.model, safe="")) if "{model}" in self.path else self.path
 
 
+def display_url(base_url: str) -> str:
+    """``base_url`` as messages and logs show it: no user, password or query (a key given as ``?key=``)."""
+    return str(httpx.URL(base_url.rstrip("/")).copy_with(userinfo=b"", query=None))
+
+
 def reply_cap(body: Mapping[str, Any]) -> int | None:
     """The cap on the reply a request body sets, as each provider names it."""
     cap = (body.get("max_completion_tokens") or body.get("max_tokens") or body.get("max_output_tokens")
@@ -175,15 +181,18 @@ class Wire:
 
     def check_key(self, *, key_set: bool, base_url: str) -> None:
         """Anthropic and Gemini always want a key; only a local server (the simulator) goes without."""
-        if key_set or self.provider == "openai" or httpx.URL(base_url).host in _LOCAL_HOSTS:
+        url = httpx.URL(base_url)
+        if key_set or self.provider == "openai" or url.host in _LOCAL_HOSTS:
             return
+        # Shown as the client shows it (``display_url``): a base URL's credentials and query never reach a message.
+        shown = display_url(base_url)
         if self.provider == "anthropic":
             raise ConfigError(
-                f"No Anthropic API key for {base_url}: set ANTHROPIC_API_KEY (or LLM_DISPATCH_ANTHROPIC_API_KEY), "
+                f"No Anthropic API key for {shown}: set ANTHROPIC_API_KEY (or LLM_DISPATCH_ANTHROPIC_API_KEY), "
                 "or map the claude models elsewhere with LLM_DISPATCH_MODEL_PROVIDERS"
             )
         raise ConfigError(
-            f"No Gemini API key for {base_url}: set GEMINI_API_KEY (or GOOGLE_API_KEY, or "
+            f"No Gemini API key for {shown}: set GEMINI_API_KEY (or GOOGLE_API_KEY, or "
             "LLM_DISPATCH_GEMINI_API_KEY), or map the gemini models elsewhere with LLM_DISPATCH_MODEL_PROVIDERS"
         )
 

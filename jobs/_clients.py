@@ -7,8 +7,8 @@ from typing import Any
 
 import httpx
 
-from llm_dispatch.core import PROVIDERS, BatchApi, ChatRequest, ChatResult, LLMClient, Settings, batch_api, \
-    provider_lookup
+from llm_dispatch.core import PROVIDERS, BatchApi, ChatRequest, ChatResult, LLMClient, PackLimits, Settings, \
+    batch_api, provider_lookup
 
 __all__ = ["Clients"]
 
@@ -72,6 +72,10 @@ class Clients:
         if client is None:
             client = self._by_model[model] = self.for_provider(self.provider_of(model))
         return client
+
+    def pack_limits(self, request: ChatRequest) -> PackLimits:
+        """How many embeddings texts one request to the model's provider may carry (``send_all`` packs within them)."""
+        return self.for_model(request.model).pack_limits(request)
 
     async def chat(self, request: ChatRequest, **options: Any) -> ChatResult:
         """One request, by the client of its model's provider (``options``: ``LLMClient.chat``'s)."""

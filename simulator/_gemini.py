@@ -31,7 +31,7 @@ from ._serving import ANSWERED_AT_ONCE, RealTimeRoutes, admit, connection_fault
 from ._state import SimState
 from ._tokens import completion_text
 
-__all__ = ["GEMINI_PATH", "gemini_error", "register"]
+__all__ = ["GEMINI_PATH", "gemini_error", "routes"]
 
 GEMINI_PATH = "/v1beta/models/{target}"
 _METHOD = "generateContent"
@@ -59,9 +59,9 @@ _QUOTA_FAILURE = "type.googleapis.com/google.rpc.QuotaFailure"
 _FINISH = {"stop": "STOP", "length": "MAX_TOKENS", "tool_use": "STOP", "tool_calls": "STOP"}
 
 
-def register(app: web.Application, state: SimState) -> None:
-    """Add ``POST /v1beta/models/{model}:generateContent``, bound to ``state``."""
-    app.router.add_post(GEMINI_PATH, _GeminiRoutes(state).handle)
+def routes(state: SimState) -> list[_GeminiRoutes]:
+    """generateContent's route, bound to ``state`` (``_gemini_embeddings.register`` serves it beside its own)."""
+    return [_GeminiRoutes(state)]
 
 
 def gemini_error(status: int, message: str | None = None, *, word: str | None = None,
@@ -247,10 +247,11 @@ def _parts(plan: _Planned, digest: int, tokens: int, finish_reason: str) -> list
 
 class _GeminiRoutes(RealTimeRoutes):
     request_id_header = "x-request-id"
+    method = _METHOD
 
     async def _serve(self, request: web.Request) -> web.StreamResponse:
         model, method = _target(request)
-        if method != _METHOD or not model:
+        if method != self.method or not model:
             return self._counted(gemini_error(404, f"Method not found: models/{request.match_info['target']}"))
         return await super()._serve(request)
 

@@ -27,7 +27,8 @@ from aiohttp import web
 
 from llm_dispatch.core import LLMDispatchError
 
-from . import _admin, _batch, _chat, _embeddings, _gemini, _message_batches, _messages_route, _responses_route
+from . import _admin, _batch, _chat, _embeddings, _gemini_embeddings, _message_batches, _messages_route, \
+    _responses_route
 from ._anthropic_http import anthropic_error
 from ._config import SimulatorConfig
 from ._http import error_response
@@ -50,7 +51,7 @@ DEFAULT_SIMULATOR_CONFIG = SimulatorConfig()
 RouteGroup = Callable[[web.Application, SimState], None]
 _ROUTE_GROUPS: tuple[RouteGroup, ...] = (
     _admin.register, _chat.register, _embeddings.register, _responses_route.register, _batch.register, _messages_route.register, _message_batches.register,
-    _gemini.register,
+    _gemini_embeddings.register,
 )
 
 SIM_STATE = web.AppKey("sim_state", SimState)

@@ -38,9 +38,7 @@ _NOT_OFFERED = {("anthropic", "embeddings"): "Anthropic has no embeddings endpoi
                 ("anthropic", "responses"): "Anthropic has no Responses API; send claude models to chat (its "
                                              "Messages API)",
                 ("gemini", "responses"): "Gemini has no Responses API; send gemini models to chat (its "
-                                          "generateContent)",
-                ("gemini", "embeddings"): "llm-dispatch does not send Gemini embeddings yet; send embeddings to an "
-                                           "OpenAI model (text-embedding-3-small, say)"}
+                                          "generateContent)"}
 
 
 def endpoint_problem(endpoint: object, *, provider: str) -> str | None:

@@ -8,7 +8,8 @@ from typing import Any
 
 import httpx
 
-from llm_dispatch.core import BatchApi, ChatRequest, ChatResult, LLMClient, ProviderTable, Settings, batch_api
+from llm_dispatch.core import BatchApi, ChatRequest, ChatResult, LLMClient, PackLimits, ProviderTable, Settings, \
+    batch_api
 
 __all__ = ["Clients"]
 
@@ -90,6 +91,10 @@ class Clients:
         """``request`` as its provider's API takes it: under the model name that API knows (a batch line's too)."""
         upstream = self.upstream(request.model)
         return request if upstream == request.model else replace(request, model=upstream)
+
+    def pack_limits(self, request: ChatRequest) -> PackLimits:
+        """How many embeddings texts one request to the model's provider may carry (``send_all`` packs within them)."""
+        return self.for_model(request.model).pack_limits(request)
 
     async def chat(self, request: ChatRequest, **options: Any) -> ChatResult:
         """One request, by the client of its model's provider (``options``: ``LLMClient.chat``'s)."""

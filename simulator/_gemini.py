@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
-from aiohttp.typedefs import Handler
 
 from llm_dispatch.core import gemini_refusal
 
@@ -32,8 +31,8 @@ from ._serving import ANSWERED_AT_ONCE, RealTimeRoutes, admit, connection_fault
 from ._state import SimState
 from ._tokens import completion_text
 
-__all__ = ["GEMINI_PATH", "as_chat", "body_problem", "gemini_error", "plan_content", "realtime_handler",
-           "render_content", "target"]
+__all__ = ["GEMINI_PATH", "as_chat", "body_problem", "gemini_error", "plan_content", "render_content",
+           "routes", "target"]
 
 GEMINI_PATH = "/v1beta/models/{target}"
 _METHOD = "generateContent"
@@ -61,15 +60,14 @@ _QUOTA_FAILURE = "type.googleapis.com/google.rpc.QuotaFailure"
 _FINISH = {"stop": "STOP", "length": "MAX_TOKENS", "tool_use": "STOP", "tool_calls": "STOP"}
 
 
-def realtime_handler(state: SimState) -> Handler:
-    """The handler of ``POST /v1beta/models/{model}:generateContent``, bound to ``state`` (``_gemini_batches``
-    registers the path, which ``:batchGenerateContent`` shares)."""
-    return _GeminiRoutes(state).handle
-
-
 def target(request: web.Request) -> tuple[str, str]:
     """(model, method) of ``models/{model}:{method}``."""
     return _target(request)
+
+
+def routes(state: SimState) -> list[_GeminiRoutes]:
+    """generateContent's route, bound to ``state`` (``_gemini_embeddings.register`` serves it beside its own)."""
+    return [_GeminiRoutes(state)]
 
 
 def gemini_error(status: int, message: str | None = None, *, word: str | None = None,
@@ -255,10 +253,11 @@ def _parts(plan: _Planned, digest: int, tokens: int, finish_reason: str) -> list
 
 class _GeminiRoutes(RealTimeRoutes):
     request_id_header = "x-request-id"
+    method = _METHOD
 
     async def _serve(self, request: web.Request) -> web.StreamResponse:
         model, method = _target(request)
-        if method != _METHOD or not model:
+        if method != self.method or not model:
             return self._counted(gemini_error(404, f"Method not found: models/{request.match_info['target']}"))
         return await super()._serve(request)
 

@@ -45,8 +45,8 @@ from ._batch_faults import CREATE_ANSWER_FAULTS, DEFAULT_EXPIRE_FRACTION, HANG_C
 from ._batch_store import BatchStore, BatchWork, Sink, batch_store
 from ._completions import body_digest, canonical_json
 from ._config import ANSWER_KINDS
-from ._gemini import GEMINI_PATH, as_chat, body_problem, gemini_error, plan_content, realtime_handler, \
-    render_content, target
+from ._gemini import GEMINI_PATH, as_chat, body_problem, gemini_error, plan_content, render_content, target
+from ._gemini_embeddings import models_handler
 from ._http import json_dumps, json_response
 from ._markers import MARKER_BYTES, marker_fault
 from ._pacing import answer_paced, hold
@@ -116,7 +116,7 @@ def register(app: web.Application, state: SimState) -> None:
     here), and the batches, upload and download routes (404 with ``batch_api`` off, as at a server with none)."""
     routes = GeminiBatchRoutes(batch_store(app, state), state)
     state.reset_hooks.append(routes.clear)
-    realtime = realtime_handler(state)
+    realtime = models_handler(state)
 
     async def models(request: web.Request) -> web.StreamResponse:
         model, method = target(request)

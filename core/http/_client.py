@@ -28,6 +28,7 @@ from .._constants import DEFAULT_CONCURRENCY, DEFAULT_CONNECT_TIMEOUT, DEFAULT_F
     DEFAULT_TIMEOUT
 from ._deadlines import Deadlines, attempt_deadline
 from ..wire._openai_responses import runs_in_background
+from ..wire._packing import PackLimits
 from ._failures import Failure, Tally, final_error, scrub
 from .._exceptions import APIError, APIResponseValidationError
 from ._gates import Admission, Gates
@@ -217,6 +218,10 @@ class LLMClient:
     def pause(self) -> SharedPause:
         return self._gates.pause
 
+    def pack_limits(self, request: ChatRequest) -> PackLimits:
+        """How many embeddings texts one request to this provider may carry (``send_all`` packs within them)."""
+        return self._wire.pack_limits
+
     async def __aenter__(self) -> LLMClient:
         return self
 
@@ -395,6 +400,9 @@ class LLMClient:
                     response = await self._transport.handle_async_request(request)
                 except BodyCut as cut:
                     return Failure.cut(cut.status_code, cut)
+                # What httpx.AsyncClient would set: a reader may look at what its answer answers (Gemini's
+                # embeddings, with no usage, are counted from the texts sent).
+                response.request = request
                 try:
                     if stream_to is not None and response.is_success:
                         await save_body(response, stream_to)

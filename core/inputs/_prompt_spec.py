@@ -12,6 +12,7 @@ from typing import Any
 
 from .._endpoints import DEFAULT_ENDPOINT, endpoint_problem
 from ..wire._embeddings import embedding_param_problem, embedding_text
+from ..wire._gemini_embeddings import gemini_embedding_param_problem
 from .._exceptions import InputError
 from ..wire._openai_responses import RESPONSES_PARAMS, response_param_problem
 from ._input_files import lone_surrogate_at
@@ -166,7 +167,8 @@ def prompt_spec(
         raise fail(shut, "model")
     if endpoint == "embeddings":
         return _embedding_spec(record, custom_id=str(raw_id), messages=messages, params=params, model=model,
-                               position=position, fail=fail, now=now, has_prompt=has_prompt, provider=route.provider)
+                               position=position, fail=fail, now=now, has_prompt=has_prompt, provider=route.provider,
+                               wire=provider)
     if anthropic:
         for name, value in params.items():
             problem = anthropic_param_problem(name, value)
@@ -230,13 +232,14 @@ def prompt_spec(
 
 
 def _embedding_spec(record: Mapping[str, Any], *, custom_id: str, messages: list[dict[str, Any]], params: dict[str, Any], model: str,
-                    position: int, fail: Any, now: datetime, has_prompt: bool, provider: str) -> PromptSpec:
-    """An embeddings prompt: one text, and only the parameters that endpoint takes."""
+                    position: int, fail: Any, now: datetime, has_prompt: bool, provider: str, wire: str) -> PromptSpec:
+    """An embeddings prompt: one text, and only the parameters its provider's endpoint (its ``wire``) takes."""
     if embedding_text(messages) is None:
         raise fail("an embeddings prompt holds one text: give it as 'input' (or 'prompt')",
                    "prompt" if has_prompt else "messages")
+    param_check = gemini_embedding_param_problem if wire == "gemini" else embedding_param_problem
     for name, value in params.items():
-        problem = embedding_param_problem(name, value)
+        problem = param_check(name, value)
         if problem is not None:
             raise fail(problem, f"params.{name}")
     metadata = record.get("metadata")

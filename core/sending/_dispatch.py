@@ -20,7 +20,9 @@ from typing import Any, Protocol
 from ..pricing._budgets import SpendGate
 from .._exceptions import APIError, APIStatusError
 from ..wire._openai_responses import runs_in_background
-from ..wire._packing import EMBEDDING_PACK_LIMITS, PackLimits, Packer, embedding_text, pack_key, unpack_embeddings
+from ..wire._packing import (
+    EMBEDDING_PACK_LIMITS, PackLimits, PackLimitsFor, Packer, embedding_text, pack_key, unpack_embeddings,
+)
 from .._status import ResultRoute
 from ..http._stops import RunStop
 from ..wire._structured import answer_schema, answer_text, checked, reask_messages
@@ -50,9 +52,10 @@ class WorkItem:
     parts: tuple[WorkItem, ...] = ()
 
 
-def pack_work(items: Sequence[WorkItem], *, limits: PackLimits = EMBEDDING_PACK_LIMITS) -> list[WorkItem]:
+def pack_work(items: Sequence[WorkItem], *, limits: PackLimits | PackLimitsFor = EMBEDDING_PACK_LIMITS
+              ) -> list[WorkItem]:
     """``items`` with the embeddings ones that may share a request packed (``_packing.Packer``), in order of their
-    first item; a pack of one is its item as it was."""
+    first item; a pack of one is its item as it was. ``limits``: one for all, or each request's."""
     packer: Packer[WorkItem] = Packer(limits=limits)
     # A place per item that is not packed, and per pack once it is closed; None holds an open pack's place.
     slots: list[WorkItem | None] = []
@@ -83,6 +86,15 @@ class ChatSender(Protocol):
     # ``creating`` and ``started`` are given only for a request in background mode (``runs_in_background``): awaited
     # before its create is sent, and told its response id.
     async def chat(self, request: ChatRequest) -> ChatResult: ...
+
+
+def _limits_for(client: Any, packing: PackLimits) -> PackLimits | PackLimitsFor:
+    """``packing`` within each request's provider's own limits, when the sender knows them (``LLMClient`` and a run's
+    ``Clients`` have ``pack_limits``: Gemini takes 100 texts a request, OpenAI 2,048); else ``packing`` alone."""
+    own: PackLimitsFor | None = getattr(client, "pack_limits", None)
+    if own is None:
+        return packing
+    return lambda request: packing.within(own(request))
 
 
 def _background_hooks(sink: Any, item: WorkItem) -> dict[str, Callable[..., Awaitable[None]]]:
@@ -240,7 +252,8 @@ async def send_all(
 ) -> DispatchOutcome:
     """Send every item with at most ``concurrency`` requests in flight; persist each as it completes.
 
-    Embeddings items that differ only in their text go out packed, within ``packing`` (None: one text a request):
+    Embeddings items that differ only in their text go out packed, within ``packing`` (None: one text a request) and
+    within their provider's limits when ``client`` names them (``pack_limits``):
     the packed request is reserved, sent, retried and counted as one; each text's prompts get their own result (its
     vector, its share of the usage). A pack the provider refuses with a 400 or 413 (not billed) is sent again as two
     halves, down to single texts, so one bad text fails alone.
@@ -264,7 +277,7 @@ async def send_all(
     if concurrency < 1:
         raise ValueError("concurrency must be at least 1")
     outcome = DispatchOutcome()
-    work = list(items) if packing is None else pack_work(list(items), limits=packing)
+    work = list(items) if packing is None else pack_work(list(items), limits=_limits_for(client, packing))
     low_water = max(1, len(work) - 2 * concurrency)
     pending = iter(work)
     finished = 0

@@ -9,12 +9,19 @@ OpenAI's limits per request (the API reference's ``input`` field; OpenAI's pages
 text is read from OpenAI's own SDK, generated from its API spec: openai-python ``types/embedding_create_params.py``
 at e43b422, the same words as Microsoft's Azure copy of the reference): "any array must be 2048 dimensions or less"
 and "all embedding models enforce a maximum of 300,000 tokens summed across all inputs in a single request".
+
+Gemini's (``batchEmbedContents``): 100 texts a request. The REST reference names no figure; the API refuses more
+with a 400 "BatchEmbedContentsRequest.requests: at most 100 requests can be in one batch" (quoted in
+langchain-ai/langchainjs#4491; Vercel's AI SDK, vercel/ai#16575, and Weaviate, weaviate/weaviate#11277, cap their
+Gemini requests at 100 for it). No cap on tokens summed over a request is documented, only each text's (2,048 for
+gemini-embedding-001, 8,192 for gemini-embedding-2: the catalog's ``context_window``), so the token cap is set where
+100 texts of the larger limit fit, and the 100 texts bind first.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Generic, TypeVar
 
@@ -25,11 +32,13 @@ from .._types import ChatRequest, ChatResult
 
 __all__ = [
     "EMBEDDING_PACK_LIMITS",
+    "GEMINI_EMBEDDING_PACK_LIMITS",
     "MAX_EMBEDDING_INPUTS",
     "MAX_EMBEDDING_REQUEST_TOKENS",
     "Pack",
     "PackLimits",
     "Packer",
+    "PackLimitsFor",
     "embedding_text",
     "member_id",
     "pack_key",
@@ -69,8 +78,16 @@ class PackLimits:
         lines = math.ceil(total / self.max_inputs)
         return PackLimits(max_inputs=max(1, total // lines), max_tokens=self.max_tokens)
 
+    def within(self, other: PackLimits) -> PackLimits:
+        """The tighter of two limits, each figure on its own (a caller's cap within a provider's)."""
+        return PackLimits(max_inputs=min(self.max_inputs, other.max_inputs),
+                          max_tokens=min(self.max_tokens, other.max_tokens))
+
 
 EMBEDDING_PACK_LIMITS: Final = PackLimits()
+GEMINI_EMBEDDING_PACK_LIMITS: Final = PackLimits(max_inputs=100, max_tokens=100 * 8192)
+# The limits of the request a text opens a pack with: its provider's (``Wire.pack_limits``), or one figure for all.
+PackLimitsFor = Callable[[ChatRequest], PackLimits]
 
 _T = TypeVar("_T")
 
@@ -103,6 +120,7 @@ class Pack(Generic[_T]):
     """Members packed together (a caller's values: work items, batch groups), their requests, estimated tokens."""
 
     key: str
+    limits: PackLimits = EMBEDDING_PACK_LIMITS
     members: list[_T] = field(default_factory=list)
     requests: list[ChatRequest] = field(default_factory=list)
     tokens: int = 0
@@ -113,22 +131,23 @@ class Pack(Generic[_T]):
 
 class Packer(Generic[_T]):
     """Fills packs, one open per ``pack_key``: ``add`` returns the pack it closed when the next text would not
-    fit, ``close`` the packs still open (in the order they were opened)."""
+    fit, ``close`` the packs still open (in the order they were opened). ``limits``: one for every pack, or each
+    pack's from the request that opens it (the requests of one key go to one model, so to one provider)."""
 
-    def __init__(self, *, limits: PackLimits = EMBEDDING_PACK_LIMITS) -> None:
-        self.limits = limits
+    def __init__(self, *, limits: PackLimits | PackLimitsFor = EMBEDDING_PACK_LIMITS) -> None:
+        self._limits_for: PackLimitsFor = (lambda _request: limits) if isinstance(limits, PackLimits) else limits
         self._open: dict[str, Pack[_T]] = {}
 
     def add(self, key: str, member: _T, request: ChatRequest) -> Pack[_T] | None:
         tokens = estimate_text_tokens(embedding_text(request.messages) or "")
         pack = self._open.get(key)
         closed = None
-        if pack is not None and (len(pack.members) >= self.limits.max_inputs
-                                 or pack.tokens + tokens > self.limits.token_budget):
+        if pack is not None and (len(pack.members) >= pack.limits.max_inputs
+                                 or pack.tokens + tokens > pack.limits.token_budget):
             closed = self._open.pop(key)
             pack = None
         if pack is None:
-            pack = self._open[key] = Pack(key)
+            pack = self._open[key] = Pack(key, self._limits_for(request))
         pack.members.append(member)
         pack.requests.append(request)
         pack.tokens += tokens

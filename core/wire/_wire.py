@@ -4,7 +4,8 @@ A ``Wire`` says where a chat goes, how the key is sent, how a ``ChatRequest`` be
 ``Chat``, where the rate-limit headers are, and what to tell the user for each error status. Retries are the
 same for every provider (408, 409, 429 and 5xx, Anthropic's 529 included; ``retry-after`` honoured, or a Gemini
 error's ``RetryInfo.retryDelay``; ``x-should-retry`` obeyed), as the providers' own SDKs do. A path may name the
-request's model as ``{model}`` (Gemini's ``/v1beta/models/{model}:generateContent``).
+request's model as ``{model}`` (Gemini's ``/v1beta/models/{model}:generateContent``, and
+``:batchEmbedContents`` for its embeddings).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from ._anthropic_answers import parse_message
 from ._embeddings import embeddings_body, parse_embedding
 from ._gemini import GEMINI_CHAT_PATH, gemini_body
 from ._gemini_answers import parse_generate_content
+from ._gemini_embeddings import GEMINI_EMBED_PATH, gemini_embeddings_body, parse_batch_embed
+from ._packing import EMBEDDING_PACK_LIMITS, GEMINI_EMBEDDING_PACK_LIMITS, PackLimits
 from ._openai_responses import parse_response, responses_body
 from .._exceptions import ConfigError
 from ..rules._model_rules import openai_body
@@ -147,6 +150,8 @@ class Wire:
     version: str | None = None
     # The endpoints besides chat this provider speaks (``_endpoints.ENDPOINTS``).
     others: Mapping[str, Route] = field(default_factory=dict)
+    # How many embeddings texts one request may carry (``_packing``).
+    pack_limits: PackLimits = EMBEDDING_PACK_LIMITS
 
     def route(self, endpoint: str) -> Route:
         """How a request to ``endpoint`` is sent and read; ``ValueError`` for one this provider does not have."""
@@ -234,6 +239,8 @@ GEMINI_WIRE = Wire(
     hints=GEMINI_HINTS,
     unusable_hint="Check that LLM_DISPATCH_GEMINI_BASE_URL points at the Gemini API (the host, without /v1beta).",
     url_setting="LLM_DISPATCH_GEMINI_BASE_URL",
+    others={"embeddings": Route(GEMINI_EMBED_PATH, gemini_embeddings_body, parse_batch_embed)},
+    pack_limits=GEMINI_EMBEDDING_PACK_LIMITS,
 )
 
 

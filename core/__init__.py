@@ -23,6 +23,13 @@ if TYPE_CHECKING:
         FileInfo,
         RequestCounts,
     )
+    from .caching._cache_rules import (
+        ANTHROPIC_MAX_BREAKPOINTS,
+        ANTHROPIC_TTLS,
+        OPENAI_KEY_REQUESTS_PER_MINUTE,
+        CacheRules,
+        cache_rules,
+    )
     from .pricing._budgets import BUDGET_PERIODS, BudgetPeriod, SpendGate, job_budget_name, period_key
     from .http._client import LLMClient
     from ._constants import DEFAULT_CONCURRENCY, DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
@@ -100,6 +107,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "lazy_names",
+    "ANTHROPIC_MAX_BREAKPOINTS",
+    "ANTHROPIC_TTLS",
+    "OPENAI_KEY_REQUESTS_PER_MINUTE",
+    "CacheRules",
+    "cache_rules",
     "DEFAULT_ENDPOINT",
     "vector_bytes",
     "vector_floats",

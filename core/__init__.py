@@ -30,6 +30,9 @@ if TYPE_CHECKING:
         CacheRules,
         cache_rules,
     )
+    from .caching._plan import DEFAULT_PLAN_LATENCY_S, CachePlan, GroupPlan, plan_caches
+    from .caching._prefixes import PrefixGroup, find_prefix_groups, prefix_key, sets_breakpoints
+    from .caching._warmup import Warmth, WarmUpQueue
     from .pricing._budgets import BUDGET_PERIODS, BudgetPeriod, SpendGate, job_budget_name, period_key
     from .http._client import LLMClient
     from ._constants import DEFAULT_CONCURRENCY, DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
@@ -112,6 +115,16 @@ __all__ = [
     "OPENAI_KEY_REQUESTS_PER_MINUTE",
     "CacheRules",
     "cache_rules",
+    "DEFAULT_PLAN_LATENCY_S",
+    "CachePlan",
+    "GroupPlan",
+    "plan_caches",
+    "PrefixGroup",
+    "find_prefix_groups",
+    "prefix_key",
+    "sets_breakpoints",
+    "Warmth",
+    "WarmUpQueue",
     "DEFAULT_ENDPOINT",
     "vector_bytes",
     "vector_floats",

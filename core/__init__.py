@@ -31,7 +31,7 @@ if TYPE_CHECKING:
         cache_rules,
     )
     from .caching._plan import DEFAULT_PLAN_LATENCY_S, CachePlan, GroupPlan, plan_caches
-    from .caching._prefixes import PrefixGroup, find_prefix_groups, prefix_key, sets_breakpoints
+    from .caching._prefixes import PrefixGroup, PrefixGroups, find_prefix_groups, prefix_key, sets_breakpoints
     from .caching._warmup import Warmth, WarmUpQueue
     from .pricing._budgets import BUDGET_PERIODS, BudgetPeriod, SpendGate, job_budget_name, period_key
     from .http._client import LLMClient
@@ -120,6 +120,7 @@ __all__ = [
     "GroupPlan",
     "plan_caches",
     "PrefixGroup",
+    "PrefixGroups",
     "find_prefix_groups",
     "prefix_key",
     "sets_breakpoints",

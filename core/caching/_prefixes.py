@@ -13,7 +13,7 @@ from .._json import canonical_json
 from .._types import ChatRequest
 from ..pricing._tokens import TOKENS_PER_REPLY, estimate_input_tokens
 
-__all__ = ["PrefixGroup", "find_prefix_groups", "prefix_key", "sets_breakpoints"]
+__all__ = ["PrefixGroup", "PrefixGroups", "find_prefix_groups", "prefix_key", "sets_breakpoints"]
 
 # What the providers put before the messages (OpenAI renders tools and the answer's format first; Anthropic caches
 # tools, then system, then messages): parameters that are part of every prompt's prefix.
@@ -60,27 +60,44 @@ def _blocks(request: ChatRequest) -> Iterable[Any]:
             yield from content
 
 
+class PrefixGroups:
+    """Groups found as prompts are added one at a time (a job read a page at a time); ``groups`` the result."""
+
+    def __init__(self, *, provider_of: Callable[[str], str], keep_ids: int = 3) -> None:
+        self._provider_of, self._keep_ids = provider_of, keep_ids
+        self._groups: dict[str, PrefixGroup] = {}
+        self.prompts = 0
+
+    def add(self, prompt_id: int, request: ChatRequest) -> None:
+        self.prompts += 1
+        key = prefix_key(request)
+        if key is None:
+            return
+        group = self._groups.get(key)
+        if group is None:
+            prefix = ChatRequest(model=request.model, messages=request.messages[:-1],
+                                 params={name: request.params[name] for name in _PREFIX_PARAMS
+                                         if request.params.get(name)}, endpoint=request.endpoint)
+            group = self._groups[key] = PrefixGroup(
+                key=key, provider=self._provider_of(request.model), model=request.model, endpoint=request.endpoint,
+                prefix_messages=len(request.messages) - 1,
+                prefix_tokens=estimate_input_tokens(prefix) - TOKENS_PER_REPLY)
+        group.prompts += 1
+        group.own_breakpoints = group.own_breakpoints or sets_breakpoints(request)
+        if len(group.first_ids) < self._keep_ids:
+            group.first_ids.append(prompt_id)
+
+    def groups(self) -> list[PrefixGroup]:
+        """The groups of more than one prompt, in order of their first prompt."""
+        return [group for group in self._groups.values() if group.prompts > 1]
+
+
 def find_prefix_groups(
     requests: Iterable[tuple[int, ChatRequest]], *, provider_of: Callable[[str], str], keep_ids: int = 3,
 ) -> list[PrefixGroup]:
     """The groups of ``requests`` (prompt id, request) that share a prefix, in order of their first prompt; a prefix
     only one prompt has is no group. ``provider_of``: a model's provider (``core.provider_lookup``)."""
-    groups: dict[str, PrefixGroup] = {}
+    found = PrefixGroups(provider_of=provider_of, keep_ids=keep_ids)
     for prompt_id, request in requests:
-        key = prefix_key(request)
-        if key is None:
-            continue
-        group = groups.get(key)
-        if group is None:
-            prefix = ChatRequest(model=request.model, messages=request.messages[:-1],
-                                 params={name: request.params[name] for name in _PREFIX_PARAMS
-                                         if request.params.get(name)}, endpoint=request.endpoint)
-            group = groups[key] = PrefixGroup(
-                key=key, provider=provider_of(request.model), model=request.model, endpoint=request.endpoint,
-                prefix_messages=len(request.messages) - 1,
-                prefix_tokens=estimate_input_tokens(prefix) - TOKENS_PER_REPLY)
-        group.prompts += 1
-        group.own_breakpoints = group.own_breakpoints or sets_breakpoints(request)
-        if len(group.first_ids) < keep_ids:
-            group.first_ids.append(prompt_id)
-    return [group for group in groups.values() if group.prompts > 1]
+        found.add(prompt_id, request)
+    return found.groups()

@@ -193,3 +193,12 @@ async def test_a_planned_anthropic_send_writes_once_and_reads_the_rest(start_sim
         assert read == written * 29
     else:  # no breakpoint in the file: Anthropic caches nothing
         assert (written, read) == (0, 0)
+
+
+def test_a_groups_money_is_priced_a_request_at_a_time(prices: PriceTable) -> None:
+    """A long-prompt tier applies per request, never to a group's tokens summed."""
+    requests = [ask("gpt-6.2-sol", f"item {n}") for n in range(1000)]
+    (group,) = plan_caches(groups_of(requests), total_prompts=1000, concurrency=10, prices=prices).groups
+    one = prices.price(model="gpt-6.2-sol", route="realtime", prompt_tokens=group.group.prefix_tokens,
+                       completion_tokens=0)
+    assert one is not None and group.uncached_cost == 1000 * one.cost

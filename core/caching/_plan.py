@@ -125,7 +125,7 @@ def _plan_group(group: PrefixGroup, *, total_prompts: int, concurrency: int, pri
                 latency_s: float) -> GroupPlan:
     rules = cache_rules(group.provider, group.model)
     n, tokens = group.prompts, group.prefix_tokens
-    uncached = _cost(prices, group, read=0, written=0, extended=0)
+    uncached = _cost(prices, group, reads=0, writes=0, cached=0)
     if group.own_breakpoints:
         return GroupPlan(group, "as-given", "the file sets its own cache_control breakpoints", uncached_cost=uncached,
                          planned_cost=uncached)
@@ -137,9 +137,8 @@ def _plan_group(group: PrefixGroup, *, total_prompts: int, concurrency: int, pri
     rate = min(share, n) * 60.0 / max(latency_s, 1e-3)
     if rules.style == "automatic":
         keys = _openai_keys(n, rate=rate)
-        read = rules.cached_part(tokens) * (n - keys)
         # A key's first request writes the prefix (billed as a write where the model prices writes).
-        cost = _cost(prices, group, read=read, written=rules.cached_part(tokens) * keys, extended=0)
+        cost = _cost(prices, group, reads=n - keys, writes=keys, cached=rules.cached_part(tokens))
         return GroupPlan(group, "keys", f"{keys} prompt_cache_key(s) at ~{rate / keys:,.0f} requests/min each",
                          keys=keys, warm_up=True, planned_cost=cost, uncached_cost=uncached)
     if rules.style == "breakpoints":
@@ -148,13 +147,13 @@ def _plan_group(group: PrefixGroup, *, total_prompts: int, concurrency: int, pri
         if ttl is None:
             return GroupPlan(group, "none", "requests further apart than the longest TTL (1 hour)",
                              uncached_cost=uncached, planned_cost=uncached)
-        cost = _cost(prices, group, read=tokens * (n - 1), written=tokens, extended=tokens if ttl == "1h" else 0)
+        cost = _cost(prices, group, reads=n - 1, writes=1, cached=tokens, extended=ttl == "1h")
         if cost is not None and uncached is not None and cost >= uncached:
             return GroupPlan(group, "none", "the write premium costs more than the reads save",
                              uncached_cost=uncached, planned_cost=uncached)
         return GroupPlan(group, "breakpoint", f"breakpoint after message {group.prefix_messages}, ttl {ttl}",
                          ttl=ttl, warm_up=True, planned_cost=cost, uncached_cost=uncached)
-    cost = _cost(prices, group, read=tokens * (n - 1), written=0, extended=0)
+    cost = _cost(prices, group, reads=n - 1, writes=0, cached=tokens)
     return GroupPlan(group, "implicit", "implicit caching: first request answered, the rest kept together",
                      warm_up=True, planned_cost=cost, uncached_cost=uncached)
 
@@ -168,12 +167,21 @@ def _openai_keys(n: int, *, rate: float) -> int:
     return max(1, min(n, math.ceil(best)))
 
 
-def _cost(prices: PriceTable | None, group: PrefixGroup, *, read: int, written: int, extended: int) -> int | None:
-    """The group's prefix tokens at ``prices``: ``read`` of them cache reads, ``written`` writes (``extended`` of
-    those at the longer duration), the rest plain input."""
+def _cost(prices: PriceTable | None, group: PrefixGroup, *, reads: int, writes: int, cached: int,
+          extended: bool = False) -> int | None:
+    """The group's prefix at ``prices``: ``reads`` requests read ``cached`` of its tokens, ``writes`` write them (at
+    the longer duration when ``extended``), the rest pay plain input; each priced as one request, so a long-prompt
+    tier applies as it would to each."""
     if prices is None:
         return None
-    charge = prices.price(model=group.model, route="realtime", prompt_tokens=group.prefix_tokens * group.prompts,
-                          completion_tokens=0, cached_tokens=read, cache_creation_tokens=written,
-                          cache_creation_extended_tokens=extended)
-    return None if charge is None else charge.cost
+    tokens = group.prefix_tokens
+
+    def one(**usage: int) -> int | None:
+        charge = prices.price(model=group.model, route="realtime", prompt_tokens=tokens, completion_tokens=0, **usage)
+        return None if charge is None else charge.cost
+
+    plain, read = one(), one(cached_tokens=cached)
+    written = one(cache_creation_tokens=cached, cache_creation_extended_tokens=cached if extended else 0)
+    if plain is None or read is None or written is None:
+        return None
+    return plain * (group.prompts - reads - writes) + read * reads + written * writes

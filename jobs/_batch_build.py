@@ -17,6 +17,7 @@ from llm_dispatch.core import (
     BatchFile,
     BatchFileWriter,
     BatchLimits,
+    CachePlan,
     ChatRequest,
     Packer,
     RepeatedKeys,
@@ -96,9 +97,12 @@ class BatchBuilder:
     evenly to its cap on texts (50,000 at OpenAI: 25 lines of 2,000).
     """
 
-    def __init__(self, *, directory: Path, provider_of: Callable[[str], str]) -> None:
+    def __init__(self, *, directory: Path, provider_of: Callable[[str], str],
+                 cache_plan: CachePlan | None = None) -> None:
         self.directory = Path(directory)
         self.provider_of = provider_of
+        # The Batch API lane's cache plan (``core.plan_caches(lane="batch")``): each line as the plan writes it.
+        self.cache_plan = cache_plan
         self._writers: dict[str, BatchFileWriter] = {}
         self._packers: dict[str, Packer[Group]] = {}
         # Members of the file being filled, per (provider, model, endpoint): one open file each.
@@ -120,6 +124,8 @@ class BatchBuilder:
             provider = self.provider_of(first.model)
             request = ChatRequest(model=first.model, messages=first.messages, params=first.params,
                                   endpoint=first.endpoint)
+            if self.cache_plan is not None:
+                request, _ = self.cache_plan.prepare(request)
             key = pack_key(request)
             if key is None:
                 self._line(provider, [group], request, built)

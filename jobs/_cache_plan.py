@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Literal
 
 from llm_dispatch import storage
 from llm_dispatch.core import CachePlan, ChatRequest, PrefixGroups, PriceTable, from_pico, plan_caches
@@ -19,8 +20,8 @@ _PAGE = 5_000
 
 
 async def plan_run_caches(
-    *, sessions: storage.Sessions, job_id: str, selection: Selection, prices: PriceTable,
-    provider_of: Callable[[str], str], concurrency: int,
+    *, sessions: storage.Sessions, job_id: str, selection: Selection, prices: PriceTable | None,
+    provider_of: Callable[[str], str], concurrency: int, lane: Literal["realtime", "batch"] = "realtime",
 ) -> CachePlan:
     """The plan for the open prompts of ``job_id`` that ``selection`` takes (those stored so far, for a job still
     being recorded: a prefix first stored later is sent as written)."""
@@ -31,7 +32,7 @@ async def plan_run_caches(
         for row in rows:
             found.add(row.id, ChatRequest(model=row.model, messages=row.messages, params=row.params,
                                           endpoint=row.endpoint))
-    return plan_caches(found.groups(), total_prompts=found.prompts, concurrency=concurrency, prices=prices)
+    return plan_caches(found.groups(), total_prompts=found.prompts, concurrency=concurrency, prices=prices, lane=lane)
 
 
 def describe_plan(plan: CachePlan) -> list[str]:

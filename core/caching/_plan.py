@@ -10,6 +10,11 @@ Per provider (rules and sources in ``_cache_rules``):
   saves.
 - Gemini: implicit caching, so a warm-up and the group's prompts kept together in order.
 Every kind of plan warms its key first: one request answered before the rest of the group (or key) leaves.
+
+On the Batch API lane (``lane="batch"``) nothing can be warmed first (no provider documents cache hits between a
+batch's requests as a thing a client can order) and a batch may take up to 24 hours (Anthropic's Message Batches
+page): Anthropic's groups get a breakpoint with the 1-hour TTL, refreshed by each hit; OpenAI's and Gemini's caches
+are automatic, so their lines are sent as written.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
+
+from .._status import Route
 
 from .._types import ChatRequest
 from ..pricing._pricing import PriceTable
@@ -32,6 +39,7 @@ __all__ = ["DEFAULT_PLAN_LATENCY_S", "CachePlan", "GroupPlan", "plan_caches"]
 DEFAULT_PLAN_LATENCY_S = 5.0
 
 Action = Literal["keys", "breakpoint", "implicit", "as-given", "none"]
+Lane = Literal["realtime", "batch"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,15 +91,18 @@ class CachePlan:
         their group's keys in turn, so each key's requests are spread over the group's time."""
         key = prefix_key(request)
         plan = None if key is None else self._by_key.get(key)
-        if plan is None or not plan.warm_up:
+        if plan is None:
+            return request, None
+        if plan.action == "breakpoint":
+            marked = _with_breakpoint(request, at=plan.group.prefix_messages - 1, ttl=plan.ttl)
+            return marked, plan.group.key if plan.warm_up else None
+        if not plan.warm_up:
             return request, None
         if plan.action == "keys":
             sent = self._sent.get(plan.group.key, 0)
             self._sent[plan.group.key] = sent + 1
             name = f"llmd-{plan.group.key}-{sent % plan.keys}"
             return replace(request, params={**request.params, "prompt_cache_key": name}), name
-        if plan.action == "breakpoint":
-            return _with_breakpoint(request, at=plan.group.prefix_messages - 1, ttl=plan.ttl), plan.group.key
         return request, plan.group.key
 
 
@@ -113,12 +124,31 @@ def _with_breakpoint(request: ChatRequest, *, at: int, ttl: str | None) -> ChatR
 
 def plan_caches(
     groups: Iterable[PrefixGroup], *, total_prompts: int, concurrency: int, prices: PriceTable | None = None,
-    latency_s: float = DEFAULT_PLAN_LATENCY_S,
+    latency_s: float = DEFAULT_PLAN_LATENCY_S, lane: Lane = "realtime",
 ) -> CachePlan:
     """A plan for each group: the group is taken to be sent at its share of ``concurrency`` (its prompts over
-    ``total_prompts``), each request taking ``latency_s``; costs are the prefix's tokens at ``prices``."""
+    ``total_prompts``), each request taking ``latency_s``; costs are the prefix's tokens at ``prices`` on ``lane``
+    (the Batch API's: see the module's docstring)."""
+    if lane == "batch":
+        return CachePlan([_batch_group(group, prices=prices) for group in groups])
     return CachePlan([_plan_group(group, total_prompts=max(total_prompts, group.prompts), concurrency=concurrency,
                                   prices=prices, latency_s=latency_s) for group in groups])
+
+
+def _batch_group(group: PrefixGroup, *, prices: PriceTable | None) -> GroupPlan:
+    rules = cache_rules(group.provider, group.model)
+    uncached = _cost(prices, group, reads=0, writes=0, cached=0, route="batch")
+    if group.own_breakpoints:
+        return GroupPlan(group, "as-given", "the file sets its own cache_control breakpoints", uncached_cost=uncached,
+                         planned_cost=uncached)
+    if rules.style != "breakpoints" or group.prefix_tokens < rules.minimum_tokens:
+        why = ("automatic caching on the Batch API: lines sent as written" if rules.style != "breakpoints"
+               else f"prefix below {group.model}'s minimum of {rules.minimum_tokens:,}")
+        return GroupPlan(group, "none", why, uncached_cost=uncached, planned_cost=uncached)
+    cost = _cost(prices, group, reads=group.prompts - 1, writes=1, cached=group.prefix_tokens, extended=True,
+                 route="batch")
+    return GroupPlan(group, "breakpoint", f"breakpoint after message {group.prefix_messages}, ttl 1h (Batch API)",
+                     ttl="1h", planned_cost=cost, uncached_cost=uncached)
 
 
 def _plan_group(group: PrefixGroup, *, total_prompts: int, concurrency: int, prices: PriceTable | None,
@@ -168,7 +198,7 @@ def _openai_keys(n: int, *, rate: float) -> int:
 
 
 def _cost(prices: PriceTable | None, group: PrefixGroup, *, reads: int, writes: int, cached: int,
-          extended: bool = False) -> int | None:
+          extended: bool = False, route: Route = "realtime") -> int | None:
     """The group's prefix at ``prices``: ``reads`` requests read ``cached`` of its tokens, ``writes`` write them (at
     the longer duration when ``extended``), the rest pay plain input; each priced as one request, so a long-prompt
     tier applies as it would to each."""
@@ -176,12 +206,14 @@ def _cost(prices: PriceTable | None, group: PrefixGroup, *, reads: int, writes: 
         return None
     tokens = group.prefix_tokens
 
-    def one(**usage: int) -> int | None:
-        charge = prices.price(model=group.model, route="realtime", prompt_tokens=tokens, completion_tokens=0, **usage)
+    def one(*, read: int = 0, written: int = 0, longer: int = 0) -> int | None:
+        charge = prices.price(model=group.model, route=route, prompt_tokens=tokens, completion_tokens=0,
+                              cached_tokens=read, cache_creation_tokens=written,
+                              cache_creation_extended_tokens=longer)
         return None if charge is None else charge.cost
 
-    plain, read = one(), one(cached_tokens=cached)
-    written = one(cache_creation_tokens=cached, cache_creation_extended_tokens=cached if extended else 0)
+    plain, read = one(), one(read=cached)
+    written = one(written=cached, longer=cached if extended else 0)
     if plain is None or read is None or written is None:
         return None
     return plain * (group.prompts - reads - writes) + read * reads + written * writes

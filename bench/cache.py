@@ -2,7 +2,7 @@
 
     python bench/cache.py shared [--prompts 10000] [--concurrency 400] [--latency 1.0] [--models M ...]
     python bench/cache.py groups        # 50 groups of 200 prompts + 2,000 unique ones: the plan per group
-    python bench/cache.py own           # prompts that set their own breakpoints: left as given
+    python bench/cache.py own           # prompts that set their own breakpoints: left as given, warmed first
 
 ``shared``: PROMPTS prompts sharing a ~3,000-token instruction, sent real-time through ``send_all`` at CONCURRENCY
 to a simulator (its own process) answering in LATENCY seconds; for each model, with the plan and with it off, with
@@ -171,10 +171,11 @@ async def own(args: argparse.Namespace, base_url: str, prices: PriceTable) -> No
     prepared, _ = plan.prepare(requests[0])
     print(json.dumps({"model": model, "action": plan.groups[0].action, "why": plan.groups[0].reason,
                       "request_unchanged": prepared == requests[0]}))
-    row = await run_variant(Variant(model, True, False), requests=requests, base_url=base_url,
-                            concurrency=args.concurrency, latency=args.latency, prices=prices)
-    row.pop("plan", None)
-    print(json.dumps(row), flush=True)
+    for planned in (True, False):
+        row = await run_variant(Variant(model, planned, False), requests=requests, base_url=base_url,
+                                concurrency=args.concurrency, latency=args.latency, prices=prices)
+        row.pop("plan", None)
+        print(json.dumps(row), flush=True)
 
 
 def main() -> None:

@@ -67,8 +67,11 @@ def test_a_group_whose_prompts_set_breakpoints_is_left_as_given(prices: PriceTab
     marked = [{"type": "text", "text": RUBRIC, "cache_control": {"type": "ephemeral"}}]
     requests = [ask("claude-sonnet-4-5", f"item {n}", system=marked) for n in range(10)]
     plan = plan_caches(groups_of(requests), total_prompts=10, concurrency=10, prices=prices)
-    assert [(group.action, group.warm_up) for group in plan.groups] == [("as-given", False)]
-    assert plan.prepare(requests[0]) == (requests[0], None)
+    # Sent as written, warmed first so that the file's own breakpoint is read by the rest.
+    assert [(group.action, group.warm_up) for group in plan.groups] == [("as-given", True)]
+    assert plan.prepare(requests[0]) == (requests[0], plan.groups[0].group.key)
+    batch = plan_caches(groups_of(requests), total_prompts=10, concurrency=10, prices=prices, lane="batch")
+    assert batch.prepare(requests[0]) == (requests[0], None)
 
 
 # --- each provider's plan ------------------------------------------------------------------------

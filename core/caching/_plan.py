@@ -157,8 +157,10 @@ def _plan_group(group: PrefixGroup, *, total_prompts: int, concurrency: int, pri
     n, tokens = group.prompts, group.prefix_tokens
     uncached = _cost(prices, group, reads=0, writes=0, cached=0)
     if group.own_breakpoints:
-        return GroupPlan(group, "as-given", "the file sets its own cache_control breakpoints", uncached_cost=uncached,
-                         planned_cost=uncached)
+        # Its requests go as written; a warm-up still lets the file's own breakpoints be read. Their durations are
+        # the file's, so the plan claims no saving.
+        return GroupPlan(group, "as-given", "the file sets its own cache_control breakpoints; warmed first",
+                         warm_up=True, uncached_cost=uncached, planned_cost=uncached)
     if tokens < rules.minimum_tokens:
         return GroupPlan(group, "none", f"prefix of ~{tokens:,} tokens, below {group.model}'s minimum of "
                          f"{rules.minimum_tokens:,}", uncached_cost=uncached, planned_cost=uncached)

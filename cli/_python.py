@@ -85,6 +85,7 @@ async def arun_prompts(
     endpoint: Endpoint | None = None,
     route: RoutePolicy | None = None,
     max_reasks: int | None = None,
+    cache_plan: bool | None = None,
     budget: float | None = None,
     budget_name: str | None = None,
     max_cost: float | None = None,

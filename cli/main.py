@@ -95,6 +95,7 @@ def run(
     providers_file: Annotated[Optional[Path], run_flag("providers_file")] = None,
     schema: Annotated[Optional[str], run_flag("answer_schema")] = None,
     max_reasks: Annotated[Optional[int], run_flag("max_reasks")] = None,
+    cache_plan: Annotated[Optional[bool], run_flag("cache_plan")] = None,
     database_url: DatabaseUrl = None,
     sim_latency: Annotated[float, run_flag("sim_latency")] = 0.2,
     as_json: Annotated[bool, run_flag("json")] = False,

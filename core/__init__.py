@@ -23,6 +23,16 @@ if TYPE_CHECKING:
         FileInfo,
         RequestCounts,
     )
+    from .caching._cache_rules import (
+        ANTHROPIC_MAX_BREAKPOINTS,
+        ANTHROPIC_TTLS,
+        OPENAI_KEY_REQUESTS_PER_MINUTE,
+        CacheRules,
+        cache_rules,
+    )
+    from .caching._plan import DEFAULT_PLAN_LATENCY_S, CachePlan, GroupPlan, plan_caches
+    from .caching._prefixes import PrefixGroup, PrefixGroups, find_prefix_groups, prefix_key, sets_breakpoints
+    from .caching._warmup import Warmth, WarmUpQueue
     from .pricing._budgets import BUDGET_PERIODS, BudgetPeriod, SpendGate, job_budget_name, period_key
     from .http._client import LLMClient
     from ._constants import DEFAULT_CONCURRENCY, DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
@@ -101,6 +111,22 @@ if TYPE_CHECKING:
 
 __all__ = [
     "lazy_names",
+    "ANTHROPIC_MAX_BREAKPOINTS",
+    "ANTHROPIC_TTLS",
+    "OPENAI_KEY_REQUESTS_PER_MINUTE",
+    "CacheRules",
+    "cache_rules",
+    "DEFAULT_PLAN_LATENCY_S",
+    "CachePlan",
+    "GroupPlan",
+    "plan_caches",
+    "PrefixGroup",
+    "PrefixGroups",
+    "find_prefix_groups",
+    "prefix_key",
+    "sets_breakpoints",
+    "Warmth",
+    "WarmUpQueue",
     "DEFAULT_ENDPOINT",
     "vector_bytes",
     "vector_floats",

@@ -197,6 +197,9 @@ RUN_OPTIONS: Final[tuple[RunOption, ...]] = (
             python=Taken(name="schema", type=type[Any] | None)),
     _option("max_reasks", int | None, None, "times an answer that breaks its schema is asked again (default 2)",
             doors=_ALL, setting="max_reasks", flags=("--max-reasks",)),
+    _option("cache_plan", bool | None, None,
+            "plan each provider's prompt cache for prompts sharing a prefix (keys, breakpoints, warm-ups; default on)",
+            doors=_ALL, setting="cache_plan", flags=("--cache-plan/--no-cache-plan",)),
     # Not a shard's: a SecretStr parameter reaches the Prefect API masked; the workers' environment names the database.
     _option("database_url", SecretStr | None, None, "SQLAlchemy URL (default: ./llm_dispatch.db)",
             doors=_RUNS, setting="database_url", cli=Taken(type=str | None), python=Taken(type=str | None)),

@@ -181,6 +181,9 @@ class Settings(BaseSettings):
                                   "from Python a JSON Schema itself")
     max_reasks: int = Field(default=2, ge=0, le=10, description="times an invalid answer is asked again")
 
+    # Prompt caching (core.caching): LLM_DISPATCH_CACHE_PLAN=off sends every request as its file wrote it.
+    cache_plan: bool = Field(default=True, description="plan the providers' prompt caches for shared prefixes")
+
     # Cost.
     prices_file: str | None = Field(default=None, description="your own price table, merged over the bundled one")
     # A short answer. Once the database holds 20 answers from a model, the estimate learns it from them instead.

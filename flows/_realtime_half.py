@@ -11,7 +11,17 @@ from typing import Any
 from prefect import get_run_logger
 
 from llm_dispatch import storage
-from llm_dispatch.jobs import ChunkFeed, ChunkSender, JobRun, RealtimeSummary, RecordedJob, Selection, budget_standing
+from llm_dispatch.jobs import (
+    ChunkFeed,
+    ChunkSender,
+    JobRun,
+    RealtimeSummary,
+    RecordedJob,
+    Selection,
+    budget_standing,
+    describe_plan,
+    plan_run_caches,
+)
 from llm_dispatch.core import RunStop, counted, current_progress, unfinished
 from llm_dispatch.tasks import chunk_sender
 
@@ -46,11 +56,20 @@ async def send_realtime(
     async with (lease if lease is not None else contextlib.nullcontext()), storage.ResultWriter(
             run.sessions, job_id=job.job_id, prices=run.prices, budget=lease) as writer:
         board = ProgressBoard(job=job_label(name=job.name, job_id=job.job_id), logger=logger)
+        cache_plan = None
+        if settings.cache_plan:
+            cache_plan = await plan_run_caches(sessions=run.sessions, job_id=job.job_id, selection=selection,
+                                               prices=run.prices, provider_of=run.clients.provider_of,
+                                               concurrency=settings.concurrency)
+            for line in describe_plan(cache_plan):
+                logger.info("Job %s: %s", job.job_id, line)
+                if progress is not None:
+                    progress.notes.append(line)
         sender = ChunkSender(
             send=chunk_sender(tag=settings.concurrency_tag), client=run.clients, writer=writer, sessions=run.sessions,
             concurrency=settings.concurrency, per_chunk=settings.per_chunk_concurrency, on_chunk_done=board.update,
             max_reasks=settings.max_reasks,
-            stop=stop, budget=lease,
+            stop=stop, budget=lease, cache_plan=cache_plan,
         )
         feed = ChunkFeed(
             job=job, sessions=run.sessions, sink=writer, chunk_size=settings.chunk_size, dedupe=settings.dedupe,

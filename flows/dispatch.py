@@ -90,6 +90,7 @@ async def dispatch(
     job_name: str | None = None,
     answer_schema: str | dict[str, Any] | None = None,
     max_reasks: int | None = None,
+    cache_plan: bool | None = None,
     budget: float | None = None,
     budget_name: str | None = None,
     fail_above: float = 0.0,

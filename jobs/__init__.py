@@ -16,6 +16,7 @@ if TYPE_CHECKING:
         run_budget,
         to_pico,
     )
+    from ._cache_plan import describe_plan, plan_run_caches
     from ._clients import Clients
     from ._batch_life import BatchStep, FinishSubmission, Ingest, advance_batch
     from ._batch_trouble import (
@@ -60,6 +61,8 @@ if TYPE_CHECKING:
 
 
 __all__ = [
+    "describe_plan",
+    "plan_run_caches",
     "first_error",
     "is_missing_batch_api",
     "known_without_batch_api",

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 
@@ -17,6 +17,7 @@ from llm_dispatch.core import (
     BatchFile,
     BatchFileWriter,
     BatchLimits,
+    CachePlan,
     ChatRequest,
     Packer,
     RepeatedKeys,
@@ -99,13 +100,15 @@ class BatchBuilder:
     """
 
     def __init__(self, *, directory: Path, provider_of: Callable[[str], str],
-                 upstream: Callable[[str], str] = lambda model: model) -> None:
+                 upstream: Callable[[str], str] = lambda model: model, cache_plan: CachePlan | None = None) -> None:
         self.directory = Path(directory)
         self.provider_of = provider_of
         # A recorded model's name on its provider's API (a declared provider's without its ``NAME/``): the lines'.
         self.upstream = upstream
         # (provider, model as sent) -> the model as recorded.
         self._recorded: dict[tuple[str, str], str] = {}
+        # The Batch API lane's cache plan (``core.plan_caches(lane="batch")``): each line as the plan writes it.
+        self.cache_plan = cache_plan
         self._writers: dict[str, BatchFileWriter] = {}
         self._packers: dict[str, Packer[Group]] = {}
         # Members of the file being filled, per (provider, model, endpoint): one open file each.
@@ -127,6 +130,9 @@ class BatchBuilder:
             provider = self.provider_of(first.model)
             request = ChatRequest(model=self.upstream(first.model), messages=first.messages, params=first.params,
                                   endpoint=first.endpoint)
+            if self.cache_plan is not None:
+                request, _ = self.cache_plan.prepare(replace(request, model=first.model))
+                request = replace(request, model=self.upstream(first.model))
             self._recorded.setdefault((provider, request.model), first.model)
             key = pack_key(request)
             if key is None:

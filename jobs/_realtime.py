@@ -11,7 +11,16 @@ from types import TracebackType
 from typing import Any, Protocol
 
 from llm_dispatch import storage
-from llm_dispatch.core import ChatRequest, ChatSender, DispatchOutcome, ResultSink, RoutingRules, RunStop, SpendGate
+from llm_dispatch.core import (
+    CachePlan,
+    ChatRequest,
+    ChatSender,
+    DispatchOutcome,
+    ResultSink,
+    RoutingRules,
+    RunStop,
+    SpendGate,
+)
 
 from ._plan import RealtimePlan, Selection, chunk_size_for, plan_realtime
 from ._record import RecordedJob, StoredSlice, store_rest
@@ -179,6 +188,7 @@ class SendChunk(Protocol):
         stop: RunStop | None,
         max_reasks: int,
         budget: SpendGate | None,
+        cache_plan: CachePlan | None,
     ) -> DispatchOutcome: ...
 
 
@@ -211,9 +221,11 @@ class ChunkSender:
         stop: RunStop | None = None,
         max_reasks: int = 0,
         budget: SpendGate | None = None,
+        cache_plan: CachePlan | None = None,
     ) -> None:
         self._send, self._client, self._writer, self._sessions = send, client, writer, sessions
         self.stop, self.budget = stop, budget
+        self.cache_plan = cache_plan
         self._max_reasks = max_reasks
         self._per_chunk = per_chunk
         self._lane_count = math.ceil(concurrency / per_chunk)
@@ -271,6 +283,7 @@ class ChunkSender:
                 number=number, of=max(of, number), chunk=chunk, client=self._client, sink=self._writer,
                 sessions=self._sessions, concurrency=self._per_chunk, before_send=enter_lane,
                 on_dispatched=leave_lane, stop=self.stop, max_reasks=self._max_reasks, budget=self.budget,
+                cache_plan=self.cache_plan,
             )
         finally:
             leave_lane()

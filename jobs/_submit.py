@@ -42,6 +42,7 @@ from llm_dispatch.core import (
     BatchConflictError,
     BatchInfo,
     BatchLimits,
+    CachePlan,
     ChatRequest,
     InputError,
     NotFoundError,
@@ -53,7 +54,9 @@ from llm_dispatch.core import (
 )
 
 from ._batch_build import BatchBuilder, BuiltFile, Group, request_groups
+from ._cache_plan import describe_plan, plan_run_caches
 from ._clients import Clients
+from ._plan import Selection
 from ._reuse import reuse_stored_answers
 
 __all__ = [
@@ -107,6 +110,7 @@ async def submit_prompts(
     max_retries: int = DEFAULT_MAX_RETRIES,
     page: int = SUBMIT_PAGE,
     budget: storage.BudgetInfo | None = None,
+    cache_plan: bool = False,
 ) -> SubmitOutcome:
     """Send the open batch-routed prompts of ``job_id`` (failed ones as ``retry_failed`` says, like
     ``storage.unfinished_prompts``) as provider batches: one line per distinct request, files split per model
@@ -124,14 +128,24 @@ async def submit_prompts(
     ``budget``: each line's worst case at the batch price is reserved before its file is built, and each file's
     reservation becomes the batch's own once it is recorded (spent as its answers are stored, the rest given back
     when it ends); once a line does not fit, the files are cut there and the rest of the prompts wait, pending.
+
+    ``cache_plan``: each line as the Batch API lane's cache plan writes it (``plan_run_caches(lane="batch")``: an
+    Anthropic group's breakpoint), reserved as written.
     """
     if metadata:
         problem = batch_metadata_problem(metadata, added=len((JOB_ID_KEY, BATCH_ID_KEY)))
         if problem is not None:
             raise InputError(problem, field="metadata")
     outcome = SubmitOutcome()
+    plan = None
+    if cache_plan:
+        plan = await plan_run_caches(sessions=sessions, job_id=job_id, prices=writer.prices,
+                                     selection=Selection(retry_failed=retry_failed, planned_route="batch"),
+                                     provider_of=clients.provider_of, concurrency=1, lane="batch")
+        for line in describe_plan(plan):
+            logger.info("Job %s: %s", job_id, line)
     builder = BatchBuilder(directory=Path(directory) / job_id, provider_of=clients.provider_of,
-                           upstream=clients.upstream)
+                           upstream=clients.upstream, cache_plan=plan)
     gate = asyncio.Semaphore(SUBMIT_CONCURRENCY)
     # The worst case reserved for each line, by its first prompt.
     held: dict[int, int] = {}
@@ -175,7 +189,7 @@ async def submit_prompts(
                 if dedupe:
                     groups = await _unanswered(sessions=sessions, writer=writer, groups=groups, outcome=outcome)
                 if lease is not None:
-                    groups = await _funded(lease, groups, held=held, outcome=outcome)
+                    groups = await _funded(lease, groups, held=held, outcome=outcome, plan=plan)
                 for provider in builder.needs(groups):
                     api = clients.batch_api(provider)
                     builder.use(provider, limits=api.limits(max_requests=max_requests, max_bytes=max_bytes))
@@ -191,13 +205,15 @@ async def submit_prompts(
 
 
 async def _funded(
-    lease: storage.BudgetLease, groups: list[Group], *, held: dict[int, int], outcome: SubmitOutcome
+    lease: storage.BudgetLease, groups: list[Group], *, held: dict[int, int], outcome: SubmitOutcome,
+    plan: CachePlan | None = None,
 ) -> list[Group]:
     """The groups whose worst case the budget holds, in order, up to the first that does not fit (the rest are
     counted in ``over_budget`` and left pending); ``held`` gets each one's amount by its first prompt."""
     for index, group in enumerate(groups):
         first = group.first
-        amount = await lease.reserve(_request(first))
+        request = _request(first)
+        amount = await lease.reserve(request if plan is None else plan.prepare(request)[0])
         if amount is None:
             outcome.over_budget += sum(len(rest.prompt_ids) for rest in groups[index:])
             return groups[:index]

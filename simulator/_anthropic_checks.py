@@ -12,9 +12,15 @@ from typing import Any
 
 from aiohttp import web
 
-from llm_dispatch.core import DEFAULT_ANTHROPIC_VERSION, anthropic_messages_refusal, anthropic_refusal
+from llm_dispatch.core import (
+    ANTHROPIC_MAX_BREAKPOINTS,
+    DEFAULT_ANTHROPIC_VERSION,
+    anthropic_messages_refusal,
+    anthropic_refusal,
+)
 
 from ._anthropic_http import anthropic_error
+
 from ._state import SimState
 
 __all__ = ["api_version", "check_headers", "messages_body_problem", "model_refusal", "required_list"]
@@ -98,7 +104,21 @@ def _problem(body: Any) -> str | None:
                 return f"system.{index}: Input should be a text block ({{\"type\": \"text\", \"text\": ...}})"
     if body.get("stream"):
         return "stream: the llm-dispatch simulator does not stream; send the request with stream=false"
+    marks = _cache_marks(body)
+    if marks > ANTHROPIC_MAX_BREAKPOINTS:
+        return f"A maximum of {ANTHROPIC_MAX_BREAKPOINTS} blocks with cache_control may be provided. Found {marks}."
     return None
+
+
+def _cache_marks(body: dict[str, Any]) -> int:
+    """The ``cache_control`` breakpoints a body sets: on tools, system blocks and message blocks."""
+    blocks: list[Any] = list(body.get("tools") or ())
+    system = body.get("system")
+    blocks += system if isinstance(system, list) else []
+    for message in body.get("messages") or ():
+        content = message.get("content") if isinstance(message, dict) else None
+        blocks += content if isinstance(content, list) else []
+    return sum(1 for block in blocks if isinstance(block, dict) and "cache_control" in block)
 
 
 def _message_problem(message: Any, where: str) -> str | None:

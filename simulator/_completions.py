@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
-from llm_dispatch.core import THINKING_PER_ANSWER_TOKEN
+from llm_dispatch.core import THINKING_PER_ANSWER_TOKEN, cache_rules
 
 from ._config import STRUCTURED_FAULTS
 from ._http import completion_body, message_fields, unusable_body
@@ -23,6 +23,7 @@ __all__ = [
     "SYSTEM_FINGERPRINT",
     "PlannedCompletion",
     "body_digest",
+    "cache_use",
     "canonical_json",
     "json_answer",
     "plan_completion",
@@ -31,8 +32,6 @@ __all__ = [
 ]
 
 SYSTEM_FINGERPRINT = "fp_llmdsim01"
-_CACHE_MIN_TOKENS = 1024  # OpenAI caches prompts from 1024 tokens on...
-_CACHE_INCREMENT = 128  # ...and reports cache hits in steps of 128 tokens
 _MASK64 = (1 << 64) - 1
 
 # Sorted keys: equal objects encode to equal bytes, whatever order a client wrote them in.
@@ -79,6 +78,10 @@ class PlannedCompletion:
     service_tier: str = "default"
     # The answer's text when the body asked for JSON of a schema (valid, or broken as ``kind`` says).
     text: str | None = None
+    # What the prompt cache keys on besides the messages: ``prompt_cache_key``, and what precedes the messages on
+    # the wire (tools, the answer's format).
+    cache_key: str | None = None
+    preamble: Any = None
 
     @property
     def completion_tokens(self) -> int:
@@ -143,8 +146,13 @@ def plan_completion(
     return PlannedCompletion(
         model=model, messages=messages, counts=counts, prompt_tokens=sum(counts) + REPLY_PRIMING_TOKENS,
         cap=cap, n=n, choices=choices, reasoning=reasoning, kind=kind, tool=tool, service_tier=tier,
-        text=text,
+        text=text, cache_key=_cache_key(body), preamble=[body.get("tools"), body.get("response_format")],
     )
+
+
+def _cache_key(body: dict[str, Any]) -> str | None:
+    key = body.get("prompt_cache_key")
+    return key if isinstance(key, str) else None
 
 
 def _response_schema(body: dict[str, Any]) -> dict[str, Any] | None:
@@ -214,7 +222,7 @@ def schema_value(schema: Any, *, pick: int = 0, depth: int = 0) -> Any:
 def render_completion(plan: PlannedCompletion, *, state: SimState) -> tuple[bytes, int]:
     """(chat.completion body, cached tokens) of a planned answer; its prompt prefixes join the cache. An
     ``empty_choices`` or ``error200`` answer reports the same usage around no answer at all."""
-    cached, cache_written = _cache_use(plan, state=state)
+    cached, cache_written = cache_use(plan, state=state)
     written = cache_written if plan.model.startswith(CACHE_WRITE_MODELS) else None
     usage: _Usage = {"prompt_tokens": plan.prompt_tokens, "completion_tokens": plan.completion_tokens,
                      "cached_tokens": cached, "cache_write_tokens": written, "reasoning_tokens": plan.reasoning_tokens}
@@ -332,26 +340,37 @@ def _plan_choices(
     return planned, tuple(reasoning)
 
 
-def _cache_use(plan: PlannedCompletion, *, state: SimState) -> tuple[int, int]:
-    """(cached tokens read, tokens written to the cache) of a planned answer's prompt."""
-    if sum(plan.counts) < _CACHE_MIN_TOKENS:
+def cache_use(plan: PlannedCompletion, *, state: SimState, provider: str = "openai") -> tuple[int, int]:
+    """(cached tokens read, tokens written to the cache) of a planned answer's prompt, by ``provider``'s automatic
+    (OpenAI) or implicit (Gemini) cache (``core.cache_rules``; ``_prompt_cache`` says when an entry is warm)."""
+    rules = cache_rules(provider, plan.model)
+    if sum(plan.counts) < rules.minimum_tokens:
         return 0, 0
-    # Prefixes are whole messages: close enough to OpenAI's 128-token blocks for a simulator.
-    chain = hashlib.blake2b(plan.model.encode(), digest_size=16)
+    now, answered_at = state.cache_times()
+    cache = state.prompt_cache
+    # Prefixes are whole messages (close enough to OpenAI's 128-token blocks for a simulator), after what comes
+    # before the messages on the wire (tools, the answer's schema); a prompt_cache_key routes to its own machine.
+    key = plan.cache_key if rules.key_requests_per_minute is not None else None
+    chain = hashlib.blake2b(canonical_json([provider, plan.model, key, plan.preamble]).encode(), digest_size=16)
     prefixes: list[tuple[bytes, int]] = []
     total = 0
     for message, tokens in zip(plan.messages, plan.counts):
         chain.update(canonical_json(message).encode())
         total += tokens
-        if total >= _CACHE_MIN_TOKENS:
+        if total >= rules.minimum_tokens:
             prefixes.append((chain.copy().digest(), total))
-    cache = state.prompt_cache
+    longest = rules.cached_part(prefixes[-1][1])
+    # The route: the prompt's start (its first cacheable prefix stands for OpenAI's first ~256 tokens) and key.
+    if rules.key_requests_per_minute is not None and cache.overflows(
+            prefixes[0][0], now=now, per_minute=state.config.cache_overflow_rpm):
+        state.stats.cache_overflows += 1
+        return 0, longest  # a cold machine writes it and keeps it to itself
     cached = 0
     for prefix, tokens in reversed(prefixes):
-        if prefix in cache:
-            cached = tokens // _CACHE_INCREMENT * _CACHE_INCREMENT
+        if cache.warm(prefix, now=now):
+            cached = rules.cached_part(tokens)
             break
-    longest = prefixes[-1][1] // _CACHE_INCREMENT * _CACHE_INCREMENT
-    state.remember_prefixes([prefix for prefix, _ in prefixes])
+    for prefix, _ in prefixes:
+        cache.write(prefix, answered_at=answered_at, ttl_s=rules.ttl_s)
     # What the cache did not hold of the longest prefix is written now.
     return cached, max(0, longest - cached)

@@ -78,7 +78,7 @@ _NON_NEGATIVE_FIELDS = (
     "quota_window", "slow_tokens_per_second",
 )
 _FLOAT_FIELDS = frozenset(_NON_NEGATIVE_FIELDS) | {name for name, _ in RANDOM_FAULT_FIELDS}
-_OPTIONAL_INT_FIELDS = frozenset({"rpm", "tpm"})
+_OPTIONAL_INT_FIELDS = frozenset({"rpm", "tpm", "cache_overflow_rpm"})
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -126,6 +126,10 @@ class SimulatorConfig:
     always_fault: str | None = None
     # False: no Batch API, as vLLM or Ollama: /v1/files and /v1/batches answer 404 like any unknown URL.
     batch_api: bool = True
+    # OpenAI's overflow (core ``cache_rules``): past this many requests a minute on one prefix and
+    # prompt_cache_key, a request is served by a cold machine (no cached tokens). None: every request is served
+    # by its prefix's machine. The guide's figure is about 15.
+    cache_overflow_rpm: int | None = None
 
     def __post_init__(self) -> None:
         for name in _NON_NEGATIVE_FIELDS:
@@ -154,7 +158,7 @@ class SimulatorConfig:
                               f"got {self.always_fault!r}")
         if self.quota_window <= 0:
             raise ConfigError(f"simulator quota_window must be positive, got {self.quota_window!r}")
-        for name in ("rpm", "tpm"):
+        for name in ("rpm", "tpm", "cache_overflow_rpm"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"simulator {name} must be >= 1 or None (no quota), got {value!r}")

@@ -24,8 +24,15 @@ from aiohttp import web
 
 from llm_dispatch.core import gemini_refusal
 
-from ._completions import REASONING_PER_TOKEN, PlannedCompletion, body_digest, canonical_json, plan_completion, \
-    tool_input
+from ._completions import (
+    REASONING_PER_TOKEN,
+    PlannedCompletion,
+    body_digest,
+    cache_use,
+    canonical_json,
+    plan_completion,
+    tool_input,
+)
 from ._http import json_dumps, json_response
 from ._serving import ANSWERED_AT_ONCE, RealTimeRoutes, admit, connection_fault
 from ._state import SimState
@@ -216,9 +223,13 @@ def render_content(plan: _Planned, *, state: SimState, model: str) -> bytes:
     """A GenerateContentResponse for ``plan`` (an ``error200`` one is an error body with status 200)."""
     completion = plan.completion
     text_digest, tokens, finish_reason = completion.choices[0]
+    cached, _ = cache_use(completion, state=state, provider="gemini")
+    state.stats.cached_tokens += cached
     usage: dict[str, Any] = {"promptTokenCount": completion.prompt_tokens,
                              "candidatesTokenCount": 0 if completion.kind == "refuse" else tokens,
                              "totalTokenCount": completion.prompt_tokens + plan.output_tokens}
+    if cached:
+        usage["cachedContentTokenCount"] = cached  # implicit caching's hits, part of promptTokenCount
     if plan.thoughts:
         usage["thoughtsTokenCount"] = plan.thoughts
     if completion.kind == "error200":

@@ -5,10 +5,12 @@ answers the same turns on the chat side; ``max_tokens`` cuts the text, with ``st
 The digest is taken over the body's canonical JSON (sorted keys), so a batch request's ``params`` get the very
 answer ``POST /v1/messages`` gives them.
 
-Prompt caching, kept simple and deterministic: the cached prefix is the turns up to and including the last one
-holding a block with ``cache_control`` (the system turn counts). The first time a model sees that prefix its
-tokens are ``cache_creation_input_tokens``; every later time (until ``/_sim/reset``) they are
-``cache_read_input_tokens``. ``input_tokens`` is the rest. Unlike Anthropic, any length of prefix is cached.
+Prompt caching as Anthropic documents it (``core.cache_rules``): only at ``cache_control`` breakpoints (tools,
+then system, then messages; a breakpoint's prefix is the turns up to and including the one holding it), each at
+least the model's minimum length. The longest breakpoint prefix that is warm is read (``cache_read_input_tokens``);
+what the last breakpoint adds beyond it is written (``cache_creation_input_tokens``, by duration in
+``cache_creation``); ``input_tokens`` is the rest. An entry turns warm when its writer is answered
+(``_prompt_cache``) and lives 5 minutes from its last hit, or an hour with ``"ttl": "1h"``.
 """
 
 from __future__ import annotations
@@ -25,9 +27,11 @@ from ._completions import (
     plan_completion,
     tool_input,
 )
+from llm_dispatch.core import ANTHROPIC_TTLS, cache_rules
+
 from ._http import json_dumps
 from ._state import SimState
-from ._tokens import completion_text, count_tokens
+from ._tokens import completion_text, count_tokens, message_token_counts
 
 __all__ = ["MessageUsage", "PlannedMessage", "message_digest", "plan_message", "render_message"]
 
@@ -39,15 +43,12 @@ _CACHE_DOMAIN = b"anthropic-messages\0"
 
 @dataclass(frozen=True, slots=True)
 class PlannedMessage:
-    """The answer a body gets if nothing refuses it, and the prefix it marked for caching (if any, with whether
-    the mark asks for the 1-hour cache). ``thinking`` is the tokens it spends thinking (``thinking`` enabled or
+    """The answer a body gets if nothing refuses it, and the prefixes its breakpoints mark for caching. ``thinking`` is the tokens it spends thinking (``thinking`` enabled or
     adaptive), part of its output; ``tool`` the tool it calls (name, input schema), for a body with tools."""
 
     completion: PlannedCompletion
-    cache_prefix: bytes | None  # digest of the marked prefix
-    cache_prefix_tokens: int
-    # The last mark asks for a 1-hour cache ({"ttl": "1h"}): its writes are 1-hour writes.
-    cache_hour: bool = False
+    # (digest, tokens, ttl) of each breakpoint's prefix long enough to cache, in wire order.
+    cache_prefixes: tuple[tuple[bytes, int, str], ...] = ()
     thinking: int = 0
     tool: tuple[str, dict[str, Any]] | None = None
 
@@ -95,15 +96,38 @@ def plan_message(
         tokens = min(count_tokens(canonical_json(tool_input(tool[1]))) + 3, body["max_tokens"])
         completion = replace(completion, choices=[(completion.choices[0][0], tokens, "tool_use")])
     thinking = _thinking_tokens(body, completion)
-    marked = [index for index, turn in enumerate(turns) if _marks_cache(turn.get("content"))]
-    if not marked:
-        return PlannedMessage(completion=completion, cache_prefix=None, cache_prefix_tokens=0, thinking=thinking,
-                              tool=tool)
-    end = marked[-1] + 1
-    prefix = hashlib.blake2b(_CACHE_DOMAIN + canonical_json([body["model"], turns[:end]]).encode(),
-                             digest_size=16).digest()
-    return PlannedMessage(completion=completion, cache_prefix=prefix, cache_prefix_tokens=sum(completion.counts[:end]),
-                          cache_hour=_cache_ttl(turns[end - 1].get("content")) == "1h", thinking=thinking, tool=tool)
+    rules = cache_rules("anthropic", body["model"])
+    tools_seed = canonical_json([body["model"], body.get("tools"), body.get("output_config")]).encode()
+    prefixes: list[tuple[bytes, int, str]] = []
+    for prefix_turns, ttl in _breakpoints(body, turns):
+        whole = len(prefix_turns) - 1
+        tokens = sum(completion.counts[:whole]) + (message_token_counts(prefix_turns[whole:])[0] if prefix_turns
+                                                   else 0)
+        if tokens < rules.minimum_tokens:
+            continue  # "Any requests to cache fewer than this number of tokens will be processed without caching"
+        prefix = hashlib.blake2b(_CACHE_DOMAIN + tools_seed + canonical_json(prefix_turns).encode(),
+                                 digest_size=16).digest()
+        prefixes.append((prefix, tokens, ttl))
+    return PlannedMessage(completion=completion, cache_prefixes=tuple(prefixes), thinking=thinking, tool=tool)
+
+
+def _breakpoints(body: dict[str, Any], turns: list[dict[str, Any]]) -> list[tuple[list[dict[str, Any]], str]]:
+    """(the turns a breakpoint's prefix holds, the last cut after the marked block; its ttl) of each
+    ``cache_control`` mark, in wire order: a tool's holds no turn (tools are not counted in the simulator's prompt
+    tokens, only in the prefix's digest)."""
+    marks: list[tuple[list[dict[str, Any]], str]] = []
+    for tool in body.get("tools") or ():
+        if isinstance(tool, dict) and isinstance(tool.get("cache_control"), dict):
+            marks.append(([], tool["cache_control"].get("ttl") or "5m"))
+    for index, turn in enumerate(turns):
+        content = turn.get("content")
+        if not isinstance(content, list):
+            continue
+        for at, block in enumerate(content):
+            if isinstance(block, dict) and isinstance(block.get("cache_control"), dict):
+                marks.append(([*turns[:index], {**turn, "content": content[:at + 1]}],
+                              block["cache_control"].get("ttl") or "5m"))
+    return marks
 
 
 def _output_schema(body: dict[str, Any]) -> dict[str, Any] | None:
@@ -147,13 +171,7 @@ def render_message(plan: PlannedMessage, *, state: SimState, batch: bool = False
     """(Message body, its usage); a marked prefix joins the prompt cache. ``batch``: answered in a Message Batch
     (its usage says so). An ``empty_choices`` answer is a Message with usage and no content; an ``error200`` one
     an error object with usage, both with status 200."""
-    cache_read = cache_creation = 0
-    if plan.cache_prefix is not None:
-        if plan.cache_prefix in state.prompt_cache:
-            cache_read = plan.cache_prefix_tokens
-        else:
-            cache_creation = plan.cache_prefix_tokens
-        state.remember_prefixes([plan.cache_prefix])
+    cache_read, cache_creation, cache_hour = _cache_use(plan, state=state)
     usage = MessageUsage(
         input_tokens=plan.prompt_tokens - cache_read - cache_creation, output_tokens=plan.output_tokens,
         cache_read_input_tokens=cache_read, cache_creation_input_tokens=cache_creation,
@@ -165,8 +183,8 @@ def render_message(plan: PlannedMessage, *, state: SimState, batch: bool = False
         "cache_creation_input_tokens": usage.cache_creation_input_tokens,
         "cache_read_input_tokens": usage.cache_read_input_tokens,
         # The writes by duration, as Anthropic reports them (each priced apart).
-        "cache_creation": {"ephemeral_5m_input_tokens": 0 if plan.cache_hour else cache_creation,
-                           "ephemeral_1h_input_tokens": cache_creation if plan.cache_hour else 0},
+        "cache_creation": {"ephemeral_5m_input_tokens": cache_creation - cache_hour,
+                           "ephemeral_1h_input_tokens": cache_hour},
         "output_tokens": usage.output_tokens,
         "service_tier": "batch" if batch else "standard",
     }
@@ -214,13 +232,25 @@ def _content(plan: PlannedMessage, digest: int, tokens: int, finish_reason: str)
     return blocks
 
 
-def _cache_ttl(content: Any) -> str | None:
-    """The ttl of the last cache mark in a turn's content ("5m" when a mark gives none)."""
-    marks = [block["cache_control"] for block in content if isinstance(block, dict) and "cache_control" in block] \
-        if isinstance(content, list) else []
-    return (marks[-1].get("ttl") or "5m") if marks and isinstance(marks[-1], dict) else None
-
-
-def _marks_cache(content: Any) -> bool:
-    return isinstance(content, list) and any(isinstance(block, dict) and "cache_control" in block
-                                             for block in content)
+def _cache_use(plan: PlannedMessage, *, state: SimState) -> tuple[int, int, int]:
+    """(tokens read, tokens written, of them at 1 hour): the longest warm breakpoint prefix is read, the rest up to
+    the last breakpoint written, each part at the duration of the breakpoint that ends it; every breakpoint's
+    prefix is kept (warm once this request is answered)."""
+    if not plan.cache_prefixes:
+        return 0, 0, 0
+    now, answered_at = state.cache_times()
+    cache = state.prompt_cache
+    read = 0
+    for prefix, tokens, _ in reversed(plan.cache_prefixes):
+        if cache.warm(prefix, now=now):
+            read = tokens
+            break
+    written = hour = 0
+    covered = read
+    for prefix, tokens, ttl in plan.cache_prefixes:
+        cache.write(prefix, answered_at=answered_at, ttl_s=ANTHROPIC_TTLS.get(ttl, ANTHROPIC_TTLS["5m"]))
+        if tokens > covered:
+            written += tokens - covered
+            hour += (tokens - covered) if ttl == "1h" else 0
+            covered = tokens
+    return read, written, hour

@@ -178,11 +178,17 @@ class RealTimeRoutes:
         fault = state.random_fault()
         if fault is not None:
             return await self._fault(request, fault, model=model, headers=limit_headers)
-        body = render()
         if kind == "slow":
             delay = output_tokens / state.config.slow_tokens_per_second
         else:
             delay = sample_latency(state, completion_tokens=output_tokens)
+        # The prefixes this request writes turn warm when it is answered (``SimState.answer_due``); render() is
+        # synchronous, so no other request renders in between.
+        state.answer_due = time.monotonic() + delay
+        try:
+            body = render()
+        finally:
+            state.answer_due = None
         if delay > 0:
             await asyncio.sleep(delay)
         if kind == "cut":

@@ -10,17 +10,17 @@ import itertools
 import os
 import random
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ._config import RANDOM_FAULT_FIELDS, SimulatorConfig
+from ._prompt_cache import PromptCache
 
 __all__ = ["QUOTA_WINDOW_S", "QuotaWindow", "SimState", "SimStats"]
 
 QUOTA_WINDOW_S = 60.0
-_PROMPT_CACHE_ENTRIES = 50_000  # prefixes remembered for cached_tokens, least recently used dropped
 
 
 @dataclass(slots=True)
@@ -41,6 +41,8 @@ class SimStats:
     completion_tokens: int = 0
     cached_tokens: int = 0  # chat's cached_tokens and a Message's cache_read_input_tokens
     cache_creation_tokens: int = 0  # a Message's cache_creation_input_tokens
+    # Requests past ``cache_overflow_rpm`` on one prefix and prompt_cache_key, served by a cold machine.
+    cache_overflows: int = 0
     quota_rejections: int = 0
     by_status: dict[str, int] = field(default_factory=dict)
     batches: int = 0  # created through POST /v1/batches
@@ -135,7 +137,10 @@ class SimState:
         self.stats = SimStats()
         self.forced_faults: deque[str] = deque()  # queued through POST /_sim/faults
         self.marker_hits: dict[bytes, int] = {}  # body digest -> requests seen, for [[sim:FAULTxN]]
-        self.prompt_cache: OrderedDict[bytes, None] = OrderedDict()
+        self.prompt_cache = PromptCache()
+        # When the request being rendered will be answered (monotonic seconds): set by the real-time routes around
+        # their synchronous ``render()``, so the prefixes it writes turn warm then; None (a batch line): at once.
+        self.answer_due: float | None = None
         self.requests_window: QuotaWindow | None = None
         self.tokens_window: QuotaWindow | None = None
         self.started_at = time.time()
@@ -186,13 +191,10 @@ class SimState:
                 return fault
         return None
 
-    def remember_prefixes(self, digests: list[bytes]) -> None:
-        cache = self.prompt_cache
-        for digest in digests:
-            cache[digest] = None
-            cache.move_to_end(digest)
-        while len(cache) > _PROMPT_CACHE_ENTRIES:
-            cache.popitem(last=False)
+    def cache_times(self) -> tuple[float, float]:
+        """(now, when the request being rendered is answered) for the prompt cache, in monotonic seconds."""
+        now = time.monotonic()
+        return now, now if self.answer_due is None else max(now, self.answer_due)
 
     def next_response_id(self, *, prefix: str = "chatcmpl-") -> str:
         """A unique answer id: ``chatcmpl-sim...`` for chat, ``msg_sim...`` for a Message."""

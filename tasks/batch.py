@@ -34,7 +34,7 @@ async def submit_batches(
             sessions=run.sessions, clients=run.clients, writer=writer, job_id=job_id, retry_failed=retry_failed,
             directory=Path(settings.batch_dir), dedupe=settings.dedupe,
             max_requests=settings.batch_max_requests, max_bytes=settings.batch_max_bytes,
-            max_retries=settings.max_retries, budget=held,
+            max_retries=settings.max_retries, budget=held, cache_plan=settings.cache_plan,
         )
 
 

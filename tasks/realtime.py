@@ -13,6 +13,7 @@ from llm_dispatch import storage
 from llm_dispatch.jobs import Chunk, SendChunk
 from llm_dispatch.core import (
     REQUEST_ROUTES,
+    CachePlan,
     ChatRequest,
     ChatSender,
     DispatchOutcome,
@@ -49,13 +50,15 @@ async def send_chunk(
     stop: RunStop | None = None,
     max_reasks: int = 0,
     budget: SpendGate | None = None,
+    cache_plan: CachePlan | None = None,
 ) -> State:
     """Send one request per group of identical prompts, at most ``concurrency`` at once.
 
     Holds one slot of the run's concurrency-limit tag while it runs (Prefect acquires it from the
     task's tags), so across all flow runs: requests in flight <= tag limit x ``concurrency``.
     ``before_send`` is awaited once the chunk is ready (rows loaded, prompts marked in flight) and
-    before its first request; ``on_dispatched`` fires when about two rounds are left to finish. ``stop``: the
+    before its first request; ``on_dispatched`` fires when about two rounds are left to finish. ``cache_plan``: the
+    run's (``core.caching``), applied to each request and its warm-ups kept across chunks. ``stop``: the
     run's, which leaves a stopped provider's or model's prompts pending, unsent; ``budget``: the run's hold on its
     budget, which leaves them pending once the next request's worst case does not fit. An answer that breaks its
     schema is asked again at once, up to ``max_reasks`` times. Ends ``Failed`` when prompts failed (``chunk_state``).
@@ -74,7 +77,7 @@ async def send_chunk(
         await before_send()
     outcome = await send_all(client=client, items=items, sink=sink, concurrency=concurrency,
                              progress=current_progress.get(), on_dispatched=on_dispatched, stop=stop,
-                             max_reasks=max_reasks, budget=budget)
+                             max_reasks=max_reasks, budget=budget, cache_plan=cache_plan)
     return chunk_state(outcome, size=size)
 
 
@@ -92,7 +95,10 @@ def chunk_sender(*, tag: str) -> SendChunk:
     tagged = send_chunk.with_options(tags=[tag])
 
     async def send(*, chunk: Chunk, **kwargs: object) -> DispatchOutcome:
-        # quote(): Prefect would otherwise walk every id of the chunk looking for futures, twice per task run.
+        # quote(): Prefect would otherwise walk every id of the chunk (and every group of the plan) looking for
+        # futures, twice per task run.
+        if kwargs.get("cache_plan") is not None:
+            kwargs["cache_plan"] = quote(kwargs["cache_plan"])
         # Prefect types an async task called with return_state=True as its State, not the coroutine it is.
         state = await tagged(chunk=quote(chunk), size=chunk.prompts, return_state=True,  # type: ignore[misc]
                              **kwargs)

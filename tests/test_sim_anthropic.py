@@ -93,7 +93,8 @@ async def test_the_message_has_anthropics_exact_shape(start_sim: StartSim, raw: 
 
 async def test_a_cache_control_prefix_is_written_once_then_read(start_sim: StartSim) -> None:
     url = await anthropic_sim(start_sim)
-    system = [{"type": "text", "text": "You answer questions about rivers. " * 20,
+    # Longer than the model's minimum cacheable length (``cache_rules``): a shorter prefix is never cached.
+    system = [{"type": "text", "text": "You answer questions about rivers. " * 800,
                "cache_control": {"type": "ephemeral"}}]
     async with claude(url) as llm:
         first = await llm.chat(ask(system=system))

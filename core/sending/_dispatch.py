@@ -17,6 +17,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
+from ..caching._plan import CachePlan
+from ..caching._warmup import WarmUpQueue
 from ..pricing._budgets import SpendGate
 from .._exceptions import APIError, APIStatusError
 from ..wire._openai_responses import runs_in_background
@@ -249,6 +251,7 @@ async def send_all(
     max_reasks: int = 0,
     budget: SpendGate | None = None,
     packing: PackLimits | None = EMBEDDING_PACK_LIMITS,
+    cache_plan: CachePlan | None = None,
 ) -> DispatchOutcome:
     """Send every item with at most ``concurrency`` requests in flight; persist each as it completes.
 
@@ -273,12 +276,29 @@ async def send_all(
     the client's limit behind another call's requests, and signalling then would have the caller
     start batch after batch, each waiting with all its items, until the whole job is in memory.
     A call of at most two rounds signals at its first answer, once its requests are getting slots.
+
+    ``cache_plan`` (``core.caching``): each request is sent as the plan makes it (a prompt_cache_key, a
+    breakpoint), and a warm-up key's first request is answered before the rest of that key's requests leave
+    (``WarmUpQueue``), the workers sending other requests meanwhile.
     """
     if concurrency < 1:
         raise ValueError("concurrency must be at least 1")
     outcome = DispatchOutcome()
     work = list(items) if packing is None else pack_work(list(items), limits=_limits_for(client, packing))
     low_water = max(1, len(work) - 2 * concurrency)
+    queue: WarmUpQueue[WorkItem] | None = None
+    answered: set[int] = set()  # ids of the items answered, for the warm-ups
+    if cache_plan is not None:
+        warm_keys: dict[int, str | None] = {}
+        planned: list[WorkItem] = []
+        for item in work:
+            request, warm_key = cache_plan.prepare(item.request)
+            ready = item if request is item.request else WorkItem(prompt_ids=item.prompt_ids, request=request,
+                                                                  parts=item.parts)
+            warm_keys[id(ready)] = warm_key
+            planned.append(ready)
+        work = planned
+        queue = WarmUpQueue(work, key=lambda item: warm_keys.get(id(item)), warmth=cache_plan.warmth)
     pending = iter(work)
     finished = 0
     signalled = False
@@ -328,6 +348,7 @@ async def send_all(
                 await stop.failed(model, exc)
             await record_failure(item, exc)
         else:
+            answered.add(id(item))
             if stop is not None:
                 await stop.answered(model)
             if item.parts:
@@ -378,9 +399,12 @@ async def send_all(
         if progress is not None:
             progress.succeeded += len(item.parts)
 
+    async def taken() -> WorkItem | None:
+        return next(pending, None) if queue is None else await queue.next()
+
     async def worker() -> None:
         nonlocal finished
-        for item in pending:
+        while (item := await taken()) is not None:
             if stop is None or stop.clear(item.request.model):
                 await send(item)
             else:
@@ -389,6 +413,8 @@ async def send_all(
                         await send(item)
                     else:
                         left.append(item)
+            if queue is not None:
+                queue.done(item, answered=id(item) in answered)
             finished += 1
             if finished >= low_water:
                 dispatched()

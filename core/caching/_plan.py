@@ -1,0 +1,221 @@
+"""A cache plan per prefix group, chosen by cost, and how it changes each request at send time (never the stored
+request: its key and reuse stay the same).
+
+Per provider (rules and sources in ``_cache_rules``):
+- OpenAI: ``prompt_cache_key`` per group, spread over as many keys as keep each under the ~15 requests a minute the
+  guide names, fewer where a key's warm-up would cost more than its overflow saves; each key warmed once.
+- Anthropic: a ``cache_control`` breakpoint on the last block of the shared prefix, with the TTL that outlives the
+  gap between the group's requests (5 minutes, refreshed on each hit, else 1 hour), the write premium counted; none
+  where the file set its own, where the prefix is shorter than the model's minimum, or where it costs more than it
+  saves.
+- Gemini: implicit caching, so a warm-up and the group's prompts kept together in order.
+Every kind of plan warms its key first: one request answered before the rest of the group (or key) leaves.
+
+On the Batch API lane (``lane="batch"``) nothing can be warmed first (no provider documents cache hits between a
+batch's requests as a thing a client can order) and a batch may take up to 24 hours (Anthropic's Message Batches
+page): Anthropic's groups get a breakpoint with the 1-hour TTL, refreshed by each hit; OpenAI's and Gemini's caches
+are automatic, so their lines are sent as written.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from .._status import Route
+
+from .._types import ChatRequest
+from ..pricing._pricing import PriceTable
+from ._cache_rules import ANTHROPIC_TTLS, OPENAI_KEY_REQUESTS_PER_MINUTE, cache_rules
+from ._prefixes import PrefixGroup, prefix_key
+from ._warmup import Warmth
+
+__all__ = ["DEFAULT_PLAN_LATENCY_S", "CachePlan", "GroupPlan", "plan_caches"]
+
+# The latency a plan assumes for a request when none is measured: the rate a group is sent at is its share of the
+# run's concurrency over it.
+DEFAULT_PLAN_LATENCY_S = 5.0
+
+Action = Literal["keys", "breakpoint", "implicit", "as-given", "none"]
+Lane = Literal["realtime", "batch"]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupPlan:
+    """What the plan does for one group: ``action`` (``keys``: OpenAI's prompt_cache_key over ``keys`` keys;
+    ``breakpoint``: an Anthropic breakpoint with ``ttl``; ``implicit``: Gemini's order; ``as-given``: the file's own
+    breakpoints; ``none``: nothing, ``reason`` says why), the prefix's money with the plan and uncached (picodollars;
+    None for a model without a price), and whether its first request warms the cache before the rest leave."""
+
+    group: PrefixGroup
+    action: Action
+    reason: str
+    keys: int = 0
+    ttl: str | None = None
+    warm_up: bool = False
+    planned_cost: int | None = None
+    uncached_cost: int | None = None
+
+    @property
+    def saved(self) -> int | None:
+        if self.planned_cost is None or self.uncached_cost is None:
+            return None
+        return self.uncached_cost - self.planned_cost
+
+
+@dataclass(slots=True)
+class CachePlan:
+    """A run's plan, a ``GroupPlan`` per prefix group; ``prepare`` applies it to each request as it is sent, and
+    names the warm-up key the request belongs to; ``warmth`` is the run's warm-up keys (every chunk's)."""
+
+    groups: list[GroupPlan]
+    warmth: Warmth = field(default_factory=Warmth)
+    _by_key: dict[str, GroupPlan] = field(default_factory=dict)
+    _sent: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._by_key = {plan.group.key: plan for plan in self.groups}
+
+    @property
+    def planned_cost(self) -> int:
+        return sum(plan.planned_cost or 0 for plan in self.groups)
+
+    @property
+    def uncached_cost(self) -> int:
+        return sum(plan.uncached_cost or 0 for plan in self.groups)
+
+    def prepare(self, request: ChatRequest) -> tuple[ChatRequest, str | None]:
+        """(``request`` as the plan sends it, the warm-up key it waits on or None). OpenAI's requests are dealt to
+        their group's keys in turn, so each key's requests are spread over the group's time."""
+        key = prefix_key(request)
+        plan = None if key is None else self._by_key.get(key)
+        if plan is None:
+            return request, None
+        if plan.action == "breakpoint":
+            marked = _with_breakpoint(request, at=plan.group.prefix_messages - 1, ttl=plan.ttl)
+            return marked, plan.group.key if plan.warm_up else None
+        if not plan.warm_up:
+            return request, None
+        if plan.action == "keys":
+            sent = self._sent.get(plan.group.key, 0)
+            self._sent[plan.group.key] = sent + 1
+            name = f"llmd-{plan.group.key}-{sent % plan.keys}"
+            return replace(request, params={**request.params, "prompt_cache_key": name}), name
+        return request, plan.group.key
+
+
+def _with_breakpoint(request: ChatRequest, *, at: int, ttl: str | None) -> ChatRequest:
+    """``request`` with ``cache_control`` on the last block of message ``at`` (a text content made one block)."""
+    mark: dict[str, Any] = {"type": "ephemeral"}
+    if ttl == "1h":
+        mark["ttl"] = "1h"
+    message = request.messages[at]
+    content = message.get("content")
+    blocks: list[dict[str, Any]] = ([{"type": "text", "text": content}] if isinstance(content, str)
+                                    else [dict(block) for block in content or ()])
+    if not blocks:
+        return request
+    blocks[-1]["cache_control"] = mark
+    messages = [*request.messages[:at], {**message, "content": blocks}, *request.messages[at + 1:]]
+    return replace(request, messages=messages)
+
+
+def plan_caches(
+    groups: Iterable[PrefixGroup], *, total_prompts: int, concurrency: int, prices: PriceTable | None = None,
+    latency_s: float = DEFAULT_PLAN_LATENCY_S, lane: Lane = "realtime",
+) -> CachePlan:
+    """A plan for each group: the group is taken to be sent at its share of ``concurrency`` (its prompts over
+    ``total_prompts``), each request taking ``latency_s``; costs are the prefix's tokens at ``prices`` on ``lane``
+    (the Batch API's: see the module's docstring)."""
+    if lane == "batch":
+        return CachePlan([_batch_group(group, prices=prices) for group in groups])
+    return CachePlan([_plan_group(group, total_prompts=max(total_prompts, group.prompts), concurrency=concurrency,
+                                  prices=prices, latency_s=latency_s) for group in groups])
+
+
+def _batch_group(group: PrefixGroup, *, prices: PriceTable | None) -> GroupPlan:
+    rules = cache_rules(group.provider, group.model)
+    uncached = _cost(prices, group, reads=0, writes=0, cached=0, route="batch")
+    if group.own_breakpoints:
+        return GroupPlan(group, "as-given", "the file sets its own cache_control breakpoints", uncached_cost=uncached,
+                         planned_cost=uncached)
+    if rules.style != "breakpoints" or group.prefix_tokens < rules.minimum_tokens:
+        why = ("automatic caching on the Batch API: lines sent as written" if rules.style != "breakpoints"
+               else f"prefix below {group.model}'s minimum of {rules.minimum_tokens:,}")
+        return GroupPlan(group, "none", why, uncached_cost=uncached, planned_cost=uncached)
+    cost = _cost(prices, group, reads=group.prompts - 1, writes=1, cached=group.prefix_tokens, extended=True,
+                 route="batch")
+    return GroupPlan(group, "breakpoint", f"breakpoint after message {group.prefix_messages}, ttl 1h (Batch API)",
+                     ttl="1h", planned_cost=cost, uncached_cost=uncached)
+
+
+def _plan_group(group: PrefixGroup, *, total_prompts: int, concurrency: int, prices: PriceTable | None,
+                latency_s: float) -> GroupPlan:
+    rules = cache_rules(group.provider, group.model)
+    n, tokens = group.prompts, group.prefix_tokens
+    uncached = _cost(prices, group, reads=0, writes=0, cached=0)
+    if group.own_breakpoints:
+        # Its requests go as written; a warm-up still lets the file's own breakpoints be read. Their durations are
+        # the file's, so the plan claims no saving.
+        return GroupPlan(group, "as-given", "the file sets its own cache_control breakpoints; warmed first",
+                         warm_up=True, uncached_cost=uncached, planned_cost=uncached)
+    if tokens < rules.minimum_tokens:
+        return GroupPlan(group, "none", f"prefix of ~{tokens:,} tokens, below {group.model}'s minimum of "
+                         f"{rules.minimum_tokens:,}", uncached_cost=uncached, planned_cost=uncached)
+    # Requests a minute the group is sent at: its share of the run's requests in flight, each taking latency_s.
+    share = max(1.0, concurrency * n / total_prompts)
+    rate = min(share, n) * 60.0 / max(latency_s, 1e-3)
+    if rules.style == "automatic":
+        keys = _openai_keys(n, rate=rate)
+        # A key's first request writes the prefix (billed as a write where the model prices writes).
+        cost = _cost(prices, group, reads=n - keys, writes=keys, cached=rules.cached_part(tokens))
+        return GroupPlan(group, "keys", f"{keys} prompt_cache_key(s) at ~{rate / keys:,.0f} requests/min each",
+                         keys=keys, warm_up=True, planned_cost=cost, uncached_cost=uncached)
+    if rules.style == "breakpoints":
+        gap_s = 60.0 / rate
+        ttl = "5m" if gap_s < ANTHROPIC_TTLS["5m"] else "1h" if gap_s < ANTHROPIC_TTLS["1h"] else None
+        if ttl is None:
+            return GroupPlan(group, "none", "requests further apart than the longest TTL (1 hour)",
+                             uncached_cost=uncached, planned_cost=uncached)
+        cost = _cost(prices, group, reads=n - 1, writes=1, cached=tokens, extended=ttl == "1h")
+        if cost is not None and uncached is not None and cost >= uncached:
+            return GroupPlan(group, "none", "the write premium costs more than the reads save",
+                             uncached_cost=uncached, planned_cost=uncached)
+        return GroupPlan(group, "breakpoint", f"breakpoint after message {group.prefix_messages}, ttl {ttl}",
+                         ttl=ttl, warm_up=True, planned_cost=cost, uncached_cost=uncached)
+    cost = _cost(prices, group, reads=n - 1, writes=0, cached=tokens)
+    return GroupPlan(group, "implicit", "implicit caching: first request answered, the rest kept together",
+                     warm_up=True, planned_cost=cost, uncached_cost=uncached)
+
+
+def _openai_keys(n: int, *, rate: float) -> int:
+    """Keys for ``n`` requests sent at ``rate`` a minute: each key costs one cold request (its warm-up) and takes
+    about 15 requests a minute at its home machine; past that the rest overflow cold. Misses with k keys over the
+    group's D = n / rate minutes are k + max(0, n - k(1 + 15D)), least at k = n / (1 + 15D)."""
+    minutes = n / max(rate, 1e-9)
+    best = n / (1.0 + OPENAI_KEY_REQUESTS_PER_MINUTE * minutes)
+    return max(1, min(n, math.ceil(best)))
+
+
+def _cost(prices: PriceTable | None, group: PrefixGroup, *, reads: int, writes: int, cached: int,
+          extended: bool = False, route: Route = "realtime") -> int | None:
+    """The group's prefix at ``prices``: ``reads`` requests read ``cached`` of its tokens, ``writes`` write them (at
+    the longer duration when ``extended``), the rest pay plain input; each priced as one request, so a long-prompt
+    tier applies as it would to each."""
+    if prices is None:
+        return None
+    tokens = group.prefix_tokens
+
+    def one(*, read: int = 0, written: int = 0, longer: int = 0) -> int | None:
+        charge = prices.price(model=group.model, route=route, prompt_tokens=tokens, completion_tokens=0,
+                              cached_tokens=read, cache_creation_tokens=written,
+                              cache_creation_extended_tokens=longer)
+        return None if charge is None else charge.cost
+
+    plain, read = one(), one(read=cached)
+    written = one(written=cached, longer=cached if extended else 0)
+    if plain is None or read is None or written is None:
+        return None
+    return plain * (group.prompts - reads - writes) + read * reads + written * writes

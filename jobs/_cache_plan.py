@@ -1,0 +1,50 @@
+"""A real-time run's cache plan (``core.caching``): the prefixes its open prompts share, read a page at a time, and
+a plan per group for the run's concurrency; logged with what the plan should save."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Literal
+
+from llm_dispatch import storage
+from llm_dispatch.core import CachePlan, ChatRequest, PrefixGroups, PriceTable, from_pico, plan_caches
+
+from ._plan import Selection
+
+__all__ = ["describe_plan", "plan_run_caches"]
+
+logger = logging.getLogger(__name__)
+
+_PAGE = 5_000
+
+
+async def plan_run_caches(
+    *, sessions: storage.Sessions, job_id: str, selection: Selection, prices: PriceTable | None,
+    provider_of: Callable[[str], str], concurrency: int, lane: Literal["realtime", "batch"] = "realtime",
+) -> CachePlan:
+    """The plan for the open prompts of ``job_id`` that ``selection`` takes (those stored so far, for a job still
+    being recorded: a prefix first stored later is sent as written)."""
+    found = PrefixGroups(provider_of=provider_of)
+    async for rows in storage.unfinished_work_in_order(
+            sessions, job_id=job_id, page=_PAGE, retry_failed=selection.retry_failed,
+            planned_route=selection.planned_route, in_flight=selection.in_flight, shard=selection.shard):
+        for row in rows:
+            found.add(row.id, ChatRequest(model=row.model, messages=row.messages, params=row.params,
+                                          endpoint=row.endpoint))
+    return plan_caches(found.groups(), total_prompts=found.prompts, concurrency=concurrency, prices=prices, lane=lane)
+
+
+def describe_plan(plan: CachePlan) -> list[str]:
+    """A line per group (its key, prompts, prefix tokens, what the plan does), and the prefix's money with the plan
+    and uncached; nothing for a plan without groups."""
+    if not plan.groups:
+        return []
+    lines = [f"cache plan: {len(plan.groups)} shared prefix(es); prefix cost ${from_pico(plan.planned_cost):.4f} "
+             f"planned vs ${from_pico(plan.uncached_cost):.4f} uncached"]
+    for group in plan.groups[:20]:
+        lines.append(f"  {group.group.key} {group.group.model}: {group.group.prompts:,} prompts, "
+                     f"~{group.group.prefix_tokens:,} prefix tokens: {group.action} ({group.reason})")
+    if len(plan.groups) > 20:
+        lines.append(f"  ... and {len(plan.groups) - 20} more")
+    return lines

@@ -29,7 +29,7 @@ import json
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from functools import partial
 from pathlib import Path
-from typing import Any, ClassVar, Final
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 from urllib.parse import parse_qsl, urlsplit
 
 import httpx
@@ -43,8 +43,11 @@ from .._types import ChatRequest
 from ..wire._requests import path_segment
 from ..wire._responses import parse_json
 
+if TYPE_CHECKING:
+    from ..http._client import LLMClient
+
 __all__ = ["GEMINI_BATCHES_PATH", "GEMINI_UPLOAD_PATH", "INLINE_MAX_BYTES", "UPLOAD_CHUNK", "GeminiBatchApi",
-           "gemini_display_name", "gemini_input_lines"]
+           "gemini_display_name"]
 
 GEMINI_BATCHES_PATH: Final = "/v1beta/batches"
 GEMINI_UPLOAD_PATH: Final = "/upload/v1beta/files"
@@ -73,7 +76,7 @@ class GeminiBatchApi(BatchApi):
     uploads: ClassVar[bool] = True
     provider_limits: ClassVar[BatchLimits] = GEMINI_BATCH_LIMITS
 
-    def __init__(self, client: Any, *, inline_max_bytes: int = INLINE_MAX_BYTES) -> None:
+    def __init__(self, client: LLMClient, *, inline_max_bytes: int = INLINE_MAX_BYTES) -> None:
         if client.provider != "gemini":
             raise ValueError(f"Gemini Batch Mode is Gemini's API; this client speaks {client.provider}")
         super().__init__(client)
@@ -245,11 +248,6 @@ class GeminiBatchApi(BatchApi):
 
 
 _INLINE_ENVELOPE: Final = b'{"batch":{"displayName":"","inputConfig":{"requests":{"requests":[]}}}}'
-
-
-def gemini_input_lines(api: GeminiBatchApi, path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
-    """(member id, generateContent body) of each line of an input file, as the batch sends them."""
-    return api._requests(path)
 
 
 def _batch_path(name: str) -> str:

@@ -41,13 +41,13 @@ class Sim:
         return self.base_url.removesuffix("/v1")
 
     def stats(self) -> dict:
-        return httpx.get(f"{self.root}/_sim/stats", timeout=5).raise_for_status().json()
+        return httpx.get(f"{self.root}/_sim/stats", timeout=60).raise_for_status().json()
 
     def reset(self) -> None:
-        httpx.post(f"{self.root}/_sim/reset", timeout=5).raise_for_status()
+        httpx.post(f"{self.root}/_sim/reset", timeout=60).raise_for_status()
 
     def configure(self, **fields: object) -> None:
-        httpx.post(f"{self.root}/_sim/config", json=fields, timeout=5).raise_for_status()
+        httpx.post(f"{self.root}/_sim/config", json=fields, timeout=60).raise_for_status()
 
 
 @pytest.fixture(scope="session")
@@ -61,7 +61,8 @@ def prefect_api() -> Iterator[str]:
     previous = os.environ.get("PREFECT_SERVER_ANALYTICS_ENABLED")
     os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
     try:
-        with prefect_test_harness(server_startup_timeout=60):
+        # A loaded machine can take minutes to start it; the bound only stops a server that never comes up.
+        with prefect_test_harness(server_startup_timeout=600):
             yield str(PREFECT_API_URL.value())
     finally:
         if previous is None:
@@ -282,7 +283,7 @@ class BatchEnv:
 
     def queue_faults(self, *faults: str) -> None:
         """Batch faults for the simulator's next batches (``expire:0.5``, ``create_lost_drop``...)."""
-        httpx.post(f"{self.sim.root}/_sim/batch_faults", json={"faults": list(faults)}, timeout=5).raise_for_status()
+        httpx.post(f"{self.sim.root}/_sim/batch_faults", json={"faults": list(faults)}, timeout=60).raise_for_status()
 
     async def job(self, contents: list[str]) -> tuple[str, list[int]]:
         """A job of batch-routed prompts, one per content; its id and its prompts' ids (each test file's own)."""

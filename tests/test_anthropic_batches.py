@@ -62,7 +62,7 @@ async def env(sim: Sim, db_url: str, tmp_path: Path) -> AsyncIterator[Env]:
 
 def message_batches(sim: Sim) -> list[dict]:
     response = httpx.get(f"{sim.root}/v1/messages/batches", params={"limit": 100},
-                         headers={"anthropic-version": "2023-06-01"}, timeout=5)
+                         headers={"anthropic-version": "2023-06-01"}, timeout=60)
     return response.raise_for_status().json()["data"]
 
 

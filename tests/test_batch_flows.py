@@ -33,7 +33,7 @@ ROOT = Path(__file__).parent.parent
 
 
 def provider_batches(sim: Sim) -> list[dict]:
-    return httpx.get(f"{sim.base_url}/batches", params={"limit": 100}, timeout=5).raise_for_status().json()["data"]
+    return httpx.get(f"{sim.base_url}/batches", params={"limit": 100}, timeout=60).raise_for_status().json()["data"]
 
 
 MIXED = [
@@ -133,7 +133,7 @@ def test_no_wait_run_then_a_later_collect_sweep_finishes_it(cli_env: dict[str, s
 def test_killed_between_upload_and_create_then_rerun_makes_one_batch(cli_env: dict[str, str], sim: Sim, db_url: str,
                                                                      tmp_path: Path) -> None:
     path = write_prompts(tmp_path / "p.jsonl", [{"id": i, "prompt": f"question {i}"} for i in range(50)])
-    httpx.post(f"{sim.root}/_sim/batch_faults", json={"faults": ["hang_create:60"]}, timeout=5).raise_for_status()
+    httpx.post(f"{sim.root}/_sim/batch_faults", json={"faults": ["hang_create:60"]}, timeout=60).raise_for_status()
     proc = subprocess.Popen([sys.executable, "-m", "llm_dispatch.cli.main", "run", str(path), "--route", "all-batch", "--json"],
                             env=cli_env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
@@ -149,7 +149,7 @@ def test_killed_between_upload_and_create_then_rerun_makes_one_batch(cli_env: di
             time.sleep(0.05)
         time.sleep(0.3)  # well inside the hanging create
         proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=10)
+        proc.wait(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -245,7 +245,7 @@ async def test_dispatch_on_postgres_both_halves_and_reports(prefect_api: str, si
 
 
 def queue_batch_faults(sim: Sim, *faults: str) -> None:
-    httpx.post(f"{sim.root}/_sim/batch_faults", json={"faults": list(faults)}, timeout=5).raise_for_status()
+    httpx.post(f"{sim.root}/_sim/batch_faults", json={"faults": list(faults)}, timeout=60).raise_for_status()
 
 
 def answers_by_route(db_url: str) -> dict[str, int]:

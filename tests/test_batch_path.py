@@ -85,7 +85,7 @@ async def env(sim: Sim, db_url: str, tmp_path: Path) -> AsyncIterator[Env]:
 
 
 def provider_batches(sim: Sim) -> list[dict]:
-    return httpx.get(f"{sim.base_url}/batches", params={"limit": 100}, timeout=5).raise_for_status().json()["data"]
+    return httpx.get(f"{sim.base_url}/batches", params={"limit": 100}, timeout=60).raise_for_status().json()["data"]
 
 
 async def test_happy_path_one_line_per_distinct_request_every_answer_stored(env: Env) -> None:
@@ -486,7 +486,7 @@ async def test_one_step_finishes_only_a_stale_half_submitted_batch_and_loses_one
     assert stale.record.provider_batch_id == made["id"]
 
     httpx.post(f"{env.sim.root}/_sim/batch_trouble", json={"batch_id": made["id"], "trouble": "forget"},
-               timeout=5).raise_for_status()
+               timeout=60).raise_for_status()
     lost = await advance_batch(run=run, record=stale.record, ingest=ingest)
     assert (lost.happened, lost.following, lost.released) == ("lost", False, True)
     assert lost.problem is not None and lost.problem.released == 2 and lost.record.status == "lost"

@@ -30,11 +30,11 @@ pytestmark = [pytest.mark.prefect]
 
 def trouble(sim: Sim, provider_batch_id: str, what: str | int | None) -> None:
     httpx.post(f"{sim.root}/_sim/batch_trouble", json={"batch_id": provider_batch_id, "trouble": what},
-               timeout=5).raise_for_status()
+               timeout=60).raise_for_status()
 
 
 def provider_statuses(sim: Sim) -> set[str]:
-    batches = httpx.get(f"{sim.base_url}/batches", params={"limit": 100}, timeout=5).raise_for_status().json()
+    batches = httpx.get(f"{sim.base_url}/batches", params={"limit": 100}, timeout=60).raise_for_status().json()
     return {b["status"] for b in batches["data"]}
 
 
@@ -237,7 +237,7 @@ async def test_a_run_follows_many_batches_in_one_sub_flow_and_one_failing_poll_s
     sim.configure(batch_processing_seconds=1.0)
     # The first batch created answers its first two polls 503, then serves them: counted, so however slow the
     # machine, the run meets both errors (fewer than FOLLOW_ERRORS in a row) and then the healed batch.
-    httpx.post(f"{sim.root}/_sim/batch_faults", json={"faults": ["unreachable:2"]}, timeout=5).raise_for_status()
+    httpx.post(f"{sim.root}/_sim/batch_faults", json={"faults": ["unreachable:2"]}, timeout=60).raise_for_status()
 
     state = await dispatch(prompts=[{"id": i, "prompt": f"question {i}"} for i in range(60)], route_policy="all-batch",
                            base_url=sim.base_url, database_url=SecretStr(db_url), wait=True, batch_poll_interval=0.2,

@@ -741,14 +741,14 @@ class _Server:
 
     def __enter__(self) -> _Server:
         self.thread.start()
-        self.url = asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(timeout=5)
+        self.url = asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(timeout=60)
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.loop.call_soon_threadsafe(self.release.set)
-        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(timeout=5)
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(timeout=60)
         self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=5)
+        self.thread.join(timeout=60)
         self.loop.close()
 
 

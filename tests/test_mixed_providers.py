@@ -108,7 +108,7 @@ async def test_claude_batches_left_by_a_no_wait_run_are_finished_by_collect_swee
     sim.configure(batch_processing_seconds=0.3)
     # Both Message Batches expire with half their requests answered: the rest goes in a second batch, then real-time.
     httpx.post(f"{sim.root}/_sim/batch_faults", json={"faults": ["expire:0.5", "expire:0.5"]},
-               timeout=5).raise_for_status()
+               timeout=60).raise_for_status()
     prompts = [{"id": f"c{i}", "model": "claude-haiku-4-5", "prompt": f"question {i}", "params": {"max_tokens": 20}}
                for i in range(4)]
     submitted = to_json(await dispatch(prompts=prompts, route_policy="all-batch", base_url=sim.base_url,
@@ -118,7 +118,7 @@ async def test_claude_batches_left_by_a_no_wait_run_are_finished_by_collect_swee
     async def sweep() -> dict:
         for _ in range(100):  # until Anthropic has ended every batch
             listed = httpx.get(f"{sim.root}/v1/messages/batches", headers={"anthropic-version": "2023-06-01"},
-                               timeout=5).json()["data"]
+                               timeout=60).json()["data"]
             if all(b["processing_status"] == "ended" for b in listed):
                 break
             await asyncio.sleep(0.1)

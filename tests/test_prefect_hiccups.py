@@ -130,7 +130,7 @@ def flaky_api(prefect_api: str) -> Iterator[FlakyApi]:
     EventsWorker.instance()
     with FlakyApi(prefect_api) as proxy, temporary_settings(updates={PREFECT_API_URL: proxy.url}):
         yield proxy
-        APILogWorker.drain_all(timeout=5)  # the log lines sent through the proxy, before it stops
+        APILogWorker.drain_all(timeout=60)  # the log lines sent through the proxy, before it stops
 
 
 async def test_a_run_following_its_batches_rides_out_prefect_api_503s(

@@ -321,7 +321,7 @@ def test_killed_run_resumes_without_loss_or_double_pay(prefect_api: str, sim: Si
             except sqlite3.OperationalError:
                 landed = 0  # tables not created yet
         proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=10)
+        proc.wait(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()

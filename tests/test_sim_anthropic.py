@@ -37,7 +37,7 @@ def claude(url: str, **options: Any) -> LLMClient:
 
 @pytest_asyncio.fixture(loop_scope="function")
 async def raw() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(headers=HEADERS, timeout=10) as client:
+    async with httpx.AsyncClient(headers=HEADERS, timeout=60) as client:
         yield client
 
 
@@ -233,7 +233,7 @@ def test_python_m_simulator_prints_both_base_urls() -> None:
         anthropic_line = process.stdout.readline().strip()
     finally:
         process.terminate()
-        process.wait(timeout=10)
+        process.wait(timeout=60)
         if process.stdout is not None:
             process.stdout.close()
     assert openai_url.startswith("http://127.0.0.1:") and openai_url.endswith("/v1")

@@ -42,7 +42,7 @@ def sim_url() -> Iterator[str]:
 
 @pytest.fixture
 def admin(sim_url: str) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=sim_url, headers=HEADERS, timeout=5) as client:
+    with httpx.Client(base_url=sim_url, headers=HEADERS, timeout=60) as client:
         client.post("/_sim/reset").raise_for_status()
         client.post("/_sim/config", json={"batch_processing_seconds": PROCESSING_SECONDS}).raise_for_status()
         yield client

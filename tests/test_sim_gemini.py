@@ -35,7 +35,7 @@ async def gemini_sim(start_sim: StartSim, **fields: Any) -> str:
 
 @pytest_asyncio.fixture(loop_scope="function")
 async def raw() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(headers={"x-goog-api-key": KEY}, timeout=10) as client:
+    async with httpx.AsyncClient(headers={"x-goog-api-key": KEY}, timeout=60) as client:
         yield client
 
 

@@ -23,7 +23,7 @@ TOOL = {"type": "function", "function": {"name": "weather", "parameters": {"type
 
 
 def chat(sim: Sim, **body: Any) -> httpx.Response:
-    return httpx.post(f"{sim.base_url}/chat/completions", json={"messages": USER, **body}, timeout=10)
+    return httpx.post(f"{sim.base_url}/chat/completions", json={"messages": USER, **body}, timeout=60)
 
 
 @pytest.mark.parametrize(
@@ -86,7 +86,7 @@ def test_a_chat_body_the_api_takes_is_answered(sim: Sim, body: dict) -> None:
 
 def message(sim: Sim, *, version: str = "2023-06-01", **body: Any) -> httpx.Response:
     sent = {"model": "claude-haiku-4-5", "max_tokens": 64, "messages": USER, **body}
-    return httpx.post(f"{sim.root}/v1/messages", json=sent, headers={"anthropic-version": version}, timeout=10)
+    return httpx.post(f"{sim.root}/v1/messages", json=sent, headers={"anthropic-version": version}, timeout=60)
 
 
 @pytest.mark.parametrize(
@@ -132,7 +132,7 @@ def test_a_message_batch_answers_a_refused_request_as_errored_and_the_rest(batch
     headers = {"anthropic-version": "2023-06-01"}
     ok = {"model": "claude-haiku-4-5", "max_tokens": 32, "messages": USER}
     refused = {**ok, "model": "claude-opus-4-7", "temperature": 0.1}
-    created = httpx.post(f"{batch_sim}/v1/messages/batches", headers=headers, timeout=10,
+    created = httpx.post(f"{batch_sim}/v1/messages/batches", headers=headers, timeout=60,
                          json={"requests": [{"custom_id": "ok", "params": ok}, {"custom_id": "no", "params": refused}]})
     assert created.status_code == 200  # the create checks shapes; a model's refusal is that request's result
     batch = created.json()
@@ -140,8 +140,8 @@ def test_a_message_batch_answers_a_refused_request_as_errored_and_the_rest(batch
     while batch["processing_status"] != "ended":
         assert time.monotonic() < deadline
         time.sleep(0.05)
-        batch = httpx.get(f"{batch_sim}/v1/messages/batches/{batch['id']}", headers=headers, timeout=10).json()
-    text = httpx.get(batch["results_url"], headers=headers, timeout=10).text
+        batch = httpx.get(f"{batch_sim}/v1/messages/batches/{batch['id']}", headers=headers, timeout=60).json()
+    text = httpx.get(batch["results_url"], headers=headers, timeout=60).text
     results = {item["custom_id"]: item["result"] for item in map(json.loads, text.splitlines())}
     assert results["ok"]["type"] == "succeeded"
     assert results["no"] == {"type": "errored", "error": {"type": "error", "error": {
@@ -154,18 +154,18 @@ def test_an_openai_batch_line_the_api_refuses_is_a_400_line(sim: Sim) -> None:
               "body": {"model": "gpt-6-luna", "max_completion_tokens": 20, "messages": USER}},
              {"custom_id": "raw", "method": "POST", "url": "/v1/chat/completions",
               "body": {"model": "gpt-6-luna", "max_tokens": 20, "messages": USER}}]
-    upload = httpx.post(f"{sim.base_url}/files", data={"purpose": "batch"}, timeout=10,
+    upload = httpx.post(f"{sim.base_url}/files", data={"purpose": "batch"}, timeout=60,
                         files={"file": ("in.jsonl", "".join(json.dumps(line) + "\n" for line in lines))})
-    created = httpx.post(f"{sim.base_url}/batches", timeout=10, json={
+    created = httpx.post(f"{sim.base_url}/batches", timeout=60, json={
         "input_file_id": upload.json()["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"})
     batch = created.json()
     deadline = time.monotonic() + 20
     while batch["status"] != "completed":
         assert time.monotonic() < deadline, batch["status"]
         time.sleep(0.1)
-        batch = httpx.get(f"{sim.base_url}/batches/{batch['id']}", timeout=10).json()
+        batch = httpx.get(f"{sim.base_url}/batches/{batch['id']}", timeout=60).json()
     # As OpenAI does, a line that failed is in the error file, beside the answers in the output file.
-    text = "".join(httpx.get(f"{sim.base_url}/files/{batch[kind]}/content", timeout=10).text
+    text = "".join(httpx.get(f"{sim.base_url}/files/{batch[kind]}/content", timeout=60).text
                    for kind in ("output_file_id", "error_file_id"))
     answers = {line["custom_id"]: line["response"] for line in map(json.loads, text.splitlines())}
     assert answers["ok"]["status_code"] == 200

@@ -29,7 +29,7 @@ ANTHROPIC = {"anthropic-version": "2023-06-01", "x-api-key": "k"}
 async def test_200s_without_an_answer_still_report_usage(start_sim: StartSim) -> None:
     url = await start_sim()
     root = url.removesuffix("/v1")
-    async with httpx.AsyncClient(timeout=10) as raw:
+    async with httpx.AsyncClient(timeout=60) as raw:
         empty = await raw.post(url + CHAT, json=chat("[[sim:empty_choices]] hi"))
         error = await raw.post(url + CHAT, json=chat("[[sim:error200]] hi"))
         hollow = await raw.post(f"{root}/v1/messages", json=message("[[sim:empty_choices]] hi"), headers=ANTHROPIC)
@@ -43,7 +43,7 @@ async def test_200s_without_an_answer_still_report_usage(start_sim: StartSim) ->
 
 async def test_a_cut_body_has_its_status_line_and_half_its_bytes(start_sim: StartSim) -> None:
     url = await start_sim()
-    async with httpx.AsyncClient(timeout=10) as raw:
+    async with httpx.AsyncClient(timeout=60) as raw:
         async with raw.stream("POST", url + CHAT, json=chat("[[sim:cut]] hi")) as response:
             assert response.status_code == 200
             promised = int(response.headers["content-length"])
@@ -54,7 +54,7 @@ async def test_a_cut_body_has_its_status_line_and_half_its_bytes(start_sim: Star
 
 async def test_a_slow_generation_spends_its_cap_at_the_configured_pace(start_sim: StartSim) -> None:
     url = await start_sim(slow_tokens_per_second=2000.0)
-    async with httpx.AsyncClient(timeout=10) as raw:
+    async with httpx.AsyncClient(timeout=60) as raw:
         started = time.monotonic()
         answer = (await raw.post(url + CHAT, json=chat("[[sim:slow]] prove it", model="gpt-5.4",
                                                        max_completion_tokens=1000))).json()
@@ -67,7 +67,7 @@ async def test_a_slow_generation_spends_its_cap_at_the_configured_pace(start_sim
 async def test_accounts_that_cannot_be_used_answer_as_each_provider_does(start_sim: StartSim) -> None:
     url = await start_sim()
     root = url.removesuffix("/v1")
-    async with httpx.AsyncClient(timeout=10) as raw:
+    async with httpx.AsyncClient(timeout=60) as raw:
         quota = await raw.post(url + CHAT, json=chat("[[sim:insufficient_quota]] hi"))
         spend = await raw.post(f"{root}/v1/messages", json=message("[[sim:insufficient_quota]] hi"), headers=ANTHROPIC)
         credit = await raw.post(f"{root}/v1/messages", json=message("[[sim:402]] hi"), headers=ANTHROPIC)
@@ -84,7 +84,7 @@ async def test_accounts_that_cannot_be_used_answer_as_each_provider_does(start_s
 async def test_the_stats_count_the_requests_each_marker_made(start_sim: StartSim) -> None:
     url = await start_sim()
     root = url.removesuffix("/v1")
-    async with httpx.AsyncClient(timeout=10) as raw:
+    async with httpx.AsyncClient(timeout=60) as raw:
         for _ in range(3):
             await raw.post(url + CHAT, json=chat("[[sim:500x1]] flaky"))
         await raw.post(url + CHAT, json=chat("[[sim:refuse]] no"))

@@ -386,7 +386,7 @@ async def test_a_database_stamped_other_than_the_heads_is_not_taken_as_current(e
 async def test_migrate_at_head_does_not_wait_for_other_writers(db: Db, engine: AsyncEngine) -> None:
     only_sqlite(db)
     with sqlite_write_lock(db.path):  # another run in the middle of a long insert
-        await asyncio.wait_for(storage.migrate(db.engine()), timeout=5)
+        await asyncio.wait_for(storage.migrate(db.engine()), timeout=60)
 
 
 async def test_concurrent_migrations_on_a_fresh_database(db: Db) -> None:

@@ -116,7 +116,7 @@ def test_a_forced_tool_answer_is_read_as_the_answer() -> None:
 # --- the simulator ---------------------------------------------------------------------------------------------
 
 def _chat(sim: Sim, content: str, **body: object) -> dict:
-    response = httpx.post(f"{sim.base_url}/chat/completions", timeout=10, json={
+    response = httpx.post(f"{sim.base_url}/chat/completions", timeout=60, json={
         "model": "gpt-4o-mini", "messages": [{"role": "user", "content": content}], "response_format": FORMAT, **body})
     return response.raise_for_status().json()
 
@@ -150,7 +150,7 @@ def test_the_simulator_breaks_about_the_rate_asked(sim: Sim) -> None:
 
 def test_the_simulator_refuses_a_schema_openai_would_refuse(sim: Sim) -> None:
     loose = {"type": "json_schema", "json_schema": {"name": "p", "strict": True, "schema": {"type": "object"}}}
-    response = httpx.post(f"{sim.base_url}/chat/completions", timeout=10, json={
+    response = httpx.post(f"{sim.base_url}/chat/completions", timeout=60, json={
         "model": "gpt-4o-mini", "messages": USER, "response_format": loose})
     assert response.status_code == 400
     assert response.json()["error"]["param"] == "response_format"
@@ -159,7 +159,7 @@ def test_the_simulator_refuses_a_schema_openai_would_refuse(sim: Sim) -> None:
 def test_the_simulator_answers_claude_in_json_of_output_config(sim: Sim) -> None:
     body = anthropic_params(ChatRequest(model="claude-sonnet-5", messages=USER,
                                         params={"response_format": FORMAT, "max_tokens": 200}), default_max_tokens=200)
-    response = httpx.post(f"{sim.root}/v1/messages", json=body, timeout=10, headers={
+    response = httpx.post(f"{sim.root}/v1/messages", json=body, timeout=60, headers={
         "x-api-key": "sk-ant-test", "anthropic-version": "2023-06-01"}).raise_for_status().json()
     text = next(block["text"] for block in response["content"] if block["type"] == "text")
     assert check_answer(PERSON, text=text).valid

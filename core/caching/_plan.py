@@ -75,10 +75,13 @@ class CacheTally:
     written_tokens: int = 0
     cost: int = 0
     uncached_cost: int = 0
+    # The longest prefix one answer reported (read plus written): the provider's count of it.
+    prefix_seen: int = 0
 
     def hit_rate(self, prefix_tokens: int) -> float:
-        """Cached tokens over the prefix tokens the answers held."""
-        held = prefix_tokens * self.answers
+        """Cached tokens over the prefix tokens the answers held: the estimate's ``prefix_tokens``, or the provider's
+        own count of it where an answer reported more."""
+        held = max(prefix_tokens, self.prefix_seen) * self.answers
         return self.cached_tokens / held if held else 0.0
 
 
@@ -117,6 +120,7 @@ class CachePlan:
         tally.answers += 1
         tally.cached_tokens += result.cached_tokens
         tally.written_tokens += result.cache_creation_tokens
+        tally.prefix_seen = max(tally.prefix_seen, result.cached_tokens + result.cache_creation_tokens)
         if self.prices is None:
             return
         reported, plain = (self.prices.price(

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
         CacheRules,
         cache_rules,
     )
-    from .caching._plan import DEFAULT_PLAN_LATENCY_S, CachePlan, GroupPlan, plan_caches
+    from .caching._plan import DEFAULT_PLAN_LATENCY_S, CachePlan, CacheTally, GroupPlan, plan_caches
     from .caching._prefixes import PrefixGroup, PrefixGroups, find_prefix_groups, prefix_key, sets_breakpoints
     from .caching._warmup import Warmth, WarmUpQueue
     from .pricing._budgets import BUDGET_PERIODS, BudgetPeriod, SpendGate, job_budget_name, period_key
@@ -118,6 +118,7 @@ __all__ = [
     "cache_rules",
     "DEFAULT_PLAN_LATENCY_S",
     "CachePlan",
+    "CacheTally",
     "GroupPlan",
     "plan_caches",
     "PrefixGroup",

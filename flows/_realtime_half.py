@@ -19,6 +19,7 @@ from llm_dispatch.jobs import (
     RecordedJob,
     Selection,
     budget_standing,
+    describe_outcome,
     describe_plan,
     plan_run_caches,
 )
@@ -94,6 +95,8 @@ async def send_realtime(
                 if progress is not None:
                     progress.total = feed.expected_requests
         sent_at = time.monotonic()
+        for line in describe_outcome(cache_plan) if cache_plan is not None else ():
+            logger.info("Job %s: %s", job.job_id, line)
     counts, _, stats = await asyncio.gather(
         storage.job_counts(run.sessions, job_id=job.job_id), board.close(sender.outcome),
         storage.result_stats(run.sessions, job_id=job.job_id) if job_stats else _no_stats())

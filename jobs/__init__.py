@@ -16,7 +16,7 @@ if TYPE_CHECKING:
         run_budget,
         to_pico,
     )
-    from ._cache_plan import describe_plan, plan_run_caches
+    from ._cache_plan import describe_outcome, describe_plan, plan_run_caches
     from ._clients import Clients
     from ._batch_life import BatchStep, FinishSubmission, Ingest, advance_batch
     from ._batch_trouble import (
@@ -61,6 +61,7 @@ if TYPE_CHECKING:
 
 
 __all__ = [
+    "describe_outcome",
     "describe_plan",
     "plan_run_caches",
     "first_error",

@@ -12,7 +12,7 @@ from llm_dispatch.core import CachePlan, ChatRequest, PrefixGroups, PriceTable, 
 
 from ._plan import Selection
 
-__all__ = ["describe_plan", "plan_run_caches"]
+__all__ = ["describe_outcome", "describe_plan", "plan_run_caches"]
 
 logger = logging.getLogger(__name__)
 
@@ -47,4 +47,18 @@ def describe_plan(plan: CachePlan) -> list[str]:
                      f"~{group.group.prefix_tokens:,} prefix tokens: {group.action} ({group.reason})")
     if len(plan.groups) > 20:
         lines.append(f"  ... and {len(plan.groups) - 20} more")
+    return lines
+
+
+def describe_outcome(plan: CachePlan) -> list[str]:
+    """A line per group its run answered: answers, hit rate (cached over prefix tokens), cache writes, and the money
+    saved against the same answers uncached."""
+    lines = []
+    for group in plan.groups:
+        tally = plan.tallies.get(group.group.key)
+        if tally is None or not tally.answers:
+            continue
+        lines.append(f"cache {group.group.key} {group.group.model}: {tally.answers:,} answers, hit rate "
+                     f"{tally.hit_rate(group.group.prefix_tokens):.1%}, {tally.written_tokens:,} tokens written, "
+                     f"${from_pico(tally.cost):.4f} paid, ${from_pico(tally.uncached_cost - tally.cost):.4f} saved")
     return lines

@@ -101,8 +101,11 @@ def plan_message(
     prefixes: list[tuple[bytes, int, str]] = []
     for prefix_turns, ttl in _breakpoints(body, turns):
         whole = len(prefix_turns) - 1
-        tokens = sum(completion.counts[:whole]) + (message_token_counts(prefix_turns[whole:])[0] if prefix_turns
-                                                   else 0)
+        tokens = sum(completion.counts[:whole])
+        if prefix_turns:
+            # A mark on a turn's last block holds the whole turn, already counted; only a cut turn is counted anew.
+            cut = len(prefix_turns[-1]["content"]) < len(turns[whole]["content"])
+            tokens += message_token_counts(prefix_turns[whole:])[0] if cut else completion.counts[whole]
         if tokens < rules.minimum_tokens:
             continue  # "Any requests to cache fewer than this number of tokens will be processed without caching"
         prefix = hashlib.blake2b(_CACHE_DOMAIN + tools_seed + canonical_json(prefix_turns).encode(),

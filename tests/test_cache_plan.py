@@ -221,3 +221,24 @@ def test_the_batch_lane_marks_anthropics_prefix_for_an_hour_and_warms_nothing(pr
     group = plan.groups[0]
     assert group.planned_cost is not None and group.uncached_cost is not None
     assert group.planned_cost == pytest.approx(group.uncached_cost * (2 + 99 * 0.1) / 100, rel=1e-6)
+
+
+async def test_each_groups_hit_rate_and_saving_are_counted_from_its_answers(start_sim: StartSim,
+                                                                          prices: PriceTable) -> None:
+    url = anthropic_base_url(await start_sim(latency=0.05))
+    requests = [ask("claude-sonnet-4-5", f"item {n}") for n in range(20)]
+    requests += [ask("claude-sonnet-4-5", f"item {n}", system="A short instruction.") for n in range(5)]
+    plan = plan_caches(groups_of(requests), total_prompts=25, concurrency=5, prices=prices)
+    async with LLMClient(provider="anthropic", base_url=url, api_key="k") as client:
+        await send_all(client=client, items=[WorkItem(prompt_ids=(n,), request=r) for n, r in enumerate(requests)],
+                       sink=Sink(), concurrency=5, cache_plan=plan)
+    long, short = plan.groups
+    tally = plan.tallies[long.group.key]
+    assert tally.answers == 20 and tally.written_tokens > 0
+    # 19 of 20 answers read the prefix: the simulator's count of it is within the estimate's reach.
+    assert tally.hit_rate(long.group.prefix_tokens) == pytest.approx(19 / 20)
+    assert 0 < tally.cost < tally.uncached_cost
+    # A group the plan leaves alone is counted too: what it paid, nothing saved.
+    unplanned = plan.tallies[short.group.key]
+    assert short.action == "none" and (unplanned.answers, unplanned.cached_tokens) == (5, 0)
+    assert unplanned.cost == unplanned.uncached_cost

@@ -26,13 +26,13 @@ from typing import Any, Literal
 
 from .._status import Route
 
-from .._types import ChatRequest
+from .._types import ChatRequest, ChatResult
 from ..pricing._pricing import PriceTable
 from ._cache_rules import ANTHROPIC_TTLS, OPENAI_KEY_REQUESTS_PER_MINUTE, cache_rules
 from ._prefixes import PrefixGroup, prefix_key
 from ._warmup import Warmth
 
-__all__ = ["DEFAULT_PLAN_LATENCY_S", "CachePlan", "GroupPlan", "plan_caches"]
+__all__ = ["DEFAULT_PLAN_LATENCY_S", "CachePlan", "CacheTally", "GroupPlan", "plan_caches"]
 
 # The latency a plan assumes for a request when none is measured: the rate a group is sent at is its share of the
 # run's concurrency over it.
@@ -66,12 +66,35 @@ class GroupPlan:
 
 
 @dataclass(slots=True)
+class CacheTally:
+    """What a group's answers reported: how many, their cached (read) and written tokens, and their cost as
+    reported beside the same usage with nothing cached (picodollars; 0 for a model without a price)."""
+
+    answers: int = 0
+    cached_tokens: int = 0
+    written_tokens: int = 0
+    cost: int = 0
+    uncached_cost: int = 0
+    # The longest prefix one answer reported (read plus written): the provider's count of it.
+    prefix_seen: int = 0
+
+    def hit_rate(self, prefix_tokens: int) -> float:
+        """Cached tokens over the prefix tokens the answers held: the estimate's ``prefix_tokens``, or the provider's
+        own count of it where an answer reported more."""
+        held = max(prefix_tokens, self.prefix_seen) * self.answers
+        return self.cached_tokens / held if held else 0.0
+
+
+@dataclass(slots=True)
 class CachePlan:
     """A run's plan, a ``GroupPlan`` per prefix group; ``prepare`` applies it to each request as it is sent, and
     names the warm-up key the request belongs to; ``warmth`` is the run's warm-up keys (every chunk's)."""
 
     groups: list[GroupPlan]
     warmth: Warmth = field(default_factory=Warmth)
+    prices: PriceTable | None = None
+    # Each group's answers so far (``answered``), by group key.
+    tallies: dict[str, CacheTally] = field(default_factory=dict)
     _by_key: dict[str, GroupPlan] = field(default_factory=dict)
     _sent: dict[str, int] = field(default_factory=dict)
 
@@ -85,6 +108,31 @@ class CachePlan:
     @property
     def uncached_cost(self) -> int:
         return sum(plan.uncached_cost or 0 for plan in self.groups)
+
+    def group_key(self, request: ChatRequest) -> str | None:
+        """The key of the group ``request`` (as stored, before ``prepare``) belongs to; None for none planned."""
+        key = prefix_key(request)
+        return key if key is not None and key in self._by_key else None
+
+    def answered(self, group_key: str, result: ChatResult, *, model: str) -> None:
+        """Count an answer of the group ``group_key`` in its tally, priced as reported and with nothing cached."""
+        tally = self.tallies.setdefault(group_key, CacheTally())
+        tally.answers += 1
+        tally.cached_tokens += result.cached_tokens
+        tally.written_tokens += result.cache_creation_tokens
+        tally.prefix_seen = max(tally.prefix_seen, result.cached_tokens + result.cache_creation_tokens)
+        if self.prices is None:
+            return
+        reported, plain = (self.prices.price(
+            model=model, route="realtime", prompt_tokens=result.prompt_tokens,
+            completion_tokens=result.completion_tokens, service_tier=result.service_tier,
+            cached_tokens=result.cached_tokens * as_reported,
+            cache_creation_tokens=result.cache_creation_tokens * as_reported,
+            cache_creation_extended_tokens=result.cache_creation_extended_tokens * as_reported)
+            for as_reported in (1, 0))
+        if reported is not None and plain is not None:
+            tally.cost += reported.cost
+            tally.uncached_cost += plain.cost
 
     def prepare(self, request: ChatRequest) -> tuple[ChatRequest, str | None]:
         """(``request`` as the plan sends it, the warm-up key it waits on or None). OpenAI's requests are dealt to
@@ -130,9 +178,9 @@ def plan_caches(
     ``total_prompts``), each request taking ``latency_s``; costs are the prefix's tokens at ``prices`` on ``lane``
     (the Batch API's: see the module's docstring)."""
     if lane == "batch":
-        return CachePlan([_batch_group(group, prices=prices) for group in groups])
+        return CachePlan([_batch_group(group, prices=prices) for group in groups], prices=prices)
     return CachePlan([_plan_group(group, total_prompts=max(total_prompts, group.prompts), concurrency=concurrency,
-                                  prices=prices, latency_s=latency_s) for group in groups])
+                                  prices=prices, latency_s=latency_s) for group in groups], prices=prices)
 
 
 def _batch_group(group: PrefixGroup, *, prices: PriceTable | None) -> GroupPlan:

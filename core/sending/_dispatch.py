@@ -288,6 +288,7 @@ async def send_all(
     low_water = max(1, len(work) - 2 * concurrency)
     queue: WarmUpQueue[WorkItem] | None = None
     answered: set[int] = set()  # ids of the items answered, for the warm-ups
+    group_keys: dict[int, str] = {}  # the cache plan's group of each item that has one
     if cache_plan is not None:
         warm_keys: dict[int, str | None] = {}
         planned: list[WorkItem] = []
@@ -296,6 +297,9 @@ async def send_all(
             ready = item if request is item.request else WorkItem(prompt_ids=item.prompt_ids, request=request,
                                                                   parts=item.parts)
             warm_keys[id(ready)] = warm_key
+            group_key = cache_plan.group_key(item.request)
+            if group_key is not None:
+                group_keys[id(ready)] = group_key
             planned.append(ready)
         work = planned
         queue = WarmUpQueue(work, key=lambda item: warm_keys.get(id(item)), warmth=cache_plan.warmth)
@@ -349,6 +353,8 @@ async def send_all(
             await record_failure(item, exc)
         else:
             answered.add(id(item))
+            if cache_plan is not None and id(item) in group_keys:
+                cache_plan.answered(group_keys[id(item)], result, model=model)
             if stop is not None:
                 await stop.answered(model)
             if item.parts:

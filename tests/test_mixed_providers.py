@@ -144,7 +144,8 @@ async def test_prompt_cache_writes_and_reads_are_stored_and_priced_at_their_own_
     from llm_dispatch.core import PriceTable
 
     monkeypatch.setenv("LLM_DISPATCH_ANTHROPIC_BASE_URL", sim.root)
-    shared = {"role": "system", "content": [{"type": "text", "text": "A long shared context. " * 40,
+    # Above Claude Haiku 4.5's minimum cacheable length (4,096 tokens): a shorter prefix is never cached.
+    shared = {"role": "system", "content": [{"type": "text", "text": "A long shared context. " * 1000,
                                              "cache_control": {"type": "ephemeral"}}]}
     prompts = [{"id": f"c{i}", "model": "claude-haiku-4-5", "messages": [shared, {"role": "user", "content": f"q {i}"}],
                 "params": {"max_tokens": 20}, "urgency": "urgent"} for i in range(2)]

@@ -302,18 +302,21 @@ async def find_reusable(sessions: Sessions, *, dedupe_keys: Collection[str]) -> 
     ``refused``): an identical prompt is asked again, never given another's refusal.
     """
     found: dict[str, ChatResult] = {}
+    # Driven from the keys' prompts (index on dedupe_key), each one's results looked up by prompt_id (its index):
+    # a plan that holds whatever the tables' statistics say. A join of the two let PostgreSQL, with none yet for a
+    # results table filling during the run (autovacuum off, or not yet run), scan every result once per chunk.
+    per_prompt = (
+        select(func.max(Result.id))
+        .where(Result.prompt_id == Prompt.id, Result.status == "succeeded", Result.route.in_(ROUTES))
+        .correlate(Prompt)
+        .scalar_subquery()
+    )
     async with sessions() as session:
         for chunk in chunks(set(dedupe_keys), IN_CHUNK):
-            newest = (
-                select(func.max(Result.id))
-                .join(Prompt, Prompt.id == Result.prompt_id)
-                .where(
-                    Prompt.dedupe_key.in_(chunk),
-                    Result.status == "succeeded",
-                    Result.route.in_(ROUTES),
-                )
-                .group_by(Prompt.dedupe_key)
+            newest_of = (
+                select(Prompt.dedupe_key, per_prompt.label("result_id")).where(Prompt.dedupe_key.in_(chunk)).subquery()
             )
+            newest = select(func.max(newest_of.c.result_id)).group_by(newest_of.c.dedupe_key)
             stmt = (
                 select(Prompt.dedupe_key, Result)
                 .join(Prompt, Prompt.id == Result.prompt_id)

@@ -134,8 +134,11 @@ class Simulator:
         """The same counters as ``GET /_sim/stats``, without a request."""
         return _admin.stats_snapshot(self._state)
 
-    async def start(self, *, host: str = "127.0.0.1", port: int = 0) -> str:
-        """Listen on ``host:port`` (0 picks a free port) and return the base URL, ending in ``/v1``."""
+    async def start(self, *, host: str = "127.0.0.1", port: int = 0, reuse_port: bool = False) -> str:
+        """Listen on ``host:port`` (0 picks a free port) and return the base URL, ending in ``/v1``.
+
+        ``reuse_port``: several simulator processes may listen on one port (SO_REUSEPORT), the kernel spreading
+        connections over them; each keeps its own counters and state."""
         if self._runner is not None:
             raise LLMDispatchError("The simulator is already running; stop it before starting it again.")
         # handler_cancellation: a request whose client went away (a timed-out hang) stops counting as in flight.
@@ -145,7 +148,7 @@ class Simulator:
         )
         await runner.setup()
         try:
-            site = web.TCPSite(runner, host, port)
+            site = web.TCPSite(runner, host, port, reuse_port=reuse_port or None)
             await site.start()
         except BaseException:
             await runner.cleanup()
@@ -259,7 +262,7 @@ def _terminate(process: subprocess.Popen[str]) -> None:
 
 
 async def _serve_until_stopped(
-    *, host: str, port: int, config: SimulatorConfig, on_ready: Callable[[str], None]
+    *, host: str, port: int, config: SimulatorConfig, on_ready: Callable[[str], None], reuse_port: bool = False
 ) -> None:
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -267,7 +270,7 @@ async def _serve_until_stopped(
         # SIGTERM (e.g. from in_process) stops cleanly; not available off the main thread or on Windows.
         loop.add_signal_handler(signal.SIGTERM, stopping.set)
     simulator = Simulator(config)
-    on_ready(await simulator.start(host=host, port=port))
+    on_ready(await simulator.start(host=host, port=port, reuse_port=reuse_port))
     try:
         await stopping.wait()
     finally:
@@ -280,8 +283,12 @@ def _print_url(url: str) -> None:
     print(f"Anthropic base URL: {anthropic_base_url(url)}", flush=True)
 
 
-def serve(*, host: str, port: int, config: SimulatorConfig, on_ready: Callable[[str], None] = _print_url) -> None:
+def serve(
+    *, host: str, port: int, config: SimulatorConfig, on_ready: Callable[[str], None] = _print_url,
+    reuse_port: bool = False,
+) -> None:
     """Serve until Ctrl-C or SIGTERM. ``on_ready`` gets the base URL once listening (default: print it)."""
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_serve_until_stopped(host=host, port=port, config=config, on_ready=on_ready))
+        asyncio.run(_serve_until_stopped(host=host, port=port, config=config, on_ready=on_ready,
+                                         reuse_port=reuse_port))
 

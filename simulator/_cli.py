@@ -23,6 +23,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    parser.add_argument("--reuse-port", action="store_true",
+                        help="let several simulator processes serve one port (SO_REUSEPORT), each with its own counters")
     parser.add_argument("--config-json", help="a whole SimulatorConfig as JSON; the options below override it")
     parser.add_argument("--latency", type=float)
     parser.add_argument("--latency-dist", choices=["fixed", "uniform", "lognormal"])
@@ -63,4 +65,4 @@ def main(argv: Sequence[str] | None = None) -> None:
         config = _config_from_args(args)
     except LLMDispatchError as exc:
         raise SystemExit(f"error: {exc}") from exc
-    serve(host=args.host, port=args.port, config=config, providers=args.providers)
+    serve(host=args.host, port=args.port, config=config, providers=args.providers, reuse_port=args.reuse_port)

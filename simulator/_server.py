@@ -179,8 +179,11 @@ class Simulator:
         """A named provider's base URL on this server, as a client of ``wire`` takes it (OpenAI's with ``/v1``)."""
         return provider_base_url(self.base_url, name, wire=wire)
 
-    async def start(self, *, host: str = "127.0.0.1", port: int = 0) -> str:
-        """Listen on ``host:port`` (0 picks a free port) and return the base URL, ending in ``/v1``."""
+    async def start(self, *, host: str = "127.0.0.1", port: int = 0, reuse_port: bool = False) -> str:
+        """Listen on ``host:port`` (0 picks a free port) and return the base URL, ending in ``/v1``.
+
+        ``reuse_port``: several simulator processes may listen on one port (SO_REUSEPORT), the kernel spreading
+        connections over them; each keeps its own counters and state."""
         if self._runner is not None:
             raise LLMDispatchError("The simulator is already running; stop it before starting it again.")
         # handler_cancellation: a request whose client went away (a timed-out hang) stops counting as in flight.
@@ -190,7 +193,7 @@ class Simulator:
         )
         await runner.setup()
         try:
-            site = web.TCPSite(runner, host, port)
+            site = web.TCPSite(runner, host, port, reuse_port=reuse_port or None)
             await site.start()
         except BaseException:
             await runner.cleanup()
@@ -309,6 +312,7 @@ def _terminate(process: subprocess.Popen[str]) -> None:
 
 async def _serve_until_stopped(
     *, host: str, port: int, config: SimulatorConfig, on_ready: Callable[[str], None], providers: Sequence[str] = (),
+    reuse_port: bool = False,
 ) -> None:
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -316,7 +320,7 @@ async def _serve_until_stopped(
         # SIGTERM (e.g. from in_process) stops cleanly; not available off the main thread or on Windows.
         loop.add_signal_handler(signal.SIGTERM, stopping.set)
     simulator = Simulator(config, providers=providers)
-    on_ready(await simulator.start(host=host, port=port))
+    on_ready(await simulator.start(host=host, port=port, reuse_port=reuse_port))
     try:
         await stopping.wait()
     finally:
@@ -330,10 +334,10 @@ def _print_url(url: str) -> None:
 
 
 def serve(*, host: str, port: int, config: SimulatorConfig, on_ready: Callable[[str], None] = _print_url,
-          providers: Sequence[str] = ()) -> None:
+          providers: Sequence[str] = (), reuse_port: bool = False) -> None:
     """Serve until Ctrl-C or SIGTERM. ``on_ready`` gets the base URL once listening (default: print it); each of
-    ``providers`` is served at ``provider_base_url``."""
+    ``providers`` is served at ``provider_base_url``; with ``reuse_port`` several processes may share the port."""
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_serve_until_stopped(host=host, port=port, config=config, on_ready=on_ready,
-                                         providers=providers))
+                                         providers=providers, reuse_port=reuse_port))
 

@@ -52,6 +52,10 @@ def create_engine(url: str, *, echo: bool = False) -> AsyncEngine:
     kwargs: dict[str, Any] = {"echo": echo, "json_serializer": stored_json}
     if parsed.get_backend_name() == "sqlite":
         _make_parent_dir(parsed)
+    elif parsed.get_driver_name() == "asyncpg":
+        # No JIT: every query here is short, and a row estimate that is off (a table filling faster than it is
+        # analyzed) made PostgreSQL compile each page's query for longer than it ran.
+        kwargs["connect_args"] = {"server_settings": {"jit": "off"}}
     try:
         engine = create_async_engine(parsed, **kwargs)
     except ImportError as exc:

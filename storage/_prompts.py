@@ -303,22 +303,29 @@ async def find_reusable(sessions: Sessions, *, dedupe_keys: Collection[str]) -> 
     ``refused``): an identical prompt is asked again, never given another's refusal.
     """
     found: dict[str, ChatResult] = {}
+    # Two index-driven steps, a plan that holds whatever the tables' statistics say: the newest success of each key's
+    # prompts (index on dedupe_key, then each prompt's results by prompt_id), then those rows by primary key. A join
+    # or an IN (subquery) over results let PostgreSQL, with no statistics yet for a results table filling during
+    # the run (autovacuum off, or not yet run), scan every result once per chunk.
+    per_prompt = (
+        select(func.max(Result.id))
+        .where(Result.prompt_id == Prompt.id, Result.status == "succeeded", Result.route.in_(ROUTES))
+        .correlate(Prompt)
+        .scalar_subquery()
+    )
     async with sessions() as session:
         for chunk in chunks(set(dedupe_keys), IN_CHUNK):
-            newest = (
-                select(func.max(Result.id))
-                .join(Prompt, Prompt.id == Result.prompt_id)
-                .where(
-                    Prompt.dedupe_key.in_(chunk),
-                    Result.status == "succeeded",
-                    Result.route.in_(ROUTES),
-                )
-                .group_by(Prompt.dedupe_key)
+            newest_of = (
+                select(Prompt.dedupe_key, per_prompt.label("result_id")).where(Prompt.dedupe_key.in_(chunk)).subquery()
             )
+            newest = select(func.max(newest_of.c.result_id)).group_by(newest_of.c.dedupe_key)
+            result_ids = [result_id for (result_id,) in await session.execute(newest) if result_id is not None]
+            if not result_ids:
+                continue
             stmt = (
                 select(Prompt.dedupe_key, Result)
                 .join(Prompt, Prompt.id == Result.prompt_id)
-                .where(Result.id.in_(newest))
+                .where(Result.id.in_(result_ids))
             )
             for key, result in await session.execute(stmt):
                 found[key] = ChatResult(

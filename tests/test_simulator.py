@@ -525,3 +525,29 @@ async def test_a_quota_window_of_a_second_enforces_a_sixtieth_of_the_quota(
     assert first[1]["x-ratelimit-limit-requests"] == "120"  # stated per minute, as OpenAI does
     assert second[1]["x-ratelimit-remaining-requests"] == "0"
     assert int(third[1]["retry-after"]) <= 1
+
+
+async def test_reuse_port_lets_two_simulators_serve_one_port() -> None:
+    first, second, third = Simulator(), Simulator(), Simulator()
+    url = await first.start(reuse_port=True)
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    try:
+        # Without reuse_port a second server cannot bind the port; with it, both serve it.
+        with pytest.raises(OSError):
+            await third.start(port=port)
+        assert await second.start(port=port, reuse_port=True) == url
+        async with httpx.AsyncClient() as client:
+            for _ in range(4):
+                response = await client.post(f"{url}/chat/completions", json={
+                    "model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]})
+                assert response.status_code == 200
+        answered = first.stats()["requests_total"] + second.stats()["requests_total"]
+        assert answered == 4
+    finally:
+        await second.stop()
+        await first.stop()
+
+
+def test_the_command_line_takes_reuse_port() -> None:
+    assert _parser().parse_args(["--reuse-port"]).reuse_port is True
+    assert _parser().parse_args([]).reuse_port is False

@@ -45,6 +45,8 @@ __all__ = ["BUILTIN_MODEL_PROVIDERS", "PROVIDERS", "BatchSupport", "ModelRoute",
 PROVIDERS: tuple[str, ...] = ("openai", "anthropic", "gemini")
 # Checked after the user's ``model_providers``; a model no pattern matches goes to the OpenAI-compatible endpoint.
 BUILTIN_MODEL_PROVIDERS: tuple[tuple[str, str], ...] = (("claude-*", "anthropic"), ("gemini-*", "gemini"))
+# The cache plan's name for a declared host of the OpenAI wire (``ProviderTable.cache_rules_of``).
+_OPENAI_COMPATIBLE = "openai-compatible"
 # True: it has one; False: it has none (its batch-routed prompts go real-time); "learn": try, and remember a 404.
 BatchSupport = bool | Literal["learn"]
 
@@ -188,6 +190,15 @@ class ProviderTable:
     def provider_of(self, model: str) -> str:
         """The name of ``model``'s provider (``resolve``)."""
         return self.resolve(model).provider
+
+    def cache_rules_of(self, model: str) -> str:
+        """Whose caching rules ``model``'s requests meet (the cache plan's provider): its wire's, for a built-in
+        provider or a declared one of the Anthropic or Gemini wire; ``openai-compatible`` for a declared host of the
+        OpenAI wire, whose caching (if any) OpenAI's guide does not describe."""
+        route = self.resolve(model)
+        if route.wire == "openai" and not self.get(route.provider).builtin:
+            return _OPENAI_COMPATIBLE
+        return route.wire
 
     def declared_model(self, model: str) -> bool:
         """Whether the user named ``model``'s provider for it (a declared provider, or ``model_providers``): such a

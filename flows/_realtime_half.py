@@ -60,7 +60,7 @@ async def send_realtime(
         cache_plan = None
         if settings.cache_plan:
             cache_plan = await plan_run_caches(sessions=run.sessions, job_id=job.job_id, selection=selection,
-                                               prices=run.prices, provider_of=run.clients.provider_of,
+                                               prices=run.prices, provider_of=run.clients.providers.cache_rules_of,
                                                concurrency=settings.concurrency)
             for line in describe_plan(cache_plan):
                 logger.info("Job %s: %s", job.job_id, line)

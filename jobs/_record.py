@@ -37,6 +37,7 @@ from llm_dispatch.core import (
     parse_deadline,
     prompt_chars,
     ProviderTable,
+    BACKENDS,
     JobStatus,
     RetryFailed,
     Route,
@@ -190,11 +191,15 @@ async def replan_pending(sessions: storage.Sessions, *, job_id: str, rules: Rout
 
 
 def new_prompts(
-    specs: Iterable[PromptSpec], *, rules: RoutingRules | None, now: datetime, table: PriceTable | None = None
+    specs: Iterable[PromptSpec], *, rules: RoutingRules | None, now: datetime, table: PriceTable | None = None,
+    without_batches: Mapping[str, str] | None = None,
 ) -> Iterator[storage.NewPrompt]:
     """Rows for the specs, one at a time, each routed by ``rules`` (None: all real-time) with its reason and deadline;
-    a prompt with a deadline may take the lanes ``table`` offers its model and endpoint (``lane_offers``)."""
+    a prompt with a deadline may take the lanes ``table`` offers its model and endpoint (``lane_offers``). A prompt of
+    a provider in ``without_batches`` (``batchless_providers``) that would go to the Batch API is planned real-time,
+    so that its estimate and budget are the price it is sent at."""
     offers: dict[tuple[str, str, bool], tuple[LaneOffer, ...]] = {}
+    batchless = without_batches or {}
     for spec in specs:
         deadline = parse_deadline(spec.deadline, now=now) if spec.deadline else None
         route: Route
@@ -210,12 +215,30 @@ def new_prompts(
             decision = decide_route(urgency=spec.urgency, deadline=deadline, prompt_chars=prompt_chars(spec.messages),
                                     now=now, rules=rules, offers=offers[key])
             route, reason = decision.route, decision.reason
+            if route == "batch" and spec.provider in batchless:
+                route, reason = "realtime", batchless[spec.provider]
         yield storage.NewPrompt(
             custom_id=spec.custom_id, position=spec.position, model=spec.model, messages=spec.messages,
             params=spec.params, metadata=spec.metadata, dedupe_key=spec.dedupe_key,
             planned_route=route, route_reason=reason, deadline=deadline, endpoint=spec.endpoint,
             provider=spec.provider,
         )
+
+
+def batchless_providers(providers: Mapping[str, str] | ProviderTable) -> dict[str, str]:
+    """The providers whose prompts never go in batches, each with why: a wire llm-dispatch has no batch backend for
+    (``core.BACKENDS``), or a declared provider whose providers file says ``batch_api = false``."""
+    if not isinstance(providers, ProviderTable):
+        providers = ProviderTable(model_providers=providers)
+    table = providers
+    lacking: dict[str, str] = {}
+    for name in table.names:
+        provider = table.get(name)
+        if provider.wire not in BACKENDS:
+            lacking[name] = f"llm-dispatch has no {provider.wire} Batch API yet; sent real-time"
+        elif provider.batch_api is False:
+            lacking[name] = f"{name} has no Batch API (batch_api = false in the providers file); sent real-time"
+    return lacking
 
 
 def prompt_input(source: str | Path | Sequence[Mapping[str, Any]], *, settings: Settings) -> PromptInput:
@@ -322,7 +345,8 @@ async def record_job(
     recorded = RecordedJob(job_id=new_id, total=checked.count, resumed=False, providers=checked.providers,
                            name=name, started_over_from=started_over_from)
     if not split:
-        rows = new_prompts(given.specs(checked=checked), rules=rules, now=now, table=given.table)
+        rows = new_prompts(given.specs(checked=checked), rules=rules, now=now, table=given.table,
+                           without_batches=batchless_providers(given.model_providers))
         sums = EstimateSums(table=given.table) if estimate and given.table is not None else None
         if sums is not None:
             rows = counted_prompts(rows, sums=sums, dedupe=settings.dedupe, repeated=checked.repeated_keys)
@@ -332,6 +356,7 @@ async def record_job(
     assert head is not None
     await storage.add_prompts(sessions, job_id=new_id,
                               prompts=new_prompts(islice(given.specs(checked=checked), head), rules=rules, now=now,
+                                                  without_batches=batchless_providers(given.model_providers),
                                                   table=given.table))
     logger.info("recording job %s: %s, the first %d stored", new_id, counted(checked.count, "prompt"), head)
     return replace(recorded, input=given, head=head, recorded_at=now, repeated_keys=checked.repeated_keys,
@@ -406,7 +431,8 @@ async def store_rest(
         # One slice ahead: the last one is known as such, and moves the job on in its own transaction.
         after = list(islice(specs, size))
         await storage.add_prompts(sessions, job_id=job_id,
-                                  prompts=new_prompts(part, rules=rules, now=recorded_at, table=given.table),
+                                  prompts=new_prompts(part, rules=rules, now=recorded_at, table=given.table,
+                                                      without_batches=batchless_providers(given.model_providers)),
                                   skip_existing=True, then_status=None if after else then_status)
         yield StoredSlice(start=part[0].position, stop=part[-1].position + 1, specs=part)
         part = after
@@ -438,7 +464,8 @@ async def _finish_recording(
     """
     stored = sum(job.counts.values())
     await storage.add_prompts(sessions, job_id=job.id,
-                              prompts=new_prompts(given.specs(), rules=rules, now=job.created_at, table=given.table),
+                              prompts=new_prompts(given.specs(), rules=rules, now=job.created_at, table=given.table,
+                                                  without_batches=batchless_providers(given.model_providers)),
                               skip_existing=True, then_status="created")
     finished = await storage.get_job(sessions, job_id=job.id)
     assert finished is not None

@@ -141,7 +141,7 @@ async def submit_prompts(
     if cache_plan:
         plan = await plan_run_caches(sessions=sessions, job_id=job_id, prices=writer.prices,
                                      selection=Selection(retry_failed=retry_failed, planned_route="batch"),
-                                     provider_of=clients.provider_of, concurrency=1, lane="batch")
+                                     provider_of=clients.providers.cache_rules_of, concurrency=1, lane="batch")
         for line in describe_plan(plan):
             logger.info("Job %s: %s", job_id, line)
     builder = BatchBuilder(directory=Path(directory) / job_id, provider_of=clients.provider_of,
@@ -268,7 +268,7 @@ async def advance_submission(
     # A create is only ever sent for an ``uploaded`` batch: one that was ``preparing`` has none to look for.
     sent_before = record.status == "uploaded"
     if record.status == "preparing":
-        path = await _input_file(sessions=sessions, record=record) if api.uploads else None
+        path = await _input_file(sessions=sessions, record=record, sent_as=clients.sent_as) if api.uploads else None
         input_file_id = await api.upload(path) if path is not None else None
         await storage.update_batch(sessions, batch_id=record.id, status="uploaded", input_file_id=input_file_id)
         record = await storage.require_batch(sessions, batch_id=record.id)
@@ -282,16 +282,16 @@ async def advance_submission(
         else:
             try:
                 info = await _create(sessions=sessions, api=api, record=record, metadata=metadata or {},
-                                     max_retries=max_retries)
+                                     max_retries=max_retries, sent_as=clients.sent_as)
             except NotFoundError:
                 if not api.uploads or not record.input_file_id:
                     raise
                 # The uploaded file is gone (deleted, or expired at the provider): upload it again.
-                path = await _input_file(sessions=sessions, record=record)
+                path = await _input_file(sessions=sessions, record=record, sent_as=clients.sent_as)
                 await storage.update_batch(sessions, batch_id=record.id, input_file_id=await api.upload(path))
                 record = await storage.require_batch(sessions, batch_id=record.id)
                 info = await _create(sessions=sessions, api=api, record=record, metadata=metadata or {},
-                                     max_retries=max_retries)
+                                     max_retries=max_retries, sent_as=clients.sent_as)
         await storage.update_batch(
             sessions,
             batch_id=record.id,
@@ -311,14 +311,14 @@ async def advance_submission(
 
 async def _create(
     *, sessions: storage.Sessions, api: BatchApi, record: storage.BatchRecord, metadata: Mapping[str, str],
-    max_retries: int,
+    max_retries: int, sent_as: Callable[[ChatRequest], ChatRequest],
 ) -> BatchInfo:
     """Create the provider batch for ``record``, never twice: the client's one retry loop (its waits, Retry-After
     and clock) sends the create, and after each attempt whose answer was lost (timeout, dropped connection, 5xx)
     it reads the provider's list (after the wait, giving the batch time to show) and adopts a batch found there
     instead of trying again. A refusal (a 4xx other than 408/409/429) is raised at once."""
     # A backend that uploads may still send a small batch's requests in the create (Gemini's inline requests).
-    path = await _input_file(sessions=sessions, record=record) if not api.uploads or not record.input_file_id else None
+    path = await _input_file(sessions=sessions, record=record, sent_as=sent_as) if not api.uploads or not record.input_file_id else None
 
     async def find_lost() -> BatchInfo | None:
         found = await api.find(record=record, adopted=adopted_by(sessions))
@@ -363,7 +363,8 @@ def adopted_by(sessions: storage.Sessions) -> Adopted:
     return adopted
 
 
-async def _input_file(*, sessions: storage.Sessions, record: storage.BatchRecord) -> Path:
+async def _input_file(*, sessions: storage.Sessions, record: storage.BatchRecord,
+                      sent_as: Callable[[ChatRequest], ChatRequest]) -> Path:
     """The batch's input file on disk, written again from its members when it is missing."""
     path = Path(record.file_path) if record.file_path else None
     if path is not None and path.is_file():
@@ -380,9 +381,10 @@ async def _input_file(*, sessions: storage.Sessions, record: storage.BatchRecord
         sessions, prompt_ids=[pid for parts in lines.values() for _, pid in parts])}
 
     def request(line: str, parts: list[tuple[int, int]]) -> ChatRequest:
+        # Under the name its provider's API knows (a declared provider's model is recorded as NAME/model).
         if line not in packed:
-            return _request(rows[parts[0][1]])
-        return packed_request([_request(rows[pid]) for _, pid in sorted(parts)])
+            return sent_as(_request(rows[parts[0][1]]))
+        return sent_as(packed_request([_request(rows[pid]) for _, pid in sorted(parts)]))
 
     directory = path.parent if path is not None else Path(".")
     [file] = await asyncio.to_thread(

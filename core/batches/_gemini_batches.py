@@ -69,16 +69,22 @@ def gemini_display_name(*, job_id: str, batch_id: int) -> str:
     return f"{_DISPLAY_PREFIX}:{job_id}:{batch_id}"
 
 
+# An inlined request's bytes beyond its file line (``{"request":R,"metadata":{"key":K}},`` against
+# ``{"key":K,"request":R}\n``), with a margin; and room for the create's display name.
+_INLINE_ITEM_EXTRA = 16
+_DISPLAY_NAME_ROOM = 256
+
+
 class GeminiBatchApi(BatchApi):
-    """Gemini's Batch Mode and Files API, for a client whose ``provider`` is ``gemini``. ``uploads``: a batch over
+    """Gemini's Batch Mode and Files API, for a client of the ``gemini`` wire. ``uploads``: a batch over
     ``INLINE_MAX_BYTES`` is uploaded (``upload`` answers None for one that goes inline)."""
 
     uploads: ClassVar[bool] = True
     provider_limits: ClassVar[BatchLimits] = GEMINI_BATCH_LIMITS
 
     def __init__(self, client: LLMClient, *, inline_max_bytes: int = INLINE_MAX_BYTES) -> None:
-        if client.provider != "gemini":
-            raise ValueError(f"Gemini Batch Mode is Gemini's API; this client speaks {client.provider}")
+        if client.wire != "gemini":
+            raise ValueError(f"Gemini Batch Mode is Gemini's API; this client speaks {client.wire}")
         super().__init__(client)
         self.inline_max_bytes = inline_max_bytes
 
@@ -107,7 +113,9 @@ class GeminiBatchApi(BatchApi):
         else:
             assert path is not None
             body = await asyncio.to_thread(self._inline_body, path, display)
-        return await self._call("POST", _CREATE_PATH.format(model=path_segment(record.model)), json_body=body,
+        # A declared provider's model is recorded as NAME/model and known to its API as model.
+        model = record.model.removeprefix(f"{self.client.provider}/") if self.client.provider != "gemini" else record.model
+        return await self._call("POST", _CREATE_PATH.format(model=path_segment(model)), json_body=body,
                                 parse=_parse_batch, max_retries=max_retries, find_lost=find_lost,
                                 timeout=self.client._transfer_timeout(None))
 
@@ -181,13 +189,14 @@ class GeminiBatchApi(BatchApi):
                 yield line["custom_id"], self.client.request_body(request)
 
     def _write_input(self, path: Path, to: Path) -> int:
-        """Gemini's JSONL of ``path`` written to ``to`` (``{"key", "request"}`` a line); returns its size."""
-        size = 0
+        """Gemini's JSONL of ``path`` written to ``to`` (``{"key", "request"}`` a line); returns the size of the
+        same requests inlined in a create (``{"request", "metadata": {"key"}}`` each: 13 bytes more than a line)."""
+        size = _DISPLAY_NAME_ROOM
         with to.open("wb") as out:
             for key, request in self._requests(path):
                 line = compact_json({"key": key, "request": request}).encode() + b"\n"
                 out.write(line)
-                size += len(line)
+                size += len(line) + _INLINE_ITEM_EXTRA
         return size
 
     def _inline_body(self, path: Path, display: str) -> bytes:

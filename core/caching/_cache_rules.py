@@ -89,7 +89,9 @@ def _by_prefix(model: str, table: tuple[tuple[str, int], ...], default: int) -> 
 
 
 def cache_rules(provider: str, model: str) -> CacheRules:
-    """The cache rules of ``model`` at ``provider`` (one of ``core.PROVIDERS``)."""
+    """The cache rules of ``model`` at ``provider`` (one of ``core.PROVIDERS``, a wire: a declared provider's model
+    ``NAME/model`` is read by its name on the wire)."""
+    model = model.rpartition("/")[2]
     if provider == "anthropic":
         return CacheRules(provider=provider, style="breakpoints", ttl_s=ANTHROPIC_TTLS["5m"],
                           minimum_tokens=_by_prefix(model, _ANTHROPIC_MINIMUMS, _ANTHROPIC_DEFAULT_MINIMUM))

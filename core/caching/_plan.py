@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from .._providers import PROVIDERS
 from .._status import Route
 
 from .._types import ChatRequest, ChatResult
@@ -170,6 +171,10 @@ def _with_breakpoint(request: ChatRequest, *, at: int, ttl: str | None) -> ChatR
     return replace(request, messages=messages)
 
 
+# A declared host of the OpenAI wire: OpenAI's prompt_cache_key may be refused there, and its caching is its own.
+_UNDESCRIBED = "a declared OpenAI-compatible host: sent as written (no prompt_cache_key)"
+
+
 def plan_caches(
     groups: Iterable[PrefixGroup], *, total_prompts: int, concurrency: int, prices: PriceTable | None = None,
     latency_s: float = DEFAULT_PLAN_LATENCY_S, lane: Lane = "realtime",
@@ -184,8 +189,10 @@ def plan_caches(
 
 
 def _batch_group(group: PrefixGroup, *, prices: PriceTable | None) -> GroupPlan:
-    rules = cache_rules(group.provider, group.model)
     uncached = _cost(prices, group, reads=0, writes=0, cached=0, route="batch")
+    if group.provider not in PROVIDERS:
+        return GroupPlan(group, "none", _UNDESCRIBED, uncached_cost=uncached, planned_cost=uncached)
+    rules = cache_rules(group.provider, group.model)
     if group.own_breakpoints:
         return GroupPlan(group, "as-given", "the file sets its own cache_control breakpoints", uncached_cost=uncached,
                          planned_cost=uncached)
@@ -201,9 +208,14 @@ def _batch_group(group: PrefixGroup, *, prices: PriceTable | None) -> GroupPlan:
 
 def _plan_group(group: PrefixGroup, *, total_prompts: int, concurrency: int, prices: PriceTable | None,
                 latency_s: float) -> GroupPlan:
-    rules = cache_rules(group.provider, group.model)
     n, tokens = group.prompts, group.prefix_tokens
     uncached = _cost(prices, group, reads=0, writes=0, cached=0)
+    if group.provider not in PROVIDERS:
+        # A declared OpenAI-compatible host (vLLM caches prefixes too): its requests go as written, the first
+        # answered first, and no saving is claimed.
+        return GroupPlan(group, "implicit", f"{_UNDESCRIBED}; warmed first", warm_up=True, uncached_cost=uncached,
+                         planned_cost=uncached)
+    rules = cache_rules(group.provider, group.model)
     if group.own_breakpoints:
         # Its requests go as written; a warm-up still lets the file's own breakpoints be read. Their durations are
         # the file's, so the plan claims no saving.

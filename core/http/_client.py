@@ -126,7 +126,8 @@ class LLMClient:
         self._api_key = SecretStr(api_key) if isinstance(api_key, str) else api_key
         if self._api_key is not None and not self._api_key.get_secret_value():
             self._api_key = None
-        self._wire.check_key(key_set=self._api_key is not None, base_url=base_url)
+        if wire is None or wire == provider:  # a declared provider's key is checked by its own entry (key_env)
+            self._wire.check_key(key_set=self._api_key is not None, base_url=base_url)
         # Anthropic has no such headers: an OpenAI organization or project never goes there.
         organization_id, project_id = (
             (_plain(organization), _plain(project)) if self._wire.provider == "openai" else (None, None))
@@ -381,7 +382,9 @@ class LLMClient:
         error = final_error(
             failure, method=method, path=path, attempts=tally.attempts, base_url=self._display_url,
             secret=self._secrets, hints=self._wire.hints, unusable_hint=self._wire.unusable_hint,
-            url_setting=self._wire.url_setting, maybe_billed=tally.billed, lost=tally.lost,
+            url_setting=(self._wire.url_setting if self._name == self._wire.provider
+                         else f"[providers.{self._name}].base_url in the providers file"),
+            maybe_billed=tally.billed, lost=tally.lost,
         )
         error.provider = self._name
         return error

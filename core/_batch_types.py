@@ -64,6 +64,9 @@ class BatchLimits:
     # batch" (read in OpenAI's SDK generated from its API spec, openai-python types/batch_create_params.py at e43b422;
     # OpenAI's own pages were not in our search index; community.openai.com/t/882493 quotes the Batch guide alike).
     max_embedding_inputs: int = 50_000
+    # Texts one embeddings line may hold (None: as many as the packer puts in a request). Gemini's Batch Mode takes
+    # EmbedContentRequests, one text each: 1.
+    max_line_inputs: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_requests < 1 or self.max_bytes < 1 or self.max_embedding_inputs < 1:
@@ -80,7 +83,7 @@ MESSAGE_BATCH_LIMITS = BatchLimits(max_requests=100_000, max_bytes=256 * 1024 * 
 # guide's section that states it was not in the index this was written from) and no documented count of requests.
 # Lines are measured as written on disk (OpenAI's line format), and a Gemini line may be larger than its OpenAI one
 # (a part object per message): a 10% margin.
-GEMINI_BATCH_LIMITS = BatchLimits(max_requests=10_000_000, max_bytes=1_800_000_000)
+GEMINI_BATCH_LIMITS = BatchLimits(max_requests=10_000_000, max_bytes=1_800_000_000, max_line_inputs=1)
 DEFAULT_BATCH_LIMITS = OPENAI_BATCH_LIMITS
 
 

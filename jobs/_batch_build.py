@@ -121,7 +121,10 @@ class BatchBuilder:
     def use(self, provider: str, *, limits: BatchLimits) -> None:
         self._writers[provider] = BatchFileWriter(directory=self.directory, limits=limits,
                                                   prefix=f"in-{provider}-{time.time_ns()}")
-        self._packers[provider] = Packer(limits=EMBEDDING_PACK_LIMITS.spread(limits.max_embedding_inputs))
+        packing = EMBEDDING_PACK_LIMITS.spread(limits.max_embedding_inputs)
+        if limits.max_line_inputs is not None:
+            packing = replace(packing, max_inputs=min(packing.max_inputs, limits.max_line_inputs))
+        self._packers[provider] = Packer(limits=packing)
 
     def add(self, groups: Sequence[Group]) -> list[BuiltFile]:
         built: list[BuiltFile] = []

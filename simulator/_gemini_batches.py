@@ -46,7 +46,7 @@ from ._batch_store import BatchStore, BatchWork, Sink, batch_store
 from ._completions import body_digest, canonical_json
 from ._config import ANSWER_KINDS
 from ._gemini import GEMINI_PATH, as_chat, body_problem, gemini_error, plan_content, render_content, target
-from ._gemini_embeddings import models_handler
+from ._gemini_embeddings import batch_embed_answer, batch_embed_problem, models_handler
 from ._http import json_dumps, json_response
 from ._markers import MARKER_BYTES, marker_fault
 from ._pacing import answer_paced, hold
@@ -82,12 +82,14 @@ class GeminiBatch:
     responses: list[bytes] = field(default_factory=list)  # inline: each response's JSON
     responses_file: str | None = None
     cancel_requested: asyncio.Event = field(default_factory=asyncio.Event)
+    embed: bool = False  # an asyncBatchEmbedContent batch (an EmbedContentBatch): EmbedContentRequests
 
     def to_api(self) -> dict[str, Any]:
         """The operation, as ``GET batches/{id}`` answers it."""
         total = len(self.requests)
         batch: dict[str, Any] = {
-            "@type": "type.googleapis.com/google.ai.generativelanguage.v1beta.GenerateContentBatch",
+            "@type": "type.googleapis.com/google.ai.generativelanguage.v1beta."
+                     + ("EmbedContentBatch" if self.embed else "GenerateContentBatch"),
             "model": f"models/{self.model}", "displayName": self.display_name, "name": self.name,
             "createTime": rfc3339(self.created_at), "updateTime": rfc3339(self.updated_at or self.created_at),
             "batchStats": {"requestCount": str(total), "successfulRequestCount": str(self.succeeded),
@@ -108,7 +110,8 @@ class GeminiBatch:
     def _output(self) -> dict[str, Any]:
         if self.responses_file is not None:
             return {"responsesFile": self.responses_file}
-        return {"inlinedResponses": {"inlinedResponses": [json.loads(item) for item in self.responses]}}
+        inlined = {"inlinedResponses": [json.loads(item) for item in self.responses]}
+        return {"inlinedEmbedContentResponses" if self.embed else "inlinedResponses": inlined}
 
 
 def register(app: web.Application, state: SimState) -> None:
@@ -120,8 +123,8 @@ def register(app: web.Application, state: SimState) -> None:
 
     async def models(request: web.Request) -> web.StreamResponse:
         model, method = target(request)
-        if method == "batchGenerateContent" and model and state.config.batch_api:
-            return await routes.create(request, model=model)
+        if method in ("batchGenerateContent", "asyncBatchEmbedContent") and model and state.config.batch_api:
+            return await routes.create(request, model=model, embed=method == "asyncBatchEmbedContent")
         return await realtime(request)
 
     app.router.add_post(GEMINI_PATH, models)
@@ -258,7 +261,7 @@ class GeminiBatchRoutes:
 
     # --- batches --------------------------------------------------------------------------------
 
-    async def create(self, request: web.Request, *, model: str) -> web.Response:
+    async def create(self, request: web.Request, *, model: str, embed: bool = False) -> web.Response:
         refused = self._refused(request)
         if refused is not None:
             return refused
@@ -280,7 +283,7 @@ class GeminiBatchRoutes:
         lose = fault if fault is not None and fault.name in CREATE_ANSWER_FAULTS else None
         batch = GeminiBatch(name=f"batches/sim{secrets.token_hex(10)}", display_name=display, model=model,
                             requests=requests, inline=input_file is None, input_file=input_file,
-                            fault=None if lose else fault, created_at=time.time())
+                            fault=None if lose else fault, created_at=time.time(), embed=embed)
         self.batches[batch.name] = batch
         if fault is not None and fault.name == "unreachable":
             store.make_trouble(batch.name, 503, times=int(fault.argument or 1))
@@ -449,6 +452,8 @@ class _GeminiBatchRun(BatchWork):
         """(answered, the response or error) as generateContent answers ``request``."""
         state = self._state
         model = self._batch.model
+        if self._batch.embed:
+            return self._embed(request)
         problem = body_problem(request, model=model)
         if problem is not None:
             return False, {"error": {"code": 3, "message": problem, "status": "INVALID_ARGUMENT"}}
@@ -475,3 +480,18 @@ class _GeminiBatchRun(BatchWork):
         state.stats.completion_tokens += plan.output_tokens
         return "error" not in rendered, {"response": rendered} if "error" not in rendered else {
             "error": {"code": 13, "message": rendered["error"].get("message", ""), "status": "INTERNAL"}}
+
+    def _embed(self, request: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
+        """(answered, the SingleEmbedContentResponse or error) for one EmbedContentRequest (no ``model``: the batch
+        names it), its vector the real-time route's for the same text."""
+        model = self._batch.model
+        if "model" in request:
+            return False, {"error": {"code": 3, "message": 'Invalid JSON payload received. Unknown name "model".',
+                                     "status": "INVALID_ARGUMENT"}}
+        body = {"requests": [{"model": f"models/{model}", **request}]}
+        problem = batch_embed_problem(body, model=model)
+        if problem is not None:
+            return False, {"error": {"code": 3, "message": problem, "status": "INVALID_ARGUMENT"}}
+        answer, tokens = batch_embed_answer(body, model=model)
+        self._state.stats.prompt_tokens += tokens
+        return True, {"response": {"embedding": answer["embeddings"][0], "tokenCount": str(tokens)}}

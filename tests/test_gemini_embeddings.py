@@ -166,18 +166,26 @@ def test_a_gemini_embeddings_file_runs_simulated_priced_and_its_vectors_export(
     example = ROOT / "examples" / "gemini-embeddings.jsonl"
     records = [json.loads(line) for line in example.read_text().splitlines() if line.strip()]
     done = cli("run", str(example), "--simulate", "--json", env=cli_env, cwd=tmp_path)
+    check_stored_and_exported(done, records, db_url=db_url, cli_env=cli_env, cwd=tmp_path, route="realtime")
+
+
+def check_stored_and_exported(done: Any, records: list[dict[str, Any]], *, db_url: str, cli_env: dict[str, str],
+                              cwd: Path, route: str) -> None:
+    """A finished run of ``records`` stored each text's vector through ``route``, priced at the model's input price
+    (half of it through the Batch API), and exports them."""
     assert done.returncode == 0, done.stderr[-3000:]
     stored = rows(db_url, "SELECT p.custom_id, p.model, r.route, r.embedding, r.prompt_tokens, r.cost_pico_usd "
                           "FROM results r JOIN prompts p ON p.id = r.prompt_id ORDER BY p.position")
     assert [row[0] for row in stored] == [record["id"] for record in records]
     # The catalog's input prices per 1M tokens, in picodollars per token.
     price = {"gemini-embedding-001": 150_000, "gemini-embedding-2": 200_000}
-    for (custom_id, model, route, vector, tokens, cost), record in zip(stored, records):
+    share = 2 if route == "batch" else 1
+    for (_, model, taken, vector, tokens, cost), record in zip(stored, records):
         dimensions = record["params"].get("dimensions", 3072)
-        assert route == "realtime" and len(vector) == 4 * dimensions
+        assert taken == route and len(vector) == 4 * dimensions
         assert floats(vector) == pytest.approx(embedding_vector(record["input"], model=model, dimensions=dimensions))
-        assert tokens > 0 and cost == tokens * price[model]
-    exported = cli("export", json.loads(done.stdout)["job_id"], env=cli_env, cwd=tmp_path)
+        assert tokens > 0 and cost * share == tokens * price[model]
+    exported = cli("export", json.loads(done.stdout)["job_id"], env=cli_env, cwd=cwd)
     assert exported.returncode == 0, exported.stderr[-3000:]
     lines = [json.loads(line) for line in exported.stdout.splitlines()]
     assert [len(line["embedding"]) for line in lines] == [len(row[3]) // 4 for row in stored]

@@ -8,6 +8,11 @@ under the operation's ``metadata`` (``displayName``, ``state``, ``createTime``, 
 results in ``output.responsesFile`` (a file's name) or ``output.inlinedResponses.inlinedResponses``. A responses
 file's line is ``{"key", "response"}`` or ``{"key", "error"}``; an inlined response carries our key in its
 ``metadata`` (the create sends each request's), written here as a line of the same shape.
+
+An embeddings batch (``asyncBatchEmbedContent``) is an EmbedContentBatch: its inlined results are in
+``output.inlinedEmbedContentResponses.inlinedResponses`` (google-genai's ``_BatchJobDestination_from_mldev``), each
+response a SingleEmbedContentResponse (``{"embedding": {"values"}, "tokenCount"}``, google-genai ``types.py``), read
+into a float32 vector as the real-time answers are; a response without ``tokenCount`` is counted as 0 tokens.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from .._batch_types import BatchInfo, RequestCounts, batch_status_from_api, int_
 from .._exceptions import APIResponseValidationError
 from .._json import compact_json
 from .._status import BatchStatus
+from .._types import ChatResult
+from ..wire._vectors import vector_bytes
 from ..wire._gemini_answers import gemini_result_from_body
 from ..wire._line_errors import gemini_line_error
 from ._batch_files import BatchLine, garbled_line, read_result_lines, unusable_line
@@ -44,6 +51,8 @@ GEMINI_BATCH_STATES: Mapping[str, BatchStatus] = MappingProxyType({
 GEMINI_BATCH_WINDOW: Final = timedelta(hours=48)
 # The output_file_id of a batch whose responses are inlined in the batch itself (no file to download).
 INLINED_RESPONSES: Final = "inlinedResponses"
+# Where each kind of batch inlines its results: a GenerateContentBatch's, then an EmbedContentBatch's.
+_INLINED_FIELDS: Final = ("inlinedResponses", "inlinedEmbedContentResponses")
 
 
 def gemini_batch_info(body: Any) -> BatchInfo:
@@ -65,7 +74,8 @@ def gemini_batch_info(body: Any) -> BatchInfo:
         output = response if isinstance(response, dict) else {}
     output_file = output.get("responsesFile")
     if not isinstance(output_file, str) or not output_file:
-        output_file = INLINED_RESPONSES if isinstance(output.get("inlinedResponses"), dict) else None
+        output_file = INLINED_RESPONSES if any(isinstance(output.get(field), dict) for field in _INLINED_FIELDS) \
+            else None
     display = batch.get("displayName")
     return BatchInfo(
         id=body["name"],
@@ -128,7 +138,8 @@ def inlined_lines(body: Any) -> Iterator[bytes]:
     info = gemini_batch_info(body)  # a body that is no batch is refused here
     batch = body.get("metadata") if isinstance(body.get("metadata"), dict) else body
     output = batch.get("output") if isinstance(batch.get("output"), dict) else body.get("response") or {}
-    inlined = (output.get("inlinedResponses") or {}).get("inlinedResponses") if isinstance(output, dict) else None
+    inlined = next((output[field].get("inlinedResponses") for field in _INLINED_FIELDS
+                    if isinstance(output, dict) and isinstance(output.get(field), dict)), None)
     if not isinstance(inlined, list):
         raise APIResponseValidationError(f"batch {info.id} has no inlined responses to read")
     for item in inlined:
@@ -143,11 +154,32 @@ def inlined_lines(body: Any) -> Iterator[bytes]:
         yield compact_json(line).encode() + b"\n"
 
 
-def read_gemini_batch_results(path: Path) -> Iterator[BatchLine]:
+def read_gemini_batch_results(path: Path, *, endpoint: str = "chat") -> Iterator[BatchLine]:
     """Every line of a Gemini batch's responses (a downloaded responses file, or the inlined ones written out), in
-    order: a ``response`` read as ``generateContent`` answers are, an ``error`` settled by its code
-    (``gemini_line_error``). A line that cannot be read is garbled: one bad line never costs the others."""
-    return read_result_lines(path, _result_line, key="key")
+    order: a ``response`` read as ``generateContent`` answers are (an embeddings batch's as EmbedContentResponses),
+    an ``error`` settled by its code (``gemini_line_error``). A line that cannot be read is garbled: one bad line
+    never costs the others."""
+    read = _embedding_line if endpoint == "embeddings" else _result_line
+    return read_result_lines(path, read, key="key")
+
+
+def _embedding_line(record: dict[str, Any], key: str, number: int) -> BatchLine:
+    response = record.get("response")
+    if isinstance(record.get("error"), dict) or not isinstance(response, dict):
+        return _result_line(record, key, number)
+    embedding = response.get("embedding")
+    vector = vector_bytes(embedding.get("values")) if isinstance(embedding, dict) else None
+    if vector is None:
+        return unusable_line(key, number, 200, "no readable embedding.values", body=response)
+    tokens = response.get("tokenCount")
+    try:
+        prompt_tokens = max(0, int(tokens)) if tokens is not None and not isinstance(tokens, bool) else 0
+    except (TypeError, ValueError):  # int64: a JSON string on the wire
+        prompt_tokens = 0
+    result = ChatResult(text=None, finish_reason=None, prompt_tokens=prompt_tokens, completion_tokens=0,
+                        cached_tokens=0, model=None, response_id=None, latency_s=0.0, embedding=vector)
+    return BatchLine(custom_id=key, result=result, error_code=None, error_message=None, status_code=200,
+                     retryable=False, line=number)
 
 
 def _result_line(record: dict[str, Any], key: str, number: int) -> BatchLine:

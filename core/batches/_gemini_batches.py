@@ -18,6 +18,12 @@ The wire is the REST reference's (ai.google.dev/api/batch-mode, ai.google.dev/ap
 Each input line of the file is ``{"key": <member id>, "request": <generateContent body>}``; an inlined request carries
 the member id as ``metadata.key``, which its response carries back. Every call takes the client's one send path.
 
+A batch of embeddings lines (a batch file holds one endpoint's) goes to ``POST /v1beta/models/{model}:
+asyncBatchEmbedContent`` in the same envelope, each request an EmbedContentRequest without its model
+(``{"content": {"parts": [{"text"}]}, "taskType"?, "title"?, "outputDimensionality"?}``), as google-genai's
+``batches.create_embeddings`` sends it (``_EmbeddingsBatchJobSource_to_mldev``, ``_EmbedContentBatch_to_mldev``). An
+EmbedContentRequest embeds one text, so Gemini's batch lines are never packed (``GEMINI_BATCH_LIMITS``).
+
 Finding a create whose answer was lost: a batch's ``displayName`` names our job and batch
 (``llm-dispatch:<job>:<batch>``); the list is read back to the record's creation (less ``CLOCK_SLACK``).
 """
@@ -37,9 +43,11 @@ import httpx
 from ._batch_api import CLOCK_SLACK, Adopted, BatchApi, BatchRef, FindLost, ResultFile
 from ._gemini_batch_results import INLINED_RESPONSES, gemini_batch_info, inlined_lines, read_gemini_batch_results
 from .._batch_types import BATCH_CHAT_ENDPOINT, GEMINI_BATCH_LIMITS, BatchInfo, BatchLimits
+from .._endpoints import BATCH_URLS
 from .._exceptions import APIResponseValidationError
 from .._json import compact_json
 from .._types import ChatRequest
+from ..wire._gemini_embeddings import gemini_embed_request
 from ..wire._requests import path_segment
 from ..wire._responses import parse_json
 
@@ -52,6 +60,7 @@ __all__ = ["GEMINI_BATCHES_PATH", "GEMINI_UPLOAD_PATH", "INLINE_MAX_BYTES", "UPL
 GEMINI_BATCHES_PATH: Final = "/v1beta/batches"
 GEMINI_UPLOAD_PATH: Final = "/upload/v1beta/files"
 _CREATE_PATH: Final = "/v1beta/models/{model}:batchGenerateContent"
+_EMBED_CREATE_PATH: Final = "/v1beta/models/{model}:asyncBatchEmbedContent"
 # Inline requests suit "smaller batches that keep the total request size under 20MB" (Google's Batch API guide,
 # ai.google.dev/gemini-api/docs/batch-api): the create's whole body is measured, envelope included.
 INLINE_MAX_BYTES: Final = 20 * 1024 * 1024
@@ -115,7 +124,8 @@ class GeminiBatchApi(BatchApi):
             body = await asyncio.to_thread(self._inline_body, path, display)
         # A declared provider's model is recorded as NAME/model and known to its API as model.
         model = record.model.removeprefix(f"{self.client.provider}/") if self.client.provider != "gemini" else record.model
-        return await self._call("POST", _CREATE_PATH.format(model=path_segment(model)), json_body=body,
+        create = _EMBED_CREATE_PATH if record.endpoint == "embeddings" else _CREATE_PATH
+        return await self._call("POST", create.format(model=path_segment(model)), json_body=body,
                                 parse=_parse_batch, max_retries=max_retries, find_lost=find_lost,
                                 timeout=self.client._transfer_timeout(None))
 
@@ -151,7 +161,8 @@ class GeminiBatchApi(BatchApi):
             download: Callable[..., Any] = partial(self.download_inlined, record.provider_batch_id)
         else:
             download = partial(self.download_file, record.output_file_id)
-        return [ResultFile(kind="responses", read=read_gemini_batch_results, download=download)]
+        read = partial(read_gemini_batch_results, endpoint=record.endpoint)  # a batch holds one endpoint's lines
+        return [ResultFile(kind="responses", read=read, download=download)]
 
     async def _since(self, record: BatchRef) -> AsyncIterator[BatchInfo]:
         """The batches listed, page by page, until a page holds none created since ``record`` (less the slack): the
@@ -174,17 +185,20 @@ class GeminiBatchApi(BatchApi):
     # --- the requests ---------------------------------------------------------------------------
 
     def _requests(self, path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
-        """(member id, generateContent body) of each line of an input file in OpenAI's line format."""
+        """(member id, generateContent body or EmbedContentRequest) of each line of an input file in OpenAI's line
+        format."""
         with path.open("rb") as handle:
             for raw in handle:
                 if not raw.strip():
                     continue
                 line = json.loads(raw)
-                if line.get("url") != BATCH_CHAT_ENDPOINT:
-                    # asyncBatchEmbedContent is another API, not written yet: never sent as generateContent bodies.
-                    raise ValueError(f"Gemini batches send chat requests only, not {line.get('url')!r}: route "
-                                     "these prompts real-time")
                 body = dict(line["body"])
+                if line.get("url") == BATCH_URLS["embeddings"]:
+                    yield line["custom_id"], _embed_request(body)
+                    continue
+                if line.get("url") != BATCH_CHAT_ENDPOINT:
+                    raise ValueError(f"Gemini batches send chat and embeddings requests, not {line.get('url')!r}: "
+                                     "route these prompts real-time")
                 request = ChatRequest(model=body.pop("model"), messages=body.pop("messages"), params=body)
                 yield line["custom_id"], self.client.request_body(request)
 
@@ -257,6 +271,17 @@ class GeminiBatchApi(BatchApi):
 
 
 _INLINE_ENVELOPE: Final = b'{"batch":{"displayName":"","inputConfig":{"requests":{"requests":[]}}}}'
+
+
+def _embed_request(body: dict[str, Any]) -> dict[str, Any]:
+    """The EmbedContentRequest of an embeddings line's body (``wire.embeddings_body``: one text as ``input``)."""
+    body.pop("model", None)
+    body.pop("encoding_format", None)  # the line writer's default: Gemini answers floats only
+    given = body.pop("input")
+    texts = given if isinstance(given, list) else [given]
+    if len(texts) != 1 or not isinstance(texts[0], str):
+        raise ValueError(f"a Gemini batch line embeds one text, not {len(texts)}: its lines are never packed")
+    return gemini_embed_request(texts[0], body)
 
 
 def _batch_path(name: str) -> str:

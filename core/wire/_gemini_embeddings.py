@@ -29,8 +29,8 @@ from .._params import shown
 from ..pricing._tokens import estimate_text_tokens
 from .._types import ChatRequest, ChatResult
 
-__all__ = ["GEMINI_EMBED_PATH", "GEMINI_EMBEDDING_PARAMS", "GEMINI_TASK_TYPES", "gemini_embedding_param_problem",
-           "gemini_embeddings_body", "parse_batch_embed"]
+__all__ = ["GEMINI_EMBED_PATH", "GEMINI_EMBEDDING_PARAMS", "GEMINI_TASK_TYPES", "gemini_embed_request",
+           "gemini_embedding_param_problem", "gemini_embeddings_body", "parse_batch_embed"]
 
 # The SDK's path for ``embed_content`` on the Developer API (``'{model}:batchEmbedContents'`` under ``models/``),
 # after the API version its client puts first.
@@ -71,14 +71,21 @@ def gemini_embeddings_body(request: ChatRequest) -> dict[str, Any]:
     texts = [embedding_text([message]) for message in request.messages]
     if not texts or None in texts:
         raise ValueError("an embeddings prompt holds one text: give it as 'prompt' or 'input'")
+    model = f"models/{request.model}"
+    return {"requests": [{"model": model, **gemini_embed_request(str(text), request.params)} for text in texts]}
+
+
+def gemini_embed_request(text: str, params: Mapping[str, Any]) -> dict[str, Any]:
+    """One EmbedContentRequest of ``text`` without its ``model`` (Batch Mode's ``asyncBatchEmbedContent`` names the
+    model in its path, and google-genai's ``_EmbedContentBatch_to_mldev`` sends none): ``ValueError`` for a
+    parameter Gemini does not take."""
     config: dict[str, Any] = {}
-    for name, value in request.params.items():
+    for name, value in params.items():
         problem = gemini_embedding_param_problem(name, value)
         if problem is not None:
             raise ValueError(f"params.{name}: {problem}")
         config["outputDimensionality" if name == "dimensions" else name] = value
-    model = f"models/{request.model}"
-    return {"requests": [{"model": model, "content": {"parts": [{"text": text}]}, **config} for text in texts]}
+    return {"content": {"parts": [{"text": text}]}, **config}
 
 
 def parse_batch_embed(response: httpx.Response) -> Chat:

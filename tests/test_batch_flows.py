@@ -166,7 +166,8 @@ def test_killed_between_upload_and_create_then_rerun_makes_one_batch(cli_env: di
 
 def test_cancel_keeps_what_was_answered_and_fails_the_rest(cli_env: dict[str, str], sim: Sim, db_url: str,
                                                            tmp_path: Path) -> None:
-    sim.configure(batch_processing_seconds=20.0)
+    # Long enough that a loaded machine's cancel arrives while the batch runs; answers come at 300 per 600 s.
+    sim.configure(batch_processing_seconds=600.0)
     job_id = submit_without_waiting(300, env=cli_env, cwd=tmp_path)["job_id"]
     # Let the provider answer part of it first.
     while provider_batches(sim)[0]["request_counts"]["completed"] < 1:

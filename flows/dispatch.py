@@ -221,7 +221,7 @@ async def run_dispatch(
             realtime = group.create_task(realtime_half())
             batch = group.create_task(batch_half())
         report = await job_report(run.sessions, job_id=job.job_id, estimate=estimate,
-                                  provider_of=run.clients.provider_of)
+                                  provider_of=run.clients.provider_of, prices=run.prices)
         standing = None
         if held is not None:
             half = realtime.result()

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
         run_budget,
         to_pico,
     )
+    from ._cache_report import CacheGroupReport, cache_report
     from ._cache_plan import describe_outcome, describe_plan, plan_run_caches
     from ._clients import Clients
     from ._batch_life import BatchStep, FinishSubmission, Ingest, advance_batch
@@ -60,6 +61,8 @@ if TYPE_CHECKING:
 
 
 __all__ = [
+    "CacheGroupReport",
+    "cache_report",
     "describe_outcome",
     "describe_plan",
     "plan_run_caches",

@@ -9,10 +9,11 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from llm_dispatch import storage
-from llm_dispatch.core import counted, dollars, json_field, unfinished
+from llm_dispatch.core import PriceTable, counted, dollars, json_field, provider_lookup, unfinished
 
 from ._budget import BudgetStanding
 from ._batch_trouble import BatchProblem
+from ._cache_report import CacheGroupReport, cache_report
 from ._collect import IngestOutcome
 from ._costs import JobCost, actual_cost
 from ._submit import SubmitOutcome
@@ -125,6 +126,8 @@ class JobReport:
     # Answers checked against their schemas (valid at first, after re-asks, still invalid, re-asks' cost); None
     # when no prompt has a schema.
     structured: storage.StructuredStats | None = json_field(omit_none=True, default=None)
+    # Per group of prompts sharing a prefix, what caching it did (``cache_report``); empty: no such group answered.
+    cache: list[CacheGroupReport] = field(default_factory=list)
 
     @property
     def unfinished(self) -> int:
@@ -204,16 +207,19 @@ class DirectorySummary:
 
 
 async def job_report(
-    sessions: storage.Sessions, *, job_id: str, estimate: JobCost | None = None, provider_of: Callable[[str], str] | None = None
+    sessions: storage.Sessions, *, job_id: str, estimate: JobCost | None = None, provider_of: Callable[[str], str] | None = None,
+    prices: PriceTable | None = None,
 ) -> JobReport:
-    """The job as it stands in the database, with the costs stored with its answers (per provider by ``provider_of``)."""
+    """The job as it stands in the database, with the costs stored with its answers (per provider by ``provider_of``)
+    and its caching per shared prefix (what it saved at ``prices``)."""
     # Independent reads, each in a session (a connection) of its own: they run at once.
-    counts, routes, stats, cost, structured = await asyncio.gather(
+    counts, routes, stats, cost, structured, cache = await asyncio.gather(
         storage.job_counts(sessions, job_id=job_id),
         storage.route_counts(sessions, job_id=job_id),
         storage.result_stats(sessions, job_id=job_id),
         actual_cost(sessions=sessions, job_id=job_id, provider_of=provider_of),
         storage.structured_stats(sessions, job_id=job_id),
+        cache_report(sessions, job_id=job_id, prices=prices, provider_of=provider_of or provider_lookup()),
     )
     return JobReport(job_id=job_id, counts=counts, routes=routes, stats=stats, cost=cost, estimate=estimate,
-                     structured=structured)
+                     structured=structured, cache=cache)

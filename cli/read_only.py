@@ -21,10 +21,13 @@ NewestJob = Annotated[Optional[str], typer.Argument(help="a job id (default: the
 def status(
     job: Annotated[Optional[str], typer.Argument(help="a job id (default: the newest jobs)")] = None,
     database_url: DatabaseUrl = None,
+    cache: Annotated[bool, typer.Option(
+        "--cache", help="also each shared prefix's cache hit rate and saving (reads every stored request: about "
+                        "a second per 5,000 answers)")] = False,
     as_json: AsJson = False,
 ) -> None:
     """Jobs, their prompts per route and status, and their batches."""
-    _report("status", job=job, database_url=database_url, as_json=as_json)
+    _report("status", job=job, database_url=database_url, as_json=as_json, cache=cache)
 
 
 def models(

@@ -21,6 +21,7 @@ from llm_dispatch import storage
 from llm_dispatch.jobs import (
     BINARY_FORMATS,
     actual_cost,
+    cache_report,
     job_budget_standings,
     money,
     plan_export,
@@ -86,7 +87,11 @@ def budget_figures(budget: dict[str, Any]) -> str:
             f"reserved ${budget['reserved']:.6f}, left ${budget['left']:.6f}")
 
 
-async def status(*, settings: Settings, job_id: str | None) -> dict[str, Any] | None:
+async def _no_groups() -> list[Any]:
+    return []
+
+
+async def status(*, settings: Settings, job_id: str | None, cache: bool = False) -> dict[str, Any] | None:
     async with _database(settings) as sessions:
         if job_id is None:
             jobs = await storage.list_jobs(sessions)
@@ -99,12 +104,19 @@ async def status(*, settings: Settings, job_id: str | None) -> dict[str, Any] | 
             return None
         # Independent reads, each in a session (a connection) of its own: they run at once, the database's work
         # for one overlapping the others'.
-        batches, ledger, routes, structured, budgets = await asyncio.gather(
+        providers = ProviderTable.from_settings(settings)
+        provider_of = provider_lookup(providers)
+        batches, ledger, routes, structured, budgets, groups = await asyncio.gather(
             storage.job_batches(sessions, job_id=job_id),
-            actual_cost(sessions=sessions, job_id=job_id, provider_of=provider_lookup(ProviderTable.from_settings(settings))),
+            actual_cost(sessions=sessions, job_id=job_id, provider_of=provider_of),
             storage.route_counts(sessions, job_id=job_id),
             storage.structured_stats(sessions, job_id=job_id),
             _budgets(sessions, job_id=job_id),
+            # The prices a run would price with (``jobs.load_prices``, whose module loads the send path). Asked for
+            # (``--cache``): it reads and hashes every stored request, which a job of millions should not pay for.
+            cache_report(sessions, job_id=job_id, provider_of=providers.cache_rules_of,
+                         prices=PriceTable.load(path=Path(settings.prices_file) if settings.prices_file else None))
+            if cache else _no_groups(),
         )
         return {
             "job_id": job.id, "name": job.name, "status": job.status, "counts": job.counts,
@@ -114,6 +126,7 @@ async def status(*, settings: Settings, job_id: str | None) -> dict[str, Any] | 
                                   for endpoint, by_route in ledger.endpoints.items()},
             "unpriced_models": dict(ledger.totals.unpriced_models),
             "structured": to_json(structured),
+            "cache": to_json(groups) if cache else None,
             "budgets": budgets,
             "batches": [
                 {"id": b.id, "provider": b.provider, "provider_batch_id": b.provider_batch_id, "status": b.status,
@@ -153,6 +166,8 @@ def print_status(console: Console, data: dict[str, Any]) -> None:
         table.caption += "\n" + structured_line(data["structured"])
     for budget in data["budgets"]:
         table.caption += "\n" + budget_figures(budget)
+    for line in cache_lines(data["cache"] or []):
+        table.caption += "\n" + line
     console.print(table)
     if data["cost_per_endpoint"]:
         costs = Table(title="cost so far per endpoint and lane")
@@ -315,6 +330,25 @@ def _split_rows(table: Table, *, actual: Mapping[str, Mapping[str, RouteTotals]]
             )
 
 
+# Groups a report lists one a line; the rest are counted (``--json`` has them all).
+CACHE_LINES = 20
+
+
+def cache_lines(groups: list[dict[str, Any]]) -> list[str]:
+    """A line per group of prompts sharing a prefix (the ``cache`` list of the JSON): prompts, estimated prefix
+    tokens, cached tokens, hit rate, and the answers' cost paid, uncached and saved."""
+    lines = []
+    for group in groups[:CACHE_LINES]:
+        unpriced = f" ({counted(group['unpriced'], 'answer')} with no price left out)" if group["unpriced"] else ""
+        lines.append(f"cache {group['key']} {group['model']}: {group['prompts']:,} prompts, ~{group['prefix_tokens']:,} "
+                     f"prefix tokens, {group['cached_tokens']:,} cached, hit rate {group['hit_rate']:.1%}; "
+                     f"paid ${group['cost']:.6f}, uncached ${group['uncached_cost']:.6f}, saved ${group['saved']:.6f}"
+                     f"{unpriced}")
+    if len(groups) > CACHE_LINES:
+        lines.append(f"cache: ... and {len(groups) - CACHE_LINES} more groups (--json lists them all)")
+    return lines
+
+
 def structured_line(structured: dict[str, Any]) -> str:
     """One line on a job's answers checked against their schemas (the ``structured`` object of the JSON)."""
     cost = structured.get("reask_cost")
@@ -404,6 +438,8 @@ def job_table(summary: DispatchSummary, *, title: str) -> Table:
         table.caption += "\nanswers: " + "; ".join(kinds)
     if report.structured is not None:
         table.caption += "\n" + structured_line(to_json(report.structured))
+    for line in cache_lines(to_json(report.cache)):
+        table.caption += "\n" + line
     if stats.billed_unanswered:
         table.caption += (f"\n{counted(stats.billed_unanswered, 'attempt')} may have been billed with no answer kept (a "
                           "generation timed out or cut off, a 2xx that was no answer): see maybe_billed in the export")

@@ -233,6 +233,13 @@ def report_markdown(summary: DispatchSummary) -> str:
         lines += [f"| {endpoint} | {route} | {paid.prompts} | {paid.prompt_tokens} / {paid.completion_tokens} "
                   f"| ${money(paid.cost):.6f}{' + unknown' if paid.unpriced else ''} |"
                   for endpoint, by_route in cost.endpoints.items() for route, paid in by_route.items()]
+    if report.cache:
+        lines += ["", "## Prompt caching per shared prefix", "",
+                  "| group | model | prompts | prefix tokens (estimated) | cached tokens | hit rate | paid | uncached "
+                  "| saved |", "|---|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {group.key} | {group.model} | {group.prompts} | {group.prefix_tokens} | {group.cached_tokens} "
+                  f"| {group.hit_rate:.1%} | ${money(group.cost):.6f} | ${money(group.uncached_cost):.6f} "
+                  f"| ${money(group.saved):.6f}{' + unknown' if group.unpriced else ''} |" for group in report.cache]
     if summary.stopped:
         lines += ["", "## Stopped", ""] + [f"- {found['message']}" for found in summary.stopped]
         lines.append(f"- {counted(summary.left, 'prompt')} left pending: fix that, then run the job again.")

@@ -17,6 +17,7 @@ from pydantic import SecretStr
 
 from llm_dispatch import storage
 from llm_dispatch.jobs import (
+    CACHE_REPORT_MAX_PROMPTS,
     BatchHalfSummary,
     DirectorySummary,
     DispatchSummary,
@@ -222,8 +223,12 @@ async def run_dispatch(
         async with asyncio.TaskGroup() as group:
             realtime = group.create_task(realtime_half())
             batch = group.create_task(batch_half())
+        # Each shared prefix's caching, read back from every stored request: for a job of at most
+        # CACHE_REPORT_MAX_PROMPTS (past it, `llm-dispatch status JOB --cache` reads it when asked).
         report = await job_report(run.sessions, job_id=job.job_id, estimate=estimate,
-                                  provider_of=run.clients.provider_of)
+                                  provider_of=run.clients.provider_of, prices=run.prices,
+                                  cache_rules_of=(run.clients.providers.cache_rules_of
+                                                  if job.total <= CACHE_REPORT_MAX_PROMPTS else None))
         standing = None
         if held is not None:
             half = realtime.result()

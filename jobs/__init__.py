@@ -16,6 +16,7 @@ if TYPE_CHECKING:
         run_budget,
         to_pico,
     )
+    from ._cache_report import CacheGroupReport, cache_report
     from ._cache_plan import describe_outcome, describe_plan, plan_run_caches
     from ._clients import Clients
     from ._batch_life import BatchStep, FinishSubmission, Ingest, advance_batch
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
         routing_rules,
     )
     from ._summary import (
+        CACHE_REPORT_MAX_PROMPTS,
         BatchHalfSummary,
         CancelSummary,
         DirectorySummary,
@@ -61,6 +63,9 @@ if TYPE_CHECKING:
 
 
 __all__ = [
+    "CACHE_REPORT_MAX_PROMPTS",
+    "CacheGroupReport",
+    "cache_report",
     "describe_outcome",
     "describe_plan",
     "plan_run_caches",

@@ -9,10 +9,11 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from llm_dispatch import storage
-from llm_dispatch.core import counted, dollars, json_field, unfinished
+from llm_dispatch.core import PriceTable, counted, dollars, json_field, unfinished
 
 from ._budget import BudgetStanding
 from ._batch_trouble import BatchProblem
+from ._cache_report import CacheGroupReport, cache_report
 from ._collect import IngestOutcome
 from ._costs import JobCost, actual_cost
 from ._submit import SubmitOutcome
@@ -125,6 +126,8 @@ class JobReport:
     # Answers checked against their schemas (valid at first, after re-asks, still invalid, re-asks' cost); None
     # when no prompt has a schema.
     structured: storage.StructuredStats | None = json_field(omit_none=True, default=None)
+    # Per group of prompts sharing a prefix, what caching it did (``cache_report``); empty: no such group answered.
+    cache: list[CacheGroupReport] = field(default_factory=list)
 
     @property
     def unfinished(self) -> int:
@@ -203,17 +206,30 @@ class DirectorySummary:
     skipped: list[str]
 
 
+# The largest job whose run report reads each shared prefix's caching back (about a second per 5,000 answers).
+CACHE_REPORT_MAX_PROMPTS = 50_000
+
+
+async def _no_groups() -> list[CacheGroupReport]:
+    return []
+
+
 async def job_report(
-    sessions: storage.Sessions, *, job_id: str, estimate: JobCost | None = None, provider_of: Callable[[str], str] | None = None
+    sessions: storage.Sessions, *, job_id: str, estimate: JobCost | None = None, provider_of: Callable[[str], str] | None = None,
+    prices: PriceTable | None = None, cache_rules_of: Callable[[str], str] | None = None,
 ) -> JobReport:
-    """The job as it stands in the database, with the costs stored with its answers (per provider by ``provider_of``)."""
+    """The job as it stands in the database, with the costs stored with its answers (per provider by ``provider_of``)
+    and, given ``cache_rules_of`` (``ProviderTable.cache_rules_of``), its caching per shared prefix (what it saved at
+    ``prices``): that reads every stored request again."""
     # Independent reads, each in a session (a connection) of its own: they run at once.
-    counts, routes, stats, cost, structured = await asyncio.gather(
+    counts, routes, stats, cost, structured, cache = await asyncio.gather(
         storage.job_counts(sessions, job_id=job_id),
         storage.route_counts(sessions, job_id=job_id),
         storage.result_stats(sessions, job_id=job_id),
         actual_cost(sessions=sessions, job_id=job_id, provider_of=provider_of),
         storage.structured_stats(sessions, job_id=job_id),
+        cache_report(sessions, job_id=job_id, prices=prices, provider_of=cache_rules_of) if cache_rules_of is not None
+        else _no_groups(),
     )
     return JobReport(job_id=job_id, counts=counts, routes=routes, stats=stats, cost=cost, estimate=estimate,
-                     structured=structured)
+                     structured=structured, cache=cache)

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
         settle_batch,
         settle_holds,
     )
+    from ._cache_usage import CacheAnswer, cache_answer_pages
     from ._capabilities import no_batch_api, remember_no_batch_api
     from ._job_budgets import budgets_of_job, note_job_budget
     from ._engine import Sessions, check_database_url, create_engine, open_database, session_factory
@@ -101,6 +102,8 @@ if TYPE_CHECKING:
 
 
 __all__ = [
+    "CacheAnswer",
+    "cache_answer_pages",
     "no_batch_api",
     "reroute_pending",
     "remember_no_batch_api",

@@ -85,6 +85,30 @@ class CacheTally:
         held = max(prefix_tokens, self.prefix_seen) * self.answers
         return self.cached_tokens / held if held else 0.0
 
+    def add(
+        self, *, prices: PriceTable | None, model: str, route: Route, prompt_tokens: int, completion_tokens: int,
+        cached_tokens: int, cache_creation_tokens: int, cache_creation_extended_tokens: int,
+        service_tier: str | None, paid: int | None = None,
+    ) -> None:
+        """Count one answer's usage, its cost at ``prices`` as reported and with nothing cached. ``paid``: the cost
+        stored with it (None: priced here), its uncached cost then ``paid`` plus the difference ``prices`` make."""
+        self.answers += 1
+        self.cached_tokens += cached_tokens
+        self.written_tokens += cache_creation_tokens
+        self.prefix_seen = max(self.prefix_seen, cached_tokens + cache_creation_tokens)
+        if prices is None:
+            return
+        reported, plain = (prices.price(
+            model=model, route=route, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+            service_tier=service_tier, cached_tokens=cached_tokens * as_reported,
+            cache_creation_tokens=cache_creation_tokens * as_reported,
+            cache_creation_extended_tokens=cache_creation_extended_tokens * as_reported)
+            for as_reported in (1, 0))
+        if reported is not None and plain is not None:
+            cost = reported.cost if paid is None else paid
+            self.cost += cost
+            self.uncached_cost += cost + plain.cost - reported.cost
+
 
 @dataclass(slots=True)
 class CachePlan:
@@ -117,23 +141,11 @@ class CachePlan:
 
     def answered(self, group_key: str, result: ChatResult, *, model: str) -> None:
         """Count an answer of the group ``group_key`` in its tally, priced as reported and with nothing cached."""
-        tally = self.tallies.setdefault(group_key, CacheTally())
-        tally.answers += 1
-        tally.cached_tokens += result.cached_tokens
-        tally.written_tokens += result.cache_creation_tokens
-        tally.prefix_seen = max(tally.prefix_seen, result.cached_tokens + result.cache_creation_tokens)
-        if self.prices is None:
-            return
-        reported, plain = (self.prices.price(
-            model=model, route="realtime", prompt_tokens=result.prompt_tokens,
-            completion_tokens=result.completion_tokens, service_tier=result.service_tier,
-            cached_tokens=result.cached_tokens * as_reported,
-            cache_creation_tokens=result.cache_creation_tokens * as_reported,
-            cache_creation_extended_tokens=result.cache_creation_extended_tokens * as_reported)
-            for as_reported in (1, 0))
-        if reported is not None and plain is not None:
-            tally.cost += reported.cost
-            tally.uncached_cost += plain.cost
+        self.tallies.setdefault(group_key, CacheTally()).add(
+            prices=self.prices, model=model, route="realtime", prompt_tokens=result.prompt_tokens,
+            completion_tokens=result.completion_tokens, cached_tokens=result.cached_tokens,
+            cache_creation_tokens=result.cache_creation_tokens,
+            cache_creation_extended_tokens=result.cache_creation_extended_tokens, service_tier=result.service_tier)
 
     def prepare(self, request: ChatRequest) -> tuple[ChatRequest, str | None]:
         """(``request`` as the plan sends it, the warm-up key it waits on or None). OpenAI's requests are dealt to

@@ -1,13 +1,14 @@
 """Benchmark: the Batch API path (build + upload + create, then ingest) for 100,000 (or 1M) prompts vs plain baselines.
 
 Runs against the simulator in its own process (``batch_processing_seconds`` small) with a fresh SQLite
-file per repeat. Each repeat runs two fresh child processes, alternating: the batch path, then the
+file per repeat, or with ``--postgres SERVER_URL`` a database made anew on that PostgreSQL server per child. Each repeat runs two fresh child processes, alternating: the batch path, then the
 baselines (over the same bytes the path downloaded). Medians over the repeats are reported.
 
     python bench/batch.py [--prompts 100000] [--repeats 3] [--batch-seconds 1.5] [--json [PATH]]
     python bench/batch.py --prompts 1000000 --repeats 1   # issue 13's 1M all-batch job (20 files of 50,000)
     python bench/batch.py --prompts 100000 --repeats 1 --profile /tmp/batch-prof   # cProfile of one run
     python bench/batch.py --providers openai,gemini   # the batch path per provider, alternating (issue 37)
+    python bench/batch.py --prompts 50000 --postgres postgresql+asyncpg://postgres@127.0.0.1:5432/postgres
 
 With ``--providers`` each repeat runs the batch path once per provider, in turn, and no baselines: Gemini's
 through Batch Mode's file path (its batch uploaded through the Files API's resumable protocol, whatever its size,
@@ -186,6 +187,28 @@ class _Profile:
         return phase()
 
 
+# --- the database (child process) --------------------------------------------------------------
+
+
+async def _database_url(*, workdir: Path, name: str) -> str:
+    """A fresh database for one child: a SQLite file in the work directory, or, with ``--postgres SERVER_URL`` (in
+    BENCH_POSTGRES), a database of that name made anew on that server."""
+    server = os.environ.get("BENCH_POSTGRES")
+    if not server:
+        return f"sqlite+aiosqlite:///{workdir / f'{name}.db'}"
+    import asyncpg
+    from sqlalchemy.engine import make_url
+
+    database = "bench_" + name.replace("-", "_")
+    admin = await asyncpg.connect(server.replace("postgresql+asyncpg://", "postgresql://"))
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{database}"')
+        await admin.execute(f'CREATE DATABASE "{database}"')
+    finally:
+        await admin.close()
+    return make_url(server).set(database=database).render_as_string(hide_password=False)
+
+
 # --- the batch path (child process) -----------------------------------------------------------
 
 
@@ -210,7 +233,7 @@ async def batch_path(
     writer_options: dict[str, Any] = {"prices": prices}
     if flush_rows is not None:
         writer_options["flush_rows"] = flush_rows
-    engine = storage.create_engine(f"sqlite+aiosqlite:///{workdir / f'batch-{run}.db'}")
+    engine = storage.create_engine(await _database_url(workdir=workdir, name=f"batch-{run}"))
     directory = workdir / f"files-{run}"
     try:
         await storage.migrate(engine)
@@ -335,7 +358,7 @@ async def baselines(*, base_url: str, count: int, workdir: Path, run: int, outpu
 
     out: dict[str, Any] = {}
     per_file = BatchLimits().max_requests
-    engine = storage.create_engine(f"sqlite+aiosqlite:///{workdir / f'baseline-{run}.db'}")
+    engine = storage.create_engine(await _database_url(workdir=workdir, name=f"baseline-{run}"))
     try:
         await storage.migrate(engine)
         sessions = storage.session_factory(engine)
@@ -647,6 +670,8 @@ def main() -> None:
     parser.add_argument("--profile", metavar="DIR", help="cProfile the timed phases of one batch-path run instead")
     parser.add_argument("--flush-rows", type=int, metavar="N",
                         help="ResultWriter flush_rows for the ingest (default: the writer's own default)")
+    parser.add_argument("--postgres", metavar="URL",
+                        help="each run's database on this PostgreSQL server (made anew per run) instead of SQLite")
     parser.add_argument("--distinct", type=int, metavar="N",
                         help="N distinct requests, each made by prompts/N prompts (the batch path alone, no baselines)")
     parser.add_argument("--providers", metavar="A,B",
@@ -658,6 +683,8 @@ def main() -> None:
     parser.add_argument("--run", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--output-files", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.postgres:
+        os.environ["BENCH_POSTGRES"] = args.postgres  # the children's databases
     if args.child:
         child(args)
         return

@@ -6,7 +6,10 @@ the CPU of the result rows and their settle, by thread. Each variant runs in a f
 variants alternating, repeated; medians of process CPU seconds (and of the event-loop and other threads'),
 each as a ratio to the first variant's run beside it.
 
-    python bench/store.py [--answers 50000] [--repeat 3] [--code LABEL=DIR ...]
+    python bench/store.py [--answers 50000] [--repeat 3] [--code LABEL=DIR ...] [--postgres SERVER_URL]
+
+``--postgres postgresql+asyncpg://user@host:5432/postgres`` stores into a database made anew on that server for each
+run; the server's backends' CPU (read from /proc: the server must run on this machine) is added to the process's.
 
 ``--code LABEL=DIR`` (repeatable) measures the ``storage`` and ``llm_dispatch`` found in DIR, so an older tree
 can be measured in the same session (the first one given is the baseline of the ratios), for example:
@@ -59,7 +62,9 @@ async def store(count: int) -> dict[str, float]:
     from llm_dispatch.core._types import dedupe_key  # older trees do not export it
 
     tune_gc()  # as the flow that ingests does
-    engine = storage.create_engine(f"sqlite+aiosqlite:///{tempfile.mkdtemp()}/store.db")
+    server = os.environ.get("BENCH_POSTGRES")
+    url = f"sqlite+aiosqlite:///{tempfile.mkdtemp()}/store.db" if not server else await _fresh_postgres(server)
+    engine = storage.create_engine(url)
     try:
         await storage.migrate(engine)
         sessions = storage.session_factory(engine)
@@ -95,6 +100,7 @@ async def store(count: int) -> dict[str, float]:
 
             priced = {"model": MODEL, "pricer": RowPricer(PriceTable.load())}
 
+        server_before = await _server_cpu(engine) if server else 0.0
         main_before, others_before = _thread_cpu()
         cpu, wall = time.process_time(), time.perf_counter()
         for start in range(0, count, SLICE):
@@ -102,12 +108,45 @@ async def store(count: int) -> dict[str, float]:
                                               latency_s=60.0, **priced)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         main_after, others_after = _thread_cpu()
+        server_cpu = await _server_cpu(engine) - server_before if server else 0.0
         counts = await storage.job_counts(sessions, job_id=job_id)
         if counts != {"succeeded": count}:
             raise SystemExit(f"stored {counts}, expected {count} succeeded")
     finally:
         await engine.dispose()
-    return {"cpu": cpu, "main": main_after - main_before, "others": others_after - others_before, "wall": wall}
+    return {"cpu": cpu, "main": main_after - main_before, "others": others_after - others_before, "wall": wall,
+            "server": server_cpu}
+
+
+async def _fresh_postgres(server: str) -> str:
+    """A database made anew on the PostgreSQL server at ``server`` (``--postgres``)."""
+    import asyncpg
+    from sqlalchemy.engine import make_url
+
+    admin = await asyncpg.connect(server.replace("postgresql+asyncpg://", "postgresql://"))
+    try:
+        await admin.execute('DROP DATABASE IF EXISTS "bench_store"')
+        await admin.execute('CREATE DATABASE "bench_store"')
+    finally:
+        await admin.close()
+    return make_url(server).set(database="bench_store").render_as_string(hide_password=False)
+
+
+async def _server_cpu(engine: Any) -> float:
+    """CPU seconds of the PostgreSQL backends serving the bench's database (same machine: read from /proc)."""
+    from sqlalchemy import text
+
+    async with engine.connect() as conn:
+        pids = (await conn.execute(text("SELECT pid FROM pg_stat_activity WHERE datname = current_database()"))).scalars()
+        tick = os.sysconf("SC_CLK_TCK")
+        total = 0.0
+        for pid in pids:
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
 
 
 def main() -> None:
@@ -116,8 +155,12 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--code", action="append", metavar="LABEL=DIR",
                         help="a tree whose storage to benchmark (default: store=this checkout)")
+    parser.add_argument("--postgres", metavar="URL",
+                        help="store into a database made anew on this PostgreSQL server (its backends' CPU measured too)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.postgres:
+        os.environ["BENCH_POSTGRES"] = args.postgres
     if args.child:
         report(asyncio.run(store(args.answers)))
         return
@@ -133,16 +176,23 @@ def main() -> None:
             results[label].append(run_measured(argv, env={**os.environ, **extra}, what=f"{label} ({code})",
                                                cwd=Path(code), python=python))
         print(f"  run {run + 1}: " + ", ".join(
-            f"{label} {r[-1]['cpu']:.2f} s CPU (main {r[-1]['main']:.2f})" for label, r in results.items()), flush=True)
+            f"{label} {r[-1]['cpu']:.2f} s CPU (main {r[-1]['main']:.2f}, server {r[-1].get('server', 0):.2f}, wall "
+            f"{r[-1]['wall']:.2f} s)" for label, r in results.items()), flush=True)
 
     base = next(iter(results.values()))
     print(f"\nmedians of {args.repeat} runs; ratios paired with the first variant's run beside them")
-    print(f"  {'variant':<10} {'CPU s':>7} {'main s':>7} {'others s':>9} {'rows/CPU-s':>11} {'CPU/first':>10}")
+    print(f"  {'variant':<10} {'CPU s':>7} {'main s':>7} {'others s':>9} {'server s':>9} {'rows/CPU-s':>11} "
+          f"{'CPU/first':>10} {'wall s':>7} {'rows/s':>8}")
     for label, runs in results.items():
-        cpu = statistics.median(r["cpu"] for r in runs)
-        ratio = statistics.median(r["cpu"] / b["cpu"] for r, b in zip(runs, base))
+        # The bench process's CPU and, on PostgreSQL, its server backends' (what the database did for it).
+        cpu = statistics.median(r["cpu"] + r.get("server", 0.0) for r in runs)
+        ratio = statistics.median((r["cpu"] + r.get("server", 0.0)) / (b["cpu"] + b.get("server", 0.0))
+                                  for r, b in zip(runs, base))
+        wall = statistics.median(r["wall"] for r in runs)
         print(f"  {label:<10} {cpu:7.2f} {statistics.median(r['main'] for r in runs):7.2f} "
-              f"{statistics.median(r['others'] for r in runs):9.2f} {args.answers / cpu:11,.0f} {ratio:9.3f}x")
+              f"{statistics.median(r['others'] for r in runs):9.2f} "
+              f"{statistics.median(r.get('server', 0.0) for r in runs):9.2f} {args.answers / cpu:11,.0f} {ratio:9.3f}x "
+              f"{wall:7.2f} {args.answers / wall:8,.0f}")
 
 
 if __name__ == "__main__":

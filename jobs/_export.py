@@ -25,21 +25,21 @@ from llm_dispatch.core import PICO_PER_USD, TRUNCATED_FINISH_REASONS, ConfigErro
 __all__ = ["BINARY_FORMATS", "DEFAULT_FIELDS", "EXPORT_FIELDS", "EXPORT_FORMATS", "ExportColumn", "ExportPlan", "export_columns",
            "plan_export"]
 
-Getter = Callable[[storage.ExportRow], Any]
+Convert = Callable[[Any], Any]
 
 
 class Field(NamedTuple):
-    """A built-in column: how it is read from a stored row, and which of the row's fields that takes (an export
-    reads no others)."""
+    """A built-in column: the one field of a stored row (``storage.ExportRow``) it is read from, and what is made of
+    that field's value (None: written as it is). A column is converted a page at a time, value by value."""
 
-    read: Getter
-    reads: tuple[str, ...]
+    field: str
+    convert: Convert | None = None
 
 
-def _prompt_text(row: storage.ExportRow) -> str | None:
+def _prompt_text(messages: list[dict[str, Any]] | None) -> str | None:
     """The question a prompt asks: the text of its one message (a prompt given as ``prompt``), else of its last
     user message; text parts of a multi-part message joined by newlines."""
-    messages = row.messages or []
+    messages = messages or []
     asked = messages if len(messages) == 1 else [m for m in messages if m.get("role") == "user"]
     if not asked:
         return None
@@ -49,32 +49,27 @@ def _prompt_text(row: storage.ExportRow) -> str | None:
     return content if isinstance(content, str) else None
 
 
-def _cost_usd(row: storage.ExportRow) -> float | None:
+def _usd(pico: int | None) -> float | None:
     # As stored with the answer: 0 for a failure or a reused answer, None when unknown (no price) or not answered.
-    return None if row.cost_pico_usd is None else row.cost_pico_usd / PICO_PER_USD
+    return None if pico is None else pico / PICO_PER_USD
 
 
-def _stored(name: str) -> Field:
-    return Field(operator.attrgetter(name), (name,))
-
-
-def _prompt_cost_usd(row: storage.ExportRow) -> float | None:
-    return None if row.prompt_cost_pico_usd is None else row.prompt_cost_pico_usd / PICO_PER_USD
-
-
-def _truncated(row: storage.ExportRow) -> bool | None:
+def _truncated(finish_reason: str | None) -> bool | None:
     # Cut at the request's cap or the model's window: the text is all there is, not all the model would say.
-    return None if row.finish_reason is None else row.finish_reason in TRUNCATED_FINISH_REASONS
+    return None if finish_reason is None else finish_reason in TRUNCATED_FINISH_REASONS
 
 
-def _embedding(row: storage.ExportRow) -> list[float] | None:
-    return None if row.embedding is None else vector_floats(row.embedding)
+def _embedding(stored: bytes | None) -> list[float] | None:
+    return None if stored is None else vector_floats(stored)
+
+
+_stored = Field
 
 
 # Every built-in column, in the order ``--fields all`` writes them.
 EXPORT_FIELDS: Final[Mapping[str, Field]] = {
     "id": _stored("custom_id"),
-    "prompt": Field(_prompt_text, ("messages",)),
+    "prompt": Field("messages", _prompt_text),
     "messages": _stored("messages"),
     "answer": _stored("text"),
     "status": _stored("status"),
@@ -88,13 +83,13 @@ EXPORT_FIELDS: Final[Mapping[str, Field]] = {
     "cache_creation_extended_tokens": _stored("cache_creation_extended_tokens"),
     "reasoning_tokens": _stored("reasoning_tokens"),
     "service_tier": _stored("service_tier"),
-    "cost_usd": Field(_cost_usd, ("cost_pico_usd",)),
+    "cost_usd": Field("cost_pico_usd", _usd),
     "latency_ms": _stored("latency_ms"),
     # Attempts of the call the provider may have billed, and the start of a 2xx that was no answer.
     "maybe_billed": _stored("maybe_billed"),
     "raw_body": _stored("raw_body"),
     "finish_reason": _stored("finish_reason"),
-    "truncated": Field(_truncated, ("finish_reason",)),
+    "truncated": Field("finish_reason", _truncated),
     "tool_calls": _stored("tool_calls"),
     "refusal": _stored("refusal"),
     "route": _stored("route"),
@@ -111,9 +106,9 @@ EXPORT_FIELDS: Final[Mapping[str, Field]] = {
     "parsed": _stored("parsed"),
     "violation": _stored("violation"),
     "reasks": _stored("reask"),
-    "prompt_cost_usd": Field(_prompt_cost_usd, ("prompt_cost_pico_usd",)),
+    "prompt_cost_usd": Field("prompt_cost_pico_usd", _usd),
     # An embeddings answer's vector (as floats; float32 in a typed format).
-    "embedding": Field(_embedding, ("embedding",)),
+    "embedding": Field("embedding", _embedding),
 }
 # Added to the defaults for a job whose prompts have a schema, before a column per property of the schema.
 STRUCTURED_FIELDS: Final = ("violation", "reasks", "prompt_cost_usd")
@@ -152,24 +147,34 @@ ALL: Final = "all"
 @dataclass(frozen=True, slots=True)
 class ExportColumn:
     name: str
-    read: Getter
+    # The field of ``storage.ExportRow`` it is read from, and what is made of each value (None: as it is).
+    field: str
+    convert: Convert | None = None
     kind: ColumnKind = "string"
-    # The fields of ``storage.ExportRow`` that ``read`` reads.
-    reads: tuple[str, ...] = ()
+    # Whether a value may be a list or an object from the user's data (metadata, an answer's value): a scalar
+    # column of a typed format checks each value (``_scalar``); CSV writes such a value as JSON.
+    free: bool = False
+
+    def values(self, stored: Sequence[Any]) -> Sequence[Any]:
+        """The column's values from its field's values, a page at a time."""
+        return stored if self.convert is None else list(map(self.convert, stored))
+
+
+_FREE_FIELDS: Final = frozenset({"messages", "tool_calls", "metadata", "parsed"})
 
 
 def _builtin(name: str) -> ExportColumn:
     field = EXPORT_FIELDS[name]
-    return ExportColumn(name, field.read, _KINDS.get(name, "string"), field.reads)
+    return ExportColumn(name, field.field, field.convert, _KINDS.get(name, "string"), free=field.field in _FREE_FIELDS)
 
 
 def _parsed_column(key: str, spec: Any, *, name: str) -> ExportColumn:
-    return ExportColumn(name=name, kind=schema_kind(spec), reads=("parsed",),
-                        read=lambda row: row.parsed.get(key) if isinstance(row.parsed, dict) else None)
+    return ExportColumn(name=name, field="parsed", kind=schema_kind(spec), free=True,
+                        convert=lambda parsed: parsed.get(key) if isinstance(parsed, dict) else None)
 
 
 def _metadata_column(key: str, *, name: str) -> ExportColumn:
-    return ExportColumn(name=name, reads=("metadata",), read=lambda row: (row.metadata or {}).get(key))
+    return ExportColumn(name=name, field="metadata", free=True, convert=lambda metadata: (metadata or {}).get(key))
 
 
 def export_columns(shape: storage.ExportShape, fields: Sequence[str] | None = None) -> list[ExportColumn]:
@@ -224,38 +229,48 @@ class _Csv:
     def __init__(self, handle: TextIO, columns: Sequence[ExportColumn]) -> None:
         self._writer = csv.writer(handle)
         self._writer.writerow([c.name for c in columns])
+        # A list or an object can only come from these columns; every other one is written as it is (None: empty).
+        self._nested = [c.free or c.kind in ("json", "vector") for c in columns]
 
-    def write(self, record: dict[str, Any]) -> None:
-        self._writer.writerow(["" if v is None else _json(v) if isinstance(v, (dict, list))
-                               else v for v in record.values()])
+    def write_page(self, columns: Sequence[Sequence[Any]]) -> None:
+        cells = [list(map(_cell, values)) if nested else values for values, nested in zip(columns, self._nested)]
+        self._writer.writerows(zip(*cells))
 
     def close(self) -> None:
         pass
+
+
+def _cell(value: Any) -> Any:
+    return _json(value) if isinstance(value, (dict, list)) else value
 
 
 class _JsonLines:
     """One JSON object a line."""
 
     def __init__(self, handle: TextIO, columns: Sequence[ExportColumn]) -> None:
-        self._handle = handle
+        self._handle, self._names = handle, [c.name for c in columns]
 
-    def write(self, record: dict[str, Any]) -> None:
-        self._handle.write(_json(record) + "\n")
+    def write_page(self, columns: Sequence[Sequence[Any]]) -> None:
+        names = self._names
+        self._handle.write("".join([_json(dict(zip(names, values))) + "\n" for values in zip(*columns)]))
 
     def close(self) -> None:
         pass
 
 
 class _JsonArray:
-    """One JSON array of the rows, written row by row so that a large job is never held whole."""
+    """One JSON array of the rows, written a page at a time so that a large job is never held whole."""
 
     def __init__(self, handle: TextIO, columns: Sequence[ExportColumn]) -> None:
-        self._handle, self._count = handle, 0
+        self._handle, self._names, self._count = handle, [c.name for c in columns], 0
         handle.write("[")
 
-    def write(self, record: dict[str, Any]) -> None:
-        self._handle.write(("," if self._count else "") + "\n" + _json(record))
-        self._count += 1
+    def write_page(self, columns: Sequence[Sequence[Any]]) -> None:
+        names = self._names
+        rows = [_json(dict(zip(names, values))) for values in zip(*columns)]
+        if rows:
+            self._handle.write(("," if self._count else "") + "\n" + ",\n".join(rows))
+            self._count += len(rows)
 
     def close(self) -> None:
         self._handle.write("\n]\n")
@@ -270,8 +285,9 @@ def _json_text(value: Any) -> str | None:
 
 
 class _Parquet:
-    """A Parquet file (pyarrow, the optional ``parquet`` extra), a row group per ``PARQUET_ROWS_PER_GROUP`` rows, so a
-    job of any size is written in flat memory. Each column typed by its kind; JSON columns as JSON text."""
+    """A Parquet file (pyarrow, the optional ``parquet`` extra), a row group per ``PARQUET_ROWS_PER_GROUP`` rows or
+    more (whole pages), so a job of any size is written in flat memory. Each column typed by its kind and built as an
+    Arrow array a page at a time; JSON columns as JSON text."""
 
     binary = True
 
@@ -280,32 +296,33 @@ class _Parquet:
         types = {"string": pa.string(), "int": pa.int64(), "float": pa.float64(), "bool": pa.bool_(),
                  "json": pa.string(), "vector": pa.list_(pa.float32())}
         self._pa = pa
-        self._columns = list(columns)
         self._schema = pa.schema([pa.field(c.name, types[c.kind]) for c in columns])
-        self._convert = [_json_text if c.kind == "json" else _as_is if c.kind == "vector" else _scalar(c.kind)
-                         for c in columns]
+        # The database's own columns come typed; only the user's data (metadata, an answer's value) is checked.
+        self._convert: list[Convert | None] = [
+            _json_text if c.kind == "json" else None if c.kind == "vector" or not c.free else _scalar(c.kind)
+            for c in columns]
         self._writer = pq.ParquetWriter(handle, self._schema)
-        self._values: list[list[Any]] = [[] for _ in columns]
+        self._batches: list[Any] = []
+        self._rows = 0
 
-    def write(self, record: dict[str, Any]) -> None:
-        for values, convert, value in zip(self._values, self._convert, record.values()):
-            values.append(convert(value))
-        if len(self._values[0]) >= PARQUET_ROWS_PER_GROUP:
+    def write_page(self, columns: Sequence[Sequence[Any]]) -> None:
+        arrays = [self._pa.array(values if convert is None else list(map(convert, values)), type=f.type)
+                  for values, convert, f in zip(columns, self._convert, self._schema)]
+        batch = self._pa.record_batch(arrays, schema=self._schema)
+        self._batches.append(batch)
+        self._rows += batch.num_rows
+        if self._rows >= PARQUET_ROWS_PER_GROUP:
             self._flush()
 
     def _flush(self) -> None:
-        if self._values[0]:
-            arrays = [self._pa.array(values, type=f.type) for values, f in zip(self._values, self._schema)]
-            self._writer.write_batch(self._pa.record_batch(arrays, schema=self._schema))
-            self._values = [[] for _ in self._columns]
+        if self._rows:
+            self._writer.write_table(self._pa.Table.from_batches(self._batches, schema=self._schema),
+                                     row_group_size=self._rows)
+            self._batches, self._rows = [], 0
 
     def close(self) -> None:
         self._flush()
         self._writer.close()
-
-
-def _as_is(value: Any) -> Any:
-    return value
 
 
 class _Npy:
@@ -321,10 +338,22 @@ class _Npy:
         self._rows = 0
         self._width: int | None = None
         self._missing = 0  # rows with no vector before the first one (its width unknown until then)
+        names = [c.name for c in columns]
+        self._at = names.index("embedding") if "embedding" in names else None
         handle.write(b" " * self._HEADER)
 
-    def write(self, record: dict[str, Any]) -> None:
-        vector = record.get("embedding")
+    def write_page(self, columns: Sequence[Sequence[Any]]) -> None:
+        if self._at is None:
+            self._missing_rows(len(columns[0]) if columns else 0)
+            return
+        for vector in columns[self._at]:
+            self._write(vector)
+
+    def _missing_rows(self, count: int) -> None:
+        for _ in range(count):
+            self._write(None)
+
+    def _write(self, vector: list[float] | None) -> None:
         if vector is None:
             if self._width is None:
                 self._missing += 1
@@ -391,15 +420,14 @@ class ExportPlan:
     fmt: str
 
     async def write(self, *, sessions: storage.Sessions, handle: TextIO | IO[bytes]) -> int:
-        """Every prompt of the job, in input order, to ``handle``, a page at a time; returns how many rows."""
+        """Every prompt of the job, in input order, to ``handle``, a page at a time, column by column; returns how
+        many rows."""
         writer = EXPORT_FORMATS[self.fmt](handle, self.columns)
-        names = [column.name for column in self.columns]
-        reads = [column.read for column in self.columns]
-        fields = {field for column in self.columns for field in column.reads}
+        at = [storage.EXPORT_ROW_FIELDS.index(column.field) for column in self.columns]
         count = 0
-        async for row in storage.export_rows(sessions, job_id=self.job_id, fields=fields):
-            writer.write(dict(zip(names, [read(row) for read in reads])))
-            count += 1
+        async for page in storage.export_pages(sessions, job_id=self.job_id, fields={c.field for c in self.columns}):
+            writer.write_page([column.values(page[i]) for column, i in zip(self.columns, at)])
+            count += len(page[0])
         writer.close()
         return count
 

@@ -30,7 +30,8 @@ from ._budgets import release_batch, settle_batch
 from ._bulk import IN_CHUNK, INSERT_BATCH, changed_rows, chunks
 from ._models import Batch, BatchMember, Prompt, aware, utcnow
 from ._records import BatchRecord
-from ._results import RowLedger, answer_rows, write_results
+from ._bulk_answers import write_batch_rows
+from ._results import RowLedger, answer_rows
 from ._engine import Sessions
 
 __all__ = [
@@ -323,7 +324,7 @@ async def store_batch_answers(
                                        model=model, reask=reasks.get(ids[0], 0))]
     async with sessions.begin() as session:
         conn = await session.connection()
-        await write_results(conn, rows, job_ids=job_id, now=now, only_if="batched")
+        await write_batch_rows(conn, rows, job_id=job_id, now=now)
         if batch_id is not None:
             await settle_batch(conn, batch_id=batch_id, cost=sum(row.cost_pico_usd or 0 for row in rows))
     return len(rows)

@@ -22,6 +22,7 @@ __all__ = [
     "find_job",
     "get_job",
     "job_counts",
+    "job_model_endpoints",
     "job_models",
     "job_providers",
     "resolve_job",
@@ -130,9 +131,26 @@ async def job_counts(sessions: Sessions, *, job_id: str) -> dict[str, int]:
 
 async def job_models(sessions: Sessions, *, job_id: str) -> list[str]:
     """The models a job's prompts name, each once."""
+    return sorted({model for model, _ in await job_model_endpoints(sessions, job_id=job_id)})
+
+
+async def job_model_endpoints(sessions: Sessions, *, job_id: str) -> list[tuple[str, str]]:
+    """The (model, endpoint) pairs a job's prompts name, each once, in order: each pair one seek on the index
+    (job_id, model, endpoint) past the one before, so a job of millions of prompts costs a query per pair."""
+    pairs: list[tuple[str, str]] = []
+    base = (select(Prompt.model, Prompt.endpoint).where(Prompt.job_id == job_id)
+            .order_by(Prompt.model, Prompt.endpoint).limit(1))
     async with sessions() as session:
-        found = await session.execute(select(Prompt.model).where(Prompt.job_id == job_id).distinct())
-        return sorted(model for (model,) in found)
+        connection = await session.connection()
+        row = (await connection.execute(base)).first()
+        while row is not None:
+            model, endpoint = row
+            pairs.append((model, endpoint))
+            # The model's next endpoint, else the next model: two range seeks (a row-value comparison is not one).
+            row = (await connection.execute(base.where(Prompt.model == model, Prompt.endpoint > endpoint))).first()
+            if row is None:
+                row = (await connection.execute(base.where(Prompt.model > model))).first()
+    return pairs
 
 
 async def job_providers(sessions: Sessions, *, job_id: str) -> dict[str, str | None]:

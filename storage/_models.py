@@ -34,7 +34,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 # Read by SQLAlchemy when it maps the classes: imported, not only for the type checker.
 from llm_dispatch.core import JobStatus, PromptStatus, ResultRoute, ResultStatus, Route
 
-__all__ = ["PARSED_JSON", "Base", "Batch", "BatchMember", "Budget", "BudgetSpend", "Job", "Prompt", "Reservation",
+__all__ = ["CHECKED", "PARSED_JSON", "Base", "Batch", "BatchMember", "Budget", "BudgetSpend", "Job", "Prompt", "Reservation",
            "Result", "aware", "new_job_id", "utcnow"]
 
 # Stable constraint names, so a later migration can drop or alter them by name on both
@@ -54,6 +54,11 @@ BigInt = BigInteger().with_variant(Integer(), "sqlite")
 
 # A structured answer's value: JSONB on PostgreSQL, so SQL can index and query its fields (parsed->>'label').
 PARSED_JSON = JSON().with_variant(JSONB(), "postgresql")
+
+
+# A result checked against its answer schema: the partial index's condition, which a query repeats word for word
+# for the database to use it.
+CHECKED = "parsed IS NOT NULL OR violation IS NOT NULL"
 
 
 def utcnow() -> datetime:
@@ -108,6 +113,9 @@ class Prompt(Base):
         Index("ix_prompts_job_id_status_route", "job_id", "status", "planned_route"),
         Index("ix_prompts_job_id_position", "job_id", "position"),
         Index("ix_prompts_job_id_dedupe_key", "job_id", "dedupe_key"),
+        # A job's models and endpoints, found by seeking from one pair to the next (``storage.job_models``):
+        # never changed by a result, so settling prompts never writes it.
+        Index("ix_prompts_job_id_model_endpoint", "job_id", "model", "endpoint"),
     )
 
     id: Mapped[int] = mapped_column(BigInt, primary_key=True, autoincrement=True)
@@ -146,10 +154,20 @@ class Prompt(Base):
 
 class Result(Base):
     __tablename__ = "results"
+    # job_id has no index of its own: the covering ledger index leads with it. ``status`` and ``cost`` sum a job's
+    # usage from that index alone, in its order (grouped by route, tier and price stamp with no sort); structured
+    # statistics read only the rows that were checked against a schema, by the partial index.
+    __table_args__ = (
+        Index("ix_results_job_id_ledger", "job_id", "route", "service_tier", "prices_as_of", "prices_file",
+              "cost_basis", "status", "prompt_tokens", "completion_tokens", "cached_tokens", "cache_creation_tokens",
+              "cache_creation_extended_tokens", "cost_pico_usd", "list_cost_pico_usd"),
+        Index("ix_results_job_id_checked", "job_id", sqlite_where=sql_text(CHECKED),
+              postgresql_where=sql_text(CHECKED)),
+    )
 
     id: Mapped[int] = mapped_column(BigInt, primary_key=True, autoincrement=True)
     prompt_id: Mapped[int] = mapped_column(BigInt, ForeignKey("prompts.id"), index=True)
-    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     route: Mapped[ResultRoute] = mapped_column(String(16))
     status: Mapped[ResultStatus] = mapped_column(String(16))

@@ -6,13 +6,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-from collections.abc import AsyncIterator, Collection, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 from typing import Any, ClassVar, Unpack
 
-from sqlalchemy import Integer, Text, and_, case, cast, func, literal, null, or_, select, type_coerce
+from sqlalchemy import Integer, Text, and_, case, cast, func, literal, null, or_, select, text, type_coerce
 from sqlalchemy.engine import Row
 from sqlalchemy.sql.elements import TypeCoerce
 from sqlalchemy.orm import InstrumentedAttribute, aliased
@@ -28,16 +28,19 @@ from llm_dispatch.core import (
     from_pico,
 )
 
-from ._models import Batch, Job, Prompt, Result, aware
+from ._jobs import job_model_endpoints
+from ._models import CHECKED, Batch, Job, Prompt, Result, aware
 from ._engine import Sessions
 
 __all__ = [
+    "EXPORT_ROW_FIELDS",
     "ExportRow",
     "ExportShape",
     "JobSummary",
     "ReplyLengths",
     "StructuredStats",
     "UsageRow",
+    "export_pages",
     "export_rows",
     "export_shape",
     "list_jobs",
@@ -47,7 +50,7 @@ __all__ = [
     "usage_by_route",
 ]
 
-EXPORT_PAGE = 2000
+EXPORT_PAGE = 5000
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,13 +160,34 @@ async def usage_by_route(
 ) -> list[UsageRow]:
     """Tokens paid for and their stored cost per route, requested model (the price table knows the model
     as asked for), endpoint, service tier and the prices they were priced with. ``long_above`` (model -> prompt tokens)
-    splits a model's requests into those at most that long and those longer, which a price table prices apart."""
+    splits a model's requests into those at most that long and those longer, which a price table prices apart.
+
+    A job of one model and endpoint (most are) is summed from the results' covering ledger index alone, in its
+    order; a job of several joins each result to its prompt for them."""
+    pairs = await job_model_endpoints(sessions, job_id=job_id)
+    if not pairs:
+        return []
     stamp = (Result.prices_as_of, Result.prices_file, Result.cost_basis)
-    long = case(*((and_(Prompt.model == model, Result.prompt_tokens > above), True)
-                  for model, above in (long_above or {}).items()), else_=False) if long_above else literal(False)
+    model: Any
+    endpoint: Any
+    above: int | None = None
+    provider: Any
+    if len(pairs) == 1:
+        only, only_endpoint = pairs[0]
+        model, endpoint = literal(only).label("model"), literal(only_endpoint).label("endpoint")
+        # A model's prompts go to one provider (its recorded name says which).
+        async with sessions() as session:
+            only_provider = await session.scalar(select(Prompt.provider).where(Prompt.job_id == job_id).limit(1))
+        provider = literal(only_provider).label("provider")
+        above = (long_above or {}).get(only)
+        long: Any = literal(False) if above is None else Result.prompt_tokens > above
+    else:
+        model, endpoint, provider = Prompt.model, Prompt.endpoint, Prompt.provider
+        long = case(*((and_(Prompt.model == name, Result.prompt_tokens > above), True)
+                      for name, above in (long_above or {}).items()), else_=False) if long_above else literal(False)
     stmt = (
         select(
-            Result.route, Prompt.model, func.count(),
+            Result.route, model, func.count(),
             _total(Result.prompt_tokens),
             _total(Result.completion_tokens),
             _total(Result.cached_tokens),
@@ -174,17 +198,20 @@ async def usage_by_route(
             func.count() - func.count(Result.cost_pico_usd),
             long.label("long_prompt"),
             Result.service_tier,
-            Prompt.endpoint,
-            Prompt.provider,
+            endpoint,
+            provider,
             *stamp,
         )
-        .join(Prompt, Prompt.id == Result.prompt_id)
         .where(Result.job_id == job_id, Result.route != "reused",
                # Answers, and failures that reported what they used (a 2xx with no usable answer).
                or_(Result.status.in_(PAID_RESULT_STATUSES), Result.prompt_tokens.is_not(None)))
-        .group_by(Result.route, Prompt.model, "long_prompt", Result.service_tier, Prompt.endpoint, Prompt.provider,
-                  *stamp)
+        # The ledger index's order (route, tier, stamp), so that grouping one model's results needs no sort.
+        .group_by(Result.route, Result.service_tier, *stamp)
     )
+    if len(pairs) > 1:
+        stmt = stmt.join(Prompt, Prompt.id == Result.prompt_id).group_by(Prompt.model, Prompt.endpoint, Prompt.provider)
+    if long_above and (len(pairs) > 1 or above is not None):
+        stmt = stmt.group_by("long_prompt")
     async with sessions() as session:
         found = [UsageRow(route, model, int(n), int(p), int(c), int(k), int(cost), int(listed), int(unknown),
                           as_of, file, basis, cache_creation_tokens=int(w), cache_creation_extended_tokens=int(x),
@@ -270,6 +297,8 @@ class StructuredStats:
 async def structured_stats(sessions: Sessions, *, job_id: str) -> StructuredStats | None:
     """How the job's structured answers came out (``StructuredStats``); None when no prompt of it has a schema."""
     checked = or_(Result.parsed.isnot(None), Result.violation.isnot(None))
+    # Whether any of the job's results was checked at all, from the partial index of those (its condition as written).
+    any_checked = select(Result.id).where(Result.job_id == job_id, text(f"({CHECKED})")).limit(1)
     again = Result.reask > 0
     stmt = select(
         func.count(func.distinct(case((checked, Result.prompt_id)))),
@@ -281,6 +310,8 @@ async def structured_stats(sessions: Sessions, *, job_id: str) -> StructuredStat
     ).where(Result.job_id == job_id)
     invalid = select(func.count()).where(Prompt.job_id == job_id, Prompt.status == "invalid")
     async with sessions() as session:
+        if (await session.execute(any_checked)).first() is None:
+            return None
         prompts, first, after, reasks, cost = (await session.execute(stmt)).one()
         if not prompts:
             return None
@@ -337,7 +368,8 @@ _EXPORTED_PROMPT_COLUMNS = {
     "metadata": Prompt.metadata_, "status": Prompt.status, "planned_route": Prompt.planned_route,
     "route_reason": Prompt.route_reason, "messages": Prompt.messages,
 }
-_EXPORT_ROW_FIELDS = tuple(f.name for f in dataclasses.fields(ExportRow))
+# ExportRow's fields in order: the columns of each row ``export_pages`` yields.
+EXPORT_ROW_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(ExportRow))
 
 
 async def export_rows(sessions: Sessions, *, job_id: str,
@@ -345,8 +377,27 @@ async def export_rows(sessions: Sessions, *, job_id: str,
     """Every prompt of the job in input order, with its latest result (or none yet), a page at a time. A re-ask whose
     call failed is not its outcome (the invalid answer before it stays that), only part of its cost. ``fields``: the
     ``ExportRow`` fields to read (the others are None); default all of them."""
-    wanted = set(_EXPORT_ROW_FIELDS if fields is None else fields) | {"position"}  # position: where a page ends
-    unknown = wanted.difference(_EXPORT_ROW_FIELDS)
+    pages = export_pages(sessions, job_id=job_id, fields=fields)
+    try:
+        async for page in pages:
+            for values in zip(*page):
+                yield ExportRow(*values)
+    finally:  # the consumer stopped early (or failed): the page being read is not wanted
+        await pages.aclose()
+
+
+# Fields stored as JSON: read as their text and decoded a column at a time (the JSON type's own decoding, per value).
+_JSON_FIELDS = frozenset({"metadata", "messages", "tool_calls", "parsed"})
+
+
+async def export_pages(sessions: Sessions, *, job_id: str, fields: Collection[str] | None = None,
+                       size: int | None = None) -> AsyncGenerator[Sequence[Sequence[Any]], None]:
+    """``export_rows``' prompts a page of up to ``size`` at a time, as columns: one sequence per ``ExportRow`` field in
+    their order (``EXPORT_ROW_FIELDS``; a field not among ``fields`` all None), what a writer of whole columns reads.
+    Only the fields asked for are selected; ``size`` defaults to ``EXPORT_PAGE``."""
+    size = size or EXPORT_PAGE
+    wanted = set(EXPORT_ROW_FIELDS if fields is None else fields) | {"position"}  # position: where a page ends
+    unknown = wanted.difference(EXPORT_ROW_FIELDS)
     if unknown:
         raise ValueError(f"ExportRow has no field {', '.join(sorted(unknown))}")
     # Each prompt's latest result by the index on results.prompt_id, a lookup per row of the page: a page costs
@@ -360,26 +411,33 @@ async def export_rows(sessions: Sessions, *, job_id: str,
             .scalar_subquery())
     read = {**_EXPORTED_PROMPT_COLUMNS, **{name: getattr(Result, name) for name in _EXPORTED_RESULT_FIELDS},
             "prompt_cost_pico_usd": paid}
-    # Every field in ExportRow's order, a NULL for those not read: a row is its arguments as they stand.
-    columns = [(read[name] if name in wanted else null()).label(name) for name in _EXPORT_ROW_FIELDS]
-    query = select(*columns)
+    names = [name for name in EXPORT_ROW_FIELDS if name in wanted]
+    # JSON as its text on both databases (asyncpg would decode a json column itself): one decoder, a column at a time.
+    query = select(*((cast(read[name], Text) if name in _JSON_FIELDS else read[name]).label(name) for name in names))
     if wanted.intersection(_EXPORTED_RESULT_FIELDS):
         query = query.outerjoin(Result, Result.id == latest)
+    at = names.index("position")
 
     async def page_after(position: int) -> Sequence[Row[Unpack[tuple[Any, ...]]]]:
         stmt = (query.where(Prompt.job_id == job_id, Prompt.position > position)
-                .order_by(Prompt.position).limit(EXPORT_PAGE))
+                .order_by(Prompt.position).limit(size))
         async with sessions() as session:
             # On the connection: plain rows, without the ORM's loading machinery.
             return (await (await session.connection()).execute(stmt)).all()
 
+    def columns(rows: Sequence[Row[Unpack[tuple[Any, ...]]]]) -> list[Sequence[Any]]:
+        got = dict(zip(names, zip(*rows)))
+        nothing = (None,) * len(rows)
+        return [nothing if name not in got else
+                [None if v is None else json.loads(v) for v in got[name]] if name in _JSON_FIELDS else got[name]
+                for name in EXPORT_ROW_FIELDS]
+
     page = await page_after(-1)
     while page:
         # The next page is read (by the driver's thread, or the server) while this one is consumed.
-        following = asyncio.ensure_future(page_after(page[-1].position))
+        following = asyncio.ensure_future(page_after(page[-1][at]))
         try:
-            for row in page:
-                yield ExportRow(*row)
+            yield columns(page)
         except BaseException:  # the consumer stopped early (or failed): the next page is not wanted
             following.cancel()
             raise

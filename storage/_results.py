@@ -35,6 +35,8 @@ __all__ = [
     "RowLedger",
     "answer_rows",
     "failure_rows",
+    "prompt_states",
+    "result_params",
     "shares",
     "write_results",
 ]
@@ -302,6 +304,22 @@ async def write_results(
     if not rows:
         return
     dialect = conn.dialect
+    await conn.exec_driver_sql(_insert_sql(dialect), result_params(rows, job_ids=job_ids, dialect=dialect))
+    updated = bind_value(Prompt.__table__.c.updated_at, now, dialect)
+    states = prompt_states(rows)
+    if all(state[0] == "succeeded" for state in states.values()):
+        # Every prompt answered (a batch's output, most real-time flushes): no error to keep, fewer bindings.
+        settled = [(attempts, updated, prompt_id) for prompt_id, (_, attempts, _, _) in states.items()]
+        await conn.exec_driver_sql(_succeeded_sql(dialect, only_if=only_if), settled)
+        return
+    settle = [(*state, updated, prompt_id) for prompt_id, state in states.items()]
+    await conn.exec_driver_sql(_settle_sql(dialect, only_if=only_if), settle)
+
+
+def result_params(rows: Sequence[ResultRow], *, job_ids: str | Mapping[int, str],
+                  dialect: Dialect) -> list[tuple[Any, ...]]:
+    """Each row's values in ``RESULT_COLUMNS`` order, as the driver takes them (each JSON column and timestamp
+    through its type's bind processor)."""
     # Plain tuples through the driver's executemany (see storage._bulk): at thousands of rows a second,
     # SQLAlchemy's per-row parameter handling costs more than the database does.
     to_time = bind_processor(Result.__table__.c.created_at, dialect)
@@ -324,19 +342,10 @@ async def write_results(
         if row.parsed is not None:
             values = (*values[:_PARSED], to_parsed(row.parsed), *values[_PARSED + 1:])
         params.append((*values, bound, job_id))
-    await conn.exec_driver_sql(_insert_sql(dialect), params)
-    updated = bind_value(Prompt.__table__.c.updated_at, now, dialect)
-    states = _prompt_states(rows)
-    if all(state[0] == "succeeded" for state in states.values()):
-        # Every prompt answered (a batch's output, most real-time flushes): no error to keep, fewer bindings.
-        settled = [(attempts, updated, prompt_id) for prompt_id, (_, attempts, _, _) in states.items()]
-        await conn.exec_driver_sql(_succeeded_sql(dialect, only_if=only_if), settled)
-        return
-    settle = [(*state, updated, prompt_id) for prompt_id, state in states.items()]
-    await conn.exec_driver_sql(_settle_sql(dialect, only_if=only_if), settle)
+    return params
 
 
-def _prompt_states(rows: Sequence[ResultRow]) -> dict[int, tuple[str, int, str | None, bool | None]]:
+def prompt_states(rows: Sequence[ResultRow]) -> dict[int, tuple[str, int, str | None, bool | None]]:
     """Per prompt: (new status, attempts to add, last error class, retryable), its rows merged in order.
 
     One UPDATE row per prompt, so the executemany has no order to get wrong when a prompt has several

@@ -46,14 +46,15 @@ __all__ = [
 
 _PROMPT_COLUMNS = (
     "job_id", "custom_id", "position", "model", "messages", "params", "metadata", "dedupe_key", "planned_route",
-    "route_reason", "deadline", "status", "attempts", "created_at", "updated_at", "provider",
+    "route_reason", "deadline", "status", "attempts", "created_at", "updated_at",
 )
 
 
-def _insert_prompts_sql(dialect: Any, *, skip_existing: bool, endpoint: bool = False) -> str:
-    """The INSERT of prompt rows; with ``endpoint`` their endpoint too (else the column's default, chat: so chat
-    prompts are written as before it existed)."""
-    columns = (*_PROMPT_COLUMNS, "endpoint") if endpoint else _PROMPT_COLUMNS
+def _insert_prompts_sql(dialect: Any, *, skip_existing: bool, endpoint: bool = False, provider: bool = True) -> str:
+    """The INSERT of prompt rows; with ``provider`` their provider (a run always knows it; rows without one are
+    written as before the column existed); with ``endpoint`` their endpoint too (else the column's default, chat: so
+    chat prompts are written as before it existed)."""
+    columns = (*_PROMPT_COLUMNS, *(("provider",) if provider else ()), *(("endpoint",) if endpoint else ()))
     marks = placeholders(dialect, len(columns))
     sql = f"INSERT INTO prompts ({', '.join(columns)}) VALUES ({', '.join(marks)})"
     # PostgreSQL's upsert clause, which SQLite (3.24+) reads too: a row whose (job_id, custom_id) is stored stays as it is.
@@ -91,8 +92,9 @@ async def add_prompts(
         to_json = {name: bind_processor(table.c[name], dialect) for name in ("messages", "params", "metadata")}
         to_time = bind_processor(table.c.deadline, dialect)
         stamp = bind_value(table.c.created_at, now, dialect)
-        sql = _insert_prompts_sql(dialect, skip_existing=skip_existing)
-        sql_endpoint = _insert_prompts_sql(dialect, skip_existing=skip_existing, endpoint=True)
+        statements = {(endpoint, provider): _insert_prompts_sql(dialect, skip_existing=skip_existing,
+                                                                endpoint=endpoint, provider=provider)
+                      for endpoint in (False, True) for provider in (False, True)}
         batches = chunks(prompts, INSERT_BATCH)
 
         def next_rows() -> tuple[str, list[tuple[Any, ...]]] | None:
@@ -104,13 +106,15 @@ async def add_prompts(
                     job_id, p.custom_id, p.position, p.model, to_json["messages"](p.messages),
                     to_json["params"](p.params), to_json["metadata"](p.metadata), p.dedupe_key, p.planned_route,
                     p.route_reason, None if p.deadline is None else to_time(p.deadline), "pending", 0, stamp, stamp,
-                    p.provider,
                 )
                 for p in batch
             ]
+            provider = any(p.provider is not None for p in batch)
+            if provider:
+                rows = [(*row, p.provider) for row, p in zip(rows, batch)]
             if any(p.endpoint != "chat" for p in batch):
-                return sql_endpoint, [(*row, p.endpoint) for row, p in zip(rows, batch)]
-            return sql, rows
+                return statements[True, provider], [(*row, p.endpoint) for row, p in zip(rows, batch)]
+            return statements[False, provider], rows
 
         # Each batch's rows are made (the input read, checked and routed on the way) in a worker thread while the
         # one before is written: the driver works outside the GIL, so the two overlap. One statement at a time.

@@ -15,5 +15,5 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("prompts") as batch:
-        batch.drop_column("provider")
+    # A plain DROP COLUMN (SQLite >= 3.35), as 0003's: a batch alter would copy the table the results point at.
+    op.drop_column("prompts", "provider")

@@ -91,11 +91,9 @@ def _keeps_background(sink: Any) -> bool:
 
 
 def _background_hooks(sink: Any, item: WorkItem) -> dict[str, Callable[..., Awaitable[None]]]:
-    """For a request in background mode, when the sink keeps its creates and ids (``_keeps_background``): what
-    counts each create for the item's prompts before it is sent, and what stores its id as soon as it is created;
-    else nothing."""
-    if not _keeps_background(sink) or not runs_in_background(item.request):
-        return {}
+    """For a request in background mode (``runs_in_background``) to a sink that keeps its creates and ids
+    (``_keeps_background``): what counts each create for the item's prompts before it is sent, and what stores its
+    id as soon as it is created."""
     count, keep = sink.background_creating, sink.background_started
 
     async def creating() -> None:
@@ -303,7 +301,7 @@ async def send_all(
         if progress is not None:
             progress.in_flight += 1
         try:
-            hooks = _background_hooks(sink, item) if background else None
+            hooks = _background_hooks(sink, item) if background and runs_in_background(item.request) else None
             result = await (client.chat(item.request, **hooks) if hooks else client.chat(item.request))
         except asyncio.CancelledError:
             raise

@@ -11,7 +11,8 @@ first chunks while the rest is stored): how much sending while recording is wort
 The flow's time covers the whole flow call (Prefect creating the flow run, validating and recording the
 prompts, planning, sending, persisting every result, the summary); process start-up (imports, and
 Prefect's API: an ephemeral server takes ~10 s) is warmed up before the clock starts, as in a
-process that has run a flow before. Besides the ratios it prints the flow's phases and CPU seconds.
+process that has run a flow before. Besides the ratios it prints the flow's phases and each variant's
+whole-process CPU seconds (every thread, imports included: ``getrusage``), and their ratio run by run.
 
 The children inherit ``PREFECT_API_URL``: to measure against a running server on PostgreSQL (as the
 README recommends; its SQLite-backed ephemeral server answers some writes 503 under load, and Prefect's
@@ -207,6 +208,15 @@ def main() -> None:
                       "validating, recording and planning the prompts)")
                 print("  flow phases (median s)      " + ", ".join(f"{k} {v:.3f}" for k, v in phases.items())
                       + f", outside them (flow start and finish, summary) {outside:.3f}")
+                cpu = {k: [r["cpu_seconds"] for r in v] for k, v in results.items()}
+                cpu_ratios = [f / b for f, b in zip(cpu["flow"], cpu["baseline"])]
+                print(f"  whole-process CPU seconds   flow {statistics.median(cpu['flow']):.1f} "
+                      f"(runs: {', '.join(f'{c:.1f}' for c in cpu['flow'])}), baseline "
+                      f"{statistics.median(cpu['baseline']):.1f} (runs: {', '.join(f'{c:.1f}' for c in cpu['baseline'])})")
+                print(f"  flow CPU / baseline CPU     median {statistics.median(cpu_ratios):.3f}x  "
+                      f"(runs: {', '.join(f'{r:.3f}' for r in cpu_ratios)})")
+                print(f"  wall seconds                flow {statistics.median(r['seconds'] for r in results['flow']):.1f}, "
+                      f"baseline {statistics.median(r['seconds'] for r in results['baseline']):.1f}")
                 print(f"  flow peak RSS               {rss:.0f} MB (max of runs); baseline "
                       f"{max(r['peak_rss_mb'] for r in results['baseline']):.0f} MB")
 

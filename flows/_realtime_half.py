@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 from prefect import get_run_logger
@@ -23,7 +25,7 @@ from llm_dispatch.jobs import (
     describe_plan,
     plan_run_caches,
 )
-from llm_dispatch.core import RunStop, counted, current_progress, unfinished
+from llm_dispatch.core import RoutingRules, RunStop, Settings, counted, current_progress, unfinished
 from llm_dispatch.tasks import chunk_sender
 
 from ._artifacts import ProgressBoard, job_label
@@ -37,6 +39,8 @@ async def send_realtime(
     started: float | None = None,
     budget: storage.BudgetInfo | None = None,
     job_stats: bool = True,
+    rules: RoutingRules | None = None,
+    on_stored: Callable[[], object] | None = None,
 ) -> RealtimeSummary:
     """The real-time half of a run: the unfinished prompts of ``job`` that ``selection`` takes, sent
     chunk by chunk, each answer stored. A job still being recorded (``job.rest``) has the rest stored
@@ -44,6 +48,8 @@ async def send_realtime(
     request (a ``storage.BudgetLease``); once the next does not fit, the requests out finish and the rest stay
     pending. ``job_stats``: False leaves the job's result statistics (a pass over all its results) to a caller
     that reads the job's report anyway once its other half is done (``dispatch``, which puts the report's in).
+    ``rules`` route the rest of a job still being recorded as its first prompts were (None: all real-time);
+    ``on_stored`` is called once the whole job is stored (the batch half waits for it).
     """
     logger = get_run_logger()
     settings = run.settings
@@ -74,7 +80,7 @@ async def send_realtime(
         )
         feed = ChunkFeed(
             job=job, sessions=run.sessions, sink=writer, chunk_size=settings.chunk_size, dedupe=settings.dedupe,
-            selection=selection, before_storing=sender.sending.wait,
+            selection=selection, before_storing=sender.sending.wait, rules=rules, on_stored=on_stored,
         )
         first_at: float | None = None
         async with sender:
@@ -143,3 +149,8 @@ def _log_plan(logger: Any, *, job: RecordedJob, feed: ChunkFeed) -> None:
 async def _no_stats() -> storage.ResultStats:
     """A run whose caller reads the job's statistics itself, once both halves are done."""
     return storage.ResultStats()
+
+
+def lane_count(settings: Settings) -> int:
+    """Chunks sending at once in a run: enough to fill its concurrency at ``per_chunk_concurrency`` each."""
+    return math.ceil(settings.concurrency / settings.per_chunk_concurrency)

@@ -56,7 +56,7 @@ from ._artifacts import publish_report
 from ._setup import input_run_name, prepare, scheduled_job_name
 from ._states import BUDGET_REACHED, MAX_COST_REFUSED, failed_prompts, final_state
 from ._batch_half import dispatch_batches
-from ._realtime_half import send_realtime
+from ._realtime_half import lane_count, send_realtime
 
 
 @flow(name="dispatch", flow_run_name=input_run_name, log_prints=False)
@@ -168,9 +168,13 @@ async def run_dispatch(
         job_name = scheduled_job_name(source)
     async with open_run(settings) as run:
         table = run.prices
+        rules = routing_rules(settings)
+        # A new job's first chunks per lane go out while the rest of it is stored, routed and priced by its check
+        # pass; the batch half starts once it is all stored. Shards read a job stored whole.
+        head = settings.chunk_size * lane_count(settings) if shards == 1 else None
         job = await record_prompts(source=quote(source), job_id=job_id, settings=settings, sessions=run.sessions,
                                    name=job_name, new_job=new_job, retry_failed=retry_failed,
-                                   rules=routing_rules(settings), estimate=True)
+                                   rules=rules, estimate=True, head=head)
         run.clients.require(job.providers)  # a missing key stops the run here, before anything is sent
         if replan and job.resumed:
             moved = await replan_pending(run.sessions, job_id=job.job_id, rules=routing_rules(settings),
@@ -196,7 +200,11 @@ async def run_dispatch(
         held = await run_budget(settings, sessions=run.sessions, job_id=job.job_id)
         if held is not None:
             check_budget_bounds(estimate, budget=held)
-        await storage.set_job_status(run.sessions, job_id=job.job_id, status="running")
+        stored = asyncio.Event()
+        if not job.rest:
+            stored.set()
+            await storage.set_job_status(run.sessions, job_id=job.job_id, status="running")
+        # Else the job leaves ``recording`` with its last slice, stored by the real-time half as it sends.
 
         realtime_done = asyncio.Event()
 
@@ -207,12 +215,15 @@ async def run_dispatch(
                                             deployment=realtime_deployment, retry_failed=retry_failed,
                                             label=job.name)
                 selection = Selection(retry_failed=retry_failed, planned_route="realtime")
-                return await send_realtime(run=run, job=job, selection=selection, budget=held, job_stats=False)
+                return await send_realtime(run=run, job=job, selection=selection, budget=held, job_stats=False,
+                                           rules=rules, on_stored=stored.set)
             finally:
+                stored.set()  # never leave the batch half waiting, whatever became of this half
                 realtime_done.set()
 
         async def batch_half() -> BatchHalfSummary:
             try:
+                await stored.wait()
                 return await dispatch_batches(run=run, job_id=job.job_id, wait=wait, retry_failed=retry_failed,
                                               realtime_done=realtime_done)
             except Exception:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any
 
@@ -15,7 +14,7 @@ from llm_dispatch.jobs import Selection, open_run, run_budget
 from llm_dispatch.core import ConfigError, Endpoint, RetryFailed, Route, Settings, setting_overrides
 from llm_dispatch.tasks import record_prompts
 
-from ._realtime_half import send_realtime
+from ._realtime_half import lane_count, send_realtime
 from ._setup import input_run_name, prepare, scheduled_job_name
 from ._states import final_state
 
@@ -91,7 +90,3 @@ async def realtime_dispatch(
         summary = await send_realtime(run=run, job=job, selection=selection, started=started, budget=held)
     return final_state(summary, budget=summary.budget, fail_above=fail_above)
 
-
-def lane_count(settings: Settings) -> int:
-    """Chunks sending at once in a run: enough to fill its concurrency at ``per_chunk_concurrency`` each."""
-    return math.ceil(settings.concurrency / settings.per_chunk_concurrency)

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from llm_dispatch import storage
 from llm_dispatch.core import (
+    REQUEST_ROUTES,
     CachePlan,
     ChatRequest,
     ChatSender,
@@ -47,7 +48,8 @@ class ChunkFeed:
 
     A job recorded whole is planned a keyset page of its open prompts at a time. A job still being
     recorded (``RecordedJob.rest``) is planned a slice at a time: the prompts stored so far, then
-    each slice as it is stored (after ``before_storing``). Either way the identical requests whose
+    each slice as it is stored (after ``before_storing``; ``on_stored`` is called once the last one is, as
+    ``rules`` routed them). Either way the identical requests whose
     prompts are in different pages or slices come last, grouped once all of them are stored so that
     they are paid once. The job leaves ``recording`` with its last slice. What the feed holds is a
     page or a slice, however large the job: a consumer that takes a chunk only when it can start it
@@ -65,8 +67,10 @@ class ChunkFeed:
         selection: Selection = Selection(),
         rules: RoutingRules | None = None,
         before_storing: Callable[[], Awaitable[object]] | None = None,
+        on_stored: Callable[[], object] | None = None,
     ) -> None:
         self._job, self._sessions, self._sink = job, sessions, sink
+        self._on_stored = on_stored
         self._first_size = chunk_size
         # Every slice's chunks alike: at most MAX_CHUNKS_PER_RUN of them, unless that would make a chunk
         # larger than MAX_GROWN_CHUNK prompts (a 10M job: 2,000 chunks of 5,000).
@@ -74,8 +78,9 @@ class ChunkFeed:
         self._selection = selection
         self._dedupe, self._rules, self._before_storing = dedupe, rules, before_storing
         self.chunks = self.requests = self.prompts = self.reused = 0
-        # Open prompts not planned yet (counted when the feed starts); a request each until they are.
-        self.unplanned = job.total if job.rest else 0
+        # Open prompts not planned yet (counted when the feed starts); a request each until they are. Of a job being
+        # recorded, those routed to the Batch API are another half's.
+        self.unplanned = (job.total - (job.batched if selection.planned_route == "realtime" else 0)) if job.rest else 0
 
     @property
     def expected_chunks(self) -> int:
@@ -139,6 +144,8 @@ class ChunkFeed:
                                        first_slice=job.stored, recorded_at=job.recorded_at, then_status="running",
                                        rules=self._rules, checked=job.checked):
             yield await self._plan(positions=(stored.start, stored.stop), hold_keys=hold, track_positions=True), stored
+        if self._on_stored is not None:
+            self._on_stored()
 
     async def _plan(self, *, size: int | None = None, **slice_: Any) -> RealtimePlan:
         return await plan_realtime(
@@ -163,10 +170,13 @@ def _requests_of(
         return None
     requests = {}
     for ids in groups:
-        spec = stored.specs[plan.positions[ids[0]] - stored.start]
+        at = plan.positions[ids[0]] - stored.start
+        spec = stored.specs[at]
         assert spec.position == plan.positions[ids[0]], "a slice holds the job's prompts in input order"
+        # Sent by its lane, as a chunk that loads its rows sends it (a flex or background lane; None: plain).
+        route = stored.routes[at] if stored.routes else None
         requests[ids[0]] = ChatRequest(model=spec.model, messages=spec.messages, params=spec.params,
-                                         endpoint=spec.endpoint)
+                                       endpoint=spec.endpoint, lane=route if route in REQUEST_ROUTES else None)
     return requests
 
 

@@ -4,7 +4,7 @@ in slices when the job is sent while it is stored."""
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Container, Hashable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Container, Hashable, Iterable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime, timedelta
@@ -17,6 +17,7 @@ from llm_dispatch import storage
 from llm_dispatch.core import (
     counted,
     DEFAULT_ENDPOINT,
+    ChatRequest,
     ConfigError,
     EstimateSums,
     DEFAULT_OFFERS,
@@ -33,6 +34,7 @@ from llm_dispatch.core import (
     DEFAULT_MAX_TOKENS,
     decide_route,
     iter_prompts,
+    key_hash,
     load_schema,
     parse_deadline,
     prompt_chars,
@@ -44,7 +46,7 @@ from llm_dispatch.core import (
     unfinished,
 )
 
-from ._costs import counted_prompts
+from ._costs import _estimated_lane, counted_prompts
 from ._run import load_prices
 
 logger = logging.getLogger(__name__)
@@ -86,11 +88,13 @@ class PromptInput:
                                    model_providers=self.model_providers, anthropic_version=self.anthropic_version),
                       start, None)
 
-    def check(self, *, warn: bool = True, remember: bool = False) -> InputCheck:
+    def check(self, *, warn: bool = True, remember: bool = False,
+              each: Callable[[PromptSpec], object] | None = None) -> InputCheck:
         """Validate the whole input (``InputError`` naming its bad lines): its count, fingerprint, repeats, providers.
 
         A file this context checked before with ``remember`` (the command, before it starts the flow) is not read
-        again while it is unchanged (same size, modification time and inode) and checked by the same rules."""
+        again while it is unchanged (same size, modification time and inode) and checked by the same rules: then
+        ``each`` (called with every good prompt as the check reads it) is not called at all."""
         key = self._check_key()
         known = checked_inputs.get().get(key) if key is not None else None
         if known is not None:
@@ -100,7 +104,7 @@ class PromptInput:
                                 table=self.table,
                                 model_providers=self.model_providers, default_max_tokens=self.default_max_tokens,
                                 anthropic_version=self.anthropic_version, warn=warn, keep=KEEP_CHECKED,
-                                allow_unknown_model=self.allow_unknown_model)
+                                allow_unknown_model=self.allow_unknown_model, each=each)
         if remember and key is not None:
             checked_inputs.set({**checked_inputs.get(), key: checked})
         return checked
@@ -132,6 +136,8 @@ class StoredSlice:
     start: int
     stop: int
     specs: list[PromptSpec]
+    # Each spec's planned route, as stored.
+    routes: list[Route | None] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,11 +161,14 @@ class RecordedJob:
     name: str = ""
     # A resumed job: its prompts with an outcome (succeeded or failed) when this run found it.
     answered: int = 0
-    # A new job stored whole with ``record_job(estimate=True)``: the estimate's sums of its prompts, made as they were
-    # stored (``estimate_cost(recorded=...)``), so the estimate does not read them back.
+    # A new job with ``record_job(estimate=True)``: the estimate's sums of its prompts, made as they were stored whole,
+    # or by the check pass of one stored in slices (``estimate_cost(recorded=...)``), so the estimate reads none back.
     sums: EstimateSums | None = field(default=None, repr=False, compare=False)
     # A new job started because the finished job of the same input was not to be resumed (``dedupe`` off).
     started_over_from: str | None = None
+    # A new job stored in slices with ``record_job(estimate=True)``: its prompts routed to the Batch API (the check
+    # pass routed them), which a real-time feed does not wait for.
+    batched: int = 0
 
     @property
     def rest(self) -> int:
@@ -190,33 +199,49 @@ async def replan_pending(sessions: storage.Sessions, *, job_id: str, rules: Rout
     raise ValueError(f"route policy {rules.policy!r} is decided per prompt when recorded; it re-plans nothing")
 
 
+class _Router:
+    """Routes prompts one at a time by ``rules`` as of ``now`` (None: all real-time): each its route, the reason and
+    its deadline; a prompt with a deadline may take the lanes ``table`` offers its model and endpoint
+    (``lane_offers``), looked up once each."""
+
+    __slots__ = ("_batchless", "_now", "_offers", "_rules", "_table")
+
+    def __init__(self, *, rules: RoutingRules | None, now: datetime, table: PriceTable | None,
+                 without_batches: Mapping[str, str] | None = None) -> None:
+        self._rules, self._now, self._table = rules, now, table
+        self._offers: dict[tuple[str, str, bool], tuple[LaneOffer, ...]] = {}
+        # Providers with no Batch API, each with why (``batchless_providers``): their prompts are planned real-time.
+        self._batchless = without_batches or {}
+
+    def route(self, spec: PromptSpec) -> tuple[Route, str, datetime | None]:
+        deadline = parse_deadline(spec.deadline, now=self._now) if spec.deadline else None
+        rules = self._rules
+        if rules is None:
+            return "realtime", "sent by the realtime-dispatch flow", deadline
+        # A prompt that names its own service tier or background mode is sent as it says: the Batch API alone.
+        own = "service_tier" in spec.params or "background" in spec.params
+        key = (spec.model, spec.endpoint, own)
+        offers = self._offers.get(key)
+        if offers is None:
+            found = self._table.lane_offers(model=spec.model, endpoint=spec.endpoint) if self._table is not None else ()
+            offers = self._offers[key] = tuple(offer for offer in found if not own or offer.route == "batch") or DEFAULT_OFFERS
+        decision = decide_route(urgency=spec.urgency, deadline=deadline, prompt_chars=prompt_chars(spec.messages),
+                                now=self._now, rules=rules, offers=offers)
+        if decision.route == "batch" and spec.provider in self._batchless:
+            return "realtime", self._batchless[spec.provider], deadline
+        return decision.route, decision.reason, deadline
+
+
 def new_prompts(
     specs: Iterable[PromptSpec], *, rules: RoutingRules | None, now: datetime, table: PriceTable | None = None,
     without_batches: Mapping[str, str] | None = None,
 ) -> Iterator[storage.NewPrompt]:
-    """Rows for the specs, one at a time, each routed by ``rules`` (None: all real-time) with its reason and deadline;
-    a prompt with a deadline may take the lanes ``table`` offers its model and endpoint (``lane_offers``). A prompt of
-    a provider in ``without_batches`` (``batchless_providers``) that would go to the Batch API is planned real-time,
-    so that its estimate and budget are the price it is sent at."""
-    offers: dict[tuple[str, str, bool], tuple[LaneOffer, ...]] = {}
-    batchless = without_batches or {}
+    """Rows for the specs, one at a time, each routed by ``rules`` (None: all real-time) with its reason and deadline
+    (``_Router``): a prompt of a provider in ``without_batches`` (``batchless_providers``) that would go to the
+    Batch API is planned real-time, so that its estimate and budget are the price it is sent at."""
+    router = _Router(rules=rules, now=now, table=table, without_batches=without_batches)
     for spec in specs:
-        deadline = parse_deadline(spec.deadline, now=now) if spec.deadline else None
-        route: Route
-        if rules is None:
-            route, reason = "realtime", "sent by the realtime-dispatch flow"
-        else:
-            # A prompt that names its own service tier or background mode is sent as it says: the Batch API alone.
-            own = "service_tier" in spec.params or "background" in spec.params
-            key = (spec.model, spec.endpoint, own)
-            if key not in offers:
-                found = table.lane_offers(model=spec.model, endpoint=spec.endpoint) if table is not None else ()
-                offers[key] = tuple(offer for offer in found if not own or offer.route == "batch") or DEFAULT_OFFERS
-            decision = decide_route(urgency=spec.urgency, deadline=deadline, prompt_chars=prompt_chars(spec.messages),
-                                    now=now, rules=rules, offers=offers[key])
-            route, reason = decision.route, decision.reason
-            if route == "batch" and spec.provider in batchless:
-                route, reason = "realtime", batchless[spec.provider]
+        route, reason, deadline = router.route(spec)
         yield storage.NewPrompt(
             custom_id=spec.custom_id, position=spec.position, model=spec.model, messages=spec.messages,
             params=spec.params, metadata=spec.metadata, dedupe_key=spec.dedupe_key,
@@ -239,6 +264,38 @@ def batchless_providers(providers: Mapping[str, str] | ProviderTable) -> dict[st
         elif provider.batch_api is False:
             lacking[name] = f"{name} has no Batch API (batch_api = false in the providers file); sent real-time"
     return lacking
+
+
+class CheckPassEstimate:
+    """A new job's cost estimate summed as its check reads the input (``PromptInput.check``'s ``each``): each prompt
+    routed as it will be stored (``_Router``, the same rules and ``now``) and added at its lane, an identical request
+    once per half when ``dedupe`` is on, as ``counted_prompts`` adds them while a job is stored whole. So a job stored
+    while it is sent has its estimate (``--max-cost``, a budget's bounds) before its first request.
+
+    ``seen`` counts the prompts added, ``batched`` those routed to the Batch API. An identical request is remembered
+    by its 64-bit hash (``key_hash``) and half.
+    """
+
+    def __init__(self, *, table: PriceTable, rules: RoutingRules | None, now: datetime, dedupe: bool,
+                 without_batches: Mapping[str, str] | None = None) -> None:
+        self.sums = EstimateSums(table=table)
+        self._router = _Router(rules=rules, now=now, table=table, without_batches=without_batches)
+        self._dedupe = dedupe
+        self._counted: set[int] = set()
+        self.seen = self.batched = 0
+
+    def __call__(self, spec: PromptSpec) -> None:
+        self.seen += 1
+        route, _, _ = self._router.route(spec)
+        batch = route == "batch"
+        self.batched += batch
+        if self._dedupe:
+            first = key_hash(spec.dedupe_key) * 2 + batch
+            if first in self._counted:
+                return
+            self._counted.add(first)
+        self.sums.add(ChatRequest(model=spec.model, messages=spec.messages, params=spec.params,
+                                  endpoint=spec.endpoint), route=_estimated_lane(route))
 
 
 def prompt_input(source: str | Path | Sequence[Mapping[str, Any]], *, settings: Settings) -> PromptInput:
@@ -295,7 +352,9 @@ async def record_job(
     then the job's status is ``recording``. A job left ``recording`` (its run was cut off) gets
     its missing prompts stored when it is met again, from the same input or its input file.
 
-    ``estimate``: a new job stored whole comes back with the cost estimate's sums of its prompts (``sums``).
+    ``estimate``: a new job comes back with the cost estimate's sums of its prompts (``sums``): made as they are
+    stored when it is stored whole, else by its check pass (``CheckPassEstimate``), routed there as they will be
+    stored, so that no prompt is read twice for it.
     """
     if job_id is not None:
         job_id = await storage.resolve_job(sessions, reference=job_id)
@@ -309,7 +368,12 @@ async def record_job(
         return _resumed(job, providers=await _stored_providers(sessions, job_id=job_id, settings=settings))
 
     given = prompt_input(source, settings=settings)
-    checked = given.check()
+    # A new job stored while it is sent is routed and priced by its check pass, as of now (when it is recorded).
+    now = datetime.now(UTC)
+    ahead = (CheckPassEstimate(table=given.table, rules=rules, now=now, dedupe=settings.dedupe,
+                                 without_batches=batchless_providers(given.model_providers))
+             if head is not None and estimate and given.table is not None else None)
+    checked = given.check(each=ahead)
     digest = checked.fingerprint
     existing = job_id
     started_over_from = None
@@ -341,7 +405,6 @@ async def record_job(
         # Until its prompts are stored: a run killed in between leaves a job the next run completes.
         status="recording",
     )
-    now = datetime.now(UTC)
     recorded = RecordedJob(job_id=new_id, total=checked.count, resumed=False, providers=checked.providers,
                            name=name, started_over_from=started_over_from)
     if not split:
@@ -354,13 +417,20 @@ async def record_job(
         logger.info("recorded job %s: %s", new_id, counted(checked.count, "prompt"))
         return replace(recorded, sums=sums)
     assert head is not None
+    if ahead is not None and ahead.seen != checked.count:
+        # Checked before in this context (the command checks the file first): priced in a pass of its own.
+        ahead = CheckPassEstimate(table=ahead.sums.table, rules=rules, now=now, dedupe=settings.dedupe,
+                                  without_batches=batchless_providers(given.model_providers))
+        for spec in given.specs(checked=checked):
+            ahead(spec)
     await storage.add_prompts(sessions, job_id=new_id,
                               prompts=new_prompts(islice(given.specs(checked=checked), head), rules=rules, now=now,
                                                   without_batches=batchless_providers(given.model_providers),
                                                   table=given.table))
     logger.info("recording job %s: %s, the first %d stored", new_id, counted(checked.count, "prompt"), head)
     return replace(recorded, input=given, head=head, recorded_at=now, repeated_keys=checked.repeated_keys,
-                   checked=checked)
+                   checked=checked, sums=None if ahead is None else ahead.sums,
+                   batched=0 if ahead is None else ahead.batched)
 
 
 async def _require_job(sessions: storage.Sessions, *, job_id: str,
@@ -430,11 +500,12 @@ async def store_rest(
         size = min(size * 2, MAX_SLICE)
         # One slice ahead: the last one is known as such, and moves the job on in its own transaction.
         after = list(islice(specs, size))
-        await storage.add_prompts(sessions, job_id=job_id,
-                                  prompts=new_prompts(part, rules=rules, now=recorded_at, table=given.table,
-                                                      without_batches=batchless_providers(given.model_providers)),
-                                  skip_existing=True, then_status=None if after else then_status)
-        yield StoredSlice(start=part[0].position, stop=part[-1].position + 1, specs=part)
+        rows = list(new_prompts(part, rules=rules, now=recorded_at, table=given.table,
+                                without_batches=batchless_providers(given.model_providers)))
+        await storage.add_prompts(sessions, job_id=job_id, prompts=rows, skip_existing=True,
+                                  then_status=None if after else then_status)
+        yield StoredSlice(start=part[0].position, stop=part[-1].position + 1, specs=part,
+                          routes=[row.planned_route for row in rows])
         part = after
 
 

@@ -101,7 +101,7 @@ async def add_prompts(
             batch = next(batches, None)
             if batch is None:
                 return None
-            rows = [
+            rows: list[tuple[Any, ...]] = [
                 (
                     job_id, p.custom_id, p.position, p.model, to_json["messages"](p.messages),
                     to_json["params"](p.params), to_json["metadata"](p.metadata), p.dedupe_key, p.planned_route,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import logging
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -122,6 +122,7 @@ def check_prompts(
     warn: bool = True,
     keep: int = 0,
     allow_unknown_model: bool = False,
+    each: Callable[[PromptSpec], object] | None = None,
 ) -> InputCheck:
     """Validate the whole input as ``read_prompts`` does, in one streaming pass (a second one only
     when two ids may be the same): its count, fingerprint and repeated requests, no prompt held.
@@ -131,7 +132,9 @@ def check_prompts(
     cannot take. Anthropic prompts with no max_tokens make one warning for the whole input, and deadlines already
     past another, returned as ``warnings`` and logged unless ``warn`` is false (a caller that checks twice warns
     once). Raises ``InputError`` naming every bad line (up to ``MAX_PROBLEMS``). An input of at most ``keep`` prompts
-    comes back with them (``InputCheck.specs``).
+    comes back with them (``InputCheck.specs``). ``each`` is called with every prompt that passes its checks, in
+    input order, in the same pass (a caller that routes or prices them reads the input once); an input that turns out
+    bad raises all the same, so whatever ``each`` summed is to be thrown away then.
 
     With ``table``, a model it does not name (its own names, aliases and dated snapshots; the user's price file
     merged in) is refused unless the user declared it (a pattern of ``model_providers`` matches it) or
@@ -183,6 +186,8 @@ def check_prompts(
         ids.add(text_hash(spec.custom_id))
         keys.add(key_hash(spec.dedupe_key))
         count += 1
+        if each is not None:
+            each(spec)
         if kept is not None:
             kept = kept if count <= keep else None
             if kept is not None:

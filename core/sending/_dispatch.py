@@ -99,14 +99,16 @@ def _limits_for(client: Any, packing: PackLimits) -> PackLimits | PackLimitsFor:
     return lambda request: packing.within(own(request))
 
 
+def _keeps_background(sink: Any) -> bool:
+    """Whether the sink keeps background creates (``background_creating``) and ids (``background_started``)."""
+    return getattr(sink, "background_creating", None) is not None and getattr(sink, "background_started", None) is not None
+
+
 def _background_hooks(sink: Any, item: WorkItem) -> dict[str, Callable[..., Awaitable[None]]]:
-    """For a request in background mode, when the sink keeps its creates (``background_creating``) and ids
-    (``background_started``): what counts each create for the item's prompts before it is sent, and what stores
-    its id as soon as it is created; else nothing."""
-    count = getattr(sink, "background_creating", None)
-    keep = getattr(sink, "background_started", None)
-    if count is None or keep is None or not runs_in_background(item.request):
-        return {}
+    """For a request in background mode (``runs_in_background``) to a sink that keeps its creates and ids
+    (``_keeps_background``): what counts each create for the item's prompts before it is sent, and what stores its
+    id as soon as it is created."""
+    count, keep = sink.background_creating, sink.background_started
 
     async def creating() -> None:
         await count(prompt_ids=item.prompt_ids)
@@ -315,6 +317,8 @@ async def send_all(
 
     left: list[WorkItem] = []
     unfunded: list[WorkItem] = []
+    # Looked up once, not per request: whether any request may need the background hooks.
+    background = _keeps_background(sink)
 
     async def send(item: WorkItem) -> None:
         if budget is not None:
@@ -334,7 +338,7 @@ async def send_all(
         if progress is not None:
             progress.in_flight += 1
         try:
-            hooks = _background_hooks(sink, item)
+            hooks = _background_hooks(sink, item) if background and runs_in_background(item.request) else None
             result = await (client.chat(item.request, **hooks) if hooks else client.chat(item.request))
         except asyncio.CancelledError:
             raise

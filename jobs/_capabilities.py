@@ -13,6 +13,7 @@ from llm_dispatch import storage
 from llm_dispatch.core import BACKENDS, HALF_SUBMITTED_BATCH_STATUSES, NotFoundError
 
 from ._batch_trouble import lose_batch
+from ._record import batchless_providers
 from ._run import JobRun
 
 __all__ = ["endpoint_of", "first_error", "is_missing_batch_api", "known_without_batch_api", "learn_no_batch_api",
@@ -39,15 +40,7 @@ def endpoint_of(run: JobRun, *, provider: str) -> str:
 def without_batches(run: JobRun) -> dict[str, str]:
     """The run's providers whose prompts never go in batches, each with why: a wire llm-dispatch has no batch
     backend for (``core.BACKENDS``), or a declared provider whose providers file says ``batch_api = false``."""
-    table = run.clients.providers
-    lacking: dict[str, str] = {}
-    for name in table.names:
-        provider = table.get(name)
-        if provider.wire not in BACKENDS:
-            lacking[name] = f"llm-dispatch has no {provider.wire} Batch API yet; sent real-time"
-        elif provider.batch_api is False:
-            lacking[name] = f"{name} has no Batch API (batch_api = false in the providers file); sent real-time"
-    return lacking
+    return batchless_providers(run.clients.providers)
 
 
 def learning_batches(run: JobRun) -> frozenset[str]:

@@ -192,6 +192,25 @@ async def test_a_lost_create_is_found_by_display_name_across_pages(gemini: respx
     assert pages.calls[0].request.url.params["pageSize"] == "100"
 
 
+async def test_a_list_that_comes_oldest_first_is_read_past_a_page_of_old_batches(
+        gemini: respx.Router, fake_time: FakeTime) -> None:
+    # The list's order is not documented: a page of batches older than ours ends the look only when the list has
+    # come newest first. Here it comes oldest first, and ours is on the last page.
+    old = [operation("BATCH_STATE_SUCCEEDED", name=f"batches/old{i}", display=f"llm-dispatch:older:{i}",
+                     created=f"2026-11-{20 + i}T12:00:00Z") for i in range(2)]
+    ours = operation("BATCH_STATE_RUNNING", name="batches/ours")
+    pages = gemini.get("/v1beta/batches").mock(side_effect=[
+        httpx.Response(200, json={"operations": old, "nextPageToken": "t2"}),
+        httpx.Response(200, json={"operations": [ours]})])
+
+    async def adopted(name: str) -> bool:
+        return False
+
+    found = await api(gemini, fake_time).find(record=Record(), adopted=adopted)
+    assert found is not None and found.id == "batches/ours"
+    assert len(pages.calls) == 2
+
+
 def test_a_responses_line_without_key_or_answer_is_garbled(tmp_path: Path) -> None:
     path = tmp_path / "r.jsonl"
     path.write_text('{"response": {}}\n{"key": "p1"}\nnot json\n{"key": "p2", "response": {"candidates": []}}\n')

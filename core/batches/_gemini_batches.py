@@ -84,6 +84,10 @@ _INLINE_ITEM_EXTRA = 16
 _DISPLAY_NAME_ROOM = 256
 
 
+# The most pages of the batch list a look for a lost create reads (100 batches a page).
+_LIST_MAX_PAGES = 200
+
+
 class GeminiBatchApi(BatchApi):
     """Gemini's Batch Mode and Files API, for a client of the ``gemini`` wire. ``uploads``: a batch over
     ``INLINE_MAX_BYTES`` is uploaded (``upload`` answers None for one that goes inline)."""
@@ -165,11 +169,13 @@ class GeminiBatchApi(BatchApi):
         return [ResultFile(kind="responses", read=read, download=download)]
 
     async def _since(self, record: BatchRef) -> AsyncIterator[BatchInfo]:
-        """The batches listed, page by page, until a page holds none created since ``record`` (less the slack): the
-        list's order is not documented, so a page is read whole before stopping."""
+        """The batches created since ``record`` (less the slack), page by page. The list's order is not documented:
+        the pages are read to the end (at most ``_LIST_MAX_PAGES``), unless every batch so far came newest first, in
+        which case a page holding none that recent ends the look (a batch missed here is a batch paid twice)."""
         since = record.created_at - CLOCK_SLACK
         token: str | None = None
-        while True:
+        newest_first, oldest_seen = True, None
+        for _ in range(_LIST_MAX_PAGES):
             params = {"pageSize": str(_LIST_PAGE)}
             if token:
                 params["pageToken"] = token
@@ -179,7 +185,12 @@ class GeminiBatchApi(BatchApi):
             recent = [info for info in batches if info.created_at is None or info.created_at >= since]
             for info in recent:
                 yield info
-            if not token or not batches or not recent:
+            stamps = [info.created_at for info in batches if info.created_at is not None]
+            if oldest_seen is not None:
+                stamps.insert(0, oldest_seen)
+            newest_first = newest_first and all(a >= b for a, b in zip(stamps, stamps[1:]))
+            oldest_seen = stamps[-1] if stamps else oldest_seen
+            if not token or not batches or (newest_first and not recent):
                 return
 
     # --- the requests ---------------------------------------------------------------------------

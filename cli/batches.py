@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
 from llm_dispatch.core import counted, to_json
 
-from ._common import EXIT_PROVIDER, DatabaseUrl, _settings, err, out
+from ._common import EXIT_PROVIDER, DatabaseUrl, _fail, _settings, err, out
 from ._prefect import _prefect_settings
 
 if TYPE_CHECKING:
@@ -19,6 +21,19 @@ if TYPE_CHECKING:
 
 # A batch that failed this many sweeps in a row: the CLI says how to give it up.
 ABANDON_HINT_AFTER = 3
+
+
+ProvidersFile = Annotated[Optional[Path], typer.Option(
+    "--providers-file", help="the providers file that declares the job's providers (LLM_DISPATCH_PROVIDERS_FILE)")]
+
+
+def _use_providers_file(path: Path | None) -> None:
+    """The providers file for the flow this command runs in its process (its Settings read the environment)."""
+    if path is None:
+        return
+    if not path.is_file():
+        raise _fail(f"--providers-file: no such file: {path}")
+    os.environ["LLM_DISPATCH_PROVIDERS_FILE"] = str(path.resolve())
 
 
 def _flow_call(coroutine: Any) -> Any:
@@ -34,12 +49,14 @@ def collect(
     retry_now: Annotated[bool, typer.Option(
         "--retry-now", help="try batches with a recent error now, not after their wait")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the sweep's summary as JSON")] = False,
+    providers_file: ProvidersFile = None,
 ) -> None:
     """One sweep over open batches: poll each, ingest what finished, resubmit or send real-time the rest.
 
     Each batch on its own: one that fails (or that the provider lost) is named, and the others are collected."""
     from llm_dispatch.flows.batch import collect_batches
 
+    _use_providers_file(providers_file)
     url = _stored_url(database_url)
     summary = _flow_result(collect_batches(database_url=url, job_id=job,
                                            stale_after=stale_after, retry_now=retry_now, return_state=True))
@@ -63,10 +80,12 @@ def cancel(
     job: Annotated[str, typer.Argument(help="the job whose open batches to cancel")],
     database_url: DatabaseUrl = None,
     wait_seconds: Annotated[float, typer.Option(help="how long to wait for the provider to stop them")] = 120.0,
+    providers_file: ProvidersFile = None,
 ) -> None:
     """Cancel a job's open batches; what they answered before stopping is still stored (it is billed)."""
     from llm_dispatch.flows.batch import cancel_job_batches
 
+    _use_providers_file(providers_file)
     url = _stored_url(database_url)
     summary = _flow_result(cancel_job_batches(job_id=job, database_url=url,
                                               wait_seconds=wait_seconds, return_state=True))
@@ -84,12 +103,14 @@ def abandon(
     database_url: DatabaseUrl = None,
     force: Annotated[bool, typer.Option(
         "--force", help="give it up even while the provider still holds it (what it answers is billed, not kept)")] = False,
+    providers_file: ProvidersFile = None,
 ) -> None:
     """Give up a batch the provider cannot answer for: closed as lost, its unanswered prompts pending again.
 
     A batch the provider still reports is refused (sending its prompts again would pay twice) unless --force."""
     from llm_dispatch.flows.batch import abandon_batch_flow
 
+    _use_providers_file(providers_file)
     url = _stored_url(database_url)
     outcome = _flow_call(abandon_batch_flow(batch_id=batch, database_url=url,
                                             force=force))

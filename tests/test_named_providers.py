@@ -300,3 +300,9 @@ async def test_a_declared_host_without_a_batch_api_sends_its_bulk_prompts_real_t
     # Learnt for the host that answered 404 alone; the one declared without a Batch API was never tried.
     learnt = [url for (url,) in rows(db_url, "SELECT base_url FROM endpoint_capabilities WHERE batch_api = 0")]
     assert learnt == [vllm_url]
+
+
+def test_collect_takes_the_providers_file_and_names_a_missing_one(tmp_path: Path) -> None:
+    done = cli("collect", "--providers-file", str(tmp_path / "nope.toml"), env=clean_env(), cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1] == f"error: --providers-file: no such file: {tmp_path / 'nope.toml'}"

@@ -115,7 +115,8 @@ async def status(*, settings: Settings, job_id: str | None, cache: bool = False)
             # The prices a run would price with (``jobs.load_prices``, whose module loads the send path). Asked for
             # (``--cache``): it reads and hashes every stored request, which a job of millions should not pay for.
             cache_report(sessions, job_id=job_id, provider_of=providers.cache_rules_of,
-                         prices=PriceTable.load(path=Path(settings.prices_file) if settings.prices_file else None))
+                         prices=PriceTable.load(path=Path(settings.prices_file) if settings.prices_file else None,
+                                                providers=providers if settings.providers_file else None))
             if cache else _no_groups(),
         )
         return {
@@ -252,7 +253,9 @@ async def reprice(
 ) -> dict[str, Any] | None:
     """The job's stored cost beside its cost under ``prices_file`` (else the bundled table), at ``tier`` or by
     ``route`` when given; writes nothing (not even a migration)."""
-    table = PriceTable.load(path=prices_file)
+    # A declared provider's models are priced by its providers file, as a run prices them.
+    table = PriceTable.load(path=prices_file, providers=ProviderTable.from_settings(settings)
+                            if settings.providers_file else None)
     async with _database(settings, migrate=False) as sessions:
         await storage.require_current_schema(sessions)
         found = await _job_id(sessions, job_id)

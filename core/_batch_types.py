@@ -31,6 +31,7 @@ __all__ = [
     "RequestCounts",
     "batch_status_from_api",
     "int_field",
+    "rfc3339_field",
 ]
 
 BATCH_CHAT_ENDPOINT = "/v1/chat/completions"
@@ -214,6 +215,21 @@ def int_field(data: Mapping[str, Any], key: str, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise APIResponseValidationError(f"the {what} object's {key!r} is not a number: {value!r}")
     return int(value)
+
+
+def rfc3339_field(data: Mapping[str, Any], key: str, what: str) -> datetime | None:
+    """``data[key]`` as an aware time from its RFC 3339 text (None when absent); ``what`` names the object in the
+    error a malformed time raises."""
+    value = data.get(key)
+    if value is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        moment = None
+    if moment is None or moment.tzinfo is None:
+        raise APIResponseValidationError(f"the {what}'s {key!r} is not an RFC 3339 time: {value!r}")
+    return moment
 
 
 def _timestamp(data: Mapping[str, Any], key: str, what: str) -> datetime | None:

@@ -13,7 +13,7 @@ from llm_dispatch import storage
 from llm_dispatch.core import BACKENDS, HALF_SUBMITTED_BATCH_STATUSES, NotFoundError
 
 from ._batch_trouble import lose_batch
-from ._record import batchless_providers
+from ._prompt_rows import batchless_providers
 from ._run import JobRun
 
 __all__ = ["endpoint_of", "first_error", "is_missing_batch_api", "known_without_batch_api", "learn_no_batch_api",

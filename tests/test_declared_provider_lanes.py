@@ -25,7 +25,7 @@ from llm_dispatch.core import (
     plan_caches,
     write_batch_files,
 )
-from llm_dispatch.jobs._record import batchless_providers, new_prompts
+from llm_dispatch.jobs._prompt_rows import batchless_providers, new_prompts
 
 RUBRIC = "Grade the answer by the rubric below, point by point. " * 300  # ~3,300 tokens
 TABLE = ProviderTable(declared=[

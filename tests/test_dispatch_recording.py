@@ -16,7 +16,8 @@ from llm_dispatch.core import EstimateSums, PriceTable, to_json
 from llm_dispatch.flows.dispatch import dispatch
 from llm_dispatch.jobs import routing_rules
 from llm_dispatch.jobs._costs import counted_prompts
-from llm_dispatch.jobs._record import CheckPassEstimate, new_prompts, prompt_input
+from llm_dispatch.jobs._prompt_rows import CheckPassEstimate, new_prompts
+from llm_dispatch.jobs._record import prompt_input
 from llm_dispatch.core import Settings
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Final
 
-from .._batch_types import BatchInfo, RequestCounts, batch_status_from_api, int_field
+from .._batch_types import BatchInfo, RequestCounts, batch_status_from_api, int_field, rfc3339_field
 from .._exceptions import APIResponseValidationError
 from .._json import compact_json
 from .._status import BatchStatus
@@ -65,8 +65,8 @@ def gemini_batch_info(body: Any) -> BatchInfo:
     stats = batch.get("batchStats") or {}
     if not isinstance(stats, dict):
         raise APIResponseValidationError(f"the batch's batchStats is not an object: {stats!r}")
-    created = _time(batch, "createTime")
-    ended = _time(batch, "endTime")
+    created = rfc3339_field(batch, "createTime", "batch")
+    ended = rfc3339_field(batch, "endTime", "batch")
     status = batch_status_from_api(batch.get("state"), statuses=GEMINI_BATCH_STATES)
     output = batch.get("output")
     if not isinstance(output, dict):
@@ -117,19 +117,6 @@ def _count(stats: Mapping[str, Any], key: str) -> int:
         except ValueError:
             raise APIResponseValidationError(f"the batch's batchStats.{key} is not a count: {value!r}") from None
     return int_field(stats, key, "batchStats")
-
-
-def _time(batch: Mapping[str, Any], key: str) -> datetime | None:
-    value = batch.get(key)
-    if value is None:
-        return None
-    try:
-        moment = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-    except ValueError:
-        moment = None
-    if moment is None or moment.tzinfo is None:
-        raise APIResponseValidationError(f"the batch's {key!r} is not an RFC 3339 time: {value!r}")
-    return moment
 
 
 def inlined_lines(body: Any) -> Iterator[bytes]:

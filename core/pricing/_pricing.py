@@ -24,6 +24,7 @@ from ._catalog import LIMIT_FIELDS, merge_catalogs, parse_catalog, prices_on
 from .._exceptions import ConfigError
 from .._providers import ProviderTable, provider_lookup
 from ._lanes import Lane, LaneOffer, lane_offers
+from ._units import PER_TOKENS, _PICO_PER_TOKEN, PICO_PER_USD, billing_tier, from_pico
 from .._status import ROUTES, Route
 
 __all__ = [
@@ -40,17 +41,8 @@ __all__ = [
     "from_pico",
 ]
 
-PER_TOKENS = Decimal(1_000_000)
-# Stored costs are integers in this unit: a price per 1M tokens with up to six decimals, after any discount, is a
-# whole number of picodollars per token (gpt-5-nano's cached input on the Batch API is 2.5 nanodollars a token, so
-# nanodollars would not do).
-PICO_PER_USD: Final = 10**12
-_PICO_PER_TOKEN: Final = Decimal(PICO_PER_USD) / PER_TOKENS
 # Snapshot names: "gpt-4o-mini-2024-07-18", the older "gpt-3.5-turbo-0125", and Anthropic's "claude-sonnet-4-5-20250929".
 _SNAPSHOT = re.compile(r"-(?:\d{4}-\d{2}-\d{2}|\d{8}|\d{4})$")
-# The words an answer (or a request) uses for the standard tier: OpenAI's "default"/"auto", Anthropic's
-# "standard"/"standard_only", and "batch" (Anthropic's word on a batch result, priced by its route).
-_STANDARD_TIERS: Final = frozenset({"", "default", "auto", "standard", "standard_only", "batch"})
 # OpenAI renamed priority processing "Fast mode" on 2026-07-30 and takes either word (and reports "priority");
 # Anthropic's fast mode (``speed: "fast"``) is a tier of its own name.
 _TIER_ALIASES: Final = MappingProxyType({"fast": "priority"})
@@ -173,19 +165,6 @@ class Charge(NamedTuple):
     @property
     def list_dollars(self) -> Decimal:
         return from_pico(self.list_cost)
-
-
-def from_pico(picodollars: int) -> Decimal:
-    """Dollars, exactly, from a cost in picodollars."""
-    return Decimal(picodollars).scaleb(-12)
-
-
-def billing_tier(service_tier: Any) -> str | None:
-    """The tier a ``service_tier`` word (an answer's or a request's) bills at, as a model's ``tiers`` name it (or
-    an alias: ``fast`` is OpenAI's new name of ``priority``); None for the standard tier."""
-    if not isinstance(service_tier, str) or service_tier.strip().lower() in _STANDARD_TIERS:
-        return None
-    return service_tier.strip().lower()
 
 
 @dataclass(frozen=True, kw_only=True)

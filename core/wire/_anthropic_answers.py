@@ -9,13 +9,12 @@ and cache writes), ``cached_tokens`` the cache reads, ``cache_creation_tokens`` 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import datetime
 from types import MappingProxyType
 from typing import Any
 
 import httpx
 
-from .._batch_types import BatchInfo, RequestCounts, batch_status_from_api, int_field
+from .._batch_types import BatchInfo, RequestCounts, batch_status_from_api, int_field, rfc3339_field
 from .._status import BatchStatus
 from .._exceptions import APIResponseValidationError
 from .._json import compact_json
@@ -131,14 +130,14 @@ def message_batch_info(body: Any) -> BatchInfo:
         input_file_id=None,
         output_file_id=results_url if isinstance(results_url, str) else None,
         error_file_id=None,
-        created_at=_time(body, "created_at"),
+        created_at=rfc3339_field(body, "created_at", "message batch"),
         in_progress_at=None,
-        expires_at=_time(body, "expires_at"),
+        expires_at=rfc3339_field(body, "expires_at", "message batch"),
         finalizing_at=None,
-        completed_at=_time(body, "ended_at"),
+        completed_at=rfc3339_field(body, "ended_at", "message batch"),
         failed_at=None,
         expired_at=None,
-        cancelling_at=_time(body, "cancel_initiated_at"),
+        cancelling_at=rfc3339_field(body, "cancel_initiated_at", "message batch"),
         cancelled_at=None,
         request_counts=RequestCounts(
             total=int_field(counts, "processing", "request_counts") + succeeded + failed,
@@ -147,19 +146,6 @@ def message_batch_info(body: Any) -> BatchInfo:
         ),
         metadata={},
     )
-
-
-def _time(body: Mapping[str, Any], key: str) -> datetime | None:
-    value = body.get(key)
-    if value is None:
-        return None
-    try:
-        moment = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-    except ValueError:
-        moment = None
-    if moment is None or moment.tzinfo is None:
-        raise APIResponseValidationError(f"the message batch's {key!r} is not an RFC 3339 time: {value!r}")
-    return moment
 
 
 def parse_message_batch(response: httpx.Response) -> BatchInfo:

@@ -16,6 +16,7 @@ what a crash leaves to finish from. A create whose answer was lost is found agai
 from __future__ import annotations
 
 import dataclasses
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager, nullcontext
@@ -99,6 +100,16 @@ class BatchApi(ABC):
         """One API call by the client's send path (``LLMClient._request``'s options), answered by its value: what
         ``parse`` makes of the answer, the file ``stream_to`` names once the body is saved there, else the JSON."""
         return (await self.client._request(method, path, **options)).value
+
+    @staticmethod
+    def _input_lines(path: Path) -> Iterator[tuple[str, str | None, dict[str, Any]]]:
+        """(custom id, url, body: a copy) of each line of an input file in OpenAI's line format, one at a time: what a
+        backend whose API takes another shape rewrites."""
+        with path.open("rb") as handle:
+            for raw in handle:
+                if raw.strip():
+                    line = json.loads(raw)
+                    yield line["custom_id"], line.get("url"), dict(line["body"])
 
     def creating(self) -> AbstractAsyncContextManager[object]:
         """Held from a batch's look-up through its create to storing its id; nothing to hold where a batch

@@ -198,20 +198,15 @@ class GeminiBatchApi(BatchApi):
     def _requests(self, path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
         """(member id, generateContent body or EmbedContentRequest) of each line of an input file in OpenAI's line
         format."""
-        with path.open("rb") as handle:
-            for raw in handle:
-                if not raw.strip():
-                    continue
-                line = json.loads(raw)
-                body = dict(line["body"])
-                if line.get("url") == BATCH_URLS["embeddings"]:
-                    yield line["custom_id"], _embed_request(body)
-                    continue
-                if line.get("url") != BATCH_CHAT_ENDPOINT:
-                    raise ValueError(f"Gemini batches send chat and embeddings requests, not {line.get('url')!r}: "
-                                     "route these prompts real-time")
-                request = ChatRequest(model=body.pop("model"), messages=body.pop("messages"), params=body)
-                yield line["custom_id"], self.client.request_body(request)
+        for custom_id, url, body in self._input_lines(path):
+            if url == BATCH_URLS["embeddings"]:
+                yield custom_id, _embed_request(body)
+                continue
+            if url != BATCH_CHAT_ENDPOINT:
+                raise ValueError(f"Gemini batches send chat and embeddings requests, not {url!r}: "
+                                 "route these prompts real-time")
+            request = ChatRequest(model=body.pop("model"), messages=body.pop("messages"), params=body)
+            yield custom_id, self.client.request_body(request)
 
     def _write_input(self, path: Path, to: Path) -> int:
         """Gemini's JSONL of ``path`` written to ``to`` (``{"key", "request"}`` a line); returns the size of the

@@ -16,7 +16,6 @@ again, never lost.
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager
@@ -114,14 +113,9 @@ class MessageBatchApi(BatchApi):
 
     def _message_requests(self, path: Path) -> Iterator[dict[str, Any]]:
         """The Message Batch requests of an input file in OpenAI's line format, as Messages bodies, one at a time."""
-        with path.open("rb") as handle:
-            for raw in handle:
-                if not raw.strip():
-                    continue
-                line = json.loads(raw)
-                body = dict(line["body"])
-                request = ChatRequest(model=body.pop("model"), messages=body.pop("messages"), params=body)
-                yield {"custom_id": line["custom_id"], "params": self.client.request_body(request)}
+        for custom_id, _, body in self._input_lines(path):
+            request = ChatRequest(model=body.pop("model"), messages=body.pop("messages"), params=body)
+            yield {"custom_id": custom_id, "params": self.client.request_body(request)}
 
     # --- Message Batches ------------------------------------------------------------------------
 

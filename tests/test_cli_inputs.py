@@ -91,6 +91,11 @@ def test_every_bad_line_up_to_20_is_named_at_once(tmp_path: Path) -> None:
     assert seen[-1] == "error: many.jsonl: 25 problems in all, the first 20 shown; fix them and run again"
 
 
+def test_a_line_cut_short_is_named_at_its_end(tmp_path: Path) -> None:
+    seen = refused(tmp_path, "cut.jsonl", b'{"id": 1, "prompt": "hi"}\n{"id":2,"prompt":\n')
+    assert seen == ["error: cut.jsonl:2: invalid JSON (Expecting value at column 18)"]
+
+
 def test_a_string_broken_over_two_lines_is_named_at_its_column(tmp_path: Path) -> None:
     seen = refused(tmp_path, "broken.jsonl", b'{"id": "a", "prompt": "hi"}\n{"id": "b", "prompt": "line\nbroken"}\n')
     assert seen[0] == "error: broken.jsonl:2: invalid JSON (Invalid control character at column 28)"

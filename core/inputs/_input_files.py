@@ -123,7 +123,9 @@ def _jsonl_records(lines: Iterable[str], *, where: str) -> Iterator[tuple[int, R
             continue
         except json.JSONDecodeError as exc:
             # Some of json's messages end in "at" ("Invalid control character at"): the column follows once.
-            yield number, InputError(f"invalid JSON ({exc.msg.removesuffix(' at')} at column {exc.colno})", path=where,
+            # A line cut short is faulted past its line ending: at its end, not at "column 1" of a next line.
+            column = exc.colno if exc.lineno == 1 else len(line.rstrip("\r\n")) + 1
+            yield number, InputError(f"invalid JSON ({exc.msg.removesuffix(' at')} at column {column})", path=where,
                                      line=number)
             continue
         except RecursionError:

@@ -121,6 +121,9 @@ async def run_variant(variant: Variant, *, requests: list[ChatRequest], base_url
                    overflow="15/min" if variant.overflow else "none", wall_s=round(wall, 2))
     if plan is not None:
         figures["plan"] = ", ".join(f"{p.action} {p.reason}" for p in plan.groups)
+        used = [plan.keys_used(p.group.key) for p in plan.groups]
+        if any(keys is not None for keys in used):
+            figures["keys_used"] = used
     return figures
 
 

@@ -40,8 +40,11 @@ def describe_plan(plan: CachePlan) -> list[str]:
     and uncached; nothing for a plan without groups."""
     if not plan.groups:
         return []
+    worst = sum(group.worst_cost or group.planned_cost or 0 for group in plan.groups)
+    overflow = (f" (up to ${from_pico(worst):.4f} where the provider overflows)" if worst > plan.planned_cost
+                else "")
     lines = [f"cache plan: {len(plan.groups)} shared prefix(es); prefix cost ${from_pico(plan.planned_cost):.4f} "
-             f"planned vs ${from_pico(plan.uncached_cost):.4f} uncached"]
+             f"planned{overflow} vs ${from_pico(plan.uncached_cost):.4f} uncached"]
     for group in plan.groups[:20]:
         lines.append(f"  {group.group.key} {group.group.model}: {group.group.prompts:,} prompts, "
                      f"~{group.group.prefix_tokens:,} prefix tokens: {group.action} ({group.reason})")
@@ -51,14 +54,17 @@ def describe_plan(plan: CachePlan) -> list[str]:
 
 
 def describe_outcome(plan: CachePlan) -> list[str]:
-    """A line per group its run answered: answers, hit rate (cached over prefix tokens), cache writes, and the money
-    saved against the same answers uncached."""
+    """A line per group its run answered: answers, hit rate (cached over prefix tokens), cache writes, the keys a
+    keys plan spread over, and the money saved against the same answers uncached."""
     lines = []
     for group in plan.groups:
         tally = plan.tallies.get(group.group.key)
         if tally is None or not tally.answers:
             continue
+        keys = plan.keys_used(group.group.key)
+        spread = "" if keys is None else f", {keys:,} prompt_cache_key(s)"
         lines.append(f"cache {group.group.key} {group.group.model}: {tally.answers:,} answers, hit rate "
-                     f"{tally.hit_rate(group.group.prefix_tokens):.1%}, {tally.written_tokens:,} tokens written, "
-                     f"${from_pico(tally.cost):.4f} paid, ${from_pico(tally.uncached_cost - tally.cost):.4f} saved")
+                     f"{tally.hit_rate(group.group.prefix_tokens):.1%}, {tally.written_tokens:,} tokens written"
+                     f"{spread}, ${from_pico(tally.cost):.4f} paid, "
+                     f"${from_pico(tally.uncached_cost - tally.cost):.4f} saved")
     return lines

@@ -4,6 +4,7 @@ cost, the warm-up order, and a planned send against the simulator's documented c
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -77,18 +78,113 @@ def test_a_group_whose_prompts_set_breakpoints_is_left_as_given(prices: PriceTab
 # --- each provider's plan ------------------------------------------------------------------------
 
 
-def test_openai_spreads_a_fast_group_over_keys_each_under_the_guides_rate(prices: PriceTable) -> None:
+def test_openai_starts_a_group_on_one_key_and_prices_the_spread_as_its_worst_case(prices: PriceTable) -> None:
     fast = [ask("gpt-5.4-mini", f"item {n}") for n in range(10_000)]
     plan = plan_caches(groups_of(fast), total_prompts=10_000, concurrency=400, latency_s=1.0, prices=prices)
     (group,) = plan.groups
-    # 24,000 requests a minute over ~25 s: each key's warm-up against 15 a minute at its home.
-    assert group.action == "keys" and 1000 < group.keys < 2000
-    keys = [plan.prepare(request)[0].params["prompt_cache_key"] for request in fast[:group.keys + 1]]
-    assert len(set(keys[:-1])) == group.keys and keys[-1] == keys[0]  # dealt in turn
+    # 24,000 requests a minute over ~25 s: were the provider to overflow, a key's warm-up against 15 a minute each.
+    assert group.action == "keys" and 1000 < group.keys < 2000 and "spread to ~" in group.reason
+    assert group.planned_cost is not None and group.worst_cost is not None and group.uncached_cost is not None
+    assert group.planned_cost < group.worst_cost < group.uncached_cost
+    # The key is not set when planned but as each request leaves; the group waits on its first key's warm-up.
+    assert plan.prepare(fast[1]) == (fast[1], group.group.key)
     slow = [ask("gpt-5.4-mini", f"item {n}") for n in range(200)]
     plan = plan_caches(groups_of(slow), total_prompts=10_000, concurrency=10, latency_s=5.0, prices=prices)
-    assert plan.groups[0].keys == 1  # 0.2 requests in flight, ~2 a minute: one key
-    assert plan.groups[0].planned_cost is not None and plan.groups[0].saved and plan.groups[0].saved > 0
+    assert plan.groups[0].keys == 1 and "spread" not in plan.groups[0].reason  # ~2 a minute: one key at most
+    assert plan.groups[0].planned_cost == plan.groups[0].worst_cost and plan.groups[0].saved
+    assert plan.groups[0].saved > 0
+
+
+def answer(cached: int) -> ChatResult:
+    return ChatResult(text="ok", prompt_tokens=3500, completion_tokens=1, cached_tokens=cached, finish_reason="stop",
+                      model="gpt-5.4-mini", response_id="r", latency_s=1.0)
+
+
+async def test_openai_keys_stay_one_while_answers_read_the_prefix_and_spread_once_they_overflow(
+    prices: PriceTable,
+) -> None:
+    requests = [ask("gpt-5.4-mini", f"item {n}") for n in range(2_000)]
+    plan = plan_caches(groups_of(requests), total_prompts=2_000, concurrency=100, latency_s=1.0, prices=prices)
+    group = plan.groups[0].group.key
+
+    async def send(count: int, *, cached: int) -> list[str]:
+        """Deal ``count`` requests one at a time, each answered before the next leaves."""
+        names = []
+        for request in requests[:count]:
+            sent, ticket = await plan.deal(request)
+            names.append(sent.params["prompt_cache_key"])
+            plan.answered(group, answer(0 if ticket and ticket.writer else cached), model="gpt-5.4-mini",
+                          ticket=ticket)
+        return names
+
+    # The first request writes key 0; every later one reads it: no spread, however many are sent.
+    assert set(await send(200, cached=3456)) == {f"llmd-{group}-0"} and plan.keys_used(group) == 1
+    # Answers of the warm key reading nothing: the provider overflows; 5 in a window of 20 spread the group over
+    # the keys its rate needs (100 in flight at 1 s: ~6,000 requests a minute, 15 a minute each).
+    await send(5, cached=0)
+    spread = plan.keys_used(group)
+    assert spread is not None and spread > 100
+    names = await send(spread + 5, cached=3456)
+    # Each new key's writer goes first, one each; then the warm keys in turn.
+    assert len(set(names[:spread - 1])) == spread - 1 and f"llmd-{group}-0" not in names[:spread - 1]
+    assert set(names) <= {f"llmd-{group}-{index}" for index in range(spread)}
+    # The probe after the spread: a quarter still cold, as if the provider took less than the guide's rate; the
+    # group spreads again by what its keys fall short by.
+    await send(10, cached=3456)
+    await send(5, cached=0)
+    again = plan.keys_used(group)
+    assert again is not None and again >= math.ceil(spread / 0.75)
+
+
+async def test_a_probe_holds_the_rest_of_the_group_for_one_round_of_answers(prices: PriceTable) -> None:
+    requests = [ask("gpt-5.4-mini", f"item {n}") for n in range(100)]
+    plan = plan_caches(groups_of(requests), total_prompts=100, concurrency=50, latency_s=1.0, prices=prices)
+    group = plan.groups[0].group.key
+    writer = await plan.deal(requests[0])
+    plan.answered(group, answer(0), model="gpt-5.4-mini", ticket=writer[1])
+    probe = [await plan.deal(request) for request in requests[1:21]]
+    waiting = asyncio.ensure_future(plan.deal(requests[21]))
+    await asyncio.sleep(0)
+    assert not waiting.done()  # 20 out on the warm key: the rest wait for their answers
+    for _, ticket in probe[:-1]:
+        plan.answered(group, answer(3456), model="gpt-5.4-mini", ticket=ticket)
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    plan.unanswered(probe[-1][1])  # a failed probe request counts as settled, not as evidence
+    sent, _ = await waiting
+    assert sent.params["prompt_cache_key"] == f"llmd-{group}-0" and plan.keys_used(group) == 1
+
+
+async def test_a_failed_writer_leaves_its_key_to_the_next_request(prices: PriceTable) -> None:
+    requests = [ask("gpt-5.4-mini", f"item {n}") for n in range(50)]
+    plan = plan_caches(groups_of(requests), total_prompts=50, concurrency=10, prices=prices)
+    first, ticket = await plan.deal(requests[0])
+    assert ticket is not None and ticket.writer
+    plan.unanswered(ticket)
+    again, retry = await plan.deal(requests[1])
+    assert retry is not None and retry.writer and again.params["prompt_cache_key"] == first.params[
+        "prompt_cache_key"]
+    assert await plan.deal(ask("claude-sonnet-4-5", "x")) == (ask("claude-sonnet-4-5", "x"), None)
+
+
+@pytest.mark.parametrize("overflow", [None, 15])
+async def test_a_planned_openai_send_keeps_one_key_unless_the_provider_overflows(
+    start_sim: StartSim, prices: PriceTable, overflow: int | None,
+) -> None:
+    url = await start_sim(latency=0.02, cache_overflow_rpm=overflow)
+    requests = [ask("gpt-5.4-mini", f"item {n}") for n in range(300)]
+    plan = plan_caches(groups_of(requests), total_prompts=300, concurrency=20, latency_s=0.02, prices=prices)
+    sink = Sink()
+    async with LLMClient(base_url=url, api_key="k") as client:
+        await send_all(client=client, items=[WorkItem(prompt_ids=(n,), request=r) for n, r in enumerate(requests)],
+                       sink=sink, concurrency=20, cache_plan=plan)
+    cold = sum(1 for result in sink.results if not result.cached_tokens)
+    keys = plan.keys_used(plan.groups[0].group.key)
+    assert keys is not None
+    if overflow is None:  # one warm-up, every other request read it
+        assert (keys, cold) == (1, 1)
+    else:  # the home machine took 15 a minute and the rest went cold until the group spread
+        assert keys > 1
 
 
 def test_anthropic_gets_one_breakpoint_at_the_prefix_end_with_the_ttl_its_pace_needs(prices: PriceTable) -> None:

@@ -2,8 +2,9 @@
 request: its key and reuse stay the same).
 
 Per provider (rules and sources in ``_cache_rules``):
-- OpenAI: ``prompt_cache_key`` per group, spread over as many keys as keep each under the ~15 requests a minute the
-  guide names, fewer where a key's warm-up would cost more than its overflow saves; each key warmed once.
+- OpenAI: ``prompt_cache_key`` per group, one key to start with, spread over as many as keep each under the ~15
+  requests a minute the guide names once the answers show the provider overflowing (``_keys``); each key warmed
+  once.
 - Anthropic: a ``cache_control`` breakpoint on the last block of the shared prefix, with the TTL that outlives the
   gap between the group's requests (5 minutes, refreshed on each hit, else 1 hour), the write premium counted; none
   where the file set its own, where the prefix is shorter than the model's minimum, or where it costs more than it
@@ -19,7 +20,6 @@ are automatic, so their lines are sent as written.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -29,7 +29,8 @@ from .._status import Route
 
 from .._types import ChatRequest, ChatResult
 from ..pricing._pricing import PriceTable
-from ._cache_rules import ANTHROPIC_TTLS, OPENAI_KEY_REQUESTS_PER_MINUTE, cache_rules
+from ._cache_rules import ANTHROPIC_TTLS, cache_rules
+from ._keys import KeyDealer, KeyTicket, keys_for
 from ._prefixes import PrefixGroup, prefix_key
 from ._warmup import Warmth
 
@@ -45,10 +46,12 @@ Lane = Literal["realtime", "batch"]
 
 @dataclass(frozen=True, slots=True)
 class GroupPlan:
-    """What the plan does for one group: ``action`` (``keys``: OpenAI's prompt_cache_key over ``keys`` keys;
+    """What the plan does for one group: ``action`` (``keys``: OpenAI's prompt_cache_key, one key spread over up to
+    about ``keys`` where the provider overflows;
     ``breakpoint``: an Anthropic breakpoint with ``ttl``; ``implicit``: Gemini's order; ``as-given``: the file's own
     breakpoints; ``none``: nothing, ``reason`` says why), the prefix's money with the plan and uncached (picodollars;
-    None for a model without a price), and whether its first request warms the cache before the rest leave."""
+    None for a model without a price; ``worst_cost``: a keys plan's if the provider overflows, spread over ``keys``),
+    and whether its first request warms the cache before the rest leave."""
 
     group: PrefixGroup
     action: Action
@@ -58,6 +61,9 @@ class GroupPlan:
     warm_up: bool = False
     planned_cost: int | None = None
     uncached_cost: int | None = None
+    worst_cost: int | None = None
+    # A keys plan's share of the run's concurrency: the requests it has in flight at once.
+    in_flight: float = 1.0
 
     @property
     def saved(self) -> int | None:
@@ -121,10 +127,19 @@ class CachePlan:
     # Each group's answers so far (``answered``), by group key.
     tallies: dict[str, CacheTally] = field(default_factory=dict)
     _by_key: dict[str, GroupPlan] = field(default_factory=dict)
-    _sent: dict[str, int] = field(default_factory=dict)
+    _dealers: dict[str, KeyDealer] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._by_key = {plan.group.key: plan for plan in self.groups}
+        self._dealers = {plan.group.key: KeyDealer(
+            group_key=plan.group.key, prompts=plan.group.prompts, in_flight=plan.in_flight,
+            minimum_tokens=cache_rules(plan.group.provider, plan.group.model).minimum_tokens)
+            for plan in self.groups if plan.action == "keys"}
+
+    def keys_used(self, group_key: str) -> int | None:
+        """How many prompt_cache_keys a keys plan's group is spread over so far (None: not a keys plan)."""
+        dealer = self._dealers.get(group_key)
+        return None if dealer is None else dealer.active
 
     @property
     def planned_cost(self) -> int:
@@ -139,8 +154,29 @@ class CachePlan:
         key = prefix_key(request)
         return key if key is not None and key in self._by_key else None
 
-    def answered(self, group_key: str, result: ChatResult, *, model: str) -> None:
-        """Count an answer of the group ``group_key`` in its tally, priced as reported and with nothing cached."""
+    async def deal(self, request: ChatRequest) -> tuple[ChatRequest, KeyTicket | None]:
+        """(``request`` as it leaves, its ticket): a keys plan's request gets its group's next prompt_cache_key as
+        it is sent, so the keys follow what the answers so far showed (it may wait while new keys warm, ``_keys``);
+        any other request is returned as given. Every ticket is given back once its request ends (``answered``,
+        ``unanswered``)."""
+        key = prefix_key(request) if self._dealers else None
+        dealer = None if key is None else self._dealers.get(key)
+        if dealer is None:
+            return request, None
+        ticket = await dealer.deal()
+        return replace(request, params={**request.params, "prompt_cache_key": ticket.name}), ticket
+
+    def unanswered(self, ticket: KeyTicket | None) -> None:
+        """A dealt request ended with no answer: a writer's key is warmed again by a later request."""
+        if ticket is not None:
+            self._dealers[ticket.group_key].settled(ticket, cached_tokens=None)
+
+    def answered(self, group_key: str, result: ChatResult, *, model: str, ticket: KeyTicket | None = None) -> None:
+        """Count an answer of the group ``group_key`` in its tally, priced as reported and with nothing cached;
+        ``ticket``: the key it was dealt (``deal``), told what the answer read."""
+        if ticket is not None:
+            self._dealers[ticket.group_key].settled(ticket, cached_tokens=result.cached_tokens,
+                                                    latency_s=result.latency_s)
         self.tallies.setdefault(group_key, CacheTally()).add(
             prices=self.prices, model=model, route="realtime", prompt_tokens=result.prompt_tokens,
             completion_tokens=result.completion_tokens, cached_tokens=result.cached_tokens,
@@ -148,8 +184,8 @@ class CachePlan:
             cache_creation_extended_tokens=result.cache_creation_extended_tokens, service_tier=result.service_tier)
 
     def prepare(self, request: ChatRequest) -> tuple[ChatRequest, str | None]:
-        """(``request`` as the plan sends it, the warm-up key it waits on or None). OpenAI's requests are dealt to
-        their group's keys in turn, so each key's requests are spread over the group's time."""
+        """(``request`` as the plan sends it, the warm-up key it waits on or None). OpenAI's prompt_cache_key is
+        not set here but as each request leaves (``deal``); its group waits on its first key's warm-up."""
         key = prefix_key(request)
         plan = None if key is None else self._by_key.get(key)
         if plan is None:
@@ -159,11 +195,6 @@ class CachePlan:
             return marked, plan.group.key if plan.warm_up else None
         if not plan.warm_up:
             return request, None
-        if plan.action == "keys":
-            sent = self._sent.get(plan.group.key, 0)
-            self._sent[plan.group.key] = sent + 1
-            name = f"llmd-{plan.group.key}-{sent % plan.keys}"
-            return replace(request, params={**request.params, "prompt_cache_key": name}), name
         return request, plan.group.key
 
 
@@ -240,11 +271,17 @@ def _plan_group(group: PrefixGroup, *, total_prompts: int, concurrency: int, pri
     share = max(1.0, concurrency * n / total_prompts)
     rate = min(share, n) * 60.0 / max(latency_s, 1e-3)
     if rules.style == "automatic":
-        keys = _openai_keys(n, rate=rate)
-        # A key's first request writes the prefix (billed as a write where the model prices writes).
-        cost = _cost(prices, group, reads=n - keys, writes=keys, cached=rules.cached_part(tokens))
-        return GroupPlan(group, "keys", f"{keys} prompt_cache_key(s) at ~{rate / keys:,.0f} requests/min each",
-                         keys=keys, warm_up=True, planned_cost=cost, uncached_cost=uncached)
+        keys = keys_for(n, rate=rate)
+        # A key's first request writes the prefix (billed as a write where the model prices writes): one key
+        # where the provider keeps up, ``keys`` where it overflows.
+        cached = rules.cached_part(tokens)
+        cost = _cost(prices, group, reads=n - 1, writes=1, cached=cached)
+        worst = _cost(prices, group, reads=n - keys, writes=keys, cached=cached)
+        spread = (f", spread to ~{keys:,} at ~{rate / keys:,.0f} requests/min each if the answers show overflow"
+                  if keys > 1 else "")
+        return GroupPlan(group, "keys", f"1 prompt_cache_key at ~{rate:,.0f} requests/min{spread}", keys=keys,
+                         warm_up=True, planned_cost=cost, uncached_cost=uncached, worst_cost=worst,
+                         in_flight=min(share, n))
     if rules.style == "breakpoints":
         gap_s = 60.0 / rate
         ttl = "5m" if gap_s < ANTHROPIC_TTLS["5m"] else "1h" if gap_s < ANTHROPIC_TTLS["1h"] else None
@@ -260,15 +297,6 @@ def _plan_group(group: PrefixGroup, *, total_prompts: int, concurrency: int, pri
     cost = _cost(prices, group, reads=n - 1, writes=0, cached=tokens)
     return GroupPlan(group, "implicit", "implicit caching: first request answered, the rest kept together",
                      warm_up=True, planned_cost=cost, uncached_cost=uncached)
-
-
-def _openai_keys(n: int, *, rate: float) -> int:
-    """Keys for ``n`` requests sent at ``rate`` a minute: each key costs one cold request (its warm-up) and takes
-    about 15 requests a minute at its home machine; past that the rest overflow cold. Misses with k keys over the
-    group's D = n / rate minutes are k + max(0, n - k(1 + 15D)), least at k = n / (1 + 15D)."""
-    minutes = n / max(rate, 1e-9)
-    best = n / (1.0 + OPENAI_KEY_REQUESTS_PER_MINUTE * minutes)
-    return max(1, min(n, math.ceil(best)))
 
 
 def _cost(prices: PriceTable | None, group: PrefixGroup, *, reads: int, writes: int, cached: int,

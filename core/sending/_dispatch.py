@@ -335,14 +335,19 @@ async def send_all(
 
     async def paid(item: WorkItem) -> None:
         model = item.request.model
+        request, ticket = (item.request, None) if cache_plan is None else await cache_plan.deal(item.request)
         if progress is not None:
             progress.in_flight += 1
         try:
             hooks = _background_hooks(sink, item) if background and runs_in_background(item.request) else None
-            result = await (client.chat(item.request, **hooks) if hooks else client.chat(item.request))
+            result = await (client.chat(request, **hooks) if hooks else client.chat(request))
         except asyncio.CancelledError:
+            if cache_plan is not None:
+                cache_plan.unanswered(ticket)
             raise
         except Exception as exc:  # noqa: BLE001 - every failure is recorded, none is lost
+            if cache_plan is not None:
+                cache_plan.unanswered(ticket)
             if _split_again(item, exc):
                 # Refused before any work (so not billed): one text may be the reason, or the pack's size.
                 logger.info("%d texts sent together were refused (%s); sending them in two halves",
@@ -358,7 +363,7 @@ async def send_all(
         else:
             answered.add(id(item))
             if cache_plan is not None and id(item) in group_keys:
-                cache_plan.answered(group_keys[id(item)], result, model=model)
+                cache_plan.answered(group_keys[id(item)], result, model=model, ticket=ticket)
             if stop is not None:
                 await stop.answered(model)
             if item.parts:

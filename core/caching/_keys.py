@@ -112,7 +112,8 @@ class KeyDealer:
             if index in self._warming:
                 self._warming.discard(index)
                 (self._unwarmed.appendleft if cached_tokens is None else self._warm.append)(index)
-                self._wake()
+                if cached_tokens is None or not self._warming:
+                    self._wake()  # a key to warm again, or the last writer answered: the waiting may go on
             return
         if not ticket.evidence or ticket.spreads != self.spreads:
             return

@@ -178,13 +178,14 @@ def print_status(console: Console, data: dict[str, Any]) -> None:
         table.caption += "\n" + budget_figures(budget)
     for line in cache_lines(data["cache"] or []):
         table.caption += "\n" + line
+    console.print(table)
     plan = data.get("cache_plan")
     if plan:
         lines = describe_cache_estimate(CacheEstimate(
             groups=[storage.CacheGroupRow(**row) for row in plan["groups"]], total=plan["total"],
             planned_cost=Decimal(str(plan["planned_cost"])), uncached_cost=Decimal(str(plan["uncached_cost"]))))
-        table.caption += "\n" + "\n".join([lines[0] + " (as recorded)", *lines[1:]])
-    console.print(table)
+        for line in [lines[0] + " (as recorded)", *lines[1:]]:
+            console.print(line, highlight=False, soft_wrap=True)
     if data["cost_per_endpoint"]:
         costs = Table(title="cost so far per endpoint and lane")
         for column in ("endpoint", "lane", "cost"):

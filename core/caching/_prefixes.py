@@ -42,9 +42,23 @@ def prefix_key(request: ChatRequest) -> str | None:
     share (a single message and nothing before it)."""
     if len(request.messages) < 2:
         return None
-    shared = [request.model, request.endpoint, [request.params.get(name) for name in _PREFIX_PARAMS],
-              request.messages[:-1]]
-    return hashlib.blake2b(canonical_json(shared).encode(), digest_size=6).hexdigest()
+    digest = hashlib.sha1(canonical_json([request.model, request.endpoint,
+                                          [request.params.get(name) for name in _PREFIX_PARAMS]]).encode(),
+                          usedforsecurity=False)
+    for message in request.messages[:-1]:
+        role, content = message.get("role"), message.get("content")
+        if len(message) == 2 and isinstance(role, str) and isinstance(content, str):
+            # A plain text turn (the long instruction of most jobs) is hashed as its text, not as JSON: the JSON
+            # encoding of a long text costs more than hashing it. Each part is framed by its length, so no two
+            # prefixes share a digest by where one part ends.
+            for part in (b"t", role.encode(), content.encode("utf-8", "surrogatepass")):
+                digest.update(len(part).to_bytes(8, "little"))
+                digest.update(part)
+        else:
+            part = b"j" + canonical_json(message).encode()
+            digest.update(len(part).to_bytes(8, "little"))
+            digest.update(part)
+    return digest.hexdigest()[:12]
 
 
 def sets_breakpoints(request: ChatRequest) -> bool:

@@ -3,12 +3,20 @@
     python bench/cache.py shared [--prompts 10000] [--concurrency 400] [--latency 1.0] [--models M ...]
     python bench/cache.py groups        # 50 groups of 200 prompts + 2,000 unique ones: the plan per group
     python bench/cache.py own           # prompts that set their own breakpoints: left as given, warmed first
+    python bench/cache.py batch [--prompts 10000] [--models M ...]  # the same file through the Batch API lane
 
 ``shared``: PROMPTS prompts sharing a ~3,000-token instruction, sent real-time through ``send_all`` at CONCURRENCY
 to a simulator (its own process) answering in LATENCY seconds; for each model, with the plan and with it off, with
 the simulator's overflow (15 requests a minute per prefix and key, as OpenAI's guide names) and without. Each row:
 cost (the catalog's prices over what each answer reports), the cached share of input, the cache writes, wall time.
 Every variant is the same prompts, measured one after the other against one simulator reset between runs.
+
+``batch``: PROMPTS prompts sharing the same instruction, per model, through ``llm-dispatch run FILE --simulate
+--route all-batch --json`` (the Batch API lane as a user runs it: recorded, estimated, batch files built with the
+plan, the simulator's batches, answers ingested) with the plan and with ``--no-cache-plan``, each a fresh process
+and database. Each row: the estimate (uncached and with the plan), the stored cost, the cached share of input, the
+cache writes, wall time. The simulator answers a Message Batch ``batch_cache_wave`` requests at a time (its
+default), an OpenAI batch one line after another.
 """
 
 from __future__ import annotations
@@ -16,9 +24,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import sqlite3
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -181,14 +195,57 @@ async def own(args: argparse.Namespace, base_url: str, prices: PriceTable) -> No
         print(json.dumps(row), flush=True)
 
 
+def batch_lane(args: argparse.Namespace) -> None:
+    system = instruction(3000)
+    command = str(Path(sys.executable).with_name("llm-dispatch"))
+    with tempfile.TemporaryDirectory() as scratch:
+        for model in args.models:
+            path = Path(scratch) / f"{model}.jsonl"
+            with path.open("w", encoding="utf-8") as handle:
+                for n in range(args.prompts):
+                    handle.write(json.dumps({"id": n, "model": model, "params": {"max_tokens": 16}, "messages": [
+                        {"role": "system", "content": system},
+                        {"role": "user", "content": f"Answer {n}: the river is {n} km long."}]}) + "\n")
+            for planned in (True, False):
+                db = Path(scratch) / f"{model}-{planned}.db"
+                env = {**os.environ, "PREFECT_HOME": str(Path(scratch) / "prefect")}
+                started = time.perf_counter()
+                done = subprocess.run(
+                    [command, "run", str(path), "--simulate", "--route", "all-batch", "--json",
+                     "--cache-plan" if planned else "--no-cache-plan",
+                     "--database-url", f"sqlite+aiosqlite:///{db}"],
+                    capture_output=True, text=True, env=env, timeout=3600)
+                wall = time.perf_counter() - started
+                if done.returncode != 0:
+                    raise SystemExit(f"{model} plan={planned}: exit {done.returncode}\n{done.stderr[-3000:]}")
+                summary = json.loads(done.stdout)
+                with sqlite3.connect(db) as con:
+                    answers, prompt, cached, written, cost = con.execute(
+                        "SELECT COUNT(*), SUM(prompt_tokens), SUM(cached_tokens), SUM(cache_creation_tokens), "
+                        "SUM(cost_pico_usd) FROM results WHERE status = 'succeeded'").fetchone()
+                estimate = summary["estimate"]
+                cache = estimate.get("cache") or {}
+                print(json.dumps({
+                    "model": model, "lane": "batch", "plan": "on" if planned else "off", "answers": answers,
+                    "cost_usd": float(from_pico(cost or 0)), "cached_share": round(cached / prompt, 4) if prompt else 0,
+                    "cache_write_tokens": written or 0, "estimate_uncached_usd": estimate["total"],
+                    "estimate_planned_usd": estimate["planned_total"],
+                    "plan_per_group": [f"{g['action']} ({g['reason']})" for g in cache.get("groups", [])],
+                    "wall_s": round(wall, 1)}), flush=True)
+            path.unlink()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=("shared", "groups", "own"))
+    parser.add_argument("what", choices=("shared", "groups", "own", "batch"))
     parser.add_argument("--prompts", type=int, default=10_000)
     parser.add_argument("--concurrency", type=int, default=400)
     parser.add_argument("--latency", type=float, default=1.0)
     parser.add_argument("--models", nargs="+", default=list(MODELS))
     args = parser.parse_args()
+    if args.what == "batch":
+        batch_lane(args)
+        return
     prices = PriceTable.load()
     with Simulator.in_process(SimulatorConfig(latency=args.latency)) as base_url:
         asyncio.run({"shared": shared, "groups": groups, "own": own}[args.what](args, base_url, prices))

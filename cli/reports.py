@@ -20,8 +20,10 @@ from sqlalchemy.engine import make_url
 from llm_dispatch import storage
 from llm_dispatch.jobs import (
     BINARY_FORMATS,
+    CacheEstimate,
     actual_cost,
     cache_report,
+    describe_cache_estimate,
     job_budget_standings,
     money,
     plan_export,
@@ -87,6 +89,10 @@ def budget_figures(budget: dict[str, Any]) -> str:
             f"reserved ${budget['reserved']:.6f}, left ${budget['left']:.6f}")
 
 
+# The largest shared prefixes ``status`` names (the rest counted).
+STATUS_CACHE_GROUPS = 5
+
+
 async def _no_groups() -> list[Any]:
     return []
 
@@ -119,6 +125,8 @@ async def status(*, settings: Settings, job_id: str | None, cache: bool = False)
                                                 providers=providers if settings.providers_file else None))
             if cache else _no_groups(),
         )
+        # The groups its recording found and the plan priced then: a few rows of the job's, never its prompts.
+        planned = await storage.job_cache_groups(sessions, job_id=job_id, limit=STATUS_CACHE_GROUPS)
         return {
             "job_id": job.id, "name": job.name, "status": job.status, "counts": job.counts,
             "routes": routes,
@@ -128,6 +136,7 @@ async def status(*, settings: Settings, job_id: str | None, cache: bool = False)
             "unpriced_models": dict(ledger.totals.unpriced_models),
             "structured": to_json(structured),
             "cache": to_json(groups) if cache else None,
+            "cache_plan": to_json(CacheEstimate.stored(planned, enabled=True)) if planned.total else None,
             "budgets": budgets,
             "batches": [
                 {"id": b.id, "provider": b.provider, "provider_batch_id": b.provider_batch_id, "status": b.status,
@@ -170,6 +179,13 @@ def print_status(console: Console, data: dict[str, Any]) -> None:
     for line in cache_lines(data["cache"] or []):
         table.caption += "\n" + line
     console.print(table)
+    plan = data.get("cache_plan")
+    if plan:
+        lines = describe_cache_estimate(CacheEstimate(
+            groups=[storage.CacheGroupRow(**row) for row in plan["groups"]], total=plan["total"],
+            planned_cost=Decimal(str(plan["planned_cost"])), uncached_cost=Decimal(str(plan["uncached_cost"]))))
+        for line in [lines[0] + " (as recorded)", *lines[1:]]:
+            console.print(line, highlight=False, soft_wrap=True)
     if data["cost_per_endpoint"]:
         costs = Table(title="cost so far per endpoint and lane")
         for column in ("endpoint", "lane", "cost"):

@@ -21,7 +21,7 @@ from prefect.artifacts import (
 
 from llm_dispatch import storage
 from llm_dispatch.jobs import DispatchSummary, SweepSummary
-from llm_dispatch.core import DispatchOutcome, ROUTES, RouteTotals, counted, money, unfinished
+from llm_dispatch.core import DispatchOutcome, ROUTES, RouteTotals, counted, from_pico, money, unfinished
 
 Logger = logging.Logger | logging.LoggerAdapter  # type: ignore[type-arg]
 
@@ -217,8 +217,11 @@ def report_markdown(summary: DispatchSummary) -> str:
                   f"| structured: still invalid | {structured.still_invalid} |",
                   f"| structured: re-asks (cost) | {structured.reasks} "
                   f"({'unknown' if cost_of is None else f'${money(cost_of):.6f}'}) |"]
+    planned = report.estimate.cache if report.estimate is not None else None
     if report.estimate is not None:
         lines.append(f"| estimate before sending | ${money(report.estimate.total):.6f} |")
+        if planned is not None and planned.total and planned.enabled:
+            lines.append(f"| estimate with the cache plan | ${money(report.estimate.planned_total):.6f} |")
     lines.append(f"| prices as of | {cost.prices_as_of} |")
     budget = summary.budget
     if budget is not None:
@@ -233,6 +236,18 @@ def report_markdown(summary: DispatchSummary) -> str:
         lines += [f"| {endpoint} | {route} | {paid.prompts} | {paid.prompt_tokens} / {paid.completion_tokens} "
                   f"| ${money(paid.cost):.6f}{' + unknown' if paid.unpriced else ''} |"
                   for endpoint, by_route in cost.endpoints.items() for route, paid in by_route.items()]
+    if planned is not None and planned.total:
+        lines += ["", f"## Cache plan before sending ({counted(planned.total, 'shared prefix', many='shared prefixes')}"
+                  f"{'' if planned.enabled else ', the plan off'})", "",
+                  "| lane | group | model | prompts | prefix tokens | plan | prefix cost planned | uncached |",
+                  "|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {row.lane} | {row.key} | {row.model} | {row.prompts} | {row.prefix_tokens} "
+                  f"| {row.action}: {row.reason.replace('|', '/')} | {_pico(row.planned_cost_pico_usd)} "
+                  f"| {_pico(row.uncached_cost_pico_usd)} |" for row in planned.groups]
+        if planned.total > len(planned.groups):
+            lines.append(f"\nand {planned.total - len(planned.groups):,} more")
+        lines.append(f"\nAll groups: prefix cost ${money(planned.planned_cost):.6f} planned vs "
+                     f"${money(planned.uncached_cost):.6f} uncached.")
     if report.cache:
         lines += ["", "## Prompt caching per shared prefix", "",
                   "| group | model | prompts | prefix tokens (estimated) | cached tokens | hit rate | paid | uncached "
@@ -249,6 +264,10 @@ def report_markdown(summary: DispatchSummary) -> str:
         lines += [f"| {name} | {n} | {told.get(name, '').replace('|', '/')} |"
                   for name, n in sorted(report.failed_by_class.items())]
     return "\n".join(lines) + "\n"
+
+
+def _pico(value: int | None) -> str:
+    return "unknown" if value is None else f"${money(from_pico(value)):.6f}"
 
 
 def _ms(value: float | None) -> str:

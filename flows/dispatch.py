@@ -19,6 +19,7 @@ from llm_dispatch import storage
 from llm_dispatch.jobs import (
     CACHE_REPORT_MAX_PROMPTS,
     BatchHalfSummary,
+    CachePlanning,
     DirectorySummary,
     DispatchSummary,
     JobCost,
@@ -27,6 +28,7 @@ from llm_dispatch.jobs import (
     ShardRuns,
     budget_standing,
     check_budget_bounds,
+    describe_cache_estimate,
     estimate_cost,
     fingerprint_of,
     job_report,
@@ -190,12 +192,20 @@ async def run_dispatch(
                                        typical_completion_tokens=settings.typical_completion_tokens,
                                        retry_failed=retry_failed, dedupe=settings.dedupe,
                                        provider_of=run.clients.provider_of,
-                                       recorded=None if job.resumed else job.sums)
+                                       recorded=None if job.resumed else job.sums,
+                                       cache=CachePlanning(provider_of=run.clients.providers.cache_rules_of,
+                                                           concurrency=settings.concurrency,
+                                                           enabled=settings.cache_plan,
+                                                           recorded=None if job.resumed else job.cache))
         described = describe_estimate(estimate)
         logger.info("Job %s: estimated cost %s.", job.job_id, described)
         progress = current_progress.get()
         if progress is not None:
             progress.notes.append(f"estimate: {described}")
+        for line in describe_cache_estimate(estimate.cache) if estimate.cache is not None else ():
+            logger.info("Job %s: %s", job.job_id, line)
+            if progress is not None:
+                progress.notes.append(line)
         _check_budget(estimate, max_cost=max_cost)
         held = await run_budget(settings, sessions=run.sessions, job_id=job.job_id)
         if held is not None:
@@ -303,10 +313,13 @@ def _check_budget(estimate: JobCost, *, max_cost: float | None) -> None:
             f"cannot check --max-cost {max_cost}: no price for {models}; add it to a price file "
             "(LLM_DISPATCH_PRICES_FILE) or drop --max-cost. Nothing was sent"
         )
-    if estimate.total > Decimal(str(max_cost)):
+    # The plan's price where it has one: a shared prefix is paid as the plan sends it, writes at their premium.
+    if estimate.planned_total > Decimal(str(max_cost)):
+        planned = ("" if estimate.planned_total == estimate.total else
+                   f" with the cache plan (${money(estimate.total):.6f} without)")
         raise BudgetExceededError(
-            f"estimated cost ${money(estimate.total):.6f} is above --max-cost ${max_cost}; nothing was sent. "
-            "Raise the limit, route more prompts to the Batch API, or send fewer prompts"
+            f"estimated cost ${money(estimate.planned_total):.6f}{planned} is above --max-cost ${max_cost}; nothing "
+            "was sent. Raise the limit, route more prompts to the Batch API, or send fewer prompts"
         )
 
 
@@ -327,6 +340,11 @@ def describe_estimate(estimate: JobCost) -> str:
         models = ", ".join(sorted(estimate.unbounded_models))
         text += (f"; total {total} (at most: unbounded, no max_tokens and no maximum "
                  f"output known for {models})")
+    cache = estimate.cache
+    if cache is not None and cache.total and cache.enabled and cache.saved:
+        planned = dollars(estimate.planned_total, unpriced=unknown)
+        text += (f"; with the cache plan {planned if planned == 'unknown' else '~' + planned} "
+                 f"({counted(cache.total, 'shared prefix', many='shared prefixes')}, ~{dollars(cache.saved)} saved)")
     if not estimate.complete:
         text += f"; NO PRICE for {', '.join(sorted(estimate.totals.unpriced_models))}: their cost is unknown"
     return text

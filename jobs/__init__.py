@@ -17,7 +17,14 @@ if TYPE_CHECKING:
         to_pico,
     )
     from ._cache_report import CacheGroupReport, cache_report
-    from ._cache_plan import describe_outcome, describe_plan, plan_run_caches
+    from ._cache_plan import (
+        CacheEstimate,
+        CachePlanning,
+        describe_cache_estimate,
+        describe_outcome,
+        describe_plan,
+        plan_run_caches,
+    )
     from ._clients import Clients
     from ._batch_life import BatchStep, FinishSubmission, Ingest, advance_batch
     from ._batch_trouble import (
@@ -64,7 +71,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CACHE_REPORT_MAX_PROMPTS",
+    "CacheEstimate",
     "CacheGroupReport",
+    "CachePlanning",
+    "describe_cache_estimate",
     "cache_report",
     "describe_outcome",
     "describe_plan",

@@ -14,6 +14,8 @@ from llm_dispatch import storage
 from llm_dispatch.core import ChatRequest, CostTotals, EstimateSums, PriceTable, RouteTotals, from_pico, provider_lookup
 from llm_dispatch.core import REQUEST_ROUTES, ROUTES, RetryFailed, Route, json_field, money
 
+from ._cache_plan import CacheEstimate, CachePlanning, JobPrefixes
+
 __all__ = ["JobCost", "PriceBasis", "RepricedRow", "Repricing", "actual_cost", "counted_prompts", "estimate_cost", "money",
            "reprice"]
 # Answers of a model this database must hold before the reply length learnt from them replaces the setting.
@@ -46,8 +48,8 @@ class JobCost:
     ``reply_tokens`` is the typical (uncapped) reply length the estimate assumed per model.
     """
 
-    json_properties: ClassVar = ("total", "savings", "complete", "unpriced_models", "prices_as_of", "backfilled",
-                                 "routes", "providers", "endpoints")
+    json_properties: ClassVar = ("total", "planned_total", "savings", "complete", "unpriced_models", "prices_as_of",
+                                 "backfilled", "routes", "providers", "endpoints")
 
     totals: CostTotals = json_field(skip=True)
     max_total: Decimal | None = Decimal(0)
@@ -56,10 +58,18 @@ class JobCost:
     unbounded_models: dict[str, int] = field(default_factory=dict)
     # Stored costs: the price tables they came from, oldest date first.
     priced_with: list[PriceBasis] = field(default_factory=list)
+    # Estimates: the prefixes the prompts share and the cache plan for them, priced (``total`` prices them uncached).
+    cache: CacheEstimate | None = json_field(omit_none=True, default=None)
 
     @property
     def total(self) -> Decimal:
         return self.totals.cost
+
+    @property
+    def planned_total(self) -> Decimal:
+        """``total`` with each shared prefix priced as the cache plan sends it (writes at their premium, hits at the
+        cached price) instead of uncached; ``total`` where there is no plan (off, or no prefix shared)."""
+        return self.total if self.cache is None else self.total - self.cache.saved
 
     @property
     def savings(self) -> Decimal:
@@ -114,6 +124,7 @@ async def estimate_cost(
     dedupe: bool = True,
     provider_of: Callable[[str], str] | None = None,
     recorded: EstimateSums | None = None,
+    cache: CachePlanning | None = None,
 ) -> JobCost:
     """What sending the job's open prompts will cost, per planned route (lane), before anything is sent.
 
@@ -127,8 +138,14 @@ async def estimate_cost(
 
     ``recorded``: the sums a new job's recording made of its prompts as it stored them (``counted_prompts``), all
     of them open; then they are not read back.
+
+    ``cache``: the estimate also prices the cache plan (``JobCost.cache``, ``planned_total``): the groups the recording
+    found with ``recorded`` (``cache.recorded``), else those of the open prompts as they are read back.
     """
     sums = recorded
+    prefixes: JobPrefixes | None = None
+    if cache is not None and (sums is None or cache.recorded is None):
+        sums, prefixes = None, cache.collector()
     if sums is None:
         sums = EstimateSums(table=table)
         for half in ("realtime", "batch"):
@@ -141,13 +158,19 @@ async def estimate_cost(
                         if row.dedupe_key == last_key:
                             continue
                         last_key = row.dedupe_key
-                    sums.add(ChatRequest(model=row.model, messages=row.messages, params=row.params,
-                                         endpoint=row.endpoint), route=_estimated_lane(row.planned_route))
+                    request = ChatRequest(model=row.model, messages=row.messages, params=row.params,
+                                          endpoint=row.endpoint)
+                    sums.add(request, route=_estimated_lane(row.planned_route))
+                    if prefixes is not None:
+                        prefixes.add(row.id, request, route=row.planned_route)
     reply_tokens = {model: await _typical_reply(sessions, model=model, default=typical_completion_tokens)
                     for model in sorted(sums.models)}
     totals, bound, unbounded = sums.totals(reply_tokens=reply_tokens, provider_of=provider_of)
+    planned = None
+    if cache is not None:
+        planned = cache.recorded if prefixes is None else cache.estimate(prefixes, prices=table)
     return JobCost(totals=totals, max_total=None if unbounded else bound, reply_tokens=reply_tokens,
-                   unbounded_models=unbounded)
+                   unbounded_models=unbounded, cache=planned)
 
 
 def _estimated_lane(planned_route: Route | None) -> Route:
@@ -159,11 +182,12 @@ def _estimated_lane(planned_route: Route | None) -> Route:
 
 
 def counted_prompts(
-    prompts: Iterable[storage.NewPrompt], *, sums: EstimateSums, dedupe: bool, repeated: Container[str]
+    prompts: Iterable[storage.NewPrompt], *, sums: EstimateSums, dedupe: bool, repeated: Container[str],
+    prefixes: JobPrefixes | None = None,
 ) -> Iterator[storage.NewPrompt]:
-    """``prompts`` unchanged, each added to ``sums`` on its way to be stored, as ``estimate_cost`` would read it back
-    from the database: at its lane, and an identical request (``repeated``: the keys the input has more than once)
-    once per half when ``dedupe`` is on, as it is sent once."""
+    """``prompts`` unchanged, each added to ``sums`` (and ``prefixes``) on its way to be stored, as ``estimate_cost``
+    would read it back from the database: at its lane, and an identical request (``repeated``: the keys the input has
+    more than once) once per half when ``dedupe`` is on, as it is sent once."""
     seen: set[tuple[bool, str]] = set()
     for prompt in prompts:
         if dedupe and prompt.dedupe_key in repeated:
@@ -172,8 +196,11 @@ def counted_prompts(
                 yield prompt
                 continue
             seen.add(first)
-        sums.add(ChatRequest(model=prompt.model, messages=prompt.messages, params=prompt.params,
-                             endpoint=prompt.endpoint), route=_estimated_lane(prompt.planned_route))
+        request = ChatRequest(model=prompt.model, messages=prompt.messages, params=prompt.params,
+                              endpoint=prompt.endpoint)
+        sums.add(request, route=_estimated_lane(prompt.planned_route))
+        if prefixes is not None:
+            prefixes.add(prompt.position, request, route=prompt.planned_route)
         yield prompt
 
 

@@ -24,6 +24,7 @@ from llm_dispatch.core import (
     prompt_chars,
 )
 
+from ._cache_plan import JobPrefixes
 from ._costs import _estimated_lane, counted_prompts
 
 __all__ = ["CheckPassEstimate", "batchless_providers", "new_prompts"]
@@ -103,12 +104,13 @@ class CheckPassEstimate:
     while it is sent has its estimate (``--max-cost``, a budget's bounds) before its first request.
 
     ``seen`` counts the prompts added, ``batched`` those routed to the Batch API. An identical request is remembered
-    by its 64-bit hash (``key_hash``) and half.
+    by its 64-bit hash (``key_hash``) and half. ``prefixes``: given each prompt counted, for the cache plan's groups.
     """
 
     def __init__(self, *, table: PriceTable, rules: RoutingRules | None, now: datetime, dedupe: bool,
-                 without_batches: Mapping[str, str] | None = None) -> None:
+                 without_batches: Mapping[str, str] | None = None, prefixes: JobPrefixes | None = None) -> None:
         self.sums = EstimateSums(table=table)
+        self.prefixes = prefixes
         self._router = _Router(rules=rules, now=now, table=table, without_batches=without_batches)
         self._dedupe = dedupe
         self._counted: set[int] = set()
@@ -124,5 +126,7 @@ class CheckPassEstimate:
             if first in self._counted:
                 return
             self._counted.add(first)
-        self.sums.add(ChatRequest(model=spec.model, messages=spec.messages, params=spec.params,
-                                  endpoint=spec.endpoint), route=_estimated_lane(route))
+        request = ChatRequest(model=spec.model, messages=spec.messages, params=spec.params, endpoint=spec.endpoint)
+        self.sums.add(request, route=_estimated_lane(route))
+        if self.prefixes is not None:
+            self.prefixes.add(spec.position, request, route=route)

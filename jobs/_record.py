@@ -38,6 +38,7 @@ from llm_dispatch.core import (
     unfinished,
 )
 
+from ._cache_plan import CacheEstimate, JobPrefixes
 from ._costs import counted_prompts
 from ._prompt_rows import CheckPassEstimate, batchless_providers, new_prompts
 from ._run import load_prices
@@ -162,6 +163,9 @@ class RecordedJob:
     # A new job stored in slices with ``record_job(estimate=True)``: its prompts routed to the Batch API (the check
     # pass routed them), which a real-time feed does not wait for.
     batched: int = 0
+    # A new job with ``record_job(estimate=True)``: the prefixes its prompts share, each group's cache plan priced,
+    # found in the same pass as ``sums`` and stored with the job (``storage.store_cache_groups``).
+    cache: CacheEstimate | None = field(default=None, repr=False, compare=False)
 
     @property
     def rest(self) -> int:
@@ -248,7 +252,8 @@ async def record_job(
 
     ``estimate``: a new job comes back with the cost estimate's sums of its prompts (``sums``): made as they are
     stored when it is stored whole, else by its check pass (``CheckPassEstimate``), routed there as they will be
-    stored, so that no prompt is read twice for it.
+    stored, so that no prompt is read twice for it. The same pass finds the prefixes they share (``cache``): each
+    group with its cache plan (``settings.cache_plan``, for ``settings.concurrency``), stored with the job.
     """
     if job_id is not None:
         job_id = await storage.resolve_job(sessions, reference=job_id)
@@ -265,7 +270,8 @@ async def record_job(
     # A new job stored while it is sent is routed and priced by its check pass, as of now (when it is recorded).
     now = datetime.now(UTC)
     ahead = (CheckPassEstimate(table=given.table, rules=rules, now=now, dedupe=settings.dedupe,
-                                 without_batches=batchless_providers(given.model_providers))
+                                 without_batches=batchless_providers(given.model_providers),
+                                 prefixes=_prefixes(given))
              if head is not None and estimate and given.table is not None else None)
     checked = given.check(each=ahead)
     digest = checked.fingerprint
@@ -305,16 +311,20 @@ async def record_job(
         rows = new_prompts(given.specs(checked=checked), rules=rules, now=now, table=given.table,
                            without_batches=batchless_providers(given.model_providers))
         sums = EstimateSums(table=given.table) if estimate and given.table is not None else None
+        prefixes = None if sums is None else _prefixes(given)
         if sums is not None:
-            rows = counted_prompts(rows, sums=sums, dedupe=settings.dedupe, repeated=checked.repeated_keys)
+            rows = counted_prompts(rows, sums=sums, dedupe=settings.dedupe, repeated=checked.repeated_keys,
+                                   prefixes=prefixes)
         await storage.add_prompts(sessions, job_id=new_id, prompts=rows, then_status="created")
         logger.info("recorded job %s: %s", new_id, counted(checked.count, "prompt"))
-        return replace(recorded, sums=sums)
+        return replace(recorded, sums=sums, cache=await _store_groups(sessions, job_id=new_id, prefixes=prefixes,
+                                                                      given=given, settings=settings))
     assert head is not None
     if ahead is not None and ahead.seen != checked.count:
         # Checked before in this context (the command checks the file first): priced in a pass of its own.
         ahead = CheckPassEstimate(table=ahead.sums.table, rules=rules, now=now, dedupe=settings.dedupe,
-                                  without_batches=batchless_providers(given.model_providers))
+                                  without_batches=batchless_providers(given.model_providers),
+                                  prefixes=_prefixes(given))
         for spec in given.specs(checked=checked):
             ahead(spec)
     await storage.add_prompts(sessions, job_id=new_id,
@@ -324,7 +334,28 @@ async def record_job(
     logger.info("recording job %s: %s, the first %d stored", new_id, counted(checked.count, "prompt"), head)
     return replace(recorded, input=given, head=head, recorded_at=now, repeated_keys=checked.repeated_keys,
                    checked=checked, sums=None if ahead is None else ahead.sums,
-                   batched=0 if ahead is None else ahead.batched)
+                   batched=0 if ahead is None else ahead.batched,
+                   cache=await _store_groups(sessions, job_id=new_id, prefixes=None if ahead is None else ahead.prefixes,
+                                             given=given, settings=settings))
+
+
+def _prefixes(given: PromptInput) -> JobPrefixes:
+    """A collector of the prefix groups of ``given``'s prompts, each model's by the provider whose cache it meets."""
+    table = given.model_providers
+    if not isinstance(table, ProviderTable):
+        table = ProviderTable(model_providers=table)
+    return JobPrefixes(provider_of=table.cache_rules_of)
+
+
+async def _store_groups(sessions: storage.Sessions, *, job_id: str, prefixes: JobPrefixes | None, given: PromptInput,
+                        settings: Settings) -> CacheEstimate | None:
+    """The groups ``prefixes`` found, each with its plan priced, stored with the job; None when none were looked for."""
+    if prefixes is None:
+        return None
+    rows = prefixes.plans(prices=given.table, concurrency=settings.concurrency, enabled=settings.cache_plan)
+    if rows:
+        await storage.store_cache_groups(sessions, job_id=job_id, groups=rows)
+    return CacheEstimate.of(rows, enabled=settings.cache_plan)
 
 
 async def _require_job(sessions: storage.Sessions, *, job_id: str,

@@ -78,7 +78,7 @@ _NON_NEGATIVE_FIELDS = (
     "quota_window", "slow_tokens_per_second",
 )
 _FLOAT_FIELDS = frozenset(_NON_NEGATIVE_FIELDS) | {name for name, _ in RANDOM_FAULT_FIELDS}
-_OPTIONAL_INT_FIELDS = frozenset({"rpm", "tpm", "cache_overflow_rpm"})
+_OPTIONAL_INT_FIELDS = frozenset({"rpm", "tpm", "cache_overflow_rpm", "batch_cache_wave"})
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -130,6 +130,11 @@ class SimulatorConfig:
     # prompt_cache_key, a request is served by a cold machine (no cached tokens). None: every request is served
     # by its prefix's machine. The guide's figure is about 15.
     cache_overflow_rpm: int | None = None
+    # A Message Batch's requests are answered this many at a time: a prefix one of them writes turns warm only once
+    # its wave is answered, so the rest of the wave reads nothing. Anthropic processes a batch's requests
+    # concurrently and names its cache hits inside batches best-effort; the width is the simulator's assumption,
+    # no documented figure. None: one at a time, each warm at once.
+    batch_cache_wave: int | None = 100
 
     def __post_init__(self) -> None:
         for name in _NON_NEGATIVE_FIELDS:
@@ -158,7 +163,7 @@ class SimulatorConfig:
                               f"got {self.always_fault!r}")
         if self.quota_window <= 0:
             raise ConfigError(f"simulator quota_window must be positive, got {self.quota_window!r}")
-        for name in ("rpm", "tpm", "cache_overflow_rpm"):
+        for name in ("rpm", "tpm", "cache_overflow_rpm", "batch_cache_wave"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"simulator {name} must be >= 1 or None (no quota), got {value!r}")

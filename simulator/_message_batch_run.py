@@ -123,8 +123,23 @@ class MessageBatchRun(BatchWork):
             fraction = batch.fault.argument if batch.fault.argument is not None else DEFAULT_EXPIRE_FRACTION
             stop_after = math.floor(total * fraction)
 
+        # The requests are answered a wave at a time (``SimulatorConfig.batch_cache_wave``): what a wave writes to
+        # the prompt cache turns warm once the whole wave is answered.
+        width = self._state.config.batch_cache_wave
+        wave: list[bytes] = []
+        answered = 0
+
         def answer(request: MessageRequest) -> None:
-            ok, line = self._answer(request)
+            nonlocal answered
+            state = self._state
+            state.cache_wave = None if width is None else wave
+            try:
+                ok, line = self._answer(request)
+            finally:
+                state.cache_wave = None
+            answered += 1
+            if width is not None and answered % width == 0:
+                self._settle(wave)
             sink.write(line)
             if ok:
                 batch.succeeded += 1
@@ -138,6 +153,7 @@ class MessageBatchRun(BatchWork):
             pending, total=total, duration=self._seconds, stop_after=stop_after, cancel=batch.cancel_requested,
             answer=answer)
         outcome, first_unanswered = paced
+        self._settle(wave)
         if outcome == "expired":
             if first_unanswered is not None:
                 await self._close_out(first_unanswered, pending, sink=sink, kind="expired")
@@ -151,6 +167,13 @@ class MessageBatchRun(BatchWork):
             # Every request is answered, yet the batch stays in_progress that long (cancel ends it at once).
             seconds = batch.fault.argument if batch.fault.argument is not None else self._seconds
             await hold(time.monotonic() + seconds, cancel=batch.cancel_requested)
+
+    def _settle(self, wave: list[bytes]) -> None:
+        """The prefixes ``wave`` wrote turn warm now, its requests answered."""
+        now = time.monotonic()
+        for digest in wave:
+            self._state.prompt_cache.settle(digest, answered_at=now)
+        wave.clear()
 
     async def _close_out(
         self, first: MessageRequest | None, rest: Iterator[MessageRequest], *, sink: Sink, kind: str

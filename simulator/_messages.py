@@ -250,8 +250,14 @@ def _cache_use(plan: PlannedMessage, *, state: SimState) -> tuple[int, int, int]
             break
     written = hour = 0
     covered = read
+    wave = state.cache_wave
     for prefix, tokens, ttl in plan.cache_prefixes:
-        cache.write(prefix, answered_at=answered_at, ttl_s=ANTHROPIC_TTLS.get(ttl, ANTHROPIC_TTLS["5m"]))
+        ttl_s = ANTHROPIC_TTLS.get(ttl, ANTHROPIC_TTLS["5m"])
+        if wave is None:
+            cache.write(prefix, answered_at=answered_at, ttl_s=ttl_s)
+        else:
+            cache.pending(prefix, ttl_s=ttl_s)
+            wave.append(prefix)
         if tokens > covered:
             written += tokens - covered
             hour += (tokens - covered) if ttl == "1h" else 0

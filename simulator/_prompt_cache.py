@@ -10,6 +10,7 @@ next go to other machines, which are taken to be cold: they read nothing and kee
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
@@ -66,6 +67,24 @@ class PromptCache:
         self._entries.move_to_end(digest)
         while len(self._entries) > _ENTRIES:
             self._entries.popitem(last=False)
+
+    def pending(self, digest: bytes, *, ttl_s: float) -> None:
+        """Keep ``digest`` cold until ``settle``: written by a request whose answer's time is not known yet (one of a
+        Message Batch's wave, ``SimulatorConfig.batch_cache_wave``); an entry already kept stays as it is."""
+        entry = self._entries.get(digest)
+        if entry is None:
+            self._entries[digest] = _Entry(math.inf, math.inf, ttl_s)
+            while len(self._entries) > _ENTRIES:
+                self._entries.popitem(last=False)
+        else:
+            entry.ttl_s = max(entry.ttl_s, ttl_s)
+
+    def settle(self, digest: bytes, *, answered_at: float) -> None:
+        """A ``pending`` entry turns warm at ``answered_at`` and lives its time to live from then."""
+        entry = self._entries.get(digest)
+        if entry is not None and entry.warm_at > answered_at:
+            entry.warm_at = answered_at
+            entry.expires_at = answered_at + entry.ttl_s
 
     def overflows(self, route: bytes, *, now: float, per_minute: int | None) -> bool:
         """Whether a request on ``route`` at ``now`` goes to a cold machine: its home machine has taken

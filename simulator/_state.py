@@ -141,6 +141,9 @@ class SimState:
         # When the request being rendered will be answered (monotonic seconds): set by the real-time routes around
         # their synchronous ``render()``, so the prefixes it writes turn warm then; None (a batch line): at once.
         self.answer_due: float | None = None
+        # The prefixes a Message Batch's open wave wrote (``SimulatorConfig.batch_cache_wave``): set by the batch
+        # around each line's synchronous render, so they stay cold until the wave is answered; None otherwise.
+        self.cache_wave: list[bytes] | None = None
         self.requests_window: QuotaWindow | None = None
         self.tokens_window: QuotaWindow | None = None
         self.started_at = time.time()

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
         settle_batch,
         settle_holds,
     )
+    from ._cache_groups import CacheGroupRow, StoredCacheGroups, job_cache_groups, store_cache_groups
     from ._cache_usage import CacheAnswer, cache_answer_pages
     from ._capabilities import no_batch_api, remember_no_batch_api
     from ._job_budgets import budgets_of_job, note_job_budget
@@ -105,6 +106,10 @@ if TYPE_CHECKING:
 
 
 __all__ = [
+    "CacheGroupRow",
+    "StoredCacheGroups",
+    "job_cache_groups",
+    "store_cache_groups",
     "CacheAnswer",
     "cache_answer_pages",
     "no_batch_api",

@@ -34,8 +34,8 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 # Read by SQLAlchemy when it maps the classes: imported, not only for the type checker.
 from llm_dispatch.core import JobStatus, PromptStatus, ResultRoute, ResultStatus, Route
 
-__all__ = ["CHECKED", "PARSED_JSON", "Base", "Batch", "BatchMember", "Budget", "BudgetSpend", "Job", "Prompt", "Reservation",
-           "Result", "aware", "new_job_id", "utcnow"]
+__all__ = ["CHECKED", "PARSED_JSON", "Base", "Batch", "BatchMember", "Budget", "BudgetSpend", "CacheGroup", "Job", "Prompt",
+           "Reservation", "Result", "aware", "new_job_id", "utcnow"]
 
 # Stable constraint names, so a later migration can drop or alter them by name on both
 # databases (and SQLite batch mode can recreate tables).
@@ -330,3 +330,29 @@ class EndpointCapability(Base):
     batch_api: Mapped[bool] = mapped_column(Boolean())
     reason: Mapped[str | None] = mapped_column(Text())
     learnt_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class CacheGroup(Base):
+    """A group of a job's prompts sharing one cached prefix, found when the job was recorded, with the cache plan
+    chosen for it then (``core.plan_caches``): what the estimate showed before anything was sent. One row per
+    group and half (``lane``: realtime or batch), written once by the recording."""
+
+    __tablename__ = "cache_groups"
+
+    job_id: Mapped[str] = mapped_column(String(36), ForeignKey("jobs.id"), primary_key=True)
+    lane: Mapped[str] = mapped_column(String(16), primary_key=True)
+    key: Mapped[str] = mapped_column(String(32), primary_key=True)
+    provider: Mapped[str] = mapped_column(String())
+    model: Mapped[str] = mapped_column(String())
+    endpoint: Mapped[str] = mapped_column(String())
+    prompts: Mapped[int] = mapped_column(Integer())
+    prefix_tokens: Mapped[int] = mapped_column(Integer())
+    prefix_messages: Mapped[int] = mapped_column(Integer())
+    own_breakpoints: Mapped[bool] = mapped_column(Boolean())
+    action: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(Text())
+    keys: Mapped[int] = mapped_column(Integer())
+    ttl: Mapped[str | None] = mapped_column(String(8))
+    # The prefix's money with the plan and uncached, in picodollars; NULL for a model without a price.
+    planned_cost_pico_usd: Mapped[int | None] = mapped_column(BigInteger())
+    uncached_cost_pico_usd: Mapped[int | None] = mapped_column(BigInteger())

@@ -229,3 +229,23 @@ async def test_a_message_batch_create_has_the_upload_deadline_not_a_chats(sim_ur
                          request_timeout=0.2, file_timeout=5) as llm:
         created = await MessageBatchApi(llm).create_message_batch(requests=requests(["Name a river."]))
     assert created.id and admin.get("/_sim/stats").json()["message_batches"] == 1
+
+
+@pytest.mark.parametrize("wave", [4, None])
+async def test_a_batchs_cache_hits_are_best_effort_a_wave_at_a_time(
+    client: LLMClient, admin: httpx.Client, tmp_path: Path, wave: int | None
+) -> None:
+    # Anthropic answers a batch's requests concurrently, its cache hits inside a batch best-effort: what a wave of
+    # requests writes is read only by the waves after it (None: one at a time, each warm at once).
+    admin.post("/_sim/config", json={"batch_cache_wave": wave}).raise_for_status()
+    rubric = [{"type": "text", "text": "Grade the answer by the rubric, point by point. " * 600,
+               "cache_control": {"type": "ephemeral", "ttl": "1h"}}]
+    created = await MessageBatchApi(client).create_message_batch(requests=[
+        {"custom_id": f"req-{i}", "params": {**params(f"Answer {i}"), "system": rubric}} for i in range(10)])
+    ended, _ = await wait_until_ended(client, created)
+    lines = await results(client, ended, tmp_path)
+    read = [line.result.cached_tokens > 0 for line in lines.values() if line.result is not None]
+    wrote = [line.result.cache_creation_tokens > 0 for line in lines.values() if line.result is not None]
+    first = 1 if wave is None else wave
+    assert read == [False] * first + [True] * (10 - first)
+    assert wrote == [True] * first + [False] * (10 - first)

@@ -979,3 +979,26 @@ def test_result_rows_carry_every_results_column() -> None:
     from llm_dispatch.storage._results import RESULT_COLUMNS
 
     assert sorted(RESULT_COLUMNS) == sorted(column.name for column in storage.Result.__table__.columns if column.name != "id")
+
+
+async def test_a_jobs_cache_groups_are_kept_and_read_back_largest_first(sessions: Sessions) -> None:
+    job_id = await make_job(sessions, [])
+
+    def group(key: str, *, prompts: int, tokens: int, cost: int | None) -> storage.CacheGroupRow:
+        return storage.CacheGroupRow(
+            lane="realtime", key=key, provider="anthropic", model="claude-sonnet-5-5", endpoint="chat", prompts=prompts,
+            prefix_tokens=tokens, prefix_messages=1, own_breakpoints=False, action="breakpoint",
+            reason="breakpoint after message 1, ttl 5m", keys=0, ttl="5m",
+            planned_cost_pico_usd=None if cost is None else cost // 10, uncached_cost_pico_usd=cost)
+
+    groups = [group(f"k{n}", prompts=n + 2, tokens=1_000 + n, cost=None if n == 3 else 10**9 * (n + 1))
+              for n in range(2_500)]  # more than one insert's rows
+    await storage.store_cache_groups(sessions, job_id=job_id, groups=groups)
+    found = await storage.job_cache_groups(sessions, job_id=job_id, limit=3)
+    assert [row.key for row in found.groups] == ["k2499", "k2498", "k2497"] and found.groups[0] == groups[-1]
+    priced = [row.uncached_cost_pico_usd or 0 for row in groups]
+    assert (found.total, found.uncached_cost_pico_usd) == (2_500, sum(priced))
+    assert found.planned_cost_pico_usd == sum(cost // 10 for cost in priced)
+    # Recorded again (a recording cut off and done again): the job's groups are replaced, not added to.
+    await storage.store_cache_groups(sessions, job_id=job_id, groups=groups[:1])
+    assert (await storage.job_cache_groups(sessions, job_id=job_id)).total == 1

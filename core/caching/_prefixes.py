@@ -42,9 +42,23 @@ def prefix_key(request: ChatRequest) -> str | None:
     share (a single message and nothing before it)."""
     if len(request.messages) < 2:
         return None
-    shared = [request.model, request.endpoint, [request.params.get(name) for name in _PREFIX_PARAMS],
-              request.messages[:-1]]
-    return hashlib.blake2b(canonical_json(shared).encode(), digest_size=6).hexdigest()
+    digest = hashlib.sha1(canonical_json([request.model, request.endpoint,
+                                          [request.params.get(name) for name in _PREFIX_PARAMS]]).encode(),
+                          usedforsecurity=False)
+    for message in request.messages[:-1]:
+        role, content = message.get("role"), message.get("content")
+        if len(message) == 2 and isinstance(role, str) and isinstance(content, str):
+            # A plain text turn (the long instruction of most jobs) is hashed as its text, not as JSON: the JSON
+            # encoding of a long text costs more than hashing it. Each part is framed by its length, so no two
+            # prefixes share a digest by where one part ends.
+            for part in (b"t", role.encode(), content.encode("utf-8", "surrogatepass")):
+                digest.update(len(part).to_bytes(8, "little"))
+                digest.update(part)
+        else:
+            part = b"j" + canonical_json(message).encode()
+            digest.update(len(part).to_bytes(8, "little"))
+            digest.update(part)
+    return digest.hexdigest()[:12]
 
 
 def sets_breakpoints(request: ChatRequest) -> bool:
@@ -66,6 +80,9 @@ class PrefixGroups:
     def __init__(self, *, provider_of: Callable[[str], str], keep_ids: int = 3) -> None:
         self._provider_of, self._keep_ids = provider_of, keep_ids
         self._groups: dict[str, PrefixGroup] = {}
+        # A prefix seen once so far, by its key: its prompt's id and whether it sets breakpoints. A group (and its prefix's token count) is made only
+        # once a second prompt shares it, so a job of unique prefixes holds a key and an id per prompt, no more.
+        self._once: dict[str, tuple[int, bool]] = {}
         self.prompts = 0
 
     def add(self, prompt_id: int, request: ChatRequest) -> None:
@@ -75,21 +92,30 @@ class PrefixGroups:
             return
         group = self._groups.get(key)
         if group is None:
+            once = self._once.pop(key, None)
+            if once is None:
+                self._once[key] = (prompt_id, sets_breakpoints(request))
+                return
+            first, first_marks = once
             prefix = ChatRequest(model=request.model, messages=request.messages[:-1],
                                  params={name: request.params[name] for name in _PREFIX_PARAMS
                                          if request.params.get(name)}, endpoint=request.endpoint)
             group = self._groups[key] = PrefixGroup(
                 key=key, provider=self._provider_of(request.model), model=request.model, endpoint=request.endpoint,
                 prefix_messages=len(request.messages) - 1,
-                prefix_tokens=estimate_input_tokens(prefix) - TOKENS_PER_REPLY)
+                prefix_tokens=estimate_input_tokens(prefix) - TOKENS_PER_REPLY, prompts=1,
+                own_breakpoints=first_marks, first_ids=[first][:self._keep_ids])
         group.prompts += 1
         group.own_breakpoints = group.own_breakpoints or sets_breakpoints(request)
         if len(group.first_ids) < self._keep_ids:
             group.first_ids.append(prompt_id)
 
     def groups(self) -> list[PrefixGroup]:
-        """The groups of more than one prompt, in order of their first prompt."""
-        return [group for group in self._groups.values() if group.prompts > 1]
+        """The groups of more than one prompt, in order of their first prompt (prompt ids come in input order)."""
+        groups = list(self._groups.values())
+        if self._keep_ids:
+            groups.sort(key=lambda group: group.first_ids[0])
+        return groups
 
 
 def find_prefix_groups(

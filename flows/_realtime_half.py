@@ -23,6 +23,7 @@ from llm_dispatch.jobs import (
     budget_standing,
     describe_outcome,
     describe_plan,
+    explicit_caches,
     plan_run_caches,
 )
 from llm_dispatch.core import RoutingRules, RunStop, Settings, counted, current_progress, unfinished
@@ -68,6 +69,8 @@ async def send_realtime(
             cache_plan = await plan_run_caches(sessions=run.sessions, job_id=job.job_id, selection=selection,
                                                prices=run.prices, provider_of=run.clients.providers.cache_rules_of,
                                                concurrency=settings.concurrency)
+            explicit_caches(cache_plan, sessions=run.sessions, job_id=job.job_id, prices=run.prices,
+                            client_of=run.clients.for_model)
             for line in describe_plan(cache_plan):
                 logger.info("Job %s: %s", job.job_id, line)
                 if progress is not None:
@@ -101,6 +104,8 @@ async def send_realtime(
                 if progress is not None:
                     progress.total = feed.expected_requests
         sent_at = time.monotonic()
+        if cache_plan is not None and cache_plan.explicit is not None:
+            await cache_plan.explicit.close()  # deleted once sent: no storage paid past the run's sending
         for line in describe_outcome(cache_plan) if cache_plan is not None else ():
             logger.info("Job %s: %s", job.job_id, line)
     counts, _, stats = await asyncio.gather(

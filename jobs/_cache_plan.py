@@ -8,11 +8,21 @@ from collections.abc import Callable
 from typing import Literal
 
 from llm_dispatch import storage
-from llm_dispatch.core import CachePlan, ChatRequest, PrefixGroups, PriceTable, from_pico, plan_caches
+from llm_dispatch.core import (
+    CachePlan,
+    ChatRequest,
+    ExplicitCaches,
+    GeminiCaches,
+    LLMClient,
+    PrefixGroups,
+    PriceTable,
+    from_pico,
+    plan_caches,
+)
 
 from ._plan import Selection
 
-__all__ = ["describe_outcome", "describe_plan", "plan_run_caches"]
+__all__ = ["describe_outcome", "describe_plan", "explicit_caches", "plan_run_caches"]
 
 logger = logging.getLogger(__name__)
 
@@ -62,3 +72,20 @@ def describe_outcome(plan: CachePlan) -> list[str]:
                      f"{tally.hit_rate(group.group.prefix_tokens):.1%}, {tally.written_tokens:,} tokens written, "
                      f"${from_pico(tally.cost):.4f} paid, ${from_pico(tally.uncached_cost - tally.cost):.4f} saved")
     return lines
+
+
+def explicit_caches(plan: CachePlan, *, sessions: storage.Sessions, job_id: str, prices: PriceTable | None,
+                    client_of: Callable[[str], LLMClient]) -> ExplicitCaches | None:
+    """The run's explicit caches for the plan's ``explicit`` groups (set as ``plan.explicit``); None when it has
+    none. ``client_of``: a model's client (``Clients.for_model``); ``close`` it when the run's sending is done."""
+    if not any(group.action == "explicit" for group in plan.groups):
+        return None
+    apis: dict[int, GeminiCaches] = {}
+
+    def api_of(model: str) -> GeminiCaches:
+        client = client_of(model)
+        return apis.setdefault(id(client), GeminiCaches(client))
+
+    plan.explicit = ExplicitCaches(job_id=job_id, api_of=api_of, ledger=storage.CachedContentLedger(sessions),
+                                   prices=prices)
+    return plan.explicit

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
         settle_holds,
     )
     from ._cache_usage import CacheAnswer, cache_answer_pages
+    from ._cached_contents import CachedContentLedger, cache_storage_costs
     from ._capabilities import no_batch_api, remember_no_batch_api
     from ._job_budgets import budgets_of_job, note_job_budget
     from ._engine import Sessions, check_database_url, create_engine, open_database, session_factory
@@ -106,6 +107,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CacheAnswer",
+    "CachedContentLedger",
+    "cache_storage_costs",
     "cache_answer_pages",
     "no_batch_api",
     "reroute_pending",

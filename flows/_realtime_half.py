@@ -70,7 +70,7 @@ async def send_realtime(
                                                prices=run.prices, provider_of=run.clients.providers.cache_rules_of,
                                                concurrency=settings.concurrency)
             explicit_caches(cache_plan, sessions=run.sessions, job_id=job.job_id, prices=run.prices,
-                            client_of=run.clients.for_model)
+                            client_of=run.clients.for_model, lease=lease)
             for line in describe_plan(cache_plan):
                 logger.info("Job %s: %s", job.job_id, line)
                 if progress is not None:
@@ -86,7 +86,9 @@ async def send_realtime(
             selection=selection, before_storing=sender.sending.wait, rules=rules, on_stored=on_stored,
         )
         first_at: float | None = None
-        async with sender:
+        # The explicit caches are deleted once the chunks are done, however the sending ends (else at their TTL).
+        explicit = cache_plan.explicit if cache_plan is not None else None
+        async with (explicit if explicit is not None else contextlib.nullcontext()), sender:
             async for chunk in feed:
                 if (lease is not None and lease.exhausted) or (
                         job.providers and all(stop.provider_stopped(provider) for provider in job.providers)):
@@ -104,8 +106,6 @@ async def send_realtime(
                 if progress is not None:
                     progress.total = feed.expected_requests
         sent_at = time.monotonic()
-        if cache_plan is not None and cache_plan.explicit is not None:
-            await cache_plan.explicit.close()  # deleted once sent: no storage paid past the run's sending
         for line in describe_outcome(cache_plan) if cache_plan is not None else ():
             logger.info("Job %s: %s", job.job_id, line)
     counts, _, stats = await asyncio.gather(

@@ -75,9 +75,12 @@ def describe_outcome(plan: CachePlan) -> list[str]:
 
 
 def explicit_caches(plan: CachePlan, *, sessions: storage.Sessions, job_id: str, prices: PriceTable | None,
-                    client_of: Callable[[str], LLMClient]) -> ExplicitCaches | None:
+                    client_of: Callable[[str], LLMClient],
+                    lease: storage.BudgetLease | None = None) -> ExplicitCaches | None:
     """The run's explicit caches for the plan's ``explicit`` groups (set as ``plan.explicit``); None when it has
-    none. ``client_of``: a model's client (``Clients.for_model``); ``close`` it when the run's sending is done."""
+    none. ``client_of``: a model's client (``Clients.for_model``); ``lease``: the run's budget hold, which holds each
+    cache's create and storage before it is made and spends what it cost. ``close`` it when the run's sending is
+    done."""
     if not any(group.action == "explicit" for group in plan.groups):
         return None
     apis: dict[int, GeminiCaches] = {}
@@ -86,6 +89,6 @@ def explicit_caches(plan: CachePlan, *, sessions: storage.Sessions, job_id: str,
         client = client_of(model)
         return apis.setdefault(id(client), GeminiCaches(client))
 
-    plan.explicit = ExplicitCaches(job_id=job_id, api_of=api_of, ledger=storage.CachedContentLedger(sessions),
-                                   prices=prices)
+    plan.explicit = ExplicitCaches(job_id=job_id, api_of=api_of, prices=prices, budget=lease,
+                                   ledger=storage.CachedContentLedger(sessions, lease=lease))
     return plan.explicit

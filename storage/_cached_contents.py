@@ -9,6 +9,7 @@ from sqlalchemy import func, select
 
 from llm_dispatch.core import CacheRecord
 
+from ._budgets import BudgetLease
 from ._engine import Sessions
 from ._models import CachedContentRecord, aware
 
@@ -17,10 +18,12 @@ __all__ = ["CachedContentLedger", "cache_storage_costs"]
 
 class CachedContentLedger:
     """``core.CacheLedger`` over the database: one transaction a step, so a kill between two leaves the row saying
-    what is known (a create asked for, or a cache made and its name)."""
+    what is known (a create asked for, or a cache made and its name). With ``lease`` (the run's budget hold), what a
+    cache's cost grows by is spent from the budget in the transaction that stores it; a cache deleted before its TTL
+    stays counted at the TTL's storage there (its row has what it lived)."""
 
-    def __init__(self, sessions: Sessions, *, provider: str = "gemini") -> None:
-        self._sessions, self._provider = sessions, provider
+    def __init__(self, sessions: Sessions, *, provider: str = "gemini", lease: BudgetLease | None = None) -> None:
+        self._sessions, self._provider, self._lease = sessions, provider, lease
 
     async def recorded(self, *, job_id: str, group_key: str) -> CacheRecord | None:
         async with self._sessions() as session:
@@ -52,7 +55,15 @@ class CachedContentLedger:
             if row is None:
                 raise LookupError(f"no cache recorded for group {group_key} of job {job_id}")
             row.name, row.tokens, row.created_at, row.expire_at = name, tokens, created_at, expire_at
+            before = row.cost_pico_usd or row.carried_pico_usd
             row.cost_pico_usd = None if cost is None else row.carried_pico_usd + cost
+            grown = (row.cost_pico_usd or 0) - before
+            moved = None
+            if self._lease is not None and grown > 0:
+                self._lease.buffered(grown)
+                moved = await self._lease.settle(await session.connection(), cost=grown)
+        if self._lease is not None and grown > 0:
+            self._lease.settled(cost=grown, moved=moved)
 
     async def ended(self, *, job_id: str, group_key: str, expire_at: datetime, cost: int | None) -> None:
         async with self._sessions.begin() as session:

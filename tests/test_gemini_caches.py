@@ -245,7 +245,7 @@ def test_a_run_on_the_simulator_reads_its_explicit_cache_and_counts_its_storage(
     path = write_prompts(tmp_path / "gemini-rubric.jsonl", records)
     env = {key: value for key, value in os.environ.items()
            if not key.startswith(("LLM_DISPATCH_", "OPENAI_", "ANTHROPIC_", "GEMINI_", "GOOGLE_"))}
-    done = cli("run", str(path), "--simulate", "--sim-latency", "0.02", "--json",
+    done = cli("run", str(path), "--simulate", "--sim-latency", "0.02", "--json", "--budget", "1",
                env={**env, "PREFECT_API_URL": prefect_api}, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout)
@@ -257,3 +257,7 @@ def test_a_run_on_the_simulator_reads_its_explicit_cache_and_counts_its_storage(
     assert cached / prompt > 0.9
     [(answers,)] = rows(db_url, "SELECT SUM(cost_pico_usd) FROM results")
     assert summary["cost"]["total"] == pytest.approx((answers + cost) / 1e12, abs=1e-6)
+    # The budget held the cache's create and storage before it was made, and spent what the cache cost then (its
+    # TTL's storage: it counts no refund for a cache deleted early); nothing is left reserved.
+    [(spent, reserved)] = rows(db_url, "SELECT spent_pico_usd, reserved_pico_usd FROM budget_periods")
+    assert reserved == 0 and answers + cost <= spent <= answers + cost * 2

@@ -16,14 +16,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
-from .._exceptions import APIError
+from .._exceptions import APIError, BudgetExceededError
 from .._types import ChatRequest
 from ..pricing._costs import storage_cost
 from ..pricing._pricing import PriceTable
 from ..wire._gemini_caches import CachedContent, cache_display_name, cached_content_body, referencing_cache
 from ._prefixes import PrefixGroup
 
-__all__ = ["CacheLedger", "CacheRecord", "CachedContents", "ExplicitCaches"]
+__all__ = ["CacheBudget", "CacheLedger", "CacheRecord", "CachedContents", "ExplicitCaches"]
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +54,13 @@ class CacheRecord:
     deleted: bool
 
 
+class CacheBudget(Protocol):
+    """A run's budget hold, for a cost that is no request (``storage.BudgetLease``)."""
+
+    async def reserve_amount(self, amount: int) -> int | None: ...
+    def landed(self, amount: int) -> None: ...
+
+
 class CacheLedger(Protocol):
     """Where a job's caches are recorded (``storage.CachedContentLedger``); ``cost`` in picodollars, None unpriced."""
 
@@ -68,9 +75,12 @@ class ExplicitCaches:
     """The explicit caches of one run: ``reference`` gives a planned group's request as it goes (its cache named,
     the cached part dropped), making the cache first if none is live; ``close`` deletes those made or reused."""
 
-    def __init__(self, *, job_id: str, api_of: Any, ledger: CacheLedger, prices: PriceTable | None) -> None:
-        # ``api_of(model)``: the CachedContents of the provider of ``model``.
+    def __init__(self, *, job_id: str, api_of: Any, ledger: CacheLedger, prices: PriceTable | None,
+                 budget: CacheBudget | None = None) -> None:
+        # ``api_of(model)``: the CachedContents of the provider of ``model``; ``budget``: held for each create and
+        # its storage for the TTL before it is made (the ledger settles what it cost).
         self.job_id, self._api_of, self._ledger, self._prices = job_id, api_of, ledger, prices
+        self._budget = budget
         self._names: dict[str, str | None] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._live: dict[str, tuple[str, str, datetime, int]] = {}  # group -> (model, name, created, tokens)
@@ -93,7 +103,7 @@ class ExplicitCaches:
             if group.key not in self._names:
                 try:
                     self._names[group.key] = await self._open(request, group=group, ttl_s=ttl_s)
-                except (APIError, ValueError) as exc:
+                except (APIError, BudgetExceededError, ValueError) as exc:
                     # The group's requests go as written: a failed create costs its prefix's saving, not the run.
                     logger.warning("Job %s: no explicit cache for group %s (%s); its requests go as written",
                                    self.job_id, group.key, type(exc).__name__)
@@ -101,6 +111,14 @@ class ExplicitCaches:
             return self._names[group.key]
 
     async def _open(self, request: ChatRequest, *, group: PrefixGroup, ttl_s: float) -> str:
+        held = await self._hold(request.model, tokens=group.prefix_tokens, ttl_s=ttl_s)
+        try:
+            return await self._reuse_or_make(request, group=group, ttl_s=ttl_s)
+        finally:
+            if self._budget is not None and held:
+                self._budget.landed(held)  # after the ledger settled what the cache cost
+
+    async def _reuse_or_make(self, request: ChatRequest, *, group: PrefixGroup, ttl_s: float) -> str:
         api: CachedContents = self._api_of(request.model)
         display = cache_display_name(job_id=self.job_id, group_key=group.key)
         record = await self._ledger.recorded(job_id=self.job_id, group_key=group.key)
@@ -135,6 +153,19 @@ class ExplicitCaches:
         self._live[group.key] = (request.model, found.name, created_at, tokens)
         return found.name
 
+    async def _hold(self, model: str, *, tokens: int, ttl_s: float) -> int:
+        """Hold the create and the storage for ``ttl_s`` (with a tenth more tokens than the estimate) out of the
+        budget; raises ``BudgetExceededError`` when it does not fit (the group then goes as written)."""
+        if self._budget is None:
+            return 0
+        now = datetime.now(UTC)
+        amount = self._cost(model, tokens=tokens + tokens // 10, since=now, until=now + timedelta(seconds=ttl_s))
+        if amount is None:
+            return 0
+        if await self._budget.reserve_amount(amount) is None:
+            raise BudgetExceededError("the budget does not hold an explicit cache's create and storage")
+        return amount
+
     def _cost(self, model: str, *, tokens: int, since: datetime, until: datetime) -> int | None:
         """The create (the prefix once at the input price) and storage from ``since`` to ``until``."""
         if self._prices is None:
@@ -142,6 +173,12 @@ class ExplicitCaches:
         create = self._prices.price(model=model, route="realtime", prompt_tokens=tokens, completion_tokens=0)
         kept = storage_cost(self._prices, model=model, tokens=tokens, seconds=(until - since).total_seconds())
         return None if create is None or kept is None else create.cost + kept
+
+    async def __aenter__(self) -> ExplicitCaches:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
 
     async def close(self) -> None:
         """Delete every cache this run made or reused; its storage cost is then what it lived. One that cannot be

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
         to_pico,
     )
     from ._cache_report import CacheGroupReport, cache_report
-    from ._cache_plan import describe_outcome, describe_plan, explicit_caches, plan_run_caches
+    from ._cache_plan import describe_outcome, describe_plan, explicit_caches, make_batch_caches, plan_run_caches
     from ._clients import Clients
     from ._batch_life import BatchStep, FinishSubmission, Ingest, advance_batch
     from ._batch_trouble import (
@@ -69,6 +69,7 @@ __all__ = [
     "describe_outcome",
     "describe_plan",
     "explicit_caches",
+    "make_batch_caches",
     "plan_run_caches",
     "first_error",
     "is_missing_batch_api",

@@ -22,7 +22,7 @@ from llm_dispatch.core import (
 
 from ._plan import Selection
 
-__all__ = ["describe_outcome", "describe_plan", "explicit_caches", "plan_run_caches"]
+__all__ = ["describe_outcome", "describe_plan", "explicit_caches", "make_batch_caches", "plan_run_caches"]
 
 logger = logging.getLogger(__name__)
 
@@ -92,3 +92,19 @@ def explicit_caches(plan: CachePlan, *, sessions: storage.Sessions, job_id: str,
     plan.explicit = ExplicitCaches(job_id=job_id, api_of=api_of, prices=prices, budget=lease,
                                    ledger=storage.CachedContentLedger(sessions, lease=lease))
     return plan.explicit
+
+
+async def make_batch_caches(plan: CachePlan, *, sessions: storage.Sessions, job_id: str, prices: PriceTable | None,
+                            client_of: Callable[[str], LLMClient]) -> None:
+    """Make (or reuse) the explicit cache of each ``explicit`` group of a Batch API lane plan, from its first prompt's
+    request, before its lines are written: each line then names it (``CachePlan.prepare``). Kept for the TTL the
+    plan priced (a batch's life), not deleted: a batch may read it until it ends."""
+    caches = explicit_caches(plan, sessions=sessions, job_id=job_id, prices=prices, client_of=client_of)
+    if caches is None:
+        return
+    for group in plan.groups:
+        if group.action != "explicit" or group.ttl_s is None or not group.group.first_ids:
+            continue
+        [row] = await storage.load_work(sessions, prompt_ids=group.group.first_ids[:1])
+        request = ChatRequest(model=row.model, messages=row.messages, params=row.params, endpoint=row.endpoint)
+        await caches.reference(request, group=group.group, ttl_s=group.ttl_s)

@@ -148,10 +148,13 @@ def test_the_plan_makes_an_explicit_cache_for_a_big_group_and_not_for_a_short_on
 def test_on_the_batch_lane_a_cache_must_outlive_the_batch(prices: PriceTable) -> None:
     few = plan_caches(groups_of([ask(f"Answer: {n}") for n in range(20)]), total_prompts=20, concurrency=1,
                       prices=prices, lane="batch")
-    assert "would cost more than it saves" in few.groups[0].reason
-    many = plan_caches(groups_of([ask(f"Answer: {n}") for n in range(3000)]), total_prompts=3000, concurrency=1,
-                       prices=prices, lane="batch")
-    assert "48h would save" in many.groups[0].reason
+    assert few.groups[0].action == "none" and "as written" in few.groups[0].reason
+    requests = [ask(f"Answer: {n}") for n in range(3000)]
+    many = plan_caches(groups_of(requests), total_prompts=3000, concurrency=1, prices=prices, lane="batch")
+    [group] = many.groups
+    assert group.action == "explicit" and not group.warm_up and group.ttl_s is not None and group.ttl_s >= 48 * 3600
+    # Without a cache made for it, a line goes as written.
+    assert many.prepare(requests[0]) == (requests[0], None)
 
 
 # --- a run's caches ------------------------------------------------------------------------------
@@ -261,3 +264,24 @@ def test_a_run_on_the_simulator_reads_its_explicit_cache_and_counts_its_storage(
     # TTL's storage: it counts no refund for a cache deleted early); nothing is left reserved.
     [(spent, reserved)] = rows(db_url, "SELECT spent_pico_usd, reserved_pico_usd FROM budget_periods")
     assert reserved == 0 and answers + cost <= spent <= answers + cost * 2
+
+
+@pytest.mark.prefect
+def test_a_batch_names_its_groups_cache_made_before_its_lines(prefect_api: str, tmp_path: Path) -> None:
+    records = [{"id": f"p{n}", "model": MODEL, "messages": [{"role": "system", "content": RUBRIC},
+                                                              {"role": "user", "content": f"Answer: {n}"}],
+                "params": {"max_tokens": 8}, "urgency": "bulk"} for n in range(1500)]
+    path = write_prompts(tmp_path / "gemini-bulk.jsonl", records)
+    env = {key: value for key, value in os.environ.items()
+           if not key.startswith(("LLM_DISPATCH_", "OPENAI_", "ANTHROPIC_", "GEMINI_", "GOOGLE_"))}
+    done = cli("run", str(path), "--simulate", "--wait", "--sim-latency", "0.02", "--json",
+               env={**env, "PREFECT_API_URL": prefect_api, "LLM_DISPATCH_BATCH_POLL_INTERVAL": "0.2"}, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout)["counts"] == {"succeeded": 1500}
+    db_url = f"sqlite+aiosqlite:///{tmp_path / 'llm_dispatch.db'}"
+    [(name, deleted, cost, ttl, tokens)] = rows(db_url, "SELECT name, deleted, cost_pico_usd, ttl_s, tokens "
+                                                        "FROM cached_contents")
+    assert name.startswith("cachedContents/") and not deleted and cost > 0 and ttl >= 48 * 3600
+    # Every line read the cache, the first too (implicit caching would have missed on it).
+    assert rows(db_url, "SELECT route, cached_tokens, COUNT(*) FROM results GROUP BY 1, 2") == [
+        ("batch", tokens, 1500)]

@@ -87,6 +87,10 @@ class ExplicitCaches:
         self.created = 0
         self.reused = 0
 
+    def known(self, group_key: str) -> str | None:
+        """The name of the cache made (or reused) for ``group_key``, None if none."""
+        return self._names.get(group_key)
+
     async def reference(self, request: ChatRequest, *, group: PrefixGroup, ttl_s: float) -> ChatRequest | None:
         """``request`` naming its group's cache instead of holding the prefix; None when no cache could be had (the
         request then goes as written, and implicit caching may still serve it)."""

@@ -41,6 +41,7 @@ from ._cache_rules import (
     CacheRules,
     cache_rules,
 )
+from ..wire._gemini_caches import referencing_cache
 from ._explicit import ExplicitCaches
 from ._prefixes import PrefixGroup, prefix_key
 from ._warmup import Warmth
@@ -181,6 +182,8 @@ class CachePlan:
         if plan.action == "breakpoint":
             marked = _with_breakpoint(request, at=plan.group.prefix_messages - 1, ttl=plan.ttl)
             return marked, plan.group.key if plan.warm_up else None
+        if plan.action == "explicit" and not plan.warm_up:
+            return self._named(request, plan), None
         if not plan.warm_up:
             return request, None
         if plan.action == "keys":
@@ -189,6 +192,14 @@ class CachePlan:
             name = f"llmd-{plan.group.key}-{sent % plan.keys}"
             return replace(request, params={**request.params, "prompt_cache_key": name}), name
         return request, plan.group.key
+
+
+    def _named(self, request: ChatRequest, plan: GroupPlan) -> ChatRequest:
+        """A Batch API line of an ``explicit`` group naming the cache made for it before the lines were written
+        (``jobs.make_batch_caches``); as written where none was made."""
+        name = None if self.explicit is None else self.explicit.known(plan.group.key)
+        return request if name is None else referencing_cache(request, name=name,
+                                                              prefix_messages=plan.group.prefix_messages)
 
 
 def _with_breakpoint(request: ChatRequest, *, at: int, ttl: str | None) -> ChatRequest:
@@ -352,15 +363,20 @@ def _gemini_plan(group: PrefixGroup, *, rules: CacheRules, rate: float, prices: 
 
 def _gemini_batch_plan(group: PrefixGroup, *, prices: PriceTable | None, uncached: int | None) -> GroupPlan:
     """On the Batch API lane no implicit hit is claimed; an explicit cache kept for a batch's whole life
-    (``_BATCH_LIFE_S``) pays where the group's reads at the cached price save more than its create and storage."""
-    _, explicit = _gemini_costs(group, prices=prices, hits=0, ttl_s=_BATCH_LIFE_S, route="batch")
-    if explicit is not None and uncached is not None and explicit < uncached:
-        return GroupPlan(group, "none", f"an explicit cache kept {_BATCH_LIFE_S / 3600:.0f}h would save "
-                         f"${from_pico(uncached - explicit):.4f}, but the Batch API lane does not make one yet: "
-                         "lines sent as written", uncached_cost=uncached, planned_cost=uncached)
-    why = ("automatic caching on the Batch API: lines sent as written" if explicit is None else
-           f"an explicit cache kept {_BATCH_LIFE_S / 3600:.0f}h would cost more than it saves: lines sent as written")
-    return GroupPlan(group, "none", why, uncached_cost=uncached, planned_cost=uncached)
+    (``_BATCH_LIFE_S``), made before the lines are written and named by each, where the group's reads at the cached
+    price save more than its create and storage."""
+    ttl_s = _BATCH_LIFE_S + _EXPLICIT_MARGIN_S
+    _, explicit = _gemini_costs(group, prices=prices, hits=0, ttl_s=ttl_s, route="batch")
+    if explicit is None or uncached is None:
+        return GroupPlan(group, "none", "automatic caching on the Batch API: lines sent as written",
+                         uncached_cost=uncached, planned_cost=uncached)
+    compared = (f"${from_pico(explicit):.4f} with an explicit cache kept {ttl_s / 3600:.0f}h (a batch's life) vs "
+                f"${from_pico(uncached):.4f} as written")
+    if explicit < uncached:
+        return GroupPlan(group, "explicit", f"explicit cache made before the lines: {compared}", ttl_s=ttl_s,
+                         planned_cost=explicit, uncached_cost=uncached)
+    return GroupPlan(group, "none", f"lines sent as written: {compared}", uncached_cost=uncached,
+                     planned_cost=uncached)
 
 
 def _gemini_costs(group: PrefixGroup, *, prices: PriceTable | None, hits: float, ttl_s: float,

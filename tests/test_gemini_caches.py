@@ -239,21 +239,27 @@ async def test_a_cache_that_cannot_be_made_leaves_the_group_as_written(start_sim
 # --- through the command -------------------------------------------------------------------------
 
 
-@pytest.mark.prefect
-def test_a_run_on_the_simulator_reads_its_explicit_cache_and_counts_its_storage(prefect_api: str,
-                                                                                tmp_path: Path) -> None:
+def run_rubric(tmp_path: Path, prefect_api: str, *, prompts: int, urgency: str, options: tuple[str, ...]) -> Any:
+    """``llm-dispatch run FILE --simulate`` in a process of its own over ``prompts`` gemini prompts sharing the
+    rubric as their system instruction; (the process, the run's database URL)."""
     records = [{"id": f"p{n}", "model": MODEL, "messages": [{"role": "system", "content": RUBRIC},
                                                               {"role": "user", "content": f"Answer: {n}"}],
-                "params": {"max_tokens": 8}, "urgency": "urgent"} for n in range(60)]
+                "params": {"max_tokens": 8}, "urgency": urgency} for n in range(prompts)]
     path = write_prompts(tmp_path / "gemini-rubric.jsonl", records)
     env = {key: value for key, value in os.environ.items()
            if not key.startswith(("LLM_DISPATCH_", "OPENAI_", "ANTHROPIC_", "GEMINI_", "GOOGLE_"))}
-    done = cli("run", str(path), "--simulate", "--sim-latency", "0.02", "--json", "--budget", "1",
-               env={**env, "PREFECT_API_URL": prefect_api}, cwd=tmp_path)
+    done = cli("run", str(path), "--simulate", "--sim-latency", "0.02", "--json", *options, cwd=tmp_path,
+               env={**env, "PREFECT_API_URL": prefect_api, "LLM_DISPATCH_BATCH_POLL_INTERVAL": "0.2"})
+    return done, f"sqlite+aiosqlite:///{tmp_path / 'llm_dispatch.db'}"
+
+
+@pytest.mark.prefect
+def test_a_run_on_the_simulator_reads_its_explicit_cache_and_counts_its_storage(prefect_api: str,
+                                                                                tmp_path: Path) -> None:
+    done, db_url = run_rubric(tmp_path, prefect_api, prompts=60, urgency="urgent", options=("--budget", "1"))
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout)
     assert summary["counts"] == {"succeeded": 60}
-    db_url = f"sqlite+aiosqlite:///{tmp_path / 'llm_dispatch.db'}"
     [(name, deleted, cost)] = rows(db_url, "SELECT name, deleted, cost_pico_usd FROM cached_contents")
     assert name.startswith("cachedContents/") and deleted and cost > 0
     [(cached, prompt)] = rows(db_url, "SELECT SUM(cached_tokens), SUM(prompt_tokens) FROM results")
@@ -268,17 +274,9 @@ def test_a_run_on_the_simulator_reads_its_explicit_cache_and_counts_its_storage(
 
 @pytest.mark.prefect
 def test_a_batch_names_its_groups_cache_made_before_its_lines(prefect_api: str, tmp_path: Path) -> None:
-    records = [{"id": f"p{n}", "model": MODEL, "messages": [{"role": "system", "content": RUBRIC},
-                                                              {"role": "user", "content": f"Answer: {n}"}],
-                "params": {"max_tokens": 8}, "urgency": "bulk"} for n in range(1500)]
-    path = write_prompts(tmp_path / "gemini-bulk.jsonl", records)
-    env = {key: value for key, value in os.environ.items()
-           if not key.startswith(("LLM_DISPATCH_", "OPENAI_", "ANTHROPIC_", "GEMINI_", "GOOGLE_"))}
-    done = cli("run", str(path), "--simulate", "--wait", "--sim-latency", "0.02", "--json",
-               env={**env, "PREFECT_API_URL": prefect_api, "LLM_DISPATCH_BATCH_POLL_INTERVAL": "0.2"}, cwd=tmp_path)
+    done, db_url = run_rubric(tmp_path, prefect_api, prompts=1500, urgency="bulk", options=("--wait",))
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout)["counts"] == {"succeeded": 1500}
-    db_url = f"sqlite+aiosqlite:///{tmp_path / 'llm_dispatch.db'}"
     [(name, deleted, cost, ttl, tokens)] = rows(db_url, "SELECT name, deleted, cost_pico_usd, ttl_s, tokens "
                                                         "FROM cached_contents")
     assert name.startswith("cachedContents/") and not deleted and cost > 0 and ttl >= 48 * 3600

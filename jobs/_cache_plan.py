@@ -62,15 +62,18 @@ def describe_plan(plan: CachePlan) -> list[str]:
 
 def describe_outcome(plan: CachePlan) -> list[str]:
     """A line per group its run answered: answers, hit rate (cached over prefix tokens), cache writes, and the money
-    saved against the same answers uncached."""
+    saved against the same answers uncached (an explicit cache's create and storage counted as paid)."""
     lines = []
     for group in plan.groups:
         tally = plan.tallies.get(group.group.key)
         if tally is None or not tally.answers:
             continue
+        kept = 0 if plan.explicit is None else plan.explicit.costs.get(group.group.key, 0)
+        held = f" (${from_pico(kept):.4f} of it the explicit cache's create and storage)" if kept else ""
         lines.append(f"cache {group.group.key} {group.group.model}: {tally.answers:,} answers, hit rate "
                      f"{tally.hit_rate(group.group.prefix_tokens):.1%}, {tally.written_tokens:,} tokens written, "
-                     f"${from_pico(tally.cost):.4f} paid, ${from_pico(tally.uncached_cost - tally.cost):.4f} saved")
+                     f"${from_pico(tally.cost + kept):.4f} paid{held}, "
+                     f"${from_pico(tally.uncached_cost - tally.cost - kept):.4f} saved")
     return lines
 
 

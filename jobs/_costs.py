@@ -201,7 +201,7 @@ async def actual_cost(*, sessions: storage.Sessions, job_id: str, provider_of: C
         key = (usage.prices_as_of, usage.prices_file, usage.cost_basis)
         bases[key] = bases.get(key, 0) + usage.prompts
     # Explicit caches' create and storage (Gemini's): money of the job's, on no request of its own.
-    for model, provider, cost, unpriced in await storage.cache_storage_costs(sessions, job_id=job_id):
+    for _, model, provider, cost, unpriced in await storage.cache_storage_costs(sessions, job_id=job_id):
         ledger.totals.add_priced(model=model, route="realtime", prompt_tokens=0, completion_tokens=0, requests=0,
                                  cost=from_pico(cost), at_realtime=from_pico(cost), unpriced=unpriced,
                                  provider=provider)

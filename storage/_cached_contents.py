@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 
 from llm_dispatch.core import CacheRecord
 
@@ -73,14 +73,13 @@ class CachedContentLedger:
                 row.cost_pico_usd = None if cost is None else row.carried_pico_usd + cost
 
 
-async def cache_storage_costs(sessions: Sessions, *, job_id: str) -> list[tuple[str, str, int, int]]:
-    """(model, provider, the create and storage cost in picodollars, caches with no price) of the job's explicit
-    caches, per model."""
+async def cache_storage_costs(sessions: Sessions, *, job_id: str) -> list[tuple[str, str, str, int, int]]:
+    """(group key, model, provider, the create and storage cost in picodollars, 1 for a cache with no price) of each
+    of the job's explicit caches."""
     async with sessions() as session:
         found = await session.execute(
-            select(CachedContentRecord.model, CachedContentRecord.provider,
-                   func.coalesce(func.sum(CachedContentRecord.cost_pico_usd), 0),
-                   func.count(CachedContentRecord.name) - func.count(CachedContentRecord.cost_pico_usd))
-            .where(CachedContentRecord.job_id == job_id)
-            .group_by(CachedContentRecord.model, CachedContentRecord.provider))
-    return [(model, provider, int(cost or 0), int(unpriced)) for model, provider, cost, unpriced in found]
+            select(CachedContentRecord.group_key, CachedContentRecord.model, CachedContentRecord.provider,
+                   CachedContentRecord.cost_pico_usd, CachedContentRecord.name)
+            .where(CachedContentRecord.job_id == job_id).order_by(CachedContentRecord.group_key))
+    return [(key, model, provider, cost or 0, int(cost is None and name is not None))
+            for key, model, provider, cost, name in found]

@@ -209,8 +209,8 @@ async def test_a_run_makes_its_cache_once_reuses_a_lost_create_and_deletes_it(
             assert await api.get(lost.name) is None
         [(name, deleted, cost)] = rows(db_url, "SELECT name, deleted, cost_pico_usd FROM cached_contents")
         assert name == lost.name and deleted and cost > 0
-        [(model, provider, stored, unpriced)] = await storage.cache_storage_costs(sessions, job_id=job_id)
-        assert (model, provider, stored, unpriced) == (MODEL, "gemini", cost, 0)
+        [(key, model, provider, stored, unpriced)] = await storage.cache_storage_costs(sessions, job_id=job_id)
+        assert (key, model, provider, stored, unpriced) == (group.group.key, MODEL, "gemini", cost, 0)
 
 
 async def test_a_cache_that_cannot_be_made_leaves_the_group_as_written(start_sim: StartSim, db_url: str,
@@ -266,6 +266,10 @@ def test_a_run_on_the_simulator_reads_its_explicit_cache_and_counts_its_storage(
     assert cached / prompt > 0.9
     [(answers,)] = rows(db_url, "SELECT SUM(cost_pico_usd) FROM results")
     assert summary["cost"]["total"] == pytest.approx((answers + cost) / 1e12, abs=1e-6)
+    # The group's report counts the cache in what it paid, and the saving after it.
+    [group] = summary["cache"]
+    assert group["cache_cost"] == pytest.approx(cost / 1e12, abs=1e-6)
+    assert group["cost"] == pytest.approx((answers + cost) / 1e12, abs=1e-6) and group["saved"] > 0
     # The budget held the cache's create and storage before it was made, and spent what the cache cost then (its
     # TTL's storage: it counts no refund for a cache deleted early); nothing is left reserved.
     [(spent, reserved)] = rows(db_url, "SELECT spent_pico_usd, reserved_pico_usd FROM budget_periods")

@@ -86,6 +86,8 @@ class ExplicitCaches:
         self._live: dict[str, tuple[str, str, datetime, int]] = {}  # group -> (model, name, created, tokens)
         self.created = 0
         self.reused = 0
+        # What each group's cache cost (create and storage) as last recorded, picodollars; none for no price.
+        self.costs: dict[str, int] = {}
 
     def known(self, group_key: str) -> str | None:
         """The name of the cache made (or reused) for ``group_key``, None if none."""
@@ -151,9 +153,11 @@ class ExplicitCaches:
             created_at = datetime.now(UTC)
         tokens = found.tokens or group.prefix_tokens
         expire_at = found.expire_time or datetime.now(UTC) + timedelta(seconds=ttl_s)
+        cost = self._cost(request.model, tokens=tokens, since=created_at, until=expire_at)
         await self._ledger.created(job_id=self.job_id, group_key=group.key, name=found.name, tokens=tokens,
-                                   created_at=created_at, expire_at=expire_at,
-                                   cost=self._cost(request.model, tokens=tokens, since=created_at, until=expire_at))
+                                   created_at=created_at, expire_at=expire_at, cost=cost)
+        if cost is not None:
+            self.costs[group.key] = cost
         self._live[group.key] = (request.model, found.name, created_at, tokens)
         return found.name
 
@@ -195,6 +199,8 @@ class ExplicitCaches:
                                group_key, type(exc).__name__)
                 continue
             now = datetime.now(UTC)
-            await self._ledger.ended(job_id=self.job_id, group_key=group_key, expire_at=now,
-                                     cost=self._cost(model, tokens=tokens, since=created_at, until=now))
+            cost = self._cost(model, tokens=tokens, since=created_at, until=now)
+            await self._ledger.ended(job_id=self.job_id, group_key=group_key, expire_at=now, cost=cost)
+            if cost is not None:
+                self.costs[group_key] = cost
             del self._live[group_key]

@@ -4,6 +4,7 @@
     python bench/cache.py groups        # 50 groups of 200 prompts + 2,000 unique ones: the plan per group
     python bench/cache.py own           # prompts that set their own breakpoints: left as given, warmed first
     python bench/cache.py gemini [--prompts 2000] [--prefix-tokens 5000] [--repeats 3] [--models gemini-3.8-flash]
+                                 [--implicit-hit-rate 1.0]
 
 ``shared``: PROMPTS prompts sharing a ~3,000-token instruction, sent real-time through ``send_all`` at CONCURRENCY
 to a simulator (its own process) answering in LATENCY seconds; for each model, with the plan and with it off, with
@@ -14,6 +15,7 @@ Every variant is the same prompts, measured one after the other against one simu
 ``gemini``: PROMPTS Gemini prompts sharing a ~PREFIX_TOKENS-token instruction, three ways: the plan as it chooses
 (an explicit cached content where it pays), the same plan held to implicit caching, and no plan; the cost adds the
 explicit cache's create and storage (as the run's ledger records it) to the answers'. Medians of REPEATS runs each.
+IMPLICIT_HIT_RATE: the share of warm requests the simulator's implicit caching serves (Google promises none).
 """
 
 from __future__ import annotations
@@ -219,6 +221,8 @@ async def gemini(args: argparse.Namespace, base_url: str, prices: PriceTable) ->
             for _ in range(args.repeats):
                 async with httpx.AsyncClient() as admin:
                     (await admin.post(f"{host}/_sim/reset")).raise_for_status()
+                    (await admin.post(f"{host}/_sim/config", json={
+                        "gemini_implicit_hit_rate": args.implicit_hit_rate})).raise_for_status()
                 plan = None if way == "off" else plan_caches(found, total_prompts=len(requests),
                                                               concurrency=args.concurrency, prices=prices,
                                                               latency_s=args.latency)
@@ -246,7 +250,7 @@ async def gemini(args: argparse.Namespace, base_url: str, prices: PriceTable) ->
                              "plan": "" if plan is None else plan.groups[0].action})
             row = {key: statistics.median(run[key] for run in runs) for key in
                    ("cost_usd", "cache_cost_usd", "cached_share", "wall_s", "cpu_s")}
-            print(json.dumps({"model": model, "way": way, "plan": runs[0]["plan"], "answers": runs[0]["answers"],
+            print(json.dumps({"model": model, "way": way, "implicit_hit_rate": args.implicit_hit_rate, "plan": runs[0]["plan"], "answers": runs[0]["answers"],
                               "failed": runs[0]["failed"], "repeats": len(runs),
                               **{key: round(value, 6) for key, value in row.items()}}), flush=True)
 
@@ -260,6 +264,7 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=None)
     parser.add_argument("--prefix-tokens", type=int, default=5000)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--implicit-hit-rate", type=float, default=1.0)
     args = parser.parse_args()
     if args.models is None:
         args.models = ["gemini-3.8-flash"] if args.what == "gemini" else list(MODELS)

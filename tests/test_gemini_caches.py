@@ -95,7 +95,8 @@ async def test_the_create_and_the_request_naming_it_are_googles_shapes() -> None
 
 
 async def test_the_simulator_keeps_caches_as_google_does(start_sim: StartSim) -> None:
-    url = anthropic_base_url(await start_sim(api_key=KEY))
+    # Implicit caching set to miss every time: what a request reads cached is the explicit cache's alone.
+    url = anthropic_base_url(await start_sim(api_key=KEY, gemini_implicit_hit_rate=0.0))
     async with LLMClient(provider="gemini", base_url=url, api_key=KEY) as client:
         api = GeminiCaches(client)
         cache = await api.create(cached_content_body(ChatRequest(model=MODEL, messages=[
@@ -103,8 +104,9 @@ async def test_the_simulator_keeps_caches_as_google_does(start_sim: StartSim) ->
         assert cache.name.startswith("cachedContents/") and cache.tokens > 3000
         assert (await api.find("llm-dispatch:j:g")) == cache and await api.get(cache.name) == cache
         first = await client.chat(referencing_cache(ask("Answer: 1"), name=cache.name, prefix_messages=1))
-        plain = await client.chat(ask("Answer: 1"))
-        assert first.cached_tokens == cache.tokens and first.prompt_tokens == plain.prompt_tokens
+        plain = [await client.chat(ask("Answer: 1")) for _ in range(2)]
+        assert first.cached_tokens == cache.tokens and first.prompt_tokens == plain[0].prompt_tokens
+        assert [answer.cached_tokens for answer in plain] == [0, 0]
         kept = await api.update(cache.name, ttl_s=7200)
         assert kept is not None and kept.expire_time is not None and cache.expire_time is not None
         assert kept.expire_time > cache.expire_time
@@ -205,6 +207,11 @@ async def test_a_run_makes_its_cache_once_reuses_a_lost_create_and_deletes_it(
                            sink=sink, concurrency=8, cache_plan=plan)  # type: ignore[arg-type]
             assert (plan.explicit.created, plan.explicit.reused) == (0, 1)
             assert all(result.cached_tokens == lost.tokens for result in sink.results) and len(sink.results) == 40
+            # Killed before the delete: the next run finds the named cache live and reuses it (its TTL set again).
+            resumed = ExplicitCaches(job_id=job_id, api_of=lambda _model: api, ledger=ledger, prices=prices)
+            again = await resumed.reference(requests[0], group=group.group, ttl_s=900)
+            assert again is not None and again.params["cachedContent"] == lost.name
+            assert (resumed.created, resumed.reused) == (0, 1)
             await plan.explicit.close()
             assert await api.get(lost.name) is None
         [(name, deleted, cost)] = rows(db_url, "SELECT name, deleted, cost_pico_usd FROM cached_contents")

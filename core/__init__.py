@@ -46,7 +46,13 @@ if TYPE_CHECKING:
         worst_case_cost,
     )
     from .batches._gemini_caches import GeminiCaches
-    from .wire._gemini_caches import CachedContent, cache_display_name, cached_content_body, referencing_cache
+    from .wire._gemini_caches import (
+        CachedContent,
+        cache_display_name,
+        cached_content_body,
+        can_reference,
+        referencing_cache,
+    )
     from .wire._vectors import vector_bytes, vector_floats
     from ._endpoints import DEFAULT_ENDPOINT, ENDPOINTS, SUPPORTED_ENDPOINTS, Endpoint, batch_url, check_batch_url
     from .sending._dispatch import ChatSender, DispatchOutcome, Progress, ResultSink, WorkItem, current_progress, reask, send_all
@@ -133,6 +139,7 @@ __all__ = [
     "CachedContent",
     "cache_display_name",
     "cached_content_body",
+    "can_reference",
     "referencing_cache",
     "storage_cost",
     "cache_rules",

@@ -25,6 +25,7 @@ from llm_dispatch.core import (
     WorkItem,
     cache_display_name,
     cached_content_body,
+    can_reference,
     find_prefix_groups,
     plan_caches,
     provider_lookup,
@@ -89,6 +90,12 @@ async def test_the_create_and_the_request_naming_it_are_googles_shapes() -> None
     assert asked == {"contents": [{"role": "user", "parts": [{"text": "Answer: 42"}]}], "cachedContent": cache.name,
                      "generationConfig": {"maxOutputTokens": 16}}
     assert answer.cached_tokens == 3312 and delete.call_count == 1
+    # What follows the cached part must be user turns: a tool result would lose the call that names its function.
+    tool_turn = ChatRequest(model=MODEL, messages=[
+        {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function",
+                                              "function": {"name": "grade", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "7"}])
+    assert not can_reference(tool_turn, prefix_messages=1) and can_reference(request, prefix_messages=1)
 
 
 # --- the simulator, over sockets -----------------------------------------------------------------

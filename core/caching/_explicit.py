@@ -20,7 +20,13 @@ from .._exceptions import APIError, BudgetExceededError
 from .._types import ChatRequest
 from ..pricing._costs import storage_cost
 from ..pricing._pricing import PriceTable
-from ..wire._gemini_caches import CachedContent, cache_display_name, cached_content_body, referencing_cache
+from ..wire._gemini_caches import (
+    CachedContent,
+    cache_display_name,
+    cached_content_body,
+    can_reference,
+    referencing_cache,
+)
 from ._prefixes import PrefixGroup
 
 __all__ = ["CacheBudget", "CacheLedger", "CacheRecord", "CachedContents", "ExplicitCaches"]
@@ -94,8 +100,10 @@ class ExplicitCaches:
         return self._names.get(group_key)
 
     async def reference(self, request: ChatRequest, *, group: PrefixGroup, ttl_s: float) -> ChatRequest | None:
-        """``request`` naming its group's cache instead of holding the prefix; None when no cache could be had (the
-        request then goes as written, and implicit caching may still serve it)."""
+        """``request`` naming its group's cache instead of holding the prefix; None when no cache could be had, or the
+        request cannot name one (``can_reference``): it then goes as written, and implicit caching may still serve it."""
+        if not can_reference(request, prefix_messages=group.prefix_messages):
+            return None
         name = await self._name(request, group=group, ttl_s=ttl_s)
         if name is None:
             return None

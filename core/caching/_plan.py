@@ -41,7 +41,7 @@ from ._cache_rules import (
     CacheRules,
     cache_rules,
 )
-from ..wire._gemini_caches import referencing_cache
+from ..wire._gemini_caches import can_reference, referencing_cache
 from ._explicit import ExplicitCaches
 from ._prefixes import PrefixGroup, prefix_key
 from ._warmup import Warmth
@@ -198,8 +198,9 @@ class CachePlan:
         """A Batch API line of an ``explicit`` group naming the cache made for it before the lines were written
         (``jobs.make_batch_caches``); as written where none was made."""
         name = None if self.explicit is None else self.explicit.known(plan.group.key)
-        return request if name is None else referencing_cache(request, name=name,
-                                                              prefix_messages=plan.group.prefix_messages)
+        if name is None or not can_reference(request, prefix_messages=plan.group.prefix_messages):
+            return request
+        return referencing_cache(request, name=name, prefix_messages=plan.group.prefix_messages)
 
 
 def _with_breakpoint(request: ChatRequest, *, at: int, ttl: str | None) -> ChatRequest:

@@ -30,6 +30,7 @@ from .._types import ChatRequest
 from ._gemini import GEMINI_API_VERSION, gemini_body
 
 __all__ = ["CACHE_PARAMS", "GEMINI_CACHES_PATH", "CachedContent", "cache_display_name", "cached_content_body",
+           "can_reference",
            "parse_cached_content", "parse_cached_content_page", "referencing_cache", "ttl_text"]
 
 GEMINI_CACHES_PATH: Final = f"/{GEMINI_API_VERSION}/cachedContents"
@@ -71,6 +72,14 @@ def cached_content_body(prefix: ChatRequest, *, ttl_s: float, display_name: str)
     created["ttl"] = ttl_text(ttl_s)
     created["displayName"] = display_name
     return created
+
+
+def can_reference(request: ChatRequest, *, prefix_messages: int) -> bool:
+    """Whether ``request`` can go naming a cache of its first ``prefix_messages`` messages: what follows them is user
+    turns alone (a tool result names its function from a call the cache would hold, which the translation could not
+    see)."""
+    rest = request.messages[prefix_messages:]
+    return bool(rest) and all(message.get("role") == "user" for message in rest)
 
 
 def referencing_cache(request: ChatRequest, *, name: str, prefix_messages: int) -> ChatRequest:

@@ -78,8 +78,8 @@ def describe_outcome(plan: CachePlan) -> list[str]:
 
 
 def explicit_caches(plan: CachePlan, *, sessions: storage.Sessions, job_id: str, prices: PriceTable | None,
-                    client_of: Callable[[str], LLMClient],
-                    lease: storage.BudgetLease | None = None) -> ExplicitCaches | None:
+                    client_of: Callable[[str], LLMClient], lease: storage.BudgetLease | None = None,
+                    lane: Literal["realtime", "batch"] = "realtime") -> ExplicitCaches | None:
     """The run's explicit caches for the plan's ``explicit`` groups (set as ``plan.explicit``); None when it has
     none. ``client_of``: a model's client (``Clients.for_model``); ``lease``: the run's budget hold, which holds each
     cache's create and storage before it is made and spends what it cost. ``close`` it when the run's sending is
@@ -92,7 +92,7 @@ def explicit_caches(plan: CachePlan, *, sessions: storage.Sessions, job_id: str,
         client = client_of(model)
         return apis.setdefault(id(client), GeminiCaches(client))
 
-    plan.explicit = ExplicitCaches(job_id=job_id, api_of=api_of, prices=prices, budget=lease,
+    plan.explicit = ExplicitCaches(job_id=job_id, api_of=api_of, prices=prices, budget=lease, lane=lane,
                                    ledger=storage.CachedContentLedger(sessions, lease=lease))
     return plan.explicit
 
@@ -102,7 +102,7 @@ async def make_batch_caches(plan: CachePlan, *, sessions: storage.Sessions, job_
     """Make (or reuse) the explicit cache of each ``explicit`` group of a Batch API lane plan, from its first prompt's
     request, before its lines are written: each line then names it (``CachePlan.prepare``). Kept for the TTL the
     plan priced (a batch's life), not deleted: a batch may read it until it ends."""
-    caches = explicit_caches(plan, sessions=sessions, job_id=job_id, prices=prices, client_of=client_of)
+    caches = explicit_caches(plan, sessions=sessions, job_id=job_id, prices=prices, client_of=client_of, lane="batch")
     if caches is None:
         return
     for group in plan.groups:

@@ -72,7 +72,10 @@ async def cache_report(
                 cached_tokens=answer.cached_tokens, cache_creation_tokens=answer.cache_creation_tokens,
                 cache_creation_extended_tokens=answer.cache_creation_extended_tokens,
                 service_tier=answer.service_tier, paid=answer.cost_pico_usd)
-    kept = {key: cost for key, _, _, cost, _ in await storage.cache_storage_costs(sessions, job_id=job_id)}
+    kept: dict[str, int] = {}
+    for key, _, _, cost, _ in await storage.cache_storage_costs(sessions, job_id=job_id):
+        group_key = key.partition(":")[0]  # a group's Batch API lane cache is recorded as KEY:batch
+        kept[group_key] = kept.get(group_key, 0) + cost
     reports = []
     for group in found.groups():
         tally = tallies[group.key]

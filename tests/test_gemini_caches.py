@@ -301,3 +301,27 @@ def test_a_batch_names_its_groups_cache_made_before_its_lines(prefect_api: str, 
     # Every line read the cache, the first too (implicit caching would have missed on it).
     assert rows(db_url, "SELECT route, cached_tokens, COUNT(*) FROM results GROUP BY 1, 2") == [
         ("batch", tokens, 1500)]
+
+
+async def test_a_jobs_two_halves_keep_their_caches_apart(start_sim: StartSim, db_url: str,
+                                                          prices: PriceTable) -> None:
+    """dispatch runs both halves at once: the real-time half's cache of a group is not the one batch lines read, so
+    deleting it (or its shorter TTL) leaves the batch's alone."""
+    url = anthropic_base_url(await start_sim(api_key=KEY))
+    requests = [ask(f"Answer: {n}") for n in range(40)]
+    [group] = plan_caches(groups_of(requests), total_prompts=40, concurrency=8, prices=prices).groups
+    async with storage.open_database(db_url) as sessions:
+        job_id = await _job(sessions)
+        async with LLMClient(provider="gemini", base_url=url, api_key=KEY) as client:
+            api = GeminiCaches(client)
+            halves = [ExplicitCaches(job_id=job_id, api_of=lambda _model: api, ledger=storage.CachedContentLedger(
+                sessions), prices=prices, lane=lane) for lane in ("batch", "realtime")]
+            batch, realtime = [await half.reference(requests[0], group=group.group, ttl_s=ttl)
+                               for half, ttl in zip(halves, (48 * 3600.0, 300.0))]
+            assert batch is not None and realtime is not None
+            assert batch.params["cachedContent"] != realtime.params["cachedContent"]
+            await halves[1].close()
+            assert await api.get(batch.params["cachedContent"]) is not None
+            assert await api.get(realtime.params["cachedContent"]) is None
+        keys = sorted(key for key, *_ in await storage.cache_storage_costs(sessions, job_id=job_id))
+        assert keys == [group.group.key, f"{group.group.key}:batch"]

@@ -82,11 +82,14 @@ class ExplicitCaches:
     the cached part dropped), making the cache first if none is live; ``close`` deletes those made or reused."""
 
     def __init__(self, *, job_id: str, api_of: Any, ledger: CacheLedger, prices: PriceTable | None,
-                 budget: CacheBudget | None = None) -> None:
+                 budget: CacheBudget | None = None, lane: str = "realtime") -> None:
         # ``api_of(model)``: the CachedContents of the provider of ``model``; ``budget``: held for each create and
         # its storage for the TTL before it is made (the ledger settles what it cost).
         self.job_id, self._api_of, self._ledger, self._prices = job_id, api_of, ledger, prices
         self._budget = budget
+        # A job's two halves run at once, each with its caches: a group's cache on the Batch API lane is recorded
+        # (and named) apart, so the real-time half never shortens or deletes one that batch lines read.
+        self._suffix = "" if lane == "realtime" else f":{lane}"
         self._names: dict[str, str | None] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._live: dict[str, tuple[str, str, datetime, int]] = {}  # group -> (model, name, created, tokens)
@@ -134,8 +137,9 @@ class ExplicitCaches:
 
     async def _reuse_or_make(self, request: ChatRequest, *, group: PrefixGroup, ttl_s: float) -> str:
         api: CachedContents = self._api_of(request.model)
-        display = cache_display_name(job_id=self.job_id, group_key=group.key)
-        record = await self._ledger.recorded(job_id=self.job_id, group_key=group.key)
+        key = group.key + self._suffix
+        display = cache_display_name(job_id=self.job_id, group_key=key)
+        record = await self._ledger.recorded(job_id=self.job_id, group_key=key)
         found: CachedContent | None = None
         if record is not None and not record.deleted:
             if record.name is not None:
@@ -143,16 +147,16 @@ class ExplicitCaches:
             else:  # recorded before a create whose answer never came back: it may exist
                 found = await api.find(display)
             now = datetime.now(UTC)
-            if found is not None and (found.expire_time is None
-                                      or found.expire_time > now + timedelta(seconds=_REUSE_MARGIN_S)):
-                found = await api.update(found.name, ttl_s=ttl_s) or None
-            else:
+            if found is None or (found.expire_time is not None
+                                 and found.expire_time <= now + timedelta(seconds=_REUSE_MARGIN_S)):
                 found = None
+            elif found.expire_time is None or found.expire_time < now + timedelta(seconds=ttl_s):
+                found = await api.update(found.name, ttl_s=ttl_s)  # kept longer, never shortened
         if found is not None:
             self.reused += 1
             created_at = record.created_at if record is not None and record.created_at else datetime.now(UTC)
         else:
-            await self._ledger.creating(job_id=self.job_id, group_key=group.key, model=request.model,
+            await self._ledger.creating(job_id=self.job_id, group_key=key, model=request.model,
                                         display_name=display, ttl_s=ttl_s)
             prefix = ChatRequest(model=request.model, messages=request.messages[:group.prefix_messages],
                                  params=request.params, endpoint=request.endpoint)
@@ -162,11 +166,11 @@ class ExplicitCaches:
         tokens = found.tokens or group.prefix_tokens
         expire_at = found.expire_time or datetime.now(UTC) + timedelta(seconds=ttl_s)
         cost = self._cost(request.model, tokens=tokens, since=created_at, until=expire_at)
-        await self._ledger.created(job_id=self.job_id, group_key=group.key, name=found.name, tokens=tokens,
+        await self._ledger.created(job_id=self.job_id, group_key=key, name=found.name, tokens=tokens,
                                    created_at=created_at, expire_at=expire_at, cost=cost)
         if cost is not None:
             self.costs[group.key] = cost
-        self._live[group.key] = (request.model, found.name, created_at, tokens)
+        self._live[key] = (request.model, found.name, created_at, tokens)
         return found.name
 
     async def _hold(self, model: str, *, tokens: int, ttl_s: float) -> int:
@@ -210,5 +214,5 @@ class ExplicitCaches:
             cost = self._cost(model, tokens=tokens, since=created_at, until=now)
             await self._ledger.ended(job_id=self.job_id, group_key=group_key, expire_at=now, cost=cost)
             if cost is not None:
-                self.costs[group_key] = cost
+                self.costs[group_key.partition(":")[0]] = cost
             del self._live[group_key]

@@ -4,6 +4,8 @@
     python bench/cache.py groups        # 50 groups of 200 prompts + 2,000 unique ones: the plan per group
     python bench/cache.py own           # prompts that set their own breakpoints: left as given, warmed first
     python bench/cache.py batch [--prompts 10000] [--models M ...]  # the same file through the Batch API lane
+    python bench/cache.py gemini [--prompts 2000] [--prefix-tokens 5000] [--repeats 3] [--models gemini-3.8-flash]
+                                 [--implicit-hit-rate 1.0]
 
 ``shared``: PROMPTS prompts sharing a ~3,000-token instruction, sent real-time through ``send_all`` at CONCURRENCY
 to a simulator (its own process) answering in LATENCY seconds; for each model, with the plan and with it off, with
@@ -17,6 +19,10 @@ plan, the simulator's batches, answers ingested) with the plan and with ``--no-c
 and database. Each row: the estimate (uncached and with the plan), the stored cost, the cached share of input, the
 cache writes, wall time. The simulator answers a Message Batch ``batch_cache_wave`` requests at a time (its
 default), an OpenAI batch one line after another.
+``gemini``: PROMPTS Gemini prompts sharing a ~PREFIX_TOKENS-token instruction, three ways: the plan as it chooses
+(an explicit cached content where it pays), the same plan held to implicit caching, and no plan; the cost adds the
+explicit cache's create and storage (as the run's ledger records it) to the answers'. Medians of REPEATS runs each.
+IMPLICIT_HIT_RATE: the share of warm requests the simulator's implicit caching serves (Google promises none).
 """
 
 from __future__ import annotations
@@ -26,12 +32,14 @@ import asyncio
 import json
 import os
 import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +47,10 @@ import httpx
 
 from llm_dispatch.core import (
     ChatRequest,
+    CacheRecord,
     ChatResult,
+    ExplicitCaches,
+    GeminiCaches,
     LLMClient,
     PriceTable,
     WorkItem,
@@ -233,22 +244,90 @@ def batch_lane(args: argparse.Namespace) -> None:
                     "plan_per_group": [f"{g['action']} ({g['reason']})" for g in cache.get("groups", [])],
                     "wall_s": round(wall, 1)}), flush=True)
             path.unlink()
+class MemoryLedger:
+    """``core.CacheLedger`` in memory: the bench needs no database, only what each cache cost."""
+
+    def __init__(self) -> None:
+        self.costs: dict[str, int] = {}
+
+    async def recorded(self, *, job_id: str, group_key: str) -> CacheRecord | None:
+        return None
+
+    async def creating(self, **_: Any) -> None:
+        return None
+
+    async def created(self, *, group_key: str, cost: int | None, **_: Any) -> None:
+        self.costs[group_key] = cost or 0
+
+    async def ended(self, *, group_key: str, cost: int | None, **_: Any) -> None:
+        self.costs[group_key] = cost or 0
+
+
+async def gemini(args: argparse.Namespace, base_url: str, prices: PriceTable) -> None:
+    system = instruction(args.prefix_tokens)
+    host = anthropic_base_url(base_url)
+    for model in args.models:
+        requests = [prompt(model, system, f"Answer {n}: the river is {n} km long.") for n in range(args.prompts)]
+        items = [WorkItem(prompt_ids=(number,), request=request) for number, request in enumerate(requests)]
+        found = find_prefix_groups(enumerate(requests), provider_of=provider_lookup())
+        for way in ("explicit", "implicit", "off"):
+            runs = []
+            for _ in range(args.repeats):
+                async with httpx.AsyncClient() as admin:
+                    (await admin.post(f"{host}/_sim/reset")).raise_for_status()
+                    (await admin.post(f"{host}/_sim/config", json={
+                        "gemini_implicit_hit_rate": args.implicit_hit_rate})).raise_for_status()
+                plan = None if way == "off" else plan_caches(found, total_prompts=len(requests),
+                                                              concurrency=args.concurrency, prices=prices,
+                                                              latency_s=args.latency)
+                ledger = MemoryLedger()
+                sink = Sink(prices)
+                async with LLMClient(provider="gemini", base_url=host, api_key="k", concurrency=args.concurrency,
+                                     request_timeout=120) as client:
+                    if plan is not None and way == "explicit":
+                        plan.explicit = ExplicitCaches(job_id=f"bench-{datetime.now():%H%M%S%f}",
+                                                       api_of=lambda _model, c=client: GeminiCaches(c),
+                                                       ledger=ledger, prices=prices)
+                    elif plan is not None:
+                        plan.groups = [replace(g, action="implicit") if g.action == "explicit" else g
+                                       for g in plan.groups]
+                    started, cpu = time.perf_counter(), time.process_time()
+                    await send_all(client=client, items=items, sink=sink, concurrency=args.concurrency,
+                                   cache_plan=plan)
+                    if plan is not None and plan.explicit is not None:
+                        await plan.explicit.close()
+                    wall, cpu = time.perf_counter() - started, time.process_time() - cpu
+                figures = sink.figures(model)
+                cache_cost = float(from_pico(sum(ledger.costs.values())))
+                runs.append({**figures, "cache_cost_usd": cache_cost,
+                             "cost_usd": round(figures["cost_usd"] + cache_cost, 6), "wall_s": wall, "cpu_s": cpu,
+                             "plan": "" if plan is None else plan.groups[0].action})
+            row = {key: statistics.median(run[key] for run in runs) for key in
+                   ("cost_usd", "cache_cost_usd", "cached_share", "wall_s", "cpu_s")}
+            print(json.dumps({"model": model, "way": way, "implicit_hit_rate": args.implicit_hit_rate, "plan": runs[0]["plan"], "answers": runs[0]["answers"],
+                              "failed": runs[0]["failed"], "repeats": len(runs),
+                              **{key: round(value, 6) for key, value in row.items()}}), flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=("shared", "groups", "own", "batch"))
+    parser.add_argument("what", choices=("shared", "groups", "own", "batch", "gemini"))
     parser.add_argument("--prompts", type=int, default=10_000)
     parser.add_argument("--concurrency", type=int, default=400)
     parser.add_argument("--latency", type=float, default=1.0)
-    parser.add_argument("--models", nargs="+", default=list(MODELS))
+    parser.add_argument("--models", nargs="+", default=None)
+    parser.add_argument("--prefix-tokens", type=int, default=5000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--implicit-hit-rate", type=float, default=1.0)
     args = parser.parse_args()
+    if args.models is None:
+        args.models = ["gemini-3.8-flash"] if args.what == "gemini" else list(MODELS)
     if args.what == "batch":
         batch_lane(args)
         return
     prices = PriceTable.load()
     with Simulator.in_process(SimulatorConfig(latency=args.latency)) as base_url:
-        asyncio.run({"shared": shared, "groups": groups, "own": own}[args.what](args, base_url, prices))
+        asyncio.run({"shared": shared, "groups": groups, "own": own, "gemini": gemini}[args.what](args, base_url, prices))
 
 
 if __name__ == "__main__":

@@ -30,13 +30,29 @@ if TYPE_CHECKING:
         CacheRules,
         cache_rules,
     )
+    from .caching._explicit import CacheLedger, CacheRecord, CachedContents, ExplicitCaches
     from .caching._plan import DEFAULT_PLAN_LATENCY_S, CachePlan, CacheTally, GroupPlan, plan_caches
     from .caching._prefixes import PrefixGroup, PrefixGroups, find_prefix_groups, prefix_key, sets_breakpoints
     from .caching._warmup import Warmth, WarmUpQueue
     from .pricing._budgets import BUDGET_PERIODS, BudgetPeriod, SpendGate, job_budget_name, period_key
     from .http._client import LLMClient
     from ._constants import DEFAULT_CONCURRENCY, DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
-    from .pricing._costs import CostTotals, EstimateSums, RouteTotals, estimate_request_cost, worst_case_cost
+    from .pricing._costs import (
+        CostTotals,
+        EstimateSums,
+        RouteTotals,
+        estimate_request_cost,
+        storage_cost,
+        worst_case_cost,
+    )
+    from .batches._gemini_caches import GeminiCaches
+    from .wire._gemini_caches import (
+        CachedContent,
+        cache_display_name,
+        cached_content_body,
+        can_reference,
+        referencing_cache,
+    )
     from .wire._vectors import vector_bytes, vector_floats
     from ._endpoints import DEFAULT_ENDPOINT, ENDPOINTS, SUPPORTED_ENDPOINTS, Endpoint, batch_url, check_batch_url
     from .sending._dispatch import ChatSender, DispatchOutcome, Progress, ResultSink, WorkItem, current_progress, reask, send_all
@@ -115,6 +131,17 @@ __all__ = [
     "ANTHROPIC_TTLS",
     "OPENAI_KEY_REQUESTS_PER_MINUTE",
     "CacheRules",
+    "CacheLedger",
+    "CacheRecord",
+    "CachedContents",
+    "ExplicitCaches",
+    "GeminiCaches",
+    "CachedContent",
+    "cache_display_name",
+    "cached_content_body",
+    "can_reference",
+    "referencing_cache",
+    "storage_cost",
     "cache_rules",
     "DEFAULT_PLAN_LATENCY_S",
     "CachePlan",

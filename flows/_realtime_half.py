@@ -23,6 +23,7 @@ from llm_dispatch.jobs import (
     budget_standing,
     describe_outcome,
     describe_plan,
+    explicit_caches,
     plan_run_caches,
 )
 from llm_dispatch.core import RoutingRules, RunStop, Settings, counted, current_progress, unfinished
@@ -68,6 +69,8 @@ async def send_realtime(
             cache_plan = await plan_run_caches(sessions=run.sessions, job_id=job.job_id, selection=selection,
                                                prices=run.prices, provider_of=run.clients.providers.cache_rules_of,
                                                concurrency=settings.concurrency)
+            explicit_caches(cache_plan, sessions=run.sessions, job_id=job.job_id, prices=run.prices,
+                            client_of=run.clients.for_model, lease=lease)
             for line in describe_plan(cache_plan):
                 logger.info("Job %s: %s", job.job_id, line)
                 if progress is not None:
@@ -83,7 +86,9 @@ async def send_realtime(
             selection=selection, before_storing=sender.sending.wait, rules=rules, on_stored=on_stored,
         )
         first_at: float | None = None
-        async with sender:
+        # The explicit caches are deleted once the chunks are done, however the sending ends (else at their TTL).
+        explicit = cache_plan.explicit if cache_plan is not None else None
+        async with (explicit if explicit is not None else contextlib.nullcontext()), sender:
             async for chunk in feed:
                 if (lease is not None and lease.exhausted) or (
                         job.providers and all(stop.provider_stopped(provider) for provider in job.providers)):

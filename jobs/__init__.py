@@ -23,6 +23,8 @@ if TYPE_CHECKING:
         describe_cache_estimate,
         describe_outcome,
         describe_plan,
+        explicit_caches,
+        make_batch_caches,
         plan_run_caches,
     )
     from ._clients import Clients
@@ -78,6 +80,8 @@ __all__ = [
     "cache_report",
     "describe_outcome",
     "describe_plan",
+    "explicit_caches",
+    "make_batch_caches",
     "plan_run_caches",
     "first_error",
     "is_missing_batch_api",

@@ -14,7 +14,10 @@ from llm_dispatch import storage
 from llm_dispatch.core import (
     CachePlan,
     ChatRequest,
+    ExplicitCaches,
+    GeminiCaches,
     GroupPlan,
+    LLMClient,
     PrefixGroups,
     PriceTable,
     Route,
@@ -25,7 +28,7 @@ from llm_dispatch.core import (
 from ._plan import Selection
 
 __all__ = ["CacheEstimate", "CachePlanning", "JobPrefixes", "describe_cache_estimate", "describe_outcome", "describe_plan",
-           "plan_run_caches"]
+           "explicit_caches", "make_batch_caches", "plan_run_caches"]
 
 # Groups an estimate names one by one; the rest are counted ("and N more").
 SHOWN_GROUPS = 20
@@ -187,7 +190,8 @@ def describe_plan(plan: CachePlan) -> list[str]:
 
 def describe_outcome(plan: CachePlan) -> list[str]:
     """A line per group its run answered: answers, hit rate (cached over prefix tokens), cache writes, the keys a
-    keys plan spread over, and the money saved against the same answers uncached."""
+    keys plan spread over, and the money saved against the same answers uncached (an explicit cache's create and
+    storage counted as paid)."""
     lines = []
     for group in plan.groups:
         tally = plan.tallies.get(group.group.key)
@@ -195,8 +199,46 @@ def describe_outcome(plan: CachePlan) -> list[str]:
             continue
         keys = plan.keys_used(group.group.key)
         spread = "" if keys is None else f", {keys:,} prompt_cache_key(s)"
+        kept = 0 if plan.explicit is None else plan.explicit.costs.get(group.group.key, 0)
+        held = f" (${from_pico(kept):.4f} of it the explicit cache's create and storage)" if kept else ""
         lines.append(f"cache {group.group.key} {group.group.model}: {tally.answers:,} answers, hit rate "
                      f"{tally.hit_rate(group.group.prefix_tokens):.1%}, {tally.written_tokens:,} tokens written"
-                     f"{spread}, ${from_pico(tally.cost):.4f} paid, "
-                     f"${from_pico(tally.uncached_cost - tally.cost):.4f} saved")
+                     f"{spread}, ${from_pico(tally.cost + kept):.4f} paid{held}, "
+                     f"${from_pico(tally.uncached_cost - tally.cost - kept):.4f} saved")
     return lines
+
+
+def explicit_caches(plan: CachePlan, *, sessions: storage.Sessions, job_id: str, prices: PriceTable | None,
+                    client_of: Callable[[str], LLMClient], lease: storage.BudgetLease | None = None,
+                    lane: Literal["realtime", "batch"] = "realtime") -> ExplicitCaches | None:
+    """The run's explicit caches for the plan's ``explicit`` groups (set as ``plan.explicit``); None when it has
+    none. ``client_of``: a model's client (``Clients.for_model``); ``lease``: the run's budget hold, which holds each
+    cache's create and storage before it is made and spends what it cost. ``close`` it when the run's sending is
+    done."""
+    if not any(group.action == "explicit" for group in plan.groups):
+        return None
+    apis: dict[int, GeminiCaches] = {}
+
+    def api_of(model: str) -> GeminiCaches:
+        client = client_of(model)
+        return apis.setdefault(id(client), GeminiCaches(client))
+
+    plan.explicit = ExplicitCaches(job_id=job_id, api_of=api_of, prices=prices, budget=lease, lane=lane,
+                                   ledger=storage.CachedContentLedger(sessions, lease=lease))
+    return plan.explicit
+
+
+async def make_batch_caches(plan: CachePlan, *, sessions: storage.Sessions, job_id: str, prices: PriceTable | None,
+                            client_of: Callable[[str], LLMClient]) -> None:
+    """Make (or reuse) the explicit cache of each ``explicit`` group of a Batch API lane plan, from its first prompt's
+    request, before its lines are written: each line then names it (``CachePlan.prepare``). Kept for the TTL the
+    plan priced (a batch's life), not deleted: a batch may read it until it ends."""
+    caches = explicit_caches(plan, sessions=sessions, job_id=job_id, prices=prices, client_of=client_of, lane="batch")
+    if caches is None:
+        return
+    for group in plan.groups:
+        if group.action != "explicit" or group.ttl_s is None or not group.group.first_ids:
+            continue
+        [row] = await storage.load_work(sessions, prompt_ids=group.group.first_ids[:1])
+        request = ChatRequest(model=row.model, messages=row.messages, params=row.params, endpoint=row.endpoint)
+        await caches.reference(request, group=group.group, ttl_s=group.ttl_s)

@@ -20,8 +20,9 @@ __all__ = ["CacheGroupReport", "cache_report"]
 class CacheGroupReport:
     """One group's paid answers (those of the prompts' own requests): ``prefix_tokens`` is the estimate of the shared
     prefix, ``hit_rate`` the cached tokens over the prefix tokens the answers held (``CacheTally.hit_rate``),
-    ``cost`` what the answers cost as stored, ``uncached_cost`` the same answers with nothing cached or written;
-    ``unpriced``: answers with no stored cost, left out of both."""
+    ``cost`` what the answers cost as stored and the group's explicit cache (``cache_cost``: its create and storage,
+    Gemini's), ``uncached_cost`` the same answers with nothing cached or written; ``unpriced``: answers with no
+    stored cost, left out of both."""
 
     json_properties: ClassVar = ("saved",)
 
@@ -36,6 +37,7 @@ class CacheGroupReport:
     cost: Decimal
     uncached_cost: Decimal
     unpriced: int = 0
+    cache_cost: Decimal = Decimal(0)
 
     @property
     def saved(self) -> Decimal:
@@ -70,12 +72,18 @@ async def cache_report(
                 cached_tokens=answer.cached_tokens, cache_creation_tokens=answer.cache_creation_tokens,
                 cache_creation_extended_tokens=answer.cache_creation_extended_tokens,
                 service_tier=answer.service_tier, paid=answer.cost_pico_usd)
+    kept: dict[str, int] = {}
+    for key, _, _, cost, _ in await storage.cache_storage_costs(sessions, job_id=job_id):
+        group_key = key.partition(":")[0]  # a group's Batch API lane cache is recorded as KEY:batch
+        kept[group_key] = kept.get(group_key, 0) + cost
     reports = []
     for group in found.groups():
         tally = tallies[group.key]
+        cache_cost = kept.get(group.key, 0)
         reports.append(CacheGroupReport(
             key=group.key, model=group.model, prompts=group.prompts, answers=tally.answers,
             prefix_tokens=group.prefix_tokens, cached_tokens=tally.cached_tokens, written_tokens=tally.written_tokens,
-            hit_rate=tally.hit_rate(group.prefix_tokens), cost=from_pico(tally.cost),
-            uncached_cost=from_pico(tally.uncached_cost), unpriced=unpriced.get(group.key, 0)))
+            hit_rate=tally.hit_rate(group.prefix_tokens), cost=from_pico(tally.cost + cache_cost),
+            uncached_cost=from_pico(tally.uncached_cost), unpriced=unpriced.get(group.key, 0),
+            cache_cost=from_pico(cache_cost)))
     return reports

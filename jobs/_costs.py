@@ -214,7 +214,8 @@ async def actual_cost(*, sessions: storage.Sessions, job_id: str, provider_of: C
     """The job's cost as stored with each answer when it was stored, whatever the price table says now.
 
     Only answered requests count (failed calls are not billed; ``reused`` answers were paid once); an
-    answer of a model that had no price counts as unknown (``unpriced_models``), never 0.
+    answer of a model that had no price counts as unknown (``unpriced_models``), never 0. A job's explicit caches
+    (their create and storage, ``storage.cache_storage_costs``) count on the real-time lane, as no request.
     """
     ledger = JobCost(totals=CostTotals(table=None, provider_of=provider_of or provider_lookup()))
     bases: dict[tuple[str | None, str | None, str | None], int] = {}
@@ -226,6 +227,11 @@ async def actual_cost(*, sessions: storage.Sessions, job_id: str, provider_of: C
                                  unpriced=usage.unpriced, provider=usage.provider)
         key = (usage.prices_as_of, usage.prices_file, usage.cost_basis)
         bases[key] = bases.get(key, 0) + usage.prompts
+    # Explicit caches' create and storage (Gemini's): money of the job's, on no request of its own.
+    for _, model, provider, cost, unpriced in await storage.cache_storage_costs(sessions, job_id=job_id):
+        ledger.totals.add_priced(model=model, route="realtime", prompt_tokens=0, completion_tokens=0, requests=0,
+                                 cost=from_pico(cost), at_realtime=from_pico(cost), unpriced=unpriced,
+                                 provider=provider)
     ledger.priced_with = [PriceBasis(*key, requests=n)
                           for key, n in sorted(bases.items(), key=lambda item: tuple(v or "" for v in item[0]))]
     # What was paid is its own bound.

@@ -54,7 +54,7 @@ from llm_dispatch.core import (
 )
 
 from ._batch_build import BatchBuilder, BuiltFile, Group, request_groups
-from ._cache_plan import describe_plan, plan_run_caches
+from ._cache_plan import describe_plan, make_batch_caches, plan_run_caches
 from ._clients import Clients
 from ._plan import Selection
 from ._reuse import reuse_stored_answers
@@ -144,6 +144,8 @@ async def submit_prompts(
                                      provider_of=clients.providers.cache_rules_of, concurrency=1, lane="batch")
         for line in describe_plan(plan):
             logger.info("Job %s: %s", job_id, line)
+        await make_batch_caches(plan, sessions=sessions, job_id=job_id, prices=writer.prices,
+                                client_of=clients.for_model)
     builder = BatchBuilder(directory=Path(directory) / job_id, provider_of=clients.provider_of,
                            upstream=clients.upstream, cache_plan=plan)
     gate = asyncio.Semaphore(SUBMIT_CONCURRENCY)

@@ -370,6 +370,8 @@ def cache_use(plan: PlannedCompletion, *, state: SimState, provider: str = "open
         if cache.warm(prefix, now=now):
             cached = rules.cached_part(tokens)
             break
+    if cached and provider == "gemini" and state.rng.random() >= state.config.gemini_implicit_hit_rate:
+        cached = 0  # implicit caching missed, as Google allows
     for prefix, _ in prefixes:
         cache.write(prefix, answered_at=answered_at, ttl_s=rules.ttl_s)
     # What the cache did not hold of the longest prefix is written now.

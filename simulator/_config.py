@@ -77,7 +77,7 @@ _NON_NEGATIVE_FIELDS = (
     "latency", "latency_spread", "latency_per_token", "retry_after", "hang_seconds", "batch_processing_seconds",
     "quota_window", "slow_tokens_per_second",
 )
-_FLOAT_FIELDS = frozenset(_NON_NEGATIVE_FIELDS) | {name for name, _ in RANDOM_FAULT_FIELDS}
+_FLOAT_FIELDS = frozenset(_NON_NEGATIVE_FIELDS) | {name for name, _ in RANDOM_FAULT_FIELDS} | {"gemini_implicit_hit_rate"}
 _OPTIONAL_INT_FIELDS = frozenset({"rpm", "tpm", "cache_overflow_rpm", "batch_cache_wave"})
 
 
@@ -135,6 +135,9 @@ class SimulatorConfig:
     # concurrently and names its cache hits inside batches best-effort; the width is the simulator's assumption,
     # no documented figure. None: one at a time, each warm at once.
     batch_cache_wave: int | None = 100
+    # Gemini's implicit caching promises no saving ("no cost saving guarantee", core ``cache_rules``): the share of
+    # requests whose warm prefix it serves (each drawn from the seeded RNG); 1.0: every one. Explicit caches always hit.
+    gemini_implicit_hit_rate: float = 1.0
 
     def __post_init__(self) -> None:
         for name in _NON_NEGATIVE_FIELDS:
@@ -145,8 +148,9 @@ class SimulatorConfig:
             raise ConfigError(
                 f"simulator latency_dist must be one of {sorted(_LATENCY_DISTS)}, got {self.latency_dist!r}"
             )
-        if not 0.0 <= self.invalid_json_rate <= 1.0:
-            raise ConfigError(f"simulator invalid_json_rate must be between 0 and 1, got {self.invalid_json_rate!r}")
+        for name in ("invalid_json_rate", "gemini_implicit_hit_rate"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ConfigError(f"simulator {name} must be between 0 and 1, got {getattr(self, name)!r}")
         total = 0.0
         for name, _ in RANDOM_FAULT_FIELDS:
             value = getattr(self, name)

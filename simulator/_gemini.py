@@ -39,7 +39,7 @@ from ._state import SimState
 from ._tokens import completion_text
 
 __all__ = ["GEMINI_PATH", "as_chat", "body_problem", "gemini_error", "plan_content", "render_content",
-           "routes", "target"]
+           "CacheRefused", "resolve_cache", "routes", "target"]
 
 GEMINI_PATH = "/v1beta/models/{target}"
 _METHOD = "generateContent"
@@ -188,6 +188,7 @@ def _unsigned_call(contents: list[dict[str, Any]], *, model: str) -> str | None:
 class _Planned:
     completion: PlannedCompletion
     thoughts: int
+    explicit: int | None = None  # the tokens of the explicit cache the request reads
 
     @property
     def output_tokens(self) -> int:
@@ -197,10 +198,14 @@ class _Planned:
 
 
 def plan_content(body: dict[str, Any], *, model: str, digest: bytes, kind: str | None,
-                 invalid_json_rate: float) -> _Planned:
+                 invalid_json_rate: float, state: SimState | None = None) -> _Planned:
     """The answer to a valid body: the chat side's for the same turns, JSON of its ``responseJsonSchema`` (or
     ``responseSchema``) when it gives one; with ``thinkingConfig`` (a level, or a budget that is not 0), thoughts
-    of ``REASONING_PER_TOKEN`` per answer token within the budget and the cap."""
+    of ``REASONING_PER_TOKEN`` per answer token within the budget and the cap. A body naming a ``cachedContent`` of
+    ``state``'s is answered with the cache's turns first (``resolve_cache``, which may raise ``CacheRefused``)."""
+    explicit = None
+    if state is not None:
+        body, explicit = resolve_cache(state, body, model=model)
     config = body.get("generationConfig") or {}
     schema = config.get("responseJsonSchema") or config.get("responseSchema")
     chat = as_chat(body, model=model)
@@ -216,20 +221,59 @@ def plan_content(body: dict[str, Any], *, model: str, digest: bytes, kind: str |
         cap = chat.get("max_tokens")
         if isinstance(cap, int):
             thoughts = max(0, min(thoughts, cap - completion.completion_tokens))
-    return _Planned(completion, thoughts)
+    return _Planned(completion, thoughts, explicit)
+
+
+class CacheRefused(Exception):
+    """What Google answers a body whose ``cachedContent`` cannot be read: ``status``, its ``word``, ``message``."""
+
+    def __init__(self, status: int, word: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.word, self.message = status, word, message
+
+    def response(self) -> web.Response:
+        return gemini_error(self.status, self.message, word=self.word)
+
+    def line_error(self) -> dict[str, Any]:
+        """The batch line's error: a google.rpc.Status (NOT_FOUND is code 5, INVALID_ARGUMENT 3)."""
+        return {"error": {"code": 5 if self.status == 404 else 3, "message": self.message, "status": self.word}}
+
+
+def resolve_cache(state: SimState, body: dict[str, Any], *, model: str) -> tuple[dict[str, Any], int | None]:
+    """(``body``, None) for a body naming no ``cachedContent``; else (the body with its explicit cache's turns before
+    its own, the cache's tokens). Raises ``CacheRefused`` as Google answers: 404 for a cache unknown or expired, 400
+    for a body repeating what the cache holds or of another model (``_gemini_caches`` keeps them)."""
+    name = body.get("cachedContent")
+    if name is None:
+        return body, None
+    cache = state.gemini_caches.get(name) if isinstance(name, str) else None
+    if cache is None or cache.expires <= time.time():
+        raise CacheRefused(404, "NOT_FOUND", f"CachedContent not found (or permission denied): {str(name)[:100]}")
+    if any(field in body for field in ("systemInstruction", "tools", "toolConfig")):
+        raise CacheRefused(400, "INVALID_ARGUMENT", "CachedContent can not be used with GenerateContent request "
+                           "setting system_instruction, tools or tool_config.\n\nProposed fix: move those values to "
+                           "CachedContent from GenerateContent request.")
+    if cache.model != model:
+        raise CacheRefused(400, "INVALID_ARGUMENT", f"Model used by GenerateContent request (models/{model}) and "
+                           f"CachedContent (models/{cache.model}) has to be the same.")
+    merged = {key: value for key, value in body.items() if key != "cachedContent"}
+    merged.update({key: value for key, value in cache.parts.items() if key != "contents"})
+    merged["contents"] = [*(cache.parts.get("contents") or []), *body.get("contents", [])]
+    return merged, cache.tokens
 
 
 def render_content(plan: _Planned, *, state: SimState, model: str) -> bytes:
-    """A GenerateContentResponse for ``plan`` (an ``error200`` one is an error body with status 200)."""
+    """A GenerateContentResponse for ``plan`` (an ``error200`` one is an error body with status 200); a request that
+    read an explicit cache reports its tokens cached (implicit caching then plays no part)."""
     completion = plan.completion
     text_digest, tokens, finish_reason = completion.choices[0]
-    cached, _ = cache_use(completion, state=state, provider="gemini")
+    cached = plan.explicit if plan.explicit is not None else cache_use(completion, state=state, provider="gemini")[0]
     state.stats.cached_tokens += cached
     usage: dict[str, Any] = {"promptTokenCount": completion.prompt_tokens,
                              "candidatesTokenCount": 0 if completion.kind == "refuse" else tokens,
                              "totalTokenCount": completion.prompt_tokens + plan.output_tokens}
     if cached:
-        usage["cachedContentTokenCount"] = cached  # implicit caching's hits, part of promptTokenCount
+        usage["cachedContentTokenCount"] = cached  # a cache's hits, part of promptTokenCount
     if plan.thoughts:
         usage["thoughtsTokenCount"] = plan.thoughts
     if completion.kind == "error200":
@@ -292,7 +336,13 @@ class _GeminiRoutes(RealTimeRoutes):
 
     def _invalid_body(self, body: Any, request: web.Request) -> web.Response | None:
         problem = body_problem(body, model=_target(request)[0])
-        return None if problem is None else gemini_error(400, problem)
+        if problem is not None:
+            return gemini_error(400, problem)
+        try:
+            resolve_cache(self._state, body, model=_target(request)[0])
+        except CacheRefused as refused:
+            return refused.response()
+        return None
 
     def _model_of(self, request: web.Request, body: dict[str, Any]) -> str:
         return _target(request)[0]
@@ -315,8 +365,11 @@ class _GeminiRoutes(RealTimeRoutes):
         self, request: web.Request, *, body: dict[str, Any], model: str, digest: bytes, kind: str | None = None
     ) -> web.StreamResponse:
         state = self._state
-        plan = plan_content(body, model=model, digest=digest, kind=kind,
-                            invalid_json_rate=state.config.invalid_json_rate)
+        try:
+            plan = plan_content(body, model=model, digest=digest, kind=kind,
+                                invalid_json_rate=state.config.invalid_json_rate, state=state)
+        except CacheRefused as refused:  # expired since the body was checked
+            return self._counted(refused.response())
 
         def render() -> bytes:
             rendered = render_content(plan, state=state, model=model)

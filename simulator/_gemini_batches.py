@@ -10,8 +10,8 @@
                                         there (``upload``, ``upload, finalize``) at their X-Goog-Upload-Offset
     GET  /download/v1beta/files/{id}:download?alt=media   a responses file's bytes
 
-Each request is answered exactly as ``generateContent`` answers its body (``_gemini``), without latency, quotas or
-random faults; a line of an input file is ``{"key", "request"}``, a responses line ``{"key", "response"}`` or
+Each request is answered as ``generateContent`` answers it (``_gemini``, a ``cachedContent`` too), without latency,
+quotas or random faults; a line of an input file is ``{"key", "request"}``, a responses line ``{"key", "response"}`` or
 ``{"key", "error"}`` (a google.rpc.Status: ``[[sim:400]]`` INVALID_ARGUMENT, ``[[sim:429]]`` RESOURCE_EXHAUSTED,
 ``[[sim:500]]`` INTERNAL, ``[[sim:503]]`` UNAVAILABLE; ``line_cancelled`` CANCELLED, ``line_timeout`` and
 ``line_expired`` DEADLINE_EXCEEDED). A batch is pending for a tenth of ``batch_processing_seconds``, then running.
@@ -45,7 +45,7 @@ from ._batch_faults import CREATE_ANSWER_FAULTS, DEFAULT_EXPIRE_FRACTION, HANG_C
 from ._batch_store import BatchStore, BatchWork, Sink, batch_store
 from ._completions import body_digest, canonical_json
 from ._config import ANSWER_KINDS
-from ._gemini import GEMINI_PATH, as_chat, body_problem, gemini_error, plan_content, render_content, target
+from ._gemini import GEMINI_PATH, CacheRefused, as_chat, body_problem, gemini_error, plan_content, render_content, target
 from ._gemini_embeddings import batch_embed_answer, batch_embed_problem, models_handler
 from ._http import json_dumps, json_response
 from ._markers import MARKER_BYTES, marker_fault
@@ -473,8 +473,11 @@ class _GeminiBatchRun(BatchWork):
                 code, name = _LINE_STATUS.get(str(forced), _INTERNAL)
                 return False, {"error": {"code": code, "message": f"Simulated {name} (simulator fault {forced}).",
                                          "status": name}}
-        plan = plan_content(request, model=model, digest=digest, kind=kind,
-                            invalid_json_rate=state.config.invalid_json_rate)
+        try:
+            plan = plan_content(request, model=model, digest=digest, kind=kind,
+                                invalid_json_rate=state.config.invalid_json_rate, state=state)
+        except CacheRefused as refused:
+            return False, refused.line_error()
         rendered = json.loads(render_content(plan, state=state, model=model))
         state.stats.prompt_tokens += plan.completion.prompt_tokens
         state.stats.completion_tokens += plan.output_tokens

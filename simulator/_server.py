@@ -27,7 +27,7 @@ from aiohttp import web
 
 from llm_dispatch.core import LLMDispatchError
 
-from . import _admin, _batch, _chat, _embeddings, _gemini_batches, _message_batches, _messages_route, _responses_route
+from . import _admin, _batch, _chat, _embeddings, _gemini_batches, _gemini_caches, _message_batches, _messages_route, _responses_route
 from ._anthropic_http import anthropic_error
 from ._config import SimulatorConfig
 from ._http import SIM_PREFIX, error_response
@@ -53,7 +53,7 @@ DEFAULT_SIMULATOR_CONFIG = SimulatorConfig()
 RouteGroup = Callable[[web.Application, SimState], None]
 _ROUTE_GROUPS: tuple[RouteGroup, ...] = (
     _admin.register, _chat.register, _embeddings.register, _responses_route.register, _batch.register, _messages_route.register, _message_batches.register,
-    _gemini_batches.register,
+    _gemini_batches.register, _gemini_caches.register,
 )
 
 SIM_STATE = web.AppKey("sim_state", SimState)

@@ -52,6 +52,7 @@ class SimStats:
     message_batch_lines: int = 0  # requests answered (succeeded or errored), not those canceled or expired
     gemini_batches: int = 0  # created through POST /v1beta/models/{model}:batchGenerateContent
     gemini_batch_lines: int = 0  # requests of Gemini batches answered or ended (succeeded, failed or cancelled)
+    gemini_caches: int = 0  # explicit caches created through POST /v1beta/cachedContents
     gemini_uploads: int = 0  # resumable uploads started (POST /upload/v1beta/files, command start)
     embedding_inputs: int = 0  # texts embedded, real-time and in batches (a packed request or line holds many)
     # Real-time requests that carried a [[sim:...]] marker, by marker (those past their xN included): how many
@@ -138,6 +139,8 @@ class SimState:
         self.forced_faults: deque[str] = deque()  # queued through POST /_sim/faults
         self.marker_hits: dict[bytes, int] = {}  # body digest -> requests seen, for [[sim:FAULTxN]]
         self.prompt_cache = PromptCache()
+        # Gemini's explicit caches by name (``_gemini_caches.SimCache``), cleared by its reset hook.
+        self.gemini_caches: dict[str, Any] = {}
         # When the request being rendered will be answered (monotonic seconds): set by the real-time routes around
         # their synchronous ``render()``, so the prefixes it writes turn warm then; None (a batch line): at once.
         self.answer_due: float | None = None

@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     )
     from ._cache_groups import CacheGroupRow, StoredCacheGroups, job_cache_groups, store_cache_groups
     from ._cache_usage import CacheAnswer, cache_answer_pages
+    from ._cached_contents import CachedContentLedger, cache_storage_costs
     from ._capabilities import no_batch_api, remember_no_batch_api
     from ._job_budgets import budgets_of_job, note_job_budget
     from ._engine import Sessions, check_database_url, create_engine, open_database, session_factory
@@ -111,6 +112,8 @@ __all__ = [
     "job_cache_groups",
     "store_cache_groups",
     "CacheAnswer",
+    "CachedContentLedger",
+    "cache_storage_costs",
     "cache_answer_pages",
     "no_batch_api",
     "reroute_pending",

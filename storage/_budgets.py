@@ -372,7 +372,13 @@ class BudgetLease:
     async def reserve(self, request: ChatRequest) -> int | None:
         if self._exhausted:
             return None
-        amount = self.worst_case(request)
+        return await self.reserve_amount(self.worst_case(request))
+
+    async def reserve_amount(self, amount: int) -> int | None:
+        """Hold ``amount`` picodollars (a cost that is no request: an explicit cache's create and storage), as
+        ``reserve`` holds a request's worst case; None when it does not fit."""
+        if self._exhausted:
+            return None
         if period_key(self.budget.per, now=self._clock()) != self._period:
             await self._roll()
         if self.free < amount:

@@ -356,3 +356,27 @@ class CacheGroup(Base):
     # The prefix's money with the plan and uncached, in picodollars; NULL for a model without a price.
     planned_cost_pico_usd: Mapped[int | None] = mapped_column(BigInteger())
     uncached_cost_pico_usd: Mapped[int | None] = mapped_column(BigInteger())
+
+
+class CachedContentRecord(Base):
+    """A job's explicit cache (Gemini's cached content) of one prefix group: recorded before its create (``name``
+    NULL until the create answers; its ``display_name`` finds one whose answer was lost), and its cost, the create and
+    the storage until ``expire_at``, kept up to date as it is made, kept longer or deleted."""
+
+    __tablename__ = "cached_contents"
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), primary_key=True)
+    group_key: Mapped[str] = mapped_column(String(32), primary_key=True)
+    provider: Mapped[str] = mapped_column(String(16))
+    model: Mapped[str] = mapped_column(String())
+    display_name: Mapped[str] = mapped_column(String())
+    name: Mapped[str | None] = mapped_column(String())
+    tokens: Mapped[int] = mapped_column(Integer(), default=0)
+    ttl_s: Mapped[float] = mapped_column(Float())
+    created_at: Mapped[datetime | None] = mapped_column()
+    expire_at: Mapped[datetime | None] = mapped_column()
+    deleted: Mapped[bool] = mapped_column(Boolean(), default=False)
+    # Picodollars, this group's caches so far (an earlier run's expired one's ``carried``); NULL when the model had
+    # no price (unknown, not 0).
+    cost_pico_usd: Mapped[int | None] = mapped_column(BigInteger())
+    carried_pico_usd: Mapped[int] = mapped_column(BigInteger(), default=0)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)

@@ -16,8 +16,17 @@ Sources:
   page, LiteLLM's prompt caching page), which the stored copy of the page itself did not hold.
 - Gemini, https://ai.google.dev/gemini-api/docs/caching: implicit caching on by default for Gemini 2.5 and newer,
   a minimum per model (2,048 tokens for 2.5 Flash and Pro, 4,096 for Gemini 3 and later, page of 2026-10-13),
-  hits more likely for requests with the same prefix sent close together. Reported in
-  ``usageMetadata.cachedContentTokenCount``.
+  hits more likely for requests with the same prefix sent close together, "no cost saving guarantee". Reported in
+  ``usageMetadata.cachedContentTokenCount``. Explicit caching, same page: a ``cachedContents`` resource made once
+  (model, contents, systemInstruction, tools, toolConfig, ttl or expireTime, displayName) and named by each request's
+  ``cachedContent``; "If not set, the TTL defaults to 1 hour", no minimum or maximum TTL; the minimum length is the
+  page's one table (as implicit caching's); billed for the cached tokens at the reduced rate when a request reads them,
+  and for storage by the TTL. The storage price per 1M tokens per hour is each model's ``cache_storage`` in the catalog,
+  from https://ai.google.dev/gemini-api/docs/pricing (the "Context caching price" row: "$4.50 / 1,000,000 tokens per
+  hour (storage price)" for 2.5 Pro and 3.1 Pro, "$1.00" for 2.5 Flash and Flash-Lite, "$0.50 ... through December
+  31, 2026" for 3.8 Flash; read from transcriptions of the page, the stored copy of it did not hold the table). The
+  create is priced as the prefix's input once (Vertex AI documents it so; Google's Gemini API page names no creation
+  price, so the plan takes the dearer reading).
 """
 
 from __future__ import annotations
@@ -28,6 +37,8 @@ from typing import Final, Literal
 __all__ = [
     "ANTHROPIC_MAX_BREAKPOINTS",
     "ANTHROPIC_TTLS",
+    "GEMINI_EXPLICIT_DEFAULT_TTL_S",
+    "GEMINI_IMPLICIT_HIT_ASSUMED",
     "OPENAI_KEY_REQUESTS_PER_MINUTE",
     "CacheRules",
     "cache_rules",
@@ -39,6 +50,13 @@ ANTHROPIC_MAX_BREAKPOINTS: Final = 4
 ANTHROPIC_TTLS: Final[dict[str, float]] = {"5m": 300.0, "1h": 3600.0}
 # OpenAI: "approximately 15 requests per minute" for one prefix and prompt_cache_key before overflow.
 OPENAI_KEY_REQUESTS_PER_MINUTE: Final = 15
+
+# Gemini: "If not set, the TTL defaults to 1 hour" (explicit caching).
+GEMINI_EXPLICIT_DEFAULT_TTL_S: Final = 3600.0
+# The share of a group's later requests the plan expects implicit caching to serve from the cache. Google documents
+# no rate and promises none ("no cost saving guarantee"); an assumption, a little below the 97% the issue measured for
+# OpenAI's automatic caching without overflow. The explicit plan, whose hits are guaranteed, is weighed against it.
+GEMINI_IMPLICIT_HIT_ASSUMED: Final = 0.9
 
 CacheStyle = Literal["automatic", "breakpoints", "implicit"]
 

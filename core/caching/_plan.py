@@ -9,7 +9,10 @@ Per provider (rules and sources in ``_cache_rules``):
   gap between the group's requests (5 minutes, refreshed on each hit, else 1 hour), the write premium counted; none
   where the file set its own, where the prefix is shorter than the model's minimum, or where it costs more than it
   saves.
-- Gemini: implicit caching, so a warm-up and the group's prompts kept together in order.
+- Gemini: implicit caching, so a warm-up and the group's prompts kept together in order; or an explicit cached
+  content (``_explicit``) made before the group's first request, where its create and storage for the group's
+  expected duration cost less than implicit caching is expected to (its hits are not guaranteed:
+  ``GEMINI_IMPLICIT_HIT_ASSUMED``).
 Every kind of plan warms its key first: one request answered before the rest of the group (or key) leaves.
 
 On the Batch API lane (``lane="batch"``) nothing can be warmed first (no provider documents cache hits between a
@@ -29,7 +32,11 @@ from .._status import Route
 
 from .._types import ChatRequest, ChatResult
 from ..pricing._pricing import PriceTable
-from ._cache_rules import ANTHROPIC_TTLS, cache_rules
+from ..pricing._costs import storage_cost
+from ..pricing._units import from_pico
+from ..wire._gemini_caches import can_reference, referencing_cache
+from ._cache_rules import ANTHROPIC_TTLS, GEMINI_IMPLICIT_HIT_ASSUMED, CacheRules, cache_rules
+from ._explicit import ExplicitCaches
 from ._keys import KeyDealer, KeyTicket, keys_for
 from ._prefixes import PrefixGroup, prefix_key
 from ._warmup import Warmth
@@ -40,7 +47,7 @@ __all__ = ["DEFAULT_PLAN_LATENCY_S", "CachePlan", "CacheTally", "GroupPlan", "pl
 # run's concurrency over it.
 DEFAULT_PLAN_LATENCY_S = 5.0
 
-Action = Literal["keys", "breakpoint", "implicit", "as-given", "none"]
+Action = Literal["keys", "breakpoint", "implicit", "explicit", "as-given", "none"]
 Lane = Literal["realtime", "batch"]
 
 
@@ -64,6 +71,8 @@ class GroupPlan:
     worst_cost: int | None = None
     # A keys plan's share of the run's concurrency: the requests it has in flight at once.
     in_flight: float = 1.0
+    # ``explicit``: the cache's TTL in seconds (the group's expected duration and a margin).
+    ttl_s: float | None = None
 
     @property
     def saved(self) -> int | None:
@@ -126,6 +135,8 @@ class CachePlan:
     prices: PriceTable | None = None
     # Each group's answers so far (``answered``), by group key.
     tallies: dict[str, CacheTally] = field(default_factory=dict)
+    # The run's explicit caches (``explicit`` groups); None: those groups go as implicit ones do.
+    explicit: ExplicitCaches | None = None
     _by_key: dict[str, GroupPlan] = field(default_factory=dict)
     _dealers: dict[str, KeyDealer] = field(default_factory=dict)
 
@@ -183,6 +194,14 @@ class CachePlan:
             cache_creation_tokens=result.cache_creation_tokens,
             cache_creation_extended_tokens=result.cache_creation_extended_tokens, service_tier=result.service_tier)
 
+    async def referencing(self, request: ChatRequest, group_key: str | None) -> ChatRequest | None:
+        """``request`` (as stored) naming its group's explicit cache, the cache made first where none is live; None
+        for a request of no ``explicit`` group, or when no cache could be had (it then goes as ``prepare`` made it)."""
+        plan = None if group_key is None else self._by_key.get(group_key)
+        if plan is None or plan.action != "explicit" or self.explicit is None or plan.ttl_s is None:
+            return None
+        return await self.explicit.reference(request, group=plan.group, ttl_s=plan.ttl_s)
+
     def prepare(self, request: ChatRequest) -> tuple[ChatRequest, str | None]:
         """(``request`` as the plan sends it, the warm-up key it waits on or None). OpenAI's prompt_cache_key is
         not set here but as each request leaves (``deal``); its group waits on its first key's warm-up."""
@@ -193,9 +212,20 @@ class CachePlan:
         if plan.action == "breakpoint":
             marked = _with_breakpoint(request, at=plan.group.prefix_messages - 1, ttl=plan.ttl)
             return marked, plan.group.key if plan.warm_up else None
+        if plan.action == "explicit" and not plan.warm_up:
+            return self._named(request, plan), None
         if not plan.warm_up:
             return request, None
         return request, plan.group.key
+
+
+    def _named(self, request: ChatRequest, plan: GroupPlan) -> ChatRequest:
+        """A Batch API line of an ``explicit`` group naming the cache made for it before the lines were written
+        (``jobs.make_batch_caches``); as written where none was made."""
+        name = None if self.explicit is None else self.explicit.known(plan.group.key)
+        if name is None or not can_reference(request, prefix_messages=plan.group.prefix_messages):
+            return request
+        return referencing_cache(request, name=name, prefix_messages=plan.group.prefix_messages)
 
 
 def _with_breakpoint(request: ChatRequest, *, at: int, ttl: str | None) -> ChatRequest:
@@ -239,6 +269,8 @@ def _batch_group(group: PrefixGroup, *, prices: PriceTable | None) -> GroupPlan:
     if group.own_breakpoints:
         return GroupPlan(group, "as-given", "the file sets its own cache_control breakpoints", uncached_cost=uncached,
                          planned_cost=uncached)
+    if rules.style == "implicit" and group.prefix_tokens >= rules.minimum_tokens:
+        return _gemini_batch_plan(group, prices=prices, uncached=uncached)
     if rules.style != "breakpoints" or group.prefix_tokens < rules.minimum_tokens:
         why = ("automatic caching on the Batch API: lines sent as written" if rules.style != "breakpoints"
                else f"prefix below {group.model}'s minimum of {rules.minimum_tokens:,}")
@@ -294,9 +326,7 @@ def _plan_group(group: PrefixGroup, *, total_prompts: int, concurrency: int, pri
                              uncached_cost=uncached, planned_cost=uncached)
         return GroupPlan(group, "breakpoint", f"breakpoint after message {group.prefix_messages}, ttl {ttl}",
                          ttl=ttl, warm_up=True, planned_cost=cost, uncached_cost=uncached)
-    cost = _cost(prices, group, reads=n - 1, writes=0, cached=tokens)
-    return GroupPlan(group, "implicit", "implicit caching: first request answered, the rest kept together",
-                     warm_up=True, planned_cost=cost, uncached_cost=uncached)
+    return _gemini_plan(group, rules=rules, rate=rate, prices=prices, uncached=uncached)
 
 
 def _cost(prices: PriceTable | None, group: PrefixGroup, *, reads: int, writes: int, cached: int,
@@ -319,3 +349,68 @@ def _cost(prices: PriceTable | None, group: PrefixGroup, *, reads: int, writes: 
     if plain is None or read is None or written is None:
         return None
     return plain * (group.prompts - reads - writes) + read * reads + written * writes
+
+
+# An explicit cache outlives its group's expected duration by this share of it and this many seconds, for the
+# requests a retry or a slow answer keeps out longer.
+_EXPLICIT_MARGIN = 0.25
+_EXPLICIT_MARGIN_S = 300.0
+# The Batch API lane: Gemini's Batch Mode targets 24 hours and expires a batch after 48
+# (https://ai.google.dev/gemini-api/docs/batch-mode), so a cache its lines name must live that long.
+_BATCH_LIFE_S = 48 * 3600.0
+
+
+def _gemini_plan(group: PrefixGroup, *, rules: CacheRules, rate: float, prices: PriceTable | None,
+                 uncached: int | None) -> GroupPlan:
+    """Implicit caching (a warm-up, the group kept together), or an explicit cache where it is expected to cost
+    less: its create (the prefix once at the input price), every request's prefix at the cached price, and storage
+    for the group's expected duration and a margin, against implicit caching's first request at the input price
+    and the rest at the cached price as often as ``GEMINI_IMPLICIT_HIT_ASSUMED`` expects."""
+    n = group.prompts
+    ttl_s = n / max(rate, 1e-9) * 60.0 * (1 + _EXPLICIT_MARGIN) + _EXPLICIT_MARGIN_S
+    implicit, explicit = _gemini_costs(group, prices=prices, hits=GEMINI_IMPLICIT_HIT_ASSUMED * (n - 1),
+                                       ttl_s=ttl_s)
+    assumed = f"{GEMINI_IMPLICIT_HIT_ASSUMED:.0%} of implicit hits assumed"
+    why = "implicit caching: first request answered, the rest kept together"
+    if implicit is not None and explicit is not None:
+        compared = (f"${from_pico(explicit):.4f} with an explicit cache (create, reads, storage for {ttl_s:,.0f}s) "
+                    f"vs ${from_pico(implicit):.4f} implicit ({assumed})")
+        if explicit < implicit:
+            return GroupPlan(group, "explicit", f"explicit cache made first, ttl {ttl_s:,.0f}s: {compared}",
+                             ttl_s=ttl_s, warm_up=True, planned_cost=explicit, uncached_cost=uncached)
+        why += f"; {compared}"
+    elif implicit is not None:
+        why += f" ({assumed}); no explicit cache: no storage price for {group.model}"
+    return GroupPlan(group, "implicit", why, warm_up=True, planned_cost=implicit, uncached_cost=uncached)
+
+
+def _gemini_batch_plan(group: PrefixGroup, *, prices: PriceTable | None, uncached: int | None) -> GroupPlan:
+    """On the Batch API lane no implicit hit is claimed; an explicit cache kept for a batch's whole life
+    (``_BATCH_LIFE_S``), made before the lines are written and named by each, where the group's reads at the cached
+    price save more than its create and storage."""
+    ttl_s = _BATCH_LIFE_S + _EXPLICIT_MARGIN_S
+    _, explicit = _gemini_costs(group, prices=prices, hits=0, ttl_s=ttl_s, route="batch")
+    if explicit is None or uncached is None:
+        return GroupPlan(group, "none", "automatic caching on the Batch API: lines sent as written",
+                         uncached_cost=uncached, planned_cost=uncached)
+    compared = (f"${from_pico(explicit):.4f} with an explicit cache kept {ttl_s / 3600:.0f}h (a batch's life) vs "
+                f"${from_pico(uncached):.4f} as written")
+    if explicit < uncached:
+        return GroupPlan(group, "explicit", f"explicit cache made before the lines: {compared}", ttl_s=ttl_s,
+                         planned_cost=explicit, uncached_cost=uncached)
+    return GroupPlan(group, "none", f"lines sent as written: {compared}", uncached_cost=uncached,
+                     planned_cost=uncached)
+
+
+def _gemini_costs(group: PrefixGroup, *, prices: PriceTable | None, hits: float, ttl_s: float,
+                  route: Route = "realtime") -> tuple[int | None, int | None]:
+    """(the group's prefix with implicit caching hitting ``hits`` times, with an explicit cache kept ``ttl_s``
+    seconds), in picodollars; None where a price is missing."""
+    n = group.prompts
+    plain = _cost(prices, group, reads=0, writes=0, cached=0, route=route)
+    read = _cost(prices, group, reads=n, writes=0, cached=group.prefix_tokens, route=route)
+    if prices is None or plain is None or read is None:
+        return None, None
+    implicit = round(plain + hits * (read - plain) / n)
+    kept = storage_cost(prices, model=group.model, tokens=group.prefix_tokens, seconds=ttl_s)
+    return implicit, None if kept is None else read + plain // n + kept

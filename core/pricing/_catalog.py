@@ -3,7 +3,7 @@ and the user's file merged over the bundled one. ``_pricing.PriceTable`` is buil
 
 A model entry holds its standard prices per 1M tokens (``input``, ``cached_input`` = cache reads,
 ``cache_write`` = a write at the provider's default duration, ``cache_write_extended`` = at its longer one,
-``output``), the rules that change them (``long_prompt``, ``tiers``, dated ``changes``, ``batch_discount``) and
+``output``; ``cache_storage`` = an explicit cache's storage per 1M tokens per hour, Gemini's), the rules that change them (``long_prompt``, ``tiers``, dated ``changes``, ``batch_discount``) and
 facts about the model (window, maximum output, provider, shutdown date, where and when its figures were read).
 Every new field is optional, so a file in the first format (input, cached_input, output...) still loads.
 """
@@ -27,9 +27,10 @@ _TOP_FIELDS = frozenset({"prices_as_of", "source", "currency", "unit", "batch_di
                          "limits_as_of", "limits_source", "lanes"})
 # Fields the bundled catalog must have; a user's file may give any subset.
 _REQUIRED_TOP = frozenset({"prices_as_of", "source", "currency", "unit", "batch_discount", "models"})
-# Per 1M tokens. A missing cache price is left out: cache reads and writes then cost what input does, an extended
-# write what a default write does.
-PRICE_FIELDS = ("input", "cached_input", "cache_write", "cache_write_extended", "output")
+# Per 1M tokens (``cache_storage``: per 1M tokens per hour). A missing cache price is left out: cache reads and writes
+# then cost what input does, an extended write what a default write does; a model without ``cache_storage`` is never
+# planned an explicit cache.
+PRICE_FIELDS = ("input", "cached_input", "cache_write", "cache_write_extended", "output", "cache_storage")
 LIMIT_FIELDS = ("context_window", "max_input_tokens", "max_output_tokens")
 # What a model is rather than what it costs: kept from the bundled entry when a user's file reprices the model.
 FACT_FIELDS = (*LIMIT_FIELDS, "provider", "kind", "shutdown", "replacement", "aliases", "dimensions")

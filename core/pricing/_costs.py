@@ -11,12 +11,14 @@ from typing import Any, Final, Required, TypedDict, Unpack
 
 from .._json import json_field
 from ._pricing import Charge, PriceTable, billing_tier
+from ._units import _PICO_PER_TOKEN
 from .._providers import provider_lookup
 from .._status import Route
 from ._tokens import estimate_input_tokens, reply_cap
 from .._types import ChatRequest
 
 __all__ = [
+    "storage_cost",
     "CostEstimate",
     "CostTotals",
     "EstimateSums",
@@ -348,3 +350,14 @@ class EstimateSums:
             bound += worst.dollars
         return totals, bound, unbounded
 
+
+
+def storage_cost(prices: PriceTable, *, model: str, tokens: int, seconds: float) -> int | None:
+    """What an explicit cache (Gemini's cached content) of ``tokens`` tokens of ``model`` costs to keep for
+    ``seconds``, in picodollars, rounded up; None where the model has no storage price (``cache_storage``). A prompt
+    longer than the model's long-prompt threshold pays that tier's storage price where it lists one."""
+    price = prices.price_for(model)
+    if price is None or price.cache_storage is None:
+        return None
+    rate = price.for_prompt(tokens).cache_storage or price.cache_storage
+    return math.ceil(rate * _PICO_PER_TOKEN * tokens * Decimal(repr(max(seconds, 0.0))) / 3600)

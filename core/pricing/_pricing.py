@@ -64,6 +64,7 @@ class Tier:
     cache_write: Decimal | None = None
     cache_write_extended: Decimal | None = None
     output: Decimal | None = None
+    cache_storage: Decimal | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +81,8 @@ class ModelPrice:
     cache_write: Decimal | None = None
     # A write at the longer duration (Anthropic 1 hour, OpenAI 12 hours); the default write's price where none is listed.
     cache_write_extended: Decimal | None = None
+    # An explicit cache's storage (Gemini's cached contents) per 1M tokens per hour; None: no explicit cache priced.
+    cache_storage: Decimal | None = None
     # Every token of a request whose prompt (cache reads and writes included) is longer than ``long_prompt.above``
     # tokens is priced at ``long_prompt.price`` (scaled alike on other tiers); None: one price at any length.
     long_prompt: LongPrompt | None = None
@@ -475,7 +478,7 @@ def _model_price(entry: Mapping[str, Any], *, day: date, default_discount: Decim
 def _price_fields(entry: Mapping[str, Any]) -> dict[str, Any]:
     return {"input": entry["input"], "cached_input": entry.get("cached_input", entry["input"]),
             "cache_write": entry.get("cache_write"), "cache_write_extended": entry.get("cache_write_extended"),
-            "output": entry["output"]}
+            "output": entry["output"], "cache_storage": entry.get("cache_storage")}
 
 
 def _model_info(entry: Mapping[str, Any], *, user: bool, provider: str) -> ModelInfo:

@@ -281,7 +281,8 @@ async def send_all(
 
     ``cache_plan`` (``core.caching``): each request is sent as the plan makes it (a prompt_cache_key, a
     breakpoint), and a warm-up key's first request is answered before the rest of that key's requests leave
-    (``WarmUpQueue``), the workers sending other requests meanwhile.
+    (``WarmUpQueue``), the workers sending other requests meanwhile. A group given an explicit cache (Gemini's) has
+    it made before its first request goes, by that request's worker; its making is the group's warm-up.
     """
     if concurrency < 1:
         raise ValueError("concurrency must be at least 1")
@@ -338,8 +339,14 @@ async def send_all(
         request, ticket = (item.request, None) if cache_plan is None else await cache_plan.deal(item.request)
         if progress is not None:
             progress.in_flight += 1
+        if cache_plan is not None and cache_plan.explicit is not None and id(item) in group_keys:
+            referenced = await cache_plan.referencing(request, group_keys[id(item)])
+            if referenced is not None:
+                request = referenced
+                if queue is not None:  # the cache is made: the group's held requests may go (the create warmed it)
+                    queue.done(item, answered=True)
         try:
-            hooks = _background_hooks(sink, item) if background and runs_in_background(item.request) else None
+            hooks = _background_hooks(sink, item) if background and runs_in_background(request) else None
             result = await (client.chat(request, **hooks) if hooks else client.chat(request))
         except asyncio.CancelledError:
             if cache_plan is not None:

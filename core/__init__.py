@@ -24,6 +24,7 @@ if TYPE_CHECKING:
         RequestCounts,
     )
     from .caching._cache_rules import (
+        ANTHROPIC_BATCH_WRITERS,
         ANTHROPIC_MAX_BREAKPOINTS,
         ANTHROPIC_TTLS,
         OPENAI_KEY_REQUESTS_PER_MINUTE,
@@ -127,6 +128,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "lazy_names",
+    "ANTHROPIC_BATCH_WRITERS",
     "ANTHROPIC_MAX_BREAKPOINTS",
     "ANTHROPIC_TTLS",
     "OPENAI_KEY_REQUESTS_PER_MINUTE",

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Literal, get_args
 
-from llm_dispatch.core import ConfigError
+from llm_dispatch.core import ANTHROPIC_BATCH_WRITERS, ConfigError
 
 __all__ = [
     "ANSWER_KINDS",
@@ -77,7 +77,8 @@ _NON_NEGATIVE_FIELDS = (
     "latency", "latency_spread", "latency_per_token", "retry_after", "hang_seconds", "batch_processing_seconds",
     "quota_window", "slow_tokens_per_second",
 )
-_FLOAT_FIELDS = frozenset(_NON_NEGATIVE_FIELDS) | {name for name, _ in RANDOM_FAULT_FIELDS} | {"gemini_implicit_hit_rate"}
+_FLOAT_FIELDS = (frozenset(_NON_NEGATIVE_FIELDS) | {name for name, _ in RANDOM_FAULT_FIELDS}
+                 | {"gemini_implicit_hit_rate"})
 _OPTIONAL_INT_FIELDS = frozenset({"rpm", "tpm", "cache_overflow_rpm", "batch_cache_wave"})
 
 
@@ -132,9 +133,9 @@ class SimulatorConfig:
     cache_overflow_rpm: int | None = None
     # A Message Batch's requests are answered this many at a time: a prefix one of them writes turns warm only once
     # its wave is answered, so the rest of the wave reads nothing. Anthropic processes a batch's requests
-    # concurrently and names its cache hits inside batches best-effort; the width is the simulator's assumption,
-    # no documented figure. None: one at a time, each warm at once.
-    batch_cache_wave: int | None = 100
+    # concurrently; the width is the assumption the cache plan prices (``core.ANTHROPIC_BATCH_WRITERS``), no
+    # documented figure. None: one at a time, each warm at once.
+    batch_cache_wave: int | None = ANTHROPIC_BATCH_WRITERS
     # Gemini's implicit caching promises no saving ("no cost saving guarantee", core ``cache_rules``): the share of
     # requests whose warm prefix it serves (each drawn from the seeded RNG); 1.0: every one. Explicit caches always hit.
     gemini_implicit_hit_rate: float = 1.0

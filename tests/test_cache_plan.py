@@ -306,19 +306,22 @@ def test_a_groups_money_is_priced_a_request_at_a_time(prices: PriceTable) -> Non
 
 
 def test_the_batch_lane_marks_anthropics_prefix_for_an_hour_and_warms_nothing(prices: PriceTable) -> None:
-    claude = [ask("claude-sonnet-4-5", f"item {n}") for n in range(100)]
+    claude = [ask("claude-sonnet-4-5", f"item {n}") for n in range(1000)]
     gpt = [ask("gpt-5.4-mini", f"item {n}") for n in range(100)]
-    plan = plan_caches(groups_of(claude + gpt), total_prompts=200, concurrency=1, prices=prices, lane="batch")
+    plan = plan_caches(groups_of(claude + gpt), total_prompts=1100, concurrency=1, prices=prices, lane="batch")
     assert [(group.action, group.ttl, group.warm_up) for group in plan.groups] == [
         ("breakpoint", "1h", False), ("none", None, False)]
     marked, warm_key = plan.prepare(claude[5])
     assert warm_key is None
     assert marked.messages[0]["content"][0]["cache_control"] == {"type": "ephemeral", "ttl": "1h"}
     assert plan.prepare(gpt[5]) == (gpt[5], None)
-    # At the batch price: a 2x write and 99 reads against 100 plain.
+    # At the batch price: the first 100 requests run together, each a 2x write, and 900 reads, against 1,000 plain.
     group = plan.groups[0]
     assert group.planned_cost is not None and group.uncached_cost is not None
-    assert group.planned_cost == pytest.approx(group.uncached_cost * (2 + 99 * 0.1) / 100, rel=1e-6)
+    assert group.planned_cost == pytest.approx(group.uncached_cost * (100 * 2 + 900 * 0.1) / 1000, rel=1e-6)
+    # 100 requests would all be writes: the premium does not pay.
+    small = plan_caches(groups_of(claude[:100]), total_prompts=100, concurrency=1, prices=prices, lane="batch")
+    assert small.groups[0].action == "none" and "write premium" in small.groups[0].reason
 
 
 async def test_each_groups_hit_rate_and_saving_are_counted_from_its_answers(start_sim: StartSim,

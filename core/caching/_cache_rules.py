@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Final, Literal
 
 __all__ = [
+    "ANTHROPIC_BATCH_WRITERS",
     "ANTHROPIC_MAX_BREAKPOINTS",
     "ANTHROPIC_TTLS",
     "GEMINI_EXPLICIT_DEFAULT_TTL_S",
@@ -46,6 +47,11 @@ __all__ = [
 
 # Anthropic: "You can define up to 4 cache breakpoints".
 ANTHROPIC_MAX_BREAKPOINTS: Final = 4
+# Anthropic processes a Message Batch's requests concurrently, and its batch processing page only recommends the
+# 1-hour duration "for better cache hit rates" with shared context: how many of a group's requests start before the
+# first is answered is not documented. The plan counts a group's first 100 batch requests as writes, and the
+# simulator answers a batch 100 at a time (``batch_cache_wave``): an assumption, no provider's figure.
+ANTHROPIC_BATCH_WRITERS: Final = 100
 # Anthropic's two durations, in seconds: 5 minutes (the default, refreshed on each hit) and 1 hour.
 ANTHROPIC_TTLS: Final[dict[str, float]] = {"5m": 300.0, "1h": 3600.0}
 # OpenAI: "approximately 15 requests per minute" for one prefix and prompt_cache_key before overflow.

@@ -35,7 +35,13 @@ from ..pricing._pricing import PriceTable
 from ..pricing._costs import storage_cost
 from ..pricing._units import from_pico
 from ..wire._gemini_caches import can_reference, referencing_cache
-from ._cache_rules import ANTHROPIC_TTLS, GEMINI_IMPLICIT_HIT_ASSUMED, CacheRules, cache_rules
+from ._cache_rules import (
+    ANTHROPIC_BATCH_WRITERS,
+    ANTHROPIC_TTLS,
+    GEMINI_IMPLICIT_HIT_ASSUMED,
+    CacheRules,
+    cache_rules,
+)
 from ._explicit import ExplicitCaches
 from ._keys import KeyDealer, KeyTicket, keys_for
 from ._prefixes import PrefixGroup, prefix_key
@@ -275,8 +281,13 @@ def _batch_group(group: PrefixGroup, *, prices: PriceTable | None) -> GroupPlan:
         why = ("automatic caching on the Batch API: lines sent as written" if rules.style != "breakpoints"
                else f"prefix below {group.model}'s minimum of {rules.minimum_tokens:,}")
         return GroupPlan(group, "none", why, uncached_cost=uncached, planned_cost=uncached)
-    cost = _cost(prices, group, reads=group.prompts - 1, writes=1, cached=group.prefix_tokens, extended=True,
-                 route="batch")
+    # The batch's first requests run together, before any is answered: each writes the prefix.
+    writes = min(group.prompts, ANTHROPIC_BATCH_WRITERS)
+    cost = _cost(prices, group, reads=group.prompts - writes, writes=writes, cached=group.prefix_tokens,
+                 extended=True, route="batch")
+    if cost is not None and uncached is not None and cost >= uncached:
+        return GroupPlan(group, "none", f"the write premium of the batch's first {writes:,} requests costs more "
+                         "than the reads save", uncached_cost=uncached, planned_cost=uncached)
     return GroupPlan(group, "breakpoint", f"breakpoint after message {group.prefix_messages}, ttl 1h (Batch API)",
                      ttl="1h", planned_cost=cost, uncached_cost=uncached)
 

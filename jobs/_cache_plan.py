@@ -229,11 +229,13 @@ def explicit_caches(plan: CachePlan, *, sessions: storage.Sessions, job_id: str,
 
 
 async def make_batch_caches(plan: CachePlan, *, sessions: storage.Sessions, job_id: str, prices: PriceTable | None,
-                            client_of: Callable[[str], LLMClient]) -> None:
+                            client_of: Callable[[str], LLMClient], lease: storage.BudgetLease | None = None) -> None:
     """Make (or reuse) the explicit cache of each ``explicit`` group of a Batch API lane plan, from its first prompt's
     request, before its lines are written: each line then names it (``CachePlan.prepare``). Kept for the TTL the
-    plan priced (a batch's life), not deleted: a batch may read it until it ends."""
-    caches = explicit_caches(plan, sessions=sessions, job_id=job_id, prices=prices, client_of=client_of, lane="batch")
+    plan priced (a batch's life), not deleted: a batch may read it until it ends. ``lease``: the submission's budget
+    hold, which holds each cache's create and storage before it is made (a group it cannot hold goes as written)."""
+    caches = explicit_caches(plan, sessions=sessions, job_id=job_id, prices=prices, client_of=client_of, lane="batch",
+                             lease=lease)
     if caches is None:
         return
     for group in plan.groups:

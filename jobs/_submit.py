@@ -144,8 +144,6 @@ async def submit_prompts(
                                      provider_of=clients.providers.cache_rules_of, concurrency=1, lane="batch")
         for line in describe_plan(plan):
             logger.info("Job %s: %s", job_id, line)
-        await make_batch_caches(plan, sessions=sessions, job_id=job_id, prices=writer.prices,
-                                client_of=clients.for_model)
     builder = BatchBuilder(directory=Path(directory) / job_id, provider_of=clients.provider_of,
                            upstream=clients.upstream, cache_plan=plan)
     gate = asyncio.Semaphore(SUBMIT_CONCURRENCY)
@@ -185,6 +183,9 @@ async def submit_prompts(
     try:
         if lease is not None:
             await lease.__aenter__()
+        if plan is not None:
+            await make_batch_caches(plan, sessions=sessions, job_id=job_id, prices=writer.prices,
+                                    client_of=clients.for_model, lease=lease)
         async with asyncio.TaskGroup() as tasks:
             async for groups in request_groups(sessions, job_id=job_id, page=page, dedupe=dedupe,
                                                retry_failed=retry_failed):

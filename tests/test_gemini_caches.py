@@ -292,7 +292,7 @@ def test_a_run_on_the_simulator_reads_its_explicit_cache_and_counts_its_storage(
 
 @pytest.mark.prefect
 def test_a_batch_names_its_groups_cache_made_before_its_lines(prefect_api: str, tmp_path: Path) -> None:
-    done, db_url = run_rubric(tmp_path, prefect_api, prompts=1500, urgency="bulk", options=("--wait",))
+    done, db_url = run_rubric(tmp_path, prefect_api, prompts=1500, urgency="bulk", options=("--wait", "--budget", "5"))
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout)["counts"] == {"succeeded": 1500}
     [(name, deleted, cost, ttl, tokens)] = rows(db_url, "SELECT name, deleted, cost_pico_usd, ttl_s, tokens "
@@ -301,6 +301,11 @@ def test_a_batch_names_its_groups_cache_made_before_its_lines(prefect_api: str, 
     # Every line read the cache, the first too (implicit caching would have missed on it).
     assert rows(db_url, "SELECT route, cached_tokens, COUNT(*) FROM results GROUP BY 1, 2") == [
         ("batch", tokens, 1500)]
+    # The submission's budget held the cache's create and its storage for the batch's life before it was made,
+    # and spent it; nothing is left reserved.
+    [(answers,)] = rows(db_url, "SELECT SUM(cost_pico_usd) FROM results")
+    [(spent, reserved)] = rows(db_url, "SELECT spent_pico_usd, reserved_pico_usd FROM budget_periods")
+    assert reserved == 0 and spent >= answers + cost
 
 
 async def test_a_jobs_two_halves_keep_their_caches_apart(start_sim: StartSim, db_url: str,

@@ -105,7 +105,8 @@ async def status(*, settings: Settings, job_id: str | None, cache: bool = False)
                 {"job_id": j.id, "name": j.name, "created_at": j.created_at.isoformat(timespec="seconds"),
                  "status": j.status, "prompts": j.prompts, "unfinished_batches": j.unfinished_batches} for j in jobs]}
         job_id = await storage.resolve_job(sessions, reference=job_id)
-        job = await storage.get_job(sessions, job_id=job_id)
+        # Its prompts by status are summed from those by route and status, one pass over them, not two.
+        job = await storage.get_job(sessions, job_id=job_id, counts=False)
         if job is None:
             return None
         # Independent reads, each in a session (a connection) of its own: they run at once, the database's work
@@ -128,7 +129,7 @@ async def status(*, settings: Settings, job_id: str | None, cache: bool = False)
         # The groups its recording found and the plan priced then: a few rows of the job's, never its prompts.
         planned = await storage.job_cache_groups(sessions, job_id=job_id, limit=STATUS_CACHE_GROUPS)
         return {
-            "job_id": job.id, "name": job.name, "status": job.status, "counts": job.counts,
+            "job_id": job.id, "name": job.name, "status": job.status, "counts": _by_status(routes),
             "routes": routes,
             "cost": money(ledger.total), "cost_complete": ledger.complete,
             "cost_per_endpoint": {endpoint: {route: money(paid.cost) for route, paid in by_route.items()}
@@ -150,6 +151,15 @@ async def status(*, settings: Settings, job_id: str | None, cache: bool = False)
                 for b in batches
             ],
         }
+
+
+def _by_status(routes: Mapping[str, Mapping[str, int]]) -> dict[str, int]:
+    """A job's prompts by status (statuses in order, as the database groups them) from those by route and status."""
+    counts: dict[str, int] = {}
+    for by_status in routes.values():
+        for status, n in by_status.items():
+            counts[status] = counts.get(status, 0) + n
+    return dict(sorted(counts.items()))
 
 
 def print_status(console: Console, data: dict[str, Any]) -> None:

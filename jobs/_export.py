@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import IO, Any, Final, Literal, NamedTuple, TextIO
 
 from llm_dispatch import storage
-from llm_dispatch.core import PICO_PER_USD, TRUNCATED_FINISH_REASONS, ConfigError, vector_floats
+from llm_dispatch.core import PICO_PER_USD, TRUNCATED_FINISH_REASONS, ConfigError, stored_json, vector_floats
 
 
 __all__ = ["BINARY_FORMATS", "DEFAULT_FIELDS", "EXPORT_FIELDS", "EXPORT_FORMATS", "ExportColumn", "ExportPlan", "export_columns",
@@ -219,8 +219,8 @@ def export_columns(shape: storage.ExportShape, fields: Sequence[str] | None = No
     return columns
 
 
-# json.dumps(value, ensure_ascii=False), without making an encoder for each value.
-_json: Final = json.JSONEncoder(ensure_ascii=False).encode
+# json.dumps(value, ensure_ascii=False), one C encoder for every value.
+_json: Final = stored_json
 
 
 class _Csv:
@@ -233,7 +233,7 @@ class _Csv:
         self._nested = [c.free or c.kind in ("json", "vector") for c in columns]
 
     def write_page(self, columns: Sequence[Sequence[Any]]) -> None:
-        cells = [list(map(_cell, values)) if nested else values for values, nested in zip(columns, self._nested)]
+        cells = [_cells(values) if nested else values for values, nested in zip(columns, self._nested)]
         self._writer.writerows(zip(*cells))
 
     def close(self) -> None:
@@ -244,15 +244,50 @@ def _cell(value: Any) -> Any:
     return _json(value) if isinstance(value, (dict, list)) else value
 
 
+_NoneType: Final = type(None)
+# Types a cell is written as it is, by ``_cell`` too.
+_PLAIN: Final = frozenset({str, int, float, bool, _NoneType})
+
+
+def _cells(values: Sequence[Any]) -> Sequence[Any]:
+    """``_cell`` of each value; a column of plain values (the common case) as it is."""
+    return values if set(map(type, values)) <= _PLAIN else list(map(_cell, values))
+
+
+_string: Final = json.encoder.encode_basestring  # what the encoder writes a string with (ensure_ascii=False)
+_NOT_FINITE: Final = frozenset({"nan", "inf", "-inf"})
+
+
+def _json_values(values: Sequence[Any]) -> list[str]:
+    """``_json`` of each value, a column at a time: a column of strings, of ints or of finite floats (each or None)
+    by the encoder's own way with that type, the rest value by value; the same text either way."""
+    types = set(map(type, values))
+    if types <= {str, _NoneType}:
+        return ["null" if v is None else _string(v) for v in values]
+    if types <= {int, _NoneType}:
+        return ["null" if v is None else int.__repr__(v) for v in values]
+    if types <= {float, _NoneType}:
+        texts = ["null" if v is None else float.__repr__(v) for v in values]
+        if _NOT_FINITE.isdisjoint(texts):  # NaN and infinities the encoder writes its own way
+            return texts
+    return list(map(_json, values))
+
+
+def _object_template(columns: Sequence[ExportColumn]) -> str:
+    """``str.format`` text of a row's JSON object, the JSON text of each of its values in order: what ``_json`` writes
+    for the row as a dict of the columns' names."""
+    keys = (_json(c.name).replace("{", "{{").replace("}", "}}") for c in columns)
+    return "{{" + ", ".join(f"{key}: {{}}" for key in keys) + "}}"
+
+
 class _JsonLines:
     """One JSON object a line."""
 
     def __init__(self, handle: TextIO, columns: Sequence[ExportColumn]) -> None:
-        self._handle, self._names = handle, [c.name for c in columns]
+        self._handle, self._row = handle, (_object_template(columns) + "\n").format
 
     def write_page(self, columns: Sequence[Sequence[Any]]) -> None:
-        names = self._names
-        self._handle.write("".join([_json(dict(zip(names, values))) + "\n" for values in zip(*columns)]))
+        self._handle.write("".join(map(self._row, *map(_json_values, columns))))
 
     def close(self) -> None:
         pass
@@ -262,12 +297,11 @@ class _JsonArray:
     """One JSON array of the rows, written a page at a time so that a large job is never held whole."""
 
     def __init__(self, handle: TextIO, columns: Sequence[ExportColumn]) -> None:
-        self._handle, self._names, self._count = handle, [c.name for c in columns], 0
+        self._handle, self._row, self._count = handle, _object_template(columns).format, 0
         handle.write("[")
 
     def write_page(self, columns: Sequence[Sequence[Any]]) -> None:
-        names = self._names
-        rows = [_json(dict(zip(names, values))) for values in zip(*columns)]
+        rows = list(map(self._row, *map(_json_values, columns)))
         if rows:
             self._handle.write(("," if self._count else "") + "\n" + ",\n".join(rows))
             self._count += len(rows)
@@ -301,13 +335,16 @@ class _Parquet:
         self._convert: list[Convert | None] = [
             _json_text if c.kind == "json" else None if c.kind == "vector" or not c.free else _scalar(c.kind)
             for c in columns]
+        # A page of a checked column whose values all have these types is what ``_scalar`` would make of it.
+        self._as_is = [_SCALAR_AS_IS.get(c.kind, frozenset()) for c in columns]
         self._writer = pq.ParquetWriter(handle, self._schema)
         self._batches: list[Any] = []
         self._rows = 0
 
     def write_page(self, columns: Sequence[Sequence[Any]]) -> None:
-        arrays = [self._pa.array(values if convert is None else list(map(convert, values)), type=f.type)
-                  for values, convert, f in zip(columns, self._convert, self._schema)]
+        arrays = [self._pa.array(values if convert is None or set(map(type, values)) <= as_is
+                                 else list(map(convert, values)), type=f.type)
+                  for values, convert, as_is, f in zip(columns, self._convert, self._as_is, self._schema)]
         batch = self._pa.record_batch(arrays, schema=self._schema)
         self._batches.append(batch)
         self._rows += batch.num_rows
@@ -375,6 +412,11 @@ class _Npy:
         preamble = b"\x93NUMPY\x01\x00" + struct.pack("<H", self._HEADER - 10)
         self._handle.seek(0)
         self._handle.write(preamble + header.ljust(self._HEADER - len(preamble) - 1) + b"\n")
+
+
+_SCALAR_AS_IS: Final[Mapping[ColumnKind, frozenset[type]]] = {
+    "string": frozenset({str, _NoneType}), "int": frozenset({int, _NoneType}),
+    "float": frozenset({int, float, _NoneType}), "bool": frozenset({bool, _NoneType})}
 
 
 def _scalar(kind: ColumnKind) -> Callable[[Any], Any]:

@@ -104,14 +104,16 @@ async def resolve_job(sessions: Sessions, *, reference: str) -> str:
 _JOB_COLUMNS = ("id", "name", "status", "model", "input_path", "fingerprint", "settings")
 
 
-async def get_job(sessions: Sessions, *, job_id: str) -> JobInfo | None:
+async def get_job(sessions: Sessions, *, job_id: str, counts: bool = True) -> JobInfo | None:
+    """The job, with its prompts by status; ``counts=False``: with none (``counts`` empty), for a caller that counts
+    them another way (a pass over the prompts of a job of millions is not free)."""
     async with sessions() as session:
         job = await session.get(Job, job_id)
         if job is None:
             return None
-        counts = await _prompt_counts(session, job_id=job_id)
+        by_status = await _prompt_counts(session, job_id=job_id) if counts else {}
     columns = {name: getattr(job, name) for name in _JOB_COLUMNS}
-    return JobInfo(**columns, created_at=aware(job.created_at), updated_at=aware(job.updated_at), counts=counts)
+    return JobInfo(**columns, created_at=aware(job.created_at), updated_at=aware(job.updated_at), counts=by_status)
 
 
 async def set_job_status(sessions: Sessions, *, job_id: str, status: JobStatus) -> None:

@@ -26,6 +26,7 @@ from llm_dispatch.core import (
     Route,
     answer_schema,
     from_pico,
+    json_texts,
 )
 
 from ._jobs import job_model_endpoints
@@ -386,7 +387,7 @@ async def export_rows(sessions: Sessions, *, job_id: str,
         await pages.aclose()
 
 
-# Fields stored as JSON: read as their text and decoded a column at a time (the JSON type's own decoding, per value).
+# Fields stored as JSON: read as their text and decoded a column at a time (``json.loads`` of each value).
 _JSON_FIELDS = frozenset({"metadata", "messages", "tool_calls", "parsed"})
 
 
@@ -429,7 +430,7 @@ async def export_pages(sessions: Sessions, *, job_id: str, fields: Collection[st
         got = dict(zip(names, zip(*rows)))
         nothing = (None,) * len(rows)
         return [nothing if name not in got else
-                [None if v is None else json.loads(v) for v in got[name]] if name in _JSON_FIELDS else got[name]
+                json_texts(got[name]) if name in _JSON_FIELDS else got[name]
                 for name in EXPORT_ROW_FIELDS]
 
     page = await page_after(-1)

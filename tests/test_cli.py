@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import csv
+import io
 import json
 import os
 import subprocess
@@ -187,6 +188,33 @@ def test_export_all_fields_reads_each_column_from_what_is_stored(runner: CliRunn
     # Not answered yet: what its prompt says, and nothing of an answer.
     assert {key for key, value in pending.items() if value is not None} == {
         "id", "prompt", "messages", "status", "model", "planned_route", "route_reason", "position", "prompt_id"}
+
+
+def test_export_text_is_what_json_and_csv_write_of_each_row(runner: CliRunner, in_tmp: Path) -> None:
+    # Columns of mixed types, NaN, non-ASCII text, braces and quotes in keys and values, numbers too big for 64 bits:
+    # each line is what json.dumps writes of its row, and each cell what the csv module writes of it.
+    url = f"sqlite+aiosqlite:///{in_tmp / 'results.db'}"
+    first = {"note": 'naïve "quoted" {braces}', "{key}": 1, "score": 0.5, "flag": True, "big": 2**70,
+             "tags": ["a", {"b": None}]}
+    second = {"note": None, "{key}": "one", "score": float("nan"), "flag": None, "big": 3, "tags": None}
+    job_id = asyncio.run(_answered_job(url, metadata=[first, second]))
+
+    jsonl = runner.invoke(app, ["export", job_id, "--fields", "all", "--database-url", url])
+    as_json = runner.invoke(app, ["export", job_id, "--fields", "all", "--json", "--database-url", url])
+    table = runner.invoke(app, ["export", job_id, "--fields", "all", "--format", "csv", "--database-url", url])
+
+    assert jsonl.exit_code == as_json.exit_code == table.exit_code == 0, jsonl.output + as_json.output + table.output
+    lines = jsonl.output.splitlines()
+    rows = [json.loads(line) for line in lines]
+    assert lines == [json.dumps(row, ensure_ascii=False) for row in rows]
+    assert as_json.output == "[\n" + ",\n".join(lines) + "\n]\n"
+    assert [{key: row[key] for key in first} for row in rows[:1]] == [first]
+    assert rows[1]["score"] != rows[1]["score"] and '"score": NaN' in lines[1] and '"big": 3' in lines[1]
+    expected = io.StringIO()
+    csv.writer(expected, lineterminator="\n").writerows([list(rows[0]), *([json.dumps(value, ensure_ascii=False)
+                                                                      if isinstance(value, (dict, list)) else value
+                                                                      for value in row.values()] for row in rows)])
+    assert table.output == expected.getvalue()
 
 
 async def _answered_job(url: str, *, metadata: list[dict | None] | None = None,

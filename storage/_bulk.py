@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import islice
 from typing import Any, TypeVar, cast
 
-from sqlalchemy import BigInteger, ColumnElement, Select, any_, bindparam, func, literal_column, select
+from sqlalchemy import ColumnElement, Select, any_, bindparam, func, literal_column, select
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import CursorResult, Dialect, Result
 from sqlalchemy.orm import InstrumentedAttribute
@@ -32,12 +32,15 @@ IN_CHUNK = 500
 IDS_CHUNK = 10_000
 
 
-def id_in(column: ColumnElement[int] | InstrumentedAttribute[int], ids: Sequence[int], dialect: Dialect) -> ColumnElement[bool]:
-    """``column IN ids`` as one bound value (SQLite: a JSON array read by ``json_each``; PostgreSQL: ``= ANY`` of an
-    array), so the statement is the same whatever the count: compiled once, and no literal list built per id."""
+def id_in(column: ColumnElement[Any] | InstrumentedAttribute[Any], values: Sequence[Any],
+          dialect: Dialect) -> ColumnElement[bool]:
+    """``column IN values`` as one bound value (SQLite: a JSON array read by ``json_each``; PostgreSQL: ``= ANY`` of
+    an array of the column's type), so the statement is the same whatever the count: compiled once, and no literal
+    list built per value. Each an index lookup, as an IN list is."""
     if dialect.name == "postgresql":
-        return column == any_(bindparam("id_in", list(ids), type_=ARRAY(BigInteger)))
-    listed: Select[Any] = select(literal_column("value")).select_from(func.json_each(bindparam("id_in", json.dumps(list(ids)))))
+        return column == any_(bindparam("id_in", list(values), type_=ARRAY(column.type)))
+    listed: Select[Any] = select(literal_column("value")).select_from(func.json_each(bindparam("id_in",
+                                                                                                json.dumps(list(values)))))
     return column.in_(listed.scalar_subquery())
 
 

@@ -319,9 +319,11 @@ async def find_reusable(sessions: Sessions, *, dedupe_keys: Collection[str]) -> 
         .scalar_subquery()
     )
     async with sessions() as session:
-        for chunk in chunks(set(dedupe_keys), IN_CHUNK):
+        dialect = (await session.connection()).dialect
+        for chunk in chunks(set(dedupe_keys), IDS_CHUNK):
             newest_of = (
-                select(Prompt.dedupe_key, per_prompt.label("result_id")).where(Prompt.dedupe_key.in_(chunk)).subquery()
+                select(Prompt.dedupe_key, per_prompt.label("result_id"))
+                .where(id_in(Prompt.dedupe_key, chunk, dialect)).subquery()
             )
             newest = select(func.max(newest_of.c.result_id)).group_by(newest_of.c.dedupe_key)
             result_ids = [result_id for (result_id,) in await session.execute(newest) if result_id is not None]
@@ -330,7 +332,7 @@ async def find_reusable(sessions: Sessions, *, dedupe_keys: Collection[str]) -> 
             stmt = (
                 select(Prompt.dedupe_key, Result)
                 .join(Prompt, Prompt.id == Result.prompt_id)
-                .where(Result.id.in_(result_ids))
+                .where(id_in(Result.id, result_ids, dialect))
             )
             for key, result in await session.execute(stmt):
                 found[key] = ChatResult(

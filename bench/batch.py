@@ -7,6 +7,7 @@ baselines (over the same bytes the path downloaded). Medians over the repeats ar
     python bench/batch.py [--prompts 100000] [--repeats 3] [--batch-seconds 1.5] [--json [PATH]]
     python bench/batch.py --prompts 1000000 --repeats 1   # issue 13's 1M all-batch job (20 files of 50,000)
     python bench/batch.py --prompts 100000 --repeats 1 --profile /tmp/batch-prof   # cProfile of one run
+    python bench/batch.py --prompts 100000 --repeats 1 --profile /tmp/batch-prof --py-spy   # py-spy, every thread
     python bench/batch.py --providers openai,gemini   # the batch path per provider, alternating (issue 37)
     python bench/batch.py --prompts 50000 --postgres postgresql+asyncpg://postgres@127.0.0.1:5432/postgres
 
@@ -27,15 +28,17 @@ Per repeat, the batch path does:
 Peak RSS (target <= 400 MB at 100k, <= 300 MB at 1M) is the batch-path child's ``ru_maxrss`` (its whole life,
 setup included; the table also gives the submit's and the wait + ingest's own peaks, VmHWM reset between
 them); the simulator's is its own process's.
-Baselines: the same JSONL written with ``json.dumps`` (plus a raw ``SELECT`` of the prompts and a raw aiohttp
-upload of the files), the output files parsed with ``json.loads``, and a SQLAlchemy Core executemany
-insert of the result rows (plus the prompts' status update) into the same schema.
+Baselines: the same JSONL written with ``json.dumps`` (plus a raw ``SELECT`` of the prompts, through the engine the
+tool makes, and a raw aiohttp upload of each file and create of its batch), the output files parsed with
+``json.loads``, and a SQLAlchemy Core executemany insert of the result rows (plus the prompts' status update) into the
+same schema. CPU seconds are each child's own (the simulator's apart).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import cProfile
 import io
 import json
@@ -162,10 +165,12 @@ def _sim_cpu(base_url: str) -> float:
 
 
 class _Profile:
-    """cProfile of the event-loop thread, switched on around the timed phases only (``--profile``)."""
+    """cProfile of the event-loop thread, switched on around the timed phases only (``--profile``); with
+    ``py_spy``, py-spy sampling every thread of this process instead (collapsed stacks, ``{name}.txt``)."""
 
-    def __init__(self, directory: Path | None) -> None:
+    def __init__(self, directory: Path | None, *, py_spy: bool = False) -> None:
         self.directory = directory
+        self.py_spy = py_spy
 
     def run(self, name: str) -> Any:
         import contextlib
@@ -174,6 +179,10 @@ class _Profile:
         def phase() -> Iterator[None]:
             if self.directory is None:
                 yield
+                return
+            if self.py_spy:
+                with _py_spy(self.directory / f"{name}.txt"):
+                    yield
                 return
             profiler = cProfile.Profile()
             profiler.enable()
@@ -185,6 +194,51 @@ class _Profile:
                 profiler.dump_stats(self.directory / f"{name}.prof")
 
         return phase()
+
+
+@contextlib.contextmanager
+def _py_spy(path: Path) -> Iterator[None]:
+    """py-spy sampling this process (every thread, GIL or not) while the body runs, its stacks written to ``path``."""
+    import signal
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    spy = Path(sys.executable).with_name("py-spy")
+    proc = subprocess.Popen([str(spy), "record", "--pid", str(os.getpid()), "--rate", "250", "--threads",
+                             "--format", "raw", "--output", str(path), "--nonblocking"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    time.sleep(1.0)  # attached before the phase starts
+    try:
+        yield
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+
+
+def _print_stacks(path: Path, *, top: int = 30) -> None:
+    """The top functions of py-spy's collapsed stacks: samples where each is the leaf (self), and where it is on
+    the stack (inclusive), with each thread's share."""
+    per_thread: dict[str, int] = {}
+    leaf: dict[str, int] = {}
+    inclusive: dict[str, int] = {}
+    total = 0
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        n = int(count)
+        frames = stack.split(";")
+        thread, frames = frames[0], [f.strip() for f in frames[1:]]
+        total += n
+        per_thread[thread] = per_thread.get(thread, 0) + n
+        if frames:
+            leaf[frames[-1]] = leaf.get(frames[-1], 0) + n
+        for frame in set(frames):
+            inclusive[frame] = inclusive.get(frame, 0) + n
+    print(f"\n===== {path.stem}: {total} samples (py-spy, every thread) =====")
+    for thread, n in sorted(per_thread.items(), key=lambda item: -item[1]):
+        print(f"  {n / total:6.1%}  {thread}")
+    for title, table in (("self", leaf), ("inclusive", inclusive)):
+        print(f"  --- top {top} by {title}")
+        for frame, n in sorted(table.items(), key=lambda item: -item[1])[:top]:
+            print(f"  {n / total:6.1%}  {frame}")
 
 
 # --- the database (child process) --------------------------------------------------------------
@@ -214,7 +268,7 @@ async def _database_url(*, workdir: Path, name: str) -> str:
 
 async def batch_path(
     *, base_url: str, count: int, workdir: Path, run: int, profile: Path | None, flush_rows: int | None,
-    distinct: int | None = None, provider: str = "openai",
+    distinct: int | None = None, provider: str = "openai", py_spy: bool = False,
 ) -> dict[str, Any]:
     import logging
 
@@ -224,7 +278,7 @@ async def batch_path(
     from llm_dispatch.jobs import Clients, submit_prompts
 
     logging.basicConfig(level=logging.WARNING)
-    profiler = _Profile(profile)
+    profiler = _Profile(profile, py_spy=py_spy)
     out: dict[str, Any] = {"provider": provider}
     model = GEMINI_MODEL if provider == "gemini" else MODEL
     # The ingest's writer as the flows make it (each answer priced into the cost ledger as it is stored),
@@ -366,7 +420,8 @@ async def baselines(*, base_url: str, count: int, workdir: Path, run: int, outpu
                                           input_path=None, model=MODEL, settings={})
         await storage.add_prompts(sessions, job_id=job_id, prompts=_prompts(count))
 
-        # Submit side: read the prompts back, write the JSONL, upload it.
+        # Submit side: read the prompts back, write the JSONL, upload it and create its batch.
+        submit_cpu = time.process_time()
         started = time.perf_counter()
         async with engine.connect() as connection:
             rows = (await connection.execute(
@@ -396,14 +451,21 @@ async def baselines(*, base_url: str, count: int, workdir: Path, run: int, outpu
                 form.add_field("file", handle, filename=path.name, content_type="application/jsonl")
                 async with session.post(f"{base_url}/files", data=form) as response:
                     response.raise_for_status()
-                    await response.read()
+                    file_id = (await response.json())["id"]
+            # And the batch made of it, as the tool's submit does.
+            create = {"input_file_id": file_id, "endpoint": ENDPOINT, "completion_window": "24h"}
+            async with session.post(f"{base_url}/batches", json=create) as response:
+                response.raise_for_status()
+                await response.read()
 
         started = time.perf_counter()
         async with aiohttp.ClientSession() as session:
             await asyncio.gather(*(upload(session, path) for path in paths))
         out["upload_s"] = time.perf_counter() - started
+        out["submit_cpu_s"] = time.process_time() - submit_cpu
 
         # Ingest side: parse the very output the batch path downloaded, insert the rows, settle the prompts.
+        ingest_cpu = time.process_time()
         started = time.perf_counter()
         results: list[dict[str, Any]] = []
         for name in output_files:
@@ -439,6 +501,7 @@ async def baselines(*, base_url: str, count: int, workdir: Path, run: int, outpu
         async with engine.begin() as connection:
             await connection.execute(settle, [{"b_id": r["prompt_id"], "b_now": now} for r in results])
         out["update_s"] = time.perf_counter() - started
+        out["ingest_cpu_s"] = time.process_time() - ingest_cpu
         async with engine.connect() as connection:
             done = (await connection.execute(
                 select(func.count()).select_from(table).where(table.c.status == "succeeded"))).scalar_one()
@@ -463,7 +526,7 @@ def child(args: argparse.Namespace) -> None:
         result = asyncio.run(batch_path(base_url=args.base_url, count=args.prompts, workdir=workdir, run=args.run,
                                         profile=Path(args.profile) if args.profile else None,
                                         flush_rows=args.flush_rows, distinct=args.distinct,
-                                        provider=args.provider or "openai"))
+                                        provider=args.provider or "openai", py_spy=args.py_spy))
     else:
         result = asyncio.run(baselines(base_url=args.base_url, count=args.prompts, workdir=workdir, run=args.run,
                                        output_files=json.loads(args.output_files)))
@@ -503,6 +566,8 @@ def _simulator_peak_rss_mb() -> float | None:
 
 def _print_profile(directory: Path, *, top: int = 30) -> None:
     for name in ("submit", "ingest"):
+        if (directory / f"{name}.txt").exists():
+            _print_stacks(directory / f"{name}.txt", top=top)
         path = directory / f"{name}.prof"
         if not path.exists():
             continue
@@ -527,7 +592,7 @@ def summarise(runs: list[dict[str, Any]], *, count: int) -> dict[str, Any]:
     ratio = lambda xs, ys: [x / y for x, y in zip(xs, ys)]  # noqa: E731
     keys_path = ["record_s", "submit_s", "submit_cpu_s", "submit_sim_cpu_s", "wait_s", "ingest_s", "ingest_cpu_s",
                  "ingest_sim_cpu_s", "download_s"]
-    keys_base = ["read_s", "write_jsonl_s", "upload_s", "parse_s", "insert_s", "update_s"]
+    keys_base = ["read_s", "write_jsonl_s", "upload_s", "parse_s", "insert_s", "update_s", "submit_cpu_s", "ingest_cpu_s"]
     summary = {
         "prompts": count,
         "repeats": len(runs),
@@ -602,15 +667,18 @@ def print_table(summary: dict[str, Any]) -> None:
     print(f"    read prompts (Core SELECT)        {m['baseline_read_s']:8.2f} s")
     print(f"    write JSONL (json.dumps)          {m['baseline_write_jsonl_s']:8.2f} s   "
           f"submit / this = {m['submit_vs_write_jsonl']:.1f}x")
-    print(f"    upload files (raw aiohttp)        {m['baseline_upload_s']:8.2f} s")
-    print(f"    read + write + upload             {m['baseline_submit_s']:8.2f} s   "
-          f"submit / this = {m['submit_vs_baseline']:.2f}x")
+    print(f"    upload + create (raw aiohttp)     {m['baseline_upload_s']:8.2f} s")
+    print(f"    read + write + upload + create    {m['baseline_submit_s']:8.2f} s   "
+          f"submit / this = {m['submit_vs_baseline']:.2f}x; CPU {m['baseline_submit_cpu_s']:.2f} s "
+          f"(submit's {m['submit_cpu_s']:.2f} s)")
     print(f"    parse output (json.loads)         {m['baseline_parse_s']:8.2f} s")
     print(f"    insert results (Core executemany) {m['baseline_insert_s']:8.2f} s   "
           f"ingest / this = {m['ingest_vs_insert']:.1f}x")
     print(f"    settle prompts (Core executemany) {m['baseline_update_s']:8.2f} s")
     print(f"    parse + insert + settle           {m['baseline_ingest_s']:8.2f} s   "
-          f"= {m['baseline_ingest_rows_per_s']:,.0f} rows/s; ingest / this = {m['ingest_vs_baseline']:.2f}x")
+          f"= {m['baseline_ingest_rows_per_s']:,.0f} rows/s; ingest / this = {m['ingest_vs_baseline']:.2f}x; CPU "
+          f"{m['baseline_ingest_cpu_s']:.2f} s (ingest's {m['ingest_cpu_s']:.2f} s)")
+    print(f"  load average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
 
 
 def repeated_requests(args: argparse.Namespace, *, base_url: str, workdir: Path, extra: list[str]) -> None:
@@ -668,6 +736,8 @@ def main() -> None:
     parser.add_argument("--batch-seconds", type=float, default=1.5, help="the simulator's batch_processing_seconds")
     parser.add_argument("--json", nargs="?", const="-", metavar="PATH", help="also write the figures as JSON (- = stdout)")
     parser.add_argument("--profile", metavar="DIR", help="cProfile the timed phases of one batch-path run instead")
+    parser.add_argument("--py-spy", action="store_true",
+                        help="with --profile: sample every thread with py-spy (installed in this venv) instead")
     parser.add_argument("--flush-rows", type=int, metavar="N",
                         help="ResultWriter flush_rows for the ingest (default: the writer's own default)")
     parser.add_argument("--postgres", metavar="URL",
@@ -704,7 +774,8 @@ def main() -> None:
         if args.profile:
             profile = Path(args.profile).resolve()
             result = run_child("path", base_url=base_url, count=args.prompts, workdir=workdir, run=0,
-                               extra=["--profile", str(profile), *path_extra])
+                               extra=["--profile", str(profile), *(["--py-spy"] if args.py_spy else []),
+                                      *path_extra])
             print(json.dumps({k: v for k, v in result.items() if k != "output_files"}, indent=1))
             _print_profile(profile)
             return
@@ -716,10 +787,13 @@ def main() -> None:
             base = run_child("baseline", base_url=base_url, count=args.prompts, workdir=workdir, run=run,
                              extra=["--output-files", json.dumps(path["output_files"])])
             runs.append({"path": path, "baseline": base})
-            print(f"  run {run + 1}: submit {path['submit_s']:.2f} s, ingest {path['ingest_s']:.2f} s "
-                  f"({path['ingested'] / path['ingest_s']:,.0f} rows/s, download {path['download_s']:.2f} s), "
-                  f"peak RSS {path['peak_rss_mb']:.0f} MB; baseline write {base['write_jsonl_s']:.2f} s, "
-                  f"insert {base['insert_s']:.2f} s", flush=True)
+            print(f"  run {run + 1}: submit {path['submit_s']:.2f} s (CPU {path['submit_cpu_s']:.2f} s), ingest "
+                  f"{path['ingest_s']:.2f} s ({path['ingested'] / path['ingest_s']:,.0f} rows/s, CPU "
+                  f"{path['ingest_cpu_s']:.2f} s, download {path['download_s']:.2f} s), peak RSS "
+                  f"{path['peak_rss_mb']:.0f} MB; baseline submit "
+                  f"{base['read_s'] + base['write_jsonl_s'] + base['upload_s']:.2f} s (CPU {base['submit_cpu_s']:.2f} s), "
+                  f"ingest {base['parse_s'] + base['insert_s'] + base['update_s']:.2f} s (CPU "
+                  f"{base['ingest_cpu_s']:.2f} s); load {os.getloadavg()[0]:.1f}", flush=True)
             for name in (f"batch-{run}.db", f"baseline-{run}.db"):  # keep the temp dir small
                 for suffix in ("", "-wal", "-shm"):
                     workdir.joinpath(name + suffix).unlink(missing_ok=True)

@@ -59,7 +59,7 @@ if TYPE_CHECKING:
     from .sending._dispatch import ChatSender, DispatchOutcome, Progress, ResultSink, WorkItem, current_progress, reask, send_all
     from ._hashes import key_hash
     from .inputs._inputs import InputCheck, PromptSource, RepeatedKeys, check_prompts, fingerprint, iter_prompts
-    from ._json import dollars, json_field, json_texts, money, stored_json, to_json
+    from ._json import dollars, json_field, json_texts, money, read_json, stored_json, to_json
     from ._params import counted
     from .rules._message_shapes import anthropic_messages_refusal, openai_messages_refusal
     from .batches._message_batches import MessageBatchApi
@@ -286,6 +286,7 @@ __all__ = [
     "THINKING_ROOM",
     "send_all",
     "Settings",
+    "read_json",
     "stored_json",
     "json_texts",
     "to_json",

@@ -32,6 +32,7 @@ from llm_dispatch.core import (
     BatchInfo,
     BatchLine,
     BatchLineError,
+    ResultFile,
     checked,
     embedding_text,
     split_member_id,
@@ -147,7 +148,7 @@ async def ingest_batch(
     to_reask: list[tuple[list[int], Any]] = []
     reask_from: dict[int, int] = {}
 
-    async def store_answers() -> None:
+    async def store_answers(answers: list[tuple[list[int], Any]]) -> None:
         # Each answer checked against its prompt's schema, if it has one (invalid ones are stored as such); an
         # answer to a prompt that has an invalid one already answers a follow-up batch: it is numbered after it.
         firsts = [ids[0] for ids, _ in answers]
@@ -170,7 +171,23 @@ async def ingest_batch(
         if max_reasks:
             to_reask.extend(wrong)
             reask_from.update((ids[0], levels.get(ids[0], 0)) for ids, _ in wrong)
-        answers.clear()
+
+    # One slice of answers stored at a time, in order, while the next is read and settled: the database's work
+    # overlaps the parsing and the building of rows.
+    storing: asyncio.Future[None] | None = None
+
+    async def stored() -> None:
+        nonlocal storing
+        if storing is not None:
+            done, storing = storing, None
+            await done
+
+    async def store_slice() -> None:
+        nonlocal storing
+        await stored()
+        if answers:
+            storing = asyncio.ensure_future(store_answers(answers[:]))
+            answers.clear()
 
     # Each packed embeddings line's members (the settled ones too: every text's weight splits the line's usage).
     packed = await _packed_lines(sessions, record=record)
@@ -184,44 +201,52 @@ async def ingest_batch(
         elif await _settle_failure(writer, line, ids, outcome=outcome, model=record.model, batch_id=record.id):
             again.extend(ids)
 
-    for results in clients.batch_api(record.provider).result_files(record):
-        if not waiting:
-            break
-        path = await results.download(to=directory / f"batch-{record.id}-{results.kind}.jsonl")
-        reader = results.read(path)
+    async def read_results(files: Sequence[ResultFile]) -> None:
+        for results in files:
+            if not waiting:
+                break
+            path = await results.download(to=directory / f"batch-{record.id}-{results.kind}.jsonl")
+            reader = results.read(path)
 
-        def take() -> list[BatchLine]:
-            # About READ_SLICE answers a slice, however many a line holds (a packed one: thousands of vectors).
-            taken: list[BatchLine] = []
-            answered = 0
-            for line in reader:
-                taken.append(line)
-                answered += (len(line.result.embeddings or ()) or 1) if line.result is not None else 1
-                if answered >= READ_SLICE:
-                    break
-            return taken
+            def take() -> list[BatchLine]:
+                # About READ_SLICE answers a slice, however many a line holds (a packed one: thousands of vectors).
+                taken: list[BatchLine] = []
+                answered = 0
+                for line in reader:
+                    taken.append(line)
+                    answered += (len(line.result.embeddings or ()) or 1) if line.result is not None else 1
+                    if answered >= READ_SLICE:
+                        break
+                return taken
 
-        # Parsing is CPU work in a thread, a slice at a time (memory stays flat whatever the file's
-        # size), the next slice parsed while this one is stored: the database works outside the GIL.
-        next_slice = asyncio.ensure_future(asyncio.to_thread(take))
-        while lines := await next_slice:
+            # Parsing is CPU work in a thread, a slice at a time (memory stays flat whatever the file's
+            # size), the next slice parsed while this one is stored: the database works outside the GIL.
             next_slice = asyncio.ensure_future(asyncio.to_thread(take))
-            for line in lines:
-                if line.custom_id in packed:
-                    members = packed.pop(line.custom_id)
-                    texts = await _texts(sessions, members=members)
-                    asked = [(index, name) for index, name, _ in members if name in waiting]
-                    for name, part in unpack_line(line, texts=texts, members=asked):
-                        await settle(part, waiting.pop(name))
-                    continue
-                ids = waiting.pop(line.custom_id, None) if line.custom_id is not None else None
-                if ids is None:
-                    outcome.unknown_lines += 1
-                else:
-                    await settle(line, ids)
-            if len(answers) >= STORE_SLICE:
-                await store_answers()
-    await store_answers()
+            while lines := await next_slice:
+                next_slice = asyncio.ensure_future(asyncio.to_thread(take))
+                for line in lines:
+                    if line.custom_id in packed:
+                        members = packed.pop(line.custom_id)
+                        texts = await _texts(sessions, members=members)
+                        asked = [(index, name) for index, name, _ in members if name in waiting]
+                        for name, part in unpack_line(line, texts=texts, members=asked):
+                            await settle(part, waiting.pop(name))
+                        continue
+                    ids = waiting.pop(line.custom_id, None) if line.custom_id is not None else None
+                    if ids is None:
+                        outcome.unknown_lines += 1
+                    else:
+                        await settle(line, ids)
+                if len(answers) >= STORE_SLICE:
+                    await store_slice()
+
+    try:
+        await read_results(clients.batch_api(record.provider).result_files(record))
+        await store_slice()
+        await stored()
+    finally:
+        if storing is not None:  # the read failed (or was cancelled) while a slice was being stored: let it end
+            await asyncio.wait([storing])
 
     # Members of a follow-up batch's lines that no line answered: their re-ask failed with the batch (it failed,
     # expired, was cancelled); each gets a row of its own and keeps its invalid answer, never sent as a first ask.

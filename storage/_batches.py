@@ -27,7 +27,7 @@ from llm_dispatch.core import (
 )
 
 from ._budgets import release_batch, settle_batch
-from ._bulk import IN_CHUNK, INSERT_BATCH, changed_rows, chunks
+from ._bulk import IDS_CHUNK, IN_CHUNK, INSERT_BATCH, changed_rows, chunks, id_in, placeholders
 from ._models import Batch, BatchMember, Prompt, aware, utcnow
 from ._records import BatchRecord
 from ._bulk_answers import write_batch_rows
@@ -124,15 +124,17 @@ async def create_batch_record(
         session.add(batch)
         await session.flush()
         batch_id = batch.id
-        for chunk in chunks(members, INSERT_BATCH):
-            rows = [{"batch_id": batch_id, "prompt_id": pid, "custom_id": cid} for pid, cid in chunk]
-            await session.execute(insert(BatchMember.__table__), rows)
-        for ids in chunks(prompt_ids, IN_CHUNK):
-            await session.execute(
-                update(Prompt)
-                .where(Prompt.id.in_(ids), Prompt.status != "succeeded")
+        conn = await session.connection()
+        # Plain tuples through the driver's executemany (see _bulk): a batch has tens of thousands of members.
+        marks = ", ".join(placeholders(conn.dialect, 3))
+        for chunk in chunks(members, INSERT_BATCH * 10):
+            await conn.exec_driver_sql(f"INSERT INTO batch_members (batch_id, prompt_id, custom_id) VALUES ({marks})",
+                                       [(batch_id, pid, cid) for pid, cid in chunk])
+        for ids in chunks(prompt_ids, IDS_CHUNK):
+            await conn.execute(
+                update(Prompt.__table__)
+                .where(id_in(Prompt.__table__.c.id, ids, conn.dialect), Prompt.__table__.c.status != "succeeded")
                 .values(status="batched", updated_at=now)
-                .execution_options(synchronize_session=False)
             )
     return batch_id
 
@@ -141,9 +143,11 @@ async def _check_members(session: AsyncSession, *, job_id: str, prompt_ids: Sequ
     # FOR UPDATE (PostgreSQL; SQLite locks the whole file on write): a second process
     # batching the same prompts waits here, then sees them batched and stops.
     found: dict[int, tuple[str, str]] = {}
-    for chunk in chunks(prompt_ids, IN_CHUNK):
-        stmt = select(Prompt.id, Prompt.job_id, Prompt.status).where(Prompt.id.in_(chunk)).with_for_update()
-        found.update((pid, (job, status)) for pid, job, status in await session.execute(stmt))
+    conn = await session.connection()
+    for chunk in chunks(prompt_ids, IDS_CHUNK):
+        stmt = (select(Prompt.id, Prompt.job_id, Prompt.status).where(id_in(Prompt.id, chunk, conn.dialect))
+                .with_for_update())
+        found.update((pid, (job, status)) for pid, job, status in await conn.execute(stmt))
     missing = [pid for pid in prompt_ids if pid not in found]
     if missing:
         raise UnknownPromptError(f"batch members that are not in the database: prompt ids {missing[:10]}; was their "

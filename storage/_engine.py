@@ -19,7 +19,7 @@ try:
 except ImportError:  # SQLAlchemy 2.0
     from sqlalchemy.util import await_only as await_
 
-from llm_dispatch.core import DatabaseError, stored_json
+from llm_dispatch.core import DatabaseError, read_json, stored_json
 
 __all__ = ["DATABASE_URL_ENV", "SQLITE_BUSY_TIMEOUT_MS", "Sessions", "check_database_url", "create_engine",
            "open_database", "session_factory"]
@@ -49,7 +49,8 @@ def create_engine(url: str, *, echo: bool = False) -> AsyncEngine:
     """An async engine for ``url``; the caller disposes of it (``await engine.dispose()``)."""
     parsed = _async_url(url)
     # Prompts are often not English; escaped \uXXXX JSON would double their stored size.
-    kwargs: dict[str, Any] = {"echo": echo, "json_serializer": stored_json}
+    # Read back by orjson where it reads as json.loads does (read_json): a page of prompts decodes two columns a row.
+    kwargs: dict[str, Any] = {"echo": echo, "json_serializer": stored_json, "json_deserializer": read_json}
     if parsed.get_backend_name() == "sqlite":
         _make_parent_dir(parsed)
     elif parsed.get_driver_name() == "asyncpg":

@@ -21,7 +21,7 @@ from llm_dispatch.core import (
     answer_schema,
 )
 
-from ._bulk import IN_CHUNK, INSERT_BATCH, bind_processor, bind_value, changed_rows, chunks, placeholders
+from ._bulk import IDS_CHUNK, IN_CHUNK, INSERT_BATCH, bind_processor, bind_value, changed_rows, chunks, id_in, placeholders
 from ._models import Job, Prompt, Result, utcnow
 from ._records import NewPrompt, WorkRow
 from ._engine import Sessions
@@ -227,10 +227,10 @@ async def answer_schemas(sessions: Sessions, *, prompt_ids: Collection[int]) -> 
     found: dict[int, dict[str, Any]] = {}
     async with sessions() as session:
         conn = await session.connection()
-        for chunk in chunks(list(prompt_ids), IN_CHUNK):
+        for chunk in chunks(list(prompt_ids), IDS_CHUNK):
             # Only prompts whose params name a response_format or output_config come back: the rest (most
             # prompts, in most jobs) cost the database a key lookup, not a row decoded here.
-            stmt = select(Prompt.id, Prompt.params).where(Prompt.id.in_(chunk), or_(
+            stmt = select(Prompt.id, Prompt.params).where(id_in(Prompt.id, chunk, conn.dialect), or_(
                 Prompt.params["response_format"].as_string().is_not(None),
                 Prompt.params["output_config"].as_string().is_not(None)))
             for prompt_id, params in await conn.execute(stmt):
@@ -246,9 +246,10 @@ async def reask_levels(sessions: Sessions, *, prompt_ids: Collection[int]) -> di
     found: dict[int, int] = {}
     async with sessions() as session:
         conn = await session.connection()
-        for chunk in chunks(list(prompt_ids), IN_CHUNK):
+        for chunk in chunks(list(prompt_ids), IDS_CHUNK):
             stmt = (select(Result.prompt_id, func.max(Result.reask))
-                    .where(Result.prompt_id.in_(chunk), Result.status == "invalid").group_by(Result.prompt_id))
+                    .where(id_in(Result.prompt_id, chunk, conn.dialect), Result.status == "invalid")
+                    .group_by(Result.prompt_id))
             found.update((prompt_id, int(level)) for prompt_id, level in await conn.execute(stmt))
     return found
 
@@ -318,9 +319,11 @@ async def find_reusable(sessions: Sessions, *, dedupe_keys: Collection[str]) -> 
         .scalar_subquery()
     )
     async with sessions() as session:
-        for chunk in chunks(set(dedupe_keys), IN_CHUNK):
+        dialect = (await session.connection()).dialect
+        for chunk in chunks(set(dedupe_keys), IDS_CHUNK):
             newest_of = (
-                select(Prompt.dedupe_key, per_prompt.label("result_id")).where(Prompt.dedupe_key.in_(chunk)).subquery()
+                select(Prompt.dedupe_key, per_prompt.label("result_id"))
+                .where(id_in(Prompt.dedupe_key, chunk, dialect)).subquery()
             )
             newest = select(func.max(newest_of.c.result_id)).group_by(newest_of.c.dedupe_key)
             result_ids = [result_id for (result_id,) in await session.execute(newest) if result_id is not None]
@@ -329,7 +332,7 @@ async def find_reusable(sessions: Sessions, *, dedupe_keys: Collection[str]) -> 
             stmt = (
                 select(Prompt.dedupe_key, Result)
                 .join(Prompt, Prompt.id == Result.prompt_id)
-                .where(Result.id.in_(result_ids))
+                .where(id_in(Result.id, result_ids, dialect))
             )
             for key, result in await session.execute(stmt):
                 found[key] = ChatResult(

@@ -23,7 +23,7 @@ from ..rules._model_rules import openai_body
 from ..wire._openai_responses import response_result_from_body, responses_body
 from ..wire._responses import chat_result_from_body
 from .._exceptions import APIResponseValidationError
-from .._json import compact_json
+from .._json import compact_json, read_json
 from .._constants import RAW_BODY_CHARS
 from ..wire._line_errors import openai_line_error
 from ..wire._packing import unpack_embeddings
@@ -280,7 +280,7 @@ def read_result_lines(path: Path, read: Callable[[dict[str, Any], str, int], Bat
             if not raw.strip():
                 continue
             try:
-                record = json.loads(raw)
+                record = read_json(raw)
             except ValueError as exc:  # also UnicodeDecodeError
                 yield garbled_line(None, number, f"not JSON ({exc})")
                 continue

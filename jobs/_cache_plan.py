@@ -8,16 +8,14 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from llm_dispatch import storage
 from llm_dispatch.core import (
     CachePlan,
     ChatRequest,
     ExplicitCaches,
-    GeminiCaches,
     GroupPlan,
-    LLMClient,
     PrefixGroups,
     PriceTable,
     Route,
@@ -25,7 +23,10 @@ from llm_dispatch.core import (
     plan_caches,
 )
 
-from ._plan import Selection
+if TYPE_CHECKING:  # the send path: read-only commands (status) import this module and never send
+    from llm_dispatch.core import GeminiCaches, LLMClient
+
+    from ._plan import Selection
 
 __all__ = ["CacheEstimate", "CachePlanning", "JobPrefixes", "describe_cache_estimate", "describe_outcome", "describe_plan",
            "explicit_caches", "make_batch_caches", "plan_run_caches"]
@@ -217,6 +218,8 @@ def explicit_caches(plan: CachePlan, *, sessions: storage.Sessions, job_id: str,
     done."""
     if not any(group.action == "explicit" for group in plan.groups):
         return None
+    from llm_dispatch.core import GeminiCaches
+
     apis: dict[int, GeminiCaches] = {}
 
     def api_of(model: str) -> GeminiCaches:

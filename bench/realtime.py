@@ -4,6 +4,7 @@
 Each variant runs in a fresh child process, alternating, repeated; medians are reported.
 
     python bench/realtime.py [--prompts 10000] [--latency 0.2] [--concurrency 100 400] [--repeat 3] [--record-first]
+                             [--timeout 900]
 
 ``--record-first`` stores a new job whole before its first request (the flow otherwise sends its
 first chunks while the rest is stored): how much sending while recording is worth.
@@ -170,6 +171,7 @@ def main() -> None:
     add_child_arguments(parser, kinds=["baseline", "flow"])
     parser.add_argument("--record-first", action="store_true", help="store a new job whole before sending")
     parser.add_argument("--rss-log", help="(child) write RSS samples over time to this JSON-lines file")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds each child may take (1M prompts: ~3600)")
     args = parser.parse_args()
     if args.child:
         child(args)
@@ -188,7 +190,7 @@ def main() -> None:
                     for kind in ("baseline", "flow"):
                         results[kind].append(run_child(kind, base_url=base_url, prompts=prompts,
                                                        concurrency=concurrency, workdir=workdir, run=run,
-                                                       record_first=args.record_first))
+                                                       record_first=args.record_first, timeout=args.timeout))
                 rate = {k: statistics.median(r["count"] / r["seconds"] for r in v) for k, v in results.items()}
                 ratios = [f["count"] / f["seconds"] / (b["count"] / b["seconds"]) for f, b in zip(results["flow"], results["baseline"])]
                 send_ratios = [f["count"] / f["send_seconds"] / (b["count"] / b["seconds"])

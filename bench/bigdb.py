@@ -10,6 +10,9 @@ measure reading such a job (``status``, ``cost``, ``export``), not sending it. T
 80% of prompts answered real-time, 20% through the Batch API (20 batches), 2% failed, every fifth prompt with
 metadata; each answer has tokens and a stored cost. Prints the job's id. Run again on the same database, it adds
 another job beside the first (status and cost must stay fast with other jobs there).
+
+``--open`` makes instead a job about to be sent: every prompt pending and routed real-time, no results and no
+batches (what a real-time run or its shards page through: ``bench/shard_pages.py``).
 """
 
 from __future__ import annotations
@@ -41,13 +44,18 @@ BATCH_COLUMNS = ("id", "job_id", "model", "provider", "endpoint", "status", "pro
                  "error_count", "submitted_at", "finished_at", "created_at", "updated_at")
 
 
-def _rows(job_id: str, start: int, stop: int, *, first_id: int, now: Any, dumps: Any
+def _rows(job_id: str, start: int, stop: int, *, first_id: int, now: Any, dumps: Any, open_: bool = False
           ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
-    """Prompts ``start..stop`` of the job (ids from ``first_id``) and a result each."""
+    """Prompts ``start..stop`` of the job (ids from ``first_id``) and a result each (``open_``: pending, none)."""
     prompts, results = [], []
     params = dumps(PARAMS)
     for n in range(start, stop):
         pid = first_id + n
+        if open_:
+            messages = dumps([{"role": "user", "content": f"Question {n}: what is {n} squared, and why?"}])
+            prompts.append((pid, job_id, f"c-{n}", n, MODEL, "chat", 0, messages, params, None, f"{n:064x}",
+                            "pending", 0, None, None, "realtime", "bench", now, now))
+            continue
         batch = n % 5 == 4
         failed = n % 50 == 7
         route = "batch" if batch else "realtime"
@@ -80,23 +88,25 @@ def _insert(table: str, columns: tuple[str, ...]) -> str:
     return f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
 
 
-def fill_sqlite(path: str, *, job_id: str, count: int) -> None:
+def fill_sqlite(path: str, *, job_id: str, count: int, open_: bool = False) -> None:
     now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")  # as SQLAlchemy stores a DateTime on SQLite
     with sqlite3.connect(path) as con:
         con.execute("PRAGMA synchronous=OFF")
         first = con.execute("SELECT coalesce(max(id), 0) + 1 FROM prompts").fetchone()[0]
         first_batch = con.execute("SELECT coalesce(max(id), 0) + 1 FROM batches").fetchone()[0]
         con.execute("INSERT INTO jobs (id, name, created_at, updated_at, fingerprint, model, settings, status) "
-                    "VALUES (?, ?, ?, ?, ?, ?, '{}', 'finished')", (job_id, f"big-{count}", now, now, job_id[:8], MODEL))
-        con.executemany(_insert("batches", BATCH_COLUMNS), _batches(job_id, count, first_id=first_batch, now=now))
+                    "VALUES (?, ?, ?, ?, ?, ?, '{}', ?)",
+                    (job_id, f"big-{count}", now, now, job_id[:8], MODEL, "running" if open_ else "finished"))
+        if not open_:
+            con.executemany(_insert("batches", BATCH_COLUMNS), _batches(job_id, count, first_id=first_batch, now=now))
         for start in range(0, count, STEP):
             prompts, results = _rows(job_id, start, min(count, start + STEP), first_id=first, now=now,
-                                     dumps=json.dumps)
+                                     dumps=json.dumps, open_=open_)
             con.executemany(_insert("prompts", PROMPT_COLUMNS), prompts)
             con.executemany(_insert("results", RESULT_COLUMNS), results)
 
 
-async def fill_postgres(url: str, *, job_id: str, count: int) -> None:
+async def fill_postgres(url: str, *, job_id: str, count: int, open_: bool = False) -> None:
     import asyncpg
 
     con = await asyncpg.connect(url.replace("postgresql+asyncpg://", "postgresql://"))
@@ -106,13 +116,14 @@ async def fill_postgres(url: str, *, job_id: str, count: int) -> None:
         first_batch = await con.fetchval("SELECT coalesce(max(id), 0) + 1 FROM batches")
         async with con.transaction():
             await con.execute("INSERT INTO jobs (id, name, created_at, updated_at, fingerprint, model, settings, "
-                              "status) VALUES ($1, $2, $3, $3, $4, $5, '{}', 'finished')",
-                              job_id, f"big-{count}", now, job_id[:8], MODEL)
-            await con.copy_records_to_table("batches", records=_batches(job_id, count, first_id=first_batch, now=now),
-                                            columns=BATCH_COLUMNS)
+                              "status) VALUES ($1, $2, $3, $3, $4, $5, '{}', $6)",
+                              job_id, f"big-{count}", now, job_id[:8], MODEL, "running" if open_ else "finished")
+            if not open_:
+                await con.copy_records_to_table("batches", columns=BATCH_COLUMNS,
+                                                records=_batches(job_id, count, first_id=first_batch, now=now))
             for start in range(0, count, STEP):
                 prompts, results = _rows(job_id, start, min(count, start + STEP), first_id=first, now=now,
-                                         dumps=json.dumps)
+                                         dumps=json.dumps, open_=open_)
                 await con.copy_records_to_table("prompts", records=prompts, columns=PROMPT_COLUMNS)
                 await con.copy_records_to_table("results", records=results, columns=RESULT_COLUMNS)
         # The sequences past the ids written, so the next row the application writes gets a new one.
@@ -132,14 +143,14 @@ async def migrate(url: str) -> None:
         pass
 
 
-def make(url: str, *, count: int, job_id: str | None = None) -> str:
+def make(url: str, *, count: int, job_id: str | None = None, open_: bool = False) -> str:
     """Make (or extend) the database at ``url`` with one job of ``count`` prompts; returns its id."""
     job_id = job_id or str(uuid.uuid4())
     asyncio.run(migrate(url))
     if url.startswith("sqlite"):
-        fill_sqlite(url.split(":///", 1)[1], job_id=job_id, count=count)
+        fill_sqlite(url.split(":///", 1)[1], job_id=job_id, count=count, open_=open_)
     else:
-        asyncio.run(fill_postgres(url, job_id=job_id, count=count))
+        asyncio.run(fill_postgres(url, job_id=job_id, count=count, open_=open_))
     return job_id
 
 
@@ -148,9 +159,10 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=1_000_000)
     parser.add_argument("--database-url", required=True)
     parser.add_argument("--job-id", help="the new job's id (default: a new uuid)")
+    parser.add_argument("--open", action="store_true", help="a job about to be sent: every prompt pending, no results")
     args = parser.parse_args()
     started = time.perf_counter()
-    job_id = make(args.database_url, count=args.prompts, job_id=args.job_id)
+    job_id = make(args.database_url, count=args.prompts, job_id=args.job_id, open_=args.open)
     print(f"job {job_id}: {args.prompts:,} prompts and results in {time.perf_counter() - started:.1f} s")
 
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from array import array
-from collections.abc import AsyncIterator, Collection
-from typing import Any, TypedDict, Unpack
+from collections.abc import AsyncIterator, Collection, Sequence
+from typing import Any, TypedDict, TypeVarTuple, Unpack
 
-from sqlalchemy import ColumnElement, and_, func, or_, select, tuple_
+from sqlalchemy import ColumnElement, Row, Select, and_, func, or_, select, tuple_
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from llm_dispatch.core import (
     REQUEST_ROUTES,
@@ -97,19 +98,21 @@ async def unfinished_prompts(
     one job never share a prompt. ``positions=(start, stop)`` keeps those at input positions
     ``start <= position < stop``; ``dedupe_keys`` those making one of these requests.
     ``after=(position, id)`` and ``limit``: one keyset page, the prompts after that one (each
-    page an index range scan on ``(job_id, position)``, however large the job).
+    page an index range scan on ``(job_id, position)``, however large the job: ``_page_in_order``).
     """
     stmt = select(Prompt.id, Prompt.position, Prompt.dedupe_key).where(*_open_filter(job_id=job_id, **where))
-    if after is not None:
-        stmt = stmt.where(tuple_(Prompt.position, Prompt.id) > tuple_(*after))
     # Core on the session's connection, not the ORM: its statement handling would double the cost.
     async with sessions() as session:
         conn = await session.connection()
         if dedupe_keys is None:
-            stmt = stmt.order_by(Prompt.position, Prompt.id)
             if limit is not None:
-                stmt = stmt.limit(limit)
-            return [UnfinishedPrompt(*row) for row in await conn.execute(stmt)]
+                rows = await _page_in_order(conn, stmt, job_id=job_id, after=after, limit=limit, where=where)
+                return [UnfinishedPrompt(*row) for row in rows]
+            if after is not None:
+                stmt = stmt.where(tuple_(Prompt.position, Prompt.id) > tuple_(*after))
+            return [UnfinishedPrompt(*row) for row in await conn.execute(stmt.order_by(Prompt.position, Prompt.id))]
+        if after is not None:
+            stmt = stmt.where(tuple_(Prompt.position, Prompt.id) > tuple_(*after))
         # In IN lists of bounded size, so the chunks' rows are merged back into input order.
         found = [
             UnfinishedPrompt(*row)
@@ -187,17 +190,72 @@ async def _work_pages(
     sessions: Sessions, *, job_id: str, page: int, order: tuple[Any, Any], where: UnfinishedWhere
 ) -> AsyncIterator[list[WorkRow]]:
     """Keyset pages of the open prompts' requests in ``order`` (two columns, the last one unique)."""
-    base = select(*WORK_COLUMNS).where(*_open_filter(job_id=job_id, **where)).order_by(*order)
+    base = select(*WORK_COLUMNS).where(*_open_filter(job_id=job_id, **where))
+    in_input_order = order == (Prompt.position, Prompt.id)
     after: tuple[Any, ...] | None = None
     while True:
-        stmt = base if after is None else base.where(tuple_(*order) > tuple_(*after))
         # Core on the session's connection: the ORM's statement handling would double the cost.
         async with sessions() as session:
             conn = await session.connection()
-            found = (await conn.execute(stmt.limit(page))).all()
+            if in_input_order:
+                found = await _page_in_order(conn, base, job_id=job_id, after=after, limit=page, where=where)
+            else:
+                stmt = base if after is None else base.where(tuple_(*order) > tuple_(*after))
+                found = (await conn.execute(stmt.order_by(*order).limit(page))).all()
         if not found:
             return
         yield [work_row(row) for row in found]
         if len(found) < page:
             return
         after = tuple(getattr(found[-1], column.key) for column in order)
+
+
+_Columns = TypeVarTuple("_Columns")
+
+# A shard's page reads input positions in windows of this many times its size per shard at most: a window that
+# finds none of the shard's open prompts (a resumed job's answered stretch) doubles the next, up to this.
+MAX_WINDOW_GROWTH = 64
+
+
+async def _page_in_order(
+    conn: AsyncConnection, stmt: Select[Unpack[_Columns]], *, job_id: str, after: tuple[int, int] | None, limit: int,
+    where: UnfinishedWhere,
+) -> Sequence[Row[Unpack[_Columns]]]:
+    """Up to ``limit`` rows of ``stmt`` (the job's open prompts, selecting ``position`` and ``id``) after ``after``
+    in input order; fewer only when no prompt of the job is stored past them.
+
+    A shard's rows (``id % count = index``) are read a window of input positions at a time (``limit * count``
+    positions, the page's share of them): the window's bounds make each query an index range scan on ``(job_id,
+    position)`` whatever the planner estimates of the modulus, which it cannot (it takes 0.5% of rows and, late in a
+    run, scans the whole job for each page). Which shard a prompt is in is still its id's alone, so shards never
+    share a prompt, a prompt stored while they run is in one of them, and a shard run again takes the same ones.
+    """
+    shard = where.get("shard")
+    if shard is None or where.get("positions") is not None:  # a range of positions bounds the scan already
+        page = stmt if after is None else stmt.where(tuple_(Prompt.position, Prompt.id) > tuple_(*after))
+        return (await conn.execute(page.order_by(Prompt.position, Prompt.id).limit(limit))).all()
+    base_window = window = limit * shard[1]
+    start = after[0] if after is not None else await _next_position(conn, job_id=job_id, at_least=None)
+    rows: list[Row[Unpack[_Columns]]] = []
+    while start is not None and len(rows) < limit:
+        stop = start + window
+        page = stmt.where(Prompt.position >= start, Prompt.position < stop)
+        if after is not None and start == after[0]:
+            page = page.where(tuple_(Prompt.position, Prompt.id) > tuple_(*after))
+        found = (await conn.execute(page.order_by(Prompt.position, Prompt.id).limit(limit - len(rows)))).all()
+        rows.extend(found)
+        if not found:
+            window = min(window * 2, base_window * MAX_WINDOW_GROWTH)
+        # Past the window: the next position stored (positions may have gaps), read anew each time so that a
+        # prompt stored since the run began is found.
+        start = None if len(rows) == limit else await _next_position(conn, job_id=job_id, at_least=stop)
+    return rows
+
+
+async def _next_position(conn: AsyncConnection, *, job_id: str, at_least: int | None) -> int | None:
+    """The first input position of the job's prompts from ``at_least`` on (one probe of its position index)."""
+    stmt = select(func.min(Prompt.position)).where(Prompt.job_id == job_id)
+    if at_least is not None:
+        stmt = stmt.where(Prompt.position >= at_least)
+    found = (await conn.execute(stmt)).scalar()
+    return None if found is None else int(found)

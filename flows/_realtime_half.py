@@ -70,7 +70,7 @@ async def send_realtime(
                                                prices=run.prices, provider_of=run.clients.providers.cache_rules_of,
                                                concurrency=settings.concurrency)
             explicit_caches(cache_plan, sessions=run.sessions, job_id=job.job_id, prices=run.prices,
-                            client_of=run.clients.for_model, lease=lease)
+                            client_of=run.clients.for_model, lease=lease, shard=selection.shard)
             for line in describe_plan(cache_plan):
                 logger.info("Job %s: %s", job.job_id, line)
                 if progress is not None:

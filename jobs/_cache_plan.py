@@ -88,12 +88,15 @@ class JobPrefixes:
 
 
 def _row(lane: str, plan: GroupPlan) -> storage.CacheGroupRow:
+    """``plan`` as stored and shown with the estimate: priced at its worst case (a keys plan spread over its keys,
+    where the provider overflows), so that ``--max-cost`` never passes on a saving the provider may not give."""
     group = plan.group
     return storage.CacheGroupRow(
         lane=lane, key=group.key, provider=group.provider, model=group.model, endpoint=group.endpoint,
         prompts=group.prompts, prefix_tokens=group.prefix_tokens, prefix_messages=group.prefix_messages,
         own_breakpoints=group.own_breakpoints, action=plan.action, reason=plan.reason, keys=plan.keys, ttl=plan.ttl,
-        planned_cost_pico_usd=plan.planned_cost, uncached_cost_pico_usd=plan.uncached_cost)
+        planned_cost_pico_usd=plan.planned_cost if plan.worst_cost is None else plan.worst_cost,
+        uncached_cost_pico_usd=plan.uncached_cost)
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,11 +214,12 @@ def describe_outcome(plan: CachePlan) -> list[str]:
 
 def explicit_caches(plan: CachePlan, *, sessions: storage.Sessions, job_id: str, prices: PriceTable | None,
                     client_of: Callable[[str], LLMClient], lease: storage.BudgetLease | None = None,
-                    lane: Literal["realtime", "batch"] = "realtime") -> ExplicitCaches | None:
+                    lane: Literal["realtime", "batch"] = "realtime",
+                    shard: tuple[int, int] | None = None) -> ExplicitCaches | None:
     """The run's explicit caches for the plan's ``explicit`` groups (set as ``plan.explicit``); None when it has
     none. ``client_of``: a model's client (``Clients.for_model``); ``lease``: the run's budget hold, which holds each
-    cache's create and storage before it is made and spends what it cost. ``close`` it when the run's sending is
-    done."""
+    cache's create and storage before it is made and spends what it cost; ``shard``: the run's (index, of), whose
+    caches are its own. ``close`` it when the run's sending is done."""
     if not any(group.action == "explicit" for group in plan.groups):
         return None
     from llm_dispatch.core import GeminiCaches
@@ -226,7 +230,7 @@ def explicit_caches(plan: CachePlan, *, sessions: storage.Sessions, job_id: str,
         client = client_of(model)
         return apis.setdefault(id(client), GeminiCaches(client))
 
-    plan.explicit = ExplicitCaches(job_id=job_id, api_of=api_of, prices=prices, budget=lease, lane=lane,
+    plan.explicit = ExplicitCaches(job_id=job_id, api_of=api_of, prices=prices, budget=lease, lane=lane, shard=shard,
                                    ledger=storage.CachedContentLedger(sessions, lease=lease))
     return plan.explicit
 

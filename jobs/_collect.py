@@ -247,6 +247,9 @@ async def ingest_batch(
     finally:
         if storing is not None:  # the read failed (or was cancelled) while a slice was being stored: let it end
             await asyncio.wait([storing])
+            if not storing.cancelled() and storing.exception() is not None:
+                logger.warning("batch %s: storing a slice of answers failed (%s)", record.id,
+                               type(storing.exception()).__name__)
 
     # Members of a follow-up batch's lines that no line answered: their re-ask failed with the batch (it failed,
     # expired, was cancelled); each gets a row of its own and keeps its invalid answer, never sent as a first ask.

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from sqlalchemy import delete, func, insert, select
+from sqlalchemy import BigInteger, cast, delete, func, insert, select
 
 from ._engine import Sessions
 from ._models import CacheGroup
@@ -63,7 +63,8 @@ async def store_cache_groups(sessions: Sessions, *, job_id: str, groups: Sequenc
 async def job_cache_groups(sessions: Sessions, *, job_id: str, limit: int = 20) -> StoredCacheGroups:
     """The job's ``limit`` largest groups (prefix tokens times prompts) and the sums over all of them: two queries
     on the job's rows, whatever its prompt count."""
-    size = CacheGroup.prefix_tokens * CacheGroup.prompts
+    # BIGINT: a million prompts of a 3,000-token prefix is past PostgreSQL's INTEGER.
+    size = cast(CacheGroup.prefix_tokens, BigInteger) * CacheGroup.prompts
     columns = [getattr(CacheGroup, name) for name in CacheGroupRow.__dataclass_fields__]
     async with sessions() as session:
         rows = (await session.execute(select(*columns).where(CacheGroup.job_id == job_id)

@@ -343,3 +343,17 @@ async def test_each_groups_hit_rate_and_saving_are_counted_from_its_answers(star
     unplanned = plan.tallies[short.group.key]
     assert short.action == "none" and (unplanned.answers, unplanned.cached_tokens) == (5, 0)
     assert unplanned.cost == unplanned.uncached_cost
+
+
+async def test_a_group_whose_answers_stay_cold_after_a_spread_stops_spreading(prices: PriceTable) -> None:
+    """A host that ignores prompt_cache_key (or a prefix shorter than estimated) answers cold however many keys:
+    one spread shows it, and the group goes on over the keys it has instead of doubling them again and again."""
+    requests = [ask("gpt-5.4-mini", f"item {n}") for n in range(5_000)]
+    plan = plan_caches(groups_of(requests), total_prompts=5_000, concurrency=200, latency_s=1.0, prices=prices)
+    group = plan.groups[0].group.key
+    for request in requests:
+        _, ticket = await plan.deal(request)
+        plan.answered(group, answer(0), model="gpt-5.4-mini", ticket=ticket)
+    keys = plan.keys_used(group)
+    assert keys is not None and 1 < keys < 1_000
+    assert plan._dealers[group].spreads == 1 and plan._dealers[group].gave_up

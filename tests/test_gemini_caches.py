@@ -4,9 +4,11 @@ made once, reused after a lost create, deleted when sent, and their cost in the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from datetime import UTC, datetime, timedelta
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -308,25 +310,64 @@ def test_a_batch_names_its_groups_cache_made_before_its_lines(prefect_api: str, 
     assert reserved == 0 and spent >= answers + cost
 
 
+@contextlib.asynccontextmanager
+async def cache_api(start_sim: StartSim, db_url: str) -> AsyncIterator[tuple[storage.Sessions, str, GeminiCaches]]:
+    """A job in a fresh database and the simulator's cachedContents API: (sessions, job id, the API)."""
+    url = anthropic_base_url(await start_sim(api_key=KEY))
+    async with storage.open_database(db_url) as sessions:
+        job_id = await _job(sessions)
+        async with LLMClient(provider="gemini", base_url=url, api_key=KEY) as client:
+            yield sessions, job_id, GeminiCaches(client)
+
+
 async def test_a_jobs_two_halves_keep_their_caches_apart(start_sim: StartSim, db_url: str,
                                                           prices: PriceTable) -> None:
     """dispatch runs both halves at once: the real-time half's cache of a group is not the one batch lines read, so
     deleting it (or its shorter TTL) leaves the batch's alone."""
-    url = anthropic_base_url(await start_sim(api_key=KEY))
     requests = [ask(f"Answer: {n}") for n in range(40)]
     [group] = plan_caches(groups_of(requests), total_prompts=40, concurrency=8, prices=prices).groups
-    async with storage.open_database(db_url) as sessions:
-        job_id = await _job(sessions)
-        async with LLMClient(provider="gemini", base_url=url, api_key=KEY) as client:
-            api = GeminiCaches(client)
-            halves = [ExplicitCaches(job_id=job_id, api_of=lambda _model: api, ledger=storage.CachedContentLedger(
-                sessions), prices=prices, lane=lane) for lane in ("batch", "realtime")]
-            batch, realtime = [await half.reference(requests[0], group=group.group, ttl_s=ttl)
-                               for half, ttl in zip(halves, (48 * 3600.0, 300.0))]
-            assert batch is not None and realtime is not None
-            assert batch.params["cachedContent"] != realtime.params["cachedContent"]
-            await halves[1].close()
-            assert await api.get(batch.params["cachedContent"]) is not None
-            assert await api.get(realtime.params["cachedContent"]) is None
+    async with cache_api(start_sim, db_url) as (sessions, job_id, api):
+        halves = [ExplicitCaches(job_id=job_id, api_of=lambda _model: api, ledger=storage.CachedContentLedger(
+            sessions), prices=prices, lane=lane) for lane in ("batch", "realtime")]
+        batch, realtime = [await half.reference(requests[0], group=group.group, ttl_s=ttl)
+                           for half, ttl in zip(halves, (48 * 3600.0, 300.0))]
+        assert batch is not None and realtime is not None
+        assert batch.params["cachedContent"] != realtime.params["cachedContent"]
+        await halves[1].close()
+        assert await api.get(batch.params["cachedContent"]) is not None
+        assert await api.get(realtime.params["cachedContent"]) is None
         keys = sorted(key for key, *_ in await storage.cache_storage_costs(sessions, job_id=job_id))
         assert keys == [group.group.key, f"{group.group.key}:batch"]
+
+
+async def test_a_cache_the_group_outlasts_is_kept_longer_and_shards_keep_their_own(start_sim: StartSim, db_url: str,
+                                                                                    prices: PriceTable) -> None:
+    """A group sent more slowly than planned (a slow model, rate limits) would outlive its cache's TTL and every later
+    request would name a cache Google no longer has: near its end the cache is kept ``ttl_s`` longer, the storage
+    counted. Two shards of one job each make and delete a cache of their own."""
+    requests = [ask(f"Answer: {n}") for n in range(40)]
+    [group] = plan_caches(groups_of(requests), total_prompts=40, concurrency=8, prices=prices).groups
+    async with cache_api(start_sim, db_url) as (sessions, job_id, api):
+        shards = [ExplicitCaches(job_id=job_id, api_of=lambda _model: api, prices=prices, shard=(index, 2),
+                                 ledger=storage.CachedContentLedger(sessions)) for index in (0, 1)]
+        first, second = [await shard.reference(requests[0], group=group.group, ttl_s=600.0) for shard in shards]
+        assert first is not None and second is not None
+        name = first.params["cachedContent"]
+        assert name != second.params["cachedContent"]
+        [before] = [cost for key, *_, cost, _ in await storage.cache_storage_costs(sessions, job_id=job_id)
+                    if key.endswith(":s0of2")]
+        # The first shard's cache near its end, as if the group had taken longer than planned.
+        key = next(iter(shards[0]._live))
+        model, _, created, tokens, _ = shards[0]._live[key]
+        shards[0]._live[key] = (model, name, created, tokens, datetime.now(UTC) + timedelta(seconds=60))
+        again = await shards[0].reference(requests[1], group=group.group, ttl_s=600.0)
+        assert again is not None and again.params["cachedContent"] == name
+        kept = await api.get(name)
+        assert kept is not None and kept.expire_time is not None
+        assert kept.expire_time > datetime.now(UTC) + timedelta(seconds=500)
+        [after] = [cost for key, *_, cost, _ in await storage.cache_storage_costs(sessions, job_id=job_id)
+                   if key.endswith(":s0of2")]
+        assert after > before
+        await shards[0].close()
+        assert await api.get(name) is None and await api.get(second.params["cachedContent"]) is not None
+        await shards[1].close()

@@ -1002,3 +1002,7 @@ async def test_a_jobs_cache_groups_are_kept_and_read_back_largest_first(sessions
     # Recorded again (a recording cut off and done again): the job's groups are replaced, not added to.
     await storage.store_cache_groups(sessions, job_id=job_id, groups=groups[:1])
     assert (await storage.job_cache_groups(sessions, job_id=job_id)).total == 1
+    # A million prompts of a 3,000-token prefix: their product is past a 32-bit INTEGER (PostgreSQL's).
+    big = [group("big", prompts=1_000_000, tokens=3_000, cost=10**15), groups[0]]
+    await storage.store_cache_groups(sessions, job_id=job_id, groups=big)
+    assert [row.key for row in (await storage.job_cache_groups(sessions, job_id=job_id)).groups] == ["big", "k0"]

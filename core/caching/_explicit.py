@@ -82,17 +82,21 @@ class ExplicitCaches:
     the cached part dropped), making the cache first if none is live; ``close`` deletes those made or reused."""
 
     def __init__(self, *, job_id: str, api_of: Any, ledger: CacheLedger, prices: PriceTable | None,
-                 budget: CacheBudget | None = None, lane: str = "realtime") -> None:
+                 budget: CacheBudget | None = None, lane: str = "realtime",
+                 shard: tuple[int, int] | None = None) -> None:
         # ``api_of(model)``: the CachedContents of the provider of ``model``; ``budget``: held for each create and
         # its storage for the TTL before it is made (the ledger settles what it cost).
         self.job_id, self._api_of, self._ledger, self._prices = job_id, api_of, ledger, prices
         self._budget = budget
         # A job's two halves run at once, each with its caches: a group's cache on the Batch API lane is recorded
-        # (and named) apart, so the real-time half never shortens or deletes one that batch lines read.
-        self._suffix = "" if lane == "realtime" else f":{lane}"
+        # (and named) apart, so the real-time half never shortens or deletes one that batch lines read; so is each
+        # shard's (``shard``: index, of), as shards run at once and each deletes its own when it ends.
+        self._suffix = (("" if lane == "realtime" else f":{lane}")
+                        + ("" if shard is None else f":s{shard[0]}of{shard[1]}"))
         self._names: dict[str, str | None] = {}
         self._locks: dict[str, asyncio.Lock] = {}
-        self._live: dict[str, tuple[str, str, datetime, int]] = {}  # group -> (model, name, created, tokens)
+        # group -> (model, name, created, tokens, expires)
+        self._live: dict[str, tuple[str, str, datetime, int, datetime]] = {}
         self.created = 0
         self.reused = 0
         # What each group's cache cost (create and storage) as last recorded, picodollars; none for no price.
@@ -113,14 +117,21 @@ class ExplicitCaches:
         return referencing_cache(request, name=name, prefix_messages=group.prefix_messages)
 
     async def _name(self, request: ChatRequest, *, group: PrefixGroup, ttl_s: float) -> str | None:
-        if group.key in self._names:
+        if group.key in self._names and not self._expiring(group.key, ttl_s=ttl_s):
             return self._names[group.key]
         lock = self._locks.setdefault(group.key, asyncio.Lock())
         async with lock:
+            if group.key in self._names and self._expiring(group.key, ttl_s=ttl_s):
+                try:
+                    await self._extend(request, group=group, ttl_s=ttl_s)
+                except Exception as exc:  # noqa: BLE001 - the group's later requests go as written
+                    logger.warning("Job %s: explicit cache of group %s not kept longer (%s); its requests go as "
+                                   "written", self.job_id, group.key, type(exc).__name__)
+                    self._names[group.key] = None
             if group.key not in self._names:
                 try:
                     self._names[group.key] = await self._open(request, group=group, ttl_s=ttl_s)
-                except (APIError, BudgetExceededError, ValueError) as exc:
+                except Exception as exc:  # noqa: BLE001 - any failure to have a cache leaves the group as written
                     # The group's requests go as written: a failed create costs its prefix's saving, not the run.
                     logger.warning("Job %s: no explicit cache for group %s (%s); its requests go as written",
                                    self.job_id, group.key, type(exc).__name__)
@@ -166,12 +177,42 @@ class ExplicitCaches:
         tokens = found.tokens or group.prefix_tokens
         expire_at = found.expire_time or datetime.now(UTC) + timedelta(seconds=ttl_s)
         cost = self._cost(request.model, tokens=tokens, since=created_at, until=expire_at)
+        # Live before it is recorded: a cache made is deleted by ``close`` even if the record below fails.
+        self._live[key] = (request.model, found.name, created_at, tokens, expire_at)
         await self._ledger.created(job_id=self.job_id, group_key=key, name=found.name, tokens=tokens,
                                    created_at=created_at, expire_at=expire_at, cost=cost)
         if cost is not None:
             self.costs[group.key] = cost
-        self._live[key] = (request.model, found.name, created_at, tokens)
         return found.name
+
+    def _expiring(self, group_key: str, *, ttl_s: float) -> bool:
+        """Whether the live cache of ``group_key`` ends within a fifth of ``ttl_s`` (the group outlasted its plan)."""
+        live = self._live.get(group_key + self._suffix)
+        if live is None or self._names.get(group_key) is None:
+            return False
+        left = (live[4] - datetime.now(UTC)).total_seconds()
+        return left < max(_REUSE_MARGIN_S, ttl_s / 5)
+
+    async def _extend(self, request: ChatRequest, *, group: PrefixGroup, ttl_s: float) -> None:
+        """Keep the live cache of ``group`` ``ttl_s`` longer from now, its storage held out of the budget first and
+        its cost recorded to the new end."""
+        key = group.key + self._suffix
+        model, name, created_at, tokens, _ = self._live[key]
+        held = await self._hold(model, tokens=tokens, ttl_s=ttl_s)
+        try:
+            found = await self._api_of(model).update(name, ttl_s=ttl_s)
+            if found is None:
+                raise LookupError("the cache is gone")
+            expire_at = found.expire_time or datetime.now(UTC) + timedelta(seconds=ttl_s)
+            self._live[key] = (model, name, created_at, tokens, expire_at)
+            cost = self._cost(model, tokens=tokens, since=created_at, until=expire_at)
+            await self._ledger.created(job_id=self.job_id, group_key=key, name=name, tokens=tokens,
+                                       created_at=created_at, expire_at=expire_at, cost=cost)
+            if cost is not None:
+                self.costs[group.key] = cost
+        finally:
+            if self._budget is not None and held:
+                self._budget.landed(held)
 
     async def _hold(self, model: str, *, tokens: int, ttl_s: float) -> int:
         """Hold the create and the storage for ``ttl_s`` (with a tenth more tokens than the estimate) out of the
@@ -203,7 +244,7 @@ class ExplicitCaches:
     async def close(self) -> None:
         """Delete every cache this run made or reused; its storage cost is then what it lived. One that cannot be
         deleted expires at its TTL, its recorded cost left at that."""
-        for group_key, (model, name, created_at, tokens) in list(self._live.items()):
+        for group_key, (model, name, created_at, tokens, _) in list(self._live.items()):
             try:
                 await self._api_of(model).delete(name)
             except APIError as exc:

@@ -12,7 +12,7 @@ their answers (one latency): if ``COLD_TO_SPREAD`` of them are cold, the group s
 (``keys_for``: its share of the run's concurrency over the answers' latency); otherwise it goes on at full speed,
 still watching the last ``WINDOW`` answers. After a spread the group's requests wait for the new keys' writers and
 probe again, so one spread's overflow never spreads it twice; a spread that still overflows grows by the share of
-cold answers, at most twice over.
+cold answers, at most twice over; a spread that leaves the answers mostly cold and no less so ends the spreading.
 
 Invariants: a key's first request (its writer) is sent alone, and no other request of the group is sent while a
 key is warming; a writer that fails leaves its key to the next request dealt; never more keys than requests left.
@@ -32,6 +32,8 @@ __all__ = ["KeyDealer", "KeyTicket", "keys_for"]
 # Answers of warm keys a decision looks at, and the cold ones among them that show overflow.
 WINDOW = 20
 COLD_TO_SPREAD = 5
+# A spread after which at least this share of answers is cold, and no less than before it, ends the spreading.
+_MOSTLY_COLD = 0.5
 # The latency taken for a request before any is answered.
 _ASSUMED_LATENCY_S = 5.0
 
@@ -76,6 +78,8 @@ class KeyDealer:
         self._warm: list[int] = []
         self._turn = 0
         self._probing = True
+        self._cold_at_spread = 0.0  # the cold share that made the last spread
+        self.gave_up = False
         self._probe_dealt = self._probe_settled = 0
         self._window: deque[bool] = deque(maxlen=WINDOW)  # evidence answers: True where cold
         self._latency_sum = 0.0
@@ -142,8 +146,14 @@ class KeyDealer:
 
     def _spread(self, cold: float) -> None:
         """Spread over the keys the group's rate needs; where it already spread and still overflows (the provider
-        takes less than the guide's rate), over as many more as its keys fall short by, at most twice as many."""
+        takes less than the guide's rate), over as many more as its keys fall short by, at most twice as many. A spread
+        that left the answers mostly cold and no less so ends the spreading: they are not overflow (a host that ignores the key, a
+        prefix shorter than estimated), and more keys would only pay more warm-ups."""
         self._window.clear()
+        if self.gave_up or (self.spreads and cold >= max(self._cold_at_spread, _MOSTLY_COLD)):
+            self.gave_up = True
+            return
+        self._cold_at_spread = cold
         want = keys_for(self._left, rate=self.rate()) if self._left else 0
         if self.spreads:
             want = max(want, math.ceil(self.active / max(1.0 - cold, 0.5)))

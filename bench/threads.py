@@ -10,6 +10,8 @@ aiosqlite's, one per pooled connection; ``GlobalEventLoopThread``, ``APILogWorke
 Prefect's client services) next to the whole process's (``getrusage``). "unattributed" is what no poll saw:
 threads that ended between two polls and the last fifth of a second of the others. Each repeat runs the same
 arguments; a ``--database-url`` file is removed before each (a second run would resume the first job).
+``--statements`` also times, in CPU seconds of the connection's thread, each
+driver call aiosqlite runs (statements by their first 70 characters, commits, fetches) and prints the top 15.
 Start the simulator as its own process (``python -m llm_dispatch.simulator --port 8000 --latency 0.2``) so its CPU
 is not counted in the command's.
 """
@@ -29,6 +31,7 @@ from pathlib import Path
 
 POLL_SECONDS = 0.2
 PR_SET_NAME = 15
+STATEMENTS_ENV = "LLMD_THREADS_STATEMENTS"  # the child writes its driver calls' CPU seconds to this file
 # A kernel thread name holds 15 bytes; Prefect's and aiosqlite's thread names are told apart by their first 15.
 GROUPS = (
     ("_connection_wor", "aiosqlite connections"),
@@ -56,20 +59,57 @@ def child(argv: list[str]) -> None:
         bootstrap(self)
 
     threading.Thread._bootstrap_inner = named  # type: ignore[attr-defined]
+    if os.environ.get(STATEMENTS_ENV):
+        _time_statements(Path(os.environ[STATEMENTS_ENV]))
     sys.argv = ["llm-dispatch", *argv]
     from llm_dispatch.cli.main import main
 
     main()
 
 
-def measure(argv: list[str], *, log: Path) -> dict[str, float]:
+def _time_statements(out: Path) -> None:
+    """Time each call aiosqlite runs in its connection's thread, in that thread's CPU seconds; written at exit."""
+    import atexit
+    from typing import Any
+
+    import aiosqlite.core
+
+    calls: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    execute: Any = aiosqlite.core.Connection._execute
+
+    async def timed_execute(self: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        sql = args[0] if args and isinstance(args[0], str) else ""
+        key = f"{getattr(fn, '__name__', fn)} {' '.join(sql.split())[:70]}"
+
+        def timed(*a: Any, **k: Any) -> Any:
+            began = time.thread_time()
+            try:
+                return fn(*a, **k)
+            finally:
+                calls[key][0] += 1
+                calls[key][1] += time.thread_time() - began
+
+        return await execute(self, timed, *args, **kwargs)
+
+    aiosqlite.core.Connection._execute = timed_execute  # type: ignore[method-assign]
+
+    @atexit.register
+    def write() -> None:
+        lines = [f"{seconds:7.2f} {int(n):6d}  {key}" for key, (n, seconds) in
+                 sorted(calls.items(), key=lambda kv: -kv[1][1])]
+        out.write_text(f"{sum(s for _, s in calls.values()):7.2f} {'calls':>6}  every driver call\n" +
+                       "\n".join(lines[:15]) + "\n")
+
+
+def measure(argv: list[str], *, log: Path, statements: Path | None = None) -> dict[str, float]:
     """One run of the command: CPU seconds by thread group, the whole process's, its wall time."""
     tick = os.sysconf("SC_CLK_TCK")
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
     with log.open("w") as out:
+        env = {**os.environ, **({STATEMENTS_ENV: str(statements)} if statements is not None else {})}
         process = subprocess.Popen([sys.executable, __file__, "--child", "--", *argv], stdout=out,
-                                   stderr=subprocess.STDOUT)
+                                   stderr=subprocess.STDOUT, env=env)
         seen: dict[str, tuple[str, float, float]] = {}  # tid: (name, user s, system s), as last polled
         while process.poll() is None:
             for tid in _tids(process.pid):
@@ -120,6 +160,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--log", type=Path, default=Path("threads-run.log"), help="the command's output, last run")
+    parser.add_argument("--statements", action="store_true", help="also each driver call's CPU seconds (last run)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then llm-dispatch's arguments")
     args = parser.parse_args()
     argv = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -132,7 +173,8 @@ def main() -> None:
             for suffix in ("", "-wal", "-shm"):
                 Path(f"{database}{suffix}").unlink(missing_ok=True)
         load = os.getloadavg()[0]
-        rows.append(measure(argv, log=args.log))
+        statements = args.log.with_suffix(".statements") if args.statements else None
+        rows.append(measure(argv, log=args.log, statements=statements))
         print(f"run {n + 1}: {rows[-1]['wall']:.1f} s wall, {rows[-1]['TOTAL (getrusage)']:.2f} s CPU, "
               f"load {load:.2f} at start", flush=True)
     names = sorted({name for row in rows for name in row if name != "wall"},
@@ -141,6 +183,9 @@ def main() -> None:
     for name in names:
         values = [row.get(name, 0.0) for row in rows]
         print(f"  {name:<44} {statistics.median(values):7.2f}   ({', '.join(f'{v:.2f}' for v in values)})")
+    if args.statements:
+        print("\nthe connections' CPU seconds by driver call (last run: seconds, calls, call)")
+        print(args.log.with_suffix(".statements").read_text(), end="")
 
 
 if __name__ == "__main__":

@@ -111,7 +111,7 @@ async def test_openai_keys_stay_one_while_answers_read_the_prefix_and_spread_onc
         """Deal ``count`` requests one at a time, each answered before the next leaves."""
         names = []
         for request in requests[:count]:
-            sent, ticket = await plan.deal(request)
+            sent, ticket = await plan.deal(request, plan.group_key(request))
             names.append(sent.params["prompt_cache_key"])
             plan.answered(group, answer(0 if ticket and ticket.writer else cached), model="gpt-5.4-mini",
                           ticket=ticket)
@@ -140,10 +140,10 @@ async def test_a_probe_holds_the_rest_of_the_group_for_one_round_of_answers(pric
     requests = [ask("gpt-5.4-mini", f"item {n}") for n in range(100)]
     plan = plan_caches(groups_of(requests), total_prompts=100, concurrency=50, latency_s=1.0, prices=prices)
     group = plan.groups[0].group.key
-    writer = await plan.deal(requests[0])
+    writer = await plan.deal(requests[0], plan.group_key(requests[0]))
     plan.answered(group, answer(0), model="gpt-5.4-mini", ticket=writer[1])
-    probe = [await plan.deal(request) for request in requests[1:21]]
-    waiting = asyncio.ensure_future(plan.deal(requests[21]))
+    probe = [await plan.deal(request, plan.group_key(request)) for request in requests[1:21]]
+    waiting = asyncio.ensure_future(plan.deal(requests[21], plan.group_key(requests[21])))
     await asyncio.sleep(0)
     assert not waiting.done()  # 20 out on the warm key: the rest wait for their answers
     for _, ticket in probe[:-1]:
@@ -158,13 +158,14 @@ async def test_a_probe_holds_the_rest_of_the_group_for_one_round_of_answers(pric
 async def test_a_failed_writer_leaves_its_key_to_the_next_request(prices: PriceTable) -> None:
     requests = [ask("gpt-5.4-mini", f"item {n}") for n in range(50)]
     plan = plan_caches(groups_of(requests), total_prompts=50, concurrency=10, prices=prices)
-    first, ticket = await plan.deal(requests[0])
+    first, ticket = await plan.deal(requests[0], plan.group_key(requests[0]))
     assert ticket is not None and ticket.writer
     plan.unanswered(ticket)
-    again, retry = await plan.deal(requests[1])
+    again, retry = await plan.deal(requests[1], plan.group_key(requests[1]))
     assert retry is not None and retry.writer and again.params["prompt_cache_key"] == first.params[
         "prompt_cache_key"]
-    assert await plan.deal(ask("claude-sonnet-4-5", "x")) == (ask("claude-sonnet-4-5", "x"), None)
+    other = ask("claude-sonnet-4-5", "x")
+    assert await plan.deal(other, plan.group_key(other)) == (other, None)
 
 
 @pytest.mark.parametrize("overflow", [None, 15])
@@ -352,7 +353,7 @@ async def test_a_group_whose_answers_stay_cold_after_a_spread_stops_spreading(pr
     plan = plan_caches(groups_of(requests), total_prompts=5_000, concurrency=200, latency_s=1.0, prices=prices)
     group = plan.groups[0].group.key
     for request in requests:
-        _, ticket = await plan.deal(request)
+        _, ticket = await plan.deal(request, plan.group_key(request))
         plan.answered(group, answer(0), model="gpt-5.4-mini", ticket=ticket)
     keys = plan.keys_used(group)
     assert keys is not None and 1 < keys < 1_000

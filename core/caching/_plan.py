@@ -171,13 +171,12 @@ class CachePlan:
         key = prefix_key(request)
         return key if key is not None and key in self._by_key else None
 
-    async def deal(self, request: ChatRequest) -> tuple[ChatRequest, KeyTicket | None]:
-        """(``request`` as it leaves, its ticket): a keys plan's request gets its group's next prompt_cache_key as
-        it is sent, so the keys follow what the answers so far showed (it may wait while new keys warm, ``_keys``);
-        any other request is returned as given. Every ticket is given back once its request ends (``answered``,
-        ``unanswered``)."""
-        key = prefix_key(request) if self._dealers else None
-        dealer = None if key is None else self._dealers.get(key)
+    async def deal(self, request: ChatRequest, group_key: str | None) -> tuple[ChatRequest, KeyTicket | None]:
+        """(``request`` as it leaves, its ticket): a keys plan's request (of the group ``group_key``, as
+        ``group_key`` found it) gets its group's next prompt_cache_key as it is sent, so the keys follow what the
+        answers so far showed (it may wait while new keys warm, ``_keys``); any other request is returned as given.
+        Every ticket is given back once its request ends (``answered``, ``unanswered``)."""
+        dealer = None if group_key is None else self._dealers.get(group_key)
         if dealer is None:
             return request, None
         ticket = await dealer.deal()

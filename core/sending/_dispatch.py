@@ -336,7 +336,8 @@ async def send_all(
 
     async def paid(item: WorkItem) -> None:
         model = item.request.model
-        request, ticket = (item.request, None) if cache_plan is None else await cache_plan.deal(item.request)
+        request, ticket = ((item.request, None) if cache_plan is None
+                           else await cache_plan.deal(item.request, group_keys.get(id(item))))
         if progress is not None:
             progress.in_flight += 1
         if cache_plan is not None and cache_plan.explicit is not None and id(item) in group_keys:

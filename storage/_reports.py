@@ -24,7 +24,6 @@ from llm_dispatch.core import (
     PromptStatus,
     ResultRoute,
     Route,
-    answer_schema,
     from_pico,
     json_texts,
 )
@@ -448,6 +447,8 @@ async def export_pages(sessions: Sessions, *, job_id: str, fields: Collection[st
 async def export_shape(sessions: Sessions, *, job_id: str) -> ExportShape:
     """The job's ``ExportShape``: its prompts' metadata read as a stream in input order (only that column), and
     one count of conversations."""
+    from llm_dispatch.core import answer_schema  # the wire's schema rules: an export's, not status's
+
     keys: dict[str, None] = {}
     # Prompts with metadata only: none stored is JSON null, not SQL NULL.
     stmt = (select(Prompt.metadata_).where(Prompt.job_id == job_id, Prompt.metadata_.is_not(None),

@@ -80,8 +80,25 @@ def _rows(job_id: str, start: int, stop: int, *, first_id: int, now: Any, dumps:
 
 def _batches(job_id: str, count: int, *, first_id: int, now: Any) -> list[tuple[Any, ...]]:
     per = -(-count // 5 // BATCHES)
-    return [(first_id + i, job_id, MODEL, "openai", "chat", "ingested", f"batch_{job_id[:8]}_{i}", f"file-in-{i}",
+    return [(first_id + i, job_id, MODEL, "openai", "chat", "ingested", f"batch_{job_id}_{i}", f"file-in-{i}",
              f"file-out-{i}", per, per, 0, False, 0, now, now, now, now) for i in range(BATCHES)]
+
+
+def _deltas_sql() -> str | None:
+    """How the migration that made ``ledger_deltas`` (storage._ledger) fills it from the results stored, in the tree
+    whose interpreter runs this script; None before that migration."""
+    import importlib.util
+    from pathlib import Path
+
+    from llm_dispatch import storage
+
+    for path in (Path(storage.__file__).parent / "migrations" / "versions").glob("*_ledger_deltas.py"):
+        spec = importlib.util.spec_from_file_location("ledger_deltas_migration", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return str(module.BACKFILL)
+    return None
 
 
 def _insert(table: str, columns: tuple[str, ...]) -> str:
@@ -104,6 +121,10 @@ def fill_sqlite(path: str, *, job_id: str, count: int, open_: bool = False) -> N
                                      dumps=json.dumps, open_=open_)
             con.executemany(_insert("prompts", PROMPT_COLUMNS), prompts)
             con.executemany(_insert("results", RESULT_COLUMNS), results)
+        deltas = _deltas_sql()
+        if deltas is not None:  # what the application's writers would have appended, for every job's results
+            con.execute("DELETE FROM ledger_deltas")
+            con.execute(deltas)
 
 
 async def fill_postgres(url: str, *, job_id: str, count: int, open_: bool = False) -> None:
@@ -126,6 +147,10 @@ async def fill_postgres(url: str, *, job_id: str, count: int, open_: bool = Fals
                                          dumps=json.dumps, open_=open_)
                 await con.copy_records_to_table("prompts", records=prompts, columns=PROMPT_COLUMNS)
                 await con.copy_records_to_table("results", records=results, columns=RESULT_COLUMNS)
+            deltas = _deltas_sql()
+            if deltas is not None:  # what the application's writers would have appended, for every job's results
+                await con.execute("DELETE FROM ledger_deltas")
+                await con.execute(deltas)
         # The sequences past the ids written, so the next row the application writes gets a new one.
         for table in ("prompts", "results", "batches"):
             await con.execute(f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), (SELECT max(id) FROM {table}))")

@@ -9,6 +9,7 @@ installed ``llm-dispatch`` in a process of its own: its wall time, CPU seconds (
 
     python bench/export.py --prompts 1000000 --repeat 3 --code main=/work/main --code new=.
     python bench/export.py --prompts 1000000 --postgres postgresql+asyncpg://postgres@127.0.0.1:5432/postgres
+    python bench/export.py --prompts 1000000 --jobs 2 --commands status cost   # another job of 1M beside it
 """
 
 from __future__ import annotations
@@ -38,12 +39,14 @@ TARGETS = {"status": 1.0, "cost": 1.0, "export jsonl": 30.0, "export csv": 30.0,
 
 
 def make_database(*, label: str, python: str, env: dict[str, str], count: int, workdir: Path,
-                  postgres: str | None) -> tuple[str, str]:
-    """A database of one ``count``-prompt job for one tree, made by that tree's interpreter; its URL and the job."""
+                  postgres: str | None, jobs: int = 1) -> tuple[str, str]:
+    """A database of ``jobs`` jobs of ``count`` prompts each for one tree, made by that tree's interpreter; its URL
+    and the first job (the one measured: the others are there to show they do not slow it)."""
     if postgres:
         from sqlalchemy.engine import make_url
 
-        name = f"bench_export_{label}"
+        # The label and this process's id: two sessions benchmarking on one server never wipe each other's.
+        name = f"bench_export_{label}_{os.getpid()}"
         admin = postgres.replace("postgresql+asyncpg://", "postgresql://")
         subprocess.run(["psql", admin, "-qc", f'DROP DATABASE IF EXISTS "{name}"'], check=True)
         subprocess.run(["psql", admin, "-qc", f'CREATE DATABASE "{name}"'], check=True)
@@ -52,9 +55,10 @@ def make_database(*, label: str, python: str, env: dict[str, str], count: int, w
         url = f"sqlite+aiosqlite:///{workdir / f'{label}.db'}"
     job = f"bench-{label}"
     started = time.perf_counter()
-    subprocess.run([python, str(ROOT / "bench" / "bigdb.py"), "--prompts", str(count), "--database-url", url,
-                    "--job-id", job], env=env, check=True, stdout=subprocess.DEVNULL)
-    print(f"  {label}: {count:,} prompts made in {time.perf_counter() - started:.0f} s", flush=True)
+    for n in range(jobs):
+        subprocess.run([python, str(ROOT / "bench" / "bigdb.py"), "--prompts", str(count), "--database-url", url,
+                        "--job-id", job if n == 0 else f"{job}-{n + 1}"], env=env, check=True, stdout=subprocess.DEVNULL)
+    print(f"  {label}: {jobs} x {count:,} prompts made in {time.perf_counter() - started:.0f} s", flush=True)
     return url, job
 
 
@@ -78,6 +82,7 @@ def main() -> None:
     parser.add_argument("--postgres", metavar="SERVER_URL", help="databases on this PostgreSQL server, not SQLite")
     parser.add_argument("--database", action="append", metavar="LABEL=URL#JOB", help="reuse a database made before")
     parser.add_argument("--commands", nargs="+", choices=list(COMMANDS), default=list(COMMANDS))
+    parser.add_argument("--jobs", type=int, default=1, help="jobs of --prompts each per database (the first measured)")
     args = parser.parse_args()
     trees = dict(item.split("=", 1) for item in args.code) if args.code else {"this": str(ROOT)}
     given = {label: tuple(rest.rsplit("#", 1)) for label, rest in
@@ -96,26 +101,46 @@ def main() -> None:
                 url, job = given[label]
             else:
                 url, job = make_database(label=label, python=python, env=env, count=args.prompts, workdir=workdir,
-                                         postgres=args.postgres)
+                                         postgres=args.postgres, jobs=args.jobs)
             command = str(Path(python).with_name("llm-dispatch"))
             setups[label] = ([command], {**env, "LLM_DISPATCH_DATABASE_URL": url}, job)
-        for run in range(args.repeat):
-            for name in args.commands:
-                for label, (command, env, job) in setups.items():
-                    out = str(workdir / f"out-{label}")
-                    argv = command + [part.format(job=job, out=out) for part in COMMANDS[name]]
-                    runs[label][name].append(measure(argv, env=env))
-                    for suffix in (".jsonl", ".csv", ".parquet"):
-                        Path(out + suffix).unlink(missing_ok=True)
-                print(f"  run {run + 1} {name:<15} " + ", ".join(
-                    f"{label} {r[name][-1]['wall']:.2f} s wall, {r[name][-1]['cpu']:.2f} s CPU, "
-                    f"{r[name][-1]['rss_mb']:.0f} MiB" for label, r in runs.items()) + f" (load {load():.1f})",
-                    flush=True)
+        try:
+            measure_all(runs, setups, workdir=workdir, repeat=args.repeat, commands=args.commands, load=load)
+        finally:
+            if args.postgres:  # the databases this run made, not those given with --database
+                admin = args.postgres.replace("postgresql+asyncpg://", "postgresql://")
+                for label in trees:
+                    if label not in given:
+                        subprocess.run(["psql", admin, "-qc",
+                                        f'DROP DATABASE IF EXISTS "bench_export_{label}_{os.getpid()}"'], check=False)
+    print_medians(runs, prompts=args.prompts, repeat=args.repeat, commands=args.commands)
+
+
+def measure_all(runs: dict[str, dict[str, list[dict[str, float]]]],
+                setups: dict[str, tuple[list[str], dict[str, str], str]], *, workdir: Path, repeat: int,
+                commands: list[str], load: Any) -> None:
+    """Every command ``repeat`` times, the trees alternating within each."""
+    for run in range(repeat):
+        for name in commands:
+            for label, (command, env, job) in setups.items():
+                out = str(workdir / f"out-{label}")
+                argv = command + [part.format(job=job, out=out) for part in COMMANDS[name]]
+                runs[label][name].append(measure(argv, env=env))
+                for suffix in (".jsonl", ".csv", ".parquet"):
+                    Path(out + suffix).unlink(missing_ok=True)
+            print(f"  run {run + 1} {name:<15} " + ", ".join(
+                f"{label} {r[name][-1]['wall']:.2f} s wall, {r[name][-1]['cpu']:.2f} s CPU, "
+                f"{r[name][-1]['rss_mb']:.0f} MiB" for label, r in runs.items()) + f" (load {load():.1f})",
+                flush=True)
+
+
+def print_medians(runs: dict[str, dict[str, list[dict[str, float]]]], *, prompts: int, repeat: int,
+                  commands: list[str]) -> None:
     first = next(iter(runs))
-    print(f"\nmedians of {args.repeat} runs ({args.prompts:,} prompts; ratios to {first}, run by run)")
+    print(f"\nmedians of {repeat} runs ({prompts:,} prompts; ratios to {first}, run by run)")
     print(f"  {'command':<16}{'tree':<8}{'wall s':>8}{'CPU s':>8}{'peak MiB':>10}{'wall/first':>12}{'CPU/first':>11}"
           f"{'target':>9}")
-    for name in args.commands:
+    for name in commands:
         for label, by_name in runs.items():
             each = by_name[name]
             base = runs[first][name]

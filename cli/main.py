@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn
 
 from llm_dispatch.core import (
     RETRY_FAILED,
@@ -287,6 +286,9 @@ async def _run_with_progress(
 
 
 async def _show(progress: Progress) -> None:
+    # The bar's module is loaded by a run, not by every command.
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn
+
     columns = (
         TextColumn("[progress.description]{task.description}"),
         BarColumn(),

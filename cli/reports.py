@@ -18,17 +18,8 @@ from rich.table import Table
 from sqlalchemy.engine import make_url
 
 from llm_dispatch import storage
-from llm_dispatch.jobs import (
-    BINARY_FORMATS,
-    CacheEstimate,
-    actual_cost,
-    cache_report,
-    describe_cache_estimate,
-    job_budget_standings,
-    money,
-    plan_export,
-    reprice as reprice_job,
-)
+# Each command imports the rest of what it reads (cache planning, exports, repricing) when it runs.
+from llm_dispatch.jobs import actual_cost, job_budget_standings, money
 from llm_dispatch.core import (
     DatabaseError,
     PriceTable,
@@ -46,7 +37,7 @@ from llm_dispatch.core import (
 )
 
 if TYPE_CHECKING:
-    from llm_dispatch.jobs import DispatchSummary
+    from llm_dispatch.jobs import CacheGroupReport, DispatchSummary
 
 
 def require_database(settings: Settings) -> None:
@@ -119,12 +110,9 @@ async def status(*, settings: Settings, job_id: str | None, cache: bool = False)
             storage.route_counts(sessions, job_id=job_id),
             storage.structured_stats(sessions, job_id=job_id),
             _budgets(sessions, job_id=job_id),
-            # The prices a run would price with (``jobs.load_prices``, whose module loads the send path). Asked for
-            # (``--cache``): it reads and hashes every stored request, which a job of millions should not pay for.
-            cache_report(sessions, job_id=job_id, provider_of=providers.cache_rules_of,
-                         prices=PriceTable.load(path=Path(settings.prices_file) if settings.prices_file else None,
-                                                providers=providers if settings.providers_file else None))
-            if cache else _no_groups(),
+            # Asked for (``--cache``): it reads and hashes every stored request, which a job of millions should not
+            # pay for.
+            _cache_report(sessions, job_id=job_id, settings=settings, providers=providers) if cache else _no_groups(),
         )
         # The groups its recording found and the plan priced then: a few rows of the job's, never its prompts.
         planned = await storage.job_cache_groups(sessions, job_id=job_id, limit=STATUS_CACHE_GROUPS)
@@ -137,7 +125,7 @@ async def status(*, settings: Settings, job_id: str | None, cache: bool = False)
             "unpriced_models": dict(ledger.totals.unpriced_models),
             "structured": to_json(structured),
             "cache": to_json(groups) if cache else None,
-            "cache_plan": to_json(CacheEstimate.stored(planned, enabled=True)) if planned.total else None,
+            "cache_plan": _stored_plan(planned),
             "budgets": budgets,
             "batches": [
                 {"id": b.id, "provider": b.provider, "provider_batch_id": b.provider_batch_id, "status": b.status,
@@ -151,6 +139,27 @@ async def status(*, settings: Settings, job_id: str | None, cache: bool = False)
                 for b in batches
             ],
         }
+
+
+async def _cache_report(sessions: storage.Sessions, *, job_id: str, settings: Settings,
+                        providers: ProviderTable) -> list[CacheGroupReport]:
+    """Each shared prefix's hit rate and saving (``jobs.cache_report``), priced as a run would price them
+    (``jobs.load_prices``, whose module loads the send path)."""
+    from llm_dispatch.jobs import cache_report
+
+    return await cache_report(sessions, job_id=job_id, provider_of=providers.cache_rules_of,
+                              prices=PriceTable.load(path=Path(settings.prices_file) if settings.prices_file else None,
+                                                     providers=providers if settings.providers_file else None))
+
+
+def _stored_plan(planned: storage.StoredCacheGroups) -> dict[str, Any] | None:
+    """The cache plan the job's recording priced (None: it found no shared prefix), as JSON."""
+    if not planned.total:
+        return None
+    from llm_dispatch.jobs import CacheEstimate
+
+    plan: dict[str, Any] = to_json(CacheEstimate.stored(planned, enabled=True))
+    return plan
 
 
 def _by_status(routes: Mapping[str, Mapping[str, int]]) -> dict[str, int]:
@@ -191,6 +200,8 @@ def print_status(console: Console, data: dict[str, Any]) -> None:
     console.print(table)
     plan = data.get("cache_plan")
     if plan:
+        from llm_dispatch.jobs import CacheEstimate, describe_cache_estimate
+
         lines = describe_cache_estimate(CacheEstimate(
             groups=[storage.CacheGroupRow(**row) for row in plan["groups"]], total=plan["total"],
             planned_cost=Decimal(str(plan["planned_cost"])), uncached_cost=Decimal(str(plan["uncached_cost"]))))
@@ -225,8 +236,10 @@ async def cost(*, settings: Settings, job_id: str | None) -> dict[str, Any] | No
         found = await _job_id(sessions, job_id)
         if found is None:
             return None
-        ledger = await actual_cost(sessions=sessions, job_id=found, provider_of=provider_lookup(ProviderTable.from_settings(settings)))
-        budgets = await _budgets(sessions, job_id=found)
+        # Independent reads, each on a connection of its own: at once.
+        ledger, budgets = await asyncio.gather(
+            actual_cost(sessions=sessions, job_id=found, provider_of=provider_lookup(ProviderTable.from_settings(settings))),
+            _budgets(sessions, job_id=found))
     return {"job_id": found, **to_json(ledger), "currency": "USD", "budgets": budgets}
 
 
@@ -282,6 +295,8 @@ async def reprice(
     # A declared provider's models are priced by its providers file, as a run prices them.
     table = PriceTable.load(path=prices_file, providers=ProviderTable.from_settings(settings)
                             if settings.providers_file else None)
+    from llm_dispatch.jobs import reprice as reprice_job
+
     async with _database(settings, migrate=False) as sessions:
         await storage.require_current_schema(sessions)
         found = await _job_id(sessions, job_id)
@@ -326,6 +341,8 @@ async def export(*, settings: Settings, job_id: str, fmt: str, output: Path | No
                  fields: list[str] | None = None) -> int:
     """Write the job's rows as ``jsonl`` (one object a line), ``json`` (one array) or ``csv``; returns how many.
     The columns are checked before ``output`` is opened."""
+    from llm_dispatch.jobs import BINARY_FORMATS, plan_export
+
     async with _database(settings) as sessions:
         job_id = await storage.resolve_job(sessions, reference=job_id)
         plan = await plan_export(sessions=sessions, job_id=job_id, fmt=fmt, fields=fields)

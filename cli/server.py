@@ -13,8 +13,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Annotated
@@ -131,6 +129,9 @@ def _alive(pid: int) -> bool:
 
 
 def _healthy(api_url: str) -> bool:
+    import urllib.error  # with http.client and email: for this command, not every one the group registers
+    import urllib.request
+
     try:
         with urllib.request.urlopen(f"{api_url}/health", timeout=2) as answer:
             status: int = answer.status

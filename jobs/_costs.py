@@ -7,14 +7,15 @@ from __future__ import annotations
 from collections.abc import Callable, Container, Iterable, Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import ClassVar
-
+from typing import TYPE_CHECKING, ClassVar
 
 from llm_dispatch import storage
 from llm_dispatch.core import ChatRequest, CostTotals, EstimateSums, PriceTable, RouteTotals, from_pico, provider_lookup
 from llm_dispatch.core import REQUEST_ROUTES, ROUTES, RetryFailed, Route, json_field, money
 
-from ._cache_plan import CacheEstimate, CachePlanning, JobPrefixes
+
+if TYPE_CHECKING:  # handed in by the estimate's callers: the reports (actual_cost) load no cache planning
+    from ._cache_plan import CacheEstimate, CachePlanning, JobPrefixes
 
 __all__ = ["JobCost", "PriceBasis", "RepricedRow", "Repricing", "actual_cost", "counted_prompts", "estimate_cost", "money",
            "reprice"]

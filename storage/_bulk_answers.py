@@ -1,9 +1,10 @@
 """A batch's result rows written in bulk: set-based statements for the thousands of rows of an ingest slice.
 
-The rows are those ``_results`` builds, and they leave the database as ``write_results`` would leave it with
-``only_if="batched"``; only the statements differ. PostgreSQL takes the rows by ``COPY`` and settles their prompts
-in one ``UPDATE ... FROM unnest(...)``; SQLite settles them in one ``UPDATE`` per prompt state, the ids handed over
-as one JSON array (``json_each``), and inserts the rows by the driver's ``executemany``.
+The rows are those ``_results`` builds, and they leave the database (their ledger deltas included) as
+``write_results`` would leave it with ``only_if="batched"``; only the statements differ. PostgreSQL takes the rows
+by ``COPY`` and settles their prompts in one ``UPDATE ... FROM unnest(...)``; SQLite settles them in one ``UPDATE``
+per prompt state, the ids handed over as one JSON array (``json_each``), and inserts the rows by the driver's
+``executemany``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any, Final
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ._bulk import bind_value, chunks, placeholders
+from ._ledger import write_ledger_deltas
 from ._models import Prompt
 from ._results import RESULT_COLUMNS, ResultRow, prompt_states, result_params
 
@@ -42,6 +44,7 @@ async def write_batch_rows(conn: AsyncConnection, rows: Sequence[ResultRow], *, 
     dialect = conn.dialect
     states = prompt_states(rows)
     updated = bind_value(Prompt.__table__.c.updated_at, now, dialect)
+    await write_ledger_deltas(conn, rows, job_ids=job_id)
     params = result_params(rows, job_ids=job_id, dialect=dialect)
     if dialect.name == "postgresql":
         ids = list(states)

@@ -4,14 +4,16 @@ records before and after each create, reads on resume, and what the job's cost a
 from __future__ import annotations
 
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from sqlalchemy import select
-
-from llm_dispatch.core import CacheRecord
 
 from ._budgets import BudgetLease
 from ._engine import Sessions
 from ._models import CachedContentRecord, aware
+
+if TYPE_CHECKING:  # its module is the send path's explicit caches (the Gemini wire): a report sums costs only
+    from llm_dispatch.core import CacheRecord
 
 __all__ = ["CachedContentLedger", "cache_storage_costs"]
 
@@ -30,6 +32,8 @@ class CachedContentLedger:
             row = await session.get(CachedContentRecord, (job_id, group_key))
         if row is None:
             return None
+        from llm_dispatch.core import CacheRecord
+
         return CacheRecord(group_key=row.group_key, display_name=row.display_name, name=row.name,
                            created_at=None if row.created_at is None else aware(row.created_at),
                            expire_at=None if row.expire_at is None else aware(row.expire_at), tokens=row.tokens,

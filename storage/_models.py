@@ -34,8 +34,8 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 # Read by SQLAlchemy when it maps the classes: imported, not only for the type checker.
 from llm_dispatch.core import JobStatus, PromptStatus, ResultRoute, ResultStatus, Route
 
-__all__ = ["CHECKED", "PARSED_JSON", "Base", "Batch", "BatchMember", "Budget", "BudgetSpend", "CacheGroup", "Job", "Prompt",
-           "Reservation", "Result", "aware", "new_job_id", "utcnow"]
+__all__ = ["CHECKED", "PARSED_JSON", "Base", "Batch", "BatchMember", "Budget", "BudgetSpend", "CacheGroup", "Job",
+           "LedgerDelta", "Prompt", "Reservation", "Result", "aware", "new_job_id", "utcnow"]
 
 # Stable constraint names, so a later migration can drop or alter them by name on both
 # databases (and SQLite batch mode can recreate tables).
@@ -154,9 +154,10 @@ class Prompt(Base):
 
 class Result(Base):
     __tablename__ = "results"
-    # job_id has no index of its own: the covering ledger index leads with it. ``status`` and ``cost`` sum a job's
-    # usage from that index alone, in its order (grouped by route, tier and price stamp with no sort); structured
-    # statistics read only the rows that were checked against a schema, by the partial index.
+    # job_id has no index of its own: the covering ledger index leads with it. ``status`` and ``cost`` read a job's
+    # usage from its ledger deltas (``LedgerDelta``); what the deltas cannot split (a long-prompt price, a job of
+    # several models) is summed from that index alone, in its order (grouped by route, tier and price stamp with no
+    # sort); structured statistics read only the rows that were checked against a schema, by the partial index.
     __table_args__ = (
         Index("ix_results_job_id_ledger", "job_id", "route", "service_tier", "prices_as_of", "prices_file",
               "cost_basis", "status", "prompt_tokens", "completion_tokens", "cached_tokens", "cache_creation_tokens",
@@ -222,6 +223,35 @@ class Result(Base):
     # When the cost was worked out: "answer" (as the row was stored) or "backfill" (migration 0004, from
     # the tokens, with the then bundled prices of ``prices_as_of``); NULL when no price table was given.
     cost_basis: Mapped[str | None] = mapped_column(String(16))
+
+
+class LedgerDelta(Base):
+    """What one write of results added to its job's paid usage, per ledger key (route, service tier, price stamp):
+    appended in the transaction that inserts those results (``storage._ledger``), never updated; a job's rows are
+    folded into one per key by ``compact_ledger``. Their sums are what the job's results' covering ledger index sums
+    (``usage_by_route``: answers and failures that reported usage, none reused), read from a few rows instead of one
+    per result. Append-only, so writers of one job (shards on PostgreSQL) never wait on each other's row."""
+
+    __tablename__ = "ledger_deltas"
+    __table_args__ = (Index("ix_ledger_deltas_job_id", "job_id"),)
+
+    id: Mapped[int] = mapped_column(BigInt, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"))
+    route: Mapped[ResultRoute] = mapped_column(String(16))
+    service_tier: Mapped[str | None] = mapped_column(String(16))
+    prices_as_of: Mapped[str | None] = mapped_column(String(10))
+    prices_file: Mapped[str | None] = mapped_column(String())
+    cost_basis: Mapped[str | None] = mapped_column(String(16))
+    requests: Mapped[int] = mapped_column(BigInteger())
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger())
+    completion_tokens: Mapped[int] = mapped_column(BigInteger())
+    cached_tokens: Mapped[int] = mapped_column(BigInteger())
+    cache_creation_tokens: Mapped[int] = mapped_column(BigInteger())
+    cache_creation_extended_tokens: Mapped[int] = mapped_column(BigInteger())
+    # Over the requests whose cost is known; ``unpriced`` of them had none.
+    cost_pico_usd: Mapped[int] = mapped_column(BigInteger())
+    list_cost_pico_usd: Mapped[int] = mapped_column(BigInteger())
+    unpriced: Mapped[int] = mapped_column(BigInteger())
 
 
 class Batch(Base):

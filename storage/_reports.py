@@ -24,12 +24,12 @@ from llm_dispatch.core import (
     PromptStatus,
     ResultRoute,
     Route,
-    answer_schema,
     from_pico,
     json_texts,
 )
 
 from ._jobs import job_model_endpoints
+from ._ledger import ledger_sums
 from ._models import CHECKED, Batch, Job, Prompt, Result, aware
 from ._engine import Sessions
 
@@ -163,8 +163,9 @@ async def usage_by_route(
     as asked for), endpoint, service tier and the prices they were priced with. ``long_above`` (model -> prompt tokens)
     splits a model's requests into those at most that long and those longer, which a price table prices apart.
 
-    A job of one model and endpoint (most are) is summed from the results' covering ledger index alone, in its
-    order; a job of several joins each result to its prompt for them."""
+    A job of one model and endpoint (most are) is read from its ledger deltas (``storage._ledger``: a few rows
+    whatever its size), or, split by a long-prompt threshold, summed from the results' covering ledger index alone, in
+    its order; a job of several joins each result to its prompt for them."""
     pairs = await job_model_endpoints(sessions, job_id=job_id)
     if not pairs:
         return []
@@ -181,7 +182,11 @@ async def usage_by_route(
             only_provider = await session.scalar(select(Prompt.provider).where(Prompt.job_id == job_id).limit(1))
         provider = literal(only_provider).label("provider")
         above = (long_above or {}).get(only)
-        long: Any = literal(False) if above is None else Result.prompt_tokens > above
+        if above is None:
+            # One model, no long-prompt split: the job's ledger deltas hold every sum, a few rows however many results.
+            return sorted(_usage_rows(await ledger_sums(sessions, job_id=job_id), model=only, endpoint=only_endpoint,
+                                      provider=only_provider), key=_usage_order)
+        long: Any = Result.prompt_tokens > above
     else:
         model, endpoint, provider = Prompt.model, Prompt.endpoint, Prompt.provider
         long = case(*((and_(Prompt.model == name, Result.prompt_tokens > above), True)
@@ -221,8 +226,20 @@ async def usage_by_route(
                       file, basis) in await session.execute(stmt)
                  if route != "reused"]  # as the query has it: each row's route is a Route
     # Sorted here: the databases put NULL stamps at opposite ends.
-    return sorted(found, key=lambda u: (u.route, u.model, u.provider or "", u.endpoint, u.long_prompt, u.service_tier or "",
-                                        u.prices_as_of or "", u.prices_file or "", u.cost_basis or ""))
+    return sorted(found, key=_usage_order)
+
+
+def _usage_order(u: UsageRow) -> tuple[Any, ...]:
+    return (u.route, u.model, u.provider or "", u.endpoint, u.long_prompt, u.service_tier or "", u.prices_as_of or "",
+            u.prices_file or "", u.cost_basis or "")
+
+
+def _usage_rows(sums: Sequence[Sequence[Any]], *, model: str, endpoint: str, provider: str | None) -> list[UsageRow]:
+    """``ledger_sums``' rows as ``UsageRow``s of one model, endpoint and provider."""
+    return [UsageRow(route, model, n, p, c, k, cost, listed, unknown, as_of, file, basis, cache_creation_tokens=w,
+                     cache_creation_extended_tokens=x, service_tier=tier, endpoint=endpoint, provider=provider)
+            for route, tier, as_of, file, basis, n, p, c, k, w, x, cost, listed, unknown in sums
+            if n and route != "reused"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -448,6 +465,8 @@ async def export_pages(sessions: Sessions, *, job_id: str, fields: Collection[st
 async def export_shape(sessions: Sessions, *, job_id: str) -> ExportShape:
     """The job's ``ExportShape``: its prompts' metadata read as a stream in input order (only that column), and
     one count of conversations."""
+    from llm_dispatch.core import answer_schema  # the wire's schema rules: an export's, not status's
+
     keys: dict[str, None] = {}
     # Prompts with metadata only: none stored is JSON null, not SQL NULL.
     stmt = (select(Prompt.metadata_).where(Prompt.job_id == job_id, Prompt.metadata_.is_not(None),

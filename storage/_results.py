@@ -25,6 +25,7 @@ from llm_dispatch.core import (
 )
 
 from ._bulk import bind_processor, bind_value, placeholders
+from ._ledger import write_ledger_deltas
 from ._models import Prompt, Result
 
 __all__ = [
@@ -295,7 +296,8 @@ async def write_results(
     now: datetime,
     only_if: PromptStatus | None = None,
 ) -> None:
-    """Insert ``rows`` and settle their prompts, in the caller's transaction on ``conn``.
+    """Insert ``rows`` (and what they add to their jobs' ledgers) and settle their prompts, in the caller's
+    transaction on ``conn``.
 
     ``job_ids`` is the job of every row, or each prompt id's. ``only_if`` settles only prompts still in
     that status (a batch's members still ``batched``): a prompt another ingest settled first keeps its
@@ -305,6 +307,7 @@ async def write_results(
         return
     dialect = conn.dialect
     await conn.exec_driver_sql(_insert_sql(dialect), result_params(rows, job_ids=job_ids, dialect=dialect))
+    await write_ledger_deltas(conn, rows, job_ids=job_ids)
     updated = bind_value(Prompt.__table__.c.updated_at, now, dialect)
     states = prompt_states(rows)
     if all(state[0] == "succeeded" for state in states.values()):

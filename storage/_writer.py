@@ -10,7 +10,7 @@ from types import TracebackType
 from typing import NamedTuple
 
 from sqlalchemy import select
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from llm_dispatch.core import ChatResult, PriceTable, ResultRoute, UnknownPromptError
@@ -19,6 +19,7 @@ from ._budgets import BudgetLease, settle_batch
 from ._bulk import IN_CHUNK, chunks
 from ._models import Prompt, utcnow
 from ._prompts import count_background_create, mark_in_flight, release_in_flight, set_background_id
+from ._ledger import compact_ledger
 from ._results import ResultRow, RowLedger, answer_rows, failure_rows, write_results
 from ._engine import Sessions
 
@@ -125,6 +126,13 @@ class ResultWriter:
             return
         if self._error is not None and exc is None:
             raise self._error
+        if self._job_id is not None and self.flushes and exc is None:
+            # The run's writes appended a ledger delta each: folded into one per key, so the job's reports read a
+            # few rows whatever its runs wrote.
+            try:
+                await compact_ledger(self._sessions, job_id=self._job_id)
+            except SQLAlchemyError as error:  # folded by the next run's writer; nothing is lost by waiting
+                logger.warning("could not fold the job's ledger deltas: %s", getattr(error, "orig", None) or error)
 
     async def success(
         self, *, prompt_ids: Sequence[int], result: ChatResult, route: ResultRoute = "realtime",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import csv
 import io
@@ -251,25 +252,43 @@ READ_ONLY_COMMANDS = [["status"], ["status", "{job}"], ["cost"], ["export", "{jo
                       ["models"]]
 
 
-@pytest.mark.parametrize("command", READ_ONLY_COMMANDS, ids=lambda c: " ".join(c))
-def test_a_read_only_command_loads_neither_prefect_nor_the_send_path(command: list[str], tmp_path: Path) -> None:
+def _loaded(command: list[str], tmp_path: Path, *, listed: str) -> list[str]:
+    """What ``llm-dispatch COMMAND`` (``{job}``: an answered job's id) has loaded once it is done, in a fresh
+    interpreter, as a user's command is (this test process has imported everything long since): ``listed``, an
+    expression over ``sys.modules``, printed."""
     url = f"sqlite+aiosqlite:///{tmp_path / 'results.db'}"
     job_id = asyncio.run(_answered_job(url))
     argv = [part.format(job=job_id) for part in command] + (["--database-url", url] if command != ["models"] else [])
-    # A fresh interpreter, as a user's command is: this test process has imported everything long since.
     script = (
         "import sys\n"
         "from typer.testing import CliRunner\n"
         "from llm_dispatch.cli import app\n"
         f"result = CliRunner().invoke(app, {argv!r})\n"
         "assert result.exit_code == 0, result.output\n"
-        "print(sorted({name.split('.')[0] for name in sys.modules} & {'prefect', 'httpx', 'aiohttp', 'jsonschema', "
-        "'alembic'}))\n"
+        f"print({listed})\n"
     )
     ran = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120,
                          env={**os.environ, "PREFECT_API_URL": ""})
     assert ran.returncode == 0, ran.stderr[-2000:]
-    assert ran.stdout.strip().splitlines()[-1] == "[]"
+    return ast.literal_eval(ran.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("command", READ_ONLY_COMMANDS, ids=lambda c: " ".join(c))
+def test_a_read_only_command_loads_neither_prefect_nor_the_send_path(command: list[str], tmp_path: Path) -> None:
+    assert _loaded(command, tmp_path, listed="sorted({name.split('.')[0] for name in sys.modules} & {'prefect', "
+                                             "'httpx', 'aiohttp', 'jsonschema', 'alembic'})") == []
+
+
+# What ``status JOB`` and ``cost JOB`` never need: the cache planner and the wire it plans for (and its model rules),
+# the export's writers, the run's progress bar, the server command's HTTP client. Each is import time a user waits for.
+NOT_FOR_A_REPORT = ("llm_dispatch.jobs._cache_plan", "llm_dispatch.core.caching._plan", "llm_dispatch.core.caching._explicit",
+                    "llm_dispatch.core.wire._gemini", "llm_dispatch.core.rules._model_rules", "llm_dispatch.jobs._export",
+                    "rich.progress", "urllib.request")
+
+
+@pytest.mark.parametrize("command", [["status", "{job}"], ["cost", "{job}"]], ids=lambda c: c[0])
+def test_status_and_cost_load_only_what_they_show(command: list[str], tmp_path: Path) -> None:
+    assert _loaded(command, tmp_path, listed=f"sorted(m for m in {NOT_FOR_A_REPORT!r} if m in sys.modules)") == []
 
 
 def test_a_database_at_an_older_revision_is_upgraded_by_status_and_refused_by_reprice(

@@ -213,7 +213,7 @@ def prepare_prefect(harness: Harness, *, client_env: dict[str, str], tag_limit: 
 
 def one_run(harness: Harness, *, n: int, args: argparse.Namespace, api: str, client_env: dict[str, str],
             base_url: str, prompts: Path, sims: list[Child], server: Child, server_db: str) -> dict[str, Any]:
-    results_db = f"wt_workers_results_{n}w_{harness.marker}"
+    results_db = f"{args.db_prefix}_results_{n}w_{harness.marker}"
     results_url = fresh_database(results_db)
     prefect = [sys.executable, "-m", "prefect"]
     worker_env = harness.env(
@@ -297,6 +297,8 @@ def main() -> int:
     parser.add_argument("--run-timeout", type=float, default=3600)
     parser.add_argument("--json", type=Path, help="write every run's figures here too")
     parser.add_argument("--keep-databases", action="store_true", help="keep the results databases")
+    parser.add_argument("--db-prefix", default="bench_workers",
+                        help="names of the databases made: PREFIX_prefect_MARKER and PREFIX_results_Nw_MARKER")
     args = parser.parse_args()
     if any(args.concurrency % n for n in args.workers):
         print(f"error: --concurrency: {args.concurrency} is not a multiple of every --workers entry", file=sys.stderr)
@@ -309,7 +311,7 @@ def main() -> int:
     runs: list[dict[str, Any]] = []
     failed = False
     try:
-        server_db = f"wt_workers_prefect_{harness.marker}"
+        server_db = f"{args.db_prefix}_prefect_{harness.marker}"
         server_url = fresh_database(server_db)
         harness.cleanups.append(("drop server db", lambda: asyncio.run(
             _pg(f'drop database if exists "{server_db}" with (force)'))))

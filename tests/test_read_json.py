@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import httpx
 import pytest
 
 from llm_dispatch.core import read_json
@@ -41,3 +42,22 @@ def test_large_integers_stay_integers() -> None:
     value = read_json(b'{"big": 123456789012345678901234567890, "small": 9223372036854775807}')
     assert value == {"big": 123456789012345678901234567890, "small": 9223372036854775807}
     assert isinstance(value["big"], int)
+
+
+@pytest.mark.parametrize("text", TEXTS + BROKEN)
+def test_an_answer_body_reads_as_httpx_reads_it(text: str | bytes) -> None:
+    """The client reads every answer's body with ``read_json``: the value ``response.json()`` gives, and a body that
+    is not JSON is still an unusable answer."""
+    from llm_dispatch.core import APIResponseValidationError
+    from llm_dispatch.core.wire._responses import parse_json
+
+    response = httpx.Response(200, content=bytes(text) if not isinstance(text, str) else text.encode("utf-8", "surrogatepass"))
+    try:
+        expected: Any = ("value", repr(response.json()))
+    except ValueError:
+        expected = "unusable"
+    try:
+        got: Any = ("value", repr(parse_json(response)))
+    except APIResponseValidationError:
+        got = "unusable"
+    assert got == expected

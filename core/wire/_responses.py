@@ -15,6 +15,7 @@ import httpx
 
 from .._batch_types import BatchInfo, FileInfo
 from .._exceptions import APIResponseValidationError
+from .._json import read_json
 from .._types import ChatResult
 
 __all__ = [
@@ -61,7 +62,8 @@ class BatchPage(NamedTuple):
 
 def parse_json(response: httpx.Response) -> Any:
     try:
-        return response.json()
+        # What response.json() returns (json.loads of the body), read by orjson where the two agree.
+        return read_json(response.content)
     except ValueError as exc:  # also covers UnicodeDecodeError
         raise APIResponseValidationError(f"the body is not JSON: {_snippet(response)}") from exc
 

@@ -51,13 +51,18 @@ def _open_filter(
     in_flight: bool = True,
     shard: tuple[int, int] | None = None,
     positions: tuple[int, int] | None = None,
+    by_position: bool = False,
 ) -> list[Any]:
-    """The WHERE clauses of the open prompts; see ``unfinished_prompts``."""
-    unfinished_when: list[ColumnElement[bool]] = [Prompt.status.in_(SENDABLE_PROMPT_STATUSES if in_flight else ("pending",))]
+    """The WHERE clauses of the open prompts; see ``unfinished_prompts``. ``by_position``: for a query bounded by a
+    range of input positions (``_page_in_order``), the status is tested as an expression no index holds, so the
+    planner takes the ``(job_id, position)`` index: PostgreSQL with no statistics yet (a job just recorded)
+    otherwise reads the status index, all of the job's open prompts, for each window."""
+    status: Any = Prompt.status.concat("") if by_position else Prompt.status
+    unfinished_when: list[ColumnElement[bool]] = [status.in_(SENDABLE_PROMPT_STATUSES if in_flight else ("pending",))]
     if retry_failed == "all":
-        unfinished_when.append(Prompt.status == "failed")
+        unfinished_when.append(status == "failed")
     elif retry_failed == "retryable":
-        unfinished_when.append(and_(Prompt.status == "failed", Prompt.failed_retryable.is_(True)))
+        unfinished_when.append(and_(status == "failed", Prompt.failed_retryable.is_(True)))
     elif retry_failed != "none":
         raise ValueError(f"retry_failed must be one of {RETRY_FAILED}, got {retry_failed!r}")
     where = [Prompt.job_id == job_id, or_(*unfinished_when)]
@@ -100,7 +105,8 @@ async def unfinished_prompts(
     ``after=(position, id)`` and ``limit``: one keyset page, the prompts after that one (each
     page an index range scan on ``(job_id, position)``, however large the job: ``_page_in_order``).
     """
-    stmt = select(Prompt.id, Prompt.position, Prompt.dedupe_key).where(*_open_filter(job_id=job_id, **where))
+    stmt = select(Prompt.id, Prompt.position, Prompt.dedupe_key).where(
+        *_open_filter(job_id=job_id, by_position=dedupe_keys is None and limit is not None, **where))
     # Core on the session's connection, not the ORM: its statement handling would double the cost.
     async with sessions() as session:
         conn = await session.connection()
@@ -206,8 +212,8 @@ async def _work_pages(
     sessions: Sessions, *, job_id: str, page: int, order: tuple[Any, Any], where: UnfinishedWhere
 ) -> AsyncIterator[list[WorkRow]]:
     """Keyset pages of the open prompts' requests in ``order`` (two columns, the last one unique)."""
-    base = select(*WORK_COLUMNS).where(*_open_filter(job_id=job_id, **where))
     in_input_order = order == (Prompt.position, Prompt.id)
+    base = select(*WORK_COLUMNS).where(*_open_filter(job_id=job_id, by_position=in_input_order, **where))
     after: tuple[Any, ...] | None = None
     while True:
         # Core on the session's connection: the ORM's statement handling would double the cost.

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -42,3 +44,17 @@ def tree_python(tree: Path) -> tuple[str, dict[str, str]]:
         return sys.executable, {"PYTHONPATH": str(tree)}
     raise SystemExit(f"{tree} has no .venv: install it first (python -m venv {tree}/.venv && "
                      f"{tree}/.venv/bin/pip install -e {tree})")
+
+
+def processes_cpu(pids: Iterable[int | str]) -> float:
+    """CPU seconds (user + system) so far of these processes of this machine (a PostgreSQL database's backends); a
+    process gone meanwhile counts nothing."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick
+    return total

@@ -10,6 +10,7 @@ baselines (over the same bytes the path downloaded). Medians over the repeats ar
     python bench/batch.py --prompts 100000 --repeats 1 --profile /tmp/batch-prof --py-spy   # py-spy, every thread
     python bench/batch.py --providers openai,gemini   # the batch path per provider, alternating (issue 37)
     python bench/batch.py --prompts 50000 --postgres postgresql+asyncpg://postgres@127.0.0.1:5432/postgres
+    python bench/batch.py --submit-only --code main=/work/main --code new=. [--postgres URL]   # submit vs the plain script
 
 With ``--providers`` each repeat runs the batch path once per provider, in turn, and no baselines: Gemini's
 through Batch Mode's file path (its batch uploaded through the Files API's resumable protocol, whatever its size,
@@ -22,7 +23,7 @@ Per repeat, the batch path does:
    time, look for reusable answers, write the JSONL files (50,000 lines each at OpenAI's limits), record each
    batch as its file is complete, upload, create;
 3. wait (not a target): ``poll_batch`` until every batch is terminal;
-4. ingest (target >= 20,000 rows/s): ``jobs.ingest_batch`` over every batch, output download
+4. ingest (target >= 30,000 rows/s): ``jobs.ingest_batch`` over every batch, output download
    included (timed apart as well); then ``storage.job_counts`` must say every prompt succeeded.
 
 Peak RSS (target <= 400 MB at 100k, <= 300 MB at 1M) is the batch-path child's ``ru_maxrss`` (its whole life,
@@ -58,6 +59,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
+from _child import processes_cpu, tree_python  # noqa: E402  (bench/ is the script's folder, first on sys.path)
+
 MODEL = "gpt-4o-mini"
 GEMINI_MODEL = "gemini-2.5-flash"
 PARAMS = {"max_tokens": 64}
@@ -68,8 +71,8 @@ CHILD_TIMEOUT = 1800
 
 # (submit s, ingest rows/s, peak RSS MB) by job size; a size between two takes the larger one's.
 TARGETS: dict[int, tuple[float, float, float]] = {
-    100_000: (15.0, 20_000.0, 400.0),
-    1_000_000: (60.0, 20_000.0, 300.0),  # issue 13: the 1M all-batch job
+    100_000: (15.0, 30_000.0, 400.0),
+    1_000_000: (60.0, 30_000.0, 300.0),  # issue 13: the 1M all-batch job; issue 40: 30,000 rows/s
 }
 
 
@@ -246,14 +249,15 @@ def _print_stacks(path: Path, *, top: int = 30) -> None:
 
 async def _database_url(*, workdir: Path, name: str) -> str:
     """A fresh database for one child: a SQLite file in the work directory, or, with ``--postgres SERVER_URL`` (in
-    BENCH_POSTGRES), a database of that name made anew on that server."""
+    BENCH_POSTGRES), a database made on that server under a name of this process's own (its id in it), so two
+    benchmarks sharing a server never touch each other's; ``_drop_database`` removes it when the child is done."""
     server = os.environ.get("BENCH_POSTGRES")
     if not server:
         return f"sqlite+aiosqlite:///{workdir / f'{name}.db'}"
     import asyncpg
     from sqlalchemy.engine import make_url
 
-    database = "bench_" + name.replace("-", "_")
+    database = f"bench_{os.getpid()}_" + name.replace("-", "_")
     admin = await asyncpg.connect(server.replace("postgresql+asyncpg://", "postgresql://"))
     try:
         await admin.execute(f'DROP DATABASE IF EXISTS "{database}"')
@@ -263,12 +267,41 @@ async def _database_url(*, workdir: Path, name: str) -> str:
     return make_url(server).set(database=database).render_as_string(hide_password=False)
 
 
+async def _drop_database(url: str) -> None:
+    """Remove a child's PostgreSQL database (a SQLite file is left to the work directory's clean-up)."""
+    server = os.environ.get("BENCH_POSTGRES")
+    if not server:
+        return
+    import asyncpg
+    from sqlalchemy.engine import make_url
+
+    admin = await asyncpg.connect(server.replace("postgresql+asyncpg://", "postgresql://"))
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{make_url(url).database}"')
+    finally:
+        await admin.close()
+
+
+def _server_cpu(url: str) -> float:
+    """CPU seconds so far of the PostgreSQL server processes connected to this child's database (its backends, on
+    this machine); 0 on SQLite."""
+    if not os.environ.get("BENCH_POSTGRES"):
+        return 0.0
+    from sqlalchemy.engine import make_url
+
+    database = make_url(url).database
+    found = subprocess.run(["psql", os.environ["BENCH_POSTGRES"].replace("postgresql+asyncpg://", "postgresql://"),
+                            "-Atc", f"SELECT pid FROM pg_stat_activity WHERE datname = '{database}'"],
+                           capture_output=True, text=True, check=True).stdout.split()
+    return processes_cpu(found)
+
+
 # --- the batch path (child process) -----------------------------------------------------------
 
 
 async def batch_path(
     *, base_url: str, count: int, workdir: Path, run: int, profile: Path | None, flush_rows: int | None,
-    distinct: int | None = None, provider: str = "openai", py_spy: bool = False,
+    distinct: int | None = None, provider: str = "openai", py_spy: bool = False, submit_only: bool = False,
 ) -> dict[str, Any]:
     import logging
 
@@ -287,7 +320,8 @@ async def batch_path(
     writer_options: dict[str, Any] = {"prices": prices}
     if flush_rows is not None:
         writer_options["flush_rows"] = flush_rows
-    engine = storage.create_engine(await _database_url(workdir=workdir, name=f"batch-{run}"))
+    url = await _database_url(workdir=workdir, name=f"batch-{run}")
+    engine = storage.create_engine(url)
     directory = workdir / f"files-{run}"
     try:
         await storage.migrate(engine)
@@ -332,6 +366,7 @@ async def batch_path(
 
             # 2. build + upload + create.
             sim_before, threads_before, cpu_before = _sim_cpu(base_url), _thread_cpu(), time.process_time()
+            server_before = _server_cpu(url)
             started = time.perf_counter()
             with profiler.run("submit"):
                 async with storage.ResultWriter(sessions, job_id=job_id, prices=prices) as writer:
@@ -339,6 +374,7 @@ async def batch_path(
                                                    job_id=job_id, directory=directory)
             out["submit_s"] = time.perf_counter() - started
             out["submit_cpu_s"] = time.process_time() - cpu_before
+            out["submit_server_cpu_s"] = _server_cpu(url) - server_before
             out["submit_threads_cpu_s"] = _group_threads(threads_before, _thread_cpu())
             out["submit_sim_cpu_s"] = _sim_cpu(base_url) - sim_before
             out["peak_rss_submit_mb"] = (_status_kb("VmHWM") or 0) / 1024  # since the reset after setup
@@ -350,6 +386,8 @@ async def batch_path(
                                  f"{outcome.lines} lines, {outcome.reused} reused, of {count} prompts")
             out["batches"] = len(outcome.batch_ids)
             out["input_bytes"] = sum(p.stat().st_size for p in (directory / job_id).glob("in-*.jsonl"))
+            if submit_only:
+                return out
 
             # 3. wait for the provider.
             started = time.perf_counter()
@@ -392,6 +430,7 @@ async def batch_path(
         out["output_files"] = [str(p) for p in sorted((directory / job_id).glob("batch-*-output.jsonl"))]
     finally:
         await engine.dispose()
+        await _drop_database(url)
     # Since the reset after setup: submit, then (reset again) wait and ingest.
     out["peak_rss_phases_mb"] = max(out.get("peak_rss_submit_mb", 0.0), (_status_kb("VmHWM") or 0) / 1024)
     out["peak_rss_mb"] = max(out.get("peak_rss_setup_mb", 0.0), _ru_maxrss_mb(), out["peak_rss_phases_mb"])
@@ -401,7 +440,8 @@ async def batch_path(
 # --- baselines (child process) ----------------------------------------------------------------
 
 
-async def baselines(*, base_url: str, count: int, workdir: Path, run: int, output_files: list[str]) -> dict[str, Any]:
+async def baselines(*, base_url: str, count: int, workdir: Path, run: int, output_files: list[str] | None,
+                    ) -> dict[str, Any]:
     import aiohttp
     from sqlalchemy import bindparam, func, insert, select, update
 
@@ -412,7 +452,8 @@ async def baselines(*, base_url: str, count: int, workdir: Path, run: int, outpu
 
     out: dict[str, Any] = {}
     per_file = BatchLimits().max_requests
-    engine = storage.create_engine(await _database_url(workdir=workdir, name=f"baseline-{run}"))
+    url = await _database_url(workdir=workdir, name=f"baseline-{run}")
+    engine = storage.create_engine(url)
     try:
         await storage.migrate(engine)
         sessions = storage.session_factory(engine)
@@ -463,6 +504,8 @@ async def baselines(*, base_url: str, count: int, workdir: Path, run: int, outpu
             await asyncio.gather(*(upload(session, path) for path in paths))
         out["upload_s"] = time.perf_counter() - started
         out["submit_cpu_s"] = time.process_time() - submit_cpu
+        if output_files is None:  # --submit-only
+            return out
 
         # Ingest side: parse the very output the batch path downloaded, insert the rows, settle the prompts.
         ingest_cpu = time.process_time()
@@ -509,6 +552,7 @@ async def baselines(*, base_url: str, count: int, workdir: Path, run: int, outpu
             raise SystemExit(f"baseline: {done} prompts settled, expected {count}")
     finally:
         await engine.dispose()
+        await _drop_database(url)
     out["peak_rss_mb"] = _ru_maxrss_mb()
     return out
 
@@ -526,17 +570,21 @@ def child(args: argparse.Namespace) -> None:
         result = asyncio.run(batch_path(base_url=args.base_url, count=args.prompts, workdir=workdir, run=args.run,
                                         profile=Path(args.profile) if args.profile else None,
                                         flush_rows=args.flush_rows, distinct=args.distinct,
-                                        provider=args.provider or "openai", py_spy=args.py_spy))
+                                        provider=args.provider or "openai", py_spy=args.py_spy,
+                                        submit_only=args.submit_only))
     else:
         result = asyncio.run(baselines(base_url=args.base_url, count=args.prompts, workdir=workdir, run=args.run,
-                                       output_files=json.loads(args.output_files)))
+                                       output_files=None if args.submit_only else json.loads(args.output_files)))
     print("RESULT " + json.dumps(result), flush=True)
 
 
-def run_child(kind: str, *, base_url: str, count: int, workdir: Path, run: int, extra: list[str]) -> dict[str, Any]:
-    env = {**os.environ, "PREFECT_LOGGING_LEVEL": "WARNING"}
+def run_child(kind: str, *, base_url: str, count: int, workdir: Path, run: int, extra: list[str],
+              tree: Path | None = None) -> dict[str, Any]:
+    """One child process; ``tree``: under the interpreter that imports that tree's llm-dispatch (``--code``)."""
+    python, added = tree_python(tree) if tree is not None else (sys.executable, {})
+    env = {**os.environ, "PREFECT_LOGGING_LEVEL": "WARNING", **added}
     proc = subprocess.run(
-        [sys.executable, __file__, "--child", kind, "--base-url", base_url, "--prompts", str(count),
+        [python, __file__, "--child", kind, "--base-url", base_url, "--prompts", str(count),
          "--workdir", str(workdir), "--run", str(run), *extra],
         env=env, capture_output=True, text=True, cwd=workdir, timeout=CHILD_TIMEOUT,
     )
@@ -729,6 +777,45 @@ def side_by_side(args: argparse.Namespace, *, base_url: str, workdir: Path, extr
               f"{statistics.median(r['peak_rss_mb'] for r in done):>12.0f}")
 
 
+def submit_comparison(args: argparse.Namespace, *, base_url: str, workdir: Path, extra: list[str]) -> None:
+    """Submit alone (build + upload + create; no wait, no ingest) of each tree (``--code``, or this one), then the
+    plain script's read + write + upload + create, every repeat in turn: medians of wall and CPU seconds (the
+    process's, and the PostgreSQL server's backends' for its database) and each tree's ratio to the script."""
+    trees = ({label: Path(path).resolve() for label, path in (item.split("=", 1) for item in args.code)}
+             if args.code else {"this": ROOT})
+    backend = "PostgreSQL" if args.postgres else "SQLite"
+    print(f"submit of {args.prompts:,} prompts on {backend}, {args.repeats} runs alternating "
+          f"{', '.join(trees)}, plain script; {os.cpu_count()} cores", flush=True)
+    runs: dict[str, list[dict[str, Any]]] = {label: [] for label in [*trees, "plain"]}
+    number = 0
+    for run in range(args.repeats):
+        for label, tree in trees.items():
+            path = run_child("path", base_url=base_url, count=args.prompts, workdir=workdir, run=number,
+                             extra=[*extra, "--submit-only"], tree=tree)
+            runs[label].append({"wall": path["submit_s"], "cpu": path["submit_cpu_s"],
+                                "server": path.get("submit_server_cpu_s", 0.0)})
+            number += 1
+        base = run_child("baseline", base_url=base_url, count=args.prompts, workdir=workdir, run=number,
+                         extra=["--submit-only"])
+        number += 1
+        runs["plain"].append({"wall": base["read_s"] + base["write_jsonl_s"] + base["upload_s"],
+                              "cpu": base["submit_cpu_s"], "server": 0.0})
+        print(f"  run {run + 1}: " + "; ".join(
+            f"{label} {done[-1]['wall']:.2f} s (CPU {done[-1]['cpu']:.2f} s, server {done[-1]['server']:.2f} s)"
+            for label, done in runs.items()) + f"; load {os.getloadavg()[0]:.1f}", flush=True)
+        for name in workdir.glob("*.db*"):
+            name.unlink(missing_ok=True)
+    med = {label: {k: statistics.median(r[k] for r in done) for k in ("wall", "cpu", "server")}
+           for label, done in runs.items()}
+    plain = med["plain"]
+    print(f"  {'':<8}{'wall s':>9}{'CPU s':>9}{'server s':>10}{'wall / plain':>14}{'CPU+server / plain':>20}")
+    for label, m in med.items():
+        print(f"  {label:<8}{m['wall']:>9.2f}{m['cpu']:>9.2f}{m['server']:>10.2f}{m['wall'] / plain['wall']:>13.2f}x"
+              f"{(m['cpu'] + m['server']) / plain['cpu']:>19.2f}x")
+    print(f"  target: within 1.5x of the plain script; load average at the end: "
+          f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=100_000)
@@ -746,6 +833,10 @@ def main() -> None:
                         help="N distinct requests, each made by prompts/N prompts (the batch path alone, no baselines)")
     parser.add_argument("--providers", metavar="A,B",
                         help="the batch path per provider (openai, gemini), alternating each repeat; no baselines")
+    parser.add_argument("--submit-only", action="store_true",
+                        help="time the submit alone against the plain script's (no wait, no ingest)")
+    parser.add_argument("--code", action="append", metavar="LABEL=DIR",
+                        help="with --submit-only: the submit of each tree's llm_dispatch (its .venv), alternating")
     parser.add_argument("--provider", help=argparse.SUPPRESS)
     parser.add_argument("--child", choices=["path", "baseline"], help=argparse.SUPPRESS)
     parser.add_argument("--base-url", help=argparse.SUPPRESS)
@@ -767,6 +858,9 @@ def main() -> None:
         path_extra = [] if args.flush_rows is None else ["--flush-rows", str(args.flush_rows)]
         if args.providers:
             side_by_side(args, base_url=base_url, workdir=workdir, extra=path_extra)
+            return
+        if args.submit_only:
+            submit_comparison(args, base_url=base_url, workdir=workdir, extra=path_extra)
             return
         if args.distinct:
             repeated_requests(args, base_url=base_url, workdir=workdir, extra=[*path_extra, "--distinct", str(args.distinct)])

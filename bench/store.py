@@ -34,7 +34,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
-from _child import report, run_measured, tree_python  # bench/ is the script's folder, first on sys.path
+from _child import processes_cpu, report, run_measured, tree_python  # bench/ is the script's folder, first on sys.path
 
 MODEL = "gpt-4o-mini"
 SLICE = 5_000  # jobs._collect.STORE_SLICE
@@ -138,15 +138,7 @@ async def _server_cpu(engine: Any) -> float:
 
     async with engine.connect() as conn:
         pids = (await conn.execute(text("SELECT pid FROM pg_stat_activity WHERE datname = current_database()"))).scalars()
-        tick = os.sysconf("SC_CLK_TCK")
-        total = 0.0
-        for pid in pids:
-            try:
-                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            total += (int(fields[11]) + int(fields[12])) / tick
-    return total
+        return processes_cpu(pids)
 
 
 def main() -> None:

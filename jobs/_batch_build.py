@@ -59,14 +59,13 @@ async def request_groups(
 ) -> AsyncIterator[list[Group]]:
     """The job's open batch-routed prompts as groups of identical requests, a keyset page at a time in input order.
 
-    The requests more than one open prompt makes are counted by the database first; when one of those is
-    first read, all its open prompts (later pages included) are found by request and join its group, and
-    its later prompts are passed over. Memory: a page, and those repeated requests' keys. Input order keeps
+    The requests more than one prompt of the job makes are counted by the database first (from an index alone:
+    ``storage.job_repeated_keys``); when one of those is first read, all its open prompts (later pages included) are
+    found by request and join its group, and its later prompts are passed over. Memory: a page, and those repeated requests' keys. Input order keeps
     each batch's prompts side by side in the table, so recording and settling a batch touches few pages.
     Without ``dedupe`` each prompt is its own group.
     """
-    repeated = (await storage.unfinished_repeated_keys(sessions, job_id=job_id, planned_route="batch",
-                                                       retry_failed=retry_failed) if dedupe else RepeatedKeys())
+    repeated = await storage.job_repeated_keys(sessions, job_id=job_id) if dedupe else RepeatedKeys()
     grouped: set[int] = set()  # the hashes of the repeated requests whose group is made
     async for rows in storage.unfinished_work_in_order(sessions, job_id=job_id, page=page, planned_route="batch",
                                                        retry_failed=retry_failed):

@@ -187,17 +187,32 @@ async def submit_prompts(
             await make_batch_caches(plan, sessions=sessions, job_id=job_id, prices=writer.prices,
                                     client_of=clients.for_model, lease=lease)
         async with asyncio.TaskGroup() as tasks:
+            # The files completed are recorded while the next pages are read and written; one recording at a time
+            # (in the order the files were made), so memory holds at most the members of the files it records.
+            recording: asyncio.Task[None] | None = None
+
+            async def recorded(built: list[BuiltFile]) -> None:
+                nonlocal recording
+                if not built:
+                    return
+                if recording is not None:
+                    await recording
+                recording = tasks.create_task(record(built, tasks))
+
             async for groups in request_groups(sessions, job_id=job_id, page=page, dedupe=dedupe,
                                                retry_failed=retry_failed):
                 if dedupe:
                     groups = await _unanswered(sessions=sessions, writer=writer, groups=groups, outcome=outcome)
                 if lease is not None:
+                    # A recording hands its files' reservations over from the lease: never while it reserves more.
+                    if recording is not None:
+                        await recording
                     groups = await _funded(lease, groups, held=held, outcome=outcome, plan=plan)
                 for provider in builder.needs(groups):
                     api = clients.batch_api(provider)
                     builder.use(provider, limits=api.limits(max_requests=max_requests, max_bytes=max_bytes))
-                await record(await _in_thread(builder.add, groups), tasks)
-            await record(builder.close(), tasks)
+                await recorded(await _in_thread(builder.add, groups))
+            await recorded(builder.close())
     finally:
         builder.discard()
         if lease is not None:

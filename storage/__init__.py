@@ -58,6 +58,7 @@ if TYPE_CHECKING:
         unfinished_prompt_ids,
         unfinished_prompts,
         unfinished_repeated_keys,
+        job_repeated_keys,
         unfinished_work_in_order,
         unfinished_work_pages,
     )
@@ -196,6 +197,7 @@ __all__ = [
     "unfinished_prompt_ids",
     "unfinished_prompts",
     "unfinished_repeated_keys",
+    "job_repeated_keys",
     "unfinished_work_in_order",
     "unfinished_work_pages",
     "reopen_refused",

@@ -8,6 +8,8 @@ is released back to ``pending``. Results go through ``storage._results``: failur
 
 from __future__ import annotations
 
+import json
+
 from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Final
@@ -27,7 +29,7 @@ from llm_dispatch.core import (
 )
 
 from ._budgets import release_batch, settle_batch
-from ._bulk import IDS_CHUNK, IN_CHUNK, INSERT_BATCH, changed_rows, chunks, id_in, placeholders
+from ._bulk import IDS_CHUNK, IN_CHUNK, INSERT_BATCH, bind_value, changed_rows, chunks, id_in, placeholders
 from ._models import Batch, BatchMember, Prompt, aware, utcnow
 from ._records import BatchRecord
 from ._bulk_answers import write_batch_rows
@@ -104,38 +106,96 @@ async def create_batch_record(
         raise ValueError("a prompt can be only once in a batch; give identical prompts one custom_id instead")
     lines = len({split_member_id(custom_id)[0] for _, custom_id in members})
     now = utcnow()
+    try:
+        # The usual case in one pass: every prompt is the job's, stored, and neither batched nor succeeded, so the
+        # marking statement changes each one (and locks it: a second process batching them waits, then finds them
+        # batched). Otherwise nothing is kept and the members are checked one by one below.
+        async with sessions.begin() as session:
+            conn = await session.connection()
+            mark = _MARK_OPEN.get(conn.dialect.name)
+            if mark is None:
+                raise _NotAllOpen
+            marked = await conn.exec_driver_sql(mark, _mark_open_args(conn.dialect, prompt_ids=prompt_ids,
+                                                                      job_id=job_id, now=now))
+            if marked.rowcount != len(prompt_ids):
+                raise _NotAllOpen
+            return await _insert_batch(session, job_id=job_id, model=model, members=members, file_path=file_path,
+                                       resubmission_of=resubmission_of, provider=provider, endpoint=endpoint,
+                                       lines=lines, now=now)
+    except _NotAllOpen:
+        pass
     async with sessions.begin() as session:
         await _check_members(session, job_id=job_id, prompt_ids=prompt_ids)
-        batch = Batch(
-            job_id=job_id,
-            model=model,
-            provider=provider,
-            status="preparing",
-            file_path=file_path,
-            request_total=lines,
-            request_completed=0,
-            request_failed=0,
-            resubmission_of=resubmission_of,
-            created_at=now,
-            updated_at=now,
-        )
-        if endpoint != "chat":  # else the column's default: a chat batch is written as before the column existed
-            batch.endpoint = endpoint
-        session.add(batch)
-        await session.flush()
-        batch_id = batch.id
+        batch_id = await _insert_batch(session, job_id=job_id, model=model, members=members, file_path=file_path,
+                                       resubmission_of=resubmission_of, provider=provider, endpoint=endpoint,
+                                       lines=lines, now=now)
         conn = await session.connection()
-        # Plain tuples through the driver's executemany (see _bulk): a batch has tens of thousands of members.
-        marks = ", ".join(placeholders(conn.dialect, 3))
-        for chunk in chunks(members, INSERT_BATCH * 10):
-            await conn.exec_driver_sql(f"INSERT INTO batch_members (batch_id, prompt_id, custom_id) VALUES ({marks})",
-                                       [(batch_id, pid, cid) for pid, cid in chunk])
         for ids in chunks(prompt_ids, IDS_CHUNK):
             await conn.execute(
                 update(Prompt.__table__)
                 .where(id_in(Prompt.__table__.c.id, ids, conn.dialect), Prompt.__table__.c.status != "succeeded")
                 .values(status="batched", updated_at=now)
             )
+    return batch_id
+
+
+# Mark a new batch's prompts batched when each is an open prompt of its job (the statement's row count says). By
+# primary key: SQLite would otherwise take the job's status index and read every prompt of the job (NOT INDEXED
+# leaves it the rowid alone).
+_MARK_OPEN: Final = {
+    "sqlite": "UPDATE prompts NOT INDEXED SET status = 'batched', updated_at = ? WHERE id IN (SELECT value FROM "
+              "json_each(?)) AND job_id = ? AND status NOT IN ('succeeded', 'batched')",
+    "postgresql": "UPDATE prompts SET status = 'batched', updated_at = $1 WHERE id = ANY($2::bigint[]) "
+                  "AND job_id = $3 AND status NOT IN ('succeeded', 'batched')",
+}
+
+
+def _mark_open_args(dialect: Any, *, prompt_ids: list[int], job_id: str, now: datetime) -> tuple[Any, ...]:
+    ids = json.dumps(prompt_ids) if dialect.name == "sqlite" else prompt_ids
+    return (bind_value(Prompt.__table__.c.updated_at, now, dialect), ids, job_id)
+
+
+class _NotAllOpen(Exception):
+    """Some members of a new batch are not open prompts of its job: rolled back, to be checked one by one."""
+
+
+async def _insert_batch(
+    session: AsyncSession, *, job_id: str, model: str, members: Sequence[tuple[int, str]], file_path: str | None,
+    resubmission_of: int | None, provider: str, endpoint: str, lines: int, now: datetime,
+) -> int:
+    """Insert the batch row (``preparing``) and its members; returns the batch's id."""
+    batch = Batch(
+        job_id=job_id,
+        model=model,
+        provider=provider,
+        status="preparing",
+        file_path=file_path,
+        request_total=lines,
+        request_completed=0,
+        request_failed=0,
+        resubmission_of=resubmission_of,
+        created_at=now,
+        updated_at=now,
+    )
+    if endpoint != "chat":  # else the column's default: a chat batch is written as before the column existed
+        batch.endpoint = endpoint
+    session.add(batch)
+    await session.flush()
+    batch_id = batch.id
+    conn = await session.connection()
+    if conn.dialect.name == "postgresql":
+        # One statement over two arrays: the server reads the members in one pass rather than a row per message.
+        await conn.exec_driver_sql(
+            "INSERT INTO batch_members (batch_id, prompt_id, custom_id) "
+            "SELECT $1, prompt_id, custom_id FROM unnest($2::bigint[], $3::varchar[]) AS m (prompt_id, custom_id)",
+            (batch_id, [pid for pid, _ in members], [cid for _, cid in members]),
+        )
+        return batch_id
+    # Plain tuples through the driver's executemany (see _bulk): a batch has tens of thousands of members.
+    marks = ", ".join(placeholders(conn.dialect, 3))
+    for chunk in chunks(members, INSERT_BATCH * 10):
+        await conn.exec_driver_sql(f"INSERT INTO batch_members (batch_id, prompt_id, custom_id) VALUES ({marks})",
+                                   [(batch_id, pid, cid) for pid, cid in chunk])
     return batch_id
 
 

@@ -319,6 +319,9 @@ async def find_reusable(sessions: Sessions, *, dedupe_keys: Collection[str]) -> 
         .scalar_subquery()
     )
     async with sessions() as session:
+        # No result stored at all (a new database, a first job): nothing to reuse, known from one row of the primary key.
+        if not dedupe_keys or (await session.execute(select(Result.id).limit(1))).first() is None:
+            return found
         dialect = (await session.connection()).dialect
         for chunk in chunks(set(dedupe_keys), IDS_CHUNK):
             newest_of = (

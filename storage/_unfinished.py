@@ -24,7 +24,7 @@ from ._models import Prompt, aware
 from ._records import UnfinishedPrompt, WorkRow
 from ._engine import Sessions
 
-__all__ = ["UnfinishedWhere", "unfinished_prompt_count", "unfinished_prompt_ids", "unfinished_prompts",
+__all__ = ["UnfinishedWhere", "job_repeated_keys", "unfinished_prompt_count", "unfinished_prompt_ids", "unfinished_prompts",
            "unfinished_repeated_keys", "unfinished_work_in_order", "unfinished_work_pages"]
 
 
@@ -51,13 +51,18 @@ def _open_filter(
     in_flight: bool = True,
     shard: tuple[int, int] | None = None,
     positions: tuple[int, int] | None = None,
+    by_position: bool = False,
 ) -> list[Any]:
-    """The WHERE clauses of the open prompts; see ``unfinished_prompts``."""
-    unfinished_when: list[ColumnElement[bool]] = [Prompt.status.in_(SENDABLE_PROMPT_STATUSES if in_flight else ("pending",))]
+    """The WHERE clauses of the open prompts; see ``unfinished_prompts``. ``by_position``: for a query bounded by a
+    range of input positions (``_page_in_order``), the status is tested as an expression no index holds, so the
+    planner takes the ``(job_id, position)`` index: PostgreSQL with no statistics yet (a job just recorded)
+    otherwise reads the status index, all of the job's open prompts, for each window."""
+    status: Any = Prompt.status.concat("") if by_position else Prompt.status
+    unfinished_when: list[ColumnElement[bool]] = [status.in_(SENDABLE_PROMPT_STATUSES if in_flight else ("pending",))]
     if retry_failed == "all":
-        unfinished_when.append(Prompt.status == "failed")
+        unfinished_when.append(status == "failed")
     elif retry_failed == "retryable":
-        unfinished_when.append(and_(Prompt.status == "failed", Prompt.failed_retryable.is_(True)))
+        unfinished_when.append(and_(status == "failed", Prompt.failed_retryable.is_(True)))
     elif retry_failed != "none":
         raise ValueError(f"retry_failed must be one of {RETRY_FAILED}, got {retry_failed!r}")
     where = [Prompt.job_id == job_id, or_(*unfinished_when)]
@@ -100,7 +105,8 @@ async def unfinished_prompts(
     ``after=(position, id)`` and ``limit``: one keyset page, the prompts after that one (each
     page an index range scan on ``(job_id, position)``, however large the job: ``_page_in_order``).
     """
-    stmt = select(Prompt.id, Prompt.position, Prompt.dedupe_key).where(*_open_filter(job_id=job_id, **where))
+    stmt = select(Prompt.id, Prompt.position, Prompt.dedupe_key).where(
+        *_open_filter(job_id=job_id, by_position=dedupe_keys is None and limit is not None, **where))
     # Core on the session's connection, not the ORM: its statement handling would double the cost.
     async with sessions() as session:
         conn = await session.connection()
@@ -134,9 +140,23 @@ async def unfinished_repeated_keys(
 ) -> RepeatedKeys:
     """The requests (dedupe keys) more than one open prompt of the job makes; counted by the database, read as
     a stream and held as 8-byte hashes, however many there are."""
+    return await _repeated_keys(sessions, where=_open_filter(job_id=job_id, **where))
+
+
+async def job_repeated_keys(sessions: Sessions, *, job_id: str) -> RepeatedKeys:
+    """The requests (dedupe keys) more than one prompt of the job makes, whatever their status: those of
+    ``unfinished_repeated_keys`` and maybe more (a request also made by a prompt answered since). Read from the
+    ``(job_id, dedupe_key)`` index alone, in its order, so it costs a pass over the job's index entries: no row is
+    read and no key sorted. A caller finds a key's open prompts by request, where one that turns out to have a
+    single open prompt costs a look-up and nothing else."""
+    return await _repeated_keys(sessions, where=[Prompt.job_id == job_id])
+
+
+async def _repeated_keys(sessions: Sessions, *, where: list[Any]) -> RepeatedKeys:
+    """The dedupe keys more than one prompt matching ``where`` has, read as a stream and held as 8-byte hashes."""
     stmt = (
         select(Prompt.dedupe_key)
-        .where(*_open_filter(job_id=job_id, **where))
+        .where(*where)
         .group_by(Prompt.dedupe_key)
         .having(func.count() > 1)
         .execution_options(yield_per=IN_CHUNK * 10)
@@ -179,19 +199,21 @@ WORK_COLUMNS = (Prompt.id, Prompt.position, Prompt.custom_id, Prompt.model, Prom
 
 
 def work_row(row: Any) -> WorkRow:
-    """The ``WorkRow`` of a row selected with ``WORK_COLUMNS``."""
-    return WorkRow(id=row.id, custom_id=row.custom_id, model=row.model, messages=row.messages, params=row.params,
-                   dedupe_key=row.dedupe_key, deadline=None if row.deadline is None else aware(row.deadline),
-                   endpoint=row.endpoint, background_id=row.background_id, planned_route=row.planned_route,
-                   background_creates=row.background_creates)
+    """The ``WorkRow`` of a row selected with ``WORK_COLUMNS`` (read by place, in their order: a row's attributes
+    are looked up by name one at a time)."""
+    (id_, _, custom_id, model, messages, params, dedupe_key, deadline, endpoint, background_id, planned_route,
+     background_creates) = row
+    return WorkRow(id=id_, custom_id=custom_id, model=model, messages=messages, params=params, dedupe_key=dedupe_key,
+                   deadline=None if deadline is None else aware(deadline), endpoint=endpoint,
+                   background_id=background_id, planned_route=planned_route, background_creates=background_creates)
 
 
 async def _work_pages(
     sessions: Sessions, *, job_id: str, page: int, order: tuple[Any, Any], where: UnfinishedWhere
 ) -> AsyncIterator[list[WorkRow]]:
     """Keyset pages of the open prompts' requests in ``order`` (two columns, the last one unique)."""
-    base = select(*WORK_COLUMNS).where(*_open_filter(job_id=job_id, **where))
     in_input_order = order == (Prompt.position, Prompt.id)
+    base = select(*WORK_COLUMNS).where(*_open_filter(job_id=job_id, by_position=in_input_order, **where))
     after: tuple[Any, ...] | None = None
     while True:
         # Core on the session's connection: the ORM's statement handling would double the cost.
@@ -224,27 +246,32 @@ async def _page_in_order(
     """Up to ``limit`` rows of ``stmt`` (the job's open prompts, selecting ``position`` and ``id``) after ``after``
     in input order; fewer only when no prompt of the job is stored past them.
 
-    A shard's rows (``id % count = index``) are read a window of input positions at a time (``limit * count``
-    positions, the page's share of them): the window's bounds make each query an index range scan on ``(job_id,
-    position)`` whatever the planner estimates of the modulus, which it cannot (it takes 0.5% of rows and, late in a
-    run, scans the whole job for each page). Which shard a prompt is in is still its id's alone, so shards never
+    The rows are read a window of input positions at a time (``limit`` positions; a shard's, ``id % count = index``,
+    ``limit * count``, the page's share of them): the window's bounds make each query an index range scan on
+    ``(job_id, position)`` whatever the planner estimates. Unbounded, a PostgreSQL table with no statistics yet (just
+    recorded) is read by the status index and every open prompt of the job sorted for each page; the modulus it
+    cannot estimate at all (it takes 0.5% of rows and, late in a run, scans the whole job for each page). Which shard a prompt is in is still its id's alone, so shards never
     share a prompt, a prompt stored while they run is in one of them, and a shard run again takes the same ones.
     """
     shard = where.get("shard")
-    if shard is None or where.get("positions") is not None:  # a range of positions bounds the scan already
+    if where.get("positions") is not None:  # a range of positions bounds the scan already
         page = stmt if after is None else stmt.where(tuple_(Prompt.position, Prompt.id) > tuple_(*after))
         return (await conn.execute(page.order_by(Prompt.position, Prompt.id).limit(limit))).all()
-    base_window = window = limit * shard[1]
+    base_window = window = limit * (shard[1] if shard is not None else 1)
     start = after[0] if after is not None else await _next_position(conn, job_id=job_id, at_least=None)
     rows: list[Row[Unpack[_Columns]]] = []
     while start is not None and len(rows) < limit:
-        stop = start + window
+        resumed = after if after is not None and start == after[0] else None
+        # A window that resumes after a row's position reaches one position further, so that a job whose positions
+        # are all open fills its page in one query.
+        stop = start + window + (resumed is not None)
         page = stmt.where(Prompt.position >= start, Prompt.position < stop)
-        if after is not None and start == after[0]:
-            page = page.where(tuple_(Prompt.position, Prompt.id) > tuple_(*after))
-        found = (await conn.execute(page.order_by(Prompt.position, Prompt.id).limit(limit - len(rows)))).all()
+        if resumed is not None:
+            page = page.where(tuple_(Prompt.position, Prompt.id) > tuple_(*resumed))
+        wanted = limit - len(rows)
+        found = (await conn.execute(page.order_by(Prompt.position, Prompt.id).limit(wanted))).all()
         rows.extend(found)
-        if not found:
+        if len(found) * 2 < wanted:  # a sparse stretch (answered, or another lane's or shard's): read further at once
             window = min(window * 2, base_window * MAX_WINDOW_GROWTH)
         # Past the window: the next position stored (positions may have gaps), read anew each time so that a
         # prompt stored since the run began is found.

@@ -14,7 +14,8 @@ from sqlalchemy import func, select
 
 from llm_dispatch import storage
 from conftest import BatchEnv, Sim
-from llm_dispatch.core import BATCH_ID_KEY, JOB_ID_KEY, LLMClient, OpenAIBatchApi
+from test_storage import answer
+from llm_dispatch.core import BATCH_ID_KEY, JOB_ID_KEY, BadRequestError, LLMClient, OpenAIBatchApi
 from llm_dispatch.core._types import dedupe_key
 from llm_dispatch.storage import Prompt, Result, Sessions
 from llm_dispatch.jobs import ingest_batch
@@ -142,6 +143,32 @@ async def test_identical_prompts_pages_apart_share_one_line_and_are_reused_later
     assert record.request_total == 1
     await env.finish(batch_id)
     assert sorted(r.route for r in await env.results(again)) == ["batch"] + ["reused"] * 8
+
+
+async def test_a_request_repeated_in_the_job_but_open_once_is_one_line_of_its_open_prompt(env: Env) -> None:
+    # "same" is asked three times, but one of them failed for good and one is answered: the job repeats the
+    # request, and only its third prompt is open (the repeated keys are the job's, read from its index alone).
+    contents = ["same", "a", "same", "b", "same", "c"]
+    job_id, ids = await env.job(contents)
+    async with storage.ResultWriter(env.sessions, job_id=job_id) as writer:
+        await writer.failure(prompt_ids=[ids[0]], error=BadRequestError("bad", status_code=400))
+    await storage.mark_in_flight(env.sessions, prompt_ids=[ids[2]])
+    async with storage.ResultWriter(env.sessions, job_id=job_id) as writer:
+        await writer.success(prompt_ids=[ids[2]], result=answer())
+    [batch_id] = await env.submit(job_id, page=1, retry_failed="retryable")
+    members = await storage.batch_members(env.sessions, batch_id=batch_id)
+    # The answered one's answer is reused for the open "same": only a, b and c are sent.
+    assert sorted(pid for group in members.values() for pid in group) == [ids[1], ids[3], ids[5]]
+    assert (await env.batch(batch_id)).request_total == 3
+    await env.finish(batch_id)
+    assert await env.statuses(job_id) == {"failed": 1, "succeeded": 5}
+    # Without a stored answer to reuse, the open prompt of a request the job repeats is one line of its own.
+    again, again_ids = await env.job([f"{text} again" for text in contents])
+    async with storage.ResultWriter(env.sessions, job_id=again) as writer:
+        await writer.failure(prompt_ids=[again_ids[0], again_ids[2]], error=BadRequestError("bad", status_code=400))
+    [batch_id] = await env.submit(again, page=1)
+    members = await storage.batch_members(env.sessions, batch_id=batch_id)
+    assert sorted(members.values()) == sorted([[again_ids[i]] for i in (1, 3, 4, 5)])
 
 
 async def test_a_submission_reads_a_page_of_rows_at_a_time_and_records_each_file_when_complete(

@@ -6,6 +6,7 @@ test, and PostgreSQL when ``LLM_DISPATCH_TEST_PG_URL`` is set."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 
 import pytest
 from sqlalchemy import update
@@ -120,3 +121,33 @@ async def test_a_shards_page_is_full_until_its_last(sessions: Sessions) -> None:
     job_id = await make_job(sessions, new_prompts(100))
     pages = await shard_pages(sessions, job_id=job_id, shard=(1, 4), page=6)
     assert [len(part) for part in pages] == [6, 6, 6, 6, 1]
+
+
+@pytest.mark.parametrize("page", [1, 3, 7, 50])
+async def test_a_whole_jobs_pages_take_each_open_prompt_once_in_input_order(sessions: Sessions, page: int) -> None:
+    # No shard: pages read windows of positions too. Gaps, positions two prompts share, another lane's prompts
+    # between this lane's (a sparse stretch), an answered stretch and another job's prompts.
+    prompts = new_prompts(60) + new_prompts(20, prefix="q", start=10) + new_prompts(30, start=500)
+    routed = [replace(p, planned_route="realtime" if p.position % 3 == 0 or 20 <= p.position < 45 else "batch")
+              for p in prompts]
+    job_id = await make_job(sessions, routed)
+    await make_job(sessions, new_prompts(30, prefix="other"), name="other", fingerprint="e" * 64)
+    ids = await prompt_ids(sessions, job_id)
+    await set_status(sessions, [ids[f"p-{i}"] for i in (1, 2, 50, 51, 52, 501)], "succeeded")
+    expected = await storage.unfinished_prompt_ids(sessions, job_id=job_id, planned_route="batch")
+    assert len(expected) > 40
+
+    pages: list[list[int]] = []
+    after: tuple[int, int] | None = None
+    while True:
+        found = await storage.unfinished_prompts(sessions, job_id=job_id, planned_route="batch", after=after,
+                                                 limit=page)
+        pages.append([prompt.id for prompt in found])
+        if len(found) < page:
+            break
+        after = (found[-1].position, found[-1].id)
+    assert [pid for part in pages for pid in part] == expected
+    assert all(len(part) == page for part in pages[:-1])  # short only at the end
+    in_order = [row.id async for rows in storage.unfinished_work_in_order(sessions, job_id=job_id, page=page,
+                                                                           planned_route="batch") for row in rows]
+    assert in_order == expected

@@ -139,7 +139,6 @@ async def ingest_batch(
         raise ValueError(f"batch {record.id} is {record.status!r}, not finished; poll it until it is")
     outcome = IngestOutcome(batch_id=record.id, status=record.status)
     waiting = await storage.batch_members(sessions, batch_id=record.id, waiting_only=True)
-    submissions = await storage.batch_submissions(sessions, batch_id=record.id)
     latency_s = _answer_time(record)
     directory = Path(directory) / record.job_id
     answers: list[tuple[list[int], Any]] = []
@@ -172,21 +171,20 @@ async def ingest_batch(
             to_reask.extend(wrong)
             reask_from.update((ids[0], levels.get(ids[0], 0)) for ids, _ in wrong)
 
-    # One slice of answers stored at a time, in order, while the next is read and settled: the database's work
-    # overlaps the parsing and the building of rows.
-    storing: asyncio.Future[None] | None = None
+    # Slices of answers stored while the next is read and settled: the database's work overlaps the parsing and the
+    # building of rows. As many at once as the database writes side by side (``storage.write_lanes``); each slice is
+    # its own transaction over members of its own, so the order they commit in changes nothing.
+    lanes = storage.write_lanes(sessions)
+    storing: list[asyncio.Future[None]] = []
 
-    async def stored() -> None:
-        nonlocal storing
-        if storing is not None:
-            done, storing = storing, None
-            await done
+    async def stored(*, keep: int = 0) -> None:
+        while len(storing) > keep:  # the oldest first
+            await storing.pop(0)
 
     async def store_slice() -> None:
-        nonlocal storing
-        await stored()
+        await stored(keep=lanes - 1)
         if answers:
-            storing = asyncio.ensure_future(store_answers(answers[:]))
+            storing.append(asyncio.ensure_future(store_answers(answers[:])))
             answers.clear()
 
     # Each packed embeddings line's members (the settled ones too: every text's weight splits the line's usage).
@@ -219,11 +217,11 @@ async def ingest_batch(
                         break
                 return taken
 
-            # Parsing is CPU work in a thread, a slice at a time (memory stays flat whatever the file's
-            # size), the next slice parsed while this one is stored: the database works outside the GIL.
-            next_slice = asyncio.ensure_future(asyncio.to_thread(take))
-            while lines := await next_slice:
-                next_slice = asyncio.ensure_future(asyncio.to_thread(take))
+            # Parsed a slice at a time (memory stays flat whatever the file's size), on the event loop, while the
+            # slices before it are stored: in a thread of its own the parsing only contends for the GIL with the
+            # rows being built and bound, and costs more CPU.
+            while lines := take():
+                await asyncio.sleep(0)  # the slices being stored go on between two slices read
                 for line in lines:
                     if line.custom_id in packed:
                         members = packed.pop(line.custom_id)
@@ -235,6 +233,8 @@ async def ingest_batch(
                     ids = waiting.pop(line.custom_id, None) if line.custom_id is not None else None
                     if ids is None:
                         outcome.unknown_lines += 1
+                    elif line.result is not None:  # an answer, most lines: as ``settle`` takes it
+                        answers.append((ids, line.result))
                     else:
                         await settle(line, ids)
                 if len(answers) >= STORE_SLICE:
@@ -245,11 +245,12 @@ async def ingest_batch(
         await store_slice()
         await stored()
     finally:
-        if storing is not None:  # the read failed (or was cancelled) while a slice was being stored: let it end
-            await asyncio.wait([storing])
-            if not storing.cancelled() and storing.exception() is not None:
-                logger.warning("batch %s: storing a slice of answers failed (%s)", record.id,
-                               type(storing.exception()).__name__)
+        if storing:  # the read (or a store) failed, or was cancelled, while slices were being stored: let them end
+            await asyncio.wait(storing)
+            for failed in storing:
+                if not failed.cancelled() and failed.exception() is not None:
+                    logger.warning("batch %s: storing a slice of answers failed (%s)", record.id,
+                                   type(failed.exception()).__name__)
 
     # Members of a follow-up batch's lines that no line answered: their re-ask failed with the batch (it failed,
     # expired, was cancelled); each gets a row of its own and keeps its invalid answer, never sent as a first ask.
@@ -277,6 +278,10 @@ async def ingest_batch(
         outcome.failed += len(unanswered)
         _count(outcome, "cancelled", len(unanswered))
         unanswered = []
+    # How many batches each member to send again has been in, counted before a re-ask adds any: the members of a
+    # batch that answered every line (most) need no count.
+    resend = [*again, *unanswered]
+    submissions = await storage.batch_submissions(sessions, batch_id=record.id) if resend else {}
     await writer.flush()
     # Unanswered members (an expired or provider-cancelled batch) go back to pending here.
     released = await storage.mark_batch_ingested(sessions, batch_id=record.id)
@@ -293,7 +298,7 @@ async def ingest_batch(
         outcome.reasked_realtime += reasked.realtime
         outcome.reasks_over_budget += reasked.over_budget
     to_realtime = await _over_the_limit(
-        sessions, prompt_ids=[*again, *unanswered], submissions=submissions, max_submissions=max_submissions
+        sessions, prompt_ids=resend, submissions=submissions, max_submissions=max_submissions
     )
     # Whatever is pending again: real-time if its deadline no longer allows a batch.
     to_realtime += await reroute_for_deadlines(

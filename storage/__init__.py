@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from ._cached_contents import CachedContentLedger, cache_storage_costs
     from ._capabilities import no_batch_api, remember_no_batch_api
     from ._job_budgets import budgets_of_job, note_job_budget
-    from ._engine import Sessions, check_database_url, create_engine, open_database, session_factory
+    from ._engine import Sessions, check_database_url, create_engine, open_database, session_factory, write_lanes
     from ._migrate import migrate, require_current_schema
     from ._models import Base, Batch, Budget, BudgetSpend, Job, Prompt, Reservation, Result
     from ._unfinished import (
@@ -209,6 +209,7 @@ __all__ = [
     "resolve_job",
     "result_stats",
     "session_factory",
+    "write_lanes",
     "set_job_status",
     "set_planned_route",
     "store_batch_answers",

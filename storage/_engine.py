@@ -22,7 +22,7 @@ except ImportError:  # SQLAlchemy 2.0
 from llm_dispatch.core import DatabaseError, read_json, stored_json
 
 __all__ = ["DATABASE_URL_ENV", "SQLITE_BUSY_TIMEOUT_MS", "Sessions", "check_database_url", "create_engine",
-           "open_database", "session_factory"]
+           "open_database", "session_factory", "write_lanes"]
 
 # What every query takes: the sessions of one engine (``session_factory``), never a session or an engine.
 Sessions = async_sessionmaker[AsyncSession]
@@ -76,6 +76,14 @@ def create_engine(url: str, *, echo: bool = False) -> AsyncEngine:
 def session_factory(engine: AsyncEngine) -> Sessions:
     """Sessions that keep loaded values after commit, so results can be used outside them."""
     return async_sessionmaker(engine, expire_on_commit=False)
+
+
+def write_lanes(sessions: Sessions) -> int:
+    """How many write transactions of disjoint rows are worth running at once on ``sessions``' database: SQLite
+    takes one writer at a time (a second waits for the lock); PostgreSQL runs each in a server process of its own,
+    two side by side."""
+    bind = sessions.kw.get("bind")
+    return 2 if bind is not None and bind.dialect.name == "postgresql" else 1
 
 
 def check_database_url(url: str, *, given_as: str = DATABASE_URL_ENV) -> None:

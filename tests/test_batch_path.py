@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
+import pytest_asyncio
 from sqlalchemy import func, select
 
 from llm_dispatch import storage
@@ -28,7 +30,7 @@ class Env(BatchEnv):
     async def job(self, contents: list[str], *, deadline: datetime | None = None,
                   params: dict[str, Any] | None = None) -> tuple[str, list[int]]:
         job_id = await storage.create_job(
-            self.sessions, name="t", fingerprint=str(len(contents)) * 64, input_path=None, model="gpt-4o-mini",
+            self.sessions, name="t", fingerprint=f"{len(contents):064d}", input_path=None, model="gpt-4o-mini",
             settings={})
         params = params or {"max_tokens": 20}
         prompts = []
@@ -75,14 +77,32 @@ STRUCTURED = {"max_tokens": 100,
 PEOPLE = ["Invent a person.", "Invent a person. [[sim:wrong_type]]", "Invent a person. [[sim:missing_field]]"]
 
 
-@pytest.fixture
-async def env(sim: Sim, db_url: str, tmp_path: Path) -> AsyncIterator[Env]:
+@asynccontextmanager
+async def batch_env(sim: Sim, url: str, tmp_path: Path) -> AsyncIterator[Env]:
     sim.configure(batch_processing_seconds=0.3)
-    engine = storage.create_engine(db_url)
+    engine = storage.create_engine(url)
     await storage.migrate(engine)
     async with LLMClient(base_url=sim.base_url, api_key=None, max_retries=2) as client:
         yield Env(storage.session_factory(engine), client, tmp_path / "batches", sim)
     await engine.dispose()
+
+
+@pytest.fixture
+async def env(sim: Sim, db_url: str, tmp_path: Path) -> AsyncIterator[Env]:
+    async with batch_env(sim, db_url, tmp_path) as made:
+        yield made
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def any_db_url(request: pytest.FixtureRequest) -> str:
+    """This test's SQLite file, then a PostgreSQL database of its own (skipped when none is configured)."""
+    return str(request.getfixturevalue("db_url" if request.param == "sqlite" else "pg_url"))
+
+
+@pytest_asyncio.fixture(loop_scope="function")  # the test's loop: an asyncpg connection is bound to its loop
+async def any_env(sim: Sim, any_db_url: str, tmp_path: Path) -> AsyncIterator[Env]:
+    async with batch_env(sim, any_db_url, tmp_path) as made:
+        yield made
 
 
 def provider_batches(sim: Sim) -> list[dict]:
@@ -518,3 +538,57 @@ async def test_one_step_finishes_only_a_stale_half_submitted_batch_and_loses_one
     assert (lost.happened, lost.following, lost.released) == ("lost", False, True)
     assert lost.problem is not None and lost.problem.released == 2 and lost.record.status == "lost"
     assert await env.statuses(job_id) == {"pending": 2}
+
+
+async def test_an_ingest_in_many_slices_stores_each_answer_once(any_env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Slices stored while the next are read (two at once on PostgreSQL), committed in whatever order: each prompt
+    gets one row, and the outcome counts them all."""
+    from llm_dispatch.jobs import _collect
+
+    monkeypatch.setattr(_collect, "READ_SLICE", 3)
+    monkeypatch.setattr(_collect, "STORE_SLICE", 4)
+    job_id, ids = await any_env.job([f"q {i}" for i in range(41)])
+    [batch_id] = await any_env.submit(job_id)
+    outcome = await any_env.finish(batch_id)
+    assert (outcome.succeeded, outcome.failed, outcome.resend) == (41, 0, 0)
+    assert await any_env.statuses(job_id) == {"succeeded": 41}
+    results = await any_env.results(job_id)
+    assert sorted(r.prompt_id for r in results) == sorted(ids)
+    assert all(r.route == "batch" for r in results)
+
+
+async def test_an_ingest_cut_short_between_slices_then_run_again_stores_each_answer_once(
+    any_env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store that fails (the process dying mid-ingest) after others committed: the batch stays to ingest, its
+    stored answers stay, and the next ingest stores only the rest, each prompt once."""
+    from llm_dispatch.jobs import _collect
+
+    monkeypatch.setattr(_collect, "READ_SLICE", 3)
+    monkeypatch.setattr(_collect, "STORE_SLICE", 4)
+    job_id, ids = await any_env.job([f"q {i}" for i in range(41)])
+    [batch_id] = await any_env.submit(job_id)
+    store = storage.store_batch_answers
+    calls = 0
+
+    async def dies_on_the_third(*args: Any, **kwargs: Any) -> int:
+        nonlocal calls
+        calls += 1
+        if calls == 3:
+            raise ConnectionResetError("the database went away")
+        return await store(*args, **kwargs)
+
+    monkeypatch.setattr(storage, "store_batch_answers", dies_on_the_third)
+    with pytest.raises(ConnectionResetError):
+        await any_env.finish(batch_id)
+    counts = await any_env.statuses(job_id)
+    assert counts["batched"] >= 4 and counts.get("succeeded", 0) >= 8 and sum(counts.values()) == 41
+    assert (await any_env.batch(batch_id)).status == "completed"
+
+    monkeypatch.setattr(storage, "store_batch_answers", store)
+    outcome = await any_env.finish(batch_id)
+    assert outcome.succeeded == counts["batched"]
+    assert await any_env.statuses(job_id) == {"succeeded": 41}
+    results = await any_env.results(job_id)
+    assert sorted(r.prompt_id for r in results) == sorted(ids)
+    assert (await any_env.batch(batch_id)).status == "ingested"

@@ -286,6 +286,8 @@ async def ingest_batch(
     # Unanswered members (an expired or provider-cancelled batch) go back to pending here.
     released = await storage.mark_batch_ingested(sessions, batch_id=record.id)
     outcome.resend += released
+    # The ingest appended a ledger delta per slice: folded, as a real-time run's writer folds its own.
+    await storage.compact_ledger(sessions, job_id=record.job_id)
     if to_reask:
         # After the batch is closed: its invalid members go into a batch of their own.
         reasked = await reask_invalid(

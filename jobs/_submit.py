@@ -199,20 +199,28 @@ async def submit_prompts(
                     await recording
                 recording = tasks.create_task(record(built, tasks))
 
-            async for groups in request_groups(sessions, job_id=job_id, page=page, dedupe=dedupe,
-                                               retry_failed=retry_failed):
-                if dedupe:
-                    groups = await _unanswered(sessions=sessions, writer=writer, groups=groups, outcome=outcome)
-                if lease is not None:
-                    # A recording hands its files' reservations over from the lease: never while it reserves more.
-                    if recording is not None:
-                        await recording
-                    groups = await _funded(lease, groups, held=held, outcome=outcome, plan=plan)
-                for provider in builder.needs(groups):
-                    api = clients.batch_api(provider)
-                    builder.use(provider, limits=api.limits(max_requests=max_requests, max_bytes=max_bytes))
-                await recorded(await _in_thread(builder.add, groups))
-            await recorded(builder.close())
+            try:
+                async for groups in request_groups(sessions, job_id=job_id, page=page, dedupe=dedupe,
+                                                   retry_failed=retry_failed):
+                    if dedupe:
+                        groups = await _unanswered(sessions=sessions, writer=writer, groups=groups, outcome=outcome)
+                    if lease is not None:
+                        # A recording hands its files' reservations over from the lease: never while it reserves
+                        # more.
+                        if recording is not None:
+                            await recording
+                        groups = await _funded(lease, groups, held=held, outcome=outcome, plan=plan)
+                    for provider in builder.needs(groups):
+                        api = clients.batch_api(provider)
+                        builder.use(provider, limits=api.limits(max_requests=max_requests, max_bytes=max_bytes))
+                    await recorded(await _in_thread(builder.add, groups))
+                await recorded(builder.close())
+            finally:
+                # A failure while building the next files lets the recording under way finish first (the task
+                # group would cancel it): a batch recorded has its reservation handed over before the lease closes,
+                # and the files recorded before the failure stay recorded.
+                if recording is not None:
+                    await asyncio.wait([recording])
     finally:
         builder.discard()
         if lease is not None:

@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from ._capabilities import no_batch_api, remember_no_batch_api
     from ._job_budgets import budgets_of_job, note_job_budget
     from ._engine import Sessions, check_database_url, create_engine, open_database, session_factory, write_lanes
+    from ._ledger import compact_ledger
     from ._migrate import migrate, require_current_schema
     from ._models import Base, Batch, Budget, BudgetSpend, Job, Prompt, Reservation, Result
     from ._unfinished import (
@@ -161,6 +162,7 @@ __all__ = [
     "batch_members",
     "batch_submissions",
     "check_database_url",
+    "compact_ledger",
     "create_batch_record",
     "create_engine",
     "create_job",

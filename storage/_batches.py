@@ -330,7 +330,8 @@ async def batch_submissions(
     sessions: Sessions, *, prompt_ids: Collection[int] | None = None, batch_id: int | None = None
 ) -> dict[int, int]:
     """How many batches each prompt has been sent in: these prompts, or every member of batch
-    ``batch_id`` (one query). Prompts never batched are left out."""
+    ``batch_id`` (one query), counted up to that batch: a batch made later (another worker re-sending a member
+    this batch's ingest has just released) is not counted against it. Prompts never batched are left out."""
     if (prompt_ids is None) == (batch_id is None):
         raise TypeError("give prompt_ids or batch_id")
     counts: dict[int, int] = {}
@@ -339,7 +340,7 @@ async def batch_submissions(
             members = select(BatchMember.prompt_id).where(BatchMember.batch_id == batch_id)
             stmt = (
                 select(BatchMember.prompt_id, func.count())
-                .where(BatchMember.prompt_id.in_(members))
+                .where(BatchMember.prompt_id.in_(members), BatchMember.batch_id <= batch_id)
                 .group_by(BatchMember.prompt_id)
             )
             return {pid: n for pid, n in await session.execute(stmt)}

@@ -213,9 +213,11 @@ async def settle_holds(conn: AsyncConnection, *, costs: dict[int, int]) -> None:
     """Turn reservations into spent money, in the caller's transaction (the one storing the answers): each
     reservation id -> the stored cost to count. Each moves at most what it holds from reserved to spent; a cost
     beyond it is spent all the same (the answer was paid), and a reservation already given back only spends."""
-    for hold_id, cost in costs.items():
+    # Each reservation is read locked (PostgreSQL; SQLite has one writer at a time), in id order: two transactions
+    # settling one reservation at once (a batch's slices stored side by side) each move what the other left.
+    for hold_id, cost in sorted(costs.items()):
         found = (await conn.execute(select(Reservation.budget, Reservation.period, Reservation.amount_pico_usd)
-                                    .where(Reservation.id == hold_id))).first()
+                                    .where(Reservation.id == hold_id).with_for_update())).first()
         if found is None:
             continue
         moved = min(cost, found.amount_pico_usd)

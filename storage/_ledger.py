@@ -9,10 +9,12 @@ The invariant: for every job and key, the deltas' sums are what ``usage_by_route
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from sqlalchemy import delete, func, insert, select
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from llm_dispatch.core import PAID_RESULT_STATUSES
@@ -29,6 +31,8 @@ LEDGER_KEY: Final = ("route", "service_tier", "prices_as_of", "prices_file", "co
 LEDGER_SUMS: Final = ("requests", "prompt_tokens", "completion_tokens", "cached_tokens", "cache_creation_tokens",
                       "cache_creation_extended_tokens", "cost_pico_usd", "list_cost_pico_usd", "unpriced")
 _COLUMNS: Final = ("job_id", *LEDGER_KEY, *LEDGER_SUMS)
+
+logger = logging.getLogger(__name__)
 
 
 def _deltas(rows: Sequence[Any], *, job_ids: str | Mapping[int, str]) -> list[tuple[Any, ...]]:
@@ -79,9 +83,20 @@ async def ledger_sums(sessions: Sessions, *, job_id: str) -> list[tuple[Any, ...
                 for row in await (await session.connection()).execute(stmt)]
 
 
-async def compact_ledger(sessions: Sessions, *, job_id: str) -> None:
-    """Fold the job's delta rows into one per ledger key. The rows folded are those the DELETE removed (RETURNING),
-    so a delta another writer commits meanwhile is neither lost nor counted twice."""
+async def compact_ledger(sessions: Sessions, *, job_id: str) -> bool:
+    """Fold the job's delta rows into one per ledger key; False (logged) where the database refused, and the rows
+    stay to be folded next time: reads are right either way. The rows folded are those the DELETE removed
+    (RETURNING), so a delta another writer commits meanwhile is neither lost nor counted twice."""
+    try:
+        await _fold(sessions, job_id=job_id)
+    except SQLAlchemyError as error:
+        logger.warning("could not fold job %s's ledger deltas (they are folded next time): %s", job_id,
+                       getattr(error, "orig", None) or error)
+        return False
+    return True
+
+
+async def _fold(sessions: Sessions, *, job_id: str) -> None:
     key = [getattr(LedgerDelta, name) for name in LEDGER_KEY]
     sums = [getattr(LedgerDelta, name) for name in LEDGER_SUMS]
     async with sessions.begin() as session:

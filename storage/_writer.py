@@ -10,7 +10,7 @@ from types import TracebackType
 from typing import NamedTuple
 
 from sqlalchemy import select
-from sqlalchemy.exc import OperationalError, SQLAlchemyError
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from llm_dispatch.core import ChatResult, PriceTable, ResultRoute, UnknownPromptError
@@ -129,10 +129,7 @@ class ResultWriter:
         if self._job_id is not None and self.flushes and exc is None:
             # The run's writes appended a ledger delta each: folded into one per key, so the job's reports read a
             # few rows whatever its runs wrote.
-            try:
-                await compact_ledger(self._sessions, job_id=self._job_id)
-            except SQLAlchemyError as error:  # folded by the next run's writer; nothing is lost by waiting
-                logger.warning("could not fold the job's ledger deltas: %s", getattr(error, "orig", None) or error)
+            await compact_ledger(self._sessions, job_id=self._job_id)
 
     async def success(
         self, *, prompt_ids: Sequence[int], result: ChatResult, route: ResultRoute = "realtime",

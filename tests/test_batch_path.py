@@ -555,6 +555,13 @@ async def test_an_ingest_in_many_slices_stores_each_answer_once(any_env: Env, mo
     results = await any_env.results(job_id)
     assert sorted(r.prompt_id for r in results) == sorted(ids)
     assert all(r.route == "batch" for r in results)
+    # The slices' ledger deltas (one per slice) are folded as the ingest ends: one row for the job's one key,
+    # counting every answer once.
+    from llm_dispatch.storage._models import LedgerDelta
+
+    async with any_env.sessions() as session:
+        folded = (await session.execute(select(LedgerDelta.requests).where(LedgerDelta.job_id == job_id))).all()
+    assert [tuple(row) for row in folded] == [(41,)]
 
 
 async def test_an_ingest_cut_short_between_slices_then_run_again_stores_each_answer_once(

@@ -260,3 +260,34 @@ async def test_a_job_budget_starts_with_what_the_job_already_cost(sessions: stor
     await storage.set_job_budget(sessions, job_id=job_id, limit_pico_usd=2 * PICO_PER_USD)
     [usage] = await storage.budget_usage(sessions, name=info.name)
     assert (usage.spent_pico_usd, usage.limit_pico_usd) == (before, 2 * PICO_PER_USD)
+
+
+async def test_two_transactions_settling_one_reservation_at_once_move_what_it_holds_once(pg_url: str) -> None:
+    # A batch's ingest stores two slices side by side on PostgreSQL, each settling the batch's one reservation.
+    engine = storage.create_engine(pg_url)
+    try:
+        await storage.migrate(engine)
+        sessions = storage.session_factory(engine)
+        budget = await storage.set_budget(sessions, name="batches", limit_pico_usd=1000, per="total")
+        hold = await storage.hold_for(sessions, budget=budget, amount=100)
+        assert hold is not None
+        async with engine.connect() as first, engine.connect() as second, engine.connect() as watcher:
+            await first.begin()
+            await storage.settle_holds(first, costs={hold: 80})
+            await second.begin()
+            later = asyncio.create_task(storage.settle_holds(second, costs={hold: 80}))
+            # Until the second transaction waits on the first's locks (or has finished without waiting).
+            waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+            while not later.done() and not (await watcher.exec_driver_sql(waiting)).scalar():
+                await asyncio.sleep(0.01)
+            await first.commit()
+            await later
+            await second.commit()
+        usage = await storage.budget_usage(sessions, name="batches")
+        assert (usage[0].spent_pico_usd, usage[0].reserved_pico_usd) == (160, 0)
+        async with sessions() as session:
+            left = await session.scalar(select(storage.Reservation.amount_pico_usd)
+                                        .where(storage.Reservation.id == hold))
+        assert left == 0  # not 100 - 80 - 80: each transaction moved what the other left
+    finally:
+        await engine.dispose()

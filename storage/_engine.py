@@ -37,10 +37,6 @@ _SQLITE_PRAGMAS = (
     # NORMAL is durable across process crashes in WAL mode; only a power cut can lose the
     # last commits, and a lost result is simply sent again.
     "PRAGMA synchronous=NORMAL",
-    # 16 MiB of pages per connection (SQLite's default is 2 MiB): a prompt's two indexes on its request's hash
-    # take each insert to a random page, which then stays cached across a job's slices. A ceiling, not an
-    # allocation: a small database uses no more than it has.
-    "PRAGMA cache_size=-16384",
 )
 _WAL_RETRY_SECONDS = 0.02
 _WAL_RETRIES = int(SQLITE_BUSY_TIMEOUT_MS / 1000 / _WAL_RETRY_SECONDS)

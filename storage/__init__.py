@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING
 from llm_dispatch.core import lazy_names
 
 if TYPE_CHECKING:
+    from ._batch_create import create_batch_record
     from ._batches import (
         batch_members,
         batch_submissions,
         clear_batch_error,
-        create_batch_record,
         find_batch_by_provider_id,
         batch_number,
         get_batch,

@@ -85,19 +85,20 @@ def _batches(job_id: str, count: int, *, first_id: int, now: Any) -> list[tuple[
 
 
 def _deltas_sql() -> str | None:
-    """How the migration that made ``ledger_deltas`` (storage._ledger) fills it from the results stored, in the tree
-    whose interpreter runs this script; None before that migration."""
+    """How the newest migration that fills ``ledger_deltas`` (storage._ledger) from the results stored does it, in the
+    tree whose interpreter runs this script; None before the first."""
     import importlib.util
     from pathlib import Path
 
     from llm_dispatch import storage
 
-    for path in (Path(storage.__file__).parent / "migrations" / "versions").glob("*_ledger_deltas.py"):
+    for path in sorted((Path(storage.__file__).parent / "migrations" / "versions").glob("*_ledger_*.py"), reverse=True):
         spec = importlib.util.spec_from_file_location("ledger_deltas_migration", path)
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        return str(module.BACKFILL)
+        if hasattr(module, "BACKFILL"):
+            return str(module.BACKFILL)
     return None
 
 

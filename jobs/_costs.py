@@ -319,8 +319,8 @@ async def reprice(
     What-ifs: ``tier`` prices every real-time answer as if served at that service tier ("standard", "flex",
     "priority"...) instead of the one it reports; ``route`` prices every answer as if sent that way ("batch":
     through the Batch API). Rows stay per route the answers took."""
-    long_above = {model: price.long_prompt.above for model in await storage.job_models(sessions, job_id=job_id)
-                  if (price := table.price_for(model)) is not None and price.long_prompt is not None}
+    long_above = {model: above for model in await storage.job_models(sessions, job_id=job_id)
+                  if (above := table.long_above(model)) is not None}
     usage = await storage.usage_by_route(sessions, job_id=job_id, long_above=long_above)
     stored = await actual_cost(sessions=sessions, job_id=job_id)
     repriced = JobCost(totals=CostTotals(table=table))

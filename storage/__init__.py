@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from ._job_budgets import budgets_of_job, note_job_budget
     from ._engine import Sessions, check_database_url, create_engine, open_database, session_factory, write_lanes
     from ._ledger import compact_ledger
+    from ._usage import UsageRow, usage_by_route
     from ._migrate import migrate, require_current_schema
     from ._models import Base, Batch, Budget, BudgetSpend, Job, Prompt, Reservation, Result
     from ._unfinished import (
@@ -94,7 +95,6 @@ if TYPE_CHECKING:
         ExportShape,
         JobSummary,
         ReplyLengths,
-        UsageRow,
         export_pages,
         export_rows,
         export_shape,
@@ -103,7 +103,6 @@ if TYPE_CHECKING:
         route_counts,
         StructuredStats,
         structured_stats,
-        usage_by_route,
     )
     from ._writer import ResultWriter
 

@@ -229,7 +229,7 @@ async def store_batch_answers(
                                        model=model, reask=reasks.get(ids[0], 0))]
     async with sessions.begin() as session:
         conn = await session.connection()
-        await write_batch_rows(conn, rows, job_id=job_id, now=now)
+        await write_batch_rows(conn, rows, job_id=job_id, now=now, prices=prices)
         if batch_id is not None:
             await settle_batch(conn, batch_id=batch_id, cost=sum(row.cost_pico_usd or 0 for row in rows))
     return len(rows)

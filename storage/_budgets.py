@@ -104,14 +104,14 @@ async def set_budget(sessions: Sessions, *, name: str, limit_pico_usd: int, per:
 
 async def set_job_budget(sessions: Sessions, *, job_id: str, limit_pico_usd: int) -> BudgetInfo:
     """The budget ``--budget`` holds for one job, over its whole life: made (or its limit changed) here. A new one
-    starts with what the job's stored answers cost already, so the limit is the job's, not this run's."""
+    starts with what the job's stored answers cost already (its ledger deltas': results they omit cost 0)."""
     info = await set_budget(sessions, name=job_budget_name(job_id), limit_pico_usd=limit_pico_usd, per="total")
     async with sessions.begin() as session:
         # One statement (a write first): on SQLite a read before it could lose the write lock to another process.
         await (await session.connection()).execute(
             text("INSERT INTO budget_periods (budget, period, spent_pico_usd, reserved_pico_usd, updated_at) "
-                 "SELECT :budget, 'total', COALESCE(SUM(cost_pico_usd), 0), 0, :now FROM results WHERE job_id = :job "
-                 "ON CONFLICT DO NOTHING"),
+                 "SELECT :budget, 'total', COALESCE(SUM(cost_pico_usd), 0), 0, :now FROM ledger_deltas "
+                 "WHERE job_id = :job ON CONFLICT DO NOTHING"),
             {"budget": info.name, "job": job_id, "now": utcnow()})
     return info
 

@@ -16,6 +16,8 @@ from typing import Any, Final
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from llm_dispatch.core import PriceTable
+
 from ._bulk import bind_value, chunks, placeholders
 from ._ledger import write_ledger_deltas
 from ._models import Prompt
@@ -35,16 +37,17 @@ _POSTGRES_SETTLE: Final = (
 )
 
 
-async def write_batch_rows(conn: AsyncConnection, rows: Sequence[ResultRow], *, job_id: str, now: datetime) -> None:
-    """Insert a batch's ``rows`` (all of job ``job_id``) and settle their prompts still ``batched``, in the caller's
-    transaction on ``conn``: a prompt another ingest settled first keeps its state, and its attempts are not
-    counted twice."""
+async def write_batch_rows(conn: AsyncConnection, rows: Sequence[ResultRow], *, job_id: str, now: datetime,
+                           prices: PriceTable | None) -> None:
+    """Insert a batch's ``rows`` (all of job ``job_id``, priced with ``prices``) and settle their prompts still
+    ``batched``, in the caller's transaction on ``conn``: a prompt another ingest settled first keeps its state, and
+    its attempts are not counted twice."""
     if not rows:
         return
     dialect = conn.dialect
     states = prompt_states(rows)
     updated = bind_value(Prompt.__table__.c.updated_at, now, dialect)
-    await write_ledger_deltas(conn, rows, job_ids=job_id)
+    await write_ledger_deltas(conn, rows, job_ids=job_id, prices=prices)
     params = result_params(rows, job_ids=job_id, dialect=dialect)
     if dialect.name == "postgresql":
         ids = list(states)

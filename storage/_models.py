@@ -154,14 +154,11 @@ class Prompt(Base):
 
 class Result(Base):
     __tablename__ = "results"
-    # job_id has no index of its own: the covering ledger index leads with it. ``status`` and ``cost`` read a job's
-    # usage from its ledger deltas (``LedgerDelta``); what the deltas cannot split (a long-prompt price, a job of
-    # several models) is summed from that index alone, in its order (grouped by route, tier and price stamp with no
-    # sort); structured statistics read only the rows that were checked against a schema, by the partial index.
+    # A job's results by job_id: ``status`` (its counts, latencies and failures), structured statistics and the cache
+    # report read them. A job's paid usage and stored cost (``status``, ``cost``, ``reprice``) are read from its
+    # ledger deltas (``LedgerDelta``), not from here; the rows checked against a schema have a partial index.
     __table_args__ = (
-        Index("ix_results_job_id_ledger", "job_id", "route", "service_tier", "prices_as_of", "prices_file",
-              "cost_basis", "status", "prompt_tokens", "completion_tokens", "cached_tokens", "cache_creation_tokens",
-              "cache_creation_extended_tokens", "cost_pico_usd", "list_cost_pico_usd"),
+        Index("ix_results_job_id", "job_id"),
         Index("ix_results_job_id_checked", "job_id", sqlite_where=sql_text(CHECKED),
               postgresql_where=sql_text(CHECKED)),
     )
@@ -226,17 +223,26 @@ class Result(Base):
 
 
 class LedgerDelta(Base):
-    """What one write of results added to its job's paid usage, per ledger key (route, service tier, price stamp):
-    appended in the transaction that inserts those results (``storage._ledger``), never updated; a job's rows are
-    folded into one per key by ``compact_ledger``. Their sums are what the job's results' covering ledger index sums
-    (``usage_by_route``: answers and failures that reported usage, none reused), read from a few rows instead of one
-    per result. Append-only, so writers of one job (shards on PostgreSQL) never wait on each other's row."""
+    """What one write of results added to its job's paid usage, per ledger key (the prompts' model, endpoint and
+    provider, the long-prompt split, route, service tier, price stamp): appended in the transaction that inserts those
+    results (``storage._ledger``), never updated; a job's rows are folded into one per key by ``compact_ledger``.
+    Their sums are what ``usage_by_route`` would sum from the job's results (answers and failures that reported usage,
+    none reused), read from a few rows instead of one per result. Append-only, so writers of one job (shards on
+    PostgreSQL) never wait on each other's row."""
 
     __tablename__ = "ledger_deltas"
     __table_args__ = (Index("ix_ledger_deltas_job_id", "job_id"),)
 
     id: Mapped[int] = mapped_column(BigInt, primary_key=True, autoincrement=True)
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"))
+    # The prompts' own, as stored with them (``Prompt``).
+    model: Mapped[str] = mapped_column(String())
+    endpoint: Mapped[str] = mapped_column(String(16))
+    provider: Mapped[str | None] = mapped_column(String(16))
+    # The prompt tokens the writer's price table prices the model's longer prompts above (NULL: one price at any
+    # length, or no table), and whether these requests' prompts were longer.
+    long_above: Mapped[int | None] = mapped_column(Integer())
+    long_prompt: Mapped[bool] = mapped_column(Boolean())
     route: Mapped[ResultRoute] = mapped_column(String(16))
     service_tier: Mapped[str | None] = mapped_column(String(16))
     prices_as_of: Mapped[str | None] = mapped_column(String(10))

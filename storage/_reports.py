@@ -1,5 +1,5 @@
-"""Read-only queries for reports: usage per route and model, counts per route and status, job lists,
-and results joined to their inputs for export. The small query API for programmatic use."""
+"""Read-only queries for reports: counts per route and status, job lists, and results joined to their inputs
+for export (a job's usage per route and model: ``storage._usage``). The small query API for programmatic use."""
 
 from __future__ import annotations
 
@@ -28,8 +28,6 @@ from llm_dispatch.core import (
     json_texts,
 )
 
-from ._jobs import job_model_endpoints
-from ._ledger import ledger_sums
 from ._models import CHECKED, Batch, Job, Prompt, Result, aware
 from ._engine import Sessions
 
@@ -40,7 +38,6 @@ __all__ = [
     "JobSummary",
     "ReplyLengths",
     "StructuredStats",
-    "UsageRow",
     "export_pages",
     "export_rows",
     "export_shape",
@@ -48,42 +45,9 @@ __all__ = [
     "reply_lengths",
     "route_counts",
     "structured_stats",
-    "usage_by_route",
 ]
 
 EXPORT_PAGE = 5000
-
-
-@dataclass(frozen=True, slots=True)
-class UsageRow:
-    """Paid usage of one job on one route and model, and its stored cost: answers (refusals included: they are
-    billed) and failures whose 2xx reported usage, ``reused`` ones left out (they cost 0). One row per price
-    table the answers were priced with."""
-
-    route: Route
-    model: str
-    prompts: int
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int
-    # Picodollars, over the answers whose cost is known; ``unpriced`` of them have none (NULL).
-    cost_pico_usd: int = 0
-    list_cost_pico_usd: int = 0
-    unpriced: int = 0
-    prices_as_of: str | None = None
-    prices_file: str | None = None
-    cost_basis: str | None = None
-    # Prompt-cache writes, part of prompt_tokens; of them, those for the longer duration.
-    cache_creation_tokens: int = 0
-    cache_creation_extended_tokens: int = 0
-    # Requests whose prompt was longer than their model's long-prompt threshold (``usage_by_route(long_above=)``).
-    long_prompt: bool = False
-    # The service tier the answers report (None: they did not say).
-    service_tier: str | None = None
-    # The endpoint the prompts went to (core.ENDPOINTS).
-    endpoint: str = "chat"
-    # The provider that served them (None: recorded before providers were kept; the built-in rule's).
-    provider: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,92 +120,6 @@ class ExportShape:
     embeddings: bool = False
 
 
-async def usage_by_route(
-    sessions: Sessions, *, job_id: str, long_above: Mapping[str, int] | None = None
-) -> list[UsageRow]:
-    """Tokens paid for and their stored cost per route, requested model (the price table knows the model
-    as asked for), endpoint, service tier and the prices they were priced with. ``long_above`` (model -> prompt tokens)
-    splits a model's requests into those at most that long and those longer, which a price table prices apart.
-
-    A job of one model and endpoint (most are) is read from its ledger deltas (``storage._ledger``: a few rows
-    whatever its size), or, split by a long-prompt threshold, summed from the results' covering ledger index alone, in
-    its order; a job of several joins each result to its prompt for them."""
-    pairs = await job_model_endpoints(sessions, job_id=job_id)
-    if not pairs:
-        return []
-    stamp = (Result.prices_as_of, Result.prices_file, Result.cost_basis)
-    model: Any
-    endpoint: Any
-    above: int | None = None
-    provider: Any
-    if len(pairs) == 1:
-        only, only_endpoint = pairs[0]
-        model, endpoint = literal(only).label("model"), literal(only_endpoint).label("endpoint")
-        # A model's prompts go to one provider (its recorded name says which).
-        async with sessions() as session:
-            only_provider = await session.scalar(select(Prompt.provider).where(Prompt.job_id == job_id).limit(1))
-        provider = literal(only_provider).label("provider")
-        above = (long_above or {}).get(only)
-        if above is None:
-            # One model, no long-prompt split: the job's ledger deltas hold every sum, a few rows however many results.
-            return sorted(_usage_rows(await ledger_sums(sessions, job_id=job_id), model=only, endpoint=only_endpoint,
-                                      provider=only_provider), key=_usage_order)
-        long: Any = Result.prompt_tokens > above
-    else:
-        model, endpoint, provider = Prompt.model, Prompt.endpoint, Prompt.provider
-        long = case(*((and_(Prompt.model == name, Result.prompt_tokens > above), True)
-                      for name, above in (long_above or {}).items()), else_=False) if long_above else literal(False)
-    stmt = (
-        select(
-            Result.route, model, func.count(),
-            _total(Result.prompt_tokens),
-            _total(Result.completion_tokens),
-            _total(Result.cached_tokens),
-            _total(Result.cache_creation_tokens),
-            _total(Result.cache_creation_extended_tokens),
-            _total(Result.cost_pico_usd),
-            _total(Result.list_cost_pico_usd),
-            func.count() - func.count(Result.cost_pico_usd),
-            long.label("long_prompt"),
-            Result.service_tier,
-            endpoint,
-            provider,
-            *stamp,
-        )
-        .where(Result.job_id == job_id, Result.route != "reused",
-               # Answers, and failures that reported what they used (a 2xx with no usable answer).
-               or_(Result.status.in_(PAID_RESULT_STATUSES), Result.prompt_tokens.is_not(None)))
-        # The ledger index's order (route, tier, stamp), so that grouping one model's results needs no sort.
-        .group_by(Result.route, Result.service_tier, *stamp)
-    )
-    if len(pairs) > 1:
-        stmt = stmt.join(Prompt, Prompt.id == Result.prompt_id).group_by(Prompt.model, Prompt.endpoint, Prompt.provider)
-    if long_above and (len(pairs) > 1 or above is not None):
-        stmt = stmt.group_by("long_prompt")
-    async with sessions() as session:
-        found = [UsageRow(route, model, int(n), int(p), int(c), int(k), int(cost), int(listed), int(unknown),
-                          as_of, file, basis, cache_creation_tokens=int(w), cache_creation_extended_tokens=int(x),
-                          long_prompt=bool(is_long), service_tier=tier, endpoint=endpoint, provider=provider)
-                 for (route, model, n, p, c, k, w, x, cost, listed, unknown, is_long, tier, endpoint, provider, as_of,
-                      file, basis) in await session.execute(stmt)
-                 if route != "reused"]  # as the query has it: each row's route is a Route
-    # Sorted here: the databases put NULL stamps at opposite ends.
-    return sorted(found, key=_usage_order)
-
-
-def _usage_order(u: UsageRow) -> tuple[Any, ...]:
-    return (u.route, u.model, u.provider or "", u.endpoint, u.long_prompt, u.service_tier or "", u.prices_as_of or "",
-            u.prices_file or "", u.cost_basis or "")
-
-
-def _usage_rows(sums: Sequence[Sequence[Any]], *, model: str, endpoint: str, provider: str | None) -> list[UsageRow]:
-    """``ledger_sums``' rows as ``UsageRow``s of one model, endpoint and provider."""
-    return [UsageRow(route, model, n, p, c, k, cost, listed, unknown, as_of, file, basis, cache_creation_tokens=w,
-                     cache_creation_extended_tokens=x, service_tier=tier, endpoint=endpoint, provider=provider)
-            for route, tier, as_of, file, basis, n, p, c, k, w, x, cost, listed, unknown in sums
-            if n and route != "reused"]
-
-
 @dataclass(frozen=True, slots=True)
 class ReplyLengths:
     """What one model's recent replies were like: how many, their tokens, how many were cut at their cap."""
@@ -262,11 +140,6 @@ class ReplyLengths:
 
 # A reply stopped by its cap: OpenAI's finish_reason "length", Anthropic's stop_reason "max_tokens".
 CUT_FINISH_REASONS = ("length", "max_tokens")
-
-
-def _total(column: InstrumentedAttribute[int | None]) -> TypeCoerce[int]:
-    """SUM(column), 0 where there is nothing to add: never NULL, as its type says."""
-    return type_coerce(func.coalesce(func.sum(column), 0), Integer)
 
 
 async def reply_lengths(sessions: Sessions, *, models: list[str], sample: int = 5000) -> dict[str, ReplyLengths]:

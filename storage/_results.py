@@ -294,10 +294,11 @@ async def write_results(
     *,
     job_ids: str | Mapping[int, str],
     now: datetime,
+    prices: PriceTable | None,
     only_if: PromptStatus | None = None,
 ) -> None:
-    """Insert ``rows`` (and what they add to their jobs' ledgers) and settle their prompts, in the caller's
-    transaction on ``conn``.
+    """Insert ``rows`` (and what they add to their jobs' ledgers; ``prices``: the table they were priced with) and
+    settle their prompts, in the caller's transaction on ``conn``.
 
     ``job_ids`` is the job of every row, or each prompt id's. ``only_if`` settles only prompts still in
     that status (a batch's members still ``batched``): a prompt another ingest settled first keeps its
@@ -307,7 +308,7 @@ async def write_results(
         return
     dialect = conn.dialect
     await conn.exec_driver_sql(_insert_sql(dialect), result_params(rows, job_ids=job_ids, dialect=dialect))
-    await write_ledger_deltas(conn, rows, job_ids=job_ids)
+    await write_ledger_deltas(conn, rows, job_ids=job_ids, prices=prices)
     updated = bind_value(Prompt.__table__.c.updated_at, now, dialect)
     states = prompt_states(rows)
     if all(state[0] == "succeeded" for state in states.values()):

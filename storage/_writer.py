@@ -295,7 +295,7 @@ class ResultWriter:
             job_ids = self._job_id if self._job_id is not None else await _job_ids(session, rows)
             # Unknown prompt ids with a known job_id fail on the results foreign key.
             conn = await session.connection()
-            await write_results(conn, rows, job_ids=job_ids, now=utcnow())
+            await write_results(conn, rows, job_ids=job_ids, now=utcnow(), prices=self._ledger.prices)
             # Last, so that the budgets' rows are locked only for the commit.
             for batch_id, spent in by_batch.items():
                 if spent:

@@ -310,9 +310,7 @@ class EstimateSums:
         try:
             above = self._long_above[model]
         except KeyError:
-            price = self.table.price_for(model)
-            above = self._long_above[model] = (
-                price.long_prompt.above if price is not None and price.long_prompt is not None else None)
+            above = self._long_above[model] = self.table.long_above(model)
         key = (model, route, request.endpoint, _requested_tier(params), reply_cap(params), _choices(params),
                _cache_marks(request),
                above is not None and prompt_tokens > above)

@@ -97,8 +97,7 @@ class ModelPrice:
 
     @property
     def rates(self) -> _Prices:
-        return _Prices(self.input, self.cached_input, self.cache_write, self.cache_write_extended,
-                       self.output)
+        return _Prices(self.input, self.cached_input, self.cache_write, self.cache_write_extended, self.output)
 
     def for_prompt(self, prompt_tokens: int) -> ModelPrice:
         """The standard prices a request with this many prompt tokens pays."""
@@ -288,6 +287,11 @@ class PriceTable:
         """The price of ``model`` (see ``model_name``); else None."""
         name = self.model_name(model)
         return None if name is None else self.models.get(name)
+
+    def long_above(self, model: str) -> int | None:
+        """The prompt tokens above which a request to ``model`` has its long-prompt price; None: one at any length."""
+        long = None if (price := self.price_for(model)) is None else price.long_prompt
+        return None if long is None else long.above
 
     def limits_for(self, model: str) -> ModelLimits | None:
         """The context window and maximum reply of ``model`` (see ``model_name``); else None."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from sqlalchemy import (
@@ -70,6 +71,17 @@ def aware(value: datetime) -> datetime:
     return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
+def built_on(dialect: str) -> Callable[[Any, str | None, str, bool, Any], bool]:
+    """An Alembic ``include_object`` that leaves out what the models create on other dialects only (an index with
+    ``ddl_if(dialect=...)``), so a comparison with a database of ``dialect`` sees what ``create_all`` makes there."""
+
+    def include(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
+        condition = getattr(obj, "_ddl_if", None)
+        return condition is None or condition.dialect is None or condition.dialect == dialect
+
+    return include
+
+
 def new_job_id() -> str:
     return str(uuid.uuid4())
 
@@ -103,19 +115,29 @@ class Job(Base):
     budget_name: Mapped[str | None] = mapped_column(String())
 
 
+# Percent of each prompts page PostgreSQL fills on insert (see Prompt).
+PROMPTS_FILLFACTOR = 50
+
+
 class Prompt(Base):
     __tablename__ = "prompts"
     # job_id has no index of its own: the composite indexes below lead with it. A job's prompts are
     # read a keyset page at a time by input position (planning) and by request (the estimate).
+    # PostgreSQL: no index holds a column a prompt's settling changes (status, attempts, errors, updated_at), and each
+    # page is kept half free, so a status change is a heap-only (HOT) update: the new row version goes on the old
+    # one's page and no index is written (with the status indexed, every change wrote an entry in each index). Half,
+    # because a batch changes every prompt of a page in one statement. A job's counts by status read its rows.
+    # SQLite rewrites a changed row in place whatever its indexes, and keeps the covering status index.
     __table_args__ = (
         UniqueConstraint("job_id", "custom_id"),
-        # Covering for a job's counts by status, and by route and status (``status``).
-        Index("ix_prompts_job_id_status_route", "job_id", "status", "planned_route"),
+        # Covering for a job's counts by status, and by route and status (``status``): SQLite only.
+        Index("ix_prompts_job_id_status_route", "job_id", "status", "planned_route").ddl_if(dialect="sqlite"),
         Index("ix_prompts_job_id_position", "job_id", "position"),
         Index("ix_prompts_job_id_dedupe_key", "job_id", "dedupe_key"),
         # A job's models and endpoints, found by seeking from one pair to the next (``storage.job_models``):
         # never changed by a result, so settling prompts never writes it.
         Index("ix_prompts_job_id_model_endpoint", "job_id", "model", "endpoint"),
+        {"postgresql_with": {"fillfactor": PROMPTS_FILLFACTOR}},
     )
 
     id: Mapped[int] = mapped_column(BigInt, primary_key=True, autoincrement=True)

@@ -18,6 +18,7 @@ from sqlalchemy import (
     DateTime,
     Float,
     ForeignKey,
+    ForeignKeyConstraint,
     Index,
     Integer,
     LargeBinary,
@@ -322,8 +323,16 @@ class BatchMember(Base):
     """Which prompt each line (``custom_id``) of a batch file stands for."""
 
     __tablename__ = "batch_members"
-    batch_id: Mapped[int] = mapped_column(BigInt, ForeignKey("batches.id"), primary_key=True)
-    prompt_id: Mapped[int] = mapped_column(BigInt, ForeignKey("prompts.id"), primary_key=True, index=True)
+    # Foreign keys on SQLite only. On PostgreSQL each would cost a trigger per member (a batch has tens of thousands),
+    # and their one writer, storage.create_batch_record, checks what they would in the same transaction: the batch
+    # is the row it has just inserted, and every prompt is one of the job's that it marks or finds (the statement's
+    # row count, else ``UnknownPromptError``). Nothing deletes a prompt or a batch.
+    __table_args__ = (
+        ForeignKeyConstraint(["batch_id"], ["batches.id"]).ddl_if(dialect="sqlite"),
+        ForeignKeyConstraint(["prompt_id"], ["prompts.id"]).ddl_if(dialect="sqlite"),
+    )
+    batch_id: Mapped[int] = mapped_column(BigInt, primary_key=True)
+    prompt_id: Mapped[int] = mapped_column(BigInt, primary_key=True, index=True)
     # The line's custom_id, unique to one line of this batch; identical prompts share one line.
     custom_id: Mapped[str] = mapped_column(String())
 

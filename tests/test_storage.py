@@ -295,9 +295,10 @@ async def test_migrations_and_models_agree(db: Db) -> None:
     changed = MetaData()
     for table in storage.Base.metadata.tables.values():
         copy = table.to_metadata(changed)
-        for index in table.indexes:  # to_metadata leaves out an index's ddl_if
-            if index._ddl_if is not None:
-                next(i for i in copy.indexes if i.name == index.name).ddl_if(dialect=index._ddl_if.dialect)
+        copied = {item.name: item for item in (*copy.indexes, *copy.constraints)}
+        for item in (*table.indexes, *table.constraints):  # to_metadata leaves out their ddl_if
+            if item._ddl_if is not None:
+                copied[item.name].ddl_if(dialect=item._ddl_if.dialect)
     changed.tables["results"].append_column(Column("cost_usd", Integer()))
     diff = await _schema_diff(engine, changed)
     assert [(d[0], d[3].name) for d in diff] == [("add_column", "cost_usd")]

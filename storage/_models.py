@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from sqlalchemy import (
@@ -17,6 +18,7 @@ from sqlalchemy import (
     DateTime,
     Float,
     ForeignKey,
+    ForeignKeyConstraint,
     Index,
     Integer,
     LargeBinary,
@@ -70,6 +72,17 @@ def aware(value: datetime) -> datetime:
     return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
+def built_on(dialect: str) -> Callable[[Any, str | None, str, bool, Any], bool]:
+    """An Alembic ``include_object`` that leaves out what the models create on other dialects only (an index with
+    ``ddl_if(dialect=...)``), so a comparison with a database of ``dialect`` sees what ``create_all`` makes there."""
+
+    def include(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
+        condition = getattr(obj, "_ddl_if", None)
+        return condition is None or condition.dialect is None or condition.dialect == dialect
+
+    return include
+
+
 def new_job_id() -> str:
     return str(uuid.uuid4())
 
@@ -103,19 +116,29 @@ class Job(Base):
     budget_name: Mapped[str | None] = mapped_column(String())
 
 
+# Percent of each prompts page PostgreSQL fills on insert (see Prompt).
+PROMPTS_FILLFACTOR = 50
+
+
 class Prompt(Base):
     __tablename__ = "prompts"
     # job_id has no index of its own: the composite indexes below lead with it. A job's prompts are
     # read a keyset page at a time by input position (planning) and by request (the estimate).
+    # PostgreSQL: no index holds a column a prompt's settling changes (status, attempts, errors, updated_at), and each
+    # page is kept half free, so a status change is a heap-only (HOT) update: the new row version goes on the old
+    # one's page and no index is written (with the status indexed, every change wrote an entry in each index). Half,
+    # because a batch changes every prompt of a page in one statement. A job's counts by status read its rows.
+    # SQLite rewrites a changed row in place whatever its indexes, and keeps the covering status index.
     __table_args__ = (
         UniqueConstraint("job_id", "custom_id"),
-        # Covering for a job's counts by status, and by route and status (``status``).
-        Index("ix_prompts_job_id_status_route", "job_id", "status", "planned_route"),
+        # Covering for a job's counts by status, and by route and status (``status``): SQLite only.
+        Index("ix_prompts_job_id_status_route", "job_id", "status", "planned_route").ddl_if(dialect="sqlite"),
         Index("ix_prompts_job_id_position", "job_id", "position"),
         Index("ix_prompts_job_id_dedupe_key", "job_id", "dedupe_key"),
         # A job's models and endpoints, found by seeking from one pair to the next (``storage.job_models``):
         # never changed by a result, so settling prompts never writes it.
         Index("ix_prompts_job_id_model_endpoint", "job_id", "model", "endpoint"),
+        {"postgresql_with": {"fillfactor": PROMPTS_FILLFACTOR}},
     )
 
     id: Mapped[int] = mapped_column(BigInt, primary_key=True, autoincrement=True)
@@ -306,8 +329,16 @@ class BatchMember(Base):
     """Which prompt each line (``custom_id``) of a batch file stands for."""
 
     __tablename__ = "batch_members"
-    batch_id: Mapped[int] = mapped_column(BigInt, ForeignKey("batches.id"), primary_key=True)
-    prompt_id: Mapped[int] = mapped_column(BigInt, ForeignKey("prompts.id"), primary_key=True, index=True)
+    # Foreign keys on SQLite only. On PostgreSQL each would cost a trigger per member (a batch has tens of thousands),
+    # and their one writer, storage.create_batch_record, checks what they would in the same transaction: the batch
+    # is the row it has just inserted, and every prompt is one of the job's that it marks or finds (the statement's
+    # row count, else ``UnknownPromptError``). Nothing deletes a prompt or a batch.
+    __table_args__ = (
+        ForeignKeyConstraint(["batch_id"], ["batches.id"]).ddl_if(dialect="sqlite"),
+        ForeignKeyConstraint(["prompt_id"], ["prompts.id"]).ddl_if(dialect="sqlite"),
+    )
+    batch_id: Mapped[int] = mapped_column(BigInt, primary_key=True)
+    prompt_id: Mapped[int] = mapped_column(BigInt, primary_key=True, index=True)
     # The line's custom_id, unique to one line of this batch; identical prompts share one line.
     custom_id: Mapped[str] = mapped_column(String())
 

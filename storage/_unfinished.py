@@ -55,8 +55,8 @@ def _open_filter(
 ) -> list[Any]:
     """The WHERE clauses of the open prompts; see ``unfinished_prompts``. ``by_position``: for a query bounded by a
     range of input positions (``_page_in_order``), the status is tested as an expression no index holds, so the
-    planner takes the ``(job_id, position)`` index: PostgreSQL with no statistics yet (a job just recorded)
-    otherwise reads the status index, all of the job's open prompts, for each window."""
+    planner takes the ``(job_id, position)`` index rather than SQLite's status index (all of the job's open prompts
+    for each window; PostgreSQL has none, ``Prompt``)."""
     status: Any = Prompt.status.concat("") if by_position else Prompt.status
     unfinished_when: list[ColumnElement[bool]] = [status.in_(SENDABLE_PROMPT_STATUSES if in_flight else ("pending",))]
     if retry_failed == "all":

@@ -6,12 +6,16 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+from sqlalchemy import text
+
 from llm_dispatch import storage
 from llm_dispatch.core import PriceTable
 from llm_dispatch.storage import ResultWriter, Sessions
 
 # The SQLite / PostgreSQL fixtures are test_storage's own (imported names are what pytest finds).
 from test_storage import (  # noqa: F401
+    Db,
     answer,
     db,
     engine,
@@ -48,6 +52,23 @@ async def test_bulk_answers_settle_each_state_and_leave_settled_prompts_alone(se
                                                                           30_000.0)
     assert (shared.route, shared.cost_pico_usd) == ("reused", 0)
     assert paid.cost_pico_usd is not None and paid.cost_pico_usd > 0
+
+
+async def test_batching_prompts_on_postgresql_writes_no_index_entry_and_no_new_page(db: Db, sessions: Sessions) -> None:
+    # Heap-only updates: with no index on the status and half of each page free, a prompt's new row version goes
+    # beside the old one, so marking a job's prompts batched grows neither the table nor any of its indexes.
+    if db.kind != "postgres":
+        pytest.skip("PostgreSQL storage")
+    job_id = await make_job(sessions, new_prompts(400))
+    ids = await prompt_ids(sessions, job_id)
+    size = text("SELECT pg_total_relation_size('prompts')")
+    async with sessions() as session:
+        before = (await session.execute(size)).scalar_one()
+    await storage.create_batch_record(sessions, job_id=job_id, model="gpt-4o-mini", file_path=None,
+                                      members=[(pid, f"line-{pid}") for pid in ids.values()])
+    assert await storage.job_counts(sessions, job_id=job_id) == {"batched": 400}
+    async with sessions() as session:
+        assert (await session.execute(size)).scalar_one() == before
 
 
 async def test_a_jobs_models_and_endpoints_each_once_in_order(sessions: Sessions) -> None:

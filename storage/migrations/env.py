@@ -15,7 +15,7 @@ from alembic import context
 from sqlalchemy.engine import Connection
 
 from llm_dispatch.storage._engine import DATABASE_URL_ENV, create_engine
-from llm_dispatch.storage._models import Base
+from llm_dispatch.storage._models import Base, built_on
 
 config = context.config
 target_metadata = Base.metadata
@@ -26,6 +26,7 @@ def _configure(connection: Connection) -> None:
         connection=connection,
         target_metadata=target_metadata,
         compare_type=True,
+        include_object=built_on(connection.dialect.name),
         # SQLite cannot ALTER most things; batch mode recreates the table instead.
         render_as_batch=connection.dialect.name == "sqlite",
     )

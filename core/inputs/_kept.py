@@ -7,7 +7,6 @@ import marshal
 import os
 import struct
 import tempfile
-import threading
 from collections.abc import Iterator
 from typing import IO
 
@@ -42,7 +41,6 @@ class KeptPrompts:
         # Where each written block starts, and the input position of its first prompt.
         self._blocks: list[int] = []
         self._written = 0
-        self._lock = threading.Lock()
         self.count = 0
 
     def __len__(self) -> int:
@@ -65,8 +63,13 @@ class KeptPrompts:
         return True
 
     def done(self) -> bool:
-        """Every prompt added is written; False if one could not be (nothing kept is to be used then)."""
-        return self._flush()
+        """Every prompt added is written; False if one could not be (nothing kept is to be used then). Readers read
+        the file by offset (``os.pread``), so from here on any number of them may, each at its own pace."""
+        if not self._flush():
+            return False
+        if self._file is not None:
+            self._file.flush()
+        return True
 
     def _flush(self) -> bool:
         if not self._pending:
@@ -90,8 +93,6 @@ class KeptPrompts:
             yield from self._memory[start:]
         if self._file is None:
             return
-        with self._lock:
-            self._file.flush()
         fd = self._file.fileno()
         skip = max(start - len(self._memory), 0)
         first, skip = divmod(skip, BLOCK)
@@ -99,7 +100,7 @@ class KeptPrompts:
             (size,) = _LENGTH.unpack(os.pread(fd, _LENGTH.size, offset))
             block = marshal.loads(os.pread(fd, size, offset + _LENGTH.size))
             for fields in block[skip:]:
-                yield PromptSpec(*fields)  # type: ignore[arg-type]
+                yield PromptSpec(*fields)
             skip = 0
 
     def close(self) -> None:

@@ -25,8 +25,8 @@ def _fields(spec: PromptSpec) -> tuple[object, ...]:
 
 
 class KeptPrompts:
-    """Checked prompts in input order: the first ``in_memory`` as they are, the rest spilled to a temporary file when
-    ``spill`` (else ``add`` past ``in_memory`` returns False and the caller gives keeping up).
+    """Checked prompts in input order: in memory as they are while at most ``in_memory``; past that, when ``spill``,
+    all of them in a temporary file (else ``add`` returns False and the caller gives keeping up).
 
     The file is unlinked from the start (``tempfile.TemporaryFile``): a killed process leaves nothing behind. A
     prompt read back is a new ``PromptSpec`` equal to the one kept. A value ``marshal`` cannot hold (a caller's
@@ -56,6 +56,10 @@ class KeptPrompts:
         elif not self._spill:
             return False
         else:
+            if self._memory:
+                # A large input: all of it goes to the file, so that memory holds no more than a block.
+                self._pending = [_fields(kept) for kept in self._memory]
+                self._memory = []
             self._pending.append(_fields(spec))
             if len(self._pending) >= BLOCK and not self._flush():
                 return False
@@ -65,26 +69,28 @@ class KeptPrompts:
     def done(self) -> bool:
         """Every prompt added is written; False if one could not be (nothing kept is to be used then). Readers read
         the file by offset (``os.pread``), so from here on any number of them may, each at its own pace."""
-        if not self._flush():
+        if not self._flush(last=True):
             return False
         if self._file is not None:
             self._file.flush()
         return True
 
-    def _flush(self) -> bool:
-        if not self._pending:
-            return True
-        try:
-            data = marshal.dumps(self._pending)
-        except ValueError:
-            self.close()
-            return False
-        if self._file is None:
-            self._file = tempfile.TemporaryFile(prefix="llm-dispatch-kept-")
-        self._blocks.append(self._written)
-        self._file.write(_LENGTH.pack(len(data)) + data)
-        self._written += _LENGTH.size + len(data)
-        self._pending = []
+    def _flush(self, *, last: bool = False) -> bool:
+        """Write what is pending, ``BLOCK`` prompts a block; the ``last`` block of the input may hold fewer."""
+        pending = self._pending
+        whole = len(pending) if last else len(pending) - len(pending) % BLOCK
+        self._pending = pending[whole:]
+        for start in range(0, whole, BLOCK):
+            try:
+                data = marshal.dumps(pending[start:start + BLOCK])
+            except ValueError:
+                self.close()
+                return False
+            if self._file is None:
+                self._file = tempfile.TemporaryFile(prefix="llm-dispatch-kept-")
+            self._blocks.append(self._written)
+            self._file.write(_LENGTH.pack(len(data)) + data)
+            self._written += _LENGTH.size + len(data)
         return True
 
     def iter_from(self, start: int) -> Iterator[PromptSpec]:

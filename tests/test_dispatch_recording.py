@@ -59,8 +59,8 @@ def test_the_check_pass_sums_the_estimate_the_store_would(tmp_path: Path) -> Non
 
 def test_a_job_larger_than_memory_keeps_is_stored_from_its_check_not_read_again(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The check keeps every prompt, those past what memory keeps in a temporary file: the store reads no input again,
-    so the prompts stored are the ones checked, from any position, even once the file is gone."""
+    """The check keeps every prompt (more than memory keeps: in a temporary file), so the store reads no input again:
+    the prompts stored are the ones checked, from any position, even once the file is gone."""
     from llm_dispatch.core.inputs import _kept
     from llm_dispatch.jobs import _record
 

@@ -16,8 +16,9 @@ from ._reuse import reuse_stored_answers
 
 logger = logging.getLogger(__name__)
 
-# Prefect task runs cost tens of milliseconds and a server round-trip each: keep a run to a few hundred...
-MAX_CHUNKS_PER_RUN = 200
+# A Prefect task run costs the flow process about 10 ms of CPU and server round-trips (its states, its tag slot, its
+# events): a run keeps to a few dozen...
+MAX_CHUNKS_PER_RUN = 25
 # ...but a chunk's rows are in memory while it is sent (a few chunks at once): chunks stop growing here,
 # so that a job of ten million prompts holds no more than one of a million (more chunks instead).
 MAX_GROWN_CHUNK = 5_000

@@ -48,7 +48,8 @@ logger = logging.getLogger(__name__)
 # Slices of the rest grow from the first size to at most this many prompts: early ones reach the
 # sender quickly; a slice is held in memory while it is planned and its chunks are sent.
 MAX_SLICE = 10_000
-# An input of at most this many prompts is kept by its check (a slice's worth) and stored from there, not read again.
+# Prompts a check keeps in memory (a slice's worth); it spills the rest of the input to a temporary file, from which
+# they are stored: the input is parsed and checked once.
 KEEP_CHECKED = MAX_SLICE
 
 
@@ -72,23 +73,24 @@ class PromptInput:
     allow_unknown_model: bool = False
 
     def specs(self, *, start: int = 0, checked: InputCheck | None = None) -> Iterator[PromptSpec]:
-        """Its prompts in input order, from input position ``start``: those ``checked`` (its check) kept, else read
-        again. The input was checked whole (``check``), so the model-limit checks are not run again (no token
-        estimates); every other check is."""
+        """Its prompts in input order, from input position ``start``: those ``checked`` (its check) kept (every one,
+        ``InputCheck.specs``), else read again. The input was checked whole (``check``), so the model-limit checks
+        are not run again (no token estimates); every other check is."""
         if checked is not None and checked.specs is not None:
-            return iter(checked.specs[start:])
+            return checked.specs.iter_from(start)
         return islice(iter_prompts(self.source, default_model=self.default_model,
                                    default_endpoint=self.default_endpoint, default_params=self.default_params,
                                    model_providers=self.model_providers, anthropic_version=self.anthropic_version),
                       start, None)
 
-    def check(self, *, warn: bool = True, remember: bool = False,
+    def check(self, *, warn: bool = True, remember: bool = False, keep: bool = True,
               each: Callable[[PromptSpec], object] | None = None) -> InputCheck:
         """Validate the whole input (``InputError`` naming its bad lines): its count, fingerprint, repeats, providers.
 
         A file this context checked before with ``remember`` (the command, before it starts the flow) is not read
         again while it is unchanged (same size, modification time and inode) and checked by the same rules: then
-        ``each`` (called with every good prompt as the check reads it) is not called at all."""
+        ``each`` (called with every good prompt as the check reads it) is not called at all. ``keep``: the check keeps
+        the prompts (``InputCheck.specs``) for ``specs`` to give without reading the input again."""
         key = self._check_key()
         known = checked_inputs.get().get(key) if key is not None else None
         if known is not None:
@@ -97,7 +99,8 @@ class PromptInput:
                                 default_endpoint=self.default_endpoint, default_params=self.default_params,
                                 table=self.table,
                                 model_providers=self.model_providers, default_max_tokens=self.default_max_tokens,
-                                anthropic_version=self.anthropic_version, warn=warn, keep=KEEP_CHECKED,
+                                anthropic_version=self.anthropic_version, warn=warn,
+                                keep=KEEP_CHECKED if keep else 0, spill=keep,
                                 allow_unknown_model=self.allow_unknown_model, each=each)
         if remember and key is not None:
             checked_inputs.set({**checked_inputs.get(), key: checked})
@@ -217,7 +220,7 @@ def job_params(settings: Settings) -> dict[str, Any] | None:
 
 def fingerprint_of(path: str | Path, *, settings: Settings) -> str:
     """The fingerprint a job of the prompts in ``path`` has (same prompts, same default model)."""
-    return prompt_input(path, settings=settings).check().fingerprint
+    return prompt_input(path, settings=settings).check(keep=False).fingerprint
 
 
 async def record_job(
@@ -262,7 +265,8 @@ async def record_job(
             raise ConfigError("give prompts (a .jsonl/.csv path or a list of dicts) or the job id to resume")
         job = await _require_job(sessions, job_id=job_id, settings=settings)
         if job.status == "recording":
-            job = await _finish_recording(sessions, job=job, given=_input_of(job, settings=settings), rules=rules)
+            given, checked = _input_of(job, settings=settings)
+            job = await _finish_recording(sessions, job=job, given=given, rules=rules, checked=checked)
         logger.info("resuming job %s (%s)", job_id, counted(sum(job.counts.values()), "prompt"))
         return _resumed(job, providers=await _stored_providers(sessions, job_id=job_id, settings=settings))
 
@@ -288,7 +292,7 @@ async def record_job(
             if job.fingerprint != digest:
                 raise ConfigError(f"job {existing} was cut off while recording other prompts than this input's: "
                                   "run its own input again, or this input without the job id")
-            job = await _finish_recording(sessions, job=job, given=given, rules=rules)
+            job = await _finish_recording(sessions, job=job, given=given, rules=rules, checked=checked)
         logger.info("input already recorded as job %s: resuming it (only unfinished prompts are sent)", existing)
         return _resumed(job, providers=checked.providers)
 
@@ -434,17 +438,18 @@ async def store_rest(
         part = after
 
 
-def _input_of(job: storage.JobInfo, *, settings: Settings) -> PromptInput:
-    """The input of a job cut off while recording: its input file, checked to be the same prompts."""
+def _input_of(job: storage.JobInfo, *, settings: Settings) -> tuple[PromptInput, InputCheck]:
+    """The input of a job cut off while recording: its input file, and its check, which found the same prompts."""
     cut_off = f"job {job.id} was cut off while its prompts were being recorded ({sum(job.counts.values())} stored)"
     if job.input_path is None or not Path(job.input_path).is_file():
         where = f"its input {job.input_path} is gone" if job.input_path else "it was given as a list, not a file"
         raise ConfigError(f"{cut_off} and {where}: run the same prompts again as input (not by job id) to store the rest")
     given = prompt_input(job.input_path, settings=settings)
-    if given.check().fingerprint != job.fingerprint:
+    checked = given.check()
+    if checked.fingerprint != job.fingerprint:
         raise ConfigError(f"{cut_off}, and its input {job.input_path} no longer reads as the same prompts (the file "
                           "or the default model changed): run it with the original input and model")
-    return given
+    return given, checked
 
 
 async def _finish_recording(
@@ -453,6 +458,7 @@ async def _finish_recording(
     job: storage.JobInfo,
     given: PromptInput,
     rules: RoutingRules | None,
+    checked: InputCheck | None = None,
 ) -> storage.JobInfo:
     """Store the prompts a cut-off recording left out (those stored stay as they are); the job as it is now.
 
@@ -460,7 +466,8 @@ async def _finish_recording(
     """
     stored = sum(job.counts.values())
     await storage.add_prompts(sessions, job_id=job.id,
-                              prompts=new_prompts(given.specs(), rules=rules, now=job.created_at, table=given.table,
+                              prompts=new_prompts(given.specs(checked=checked), rules=rules, now=job.created_at,
+                                                  table=given.table,
                                                   without_batches=batchless_providers(given.model_providers)),
                               skip_existing=True, then_status="created")
     finished = await storage.get_job(sessions, job_id=job.id)

@@ -57,6 +57,25 @@ def test_the_check_pass_sums_the_estimate_the_store_would(tmp_path: Path) -> Non
     assert (realtime.prompts, batch.prompts) == (19, 20)  # type: ignore[attr-defined]
 
 
+def test_a_job_larger_than_memory_keeps_is_stored_from_its_check_not_read_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check keeps every prompt (more than memory keeps: in a temporary file), so the store reads no input again:
+    the prompts stored are the ones checked, from any position, even once the file is gone."""
+    from llm_dispatch.core.inputs import _kept
+    from llm_dispatch.jobs import _record
+
+    monkeypatch.setattr(_record, "KEEP_CHECKED", 5)
+    monkeypatch.setattr(_kept, "BLOCK", 4)
+    path = write_prompts(tmp_path / "p.jsonl", mixed(23))
+    given = prompt_input(path, settings=Settings())
+    read = list(given.specs())
+    checked = given.check()
+    path.unlink()
+    assert checked.count == 23
+    for start in (0, 3, 5, 6, 9, 13, 22, 23):
+        assert list(given.specs(start=start, checked=checked)) == read[start:]
+
+
 @pytest.mark.prefect
 async def test_dispatch_sends_while_the_rest_is_stored(
     prefect_api: str, sim: Sim, db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -11,9 +11,10 @@ from llm_dispatch.jobs._plan import MAX_CHUNKS_PER_RUN, chunk_size_for
 
 @pytest.mark.parametrize(("requests", "size", "chunks"), [
     (10_000, 1_000, 10),          # the configured size
-    (100_000, 1_000, 100),
-    (1_000_000, 5_000, 200),      # grown to stay at MAX_CHUNKS_PER_RUN task runs
-    (10_000_000, 5_000, 2_000),   # grown no further: a chunk's rows are in memory while it is sent
+    (25_000, 1_000, 25),
+    (100_000, 4_000, 25),         # grown to stay at MAX_CHUNKS_PER_RUN task runs
+    (1_000_000, 5_000, 200),      # grown no further: a chunk's rows are in memory while it is sent
+    (10_000_000, 5_000, 2_000),
 ])
 def test_chunks_grow_with_the_job_to_a_size_that_then_holds(requests: int, size: int, chunks: int) -> None:
     assert chunk_size_for(requests, chunk_size=1_000) == size

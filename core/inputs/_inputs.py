@@ -5,8 +5,9 @@ The whole input is validated before anything is sent or written, known request p
 given the model table, each prompt against its model's context window included. Every bad line is a
 problem of its own: the check goes on to the end and raises one ``InputError`` naming up to
 ``MAX_PROBLEMS`` of them (file, line and field each), so a file is fixed in one go. ``check_prompts``
-does so in one streaming pass, holding 16 bytes per prompt (hashes of ids and requests), so that a job
-of millions of prompts is checked and then read again as a stream (``iter_prompts``) while it is stored.
+does so in one streaming pass, holding 16 bytes per prompt (hashes of ids and requests) and, when asked, keeping
+the prompts for the store (``KeptPrompts``: past a few thousand, in a temporary file), so that a job of millions of
+prompts is parsed once; ``iter_prompts`` reads an input again as a stream when nothing was kept.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 from .._endpoints import DEFAULT_ENDPOINT
 from .._exceptions import InputError
 from ._input_files import PromptSource, records
+from ._kept import KeptPrompts
 from .._hashes import HashBag, RepeatedKeys, key_hash, text_hash
 from ..wire._anthropic import has_max_tokens
 from ..rules._model_rules import DEFAULT_THINKING_MAX_TOKENS, thinking_room
@@ -87,8 +89,8 @@ class InputCheck:
     # The providers the prompts go to (``provider_for`` of each model): their clients need keys.
     providers: frozenset[str] = frozenset()
     # The checked prompts themselves, in input order, when the check was asked to keep them (``keep``) and there
-    # were no more: storing them needs no second pass over the input.
-    specs: tuple[PromptSpec, ...] | None = field(default=None, repr=False, compare=False)
+    # were no more, or to spill them (``spill``): storing them needs no second pass over the input.
+    specs: KeptPrompts | None = field(default=None, repr=False, compare=False)
 
 
 class _Problems:
@@ -121,6 +123,7 @@ def check_prompts(
     anthropic_version: str = DEFAULT_ANTHROPIC_VERSION,
     warn: bool = True,
     keep: int = 0,
+    spill: bool = False,
     allow_unknown_model: bool = False,
     each: Callable[[PromptSpec], object] | None = None,
 ) -> InputCheck:
@@ -132,8 +135,9 @@ def check_prompts(
     cannot take. Anthropic prompts with no max_tokens make one warning for the whole input, and deadlines already
     past another, returned as ``warnings`` and logged unless ``warn`` is false (a caller that checks twice warns
     once). Raises ``InputError`` naming every bad line (up to ``MAX_PROBLEMS``). An input of at most ``keep`` prompts
-    comes back with them (``InputCheck.specs``). ``each`` is called with every prompt that passes its checks, in
-    input order, in the same pass (a caller that routes or prices them reads the input once); an input that turns out
+    comes back with them (``InputCheck.specs``); with ``spill``, any input does, those past ``keep`` kept in a temporary
+    file (``KeptPrompts``), so that storing them parses the input no second time. ``each`` is called with every prompt
+    that passes its checks, in input order, in the same pass (a caller that routes or prices them reads the input once); an input that turns out
     bad raises all the same, so whatever ``each`` summed is to be thrown away then.
 
     With ``table``, a model it does not name (its own names, aliases and dated snapshots; the user's price file
@@ -158,7 +162,7 @@ def check_prompts(
     # Reasoning prompts whose reply cap leaves too little room for their thinking: how many, the first line, and
     # the cap that leaves room for the largest.
     cramped, first_cramped, room = 0, 0, 0
-    kept: list[PromptSpec] | None = [] if keep > 0 else None
+    kept: KeptPrompts | None = KeptPrompts(in_memory=keep, spill=spill) if keep > 0 or spill else None
     for line, spec in _iter_specs(source, default_model=default_model, default_params=default_params,
                                   default_endpoint=default_endpoint, table=table,
                                   model_providers=model_providers, now=now, anthropic_version=anthropic_version):
@@ -188,10 +192,9 @@ def check_prompts(
         count += 1
         if each is not None:
             each(spec)
-        if kept is not None:
-            kept = kept if count <= keep else None
-            if kept is not None:
-                kept.append(spec)
+        if kept is not None and not kept.add(spec):
+            kept.close()
+            kept = None
         providers.add(provider)
         if table is not None and table.model_name(spec.model) is None:
             if spec.model not in declared:
@@ -213,6 +216,8 @@ def check_prompts(
                                       model_providers=model_providers,
                                       anthropic_version=anthropic_version):
             problems.add(problem)
+    if problems.total and kept is not None:
+        kept.close()
     problems.raise_any()
     if not count:
         raise InputError("no prompts found; each line needs a 'prompt' or 'messages'", path=where)
@@ -255,7 +260,7 @@ def check_prompts(
             logger.warning("%s", warning)
     return InputCheck(count=count, fingerprint=digest.hexdigest(), repeated_keys=RepeatedKeys(keys.repeated()),
                       warnings=tuple(warnings), providers=frozenset(providers),
-                      specs=None if kept is None else tuple(kept))
+                      specs=kept if kept is not None and kept.done() else None)
 
 
 def _declared(model: str, providers: ProviderTable, *, table: PriceTable) -> bool:

@@ -76,6 +76,27 @@ def test_a_job_larger_than_memory_keeps_is_stored_from_its_check_not_read_again(
         assert list(given.specs(start=start, checked=checked)) == read[start:]
 
 
+def test_with_no_room_for_the_kept_file_the_store_reads_the_input_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A temporary file that cannot be written (disk full) costs a second read of the input, never the run."""
+    from llm_dispatch.core.inputs import _kept
+    from llm_dispatch.jobs import _record
+
+    def no_space(*args: object, **kwargs: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(_record, "KEEP_CHECKED", 5)
+    monkeypatch.setattr(_kept, "BLOCK", 4)
+    monkeypatch.setattr(_kept.tempfile, "TemporaryFile", no_space)
+    path = write_prompts(tmp_path / "p.jsonl", mixed(23))
+    given = prompt_input(path, settings=Settings())
+    read = list(given.specs())
+    checked = given.check()
+    assert checked.count == 23
+    assert list(given.specs(start=0, checked=checked)) == read
+    assert list(given.specs(start=9, checked=checked)) == read[9:]
+
+
 @pytest.mark.prefect
 async def test_dispatch_sends_while_the_rest_is_stored(
     prefect_api: str, sim: Sim, db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -72,7 +72,11 @@ class KeptPrompts:
         if not self._flush(last=True):
             return False
         if self._file is not None:
-            self._file.flush()
+            try:
+                self._file.flush()
+            except OSError:
+                self.close()
+                return False
         return True
 
     def _flush(self, *, last: bool = False) -> bool:
@@ -83,13 +87,13 @@ class KeptPrompts:
         for start in range(0, whole, BLOCK):
             try:
                 data = marshal.dumps(pending[start:start + BLOCK])
-            except ValueError:
+                if self._file is None:
+                    self._file = tempfile.TemporaryFile(prefix="llm-dispatch-kept-")
+                self._file.write(_LENGTH.pack(len(data)) + data)
+            except (ValueError, OSError):  # a value marshal cannot hold; no temporary space (disk full, no TMPDIR)
                 self.close()
                 return False
-            if self._file is None:
-                self._file = tempfile.TemporaryFile(prefix="llm-dispatch-kept-")
             self._blocks.append(self._written)
-            self._file.write(_LENGTH.pack(len(data)) + data)
             self._written += _LENGTH.size + len(data)
         return True
 

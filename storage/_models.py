@@ -138,6 +138,10 @@ class Prompt(Base):
         # A job's models and endpoints, found by seeking from one pair to the next (``storage.job_models``):
         # never changed by a result, so settling prompts never writes it.
         Index("ix_prompts_job_id_model_endpoint", "job_id", "model", "endpoint"),
+        # The prompts that have a deadline, by it: an ingest re-routes the late ones (``reroute_late_prompts``)
+        # reading only those, not the job. A deadline never changes as a prompt settles, so updates stay HOT.
+        Index("ix_prompts_job_id_deadline", "job_id", "deadline", sqlite_where=sql_text("deadline IS NOT NULL"),
+              postgresql_where=sql_text("deadline IS NOT NULL")),
         {"postgresql_with": {"fillfactor": PROMPTS_FILLFACTOR}},
     )
 
